@@ -1,0 +1,57 @@
+//! Every bound of ticketd with its default, in one place.
+//!
+//! "Put a limit on everything": each limit here is a command-line flag of the
+//! server, and the relations between them are checked at compile time.
+
+/// Default for `--max-key-bytes`: the longest key, in bytes (SPEC §1).
+pub const DEFAULT_MAX_KEY_BYTES: usize = 1024;
+/// Hard ceiling for `--max-key-bytes`, so one frame always fits a small buffer.
+pub const MAX_KEY_BYTES_CEILING: usize = 64 * 1024;
+/// Default for `--max-keys`: registered keys (held or queued on).
+pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+/// Default for `--max-waiters`: queued acquires over all keys.
+pub const DEFAULT_MAX_WAITERS: usize = 100_000;
+/// Default for `--max-waiters-per-key`.
+pub const DEFAULT_MAX_WAITERS_PER_KEY: usize = 1_000;
+/// Default for `--sweep-interval`: seconds between sweeps of expired keys.
+pub const DEFAULT_SWEEP_INTERVAL_S: u64 = 5;
+
+/// The longest request frame: `'A' wait lease owner` + key + `'\n'`.
+#[must_use]
+pub const fn max_request_frame(max_key_bytes: usize) -> usize {
+    12 + max_key_bytes
+}
+
+/// The longest reply frame: `'A' token owner` + key + `'\n'`.
+#[must_use]
+pub const fn max_reply_frame(max_key_bytes: usize) -> usize {
+    18 + max_key_bytes
+}
+
+const _: () = assert!(DEFAULT_MAX_KEY_BYTES <= MAX_KEY_BYTES_CEILING);
+const _: () = assert!(DEFAULT_MAX_WAITERS_PER_KEY <= DEFAULT_MAX_WAITERS);
+const _: () = assert!(DEFAULT_SWEEP_INTERVAL_S > 0);
+
+/// The capacity limits of the lock engine (SPEC §2.1).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineLimits {
+    /// Registered keys; a new key beyond this is answered Busy.
+    pub max_keys: usize,
+    /// Queued acquires over all keys; beyond this an acquire that would queue is Busy.
+    pub max_waiters: usize,
+    /// Queued acquires on one key; beyond this an acquire that would queue is Busy.
+    pub max_waiters_per_key: usize,
+    /// Milliseconds between sweeps that delete expired keys without waiters.
+    pub sweep_interval_ms: u64,
+}
+
+impl Default for EngineLimits {
+    fn default() -> Self {
+        EngineLimits {
+            max_keys: DEFAULT_MAX_KEYS,
+            max_waiters: DEFAULT_MAX_WAITERS,
+            max_waiters_per_key: DEFAULT_MAX_WAITERS_PER_KEY,
+            sweep_interval_ms: DEFAULT_SWEEP_INTERVAL_S * 1000,
+        }
+    }
+}

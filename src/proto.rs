@@ -1,0 +1,554 @@
+//! Wire codec for protocol version 1 (SPEC §1). No I/O.
+//!
+//! Every frame is a fixed binary header, a UTF-8 key and one `0x0A`. Because
+//! the header is binary and may itself contain `0x0A`, a decoder consumes the
+//! header by byte count first and only then searches for the newline, and it
+//! never looks further than `max_key_bytes` past the header: a peer cannot make
+//! the decoder buffer or scan more than one maximal frame.
+//!
+//! Both directions live here: the server decodes [`Request`]s and encodes
+//! [`Reply`]s, the client encodes requests and decodes replies. Decoded frames
+//! borrow their key from the input buffer, so decoding never allocates.
+
+use std::fmt;
+
+/// Op byte of an Acquire request and of an Acquired reply.
+pub const OP_ACQUIRE: u8 = b'A';
+/// Op byte of a Release request and of a Released reply.
+pub const OP_RELEASE: u8 = b'R';
+/// Op byte of a Timeout reply.
+pub const OP_TIMEOUT: u8 = b'T';
+/// Op byte of a Busy reply.
+pub const OP_BUSY: u8 = b'B';
+/// Op byte of a NotReleased reply.
+pub const OP_NOT_RELEASED: u8 = b'N';
+/// The frame terminator.
+pub const NEWLINE: u8 = b'\n';
+
+/// A request from a client (SPEC §1, "Requests").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request<'a> {
+    /// `'A' wait:u8 lease:u8 owner:u64 key '\n'`
+    Acquire {
+        /// Seconds the client is willing to queue; 0 = one immediate attempt.
+        wait_s: u8,
+        /// Seconds the grant lives; never 0 in a well-formed frame.
+        lease_s: u8,
+        /// Correlation id echoed in the reply.
+        owner: u64,
+        /// The lock name.
+        key: &'a str,
+    },
+    /// `'R' token:u64 key '\n'`
+    Release {
+        /// The fencing token of the grant being released.
+        token: u64,
+        /// The lock name.
+        key: &'a str,
+    },
+}
+
+impl Request<'_> {
+    /// The key the request names.
+    #[must_use]
+    pub fn key(&self) -> &str {
+        match self {
+            Request::Acquire { key, .. } | Request::Release { key, .. } => key,
+        }
+    }
+}
+
+/// A reply from the server (SPEC §1, "Replies").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reply<'a> {
+    /// Granted: `'A' token:u64 owner:u64 key '\n'`.
+    Acquired {
+        /// The fencing token of the grant.
+        token: u64,
+        /// The owner of the acquire being answered.
+        owner: u64,
+        /// The lock name.
+        key: &'a str,
+    },
+    /// Not granted, the key is held: `'T' owner:u64 key '\n'`.
+    Timeout {
+        /// The owner of the acquire being answered.
+        owner: u64,
+        /// The lock name.
+        key: &'a str,
+    },
+    /// Not granted, not queued, a capacity limit: `'B' owner:u64 key '\n'`.
+    Busy {
+        /// The owner of the acquire being answered.
+        owner: u64,
+        /// The lock name.
+        key: &'a str,
+    },
+    /// The release took effect: `'R' token:u64 key '\n'`.
+    Released {
+        /// The token that was released.
+        token: u64,
+        /// The lock name.
+        key: &'a str,
+    },
+    /// Nothing changed: `'N' token:u64 key '\n'`.
+    NotReleased {
+        /// The token of the release being answered.
+        token: u64,
+        /// The lock name.
+        key: &'a str,
+    },
+}
+
+impl<'a> Reply<'a> {
+    /// The key the reply names.
+    #[must_use]
+    pub fn key(&self) -> &'a str {
+        match *self {
+            Reply::Acquired { key, .. }
+            | Reply::Timeout { key, .. }
+            | Reply::Busy { key, .. }
+            | Reply::Released { key, .. }
+            | Reply::NotReleased { key, .. } => key,
+        }
+    }
+}
+
+/// Why a frame is malformed. The protocol has no error reply: the server
+/// closes the connection and logs this reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Malformed {
+    /// The first byte is not an op of this direction.
+    UnknownOp(u8),
+    /// An Acquire with `lease = 0`.
+    ZeroLease,
+    /// The newline follows the header directly.
+    EmptyKey,
+    /// The key is not valid UTF-8.
+    InvalidUtf8,
+    /// No newline within `max_key_bytes` bytes after the header.
+    KeyTooLong,
+}
+
+impl fmt::Display for Malformed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Malformed::UnknownOp(op) => write!(f, "unknown op byte 0x{op:02x}"),
+            Malformed::ZeroLease => f.write_str("lease of 0 seconds"),
+            Malformed::EmptyKey => f.write_str("empty key"),
+            Malformed::InvalidUtf8 => f.write_str("key is not valid UTF-8"),
+            Malformed::KeyTooLong => {
+                f.write_str("no newline within max_key_bytes after the header")
+            }
+        }
+    }
+}
+
+impl std::error::Error for Malformed {}
+
+/// The result of decoding from the front of a buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decoded<T> {
+    /// More bytes are needed; nothing was consumed.
+    Incomplete,
+    /// One frame, which took the first `used` bytes of the buffer.
+    Frame {
+        /// The decoded frame, borrowing the buffer.
+        frame: T,
+        /// Bytes consumed, newline included.
+        used: usize,
+    },
+    /// The bytes at the front of the buffer can never become a valid frame.
+    Malformed(Malformed),
+}
+
+/// Header length of a request op, or `None` for a byte that is no request op.
+#[must_use]
+pub fn request_header_len(op: u8) -> Option<usize> {
+    match op {
+        OP_ACQUIRE => Some(11),
+        OP_RELEASE => Some(9),
+        _ => None,
+    }
+}
+
+/// Header length of a reply op, or `None` for a byte that is no reply op.
+#[must_use]
+pub fn reply_header_len(op: u8) -> Option<usize> {
+    match op {
+        OP_ACQUIRE => Some(17),
+        OP_TIMEOUT | OP_BUSY | OP_RELEASE | OP_NOT_RELEASED => Some(9),
+        _ => None,
+    }
+}
+
+fn be_u64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[..8]);
+    u64::from_be_bytes(a)
+}
+
+/// Finds the key after a header of `header` bytes: the shared half of both
+/// decoders. Returns the key and the frame length, or the reason it is bad.
+fn split_key(buf: &[u8], header: usize, max_key_bytes: usize) -> Decoded<&str> {
+    if buf.len() < header {
+        return Decoded::Incomplete;
+    }
+    // Look at most max_key_bytes + 1 bytes past the header: the key plus its newline.
+    let window_end = buf
+        .len()
+        .min(header.saturating_add(max_key_bytes).saturating_add(1));
+    let window = &buf[header..window_end];
+    match window.iter().position(|&b| b == NEWLINE) {
+        Some(0) => Decoded::Malformed(Malformed::EmptyKey),
+        Some(n) => match std::str::from_utf8(&window[..n]) {
+            Ok(key) => Decoded::Frame {
+                frame: key,
+                used: header + n + 1,
+            },
+            Err(_) => Decoded::Malformed(Malformed::InvalidUtf8),
+        },
+        None if window.len() > max_key_bytes => Decoded::Malformed(Malformed::KeyTooLong),
+        None => Decoded::Incomplete,
+    }
+}
+
+/// Decodes one request from the front of `buf`.
+///
+/// Malformed cases are reported as soon as they are certain: an unknown op or
+/// a zero lease before the key arrives, an overlong key as soon as
+/// `max_key_bytes + 1` key bytes are buffered without a newline.
+#[must_use]
+pub fn decode_request(buf: &[u8], max_key_bytes: usize) -> Decoded<Request<'_>> {
+    let Some(&op) = buf.first() else {
+        return Decoded::Incomplete;
+    };
+    let Some(header) = request_header_len(op) else {
+        return Decoded::Malformed(Malformed::UnknownOp(op));
+    };
+    if op == OP_ACQUIRE && buf.len() >= 3 && buf[2] == 0 {
+        return Decoded::Malformed(Malformed::ZeroLease);
+    }
+    match split_key(buf, header, max_key_bytes) {
+        Decoded::Incomplete => Decoded::Incomplete,
+        Decoded::Malformed(m) => Decoded::Malformed(m),
+        Decoded::Frame { frame: key, used } => {
+            let frame = if op == OP_ACQUIRE {
+                Request::Acquire {
+                    wait_s: buf[1],
+                    lease_s: buf[2],
+                    owner: be_u64(&buf[3..11]),
+                    key,
+                }
+            } else {
+                Request::Release {
+                    token: be_u64(&buf[1..9]),
+                    key,
+                }
+            };
+            Decoded::Frame { frame, used }
+        }
+    }
+}
+
+/// Decodes one reply from the front of `buf` (the client side).
+#[must_use]
+pub fn decode_reply(buf: &[u8], max_key_bytes: usize) -> Decoded<Reply<'_>> {
+    let Some(&op) = buf.first() else {
+        return Decoded::Incomplete;
+    };
+    let Some(header) = reply_header_len(op) else {
+        return Decoded::Malformed(Malformed::UnknownOp(op));
+    };
+    match split_key(buf, header, max_key_bytes) {
+        Decoded::Incomplete => Decoded::Incomplete,
+        Decoded::Malformed(m) => Decoded::Malformed(m),
+        Decoded::Frame { frame: key, used } => {
+            let a = be_u64(&buf[1..9]);
+            let frame = match op {
+                OP_ACQUIRE => Reply::Acquired {
+                    token: a,
+                    owner: be_u64(&buf[9..17]),
+                    key,
+                },
+                OP_TIMEOUT => Reply::Timeout { owner: a, key },
+                OP_BUSY => Reply::Busy { owner: a, key },
+                OP_RELEASE => Reply::Released { token: a, key },
+                _ => Reply::NotReleased { token: a, key },
+            };
+            Decoded::Frame { frame, used }
+        }
+    }
+}
+
+/// Appends the encoding of `req` to `out`.
+///
+/// The caller is responsible for the key being valid (non-empty, no newline,
+/// within the limit): the client checks arguments before it encodes.
+pub fn encode_request(req: &Request<'_>, out: &mut Vec<u8>) {
+    match *req {
+        Request::Acquire {
+            wait_s,
+            lease_s,
+            owner,
+            key,
+        } => {
+            out.reserve(12 + key.len());
+            out.push(OP_ACQUIRE);
+            out.push(wait_s);
+            out.push(lease_s);
+            out.extend_from_slice(&owner.to_be_bytes());
+            out.extend_from_slice(key.as_bytes());
+        }
+        Request::Release { token, key } => {
+            out.reserve(10 + key.len());
+            out.push(OP_RELEASE);
+            out.extend_from_slice(&token.to_be_bytes());
+            out.extend_from_slice(key.as_bytes());
+        }
+    }
+    out.push(NEWLINE);
+}
+
+/// Appends the encoding of `reply` to `out`.
+pub fn encode_reply(reply: &Reply<'_>, out: &mut Vec<u8>) {
+    let key = reply.key();
+    out.reserve(18 + key.len());
+    match *reply {
+        Reply::Acquired { token, owner, .. } => {
+            out.push(OP_ACQUIRE);
+            out.extend_from_slice(&token.to_be_bytes());
+            out.extend_from_slice(&owner.to_be_bytes());
+        }
+        Reply::Timeout { owner, .. } => {
+            out.push(OP_TIMEOUT);
+            out.extend_from_slice(&owner.to_be_bytes());
+        }
+        Reply::Busy { owner, .. } => {
+            out.push(OP_BUSY);
+            out.extend_from_slice(&owner.to_be_bytes());
+        }
+        Reply::Released { token, .. } => {
+            out.push(OP_RELEASE);
+            out.extend_from_slice(&token.to_be_bytes());
+        }
+        Reply::NotReleased { token, .. } => {
+            out.push(OP_NOT_RELEASED);
+            out.extend_from_slice(&token.to_be_bytes());
+        }
+    }
+    out.extend_from_slice(key.as_bytes());
+    out.push(NEWLINE);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MAX: usize = 1024;
+
+    fn enc_req(r: &Request<'_>) -> Vec<u8> {
+        let mut v = Vec::new();
+        encode_request(r, &mut v);
+        v
+    }
+
+    #[test]
+    fn spec_example_frame_with_newline_inside_owner() {
+        let bytes = [
+            0x41, 0x05, 0x1E, 0, 0, 0, 0, 0, 0, 0x0A, 0x0B, 0x64, 0x62, 0x0A,
+        ];
+        let req = Request::Acquire {
+            wait_s: 5,
+            lease_s: 30,
+            owner: 0x0A0B,
+            key: "db",
+        };
+        assert_eq!(enc_req(&req), bytes);
+        assert_eq!(
+            decode_request(&bytes, MAX),
+            Decoded::Frame {
+                frame: req,
+                used: 14
+            }
+        );
+    }
+
+    #[test]
+    fn release_header_full_of_newlines() {
+        let req = Request::Release {
+            token: 0x0A0A_0A0A_0A0A_0A0A,
+            key: "k",
+        };
+        let bytes = enc_req(&req);
+        assert_eq!(bytes.len(), 11);
+        assert_eq!(
+            decode_request(&bytes, MAX),
+            Decoded::Frame {
+                frame: req,
+                used: 11
+            }
+        );
+    }
+
+    #[test]
+    fn every_malformed_case_is_named() {
+        assert_eq!(
+            decode_request(b"X", MAX),
+            Decoded::Malformed(Malformed::UnknownOp(b'X'))
+        );
+        assert_eq!(
+            decode_request(&[b'A', 1, 0], MAX),
+            Decoded::Malformed(Malformed::ZeroLease)
+        );
+        let mut empty = vec![b'A', 1, 1];
+        empty.extend_from_slice(&[0; 8]);
+        empty.push(b'\n');
+        assert_eq!(
+            decode_request(&empty, MAX),
+            Decoded::Malformed(Malformed::EmptyKey)
+        );
+        let mut bad = vec![b'R'];
+        bad.extend_from_slice(&[0; 8]);
+        bad.extend_from_slice(&[0xff, 0xfe, b'\n']);
+        assert_eq!(
+            decode_request(&bad, MAX),
+            Decoded::Malformed(Malformed::InvalidUtf8)
+        );
+        let mut long = vec![b'R'];
+        long.extend_from_slice(&[0; 8]);
+        long.extend(std::iter::repeat(b'k').take(4));
+        assert_eq!(decode_request(&long, 4), Decoded::Incomplete);
+        long.push(b'k');
+        assert_eq!(
+            decode_request(&long, 4),
+            Decoded::Malformed(Malformed::KeyTooLong)
+        );
+    }
+
+    #[test]
+    fn key_of_exactly_max_bytes_is_accepted() {
+        let key = "k".repeat(MAX);
+        let bytes = enc_req(&Request::Release {
+            token: 1,
+            key: &key,
+        });
+        assert!(matches!(
+            decode_request(&bytes, MAX),
+            Decoded::Frame { used, .. } if used == bytes.len()
+        ));
+    }
+
+    #[test]
+    fn replies_round_trip() {
+        let replies = [
+            Reply::Acquired {
+                token: 10,
+                owner: 0x0A,
+                key: "a",
+            },
+            Reply::Timeout {
+                owner: 7, key: "é"
+            },
+            Reply::Busy { owner: 8, key: "b" },
+            Reply::Released { token: 9, key: "c" },
+            Reply::NotReleased { token: 0, key: "d" },
+        ];
+        for r in replies {
+            let mut v = Vec::new();
+            encode_reply(&r, &mut v);
+            assert_eq!(
+                decode_reply(&v, MAX),
+                Decoded::Frame {
+                    frame: r,
+                    used: v.len()
+                }
+            );
+        }
+        assert_eq!(
+            decode_reply(b"Z", MAX),
+            Decoded::Malformed(Malformed::UnknownOp(b'Z'))
+        );
+    }
+
+    fn arb_request() -> impl Strategy<Value = (u8, u8, u64, u64, String, bool)> {
+        (
+            any::<u8>(),
+            1u8..,
+            any::<u64>(),
+            any::<u64>(),
+            "[^\n]{1,12}",
+            any::<bool>(),
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn a_stream_split_anywhere_decodes_to_the_same_frames(
+            reqs in proptest::collection::vec(arb_request(), 1..8),
+            split in any::<prop::sample::Index>(),
+        ) {
+            let mut stream = Vec::new();
+            for (wait_s, lease_s, owner, token, key, acquire) in &reqs {
+                let r = if *acquire {
+                    Request::Acquire { wait_s: *wait_s, lease_s: *lease_s, owner: *owner, key }
+                } else {
+                    Request::Release { token: *token, key }
+                };
+                encode_request(&r, &mut stream);
+            }
+            // Feed in two pieces split at an arbitrary byte, like a reader would.
+            let cut = split.index(stream.len() + 1);
+            let mut buf: Vec<u8> = stream[..cut].to_vec();
+            let mut rest = &stream[cut..];
+            let mut decoded = 0;
+            loop {
+                match decode_request(&buf, MAX) {
+                    Decoded::Frame { frame, used } => {
+                        let (wait_s, lease_s, owner, token, key, acquire) = &reqs[decoded];
+                        prop_assert_eq!(frame.key(), key.as_str());
+                        match frame {
+                            Request::Acquire { wait_s: w, lease_s: l, owner: o, .. } => {
+                                prop_assert!(*acquire);
+                                prop_assert_eq!((w, l, o), (*wait_s, *lease_s, *owner));
+                            }
+                            Request::Release { token: t, .. } => {
+                                prop_assert!(!*acquire);
+                                prop_assert_eq!(t, *token);
+                            }
+                        }
+                        buf.drain(..used);
+                        decoded += 1;
+                    }
+                    Decoded::Incomplete => {
+                        prop_assert!(!rest.is_empty(), "stream ended mid-frame");
+                        buf.extend_from_slice(rest);
+                        rest = &[];
+                    }
+                    Decoded::Malformed(m) => prop_assert!(false, "malformed: {}", m),
+                }
+                if decoded == reqs.len() {
+                    break;
+                }
+            }
+            prop_assert!(buf.is_empty() && rest.is_empty());
+        }
+
+        #[test]
+        fn random_bytes_never_panic_and_never_overrun(bytes in proptest::collection::vec(any::<u8>(), 0..64), max in 1usize..16) {
+            match decode_request(&bytes, max) {
+                Decoded::Frame { used, frame } => {
+                    prop_assert!(used <= bytes.len());
+                    prop_assert!(used <= 12 + max);
+                    prop_assert!(!frame.key().is_empty() && frame.key().len() <= max);
+                }
+                Decoded::Incomplete => prop_assert!(bytes.len() < 12 + max),
+                Decoded::Malformed(_) => {}
+            }
+            if let Decoded::Frame { used, .. } = decode_reply(&bytes, max) {
+                prop_assert!(used <= bytes.len() && used <= 18 + max);
+            }
+        }
+    }
+}

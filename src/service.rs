@@ -1,0 +1,59 @@
+//! The boundary between the mio shell and whatever answers requests.
+//!
+//! The server loop ([`crate::server`]) owns sockets, buffers and the clock; a
+//! [`Service`] owns the lock state. Single mode's service is the engine plus
+//! restart-safe tokens; cluster mode's service proposes every request to Raft
+//! and answers after commit, and brings its own peer sockets, which it
+//! registers in the same `mio::Poll`.
+
+use std::io;
+
+use mio::event::Event;
+use mio::Registry;
+
+use crate::engine::{ConnId, Outbox};
+use crate::proto::Request;
+use crate::time::Millis;
+
+/// What the server loop drives. Every method gets `now`, read once per loop
+/// turn; replies go into `out`, addressed by connection.
+pub trait Service {
+    /// One well-formed request from client connection `conn`.
+    fn request(&mut self, now: Millis, conn: ConnId, req: Request<'_>, out: &mut Outbox);
+
+    /// `conn` is gone (closed by the peer, or closed for malformed input):
+    /// cancel its queued acquires. What it holds stays held.
+    fn disconnect(&mut self, now: Millis, conn: ConnId, out: &mut Outbox);
+
+    /// Process whatever is due by `now`.
+    fn tick(&mut self, now: Millis, out: &mut Outbox);
+
+    /// The next moment [`Service::tick`] has work, for the poll timeout.
+    fn next_deadline(&self) -> Option<Millis>;
+
+    /// Called once per loop turn after the turn's requests and ticks and
+    /// before any reply of the turn is written to a socket. Single mode makes
+    /// its token high-water mark durable here; cluster mode handles Raft's
+    /// Ready (persist, then send).
+    fn end_turn(&mut self, now: Millis, out: &mut Outbox) -> io::Result<()> {
+        let _ = (now, out);
+        Ok(())
+    }
+
+    /// Registers the service's own event sources (cluster peers) with mio
+    /// tokens at or above `token_base`. The server never uses those tokens.
+    fn register(&mut self, registry: &Registry, token_base: usize) -> io::Result<()> {
+        let _ = (registry, token_base);
+        Ok(())
+    }
+
+    /// An event for one of the service's own tokens (at or above `token_base`).
+    fn event(&mut self, now: Millis, registry: &Registry, event: &Event, out: &mut Outbox) {
+        let _ = (now, registry, event, out);
+    }
+
+    /// One line describing the service for the start-up log.
+    fn describe(&self) -> String {
+        String::new()
+    }
+}
