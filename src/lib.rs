@@ -23,6 +23,8 @@
 //! async runtime anywhere.
 #![warn(missing_docs)]
 
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod engine;
 pub mod limits;
 pub mod proto;
