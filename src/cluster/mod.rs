@@ -2,6 +2,16 @@
 //!
 //! * [`command`]: the replicated commands and their encoding.
 //! * [`state`]: the deterministic state machine (engine + ledger + dedup).
+//! * [`storage`]: raft's in-memory log and the write-ahead log under it.
+//! * [`node`]: one node, sans-IO: Ready handling, proposals, leader timers.
+//! * [`sim`]: a deterministic simulation of a whole cluster in one process.
+//! * [`rng`]: the seeded PRNG both use.
+//!
+//! `docs/CLUSTER.md` describes the design.
 
 pub mod command;
+pub mod node;
+pub mod rng;
+pub mod sim;
 pub mod state;
+pub mod storage;
