@@ -9,6 +9,7 @@ help:
 	@echo "test          the full test suite (cargo test)"
 	@echo "lint          cargo fmt --check and clippy -D warnings"
 	@echo "doc           cargo doc with warnings as errors"
+	@echo "sim           cluster simulation over SEEDS seeds from FIRST (make sim SEEDS=500)"
 	@echo "clean         remove build output"
 
 build:
@@ -30,3 +31,10 @@ doc:
 
 clean:
 	$(CARGO) clean
+
+# Cluster simulation over many seeds: `make sim SEEDS=500 FIRST=1`.
+SEEDS ?= 100
+FIRST ?= 1
+.PHONY: sim
+sim:
+	SIM_SEEDS=$(SEEDS) SIM_FIRST=$(FIRST) $(CARGO) test --release --test cluster_sim many_seeds -- --nocapture

@@ -446,9 +446,12 @@ impl<D: Disk> Node<D> {
 
     /// A message from a peer.
     pub fn step(&mut self, msg: Message) {
-        // Errors are stale or foreign messages (e.g. from a removed peer):
-        // raft has already ignored them.
-        let _ = self.rn.step(msg);
+        // Errors are stale or foreign messages (e.g. from an unknown peer):
+        // raft has ignored them; note them for debugging.
+        let (from, kind) = (msg.from, msg.msg_type);
+        if let Err(e) = self.rn.step(msg) {
+            log::debug!("node {}: ignored {kind:?} from {from}: {e}", self.cfg.id);
+        }
         self.after_raft_call();
     }
 
