@@ -5,6 +5,8 @@
 //! * [`storage`]: raft's in-memory log and the write-ahead log under it.
 //! * [`node`]: one node, sans-IO: Ready handling, proposals, leader timers.
 //! * [`sim`]: a deterministic simulation of a whole cluster in one process.
+//! * [`transport`]: peer connections in the mio loop.
+//! * [`service`]: [`service::ClusterService`], the server loop's view.
 //! * [`rng`]: the seeded PRNG both use.
 //!
 //! `docs/CLUSTER.md` describes the design.
@@ -12,6 +14,8 @@
 pub mod command;
 pub mod node;
 pub mod rng;
+pub mod service;
 pub mod sim;
 pub mod state;
 pub mod storage;
+pub mod transport;

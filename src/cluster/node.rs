@@ -79,6 +79,9 @@ pub struct NodeConfig {
     pub seed: u64,
     /// Record (index, term, hash) of every applied entry, for checkers.
     pub trace_applied: bool,
+    /// Entropy for the data directory id drawn on first start (the server
+    /// passes the time and process id; the simulator a seed).
+    pub uuid_entropy: u64,
 }
 
 impl NodeConfig {
@@ -98,6 +101,7 @@ impl NodeConfig {
             max_wal_bytes: 64 << 20,
             seed: id,
             trace_applied: false,
+            uuid_entropy: id,
         }
     }
 }
@@ -272,6 +276,11 @@ impl<D: Disk> Node<D> {
                 return Err(NodeError::VoterMismatch { stored, given });
             }
         }
+        if wal.identity().uuid == 0 {
+            let mut r = SplitMix64::new(cfg.uuid_entropy ^ cfg.id.rotate_left(48));
+            // Never 0: 0 means "not drawn" / "never seen".
+            wal.stage_self(r.next_u64().max(1));
+        }
         let epoch = rec.epoch + 1;
         wal.stage_epoch(epoch);
         wal.flush(true)?;
@@ -396,6 +405,18 @@ impl<D: Disk> Node<D> {
     #[must_use]
     pub fn timers_ready(&self) -> bool {
         self.timers_ready
+    }
+
+    /// This data directory's id and the ids first seen for its peers.
+    #[must_use]
+    pub fn identity(&self) -> &crate::cluster::storage::Identity {
+        self.wal.identity()
+    }
+
+    /// Records (durably, with this turn's write) the data directory id of
+    /// peer `id`, seen for the first time.
+    pub fn record_peer(&mut self, id: u64, uuid: u64) {
+        self.wal.stage_peer(id, uuid);
     }
 
     /// Bytes in the write-ahead log.

@@ -263,6 +263,20 @@ const KIND_CONF_STATE: u8 = 3;
 const KIND_SNAPSHOT: u8 = 4;
 const KIND_EPOCH: u8 = 5;
 const KIND_COMMIT: u8 = 6;
+const KIND_SELF: u8 = 7;
+const KIND_PEER: u8 = 8;
+
+/// Who this data directory belongs to, and which data directories its peers
+/// had when first seen: a random id is drawn when a data directory is
+/// created, so a node whose directory was wiped comes back with a new one
+/// and its peers can tell.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Identity {
+    /// This data directory's id (0 until drawn).
+    pub uuid: u64,
+    /// Peer node id -> the data directory id it had when first seen.
+    pub peers: std::collections::BTreeMap<u64, u64>,
+}
 
 /// Largest record accepted on recovery (snapshots travel inline).
 pub const MAX_RECORD_BYTES: usize = 256 << 20;
@@ -280,6 +294,8 @@ pub struct Recovered {
     pub torn_bytes: u64,
     /// Bytes of valid log.
     pub log_bytes: u64,
+    /// The data directory's identity.
+    pub identity: Identity,
 }
 
 /// The write-ahead log over a [`Disk`]: records are staged during a turn and
@@ -290,6 +306,7 @@ pub struct Wal<D: Disk> {
     staged: Vec<u8>,
     must_sync: bool,
     log_bytes: u64,
+    identity: Identity,
 }
 
 fn push_record(buf: &mut Vec<u8>, kind: u8, payload: &[u8]) {
@@ -319,6 +336,7 @@ impl<D: Disk> Wal<D> {
         let mut epoch = 0;
         let mut pos = 0usize;
         let mut fresh = true;
+        let mut identity = Identity::default();
         while bytes.len() - pos >= 9 {
             let len = u32::from_be_bytes(bytes[pos..pos + 4].try_into().expect("4 bytes")) as usize;
             let crc = u32::from_be_bytes(bytes[pos + 4..pos + 8].try_into().expect("4 bytes"));
@@ -330,7 +348,7 @@ impl<D: Disk> Wal<D> {
                 break;
             }
             let (kind, payload) = (body[0], &body[1..]);
-            apply_record(&mut store, &mut epoch, kind, payload)?;
+            apply_record(&mut store, &mut epoch, &mut identity, kind, payload)?;
             fresh = false;
             pos += 8 + len;
         }
@@ -347,6 +365,7 @@ impl<D: Disk> Wal<D> {
             staged: Vec::new(),
             must_sync: false,
             log_bytes: pos as u64,
+            identity: identity.clone(),
         };
         Ok((
             wal,
@@ -356,6 +375,7 @@ impl<D: Disk> Wal<D> {
                 fresh,
                 torn_bytes: torn,
                 log_bytes: pos as u64,
+                identity,
             },
         ))
     }
@@ -403,6 +423,28 @@ impl<D: Disk> Wal<D> {
         self.must_sync = true;
     }
 
+    /// Stages this data directory's id.
+    pub fn stage_self(&mut self, uuid: u64) {
+        self.identity.uuid = uuid;
+        push_record(&mut self.staged, KIND_SELF, &uuid.to_be_bytes());
+        self.must_sync = true;
+    }
+
+    /// Stages the data directory id first seen for peer `id`.
+    pub fn stage_peer(&mut self, id: u64, uuid: u64) {
+        self.identity.peers.insert(id, uuid);
+        let mut p = id.to_be_bytes().to_vec();
+        p.extend_from_slice(&uuid.to_be_bytes());
+        push_record(&mut self.staged, KIND_PEER, &p);
+        self.must_sync = true;
+    }
+
+    /// The identity recorded so far (staged records included).
+    #[must_use]
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
     /// Writes everything staged with one write, and fsyncs when `sync` or
     /// when a staged record needs it.
     pub fn flush(&mut self, sync: bool) -> io::Result<()> {
@@ -421,6 +463,14 @@ impl<D: Disk> Wal<D> {
     pub fn rewrite(&mut self, store: &LogStore, epoch: u64) -> io::Result<()> {
         let mut buf = Vec::new();
         push_record(&mut buf, KIND_EPOCH, &epoch.to_be_bytes());
+        if self.identity.uuid != 0 {
+            push_record(&mut buf, KIND_SELF, &self.identity.uuid.to_be_bytes());
+        }
+        for (id, uuid) in &self.identity.peers {
+            let mut p = id.to_be_bytes().to_vec();
+            p.extend_from_slice(&uuid.to_be_bytes());
+            push_record(&mut buf, KIND_PEER, &p);
+        }
         if store.snap_index() > 0 {
             push_record(&mut buf, KIND_SNAPSHOT, &pb_bytes(store.latest_snapshot()));
         }
@@ -455,7 +505,13 @@ impl<D: Disk> Wal<D> {
     }
 }
 
-fn apply_record(store: &mut LogStore, epoch: &mut u64, kind: u8, p: &[u8]) -> io::Result<()> {
+fn apply_record(
+    store: &mut LogStore,
+    epoch: &mut u64,
+    identity: &mut Identity,
+    kind: u8,
+    p: &[u8],
+) -> io::Result<()> {
     let bad = |e: protobuf::ProtobufError| corrupt(&format!("bad record: {e}"));
     match kind {
         KIND_ENTRIES => {
@@ -485,6 +541,17 @@ fn apply_record(store: &mut LogStore, epoch: &mut u64, kind: u8, p: &[u8]) -> io
         KIND_EPOCH => {
             let e = u64::from_be_bytes(p.try_into().map_err(|_| corrupt("epoch record"))?);
             *epoch = (*epoch).max(e);
+        }
+        KIND_SELF => {
+            identity.uuid = u64::from_be_bytes(p.try_into().map_err(|_| corrupt("self record"))?);
+        }
+        KIND_PEER => {
+            if p.len() != 16 {
+                return Err(corrupt("peer record"));
+            }
+            let id = u64::from_be_bytes(p[..8].try_into().expect("8 bytes"));
+            let uuid = u64::from_be_bytes(p[8..].try_into().expect("8 bytes"));
+            identity.peers.insert(id, uuid);
         }
         k => return Err(corrupt(&format!("unknown record kind {k}"))),
     }
@@ -768,10 +835,15 @@ mod tests {
         s.set_hard_state(hs(1, 2, 4));
         wal.stage_entries(&ents);
         wal.flush(true).unwrap();
+        wal.stage_self(77);
+        wal.stage_peer(2, 88);
+        wal.flush(false).unwrap();
         s.compact_to(3, b"table".to_vec()).unwrap();
         wal.rewrite(&s, 7).unwrap();
         let (_, rec) = Wal::open(disk).unwrap();
         assert_eq!(rec.epoch, 7);
+        assert_eq!(rec.identity.uuid, 77);
+        assert_eq!(rec.identity.peers.get(&2), Some(&88));
         assert_eq!(rec.store.first_index().unwrap(), 4);
         assert_eq!(rec.store.last(), 5);
         assert_eq!(rec.store.latest_snapshot().data[..], b"table"[..]);
