@@ -25,8 +25,11 @@
 
 #[cfg(feature = "cluster")]
 pub mod cluster;
+pub mod config;
 pub mod engine;
 pub mod limits;
 pub mod proto;
+pub mod server;
 pub mod service;
+pub mod single;
 pub mod time;
