@@ -7,10 +7,12 @@
 //! * [`sim`]: a deterministic simulation of a whole cluster in one process.
 //! * [`transport`]: peer connections in the mio loop.
 //! * [`service`]: [`service::ClusterService`], the server loop's view.
+//! * [`cli`]: `ticketd --cluster` flags and daemon.
 //! * [`rng`]: the seeded PRNG both use.
 //!
 //! `docs/CLUSTER.md` describes the design.
 
+pub mod cli;
 pub mod command;
 pub mod node;
 pub mod rng;

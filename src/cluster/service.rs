@@ -99,6 +99,7 @@ pub struct ClusterService {
     transport: Transport,
     registry: Option<Registry>,
     fatal: Option<String>,
+    exit_on_fatal: bool,
     describe: String,
 }
 
@@ -155,8 +156,25 @@ impl ClusterService {
             transport,
             registry: None,
             fatal: None,
+            exit_on_fatal: false,
             describe,
         })
+    }
+
+    /// Exit the process (status 1) when the node must stop: its disk failed
+    /// or its data directory turned out to be wiped. The daemon sets this;
+    /// without it the service stops answering and `end_turn` keeps failing.
+    pub fn set_exit_on_fatal(&mut self, exit: bool) {
+        self.exit_on_fatal = exit;
+    }
+
+    fn die(&mut self, why: String) -> io::Error {
+        log::error!("cluster node stopping: {why}");
+        if self.exit_on_fatal {
+            std::process::exit(1);
+        }
+        self.fatal.get_or_insert_with(|| why.clone());
+        io::Error::other(why)
     }
 
     /// The node (for status and tests).
@@ -168,7 +186,8 @@ impl ClusterService {
     fn handle_peer_events(&mut self) {
         for ev in self.transport.take_events() {
             match ev {
-                PeerEvent::Message(m) => self.node.step(m),
+                PeerEvent::Message(m) if self.fatal.is_none() => self.node.step(m),
+                PeerEvent::Message(_) => {}
                 PeerEvent::Unreachable(id) => self.node.report_unreachable(id),
                 PeerEvent::Snapshot(id, ok) => self.node.report_snapshot(id, ok),
                 PeerEvent::PeerSeen(id, uuid) => {
@@ -176,8 +195,7 @@ impl ClusterService {
                     self.node.record_peer(id, uuid);
                 }
                 PeerEvent::Fatal(why) => {
-                    log::error!("{why}");
-                    self.fatal.get_or_insert(why);
+                    let _ = self.die(why);
                 }
             }
         }
@@ -186,6 +204,18 @@ impl ClusterService {
 
 impl Service for ClusterService {
     fn request(&mut self, now: Millis, conn: ConnId, req: Request<'_>, out: &mut Outbox) {
+        if self.fatal.is_some() {
+            // Never proposed: Busy / NotReleased are the truth.
+            match req {
+                Request::Acquire { owner, key, .. } => {
+                    out.push(conn, crate::proto::Reply::Busy { owner, key }, 0);
+                }
+                Request::Release { token, key } => {
+                    out.push(conn, crate::proto::Reply::NotReleased { token, key }, 0);
+                }
+            }
+            return;
+        }
         self.node.request(now, conn, req, out);
     }
 
@@ -194,6 +224,9 @@ impl Service for ClusterService {
     }
 
     fn tick(&mut self, now: Millis, _out: &mut Outbox) {
+        if self.fatal.is_some() {
+            return;
+        }
         self.node.tick(now);
         if let Some(r) = &self.registry {
             self.transport.tick(now, r);
@@ -206,13 +239,18 @@ impl Service for ClusterService {
     }
 
     fn end_turn(&mut self, now: Millis, out: &mut Outbox) -> io::Result<()> {
+        if let Some(why) = &self.fatal {
+            return Err(io::Error::other(why.clone()));
+        }
         self.handle_peer_events();
         if let Some(why) = &self.fatal {
             return Err(io::Error::other(why.clone()));
         }
-        self.node
-            .end_turn(now, out)
-            .map_err(|e| io::Error::other(e.to_string()))?;
+        if let Err(e) = self.node.end_turn(now, out) {
+            // A failed write or fsync leaves raft between ready and advance:
+            // the node must not go on.
+            return Err(self.die(e.to_string()));
+        }
         for m in self.node.take_messages() {
             self.transport.send(&m);
         }
