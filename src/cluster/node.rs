@@ -217,6 +217,7 @@ pub struct Node<D: Disk> {
     role: (u64, StateRole),
     leader: u64,
     next_tick: Millis,
+    next_repropose_check: Millis,
     next_seq: u64,
     pending: BTreeMap<u64, Pending>,
     unapplied: BTreeSet<u64>,
@@ -318,6 +319,7 @@ impl<D: Disk> Node<D> {
             role: (u64::MAX, StateRole::Follower),
             leader: 0,
             next_tick: Millis::ZERO,
+            next_repropose_check: Millis::ZERO,
             next_seq: 1,
             pending: BTreeMap::new(),
             unapplied: BTreeSet::new(),
@@ -603,7 +605,12 @@ impl<D: Disk> Node<D> {
             self.next_tick = now.add_ms(self.cfg.tick_ms);
         }
         self.fire_timers(now);
-        self.repropose(now);
+        // Re-proposal looks at every unapplied proposal: once per tick is
+        // plenty (it waits two election timeouts anyway).
+        if now >= self.next_repropose_check {
+            self.next_repropose_check = now.add_ms(self.cfg.tick_ms);
+            self.repropose(now);
+        }
         while self.leader() != 0 {
             let Some(origin) = self.cancels.front().copied() else {
                 break;
@@ -785,6 +792,7 @@ impl<D: Disk> Node<D> {
     fn on_soft_state(&mut self, leader: u64, state: StateRole) {
         if leader != self.leader {
             self.leader = leader;
+            self.next_repropose_check = Millis::ZERO;
             // A forwarded proposal may have died with the old leader.
             for seq in &self.unapplied {
                 if let Some(p) = self.pending.get_mut(seq) {
