@@ -10,6 +10,7 @@ help:
 	@echo "lint          cargo fmt --check and clippy -D warnings"
 	@echo "doc           cargo doc with warnings as errors"
 	@echo "sim           cluster simulation over SEEDS seeds from FIRST (make sim SEEDS=500)"
+	@echo "bench-cluster 3-node cluster vs one etcd node, lock cycles/s (CLIENTS=50)"
 	@echo "clean         remove build output"
 
 build:
@@ -38,3 +39,12 @@ FIRST ?= 1
 .PHONY: sim
 sim:
 	SIM_SEEDS=$(SEEDS) SIM_FIRST=$(FIRST) $(CARGO) test --release --test cluster_sim many_seeds -- --nocapture
+
+# Lock cycles/s of a 3-node cluster (fsync on) against one etcd node, same
+# client count: `make bench-cluster CLIENTS=50 BENCH_SECONDS=10`.
+CLIENTS ?= 50
+BENCH_SECONDS ?= 10
+.PHONY: bench-cluster
+bench-cluster:
+	$(CARGO) build --release --bin ticketd --example cluster_bench
+	./target/release/examples/cluster_bench --clients $(CLIENTS) --seconds $(BENCH_SECONDS) --etcd

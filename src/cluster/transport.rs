@@ -547,6 +547,11 @@ impl Transport {
                 break Ok(());
             }
             let len = u32::from_be_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
+            // Before the hello, nothing but a hello: a stranger on the peer
+            // port cannot make us buffer a large frame.
+            if c.peer.is_none() && len != HELLO_LEN {
+                break Err("the first frame is not a hello".into());
+            }
             if len > MAX_FRAME_BYTES {
                 break Err(format!("frame of {len} bytes is over the limit"));
             }
