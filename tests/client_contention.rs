@@ -13,7 +13,7 @@ use common::Ticketd;
 use ticketd::client::{Acquire, Client, Release};
 
 const THREADS: usize = 16;
-const CYCLES_PER_THREAD: usize = 250;
+const CYCLES_PER_THREAD: usize = 500;
 /// Stop early rather than overrun the suite's time budget on a slow machine.
 const TIME_BUDGET: Duration = Duration::from_secs(12);
 

@@ -76,6 +76,8 @@ fn no_thread_or_connection_outlives_the_client() {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert!(c.connected_sessions() <= 2);
+        // The counts are live: the client's session threads show up.
+        assert!(threads() > base.0 + 2, "{} threads vs {}", threads(), base.0);
         drop(c);
         drop(px);
     }

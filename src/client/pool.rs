@@ -179,6 +179,8 @@ impl Pool {
                 },
                 Err(e) => last = format!("{addr}: {e}"),
             }
+            // Kept even if a later address answers: it explains a slow call.
+            lock(&self.state).last_error = Some(last.clone());
         }
         Err(last)
     }

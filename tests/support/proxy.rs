@@ -32,7 +32,8 @@ pub enum Fault {
     /// Read the client's first bytes, forward nothing, close the connection:
     /// the client may have sent a request the server never saw.
     DropAndClose,
-    /// Forward exactly this many client bytes, then close both sides.
+    /// Forward exactly this many client bytes, then close both sides; no
+    /// reply gets back to the client (the cut loses what was in flight).
     CutAfter(usize),
     /// Hold every client chunk this long before forwarding it.
     DelayForward(Duration),
@@ -384,7 +385,7 @@ fn server_to_client(fault: Fault, mut server: TcpStream, mut client: TcpStream) 
                 return;
             }
         };
-        if fault == Fault::StallReplies {
+        if matches!(fault, Fault::StallReplies | Fault::CutAfter(_)) {
             continue;
         }
         if client.write_all(&chunk[..n]).is_err() {
