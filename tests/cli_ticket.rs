@@ -56,7 +56,10 @@ fn acquire_prints_a_token_and_another_process_releases_it() {
     let o = ticket(&["release", "job", &wrong, "--server", &addr]);
     assert_eq!(status(&o), NOT_HELD, "{}", stderr(&o));
     let t = token.to_string();
-    assert_eq!(status(&ticket(&["release", "job", &t, "--server", &addr])), 0);
+    assert_eq!(
+        status(&ticket(&["release", "job", &t, "--server", &addr])),
+        0
+    );
     assert_eq!(
         status(&ticket(&["release", "job", &t, "--server", &addr])),
         NOT_HELD
@@ -71,7 +74,10 @@ fn acquire_prints_a_token_and_another_process_releases_it() {
 fn run_exports_the_ticket_and_exits_with_the_commands_status() {
     let server = Ticketd::start(&[]);
     let addr = server.addr().to_string();
-    let before = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let before = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
     let o = ticket(&[
         "run",
         "report",
@@ -97,7 +103,9 @@ fn run_exports_the_ticket_and_exits_with_the_commands_status() {
     );
     // Released when the command exited.
     assert_eq!(
-        status(&ticket(&["acquire", "report", "--wait", "0", "--server", &addr])),
+        status(&ticket(&[
+            "acquire", "report", "--wait", "0", "--server", &addr
+        ])),
         0
     );
 }
@@ -125,11 +133,16 @@ fn run_stops_a_command_that_outlives_its_lease_and_frees_the_key() {
     let took = start.elapsed();
     assert_eq!(status(&o), LEASE_ENDED, "{}", stderr(&o));
     assert!(stderr(&o).contains("lease"), "{}", stderr(&o));
-    assert!(took < Duration::from_secs(3), "stopped before the lease: {took:?}");
+    assert!(
+        took < Duration::from_secs(3),
+        "stopped before the lease: {took:?}"
+    );
     assert!(took >= Duration::from_millis(1400), "{took:?}");
     // Released, not left to expire.
     assert_eq!(
-        status(&ticket(&["acquire", "slow", "--wait", "0", "--server", &addr])),
+        status(&ticket(&[
+            "acquire", "slow", "--wait", "0", "--server", &addr
+        ])),
         0
     );
 }
@@ -177,7 +190,9 @@ fn run_does_not_start_the_command_without_the_lock() {
     ]);
     assert_eq!(status(&o), NOT_FOUND, "{}", stderr(&o));
     assert_eq!(
-        status(&ticket(&["acquire", "free-key", "--wait", "0", "--server", &addr])),
+        status(&ticket(&[
+            "acquire", "free-key", "--wait", "0", "--server", &addr
+        ])),
         0,
         "released after the failed start"
     );

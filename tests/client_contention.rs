@@ -43,7 +43,11 @@ fn sixteen_threads_one_key_tokens_increase_and_sections_never_overlap() {
                         break;
                     }
                     let ticket = match client
-                        .acquire("contended", Duration::from_secs(10), Duration::from_secs(10))
+                        .acquire(
+                            "contended",
+                            Duration::from_secs(10),
+                            Duration::from_secs(10),
+                        )
                         .unwrap()
                     {
                         Acquire::Acquired(t) => t,

@@ -77,7 +77,12 @@ fn no_thread_or_connection_outlives_the_client() {
         }
         assert!(c.connected_sessions() <= 2);
         // The counts are live: the client's session threads show up.
-        assert!(threads() > base.0 + 2, "{} threads vs {}", threads(), base.0);
+        assert!(
+            threads() > base.0 + 2,
+            "{} threads vs {}",
+            threads(),
+            base.0
+        );
         drop(c);
         drop(px);
     }

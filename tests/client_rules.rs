@@ -54,7 +54,11 @@ fn owners(seen: &[proxy::Seen]) -> Vec<u64> {
 fn acquire_and_release_against_the_real_server() {
     let server = Ticketd::start(&[]);
     let c = Client::connect(server.addr().to_string()).unwrap();
-    let t = c.acquire("k", 5 * S, 30 * S).unwrap().ticket().expect("acquired");
+    let t = c
+        .acquire("k", 5 * S, 30 * S)
+        .unwrap()
+        .ticket()
+        .expect("acquired");
     assert_eq!(t.key(), "k");
     assert!(t.token() > 0);
     assert!(!t.is_expired());
@@ -119,12 +123,19 @@ fn an_acquire_cut_after_it_was_forwarded_is_indeterminate_and_never_sent_again()
     let start = Instant::now();
     let r = c.acquire(key, 5 * S, 30 * S).unwrap();
     assert!(matches!(r, Acquire::Indeterminate), "{r:?}");
-    assert!(start.elapsed() < 2 * S, "known lost when the connection died");
+    assert!(
+        start.elapsed() < 2 * S,
+        "known lost when the connection died"
+    );
     // The server granted it: Indeterminate, not Timeout, was the truth.
     assert!(held(&server, key));
     // Later traffic goes through new connections; the cut acquire is never
     // forwarded again.
-    let t = c.acquire("other", S, S).unwrap().ticket().expect("other key");
+    let t = c
+        .acquire("other", S, S)
+        .unwrap()
+        .ticket()
+        .expect("other key");
     drop(t);
     thread::sleep(Duration::from_millis(300));
     let fwd = px.forwarded_for(key);
@@ -174,7 +185,11 @@ fn an_unsent_acquire_moves_to_the_next_address_with_its_deadline() {
         .pool_size(1)
         .build()
         .unwrap();
-    let t = c.acquire("k", 5 * S, 10 * S).unwrap().ticket().expect("via the second address");
+    let t = c
+        .acquire("k", 5 * S, 10 * S)
+        .unwrap()
+        .ticket()
+        .expect("via the second address");
     let fwd = px.forwarded_for("k");
     assert_eq!(fwd.len(), 1);
     assert!(matches!(fwd[0].req, Req::Acquire { wait_s: 5, .. }));
@@ -195,7 +210,11 @@ fn a_connect_delayed_two_seconds_shows_a_wire_wait_two_seconds_shorter() {
         .build()
         .unwrap();
     let start = Instant::now();
-    let t = c.acquire("slow", 5 * S, 10 * S).unwrap().ticket().expect("acquired");
+    let t = c
+        .acquire("slow", 5 * S, 10 * S)
+        .unwrap()
+        .ticket()
+        .expect("acquired");
     assert!(start.elapsed() >= 2 * S);
     let fwd = px.forwarded_for("slow");
     assert_eq!(fwd.len(), 1);
@@ -205,7 +224,11 @@ fn a_connect_delayed_two_seconds_shows_a_wire_wait_two_seconds_shorter() {
     assert_eq!(wait_s, 3, "5 s wait, 2 s spent connecting, rounded up");
     // Direct, the same call carries the full wait.
     let direct = client_via(&px.addr(), 1);
-    let _ = direct.acquire("fast", 5 * S, 10 * S).unwrap().ticket().unwrap();
+    let _ = direct
+        .acquire("fast", 5 * S, 10 * S)
+        .unwrap()
+        .ticket()
+        .unwrap();
     assert!(matches!(
         px.forwarded_for("fast")[0].req,
         Req::Acquire { wait_s: 5, .. }
@@ -226,7 +249,11 @@ fn stalled_replies_past_the_deadline_plus_grace_close_exactly_that_session() {
     });
     assert!(px.wait_until(5 * S, |p| !p.forwarded_for("stalled").is_empty()));
     // The second session (connection 1) works meanwhile.
-    let t = c.acquire("fine", S, 5 * S).unwrap().ticket().expect("second session");
+    let t = c
+        .acquire("fine", S, 5 * S)
+        .unwrap()
+        .ticket()
+        .expect("second session");
     let (r, took) = stalled.join().unwrap();
     assert!(matches!(r, Acquire::Indeterminate), "{r:?}");
     assert!(took >= 2 * S - Duration::from_millis(50), "{took:?}");
@@ -305,7 +332,10 @@ fn a_stalled_wait_zero_gives_up_at_the_transport_deadline() {
     let r = c.acquire("z", Duration::ZERO, S).unwrap();
     let took = start.elapsed();
     assert!(matches!(r, Acquire::Indeterminate), "{r:?}");
-    assert!(took >= 5 * S - Duration::from_millis(50) && took < 6 * S, "{took:?}");
+    assert!(
+        took >= 5 * S - Duration::from_millis(50) && took < 6 * S,
+        "{took:?}"
+    );
     assert_eq!(px.forwarded_for("z").len(), 1);
 }
 
@@ -334,7 +364,11 @@ fn many_threads_share_one_client_over_a_few_connections() {
             thread::spawn(move || {
                 for j in 0..20 {
                     let key = format!("k{i}-{j}");
-                    let t = c.acquire(&key, S, 5 * S).unwrap().ticket().expect("free key");
+                    let t = c
+                        .acquire(&key, S, 5 * S)
+                        .unwrap()
+                        .ticket()
+                        .expect("free key");
                     assert_eq!(t.release().unwrap(), Release::Released);
                 }
             })
@@ -343,6 +377,10 @@ fn many_threads_share_one_client_over_a_few_connections() {
     for h in handles {
         h.join().unwrap();
     }
-    assert!(px.accepted() <= 2, "pipelined over the pool: {}", px.accepted());
+    assert!(
+        px.accepted() <= 2,
+        "pipelined over the pool: {}",
+        px.accepted()
+    );
     assert_eq!(px.forwarded().len(), 8 * 20 * 2);
 }
