@@ -384,3 +384,27 @@ fn many_threads_share_one_client_over_a_few_connections() {
     );
     assert_eq!(px.forwarded().len(), 8 * 20 * 2);
 }
+
+#[test]
+fn a_server_over_its_connection_limit_never_hangs_the_caller_or_storms_it() {
+    let server = Ticketd::start(&["--max-conns", "1"]);
+    let _occupant = server.connect();
+    let px = Proxy::start(server.addr());
+    let c = client_via(&px.addr(), 1);
+    let start = Instant::now();
+    let r = c.acquire("k", S, S).unwrap();
+    let took = start.elapsed();
+    // Accepted and closed at once: either never sent, or sent into a
+    // connection that died, but never a grant and never a hang.
+    assert!(
+        matches!(r, Acquire::Timeout | Acquire::Indeterminate),
+        "{r:?}"
+    );
+    assert!(took < 2 * S + Duration::from_millis(500), "{took:?}");
+    assert!(
+        px.accepted() < 40,
+        "{} connections in {took:?}",
+        px.accepted()
+    );
+    assert!(px.forwarded_for("k").len() <= 1, "never sent twice");
+}

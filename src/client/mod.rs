@@ -81,6 +81,32 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Largest pool a builder accepts.
 pub const MAX_POOL_SIZE: usize = 64;
 
+/// Pauses between retries of a request whose session died before it was
+/// written: the first retry is immediate, later ones back off, so a server
+/// that accepts and drops connections (over its connection limit) does not
+/// turn the retry loop into a connect storm. Never sleeps past the deadline.
+struct RetryPause {
+    next: Duration,
+    until: Instant,
+}
+
+impl RetryPause {
+    fn new(until: Instant) -> RetryPause {
+        RetryPause {
+            next: Duration::ZERO,
+            until,
+        }
+    }
+
+    fn pause(&mut self) {
+        let left = self.until.saturating_duration_since(Instant::now());
+        std::thread::sleep(self.next.min(left));
+        self.next = (self.next * 2)
+            .max(Duration::from_millis(10))
+            .min(Duration::from_millis(500));
+    }
+}
+
 /// The outcome of [`Client::acquire`].
 #[derive(Debug)]
 #[must_use = "an acquire can fail; only Acquired may enter the critical section"]
@@ -313,6 +339,7 @@ impl Client {
         let plan = Plan::acquire(Instant::now(), wait);
         let owner = owner::next_owner();
         let key_arc: Arc<str> = Arc::from(key);
+        let mut backoff = RetryPause::new(plan.send_deadline);
         loop {
             // Retried only from here, and only after NotSent: same owner,
             // same plan, another session.
@@ -324,7 +351,7 @@ impl Client {
                 continue;
             }
             match session.await_call(&call) {
-                Waited::NotSent => continue,
+                Waited::NotSent => backoff.pause(),
                 Waited::Indeterminate => return Ok(Acquire::Indeterminate),
                 Waited::Answered { answer, written_at } => {
                     return Ok(match answer {
@@ -363,6 +390,7 @@ impl Client {
 
     fn release_checked(&self, key: Arc<str>, token: u64) -> Release {
         let plan = Plan::transport(Instant::now());
+        let mut backoff = RetryPause::new(plan.send_deadline);
         loop {
             let Some(session) = self.inner.pool.get(plan.send_deadline) else {
                 return Release::NotSent;
@@ -372,7 +400,7 @@ impl Client {
                 continue;
             }
             match session.await_call(&call) {
-                Waited::NotSent => continue,
+                Waited::NotSent => backoff.pause(),
                 Waited::Indeterminate => return Release::Indeterminate,
                 Waited::Answered { answer, .. } => {
                     return match answer {

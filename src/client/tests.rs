@@ -565,3 +565,12 @@ fn sessions_and_threads_end_when_the_client_is_dropped() {
     assert_eq!(session.unjoined_threads(), 0, "threads joined");
     assert!(conn.closed_within(S));
 }
+
+#[test]
+fn clients_and_tickets_can_move_between_threads() {
+    fn shared<T: Send + Sync + Clone>() {}
+    fn movable<T: Send + Sync>() {}
+    shared::<Client>();
+    movable::<Ticket>();
+    movable::<Acquire>();
+}
