@@ -256,3 +256,85 @@ fn usage_errors_and_help() {
     assert!(stdout(&ticket(&["--help"])).contains("124"));
     assert!(stdout(&ticket(&["run", "--help"])).contains("TICKET_EXPIRES_AT"));
 }
+
+fn signal(child: &std::process::Child, sig: i32) {
+    let pid = libc::pid_t::try_from(child.id()).unwrap();
+    // SAFETY: kill(2) on our own child; no memory involved.
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+}
+
+fn wait_with_deadline(
+    child: &mut std::process::Child,
+    within: Duration,
+) -> std::process::ExitStatus {
+    let end = Instant::now() + within;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            panic!("ticket did not exit within {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn run_passes_sigterm_to_the_command_then_releases() {
+    let server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ticket"))
+        .args([
+            "run",
+            "svc",
+            "--server",
+            &addr,
+            "--",
+            "sh",
+            "-c",
+            "trap 'exit 7' TERM; while :; do sleep 0.05; done",
+        ])
+        .spawn()
+        .unwrap();
+    // Wait until the command runs under the lock.
+    let end = Instant::now() + Duration::from_secs(5);
+    while status(&ticket(&[
+        "acquire", "svc", "--wait", "0", "--server", &addr,
+    ])) != TIMEOUT
+    {
+        assert!(Instant::now() < end, "the lock was never taken");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    signal(&child, libc::SIGTERM);
+    let st = wait_with_deadline(&mut child, Duration::from_secs(5));
+    assert_eq!(st.code(), Some(7), "the command's own status");
+    assert_eq!(
+        status(&ticket(&[
+            "acquire", "svc", "--wait", "0", "--server", &addr
+        ])),
+        0,
+        "released after the command exited"
+    );
+}
+
+#[test]
+fn ctrl_c_while_waiting_for_the_lock_ends_ticket_at_once() {
+    let server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    assert_eq!(status(&ticket(&["acquire", "held", "--server", &addr])), 0);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ticket"))
+        .args([
+            "run", "held", "--wait", "30", "--server", &addr, "--", "true",
+        ])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let start = Instant::now();
+    signal(&child, libc::SIGINT);
+    let st = wait_with_deadline(&mut child, Duration::from_secs(5));
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(st.signal(), Some(libc::SIGINT));
+    assert!(start.elapsed() < Duration::from_secs(1));
+}

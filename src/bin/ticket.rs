@@ -405,9 +405,17 @@ fn run(mut args: Vec<OsString>) -> Result<u8, Exit> {
             "missing the command: ticket run KEY -- CMD [ARGS...]",
         ));
     };
-    let signals = Forwarded::install()?;
     let client = client(&o.servers)?;
     let ticket = take(&client, &o)?;
+    // Installed only now, so a Ctrl-C while waiting for the lock still ends
+    // `ticket` at once (closing the connection cancels the queued acquire).
+    let signals = match Forwarded::install() {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = ticket.release();
+            return Err(e);
+        }
+    };
     let status = supervise(&ticket, program, program_args, grace, &signals);
     match ticket.release() {
         Ok(Release::Released) => {}

@@ -348,6 +348,7 @@ impl Client {
             };
             let call = Call::new(Kind::Acquire { owner, lease_s }, Arc::clone(&key_arc), plan);
             if !session.enqueue(Arc::clone(&call)) {
+                backoff.pause();
                 continue;
             }
             match session.await_call(&call) {
@@ -397,6 +398,7 @@ impl Client {
             };
             let call = Call::new(Kind::Release { token }, Arc::clone(&key), plan);
             if !session.enqueue(Arc::clone(&call)) {
+                backoff.pause();
                 continue;
             }
             match session.await_call(&call) {
