@@ -239,6 +239,19 @@ impl Session {
         lock(&self.threads).len()
     }
 
+    /// Owners of the acquires still queued (unsent) here.
+    #[cfg(test)]
+    pub(crate) fn queued_owners(&self) -> Vec<u64> {
+        lock(&self.state)
+            .queue
+            .iter()
+            .filter_map(|c| match c.kind {
+                Kind::Acquire { owner, .. } => Some(owner),
+                Kind::Release { .. } => None,
+            })
+            .collect()
+    }
+
     #[cfg(test)]
     pub(crate) fn pause_writer(&self, paused: bool) {
         lock(&self.state).writer_paused = paused;

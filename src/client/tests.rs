@@ -333,16 +333,20 @@ fn a_request_queued_on_a_dying_session_moves_to_another_with_the_same_owner() {
     let session = c.inner.pool.live().pop().unwrap();
     session.pause_writer(true);
     let h = acquire_in_thread(&c, "k", 5 * S);
-    thread::sleep(Duration::from_millis(200));
+    thread::sleep(Duration::from_millis(1200));
+    let queued = session.queued_owners();
+    assert_eq!(queued.len(), 1);
     // The server goes away while the request is still queued, unsent.
     drop(first);
+    // Same deadline: 3.8 s left, rounded up to 4, not a fresh 5.
     let mut second = fake.accept(5 * S).expect("a retry on a new connection");
     let seen = second.read(5 * S).unwrap();
     assert!(
-        matches!(&seen, Seen::Acquire { wait_s: 5, key, .. } if key == "k"),
+        matches!(&seen, Seen::Acquire { wait_s: 4, key, .. } if key == "k"),
         "{seen:?}"
     );
     assert_eq!(session.frames_written(), 1, "never written on the dead one");
+    assert_eq!(owner_of(&seen), queued[0], "the retry keeps its owner");
     second.reply(Reply::Acquired {
         token: 9,
         owner: owner_of(&seen),
