@@ -284,6 +284,8 @@ fn wait_with_deadline(
 fn run_passes_sigterm_to_the_command_then_releases() {
     let server = Ticketd::start(&[]);
     let addr = server.addr().to_string();
+    let marker = std::env::temp_dir().join(format!("ticket-cli-test-{}", std::process::id()));
+    let _ = std::fs::remove_file(&marker);
     let mut child = Command::new(env!("CARGO_BIN_EXE_ticket"))
         .args([
             "run",
@@ -293,20 +295,25 @@ fn run_passes_sigterm_to_the_command_then_releases() {
             "--",
             "sh",
             "-c",
-            "trap 'exit 7' TERM; while :; do sleep 0.05; done",
+            "trap 'exit 7' TERM; echo \"$TICKET_TOKEN\" > \"$MARKER\"; while :; do sleep 0.05; done",
         ])
+        .env("MARKER", &marker)
         .spawn()
         .unwrap();
     // Wait until the command runs under the lock.
     let end = Instant::now() + Duration::from_secs(5);
-    while status(&ticket(&[
-        "acquire", "svc", "--wait", "0", "--server", &addr,
-    ])) != TIMEOUT
-    {
-        assert!(Instant::now() < end, "the lock was never taken");
+    while !std::fs::read_to_string(&marker).is_ok_and(|s| s.ends_with('\n')) {
+        assert!(Instant::now() < end, "the command never started");
         std::thread::sleep(Duration::from_millis(20));
     }
-    std::thread::sleep(Duration::from_millis(200));
+    let _ = std::fs::remove_file(&marker);
+    assert_eq!(
+        status(&ticket(&[
+            "acquire", "svc", "--wait", "0", "--server", &addr
+        ])),
+        TIMEOUT,
+        "held while the command runs"
+    );
     signal(&child, libc::SIGTERM);
     let st = wait_with_deadline(&mut child, Duration::from_secs(5));
     assert_eq!(st.code(), Some(7), "the command's own status");
