@@ -153,7 +153,8 @@ impl Proxy {
         self.shared.log.lock().unwrap().received.clone()
     }
 
-    /// Every complete request forwarded to the server, in order.
+    /// Every complete request handed to the server's socket, in order
+    /// (logged just before the write, so never behind the server's reply).
     pub fn forwarded(&self) -> Vec<Seen> {
         self.shared.log.lock().unwrap().forwarded.clone()
     }
@@ -345,10 +346,8 @@ fn client_to_server(
             }
             Fault::Forward | Fault::StallReplies => data,
         };
-        if server.write_all(pass).is_err() {
-            let _ = client.shutdown(Shutdown::Both);
-            return;
-        }
+        // Logged before the write, so the log is never behind a reply the
+        // server sends for it.
         forwarded_bytes += pass.len();
         forwarded_buf.extend_from_slice(pass);
         let now = Instant::now();
@@ -357,6 +356,10 @@ fn client_to_server(
             for req in frames(&mut forwarded_buf) {
                 log.forwarded.push(Seen { conn, at: now, req });
             }
+        }
+        if server.write_all(pass).is_err() {
+            let _ = client.shutdown(Shutdown::Both);
+            return;
         }
         if let Fault::CutAfter(limit) = fault {
             if forwarded_bytes >= limit {
