@@ -95,15 +95,15 @@ impl Pool {
                 return None;
             }
             let dead = reap(&mut st);
+            if !dead.is_empty() {
+                drop(st);
+                join_all(dead);
+                continue;
+            }
             let i = st.rr % st.slots.len();
             st.rr = st.rr.wrapping_add(1);
             match &st.slots[i] {
-                Slot::Live(s) => {
-                    let s = Arc::clone(s);
-                    drop(st);
-                    join_all(dead);
-                    return Some(s);
-                }
+                Slot::Live(s) => return Some(Arc::clone(s)),
                 Slot::Connecting => {
                     if let Some(s) = any_live(&st) {
                         return Some(s);
@@ -116,13 +116,11 @@ impl Pool {
                         .wait_timeout(st, left.min(MAX_BACKOFF))
                         .unwrap_or_else(PoisonError::into_inner);
                     drop(st);
-                    join_all(dead);
                     continue;
                 }
                 Slot::Empty => {
                     st.slots[i] = Slot::Connecting;
                     drop(st);
-                    join_all(dead);
                     let result = self.connect(send_deadline);
                     let mut st = lock(&self.state);
                     match result {
