@@ -451,3 +451,43 @@ fn the_local_expiry_is_conservative_and_a_dropped_ticket_is_released() {
     }
     assert!(raw_free, "a dropped 30 s ticket is released at once");
 }
+
+#[test]
+fn a_server_that_dies_under_a_queued_acquire_makes_it_indeterminate_at_once() {
+    let mut server = Ticketd::start(&[]);
+    let direct = Client::connect(server.addr().to_string()).unwrap();
+    let _holder = direct.acquire("k", S, 30 * S).unwrap().ticket().unwrap();
+    let c = Client::connect(server.addr().to_string()).unwrap();
+    let c1 = c.clone();
+    let waiter = thread::spawn(move || {
+        let r = c1.acquire("k", 20 * S, S).unwrap();
+        (r, Instant::now())
+    });
+    thread::sleep(Duration::from_millis(300));
+    server.signal(libc::SIGKILL);
+    let killed = Instant::now();
+    let (r, when) = waiter.join().unwrap();
+    assert!(matches!(r, Acquire::Indeterminate), "{r:?}");
+    assert!(when.duration_since(killed) < S, "not held until D + grace");
+    let _ = server.wait_exit(5 * S);
+}
+
+#[test]
+fn a_release_without_a_reply_is_indeterminate_after_the_transport_deadline() {
+    let server = Ticketd::start(&[]);
+    let px = Proxy::start(server.addr());
+    px.set_fault_for(1, Fault::StallReplies);
+    let c = client_via(&px.addr(), 2);
+    let t = c.acquire("r", S, 30 * S).unwrap().ticket().unwrap();
+    let start = Instant::now();
+    // The second connection forwards the release but swallows its reply.
+    assert_eq!(t.release().unwrap(), Release::Indeterminate);
+    let took = start.elapsed();
+    assert!(
+        took >= 5 * S - Duration::from_millis(50) && took < 6 * S,
+        "{took:?}"
+    );
+    assert_eq!(px.forwarded_for("r").len(), 2, "sent once, never again");
+    // It did take effect: Indeterminate was the honest answer.
+    assert!(!held(&server, "r"));
+}
