@@ -350,6 +350,15 @@ fn a_server_that_is_down_costs_the_caller_its_wait_and_no_more() {
     let c = Client::connect(addr).unwrap();
     let _ = c.acquire("k", S, S).unwrap().ticket().unwrap().detach();
     server.terminate();
+    // Once the client has seen the connection close, nothing can be sent.
+    let seen = Instant::now();
+    while c.connected_sessions() > 0 {
+        assert!(
+            seen.elapsed() < 5 * S,
+            "the closed connection went unnoticed"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
     let start = Instant::now();
     let r = c.acquire("k", S, S).unwrap();
     let took = start.elapsed();
