@@ -396,6 +396,12 @@ fn many_threads_share_one_client_over_a_few_connections() {
         px.accepted()
     );
     assert_eq!(px.forwarded().len(), 8 * 20 * 2);
+    // A fresh owner for every acquire call.
+    let mut all = owners(&px.forwarded());
+    assert_eq!(all.len(), 8 * 20);
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), 8 * 20, "an owner was reused");
 }
 
 #[test]
