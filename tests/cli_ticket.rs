@@ -345,3 +345,40 @@ fn ctrl_c_while_waiting_for_the_lock_ends_ticket_at_once() {
     assert_eq!(st.signal(), Some(libc::SIGINT));
     assert!(start.elapsed() < Duration::from_secs(1));
 }
+
+#[test]
+fn a_token_that_cannot_be_printed_is_released_again() {
+    let server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    // A stdout pipe nobody reads: writing the token fails with EPIPE.
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe(2) fills the two-element array we pass.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both descriptors were just created and are owned only here.
+    let (read_end, write_end) = unsafe {
+        use std::os::fd::{FromRawFd, OwnedFd};
+        (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
+    };
+    drop(read_end);
+    let o = Command::new(env!("CARGO_BIN_EXE_ticket"))
+        .args(["acquire", "unprinted", "--server", &addr])
+        .stdout(write_end)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+        .wait_with_output()
+        .unwrap();
+    assert_eq!(status(&o), 125, "{}", stderr(&o));
+    assert!(stderr(&o).contains("released"), "{}", stderr(&o));
+    assert_eq!(
+        status(&ticket(&[
+            "acquire",
+            "unprinted",
+            "--wait",
+            "0",
+            "--server",
+            &addr
+        ])),
+        0
+    );
+}

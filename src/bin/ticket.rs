@@ -12,6 +12,7 @@
 //! `docs/CLIENT.md`.
 
 use std::ffi::OsString;
+use std::io::Write;
 use std::process::{Command, ExitStatus};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -38,6 +39,9 @@ mod exit {
     pub const NOT_HELD: u8 = 123;
     /// Run: the lease was about to end, so the command was terminated.
     pub const LEASE_ENDED: u8 = 124;
+    /// `ticket` itself failed (e.g. could not print the token, which it
+    /// then released).
+    pub const FAILED: u8 = 125;
     /// Run: the command was found but could not be started.
     pub const CANNOT_RUN: u8 = 126;
     /// Run: the command was not found.
@@ -73,6 +77,7 @@ EXIT STATUS:
     122  indeterminate: treat the lock as not held; its lease ends any grant
     123  not held: the release found no such token on the key
     124  run: the lease was about to end, the command was terminated
+    125  ticket itself failed (e.g. could not print the token; it released the lock)
     126  run: the command could not be started
     127  run: the command was not found
     run otherwise exits with the command's own status (128 + N for signal N).
@@ -333,9 +338,18 @@ fn acquire(args: Vec<OsString>) -> Result<u8, Exit> {
     finish(args)?;
     let client = client(&o.servers)?;
     let ticket = take(&client, &o)?;
+    // Nobody could release a token that was never printed: give it back.
+    let token = ticket.token();
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = writeln!(out, "{token}").and_then(|()| out.flush()) {
+        let _ = ticket.release();
+        return Err(Exit {
+            status: exit::FAILED,
+            message: format!("cannot print the token ({e}); the lock was released"),
+        });
+    }
     // The lock outlives this process: it is released by token later.
-    let (_, token) = ticket.detach();
-    println!("{token}");
+    let _ = ticket.detach();
     Ok(exit::OK)
 }
 
