@@ -10,6 +10,7 @@ help:
 	@echo "lint          cargo fmt --check and clippy -D warnings"
 	@echo "doc           cargo doc with warnings as errors"
 	@echo "clean         remove build output"
+	@echo "engine-memory bytes per held key and per waiter, hot-path allocations (release)"
 
 build:
 	$(CARGO) build --release
@@ -30,3 +31,7 @@ doc:
 
 clean:
 	$(CARGO) clean
+
+.PHONY: engine-memory
+engine-memory:
+	$(CARGO) run --release --example engine_memory
