@@ -23,8 +23,11 @@
 //! async runtime anywhere.
 #![warn(missing_docs)]
 
+pub mod config;
 pub mod engine;
 pub mod limits;
 pub mod proto;
+pub mod server;
 pub mod service;
+pub mod single;
 pub mod time;
