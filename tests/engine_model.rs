@@ -332,7 +332,8 @@ impl Model {
     }
 
     /// The first moment something is due: a wait running out or a lease
-    /// running out on a key with waiters, or the sweep.
+    /// running out on a key with waiters, or the sweep finding an expired
+    /// key.
     fn next_event_ms(&self) -> Option<u64> {
         if self.replicated {
             return None;
@@ -346,8 +347,10 @@ impl Model {
                 next = Some(next.map_or(k.expires_at_ms, |n| n.min(k.expires_at_ms)));
             }
         }
-        if !self.keys.is_empty() {
-            next = Some(next.map_or(self.next_sweep_ms, |n| n.min(self.next_sweep_ms)));
+        // The sweep has work once it is due and some lease has ended.
+        if let Some(first_end) = self.keys.iter().map(|k| k.expires_at_ms).min() {
+            let sweep = self.next_sweep_ms.max(first_end);
+            next = Some(next.map_or(sweep, |n| n.min(sweep)));
         }
         next
     }
