@@ -984,6 +984,45 @@ mod tests {
         e.check_invariants();
     }
 
+    /// The memory figures of the module doc rest on these sizes.
+    #[test]
+    fn slots_are_16_bytes_and_waiters_32() {
+        assert_eq!(std::mem::size_of::<Slot>(), 16);
+        assert_eq!(std::mem::size_of::<Waiter>(), 32);
+        let w = Waiter {
+            owner: 1,
+            conn: 2,
+            wait_deadline: Millis(3),
+            id_lease: (WAITER_ID_LIMIT - 1) << 8 | 255,
+        };
+        assert_eq!((w.id(), w.lease_s()), (WAITER_ID_LIMIT - 1, 255));
+    }
+
+    /// Waiter ids share a word with the lease, so they wrap below 2^56,
+    /// skipping 0, and still name the right waiter.
+    #[test]
+    fn waiter_ids_wrap_below_the_lease_bits() {
+        let mut e = Engine::replicated(EngineLimits::default(), 1);
+        let mut out = Outbox::new();
+        e.next_waiter = WAITER_ID_LIMIT - 1;
+        e.acquire(Millis(0), 1, acq("k", 1, 0, 5), &mut out);
+        let a = e.acquire(Millis(0), 2, acq("k", 2, 9, 7), &mut out);
+        let b = e.acquire(Millis(0), 3, acq("k", 3, 9, 8), &mut out);
+        assert_eq!(a, AcquireOutcome::Queued(WAITER_ID_LIMIT - 1));
+        assert_eq!(b, AcquireOutcome::Queued(1));
+        out.clear();
+        assert!(e.wait_timeout(Millis(0), "k", 1, &mut out));
+        assert_eq!(e.queued_owners("k"), vec![2]);
+        assert!(e.expire(Millis(0), "k", 1, &mut out));
+        let r = replies(&mut out);
+        assert_eq!(
+            r[1],
+            (2, "Acquired { token: 2, owner: 2, key: \"k\" }".to_string())
+        );
+        assert_eq!(out.len(), 0);
+        e.check_invariants();
+    }
+
     #[test]
     fn a_waiter_whose_wait_ran_out_is_never_granted() {
         let mut e = Engine::new(EngineLimits::default(), 7);
