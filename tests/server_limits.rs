@@ -210,18 +210,32 @@ fn unread_replies_over_the_hard_limit_close_the_connection() {
     ]);
     let mut holder = server.connect();
     holder.acquire_reply("held", 1, 0, 60);
+    let mut tokens = Vec::new();
+    for i in 0..2000u64 {
+        tokens.push(holder.acquire_reply(&format!("k{i}"), i, 0, 60).token());
+    }
     let mut flooder = TcpStream::connect(server.addr()).unwrap();
-    // 2000 queued acquires whose waits all run out together, 3 s from now...
+    // 2000 acquires queued behind the holder...
     let queued: Vec<u8> = (0..2000u64)
-        .flat_map(|i| acquire_frame("held", 100 + i, 3, 30))
+        .flat_map(|i| acquire_frame(&format!("k{i}"), 100 + i, 60, 30))
         .collect();
     flooder.write_all(&queued).unwrap();
     // ...then fill every buffer with replies the client never reads.
     let sent = flood_without_reading(&mut flooder, 200 << 20);
     assert!(sent > 1 << 20);
-    // The 2000 Timeouts land on a full output buffer: over the hard limit.
+    assert!(!server.log().contains("over --out-hard-limit"));
+    // 2000 grants land on a full output buffer: over the hard limit.
+    let releases: Vec<u8> = tokens
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &t)| common::release_frame(&format!("k{i}"), t))
+        .collect();
+    holder.send(&releases);
+    for r in holder.recv_n(2000) {
+        assert!(matches!(r, Reply::Released { .. }), "{r:?}");
+    }
     assert!(
-        server.wait_for_log("over --out-hard-limit", Duration::from_secs(6)),
+        server.wait_for_log("over --out-hard-limit", Duration::from_secs(5)),
         "{}",
         server.log()
     );
