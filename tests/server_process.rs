@@ -182,3 +182,51 @@ fn tokens_after_a_restart_exceed_those_before_it_without_a_data_dir() {
     let after = grant(&server, "k");
     assert!(after > before, "{after} after {before}");
 }
+
+#[test]
+fn sigterm_exits_0_within_the_flush_bound_even_if_a_client_never_reads() {
+    use std::io::Write;
+    let mut server = Ticketd::start(&[]);
+    let mut holder = server.connect();
+    holder.acquire_reply("k", 1, 0, 30);
+    // A client that pipelines and never reads: the server holds unsent
+    // replies for it when the signal comes.
+    let mut stuck = std::net::TcpStream::connect(server.addr()).unwrap();
+    stuck
+        .set_write_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let frame = common::acquire_frame("k", 2, 0, 30);
+    let batch: Vec<u8> = frame
+        .iter()
+        .copied()
+        .cycle()
+        .take(frame.len() * 5000)
+        .collect();
+    while stuck.write(&batch).is_ok() {}
+    let start = Instant::now();
+    assert_eq!(server.terminate().code(), Some(0));
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(3), "shutdown took {took:?}");
+}
+
+#[test]
+fn debug_logging_shows_each_request_and_reply() {
+    let server = Ticketd::start(&["--log-level", "debug"]);
+    let mut c = server.connect();
+    c.acquire_reply("dbg-key", 77, 0, 30);
+    assert!(server.wait_for_log("owner: 77, key: \"dbg-key\"", Duration::from_secs(2)));
+    let log = server.log();
+    assert!(log.contains("Acquire {"), "{log}");
+    assert!(log.contains("Acquired {"), "{log}");
+}
+
+#[test]
+fn info_logging_has_no_line_per_request() {
+    let mut server = Ticketd::start(&[]);
+    let mut c = server.connect();
+    for i in 0..20 {
+        c.acquire_reply("quiet", i, 0, 30);
+    }
+    server.terminate();
+    assert!(!server.log().contains("quiet"), "{}", server.log());
+}
