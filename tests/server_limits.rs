@@ -284,3 +284,23 @@ fn one_pipelining_connection_does_not_starve_another() {
         "{flood_replies} of {frames} flood replies were sent before the other client's one"
     );
 }
+
+#[test]
+fn replies_left_unread_for_the_frame_timeout_close_the_connection() {
+    let server = Ticketd::start(&["--frame-timeout", "1"]);
+    let mut holder = server.connect();
+    holder.acquire_reply("held", 1, 0, 60);
+    let mut flooder = TcpStream::connect(server.addr()).unwrap();
+    let sent = flood_without_reading(&mut flooder, 200 << 20);
+    assert!(sent > 1 << 20);
+    assert!(
+        server.wait_for_log("unread replies for --frame-timeout", Duration::from_secs(4)),
+        "{}",
+        server.log()
+    );
+    // The reader that does read is not affected.
+    assert!(matches!(
+        holder.acquire_reply("other", 2, 0, 30),
+        Reply::Acquired { .. }
+    ));
+}
