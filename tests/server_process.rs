@@ -230,3 +230,37 @@ fn info_logging_has_no_line_per_request() {
     server.terminate();
     assert!(!server.log().contains("quiet"), "{}", server.log());
 }
+
+#[test]
+fn a_closed_stderr_does_not_take_the_server_down() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(common::ticketd_bin())
+        .args(["--listen", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    let addr = common::parse_listen_line(&line).expect("start-up line");
+    drop(stderr); // nobody reads the log any more
+                  // Malformed frames make the server log warnings into the closed pipe.
+    for _ in 0..3 {
+        let mut bad = common::Client::connect(addr);
+        bad.send(b"X\n");
+        assert!(bad.closed_within(Duration::from_secs(3)));
+    }
+    let mut c = common::Client::connect(addr);
+    assert!(matches!(
+        c.acquire_reply("k", 1, 0, 30),
+        Reply::Acquired { .. }
+    ));
+    // SIGTERM logs too, and still exits 0.
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+}

@@ -3,6 +3,7 @@
 //! Exit status: 0 after SIGTERM/SIGINT, 1 when it cannot start or the loop
 //! fails, 2 for a bad command line. Logs go to stderr.
 
+use std::panic::{self, AssertUnwindSafe};
 use std::process::ExitCode;
 
 use ticketd::config::{self, Config, Parsed};
@@ -25,11 +26,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Err(e) = simple_logger::SimpleLogger::new()
+    let logger = simple_logger::SimpleLogger::new()
         .with_level(config.log_level)
-        .with_utc_timestamps()
-        .init()
-    {
+        .with_utc_timestamps();
+    log::set_max_level(config.log_level);
+    if let Err(e) = log::set_boxed_logger(Box::new(Survivable(logger))) {
         eprintln!("ticketd: cannot start logging: {e}");
         return ExitCode::from(1);
     }
@@ -39,6 +40,25 @@ fn main() -> ExitCode {
             log::error!("{e}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// simple_logger writes with `eprintln!`, which panics when stderr is gone
+/// (a closed pipe, a restarted log collector). A lost log line must not take
+/// the lock server down with it: the panic is caught and the line dropped.
+struct Survivable(simple_logger::SimpleLogger);
+
+impl log::Log for Survivable {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        self.0.enabled(metadata)
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        let _ = panic::catch_unwind(AssertUnwindSafe(|| self.0.log(record)));
+    }
+
+    fn flush(&self) {
+        let _ = panic::catch_unwind(AssertUnwindSafe(|| self.0.flush()));
     }
 }
 
