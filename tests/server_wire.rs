@@ -292,7 +292,7 @@ fn random_bytes_on_many_connections_never_hurt_the_server() {
     let server = Ticketd::start(&["--max-key-bytes", "16"]);
     let mut good = server.connect();
     let held = good.acquire_reply("held", 1, 0, 60).token();
-    let mut rng = XorShift(0x5EED_0F_71C4E7D);
+    let mut rng = XorShift(0x5EED_F00D_71C4_E7D1);
     let mut conns = Vec::new();
     for i in 0..200 {
         let mut c = server.connect();
