@@ -1,7 +1,7 @@
 # ticketd developer targets. `make help` lists them.
 CARGO ?= cargo
 
-.PHONY: help build run test lint doc bench vendor-check clean
+.PHONY: help build run test lint doc bench vendor-check example clean
 
 help:
 	@echo "build         release build of ticketd and ticket"
@@ -9,6 +9,8 @@ help:
 	@echo "test          the full test suite (cargo test)"
 	@echo "lint          cargo fmt --check and clippy -D warnings"
 	@echo "doc           cargo doc with warnings as errors"
+	@echo "vendor-check  cargo vendor, then build offline from it (with and without default features)"
+	@echo "example       run examples/step_server (a server stepped turn by turn)"
 	@echo "clean         remove build output"
 	@echo "engine-memory bytes per held key and per waiter, hot-path allocations (release)"
 
@@ -28,6 +30,12 @@ lint:
 
 doc:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --all-features
+
+vendor-check:
+	./.ci/vendor-check
+
+example:
+	$(CARGO) run --example step_server
 
 clean:
 	$(CARGO) clean
