@@ -16,6 +16,8 @@
 //! * [`engine`]: the lock table, sans-IO. Every operation takes `now`; replies
 //!   go to an [`engine::Outbox`] addressed by connection. Deterministic, so
 //!   tests can step through it.
+//! * [`client`]: the official blocking client (SPEC §3): a pool of
+//!   pipelined connections, one deadline per call, Indeterminate when unsure.
 //! * [`service`]: the trait between the event loop and what answers requests
 //!   (single mode: the engine; cluster mode: Raft in front of the engine).
 //! * [`server`]: the mio shell, the only code that touches sockets: one
@@ -29,6 +31,7 @@
 //! async runtime anywhere.
 #![warn(missing_docs)]
 
+pub mod client;
 pub mod config;
 pub mod engine;
 pub mod limits;
