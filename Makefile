@@ -11,6 +11,7 @@ help:
 	@echo "doc           cargo doc with warnings as errors"
 	@echo "vendor-check  cargo vendor, then build offline from it (with and without default features)"
 	@echo "example       run examples/step_server (a server stepped turn by turn)"
+	@echo "sim           cluster simulation over SEEDS seeds from FIRST (make sim SEEDS=500)"
 	@echo "clean         remove build output"
 	@echo "engine-memory bytes per held key and per waiter, hot-path allocations (release)"
 
@@ -43,3 +44,9 @@ clean:
 .PHONY: engine-memory
 engine-memory:
 	$(CARGO) run --release --example engine_memory
+# Cluster simulation over many seeds: `make sim SEEDS=500 FIRST=1`.
+SEEDS ?= 100
+FIRST ?= 1
+.PHONY: sim
+sim:
+	SIM_SEEDS=$(SEEDS) SIM_FIRST=$(FIRST) $(CARGO) test --release --test cluster_sim many_seeds -- --nocapture

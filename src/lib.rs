@@ -32,6 +32,8 @@
 #![warn(missing_docs)]
 
 pub mod client;
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod config;
 pub mod engine;
 pub mod limits;

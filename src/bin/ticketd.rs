@@ -11,6 +11,10 @@ use ticketd::server::Server;
 use ticketd::single::SingleService;
 
 fn main() -> ExitCode {
+    #[cfg(feature = "cluster")]
+    if std::env::args_os().any(|a| a == "--cluster") {
+        return ticketd::cluster::cli::main(std::env::args_os().skip(1).collect());
+    }
     let config = match config::parse_args(std::env::args_os().skip(1).collect()) {
         Ok(Parsed::Run(c)) => c,
         Ok(Parsed::Help) => {
