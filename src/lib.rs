@@ -23,6 +23,7 @@
 //! async runtime anywhere.
 #![warn(missing_docs)]
 
+pub mod bench;
 pub mod engine;
 pub mod limits;
 pub mod proto;
