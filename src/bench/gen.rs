@@ -91,8 +91,6 @@ pub struct Shared {
     pub grants: AtomicU64,
     /// Requests still allowed when the run is bounded by a count.
     pub budget: AtomicI64,
-    /// Global send order of acquires, for the FIFO check.
-    pub send_seq: AtomicU64,
     /// Workers that have finished.
     pub done: AtomicU64,
 }
@@ -107,21 +105,24 @@ impl Shared {
             sent: AtomicU64::new(0),
             grants: AtomicU64::new(0),
             budget: AtomicI64::new(requests.map_or(i64::MAX, |r| r.min(i64::MAX as u64) as i64)),
-            send_seq: AtomicU64::new(0),
             done: AtomicU64::new(0),
         }
     }
 }
 
-/// One grant as the FIFO check needs it.
+/// One grant as the FIFO check needs it. Times are the generator's clock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GrantRecord {
     /// Index of the hot key.
     pub key: u32,
     /// The grant's fencing token: the server's grant order.
     pub token: u64,
-    /// When its acquire was sent, in global send order.
-    pub send_seq: u64,
+    /// No later than the moment the acquire was written to the socket.
+    pub sent_ns: u64,
+    /// A moment by which the server had certainly processed the acquire:
+    /// when the reply to the probe sent right behind it on the same
+    /// connection (or the grant itself) had been read.
+    pub queued_ns: u64,
 }
 
 /// What one worker measured (after the warm-up).
@@ -142,6 +143,8 @@ pub struct Stats {
     pub not_released: u64,
     /// Redis polls (`SET NX` repeated by a waiting slot).
     pub polls: u64,
+    /// FIFO probes answered (contended ticketd runs; not counted as requests).
+    pub probes: u64,
     /// Request to reply, nanoseconds.
     pub latency: Histogram,
     /// First attempt of an acquire to its grant, nanoseconds (contended).
@@ -160,6 +163,7 @@ impl Stats {
         self.released += other.released;
         self.not_released += other.not_released;
         self.polls += other.polls;
+        self.probes += other.probes;
         self.latency.merge(&other.latency);
         self.wait_to_grant.merge(&other.wait_to_grant);
         self.grant_log.append(&mut other.grant_log);
@@ -174,17 +178,32 @@ impl Stats {
     }
 }
 
-/// The FIFO check over a grant log: per key, sorted by token (the server's
-/// grant order), the acquires must have been sent in increasing order.
-/// Returns (grants checked, grants that overtook an earlier-sent acquire).
+/// The FIFO check over a grant log.
+///
+/// Acquires that reach the server in the same loop turn have no order the
+/// client can see, so the check only uses order it can prove: if acquire J
+/// was certainly processed (queued) before acquire I was even sent
+/// (`J.queued_ns < I.sent_ns`), FIFO hand-over must grant J before I, i.e.
+/// give J the smaller token. Expired leases (the non-FIFO path) cannot occur
+/// when every holder releases at once within its lease.
+///
+/// Returns (grants checked, grants that overtook an acquire queued before
+/// they were sent).
 #[must_use]
 pub fn fifo_violations(log: &mut [GrantRecord]) -> (u64, u64) {
     log.sort_unstable_by_key(|g| (g.key, g.token));
     let mut bad = 0;
-    for w in log.windows(2) {
-        if w[0].key == w[1].key && w[1].send_seq < w[0].send_seq {
+    // Walk each key's grants from the last token to the first, keeping the
+    // earliest proven-queued time among the later grants.
+    let mut later_min_queued = u64::MAX;
+    for i in (0..log.len()).rev() {
+        if i + 1 < log.len() && log[i + 1].key != log[i].key {
+            later_min_queued = u64::MAX;
+        }
+        if log[i].sent_ns > later_min_queued {
             bad += 1;
         }
+        later_min_queued = later_min_queued.min(log[i].queued_ns);
     }
     (log.len() as u64, bad)
 }
@@ -213,16 +232,23 @@ struct Slot {
     owner: u64,
     token: u64,
     first_try_ns: u64,
-    send_seq: u64,
+    sent_ns: u64,
+    /// When the FIFO probe behind the current acquire was answered.
+    queued_ns: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
 struct Pending {
     slot: u16,
     acquire: bool,
-    /// Owner of an acquire, token of a release: what the reply names.
+    /// Owner of an acquire (and of the acquire a probe follows), token of
+    /// a release: what the reply names.
     id: u64,
     sent_ns: u64,
+    /// A FIFO probe: a release of token 0, which never matches (tokens are
+    /// never 0), sent right behind an acquire; its `N` proves the acquire
+    /// was processed.
+    probe: bool,
 }
 
 struct Conn {
@@ -361,9 +387,8 @@ impl<B: Backend> Worker<'_, B> {
                     }
                     conn.owner_seq += 1;
                     slot.owner = (conn.id << 40) | (conn.owner_seq & ((1 << 40) - 1));
-                    if cfg.mode == Mode::Contended {
-                        slot.send_seq = self.shared.send_seq.fetch_add(1, Ordering::Relaxed);
-                    }
+                    slot.sent_ns = now;
+                    slot.queued_ns = u64::MAX;
                     let wait_s = if b.queues_waiters() { cfg.wait_s } else { 0 };
                     b.encode_acquire(
                         &mut conn.wbuf,
@@ -378,7 +403,19 @@ impl<B: Backend> Worker<'_, B> {
                         acquire: true,
                         id: slot.owner,
                         sent_ns: now,
+                        probe: false,
                     });
+                    if cfg.mode == Mode::Contended && b.queues_waiters() {
+                        b.encode_release(&mut conn.wbuf, key_str(&slot.key), 0);
+                        conn.outstanding.push_back(Pending {
+                            slot: s,
+                            acquire: false,
+                            id: slot.owner,
+                            sent_ns: now,
+                            probe: true,
+                        });
+                        self.outstanding += 1;
+                    }
                 }
                 SlotState::NeedRelease => {
                     // A release is always sent (never leave a lock behind),
@@ -391,6 +428,7 @@ impl<B: Backend> Worker<'_, B> {
                         acquire: false,
                         id: slot.token,
                         sent_ns: now,
+                        probe: false,
                     });
                 }
                 _ => continue,
@@ -448,6 +486,10 @@ impl<B: Backend> Worker<'_, B> {
                 }
                 Ok(n) => {
                     conn.rbuf.truncate(len + n);
+                    // Read the clock after the read: every byte it returned
+                    // was produced by the server before this moment, which
+                    // the FIFO check relies on.
+                    let now = self.now_ns().max(now);
                     self.handle_replies(c, now)?;
                 }
                 Err(e) => {
@@ -494,10 +536,12 @@ impl<B: Backend> Worker<'_, B> {
         let pos = match id {
             // Ordered backends name nothing: the oldest request is answered.
             None => (!conn.outstanding.is_empty()).then_some(0),
+            // Probes are all alike and answered at once, so in order.
+            Some(0) if !acquire => conn.outstanding.iter().position(|p| p.probe),
             Some(id) => conn
                 .outstanding
                 .iter()
-                .position(|p| p.acquire == acquire && p.id == id),
+                .position(|p| p.acquire == acquire && !p.probe && p.id == id),
         };
         let Some(p) = pos.and_then(|i| conn.outstanding.remove(i)) else {
             return Err(format!("a reply matches no request in flight: {outcome:?}"));
@@ -511,6 +555,14 @@ impl<B: Backend> Worker<'_, B> {
 
     fn on_reply(&mut self, c: usize, outcome: Outcome, now: u64) -> Result<(), String> {
         let p = self.take_pending(c, &outcome)?;
+        if p.probe {
+            let slot = &mut self.conns[c].slots[p.slot as usize];
+            if slot.owner == p.id && slot.queued_ns == u64::MAX {
+                slot.queued_ns = now;
+            }
+            self.stats.probes += u64::from(self.measuring);
+            return Ok(());
+        }
         let m = self.measuring;
         let cfg = self.cfg;
         let queues = self.b.queues_waiters();
@@ -537,7 +589,9 @@ impl<B: Backend> Worker<'_, B> {
                         self.stats.grant_log.push(GrantRecord {
                             key: slot.key_index,
                             token: slot.token,
-                            send_seq: slot.send_seq,
+                            sent_ns: slot.sent_ns,
+                            // The grant itself proves the acquire was processed.
+                            queued_ns: slot.queued_ns.min(now),
                         });
                     }
                 }
@@ -690,7 +744,8 @@ pub fn run_worker<B: Backend>(
                 owner: 0,
                 token: 0,
                 first_try_ns: 0,
-                send_seq: 0,
+                sent_ns: 0,
+                queued_ns: u64::MAX,
             };
             conns.push(Conn {
                 stream,
@@ -744,23 +799,27 @@ mod tests {
     }
 
     #[test]
-    fn fifo_check_counts_grants_that_overtook_an_earlier_waiter() {
-        let g = |key, token, send_seq| GrantRecord {
+    fn fifo_check_counts_only_overtakes_it_can_prove() {
+        let g = |key, token, sent_ns, queued_ns| GrantRecord {
             key,
             token,
-            send_seq,
+            sent_ns,
+            queued_ns,
         };
-        // Key 0 granted in send order; key 1's token 5 went to the waiter sent
-        // after the one that got token 9.
+        // Key 0: acquires sent at 10 and 11 reached the server together; the
+        // later one won: no order was proven, no violation.
+        // Key 1: the acquire granted token 5 was sent at 40, after the one
+        // granted token 9 was proven queued at 30: a violation.
         let mut log = vec![
-            g(0, 1, 10),
-            g(1, 9, 3),
-            g(0, 4, 12),
-            g(1, 5, 7),
-            g(0, 8, 20),
+            g(0, 2, 11, 15),
+            g(0, 3, 10, 15),
+            g(1, 9, 20, 30),
+            g(1, 5, 40, 45),
+            g(1, 12, 50, 55),
         ];
         assert_eq!(fifo_violations(&mut log), (5, 1));
-        let mut fair = vec![g(2, 3, 1), g(2, 2, 0)];
-        assert_eq!(fifo_violations(&mut fair), (2, 0));
+        // The same on different keys proves nothing.
+        let mut other_keys = vec![g(2, 9, 20, 30), g(3, 5, 40, 45)];
+        assert_eq!(fifo_violations(&mut other_keys), (2, 0));
     }
 }

@@ -421,7 +421,7 @@ impl Report {
         );
         let _ = write!(
             j,
-            "\"elapsed_s\":{:.3},\"requests\":{},\"requests_per_s\":{:.0},\"grants\":{},\"grants_per_s\":{:.0},\"not_granted\":{},\"busy\":{},\"released\":{},\"not_released\":{},\"polls\":{},",
+            "\"elapsed_s\":{:.3},\"requests\":{},\"requests_per_s\":{:.0},\"grants\":{},\"grants_per_s\":{:.0},\"not_granted\":{},\"busy\":{},\"released\":{},\"not_released\":{},\"polls\":{},\"probes\":{},",
             self.elapsed_s,
             s.replies,
             self.requests_per_s(),
@@ -431,7 +431,8 @@ impl Report {
             s.busy,
             s.released,
             s.not_released,
-            s.polls
+            s.polls,
+            s.probes
         );
         let _ = write!(
             j,
@@ -498,10 +499,10 @@ impl Report {
             s.busy,
             s.released,
             s.not_released,
-            if s.polls > 0 {
-                format!("  polls {}", s.polls)
-            } else {
-                String::new()
+            match (s.polls, s.probes) {
+                (0, 0) => String::new(),
+                (polls, 0) => format!("  polls {polls}"),
+                (_, probes) => format!("  fifo probes {probes}"),
             }
         );
         let _ = writeln!(
