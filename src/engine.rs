@@ -237,6 +237,8 @@ pub struct Engine {
     waiters_total: usize,
     waiters_by_conn: HashMap<ConnId, u32>,
     next_sweep: Millis,
+    /// Reused by `tick` for the keys due in one call.
+    due_scratch: Vec<Box<str>>,
 }
 
 impl Engine {
@@ -259,6 +261,7 @@ impl Engine {
             waiters_total: 0,
             waiters_by_conn: HashMap::new(),
             next_sweep,
+            due_scratch: Vec::new(),
         }
     }
 
@@ -713,23 +716,29 @@ impl Engine {
         if !self.clocked {
             return;
         }
+        // Collect the keys that are due, then process them in key order: the
+        // order of replies and tokens within one tick then depends only on
+        // the lock state, not on the history of the timer index (entries can
+        // be early: see `reschedule`). Keys do not interact, so any order is
+        // correct; a canonical one is checkable against a model.
+        let mut due = std::mem::take(&mut self.due_scratch);
         while let Some(entry) = self.timers.first_entry() {
             let (at, _) = *entry.key();
             if at > now {
                 break;
             }
             let key = entry.remove();
-            let live = self
-                .keys
-                .get(&*key)
-                .and_then(|s| s.queue.as_ref())
-                .is_some_and(|q| q.timer_at == at);
-            if !live {
-                continue; // stale: the key moved on since this entry was made
-            }
             if let Some(q) = self.keys.get_mut(&*key).and_then(|s| s.queue.as_mut()) {
-                q.timer_at = Millis::NEVER;
+                // Only the entry matching `timer_at` is live; older ones are
+                // stale (the key moved on since they were made).
+                if q.timer_at == at {
+                    q.timer_at = Millis::NEVER;
+                    due.push(key);
+                }
             }
+        }
+        due.sort_unstable();
+        for key in due.drain(..) {
             self.time_out_waiters(now, &key, out);
             let expired = self.keys.get(&*key).is_some_and(|s| s.expires_at <= now);
             let waiting = self
@@ -744,6 +753,7 @@ impl Engine {
                 self.reschedule(&key);
             }
         }
+        self.due_scratch = due;
         if now >= self.next_sweep {
             self.keys
                 .retain(|_, s| !(s.expires_at <= now && s.queue.is_none()));

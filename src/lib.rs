@@ -24,8 +24,11 @@
 #![warn(missing_docs)]
 
 pub mod bench;
+pub mod config;
 pub mod engine;
 pub mod limits;
 pub mod proto;
+pub mod server;
 pub mod service;
+pub mod single;
 pub mod time;
