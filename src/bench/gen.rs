@@ -27,6 +27,9 @@ use mio::{Events, Interest, Poll, Token};
 use super::backend::{Backend, Outcome};
 use super::hist::Histogram;
 
+/// Bytes asked of one `read` at least.
+const READ_CHUNK_BYTES: usize = 16 * 1024;
+
 /// Every key the generator makes is this long (the 24-byte keys).
 pub const KEY_BYTES: usize = 24;
 
@@ -224,10 +227,10 @@ enum SlotState {
     Idle,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Slot {
     state: SlotState,
-    key: [u8; KEY_BYTES],
+    key: String,
     key_index: u32,
     owner: u64,
     token: u64,
@@ -254,8 +257,10 @@ struct Pending {
 struct Conn {
     stream: TcpStream,
     id: u64,
+    /// Read buffer; `rstart..rend` is received and not yet decoded.
     rbuf: Vec<u8>,
     rstart: usize,
+    rend: usize,
     wbuf: Vec<u8>,
     wpos: usize,
     want_write: bool,
@@ -293,9 +298,10 @@ pub fn fresh_key(conn: u64, seq: u64) -> [u8; KEY_BYTES] {
     k
 }
 
-fn key_str(k: &[u8; KEY_BYTES]) -> &str {
-    // Keys are made of ASCII letters and digits only.
-    std::str::from_utf8(k).unwrap_or("invalid")
+/// Replaces `out` with the ASCII key `k` without a UTF-8 check per request.
+fn set_key(out: &mut String, k: &[u8; KEY_BYTES]) {
+    out.clear();
+    out.extend(k.iter().map(|&b| char::from(b)));
 }
 
 /// Where a run's fresh-key sequence starts: different for every run, so a
@@ -370,7 +376,7 @@ impl<B: Backend> Worker<'_, B> {
                         match cfg.keys {
                             Keys::Uncontended => {
                                 conn.key_seq += 1;
-                                slot.key = fresh_key(conn.id, conn.key_seq);
+                                set_key(&mut slot.key, &fresh_key(conn.id, conn.key_seq));
                             }
                             Keys::Hot(n) => {
                                 let i = if cfg.mode == Mode::Contended {
@@ -379,7 +385,7 @@ impl<B: Backend> Worker<'_, B> {
                                     (next_rand(&mut self.rng) % u64::from(n)) as u32
                                 };
                                 slot.key_index = i;
-                                slot.key = hot_key(i);
+                                set_key(&mut slot.key, &hot_key(i));
                             }
                         }
                     } else {
@@ -390,13 +396,7 @@ impl<B: Backend> Worker<'_, B> {
                     slot.sent_ns = now;
                     slot.queued_ns = u64::MAX;
                     let wait_s = if b.queues_waiters() { cfg.wait_s } else { 0 };
-                    b.encode_acquire(
-                        &mut conn.wbuf,
-                        key_str(&slot.key),
-                        slot.owner,
-                        wait_s,
-                        cfg.lease_s,
-                    );
+                    b.encode_acquire(&mut conn.wbuf, &slot.key, slot.owner, wait_s, cfg.lease_s);
                     slot.state = SlotState::Acquiring;
                     conn.outstanding.push_back(Pending {
                         slot: s,
@@ -406,7 +406,7 @@ impl<B: Backend> Worker<'_, B> {
                         probe: false,
                     });
                     if cfg.mode == Mode::Contended && b.queues_waiters() {
-                        b.encode_release(&mut conn.wbuf, key_str(&slot.key), 0);
+                        b.encode_release(&mut conn.wbuf, &slot.key, 0);
                         conn.outstanding.push_back(Pending {
                             slot: s,
                             acquire: false,
@@ -421,7 +421,7 @@ impl<B: Backend> Worker<'_, B> {
                     // A release is always sent (never leave a lock behind),
                     // but it counts against the budget like any request.
                     self.shared.budget.fetch_sub(1, Ordering::Relaxed);
-                    b.encode_release(&mut conn.wbuf, key_str(&slot.key), slot.token);
+                    b.encode_release(&mut conn.wbuf, &slot.key, slot.token);
                     slot.state = SlotState::Releasing;
                     conn.outstanding.push_back(Pending {
                         slot: s,
@@ -472,34 +472,36 @@ impl<B: Backend> Worker<'_, B> {
     fn read(&mut self, c: usize, now: u64) -> Result<(), String> {
         loop {
             let conn = &mut self.conns[c];
-            if conn.rbuf.capacity() - conn.rbuf.len() < 16 * 1024 {
-                conn.rbuf.reserve(64 * 1024);
+            if conn.rbuf.len() - conn.rend < READ_CHUNK_BYTES {
+                // Keep the unread tail and make room after it. The buffer
+                // is zeroed once, when it grows, never per read.
+                conn.rbuf.copy_within(conn.rstart..conn.rend, 0);
+                conn.rend -= conn.rstart;
+                conn.rstart = 0;
+                if conn.rbuf.len() - conn.rend < READ_CHUNK_BYTES {
+                    let n = conn.rbuf.len() + READ_CHUNK_BYTES;
+                    conn.rbuf.resize(n, 0);
+                }
             }
-            let len = conn.rbuf.len();
-            let cap = conn.rbuf.capacity();
-            conn.rbuf.resize(cap, 0);
-            let r = conn.stream.read(&mut conn.rbuf[len..]);
+            let rend = conn.rend;
+            let r = conn.stream.read(&mut conn.rbuf[rend..]);
             match r {
                 Ok(0) => {
-                    conn.rbuf.truncate(len);
                     return Err("the server closed a connection".into());
                 }
                 Ok(n) => {
-                    conn.rbuf.truncate(len + n);
+                    conn.rend += n;
                     // Read the clock after the read: every byte it returned
                     // was produced by the server before this moment, which
                     // the FIFO check relies on.
                     let now = self.now_ns().max(now);
                     self.handle_replies(c, now)?;
                 }
-                Err(e) => {
-                    conn.rbuf.truncate(len);
-                    match e.kind() {
-                        io::ErrorKind::WouldBlock => return Ok(()),
-                        io::ErrorKind::Interrupted => {}
-                        _ => return Err(format!("reading from the server: {e}")),
-                    }
-                }
+                Err(e) => match e.kind() {
+                    io::ErrorKind::WouldBlock => return Ok(()),
+                    io::ErrorKind::Interrupted => {}
+                    _ => return Err(format!("reading from the server: {e}")),
+                },
             }
         }
     }
@@ -507,19 +509,16 @@ impl<B: Backend> Worker<'_, B> {
     fn handle_replies(&mut self, c: usize, now: u64) -> Result<(), String> {
         loop {
             let conn = &mut self.conns[c];
-            let Some((outcome, used)) = self.b.decode(&conn.rbuf[conn.rstart..])? else {
+            let Some((outcome, used)) = self.b.decode(&conn.rbuf[conn.rstart..conn.rend])? else {
                 break;
             };
             conn.rstart += used;
             self.on_reply(c, outcome, now)?;
         }
         let conn = &mut self.conns[c];
-        if conn.rstart == conn.rbuf.len() {
-            conn.rbuf.clear();
+        if conn.rstart == conn.rend {
             conn.rstart = 0;
-        } else if conn.rstart > 32 * 1024 {
-            conn.rbuf.drain(..conn.rstart);
-            conn.rstart = 0;
+            conn.rend = 0;
         }
         Ok(())
     }
@@ -739,7 +738,7 @@ pub fn run_worker<B: Backend>(
                 .map_err(|e| e.to_string())?;
             let slot = Slot {
                 state: SlotState::NeedAcquire { retry: false },
-                key: [b'0'; KEY_BYTES],
+                key: String::with_capacity(KEY_BYTES),
                 key_index: 0,
                 owner: 0,
                 token: 0,
@@ -750,8 +749,9 @@ pub fn run_worker<B: Backend>(
             conns.push(Conn {
                 stream,
                 id,
-                rbuf: Vec::with_capacity(64 * 1024),
+                rbuf: vec![0; 4 * READ_CHUNK_BYTES],
                 rstart: 0,
+                rend: 0,
                 wbuf: Vec::with_capacity(16 * 1024),
                 wpos: 0,
                 want_write: false,

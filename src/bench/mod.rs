@@ -389,9 +389,11 @@ impl Report {
     /// Server CPU microseconds per answered request.
     #[must_use]
     pub fn server_cpu_us_per_request(&self) -> Option<f64> {
+        // Probes are requests the server answered too.
+        let answered = self.stats.replies + self.stats.probes;
         self.server_cpu_s
-            .filter(|_| self.stats.replies > 0)
-            .map(|s| s * 1e6 / self.stats.replies as f64)
+            .filter(|_| answered > 0)
+            .map(|s| s * 1e6 / answered as f64)
     }
 
     fn backend_name(&self) -> &'static str {
