@@ -9,6 +9,7 @@ help:
 	@echo "test          the full test suite (cargo test)"
 	@echo "lint          cargo fmt --check and clippy -D warnings"
 	@echo "doc           cargo doc with warnings as errors"
+	@echo "bench         ticketd vs Redis vs the limit server vs etcd (BENCH_SECONDS=3 for a quick run)"
 	@echo "clean         remove build output"
 
 build:
@@ -27,6 +28,9 @@ lint:
 
 doc:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --all-features
+
+bench:
+	bash bench/run.sh
 
 clean:
 	$(CARGO) clean

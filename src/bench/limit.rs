@@ -23,10 +23,15 @@ const LISTENER: Token = Token(usize::MAX - 1);
 const MAX_PENDING_REPLY_BYTES: usize = 4 << 20;
 /// Read at most this much from one connection per turn, for fairness.
 const READ_PER_TURN_BYTES: usize = 256 * 1024;
+/// Bytes asked of one `read` at least.
+const READ_CHUNK_BYTES: usize = 16 * 1024;
 
 struct Conn {
     stream: mio::net::TcpStream,
+    /// Read buffer, zeroed once when it grows; `rstart..rend` is unparsed.
     rbuf: Vec<u8>,
+    rstart: usize,
+    rend: usize,
     wbuf: Vec<u8>,
     wpos: usize,
     want_write: bool,
@@ -51,7 +56,6 @@ enum Step {
 fn read_and_answer(conn: &mut Conn, next_token: &mut u64, stats: &mut LimitStats) -> Step {
     let mut read_bytes = 0;
     conn.more_to_read = false;
-    let mut chunk = [0u8; 64 * 1024];
     loop {
         if conn.wbuf.len() - conn.wpos > MAX_PENDING_REPLY_BYTES
             || read_bytes >= READ_PER_TURN_BYTES
@@ -59,14 +63,24 @@ fn read_and_answer(conn: &mut Conn, next_token: &mut u64, stats: &mut LimitStats
             conn.more_to_read = true;
             return Step::Open;
         }
-        match conn.stream.read(&mut chunk) {
+        if conn.rbuf.len() - conn.rend < READ_CHUNK_BYTES {
+            conn.rbuf.copy_within(conn.rstart..conn.rend, 0);
+            conn.rend -= conn.rstart;
+            conn.rstart = 0;
+            if conn.rbuf.len() - conn.rend < READ_CHUNK_BYTES {
+                let n = conn.rbuf.len() + READ_CHUNK_BYTES;
+                conn.rbuf.resize(n, 0);
+            }
+        }
+        let rend = conn.rend;
+        match conn.stream.read(&mut conn.rbuf[rend..]) {
             Ok(0) => return Step::Close,
             Ok(n) => {
                 read_bytes += n;
-                conn.rbuf.extend_from_slice(&chunk[..n]);
-                let mut at = 0;
+                conn.rend += n;
+                let mut at = conn.rstart;
                 loop {
-                    match proto::decode_request(&conn.rbuf[at..], DEFAULT_MAX_KEY_BYTES) {
+                    match proto::decode_request(&conn.rbuf[at..conn.rend], DEFAULT_MAX_KEY_BYTES) {
                         Decoded::Incomplete => break,
                         Decoded::Malformed(_) => return Step::Close,
                         Decoded::Frame { frame, used } => {
@@ -87,7 +101,11 @@ fn read_and_answer(conn: &mut Conn, next_token: &mut u64, stats: &mut LimitStats
                         }
                     }
                 }
-                conn.rbuf.drain(..at);
+                conn.rstart = at;
+                if conn.rstart == conn.rend {
+                    conn.rstart = 0;
+                    conn.rend = 0;
+                }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Step::Open,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -156,6 +174,8 @@ pub fn serve(listener: TcpListener, stop: &AtomicBool) -> io::Result<LimitStats>
                             entry.insert(Conn {
                                 stream,
                                 rbuf: Vec::new(),
+                                rstart: 0,
+                                rend: 0,
                                 wbuf: Vec::new(),
                                 wpos: 0,
                                 want_write: false,
