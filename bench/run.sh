@@ -202,6 +202,8 @@ start_redis
 RPID=$PID
 start_limit
 LPID=$PID
+start_etcd
+EPID=$PID
 
 common=(--duration "$SECS" --warmup "$WARM" --connections 50 --mode cycle --keys uncontended)
 contended=(--duration "$SECS" --warmup "$WARM" --connections 100 --mode contended --keys hot:10 --wait 5)
@@ -218,14 +220,19 @@ for ((round = 1; round <= ROUNDS; round++)); do
     bench contended-redis "$round" "$RPID" --backend redis --server "127.0.0.1:$REDIS_PORT" "${contended[@]}"
     bench contended-redis-poll100 "$round" "$RPID" --backend redis --server "127.0.0.1:$REDIS_PORT" \
         "${contended[@]}" --poll-ms 100
+    # etcd: one locker (and lease) per connection, lock requests block.
+    bench cycle-d1-etcd "$round" "$EPID" --backend etcd --server "127.0.0.1:$ETCD_CLIENT_PORT" "${common[@]}" --depth 1
+    bench contended-etcd "$round" "$EPID" --backend etcd --server "127.0.0.1:$ETCD_CLIENT_PORT" "${contended[@]}"
 done
 for d in 1 16 64; do
     for s in ticketd limit redis; do median "cycle-d$d-$s" requests_per_s; done
 done
-for s in ticketd redis redis-poll100; do median "contended-$s" wait_p99_us; done
+median cycle-d1-etcd requests_per_s
+for s in ticketd redis redis-poll100 etcd; do median "contended-$s" wait_p99_us; done
 stop "$TPID"
 stop "$RPID"
 stop "$LPID"
+stop "$EPID"
 
 # ---------------------------------------------------------------- callgrind
 # cg VAR NAME PORT CMD...: sets VAR to the instructions per request of a
@@ -269,33 +276,35 @@ J() { cat "$OUT/$1.json"; }
 rps() { jget "$(J "$1")" requests_per_s; }
 cpu() { jget "$(J "$1")" server_cpu_us_per_request; }
 
-row() { printf '%-34s %12s %12s %12s %10s %10s  %s\n' "$@"; }
+row() { printf '%-38s %10s %10s %10s %10s %8s %8s  %s\n' "$@"; }
 echo
 echo "ticketd benchmark: $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ), ${SECS} s per cell, median of $ROUNDS rounds"
-row "workload (50 connections)" ticketd redis limit "t/redis" "t/limit" "target"
-row "---" --- --- --- --- --- ---
+row "workload (50 connections)" ticketd redis limit etcd "t/redis" "t/limit" "target"
+row "---" --- --- --- --- --- --- ---
 for d in 1 16 64; do
     t=$(rps "cycle-d$d-ticketd") r=$(rps "cycle-d$d-redis") l=$(rps "cycle-d$d-limit")
     case $d in 1) tgt="t/redis >= 1.1" ;; 16) tgt="t/redis >= 3, t/limit >= 0.8" ;; 64) tgt="t/redis >= 6, t/limit >= 0.8" ;; esac
-    row "cycle depth $d, requests/s" "$t" "$r" "$l" "$(ratio "$t" "$r")" "$(ratio "$t" "$l")" "$tgt"
+    e=""
+    [[ $d == 1 ]] && e=$(rps cycle-d1-etcd)
+    row "cycle depth $d, requests/s" "$t" "$r" "$l" "$e" "$(ratio "$t" "$r")" "$(ratio "$t" "$l")" "$tgt"
 done
 t=$(cpu cycle-d16-ticketd) r=$(cpu cycle-d16-redis) l=$(cpu cycle-d16-limit)
-row "cycle depth 16, server CPU us/req" "$t" "$r" "$l" "$(ratio "$t" "$r")" "$(ratio "$t" "$l")" "t/limit <= 2"
-row "instructions/request, depth 16" "$IR_T" "$IR_R" "$IR_L" "$(ratio "$IR_T" "$IR_R")" "$(ratio "$IR_T" "$IR_L")" "ticketd <= 1500"
-ct=$(J contended-ticketd) cr=$(J contended-redis)
+row "cycle depth 16, server CPU us/req" "$t" "$r" "$l" "" "$(ratio "$t" "$r")" "$(ratio "$t" "$l")" "t/limit <= 2"
+row "instructions/request, depth 16" "$IR_T" "$IR_R" "$IR_L" "" "$(ratio "$IR_T" "$IR_R")" "$(ratio "$IR_T" "$IR_L")" "ticketd <= 1500"
+ct=$(J contended-ticketd) cr=$(J contended-redis) ce=$(J contended-etcd)
 cr100=$(J contended-redis-poll100)
 for f in wait_p99_us wait_p50_us grants_per_s; do
-    t=$(jget "$ct" $f) r=$(jget "$cr" $f) r100=$(jget "$cr100" $f)
+    t=$(jget "$ct" $f) r=$(jget "$cr" $f) r100=$(jget "$cr100" $f) e=$(jget "$ce" $f)
     case $f in
     wait_p99_us) label="contended 100 on 10 keys: p99 wait us" tgt="t/redis <= 0.2" ;;
     wait_p50_us) label="contended: p50 wait us" tgt="" ;;
     *) label="contended: grants/s" tgt="" ;;
     esac
-    row "$label" "$t" "$r" "" "$(ratio "$t" "$r")" "" "$tgt (redis polling every 100 ms: $r100)"
+    row "$label" "$t" "$r" "" "$e" "$(ratio "$t" "$r")" "" "$tgt (redis polling every 100 ms: $r100)"
 done
 fifo="$(jget "$ct" fifo_violations) of $(jget "$ct" fifo_checked) grants out of order"
-row "contended: FIFO check (ticketd)" "" "" "" "" "" "$fifo (must be 0)"
-row "bytes per held lock ($T_LOCKS / $R_LOCKS)" "$T_BPL" "$R_BPL" "" "$(ratio "$T_BPL" "$R_BPL")" "" "t/redis <= 0.7"
-row "idle RSS KiB (etcd: $E_IDLE)" "$T_IDLE" "$R_IDLE" "" "$(ratio "$T_IDLE" "$R_IDLE")" "" "ticketd <= 3072"
-row "stripped binary bytes (minimal)" "$SIZE_DEFAULT" "" "" "" "" "no default features: $SIZE_MINIMAL"
+row "contended: FIFO check (ticketd)" "" "" "" "" "" "" "$fifo (must be 0)"
+row "bytes per held lock ($T_LOCKS / $R_LOCKS)" "$T_BPL" "$R_BPL" "" "" "$(ratio "$T_BPL" "$R_BPL")" "" "t/redis <= 0.7"
+row "idle RSS KiB" "$T_IDLE" "$R_IDLE" "" "$E_IDLE" "$(ratio "$T_IDLE" "$R_IDLE")" "" "ticketd <= 3072"
+row "stripped binary bytes" "$SIZE_DEFAULT" "" "" "" "" "" "without default features: $SIZE_MINIMAL"
 echo "raw results: $OUT/*.json"

@@ -77,6 +77,12 @@ pub trait Backend: Send + Sync + 'static {
     /// false if clients must poll.
     fn queues_waiters(&self) -> bool;
 
+    /// True if the FIFO check applies: the service grants with fencing
+    /// tokens in grant order and a release of token 0 is a harmless probe.
+    fn fifo_probe(&self) -> bool {
+        false
+    }
+
     /// Appends an acquire of `key` for `owner`.
     fn encode_acquire(&self, out: &mut Vec<u8>, key: &str, owner: u64, wait_s: u8, lease_s: u8);
 
@@ -106,6 +112,10 @@ impl Backend for Ticketd {
     }
 
     fn queues_waiters(&self) -> bool {
+        true
+    }
+
+    fn fifo_probe(&self) -> bool {
         true
     }
 

@@ -279,12 +279,15 @@ fn put_digits(out: &mut [u8], mut n: u64) {
     }
 }
 
-/// The `i`-th hot key: `hot` and 21 digits.
+/// The `i`-th hot key: `hot`, 7 digits that differ between runs (so a run
+/// never queues behind waiters an earlier run left in the server), and 14
+/// digits of `i`.
 #[must_use]
 pub fn hot_key(i: u32) -> [u8; KEY_BYTES] {
     let mut k = [0u8; KEY_BYTES];
     k[..3].copy_from_slice(b"hot");
-    put_digits(&mut k[3..], u64::from(i));
+    put_digits(&mut k[3..10], run_nonce() / 1_000_000_000_000);
+    put_digits(&mut k[10..], u64::from(i));
     k
 }
 
@@ -405,7 +408,7 @@ impl<B: Backend> Worker<'_, B> {
                         sent_ns: now,
                         probe: false,
                     });
-                    if cfg.mode == Mode::Contended && b.queues_waiters() {
+                    if cfg.mode == Mode::Contended && b.fifo_probe() {
                         b.encode_release(&mut conn.wbuf, &slot.key, 0);
                         conn.outstanding.push_back(Pending {
                             slot: s,
@@ -584,7 +587,7 @@ impl<B: Backend> Worker<'_, B> {
                             .wait_to_grant
                             .record(now.saturating_sub(slot.first_try_ns));
                     }
-                    if queues {
+                    if self.b.fifo_probe() {
                         self.stats.grant_log.push(GrantRecord {
                             key: slot.key_index,
                             token: slot.token,
@@ -793,7 +796,9 @@ mod tests {
 
     #[test]
     fn keys_are_24_bytes_and_distinct() {
-        assert_eq!(&hot_key(7), b"hot000000000000000000007");
+        let hot = hot_key(7);
+        assert!(hot.starts_with(b"hot") && hot.ends_with(b"00000000000007"));
+        assert_eq!(hot[3..10], hot_key(8)[3..10], "one run, one prefix");
         assert_eq!(&fresh_key(3, 12), b"000030000000000000000012");
         assert_ne!(fresh_key(1, 23), fresh_key(12, 3));
     }
