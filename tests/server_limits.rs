@@ -210,18 +210,32 @@ fn unread_replies_over_the_hard_limit_close_the_connection() {
     ]);
     let mut holder = server.connect();
     holder.acquire_reply("held", 1, 0, 60);
+    let mut tokens = Vec::new();
+    for i in 0..2000u64 {
+        tokens.push(holder.acquire_reply(&format!("k{i}"), i, 0, 60).token());
+    }
     let mut flooder = TcpStream::connect(server.addr()).unwrap();
-    // 2000 queued acquires whose waits all run out together, 3 s from now...
+    // 2000 acquires queued behind the holder...
     let queued: Vec<u8> = (0..2000u64)
-        .flat_map(|i| acquire_frame("held", 100 + i, 3, 30))
+        .flat_map(|i| acquire_frame(&format!("k{i}"), 100 + i, 60, 30))
         .collect();
     flooder.write_all(&queued).unwrap();
     // ...then fill every buffer with replies the client never reads.
     let sent = flood_without_reading(&mut flooder, 200 << 20);
     assert!(sent > 1 << 20);
-    // The 2000 Timeouts land on a full output buffer: over the hard limit.
+    assert!(!server.log().contains("over --out-hard-limit"));
+    // 2000 grants land on a full output buffer: over the hard limit.
+    let releases: Vec<u8> = tokens
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &t)| common::release_frame(&format!("k{i}"), t))
+        .collect();
+    holder.send(&releases);
+    for r in holder.recv_n(2000) {
+        assert!(matches!(r, Reply::Released { .. }), "{r:?}");
+    }
     assert!(
-        server.wait_for_log("over --out-hard-limit", Duration::from_secs(6)),
+        server.wait_for_log("over --out-hard-limit", Duration::from_secs(5)),
         "{}",
         server.log()
     );
@@ -269,4 +283,24 @@ fn one_pipelining_connection_does_not_starve_another() {
         (flood_replies as usize) < frames / 2,
         "{flood_replies} of {frames} flood replies were sent before the other client's one"
     );
+}
+
+#[test]
+fn replies_left_unread_for_the_frame_timeout_close_the_connection() {
+    let server = Ticketd::start(&["--frame-timeout", "1"]);
+    let mut holder = server.connect();
+    holder.acquire_reply("held", 1, 0, 60);
+    let mut flooder = TcpStream::connect(server.addr()).unwrap();
+    let sent = flood_without_reading(&mut flooder, 200 << 20);
+    assert!(sent > 1 << 20);
+    assert!(
+        server.wait_for_log("unread replies for --frame-timeout", Duration::from_secs(4)),
+        "{}",
+        server.log()
+    );
+    // The reader that does read is not affected.
+    assert!(matches!(
+        holder.acquire_reply("other", 2, 0, 30),
+        Reply::Acquired { .. }
+    ));
 }
