@@ -31,6 +31,7 @@
 //! async runtime anywhere.
 #![warn(missing_docs)]
 
+pub mod bench;
 pub mod client;
 #[cfg(feature = "cluster")]
 pub mod cluster;
