@@ -16,6 +16,8 @@
 //! * [`engine`]: the lock table, sans-IO. Every operation takes `now`; replies
 //!   go to an [`engine::Outbox`] addressed by connection. Deterministic, so
 //!   tests can step through it.
+//! * [`checker`]: a safety checker for recorded client histories (mutual
+//!   exclusion, token order, FIFO hand-over, every request answered once).
 //! * [`service`]: the trait between the event loop and what answers requests
 //!   (single mode: the engine; cluster mode: Raft in front of the engine).
 //!
@@ -23,6 +25,7 @@
 //! async runtime anywhere.
 #![warn(missing_docs)]
 
+pub mod checker;
 pub mod engine;
 pub mod limits;
 pub mod proto;
