@@ -25,6 +25,15 @@
 //!   release is answered exactly once, or its session was closed after it was
 //!   invoked; nothing is answered on a closed session.
 //!
+//! A single-mode server keeps its locks in memory only: after a crash or a
+//! restart every key is free, and what protects a resource from the holder
+//! of a grant made before the restart is the fencing token (SPEC §2.3). A
+//! history says so with [`History::server_restart`], naming the first token of
+//! the new incarnation (the server prints it at start-up). Mutual exclusion is
+//! then checked among grants of one incarnation, and token order gains a
+//! check: every grant received before the restart has a token below the new
+//! incarnation's first.
+//!
 //! Every timestamp is in microseconds on one monotonic timeline shared by
 //! all clients: the simulation's virtual clock, or one [`RealClock`] in a test
 //! process. The checks are conservative where client-side times can only bound
@@ -138,6 +147,15 @@ pub enum Event {
         outcome: ReleaseOutcome,
         /// When, in microseconds.
         at_us: u64,
+    },
+    /// The server lost its lock state (a single-mode crash or restart): by
+    /// `at_us` the old process was gone, and the new one issues tokens from
+    /// `first_token` on.
+    ServerRestart {
+        /// When the old process was known to be gone, in microseconds.
+        at_us: u64,
+        /// The first token the new incarnation can issue.
+        first_token: u64,
     },
     /// A session was closed (by its client, by a crash, or by the network).
     /// Its unanswered operations need no answer.
@@ -338,7 +356,7 @@ impl History {
                 | Event::Acquired { op, .. }
                 | Event::Release { op, .. }
                 | Event::Released { op, .. } => *op += base,
-                Event::SessionClosed { .. } => {}
+                Event::SessionClosed { .. } | Event::ServerRestart { .. } => {}
             }
             self.push(e);
         }
@@ -407,6 +425,12 @@ impl History {
         self.push(Event::Released { op, outcome, at_us });
     }
 
+    /// Records that the server lost its lock state by `at_us` and that its
+    /// new incarnation issues tokens from `first_token` on.
+    pub fn server_restart(&mut self, at_us: u64, first_token: u64) {
+        self.push(Event::ServerRestart { at_us, first_token });
+    }
+
     /// Records that `session` was closed at `at_us`.
     pub fn session_closed(&mut self, session: SessionId, at_us: u64) {
         self.push(Event::SessionClosed { session, at_us });
@@ -419,9 +443,11 @@ impl History {
     /// A [`Violation`] naming the property and what broke it.
     pub fn check(&self) -> Result<Report, Violation> {
         let (acqs, releases, closed) = self.gather()?;
+        let restarts = self.restarts()?;
         check_answered(&acqs, &releases, &closed)?;
         check_tokens(&acqs)?;
-        check_exclusion(&acqs, &releases)?;
+        check_restarts(&acqs, &restarts)?;
+        check_exclusion(&acqs, &releases, &restarts)?;
         check_fifo(&acqs, &closed)?;
         let mut report = Report {
             acquires: acqs.len(),
@@ -443,6 +469,32 @@ impl History {
             }
         }
         Ok(report)
+    }
+
+    /// The restarts as (time, first token), in time order; both must grow.
+    fn restarts(&self) -> Result<Vec<(u64, u64)>, Violation> {
+        let mut r: Vec<(u64, u64)> = self
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                Event::ServerRestart { at_us, first_token } => Some((*at_us, *first_token)),
+                _ => None,
+            })
+            .collect();
+        r.sort_unstable();
+        for w in r.windows(2) {
+            if w[1].1 < w[0].1 {
+                return Err(violation(
+                    Property::TokenOrder,
+                    format!(
+                        "the restart at {}us resumed at token {}, below the restart at {}us \
+                         (token {})",
+                        w[1].0, w[1].1, w[0].0, w[0].1
+                    ),
+                ));
+            }
+        }
+        Ok(r)
     }
 
     /// Builds per-operation records and checks the history is well formed.
@@ -518,7 +570,10 @@ impl History {
                     let t = closed.entry(*session).or_insert(*at_us);
                     *t = (*t).min(*at_us);
                 }
-                Event::Queued { .. } | Event::Acquired { .. } | Event::Released { .. } => {}
+                Event::Queued { .. }
+                | Event::Acquired { .. }
+                | Event::Released { .. }
+                | Event::ServerRestart { .. } => {}
             }
         }
         for e in &self.events {
@@ -735,6 +790,30 @@ fn check_tokens(acqs: &BTreeMap<OpId, AcqRec>) -> Result<(), Violation> {
     Ok(())
 }
 
+/// Every grant received before a restart carries a token below the first
+/// token of the incarnation that restart began.
+fn check_restarts(acqs: &BTreeMap<OpId, AcqRec>, restarts: &[(u64, u64)]) -> Result<(), Violation> {
+    for a in acqs.values() {
+        let (Some(token), Some((_, received_us))) = (a.token(), a.answer) else {
+            continue;
+        };
+        for &(at_us, first_token) in restarts {
+            if received_us <= at_us && token >= first_token {
+                return Err(violation(
+                    Property::TokenOrder,
+                    format!(
+                        "token {token} (to {} on key {:?}, received at {received_us}us) is not \
+                         below the first token {first_token} of the restart at {at_us}us",
+                        a.describe(),
+                        a.key
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The interval during which a client may act on a grant: from receipt to
 /// the earlier of its first release and its conservative lease end.
 fn interval(a: &AcqRec, rels: &HashMap<(&str, u64), u64>) -> Option<(u64, u64, u64)> {
@@ -750,11 +829,16 @@ fn interval(a: &AcqRec, rels: &HashMap<(&str, u64), u64>) -> Option<(u64, u64, u
     Some((received_us, end, token))
 }
 
-/// Per key, no two grant intervals overlap.
+/// Per key and server incarnation, no two grant intervals overlap.
 fn check_exclusion(
     acqs: &BTreeMap<OpId, AcqRec>,
     releases: &BTreeMap<OpId, RelRec>,
+    restarts: &[(u64, u64)],
 ) -> Result<(), Violation> {
+    // Which incarnation issued a token: tokens only grow across restarts
+    // (checked by check_restarts), so it is the number of restarts whose
+    // first token is at or below it.
+    let incarnation = |token: u64| restarts.iter().filter(|r| r.1 <= token).count();
     // The earliest release of each (key, token), whoever sent it.
     let mut first_release: HashMap<(&str, u64), u64> = HashMap::new();
     for r in releases.values() {
@@ -763,20 +847,20 @@ fn check_exclusion(
             .or_insert(r.invoked_us);
         *t = (*t).min(r.invoked_us);
     }
-    let mut per_key: HashMap<&str, Vec<(u64, u64, u64, &AcqRec)>> = HashMap::new();
+    let mut per_key: HashMap<(&str, usize), Vec<(u64, u64, u64, &AcqRec)>> = HashMap::new();
     for a in acqs.values() {
         if let Some((start, end, token)) = interval(a, &first_release) {
             if start < end {
                 per_key
-                    .entry(a.key.as_str())
+                    .entry((a.key.as_str(), incarnation(token)))
                     .or_default()
                     .push((start, end, token, a));
             }
         }
     }
     let mut keys: Vec<_> = per_key.into_iter().collect();
-    keys.sort_by(|x, y| x.0.cmp(y.0));
-    for (key, mut ivs) in keys {
+    keys.sort_by(|x, y| x.0.cmp(&y.0));
+    for ((key, _), mut ivs) in keys {
         ivs.sort_by_key(|iv| (iv.0, iv.1));
         let mut widest: Option<&(u64, u64, u64, &AcqRec)> = None;
         for iv in &ivs {

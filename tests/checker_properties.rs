@@ -246,3 +246,41 @@ fn answers_to_unknown_or_future_operations_are_malformed() {
     h.acquired(a, Outcome::Timeout, 50);
     expect_violation(&h, Property::Malformed, &["before it was invoked"]);
 }
+
+/// Client 1 holds "k" with token 5 when the server restarts at 2 s; after
+/// the restart client 2 gets "k" while client 1's lease still runs.
+fn across_a_restart(first_token: u64, second_token: u64) -> History {
+    let mut h = History::new();
+    let a = h.acquire(1, 1, "k", 1, 0, 10, 0);
+    h.acquired(a, Outcome::Granted { token: 5 }, 100);
+    h.session_closed(1, 2 * S);
+    h.server_restart(2 * S, first_token);
+    let b = h.acquire(2, 2, "k", 2, 0, 10, 3 * S);
+    h.acquired(
+        b,
+        Outcome::Granted {
+            token: second_token,
+        },
+        3 * S + 100,
+    );
+    h
+}
+
+#[test]
+fn a_restart_frees_every_key_but_tokens_keep_growing() {
+    assert!(across_a_restart(1000, 1000).check().is_ok());
+}
+
+#[test]
+fn a_restart_that_resumes_below_an_issued_token_fails_token_order() {
+    let h = across_a_restart(3, 1000);
+    expect_violation(&h, Property::TokenOrder, &["token 5", "first token 3"]);
+}
+
+#[test]
+fn overlap_within_one_incarnation_still_fails_after_a_restart() {
+    let mut h = across_a_restart(1000, 1000);
+    let c = h.acquire(3, 3, "k", 3, 0, 10, 4 * S);
+    h.acquired(c, Outcome::Granted { token: 1001 }, 4 * S + 100);
+    expect_violation(&h, Property::MutualExclusion, &["token 1000", "token 1001"]);
+}
