@@ -829,6 +829,9 @@ fn interval(a: &AcqRec, rels: &HashMap<(&str, u64), u64>) -> Option<(u64, u64, u
     Some((received_us, end, token))
 }
 
+/// A grant's interval: start, end (exclusive), token, and its acquire.
+type Interval<'a> = (u64, u64, u64, &'a AcqRec);
+
 /// Per key and server incarnation, no two grant intervals overlap.
 fn check_exclusion(
     acqs: &BTreeMap<OpId, AcqRec>,
@@ -847,7 +850,7 @@ fn check_exclusion(
             .or_insert(r.invoked_us);
         *t = (*t).min(r.invoked_us);
     }
-    let mut per_key: HashMap<(&str, usize), Vec<(u64, u64, u64, &AcqRec)>> = HashMap::new();
+    let mut per_key: HashMap<(&str, usize), Vec<Interval<'_>>> = HashMap::new();
     for a in acqs.values() {
         if let Some((start, end, token)) = interval(a, &first_release) {
             if start < end {
@@ -862,7 +865,7 @@ fn check_exclusion(
     keys.sort_by(|x, y| x.0.cmp(&y.0));
     for ((key, _), mut ivs) in keys {
         ivs.sort_by_key(|iv| (iv.0, iv.1));
-        let mut widest: Option<&(u64, u64, u64, &AcqRec)> = None;
+        let mut widest: Option<&Interval<'_>> = None;
         for iv in &ivs {
             if let Some(w) = widest {
                 if iv.0 < w.1 {
