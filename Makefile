@@ -1,7 +1,7 @@
 # ticketd developer targets. `make help` lists them.
 CARGO ?= cargo
 
-.PHONY: help build run test lint doc bench vendor-check clean
+.PHONY: help build run test lint doc bench vendor-check example clean
 
 help:
 	@echo "build         release build of ticketd and ticket"
@@ -9,8 +9,12 @@ help:
 	@echo "test          the full test suite (cargo test)"
 	@echo "lint          cargo fmt --check and clippy -D warnings"
 	@echo "doc           cargo doc with warnings as errors"
+	@echo "vendor-check  cargo vendor, then build offline from it (with and without default features)"
+	@echo "example       run examples/step_server (a server stepped turn by turn)"
+	@echo "sim           cluster simulation over SEEDS seeds from FIRST (make sim SEEDS=500)"
 	@echo "clean         remove build output"
 	@echo "fuzz          run every cargo-fuzz target for FUZZ_SECONDS each (default 60)"
+	@echo "engine-memory bytes per held key and per waiter, hot-path allocations (release)"
 
 build:
 	$(CARGO) build --release
@@ -28,6 +32,12 @@ lint:
 
 doc:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --all-features
+
+vendor-check:
+	./.ci/vendor-check
+
+example:
+	$(CARGO) run --example step_server
 
 clean:
 	$(CARGO) clean
@@ -50,3 +60,13 @@ fuzz:
 	    || { tail -n 40 fuzz/last-$$t.log; echo "fuzz $$t FAILED: see fuzz/artifacts/$$t"; exit 1; }; \
 	  grep -E '^(Done|stat::number_of_executed_units)' fuzz/last-$$t.log; \
 	done
+
+.PHONY: engine-memory
+engine-memory:
+	$(CARGO) run --release --example engine_memory
+# Cluster simulation over many seeds: `make sim SEEDS=500 FIRST=1`.
+SEEDS ?= 100
+FIRST ?= 1
+.PHONY: sim
+sim:
+	SIM_SEEDS=$(SEEDS) SIM_FIRST=$(FIRST) $(CARGO) test --release --test cluster_sim many_seeds -- --nocapture

@@ -1,0 +1,177 @@
+//! `ticketd --cluster ...`: the command line of cluster mode and the daemon
+//! around [`ClusterService`].
+//!
+//! Cluster flags are taken first; every other flag is the server's
+//! ([`Config::take_flags`]), so `--listen`, `--max-conns`, the limits and
+//! `--log-level` mean what they mean in single mode. `--data-dir` is
+//! required.
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+
+use crate::cluster::service::{ClusterConfig, ClusterService};
+use crate::config::{reject_leftovers, Config, ConfigError};
+use crate::server::Server;
+
+/// Default for `--cluster-name`.
+pub const DEFAULT_CLUSTER_NAME: &str = "ticketd";
+/// Default for `--tick-ms`.
+pub const DEFAULT_TICK_MS: u64 = 100;
+
+/// Cluster mode's help text.
+pub const HELP: &str = "\
+ticketd --cluster: one node of a replicated ticketd cluster (Raft)
+
+USAGE:
+    ticketd --cluster --id N --peers 1=HOST:PORT,2=HOST:PORT,3=HOST:PORT \\
+            --data-dir DIR --listen ADDR [FLAGS]
+
+CLUSTER FLAGS:
+    --id N                 this node's id, one of the ids in --peers
+    --peers LIST           every node as ID=HOST:PORT; this node listens for
+                           peers on its own entry. Identical on every node.
+    --data-dir DIR         write-ahead log and snapshots (required)
+    --cluster-name NAME    peers with another name are refused [ticketd]
+    --tick-ms MS           Raft tick; elections after 10-20 ticks [100]
+
+Every single-mode flag (--listen, --max-conns, limits, --log-level, ...) is
+accepted too; see `ticketd --help`. Lock limits must be equal on every node.
+";
+
+/// Parses a cluster-mode command line (with `--cluster` in it).
+///
+/// # Errors
+/// A message naming the flag.
+pub fn parse(args: Vec<OsString>) -> Result<(Config, ClusterConfig), ConfigError> {
+    let mut args = pico_args::Arguments::from_vec(args);
+    let _ = args.contains("--cluster");
+    let id: u64 = args
+        .opt_value_from_str("--id")
+        .map_err(|e| ConfigError(format!("--id: {e}")))?
+        .ok_or_else(|| ConfigError("cluster mode needs --id N".into()))?;
+    let peers: String = args
+        .opt_value_from_str("--peers")
+        .map_err(|e| ConfigError(format!("--peers: {e}")))?
+        .ok_or_else(|| ConfigError("cluster mode needs --peers 1=HOST:PORT,...".into()))?;
+    let peers =
+        ClusterConfig::parse_peers(&peers).map_err(|e| ConfigError(format!("--peers: {e}")))?;
+    let cluster_name: String = args
+        .opt_value_from_str("--cluster-name")
+        .map_err(|e| ConfigError(format!("--cluster-name: {e}")))?
+        .unwrap_or_else(|| DEFAULT_CLUSTER_NAME.to_owned());
+    let tick_ms: u64 = args
+        .opt_value_from_str("--tick-ms")
+        .map_err(|e| ConfigError(format!("--tick-ms: {e}")))?
+        .unwrap_or(DEFAULT_TICK_MS);
+    if !(10..=10_000).contains(&tick_ms) {
+        return Err(ConfigError("--tick-ms must be 10..=10000".into()));
+    }
+    let config = Config::take_flags(&mut args)?;
+    reject_leftovers(args)?;
+    if !peers.contains_key(&id) {
+        return Err(ConfigError(format!(
+            "--id {id} is not among the ids of --peers ({:?})",
+            peers.keys().collect::<Vec<_>>()
+        )));
+    }
+    let Some(data_dir) = config.data_dir.clone() else {
+        return Err(ConfigError("cluster mode needs --data-dir DIR".into()));
+    };
+    let cluster = ClusterConfig {
+        id,
+        peers,
+        data_dir,
+        cluster_name,
+        limits: config.engine.clone(),
+        tick_ms,
+    };
+    Ok((config, cluster))
+}
+
+/// Runs the cluster-mode daemon: the exit status of `ticketd --cluster`.
+#[must_use]
+pub fn main(args: Vec<OsString>) -> ExitCode {
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        print!("{HELP}");
+        return ExitCode::SUCCESS;
+    }
+    let (config, cluster) = match parse(args) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("ticketd: {e}\nTry 'ticketd --cluster --help' for the list of flags.");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = simple_logger::SimpleLogger::new()
+        .with_level(config.log_level)
+        .with_utc_timestamps()
+        .init()
+    {
+        eprintln!("ticketd: cannot start logging: {e}");
+        return ExitCode::from(1);
+    }
+    let mut service = match ClusterService::open(&cluster) {
+        Ok(s) => s,
+        Err(e) => {
+            log::error!("cannot start cluster node {}: {e}", cluster.id);
+            return ExitCode::from(1);
+        }
+    };
+    service.set_exit_on_fatal(true);
+    let listen = config.listen;
+    let mut server = match Server::bind(config, service) {
+        Ok(s) => s,
+        Err(e) => {
+            log::error!("cannot listen on {listen}: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    if let Err(e) = server.handle_signals() {
+        log::error!("cannot install signal handlers: {e}");
+        return ExitCode::from(1);
+    }
+    match server.run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            log::error!("event loop failed: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<OsString> {
+        s.split_whitespace().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn a_full_command_line_parses() {
+        let (c, k) = parse(args(
+            "--cluster --id 2 --peers 1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003 \
+             --data-dir /tmp/x --listen 127.0.0.1:0 --max-keys 50",
+        ))
+        .unwrap();
+        assert_eq!(k.id, 2);
+        assert_eq!(k.peers.len(), 3);
+        assert_eq!(k.limits.max_keys, 50);
+        assert_eq!(c.listen.port(), 0);
+        assert_eq!(k.tick_ms, DEFAULT_TICK_MS);
+    }
+
+    #[test]
+    fn missing_or_inconsistent_flags_are_errors() {
+        for bad in [
+            "--cluster --peers 1=127.0.0.1:7001 --data-dir /tmp/x",
+            "--cluster --id 1 --data-dir /tmp/x",
+            "--cluster --id 1 --peers 1=127.0.0.1:7001",
+            "--cluster --id 4 --peers 1=127.0.0.1:7001 --data-dir /tmp/x",
+            "--cluster --id 1 --peers 1=127.0.0.1:7001 --data-dir /tmp/x --bogus",
+            "--cluster --id 1 --peers 1=127.0.0.1:7001 --data-dir /tmp/x --tick-ms 1",
+        ] {
+            assert!(parse(args(bad)).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,462 @@
+//! The replicated commands and their compact binary encoding.
+//!
+//! Every client request becomes one [`Command`] in the Raft log; the leader's
+//! timers become [`Command::Expire`] and [`Command::WaitTimeout`]; a client
+//! disconnect becomes [`Command::CancelWaiters`]. The encoding is hand-written
+//! (big-endian integers, a length-prefixed key) so that it is small, has no
+//! schema machinery, and decoding bad bytes is an error, never a panic.
+
+use std::fmt;
+
+/// A request id: the node that received the request, that node's boot epoch
+/// and a sequence number unique within the boot. A re-proposed command
+/// carries the same rid, so the state machine applies it at most once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Rid {
+    /// The node holding the client connection (the origin).
+    pub node: u64,
+    /// The origin's boot epoch: raised on every start from the data dir.
+    pub epoch: u64,
+    /// Sequence number within the boot, from 1.
+    pub seq: u64,
+}
+
+/// A client connection, named cluster-wide: node, boot epoch, connection id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Origin {
+    /// The node holding the connection.
+    pub node: u64,
+    /// That node's boot epoch.
+    pub epoch: u64,
+    /// The connection id on that node.
+    pub conn: u64,
+}
+
+impl Rid {
+    /// The origin of a request with this rid arriving on connection `conn`.
+    #[must_use]
+    pub fn origin(self, conn: u64) -> Origin {
+        Origin {
+            node: self.node,
+            epoch: self.epoch,
+            conn,
+        }
+    }
+}
+
+/// One replicated command. Applying one is deterministic; each is validated
+/// on apply, so a stale timer or a duplicate does nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// A client's acquire (SPEC §2.1).
+    Acquire {
+        /// Request id.
+        rid: Rid,
+        /// The origin's lowest unapplied seq: every seq below it has applied
+        /// or been given up, so the dedup table may forget them.
+        floor: u64,
+        /// The client connection on the origin node.
+        conn: u64,
+        /// The lock name.
+        key: String,
+        /// Correlation id echoed in the reply.
+        owner: u64,
+        /// Seconds the client may queue.
+        wait_s: u8,
+        /// Seconds the grant lives.
+        lease_s: u8,
+    },
+    /// A client's release (SPEC §2.2).
+    Release {
+        /// Request id.
+        rid: Rid,
+        /// As for `Acquire`.
+        floor: u64,
+        /// The client connection on the origin node.
+        conn: u64,
+        /// The lock name.
+        key: String,
+        /// The token being released.
+        token: u64,
+    },
+    /// The leader's lease timer: end the grant `token` of `key`, if current.
+    Expire {
+        /// The lock name.
+        key: String,
+        /// The grant the timer was set for.
+        token: u64,
+    },
+    /// The leader's wait timer: answer the queued acquire `waiter` with T.
+    WaitTimeout {
+        /// The lock name.
+        key: String,
+        /// The rid of the queued acquire.
+        waiter: Rid,
+    },
+    /// A client connection closed: drop its queued acquires.
+    CancelWaiters {
+        /// The connection.
+        origin: Origin,
+    },
+}
+
+const TAG_ACQUIRE: u8 = 1;
+const TAG_RELEASE: u8 = 2;
+const TAG_EXPIRE: u8 = 3;
+const TAG_WAIT_TIMEOUT: u8 = 4;
+const TAG_CANCEL: u8 = 5;
+
+/// Longest key a command may carry (the wire protocol's hard ceiling).
+pub const MAX_COMMAND_KEY_BYTES: usize = crate::limits::MAX_KEY_BYTES_CEILING;
+
+/// Why bytes are not a command (or not a snapshot).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    /// The bytes end early.
+    Truncated,
+    /// An unknown tag or version byte.
+    BadTag(u8),
+    /// A key that is empty, too long or not UTF-8.
+    BadKey,
+    /// Bytes left over after a complete value.
+    Trailing,
+    /// A value that is well-formed but inconsistent.
+    Invalid(&'static str),
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DecodeError::Truncated => f.write_str("truncated"),
+            DecodeError::BadTag(t) => write!(f, "unknown tag {t}"),
+            DecodeError::BadKey => f.write_str("bad key"),
+            DecodeError::Trailing => f.write_str("trailing bytes"),
+            DecodeError::Invalid(why) => write!(f, "invalid: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+/// Appends big-endian fields to a byte vector.
+#[derive(Debug, Default)]
+pub(crate) struct Writer {
+    pub(crate) buf: Vec<u8>,
+}
+
+impl Writer {
+    pub(crate) fn u8(&mut self, v: u8) {
+        self.buf.push(v);
+    }
+    pub(crate) fn u32(&mut self, v: u32) {
+        self.buf.extend_from_slice(&v.to_be_bytes());
+    }
+    pub(crate) fn u64(&mut self, v: u64) {
+        self.buf.extend_from_slice(&v.to_be_bytes());
+    }
+    pub(crate) fn rid(&mut self, r: Rid) {
+        self.u64(r.node);
+        self.u64(r.epoch);
+        self.u64(r.seq);
+    }
+    pub(crate) fn origin(&mut self, o: Origin) {
+        self.u64(o.node);
+        self.u64(o.epoch);
+        self.u64(o.conn);
+    }
+    pub(crate) fn key(&mut self, k: &str) {
+        // Keys are at most MAX_COMMAND_KEY_BYTES (64 KiB), so u32 always fits.
+        self.u32(u32::try_from(k.len()).unwrap_or(u32::MAX));
+        self.buf.extend_from_slice(k.as_bytes());
+    }
+}
+
+/// Reads big-endian fields from a byte slice; every read is bounds-checked.
+#[derive(Debug)]
+pub(crate) struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn new(buf: &'a [u8]) -> Self {
+        Reader { buf }
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.buf.len() < n {
+            return Err(DecodeError::Truncated);
+        }
+        let (a, b) = self.buf.split_at(n);
+        self.buf = b;
+        Ok(a)
+    }
+    pub(crate) fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+    pub(crate) fn u32(&mut self) -> Result<u32, DecodeError> {
+        let mut a = [0u8; 4];
+        a.copy_from_slice(self.take(4)?);
+        Ok(u32::from_be_bytes(a))
+    }
+    pub(crate) fn u64(&mut self) -> Result<u64, DecodeError> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(u64::from_be_bytes(a))
+    }
+    pub(crate) fn rid(&mut self) -> Result<Rid, DecodeError> {
+        Ok(Rid {
+            node: self.u64()?,
+            epoch: self.u64()?,
+            seq: self.u64()?,
+        })
+    }
+    pub(crate) fn origin(&mut self) -> Result<Origin, DecodeError> {
+        Ok(Origin {
+            node: self.u64()?,
+            epoch: self.u64()?,
+            conn: self.u64()?,
+        })
+    }
+    pub(crate) fn key(&mut self) -> Result<String, DecodeError> {
+        let len = self.u32()? as usize;
+        if len == 0 || len > MAX_COMMAND_KEY_BYTES {
+            return Err(DecodeError::BadKey);
+        }
+        let bytes = self.take(len)?;
+        let s = std::str::from_utf8(bytes).map_err(|_| DecodeError::BadKey)?;
+        if s.as_bytes().contains(&b'\n') {
+            return Err(DecodeError::BadKey);
+        }
+        Ok(s.to_owned())
+    }
+    /// The count prefix of a sequence, checked against the bytes left so a
+    /// corrupt count cannot make the caller reserve memory it has no data for.
+    pub(crate) fn count(&mut self, min_item_bytes: usize) -> Result<usize, DecodeError> {
+        let n = self.u32()? as usize;
+        if n.saturating_mul(min_item_bytes.max(1)) > self.buf.len() {
+            return Err(DecodeError::Truncated);
+        }
+        Ok(n)
+    }
+    pub(crate) fn finish(&self) -> Result<(), DecodeError> {
+        if self.buf.is_empty() {
+            Ok(())
+        } else {
+            Err(DecodeError::Trailing)
+        }
+    }
+}
+
+impl Command {
+    /// The command's encoding, as proposed to Raft.
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        match self {
+            Command::Acquire {
+                rid,
+                floor,
+                conn,
+                key,
+                owner,
+                wait_s,
+                lease_s,
+            } => {
+                w.u8(TAG_ACQUIRE);
+                w.rid(*rid);
+                w.u64(*floor);
+                w.u64(*conn);
+                w.u64(*owner);
+                w.u8(*wait_s);
+                w.u8(*lease_s);
+                w.key(key);
+            }
+            Command::Release {
+                rid,
+                floor,
+                conn,
+                key,
+                token,
+            } => {
+                w.u8(TAG_RELEASE);
+                w.rid(*rid);
+                w.u64(*floor);
+                w.u64(*conn);
+                w.u64(*token);
+                w.key(key);
+            }
+            Command::Expire { key, token } => {
+                w.u8(TAG_EXPIRE);
+                w.u64(*token);
+                w.key(key);
+            }
+            Command::WaitTimeout { key, waiter } => {
+                w.u8(TAG_WAIT_TIMEOUT);
+                w.rid(*waiter);
+                w.key(key);
+            }
+            Command::CancelWaiters { origin } => {
+                w.u8(TAG_CANCEL);
+                w.origin(*origin);
+            }
+        }
+        w.buf
+    }
+
+    /// Decodes one command; any malformed input is an error.
+    pub fn decode(bytes: &[u8]) -> Result<Command, DecodeError> {
+        let mut r = Reader::new(bytes);
+        let cmd = match r.u8()? {
+            TAG_ACQUIRE => {
+                let rid = r.rid()?;
+                let floor = r.u64()?;
+                let conn = r.u64()?;
+                let owner = r.u64()?;
+                let wait_s = r.u8()?;
+                let lease_s = r.u8()?;
+                if lease_s == 0 {
+                    return Err(DecodeError::Invalid("lease of 0"));
+                }
+                Command::Acquire {
+                    rid,
+                    floor,
+                    conn,
+                    key: r.key()?,
+                    owner,
+                    wait_s,
+                    lease_s,
+                }
+            }
+            TAG_RELEASE => {
+                let rid = r.rid()?;
+                let floor = r.u64()?;
+                let conn = r.u64()?;
+                let token = r.u64()?;
+                Command::Release {
+                    rid,
+                    floor,
+                    conn,
+                    key: r.key()?,
+                    token,
+                }
+            }
+            TAG_EXPIRE => {
+                let token = r.u64()?;
+                Command::Expire {
+                    key: r.key()?,
+                    token,
+                }
+            }
+            TAG_WAIT_TIMEOUT => {
+                let waiter = r.rid()?;
+                Command::WaitTimeout {
+                    key: r.key()?,
+                    waiter,
+                }
+            }
+            TAG_CANCEL => Command::CancelWaiters {
+                origin: r.origin()?,
+            },
+            t => return Err(DecodeError::BadTag(t)),
+        };
+        r.finish()?;
+        Ok(cmd)
+    }
+
+    /// The rid of a client command (acquire or release).
+    #[must_use]
+    pub fn rid(&self) -> Option<Rid> {
+        match self {
+            Command::Acquire { rid, .. } | Command::Release { rid, .. } => Some(*rid),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn samples() -> Vec<Command> {
+        let rid = Rid {
+            node: 2,
+            epoch: 7,
+            seq: 0x0A0A,
+        };
+        vec![
+            Command::Acquire {
+                rid,
+                floor: 3,
+                conn: 10,
+                key: "db\u{e9}".into(),
+                owner: 0x0A0B,
+                wait_s: 5,
+                lease_s: 30,
+            },
+            Command::Release {
+                rid,
+                floor: 9,
+                conn: 11,
+                key: "k".into(),
+                token: 42,
+            },
+            Command::Expire {
+                key: "k".into(),
+                token: u64::MAX,
+            },
+            Command::WaitTimeout {
+                key: "k".into(),
+                waiter: rid,
+            },
+            Command::CancelWaiters {
+                origin: rid.origin(99),
+            },
+        ]
+    }
+
+    #[test]
+    fn every_command_roundtrips() {
+        for c in samples() {
+            assert_eq!(Command::decode(&c.encode()), Ok(c.clone()), "{c:?}");
+        }
+    }
+
+    #[test]
+    fn every_truncation_and_extension_is_an_error() {
+        for c in samples() {
+            let bytes = c.encode();
+            for cut in 0..bytes.len() {
+                assert!(Command::decode(&bytes[..cut]).is_err(), "{c:?} cut {cut}");
+            }
+            let mut longer = bytes.clone();
+            longer.push(0);
+            assert_eq!(Command::decode(&longer), Err(DecodeError::Trailing));
+        }
+    }
+
+    #[test]
+    fn bad_tags_keys_and_leases_are_errors() {
+        assert_eq!(Command::decode(&[9]), Err(DecodeError::BadTag(9)));
+        let mut w = Writer::default();
+        w.u8(TAG_EXPIRE);
+        w.u64(1);
+        w.u32(0);
+        assert_eq!(Command::decode(&w.buf), Err(DecodeError::BadKey));
+        let mut w = Writer::default();
+        w.u8(TAG_EXPIRE);
+        w.u64(1);
+        w.u32(2);
+        w.buf.extend_from_slice(&[0xff, 0xfe]);
+        assert_eq!(Command::decode(&w.buf), Err(DecodeError::BadKey));
+        let mut w = Writer::default();
+        w.u8(TAG_EXPIRE);
+        w.u64(1);
+        w.u32(u32::MAX);
+        assert_eq!(Command::decode(&w.buf), Err(DecodeError::BadKey));
+        let mut bytes = samples()[0].encode();
+        bytes[1 + 24 + 8 + 8 + 8 + 1] = 0; // lease byte
+        assert_eq!(
+            Command::decode(&bytes),
+            Err(DecodeError::Invalid("lease of 0"))
+        );
+    }
+}

@@ -1,0 +1,23 @@
+//! Cluster mode: the lock table replicated with Raft (raft-rs 0.7).
+//!
+//! * [`command`]: the replicated commands and their encoding.
+//! * [`state`]: the deterministic state machine (engine + ledger + dedup).
+//! * [`storage`]: raft's in-memory log and the write-ahead log under it.
+//! * [`node`]: one node, sans-IO: Ready handling, proposals, leader timers.
+//! * [`sim`]: a deterministic simulation of a whole cluster in one process.
+//! * [`transport`]: peer connections in the mio loop.
+//! * [`service`]: [`service::ClusterService`], the server loop's view.
+//! * [`cli`]: `ticketd --cluster` flags and daemon.
+//! * [`rng`]: the seeded PRNG both use.
+//!
+//! `docs/CLUSTER.md` describes the design.
+
+pub mod cli;
+pub mod command;
+pub mod node;
+pub mod rng;
+pub mod service;
+pub mod sim;
+pub mod state;
+pub mod storage;
+pub mod transport;

@@ -1,0 +1,1065 @@
+//! One cluster node, sans-IO: a raft-rs `RawNode` over the [`Wal`], the
+//! replicated [`StateMachine`], client proposals and the leader's timers.
+//!
+//! The caller (the server loop, or the simulator) feeds it client requests,
+//! peer messages and the time, calls [`Node::end_turn`] once per loop turn,
+//! sends [`Node::take_messages`] to peers and writes the replies it put in
+//! the [`Outbox`]. It never reads a clock and never touches a socket.
+//!
+//! # The Ready order (see `docs/CLUSTER.md`)
+//!
+//! Leader messages go out first (they may precede the local fsync); a
+//! received snapshot is staged and restored; committed entries (already
+//! durable locally) are applied; new entries and the hard state are staged;
+//! everything is written with one write and at most one fsync; then the
+//! persisted messages (votes, acks, forwarded proposals) go out; `advance`;
+//! the light ready's commit index rides the next batch, its messages go out
+//! and its committed entries are applied.
+//!
+//! # Proposals
+//!
+//! Each client request gets a request id (node, boot epoch, seq) and is
+//! proposed at once. A node that knows no leader, or whose backlog of
+//! unapplied proposals is full, answers an acquire Busy and a release
+//! NotReleased at once: it was never proposed, so both are true. A proposal
+//! can be lost silently (a forwarded message dropped, a deposed leader's
+//! entry overwritten), so an unapplied one is proposed again, under the same
+//! id, after two election timeouts, when the leader changes, or when the
+//! index a local leader gave it applies with another command. The state
+//! machine's dedup makes that safe.
+//!
+//! # Leader timers (SPEC §2.4)
+//!
+//! Only the leader keeps a min-heap of deadlines: each grant's lease and each
+//! queued acquire's wait, measured from when the leader applied it. When one
+//! is due and still current, the leader proposes `Expire` or `WaitTimeout`,
+//! which every node validates on apply. A new leader first waits until it has
+//! applied its own term's first entry, then rebuilds the heap from the
+//! replicated table with full durations: a key may expire late, never early.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+use std::fmt;
+use std::io;
+
+use raft::eraftpb::{ConfState, Entry, EntryType, Message};
+use raft::{RawNode, SnapshotStatus, StateRole};
+
+use crate::cluster::command::{Command, DecodeError, Origin, Rid};
+use crate::cluster::rng::SplitMix64;
+use crate::cluster::state::{Effect, StateMachine};
+use crate::cluster::storage::{Disk, LogStore, Wal};
+use crate::engine::{ConnId, Outbox};
+use crate::limits::EngineLimits;
+use crate::proto::{Reply, Request};
+use crate::time::Millis;
+
+/// Settings of one node. Every node of a cluster must use the same `limits`.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// This node's id (1..).
+    pub id: u64,
+    /// Every voter's id, this node's included.
+    pub voters: Vec<u64>,
+    /// Milliseconds per Raft tick.
+    pub tick_ms: u64,
+    /// Ticks without a leader before an election (randomised in [n, 2n)).
+    pub election_tick: usize,
+    /// Ticks between leader heartbeats.
+    pub heartbeat_tick: usize,
+    /// The lock table's capacity limits.
+    pub limits: EngineLimits,
+    /// Unapplied client proposals before new requests are refused.
+    pub max_pending: usize,
+    /// Applied entries between snapshots (log compaction).
+    pub snapshot_every: u64,
+    /// Log size that triggers a snapshot even before `snapshot_every`.
+    pub max_wal_bytes: u64,
+    /// Seed of the election-timeout draws.
+    pub seed: u64,
+    /// Record (index, term, hash) of every applied entry, for checkers.
+    pub trace_applied: bool,
+    /// Entropy for the data directory id drawn on first start (the server
+    /// passes the time and process id; the simulator a seed).
+    pub uuid_entropy: u64,
+}
+
+impl NodeConfig {
+    /// Defaults for node `id` of `voters`: 100 ms ticks, elections after
+    /// 1–2 s, heartbeats every 200 ms.
+    #[must_use]
+    pub fn new(id: u64, voters: Vec<u64>) -> Self {
+        NodeConfig {
+            id,
+            voters,
+            tick_ms: 100,
+            election_tick: 10,
+            heartbeat_tick: 2,
+            limits: EngineLimits::default(),
+            max_pending: 8192,
+            snapshot_every: 10_000,
+            max_wal_bytes: 64 << 20,
+            seed: id,
+            trace_applied: false,
+            uuid_entropy: id,
+        }
+    }
+}
+
+/// Why a node cannot start or must stop.
+#[derive(Debug)]
+pub enum NodeError {
+    /// The data directory failed.
+    Io(io::Error),
+    /// raft-rs refused its configuration or state.
+    Raft(raft::Error),
+    /// The voter set on disk differs from the configured one.
+    VoterMismatch {
+        /// Voters recorded in the data directory.
+        stored: Vec<u64>,
+        /// Voters given on the command line.
+        given: Vec<u64>,
+    },
+    /// A snapshot that does not decode.
+    BadSnapshot(DecodeError),
+}
+
+impl fmt::Display for NodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NodeError::Io(e) => write!(f, "storage: {e}"),
+            NodeError::Raft(e) => write!(f, "raft: {e}"),
+            NodeError::VoterMismatch { stored, given } => write!(
+                f,
+                "the data directory belongs to a cluster with voters {stored:?}, \
+                 but --peers names {given:?}; refusing to start"
+            ),
+            NodeError::BadSnapshot(e) => write!(f, "snapshot: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for NodeError {}
+
+impl From<io::Error> for NodeError {
+    fn from(e: io::Error) -> Self {
+        NodeError::Io(e)
+    }
+}
+
+impl From<raft::Error> for NodeError {
+    fn from(e: raft::Error) -> Self {
+        NodeError::Raft(e)
+    }
+}
+
+#[derive(Debug)]
+struct Pending {
+    conn: ConnId,
+    data: Vec<u8>,
+    proposed_at: Millis,
+    /// The acquire applied and queued: it waits for a later answer and is
+    /// never proposed again.
+    queued: bool,
+    acquire: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Timer {
+    Expire { key: String, token: u64 },
+    Wait { key: String, waiter: Rid },
+}
+
+/// Counters for logs, tests and benchmarks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeStats {
+    /// Client proposals made (first attempts).
+    pub proposed: u64,
+    /// Proposals made again under the same rid.
+    pub reproposed: u64,
+    /// Requests refused without proposing (no leader, full backlog).
+    pub refused: u64,
+    /// Expire / WaitTimeout proposals made by this node as leader.
+    pub timer_proposals: u64,
+    /// Ready batches written.
+    pub batches: u64,
+    /// Snapshots taken locally.
+    pub snapshots_taken: u64,
+    /// Snapshots installed from a leader.
+    pub snapshots_installed: u64,
+}
+
+/// One applied entry as seen by a checker: (index, term, hash of the data),
+/// or a snapshot install at (index, term, 0) with `snapshot = true`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Traced {
+    /// Log index.
+    pub index: u64,
+    /// Entry term.
+    pub term: u64,
+    /// FNV-1a of the entry's data.
+    pub hash: u64,
+    /// A snapshot install rather than one entry.
+    pub snapshot: bool,
+    /// The client request this entry applied (not as a duplicate).
+    pub request: Option<Rid>,
+}
+
+/// One node. See the module documentation.
+pub struct Node<D: Disk> {
+    cfg: NodeConfig,
+    rn: RawNode<LogStore>,
+    wal: Wal<D>,
+    sm: StateMachine,
+    applied: u64,
+    epoch: u64,
+    rng: SplitMix64,
+    role: (u64, StateRole),
+    leader: u64,
+    next_tick: Millis,
+    next_repropose_check: Millis,
+    next_seq: u64,
+    pending: BTreeMap<u64, Pending>,
+    unapplied: BTreeSet<u64>,
+    by_index: BTreeMap<u64, (u64, u64)>,
+    conns: BTreeMap<ConnId, BTreeSet<u64>>,
+    cancels: VecDeque<Origin>,
+    timers: BinaryHeap<Reverse<(Millis, u64, Timer)>>,
+    timer_seq: u64,
+    timers_ready: bool,
+    msgs: Vec<Message>,
+    stats: NodeStats,
+    trace: Vec<Traced>,
+}
+
+impl<D: Disk> fmt::Debug for Node<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Node")
+            .field("id", &self.cfg.id)
+            .field("epoch", &self.epoch)
+            .field("applied", &self.applied)
+            .field("leader", &self.leader)
+            .finish_non_exhaustive()
+    }
+}
+
+const MAX_CANCELS: usize = 65_536;
+const MAX_TIMERS_PER_TICK: usize = 4096;
+
+fn fnv(data: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in data {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+impl<D: Disk> Node<D> {
+    /// Opens a node on `disk`: recovers the log, checks (or, on a fresh disk,
+    /// records) the voter set, raises the boot epoch durably, restores the
+    /// table from the latest snapshot.
+    pub fn open(cfg: NodeConfig, disk: D, logger: &slog::Logger) -> Result<Self, NodeError> {
+        let (mut wal, rec) = Wal::open(disk)?;
+        let mut store = rec.store;
+        let mut given = cfg.voters.clone();
+        given.sort_unstable();
+        given.dedup();
+        if store.conf_state().voters.is_empty() {
+            let mut cs = ConfState::default();
+            cs.voters.clone_from(&given);
+            wal.stage_conf_state(&cs);
+            store.set_conf_state(cs);
+        } else {
+            let mut stored = store.conf_state().voters.clone();
+            stored.sort_unstable();
+            if stored != given {
+                return Err(NodeError::VoterMismatch { stored, given });
+            }
+        }
+        if wal.identity().uuid == 0 {
+            let mut r = SplitMix64::new(cfg.uuid_entropy ^ cfg.id.rotate_left(48));
+            // Never 0: 0 means "not drawn" / "never seen".
+            wal.stage_self(r.next_u64().max(1));
+        }
+        let epoch = rec.epoch + 1;
+        wal.stage_epoch(epoch);
+        wal.flush(true)?;
+        let snap = store.latest_snapshot();
+        let applied = snap.get_metadata().index;
+        let sm = if applied > 0 {
+            StateMachine::restore(cfg.limits.clone(), &snap.data).map_err(NodeError::BadSnapshot)?
+        } else {
+            StateMachine::new(cfg.limits.clone())
+        };
+        let raft_cfg = raft::Config {
+            id: cfg.id,
+            election_tick: cfg.election_tick,
+            heartbeat_tick: cfg.heartbeat_tick,
+            pre_vote: true,
+            check_quorum: true,
+            max_size_per_msg: 1 << 20,
+            max_inflight_msgs: 256,
+            max_uncommitted_size: 32 << 20,
+            max_committed_size_per_ready: 4 << 20,
+            // 0: raft starts applying after the snapshot and hands us every
+            // committed entry after it again (the table is in memory).
+            applied: 0,
+            ..raft::Config::default()
+        };
+        let rn = RawNode::new(&raft_cfg, store, logger)?;
+        let mut node = Node {
+            rng: SplitMix64::new(cfg.seed ^ epoch.rotate_left(32)),
+            cfg,
+            rn,
+            wal,
+            sm,
+            applied,
+            epoch,
+            role: (u64::MAX, StateRole::Follower),
+            leader: 0,
+            next_tick: Millis::ZERO,
+            next_repropose_check: Millis::ZERO,
+            next_seq: 1,
+            pending: BTreeMap::new(),
+            unapplied: BTreeSet::new(),
+            by_index: BTreeMap::new(),
+            conns: BTreeMap::new(),
+            cancels: VecDeque::new(),
+            timers: BinaryHeap::new(),
+            timer_seq: 0,
+            timers_ready: false,
+            msgs: Vec::new(),
+            stats: NodeStats::default(),
+            trace: Vec::new(),
+        };
+        node.after_raft_call();
+        Ok(node)
+    }
+
+    /// This node's id.
+    #[must_use]
+    pub fn id(&self) -> u64 {
+        self.cfg.id
+    }
+
+    /// This boot's epoch.
+    #[must_use]
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The leader this node knows of (0: none).
+    #[must_use]
+    pub fn leader(&self) -> u64 {
+        self.rn.raft.leader_id
+    }
+
+    /// True when this node is the leader.
+    #[must_use]
+    pub fn is_leader(&self) -> bool {
+        self.rn.raft.state == StateRole::Leader
+    }
+
+    /// The current term.
+    #[must_use]
+    pub fn term(&self) -> u64 {
+        self.rn.raft.term
+    }
+
+    /// Index of the last applied entry.
+    #[must_use]
+    pub fn applied(&self) -> u64 {
+        self.applied
+    }
+
+    /// The commit index.
+    #[must_use]
+    pub fn committed(&self) -> u64 {
+        self.rn.raft.raft_log.committed
+    }
+
+    /// The replicated table.
+    #[must_use]
+    pub fn state_machine(&self) -> &StateMachine {
+        &self.sm
+    }
+
+    /// Counters.
+    #[must_use]
+    pub fn stats(&self) -> NodeStats {
+        self.stats
+    }
+
+    /// Index of the latest snapshot (0: none).
+    #[must_use]
+    pub fn snapshot_index(&self) -> u64 {
+        self.rn.store().latest_snapshot().get_metadata().index
+    }
+
+    /// Client requests waiting for an answer (proposed or queued).
+    #[must_use]
+    pub fn pending_requests(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// True when the leader has rebuilt its timers (leaders only).
+    #[must_use]
+    pub fn timers_ready(&self) -> bool {
+        self.timers_ready
+    }
+
+    /// This data directory's id and the ids first seen for its peers.
+    #[must_use]
+    pub fn identity(&self) -> &crate::cluster::storage::Identity {
+        self.wal.identity()
+    }
+
+    /// Records (durably, with this turn's write) the data directory id of
+    /// peer `id`, seen for the first time.
+    pub fn record_peer(&mut self, id: u64, uuid: u64) {
+        self.wal.stage_peer(id, uuid);
+    }
+
+    /// Bytes in the write-ahead log.
+    #[must_use]
+    pub fn wal_bytes(&self) -> u64 {
+        self.wal.log_bytes()
+    }
+
+    /// Applied entries recorded since the last call (with `trace_applied`).
+    pub fn take_trace(&mut self) -> Vec<Traced> {
+        std::mem::take(&mut self.trace)
+    }
+
+    /// Messages for peers produced so far.
+    pub fn take_messages(&mut self) -> Vec<Message> {
+        std::mem::take(&mut self.msgs)
+    }
+
+    /// A peer could not be reached: raft stops pipelining to it.
+    pub fn report_unreachable(&mut self, peer: u64) {
+        self.rn.report_unreachable(peer);
+    }
+
+    /// The outcome of sending a snapshot to `peer`.
+    pub fn report_snapshot(&mut self, peer: u64, ok: bool) {
+        let status = if ok {
+            SnapshotStatus::Finish
+        } else {
+            SnapshotStatus::Failure
+        };
+        self.rn.report_snapshot(peer, status);
+    }
+
+    /// raft draws election timeouts from a thread-local RNG whenever it
+    /// changes term or role; redraw them from our seeded one so that a run is
+    /// reproducible.
+    fn after_raft_call(&mut self) {
+        let now = (self.rn.raft.term, self.rn.raft.state);
+        if now != self.role {
+            self.role = now;
+            let lo = self.cfg.election_tick as u64;
+            let t = self.rng.range(lo, 2 * lo);
+            self.rn.raft.set_randomized_election_timeout(
+                usize::try_from(t).unwrap_or(self.cfg.election_tick),
+            );
+        }
+    }
+
+    /// A message from a peer.
+    pub fn step(&mut self, msg: Message) {
+        // Errors are stale or foreign messages (e.g. from an unknown peer):
+        // raft has ignored them; note them for debugging.
+        let (from, kind) = (msg.from, msg.msg_type);
+        if let Err(e) = self.rn.step(msg) {
+            log::debug!("node {}: ignored {kind:?} from {from}: {e}", self.cfg.id);
+        }
+        self.after_raft_call();
+    }
+
+    fn refuse(&mut self, conn: ConnId, req: Request<'_>, out: &mut Outbox) {
+        self.stats.refused += 1;
+        match req {
+            Request::Acquire { owner, key, .. } => out.push(conn, Reply::Busy { owner, key }, 0),
+            Request::Release { token, key } => {
+                out.push(conn, Reply::NotReleased { token, key }, 0);
+            }
+        }
+    }
+
+    fn propose_data(&mut self, seq: Option<u64>, data: &[u8]) -> bool {
+        let before = self.rn.raft.raft_log.last_index();
+        if self.rn.propose(Vec::new(), data.to_vec()).is_err() {
+            return false;
+        }
+        let after = self.rn.raft.raft_log.last_index();
+        if let Some(seq) = seq {
+            if after > before {
+                self.by_index.insert(after, (self.rn.raft.term, seq));
+            }
+        }
+        true
+    }
+
+    /// A client request from local connection `conn`. Answers now (B or N)
+    /// only if it cannot be proposed; otherwise after it applies.
+    pub fn request(&mut self, now: Millis, conn: ConnId, req: Request<'_>, out: &mut Outbox) {
+        if self.leader() == 0 || self.unapplied.len() >= self.cfg.max_pending {
+            self.refuse(conn, req, out);
+            return;
+        }
+        let seq = self.next_seq;
+        let rid = Rid {
+            node: self.cfg.id,
+            epoch: self.epoch,
+            seq,
+        };
+        self.unapplied.insert(seq);
+        let floor = self.unapplied.first().copied().unwrap_or(seq);
+        let cmd = match req {
+            Request::Acquire {
+                wait_s,
+                lease_s,
+                owner,
+                key,
+            } => Command::Acquire {
+                rid,
+                floor,
+                conn,
+                key: key.to_owned(),
+                owner,
+                wait_s,
+                lease_s,
+            },
+            Request::Release { token, key } => Command::Release {
+                rid,
+                floor,
+                conn,
+                key: key.to_owned(),
+                token,
+            },
+        };
+        let data = cmd.encode();
+        if !self.propose_data(Some(seq), &data) {
+            self.unapplied.remove(&seq);
+            self.refuse(conn, req, out);
+            return;
+        }
+        self.next_seq += 1;
+        self.stats.proposed += 1;
+        self.pending.insert(
+            seq,
+            Pending {
+                conn,
+                data,
+                proposed_at: now,
+                queued: false,
+                acquire: matches!(req, Request::Acquire { .. }),
+            },
+        );
+        self.conns.entry(conn).or_default().insert(seq);
+    }
+
+    /// Local connection `conn` is gone: forget its requests and have its
+    /// queued acquires cancelled cluster-wide.
+    pub fn disconnect(&mut self, conn: ConnId) {
+        let Some(seqs) = self.conns.remove(&conn) else {
+            return;
+        };
+        let mut had_acquire = false;
+        for seq in seqs {
+            if let Some(p) = self.pending.remove(&seq) {
+                had_acquire |= p.acquire;
+            }
+            self.unapplied.remove(&seq);
+        }
+        if had_acquire {
+            self.queue_cancel(Origin {
+                node: self.cfg.id,
+                epoch: self.epoch,
+                conn,
+            });
+        }
+    }
+
+    fn queue_cancel(&mut self, origin: Origin) {
+        if self.cancels.len() >= MAX_CANCELS {
+            // The leader's wait timers clear those waiters anyway.
+            self.cancels.pop_front();
+        }
+        self.cancels.push_back(origin);
+    }
+
+    /// Advances raft's clock, fires due leader timers and re-proposes lost
+    /// proposals.
+    pub fn tick(&mut self, now: Millis) {
+        let mut n = 0;
+        while now >= self.next_tick && n < 2 * self.cfg.election_tick {
+            self.rn.tick();
+            self.after_raft_call();
+            self.next_tick = self.next_tick.add_ms(self.cfg.tick_ms);
+            n += 1;
+        }
+        if now >= self.next_tick {
+            self.next_tick = now.add_ms(self.cfg.tick_ms);
+        }
+        self.fire_timers(now);
+        // Re-proposal looks at every unapplied proposal: once per tick is
+        // plenty (it waits two election timeouts anyway).
+        if now >= self.next_repropose_check {
+            self.next_repropose_check = now.add_ms(self.cfg.tick_ms);
+            self.repropose(now);
+        }
+        while self.leader() != 0 {
+            let Some(origin) = self.cancels.front().copied() else {
+                break;
+            };
+            if !self.propose_data(None, &Command::CancelWaiters { origin }.encode()) {
+                break;
+            }
+            self.cancels.pop_front();
+        }
+    }
+
+    fn repropose_ms(&self) -> u64 {
+        2 * self.cfg.election_tick as u64 * self.cfg.tick_ms
+    }
+
+    fn repropose(&mut self, now: Millis) {
+        if self.leader() == 0 {
+            return;
+        }
+        let after = self.repropose_ms();
+        let due: Vec<u64> = self
+            .unapplied
+            .iter()
+            .copied()
+            .filter(|s| {
+                self.pending
+                    .get(s)
+                    .is_some_and(|p| !p.queued && now.since(p.proposed_at) >= after)
+            })
+            .collect();
+        for seq in due {
+            let data = self
+                .pending
+                .get(&seq)
+                .map(|p| p.data.clone())
+                .unwrap_or_default();
+            if !self.propose_data(Some(seq), &data) {
+                break;
+            }
+            self.stats.reproposed += 1;
+            if let Some(p) = self.pending.get_mut(&seq) {
+                p.proposed_at = now;
+            }
+        }
+    }
+
+    fn push_timer(&mut self, at: Millis, t: Timer) {
+        self.timer_seq += 1;
+        self.timers.push(Reverse((at, self.timer_seq, t)));
+    }
+
+    fn fire_timers(&mut self, now: Millis) {
+        if !self.is_leader() || !self.timers_ready {
+            return;
+        }
+        let retry = self.repropose_ms();
+        for _ in 0..MAX_TIMERS_PER_TICK {
+            match self.timers.peek() {
+                Some(Reverse((at, _, _))) if *at <= now => {}
+                _ => break,
+            }
+            let Some(Reverse((_, _, timer))) = self.timers.pop() else {
+                break;
+            };
+            let cmd = match &timer {
+                Timer::Expire { key, token } if self.sm.holder(key) == Some(*token) => {
+                    Command::Expire {
+                        key: key.clone(),
+                        token: *token,
+                    }
+                }
+                Timer::Wait { key, waiter } if self.sm.is_waiting(key, *waiter) => {
+                    Command::WaitTimeout {
+                        key: key.clone(),
+                        waiter: *waiter,
+                    }
+                }
+                _ => continue, // stale: the grant or the wait already ended
+            };
+            if self.propose_data(None, &cmd.encode()) {
+                self.stats.timer_proposals += 1;
+                // Check again later: if this proposal is lost, propose again.
+                self.push_timer(now.add_ms(retry), timer);
+            } else {
+                self.push_timer(now.add_ms(self.cfg.tick_ms), timer);
+                break;
+            }
+        }
+    }
+
+    /// The next moment [`Node::tick`] has work.
+    #[must_use]
+    pub fn next_deadline(&self) -> Millis {
+        let mut d = self.next_tick;
+        if self.is_leader() && self.timers_ready {
+            if let Some(Reverse((at, _, _))) = self.timers.peek() {
+                d = d.min(*at);
+            }
+        }
+        d
+    }
+
+    /// Handles raft's Ready (persist, send, apply) until there is none, then
+    /// rebuilds a new leader's timers and compacts the log when due. An error
+    /// means the disk failed: the node must stop.
+    pub fn end_turn(&mut self, now: Millis, out: &mut Outbox) -> Result<(), NodeError> {
+        for _ in 0..8 {
+            if !self.rn.has_ready() {
+                break;
+            }
+            self.handle_ready(now, out)?;
+        }
+        self.wal.flush(false)?;
+        if self.is_leader() && !self.timers_ready && self.rn.raft.apply_to_current_term() {
+            self.rebuild_timers(now);
+        }
+        self.maybe_compact()?;
+        Ok(())
+    }
+
+    fn handle_ready(&mut self, now: Millis, out: &mut Outbox) -> Result<(), NodeError> {
+        let mut rd = self.rn.ready();
+        if let Some(ss) = rd.ss() {
+            let (leader, state) = (ss.leader_id, ss.raft_state);
+            self.on_soft_state(leader, state);
+        }
+        // A leader's messages may go out before its own fsync.
+        self.msgs.extend(rd.take_messages());
+        if !rd.snapshot().is_empty() {
+            let snap = rd.snapshot().clone();
+            self.wal.stage_snapshot(&snap);
+            self.sm = StateMachine::restore(self.cfg.limits.clone(), &snap.data)
+                .map_err(NodeError::BadSnapshot)?;
+            let meta = snap.get_metadata();
+            self.applied = meta.index;
+            if self.cfg.trace_applied {
+                self.trace.push(Traced {
+                    index: meta.index,
+                    term: meta.term,
+                    hash: fnv(&snap.data),
+                    snapshot: true,
+                    request: None,
+                });
+            }
+            self.stats.snapshots_installed += 1;
+            self.after_snapshot_install();
+            self.rn.mut_store().apply_snapshot(snap);
+        }
+        let committed = rd.take_committed_entries();
+        self.apply_entries(now, &committed, out);
+        if !rd.entries().is_empty() {
+            self.wal.stage_entries(rd.entries());
+            self.rn
+                .mut_store()
+                .append(rd.entries())
+                .map_err(|e| NodeError::Io(io::Error::new(io::ErrorKind::InvalidData, e)))?;
+        }
+        if let Some(hs) = rd.hs() {
+            self.wal.stage_hard_state(hs);
+            let hs = hs.clone();
+            self.rn.mut_store().set_hard_state(hs);
+        }
+        self.wal.flush(rd.must_sync())?;
+        self.stats.batches += 1;
+        self.msgs.extend(rd.take_persisted_messages());
+        let mut light = self.rn.advance(rd);
+        if let Some(c) = light.commit_index() {
+            self.wal.stage_commit(c);
+            self.rn.mut_store().set_commit(c);
+        }
+        self.msgs.extend(light.take_messages());
+        let committed = light.take_committed_entries();
+        self.apply_entries(now, &committed, out);
+        self.rn.advance_apply();
+        self.after_raft_call();
+        Ok(())
+    }
+
+    fn on_soft_state(&mut self, leader: u64, state: StateRole) {
+        if leader != self.leader {
+            self.leader = leader;
+            self.next_repropose_check = Millis::ZERO;
+            // A forwarded proposal may have died with the old leader.
+            for seq in &self.unapplied {
+                if let Some(p) = self.pending.get_mut(seq) {
+                    p.proposed_at = Millis::ZERO;
+                }
+            }
+        }
+        // Leaving or entering leadership: the heap is rebuilt from the
+        // table once this term's first entry has applied.
+        self.timers.clear();
+        self.timers_ready = false;
+        let _ = state;
+    }
+
+    fn after_snapshot_install(&mut self) {
+        // Requests of ours the snapshot already covers: a queued acquire is
+        // still answered later; for the rest the answer is gone with the
+        // entries (the client's own deadline ends its wait).
+        let seqs: Vec<u64> = self.unapplied.iter().copied().collect();
+        for seq in seqs {
+            let rid = Rid {
+                node: self.cfg.id,
+                epoch: self.epoch,
+                seq,
+            };
+            let Some(p) = self.pending.get_mut(&seq) else {
+                continue;
+            };
+            let Ok(cmd) = Command::decode(&p.data) else {
+                continue;
+            };
+            if let Command::Acquire { key, .. } = &cmd {
+                if self.sm.is_waiting(key, rid) {
+                    p.queued = true;
+                    self.unapplied.remove(&seq);
+                }
+            }
+        }
+    }
+
+    fn rebuild_timers(&mut self, now: Millis) {
+        self.timers.clear();
+        let mut list = Vec::new();
+        for (key, token, lease_s) in self.sm.holders() {
+            list.push((
+                now.add_secs(u64::from(lease_s)),
+                Timer::Expire {
+                    key: key.to_owned(),
+                    token,
+                },
+            ));
+        }
+        for (key, waiter, wait_s) in self.sm.waiters() {
+            list.push((
+                now.add_secs(u64::from(wait_s)),
+                Timer::Wait {
+                    key: key.to_owned(),
+                    waiter,
+                },
+            ));
+        }
+        for (at, t) in list {
+            self.push_timer(at, t);
+        }
+        self.timers_ready = true;
+    }
+
+    fn apply_entries(&mut self, now: Millis, entries: &[Entry], out: &mut Outbox) {
+        for e in entries {
+            if e.index <= self.applied {
+                continue;
+            }
+            self.applied = e.index;
+            if self.cfg.trace_applied {
+                self.trace.push(Traced {
+                    index: e.index,
+                    term: e.term,
+                    hash: fnv(&e.data),
+                    snapshot: false,
+                    request: None,
+                });
+            }
+            let mut lost_here = None;
+            if let Some((term, seq)) = self.by_index.remove(&e.index) {
+                lost_here = Some((term, seq));
+            }
+            // Older indices can no longer apply with our proposal.
+            while let Some((&i, _)) = self.by_index.first_key_value() {
+                if i > e.index {
+                    break;
+                }
+                self.by_index.pop_first();
+            }
+            if e.entry_type != EntryType::EntryNormal || e.data.is_empty() {
+                self.mark_lost(lost_here, None);
+                continue;
+            }
+            let cmd = match Command::decode(&e.data) {
+                Ok(c) => c,
+                Err(err) => {
+                    log::error!("entry {} does not decode ({err}); skipped", e.index);
+                    self.mark_lost(lost_here, None);
+                    continue;
+                }
+            };
+            self.mark_lost(lost_here, cmd.rid());
+            let res = self.sm.apply(e.index, &cmd);
+            if !res.duplicate {
+                if let Some(t) = self.trace.last_mut().filter(|t| t.index == e.index) {
+                    t.request = cmd.rid();
+                }
+            }
+            let (my_id, my_epoch) = (self.cfg.id, self.epoch);
+            let mine = move |r: Rid| r.node == my_id && r.epoch == my_epoch;
+            if let Some(rid) = cmd.rid().filter(|r| mine(*r)) {
+                if res.duplicate {
+                    // Applied before (e.g. inside a snapshot we installed):
+                    // nothing more will come for it.
+                    if let Some(p) = self.pending.get(&rid.seq) {
+                        if !p.queued {
+                            self.finish(rid.seq);
+                        }
+                    }
+                } else {
+                    self.unapplied.remove(&rid.seq);
+                }
+            }
+            for eff in &res.effects {
+                match eff {
+                    Effect::Queued {
+                        key,
+                        waiter,
+                        wait_s,
+                    } => {
+                        if mine(*waiter) {
+                            match self.pending.get_mut(&waiter.seq) {
+                                Some(p) => p.queued = true,
+                                None => {
+                                    // Its connection closed before the acquire
+                                    // applied: cancel what it queued.
+                                    if let Command::Acquire { conn, .. } = &cmd {
+                                        let o = waiter.origin(*conn);
+                                        self.queue_cancel(o);
+                                    }
+                                }
+                            }
+                        }
+                        if self.timers_ready {
+                            self.push_timer(
+                                now.add_secs(u64::from(*wait_s)),
+                                Timer::Wait {
+                                    key: key.clone(),
+                                    waiter: *waiter,
+                                },
+                            );
+                        }
+                    }
+                    Effect::Granted {
+                        key,
+                        token,
+                        lease_s,
+                    } => {
+                        if self.timers_ready {
+                            self.push_timer(
+                                now.add_secs(u64::from(*lease_s)),
+                                Timer::Expire {
+                                    key: key.clone(),
+                                    token: *token,
+                                },
+                            );
+                        }
+                    }
+                }
+            }
+            for ans in &res.answers {
+                if !mine(ans.rid) {
+                    continue;
+                }
+                let Some(p) = self.pending.get(&ans.rid.seq) else {
+                    continue; // its connection closed
+                };
+                if p.conn != ans.conn {
+                    continue;
+                }
+                out.push(ans.conn, ans.reply(), 0);
+                self.finish(ans.rid.seq);
+            }
+        }
+    }
+
+    /// The entry at an index a local leader gave one of our proposals
+    /// applied; if it is not that proposal, the proposal was lost.
+    fn mark_lost(&mut self, at: Option<(u64, u64)>, applied_rid: Option<Rid>) {
+        let Some((_, seq)) = at else {
+            return;
+        };
+        let ours = applied_rid
+            .is_some_and(|r| r.node == self.cfg.id && r.epoch == self.epoch && r.seq == seq);
+        if !ours {
+            if let Some(p) = self.pending.get_mut(&seq) {
+                p.proposed_at = Millis::ZERO;
+            }
+        }
+    }
+
+    fn finish(&mut self, seq: u64) {
+        self.unapplied.remove(&seq);
+        if let Some(p) = self.pending.remove(&seq) {
+            if let Some(s) = self.conns.get_mut(&p.conn) {
+                s.remove(&seq);
+                if s.is_empty() {
+                    self.conns.remove(&p.conn);
+                }
+            }
+        }
+    }
+
+    fn maybe_compact(&mut self) -> Result<(), NodeError> {
+        let snap_index = self.snapshot_index();
+        if self.applied <= snap_index {
+            return Ok(());
+        }
+        let due = self.applied - snap_index >= self.cfg.snapshot_every
+            || self.wal.log_bytes() > self.cfg.max_wal_bytes;
+        if !due {
+            return Ok(());
+        }
+        let data = self.sm.snapshot();
+        let applied = self.applied;
+        self.rn
+            .mut_store()
+            .compact_to(applied, data)
+            .map_err(|e| NodeError::Io(io::Error::new(io::ErrorKind::InvalidData, e)))?;
+        self.wal.rewrite(self.rn.store(), self.epoch)?;
+        self.stats.snapshots_taken += 1;
+        Ok(())
+    }
+}
+
+/// A logger for raft that forwards Info and above to the `log` crate
+/// (raft's Debug output is filtered here, since slog's bridge would bypass
+/// the `log` level).
+pub fn raft_logger() -> slog::Logger {
+    slog::Logger::root(LogDrain, slog::o!())
+}
+
+/// A logger that drops everything (simulations, tests).
+pub fn quiet_logger() -> slog::Logger {
+    slog::Logger::root(slog::Discard, slog::o!())
+}
+
+struct LogDrain;
+
+impl slog::Drain for LogDrain {
+    type Ok = ();
+    type Err = slog::Never;
+
+    fn log(&self, record: &slog::Record<'_>, _: &slog::OwnedKVList) -> Result<(), slog::Never> {
+        let level = match record.level() {
+            slog::Level::Critical | slog::Level::Error => log::Level::Error,
+            slog::Level::Warning => log::Level::Warn,
+            slog::Level::Info => log::Level::Info,
+            slog::Level::Debug | slog::Level::Trace => return Ok(()),
+        };
+        if log::log_enabled!(target: "raft", level) {
+            log::log!(target: "raft", level, "{}", record.msg());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,304 @@
+//! [`ClusterService`]: cluster mode behind the server loop's [`Service`]
+//! trait. Client requests become proposals; peer sockets live in the same
+//! mio poll as client connections; each loop turn ends with raft's Ready
+//! (one WAL write, at most one fsync) and the peer messages it produced.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use mio::event::Event;
+use mio::Registry;
+
+use crate::cluster::node::{raft_logger, Node, NodeConfig, NodeError};
+use crate::cluster::storage::FileDisk;
+use crate::cluster::transport::{hash64, LocalInfo, PeerEvent, Transport};
+use crate::engine::{ConnId, Outbox};
+use crate::limits::EngineLimits;
+use crate::proto::Request;
+use crate::service::Service;
+use crate::time::Millis;
+
+/// Everything cluster mode needs from the command line.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// This node's id.
+    pub id: u64,
+    /// Every voter's peer address, this node's included (where it listens
+    /// for peers).
+    pub peers: BTreeMap<u64, SocketAddr>,
+    /// The data directory (WAL and snapshots).
+    pub data_dir: PathBuf,
+    /// A name shared by the cluster's nodes; peers of another name are
+    /// refused.
+    pub cluster_name: String,
+    /// Lock table limits; must be equal on every node.
+    pub limits: EngineLimits,
+    /// Milliseconds per Raft tick.
+    pub tick_ms: u64,
+}
+
+impl ClusterConfig {
+    /// Parses `1=HOST:PORT,2=HOST:PORT,...`.
+    pub fn parse_peers(s: &str) -> Result<BTreeMap<u64, SocketAddr>, String> {
+        let mut peers = BTreeMap::new();
+        for part in s.split(',').filter(|p| !p.trim().is_empty()) {
+            let (id, addr) = part
+                .split_once('=')
+                .ok_or_else(|| format!("peer {part:?}: expected ID=HOST:PORT"))?;
+            let id: u64 = id
+                .trim()
+                .parse()
+                .map_err(|_| format!("peer {part:?}: the id is not a number"))?;
+            if id == 0 {
+                return Err(format!("peer {part:?}: ids start at 1"));
+            }
+            let addr = std::net::ToSocketAddrs::to_socket_addrs(addr.trim())
+                .map_err(|e| format!("peer {part:?}: {e}"))?
+                .next()
+                .ok_or_else(|| format!("peer {part:?}: no address"))?;
+            if peers.insert(id, addr).is_some() {
+                return Err(format!("peer id {id} is given twice"));
+            }
+        }
+        if peers.is_empty() {
+            return Err("--peers names no node".into());
+        }
+        Ok(peers)
+    }
+}
+
+/// Why cluster mode cannot start.
+#[derive(Debug)]
+pub enum StartError {
+    /// The configuration is inconsistent.
+    Config(String),
+    /// The node refused its data directory.
+    Node(NodeError),
+    /// The peer listener could not bind.
+    Listen(io::Error),
+}
+
+impl fmt::Display for StartError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StartError::Config(s) => f.write_str(s),
+            StartError::Node(e) => write!(f, "{e}"),
+            StartError::Listen(e) => write!(f, "peer listener: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for StartError {}
+
+/// Cluster mode's service. See the module documentation.
+pub struct ClusterService {
+    node: Node<FileDisk>,
+    transport: Transport,
+    registry: Option<Registry>,
+    fatal: Option<String>,
+    exit_on_fatal: bool,
+    describe: String,
+}
+
+impl fmt::Debug for ClusterService {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClusterService")
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClusterService {
+    /// Opens the data directory and binds the peer listener.
+    pub fn open(cfg: &ClusterConfig) -> Result<Self, StartError> {
+        let Some(&listen) = cfg.peers.get(&cfg.id) else {
+            return Err(StartError::Config(format!(
+                "--id {} is not among --peers {:?}",
+                cfg.id,
+                cfg.peers.keys().collect::<Vec<_>>()
+            )));
+        };
+        let voters: Vec<u64> = cfg.peers.keys().copied().collect();
+        let mut ncfg = NodeConfig::new(cfg.id, voters.clone());
+        ncfg.limits = cfg.limits.clone();
+        ncfg.tick_ms = cfg.tick_ms.max(1);
+        let entropy = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id()).rotate_left(32);
+        ncfg.uuid_entropy = entropy;
+        ncfg.seed = entropy.rotate_left(17);
+        let disk = FileDisk::open(&cfg.data_dir)
+            .map_err(|e| StartError::Config(format!("data dir {}: {e}", cfg.data_dir.display())))?;
+        let node = Node::open(ncfg, disk, &raft_logger()).map_err(StartError::Node)?;
+        let ids: Vec<u8> = voters.iter().flat_map(|v| v.to_be_bytes()).collect();
+        let local = LocalInfo {
+            id: cfg.id,
+            cluster: hash64(&[cfg.cluster_name.as_bytes()]),
+            voters: hash64(&[&ids]),
+            uuid: node.identity().uuid,
+            known: node.identity().peers.clone(),
+        };
+        let transport = Transport::bind(local, listen, &cfg.peers).map_err(StartError::Listen)?;
+        let describe = format!(
+            "cluster node {} of {:?}, peers on {}, data dir {}, boot epoch {}",
+            cfg.id,
+            voters,
+            transport.local_addr().map_or(listen, |a| a),
+            cfg.data_dir.display(),
+            node.epoch()
+        );
+        Ok(ClusterService {
+            node,
+            transport,
+            registry: None,
+            fatal: None,
+            exit_on_fatal: false,
+            describe,
+        })
+    }
+
+    /// Exit the process (status 1) when the node must stop: its disk failed
+    /// or its data directory turned out to be wiped. The daemon sets this;
+    /// without it the service stops answering and `end_turn` keeps failing.
+    pub fn set_exit_on_fatal(&mut self, exit: bool) {
+        self.exit_on_fatal = exit;
+    }
+
+    fn die(&mut self, why: String) -> io::Error {
+        log::error!("cluster node stopping: {why}");
+        if self.exit_on_fatal {
+            std::process::exit(1);
+        }
+        self.fatal.get_or_insert_with(|| why.clone());
+        io::Error::other(why)
+    }
+
+    /// The node (for status and tests).
+    #[must_use]
+    pub fn node(&self) -> &Node<FileDisk> {
+        &self.node
+    }
+
+    fn handle_peer_events(&mut self) {
+        for ev in self.transport.take_events() {
+            match ev {
+                PeerEvent::Message(m) if self.fatal.is_none() => self.node.step(m),
+                PeerEvent::Message(_) => {}
+                PeerEvent::Unreachable(id) => self.node.report_unreachable(id),
+                PeerEvent::Snapshot(id, ok) => self.node.report_snapshot(id, ok),
+                PeerEvent::PeerSeen(id, uuid) => {
+                    log::info!("peer {id} seen with data directory id {uuid:016x}");
+                    self.node.record_peer(id, uuid);
+                }
+                PeerEvent::Fatal(why) => {
+                    let _ = self.die(why);
+                }
+            }
+        }
+    }
+}
+
+impl Service for ClusterService {
+    fn request(&mut self, now: Millis, conn: ConnId, req: Request<'_>, out: &mut Outbox) {
+        if self.fatal.is_some() {
+            // Never proposed: Busy / NotReleased are the truth.
+            match req {
+                Request::Acquire { owner, key, .. } => {
+                    out.push(conn, crate::proto::Reply::Busy { owner, key }, 0);
+                }
+                Request::Release { token, key } => {
+                    out.push(conn, crate::proto::Reply::NotReleased { token, key }, 0);
+                }
+            }
+            return;
+        }
+        self.node.request(now, conn, req, out);
+    }
+
+    fn disconnect(&mut self, _now: Millis, conn: ConnId, _out: &mut Outbox) {
+        self.node.disconnect(conn);
+    }
+
+    fn tick(&mut self, now: Millis, _out: &mut Outbox) {
+        if self.fatal.is_some() {
+            return;
+        }
+        self.node.tick(now);
+        if let Some(r) = &self.registry {
+            self.transport.tick(now, r);
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Millis> {
+        let d = self.node.next_deadline();
+        Some(self.transport.next_deadline().map_or(d, |t| t.min(d)))
+    }
+
+    fn end_turn(&mut self, now: Millis, out: &mut Outbox) -> io::Result<()> {
+        if let Some(why) = &self.fatal {
+            return Err(io::Error::other(why.clone()));
+        }
+        self.handle_peer_events();
+        if let Some(why) = &self.fatal {
+            return Err(io::Error::other(why.clone()));
+        }
+        if let Err(e) = self.node.end_turn(now, out) {
+            // A failed write or fsync leaves raft between ready and advance:
+            // the node must not go on.
+            return Err(self.die(e.to_string()));
+        }
+        for m in self.node.take_messages() {
+            self.transport.send(&m);
+        }
+        if let Some(r) = &self.registry {
+            self.transport.flush(now, r);
+        }
+        // Unreachable / snapshot reports from sending reach raft now; their
+        // effect shows in the next turn's Ready.
+        self.handle_peer_events();
+        Ok(())
+    }
+
+    fn register(&mut self, registry: &Registry, token_base: usize) -> io::Result<()> {
+        self.transport.register(registry, token_base)?;
+        self.registry = Some(registry.try_clone()?);
+        Ok(())
+    }
+
+    fn event(&mut self, now: Millis, registry: &Registry, event: &Event, _out: &mut Outbox) {
+        if self.transport.owns(event.token()) {
+            self.transport.event(now, registry, event);
+            self.handle_peer_events();
+        }
+    }
+
+    fn describe(&self) -> String {
+        self.describe.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_parse_and_bad_ones_are_errors() {
+        let p = ClusterConfig::parse_peers("1=127.0.0.1:7001,2=127.0.0.1:7002").unwrap();
+        assert_eq!(p.len(), 2);
+        assert_eq!(p[&2].port(), 7002);
+        for bad in [
+            "",
+            "1=127.0.0.1:1,1=127.0.0.1:2",
+            "0=127.0.0.1:1",
+            "x=127.0.0.1:1",
+            "1:127.0.0.1:1",
+            "1=nohost",
+        ] {
+            assert!(ClusterConfig::parse_peers(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,919 @@
+//! A deterministic simulation of a whole cluster in one process.
+//!
+//! N [`Node`]s on [`MemDisk`]s, a virtual millisecond clock, a network that
+//! delays, reorders, duplicates and drops messages and cuts links (both ways
+//! or one way), crashes that lose what was not synced (sometimes right at an
+//! fsync), restarts, and clients that acquire, hold, release and give up.
+//! Everything random comes from one seed, and raft's election timeouts are
+//! drawn from the nodes' seeded generators, so a seed replays exactly.
+//!
+//! After every step the checker asserts:
+//! * **one holder per key**: when a client receives a grant, no other client
+//!   still believes it holds that key (a belief ends at release or at
+//!   `request sent + lease`, the client library's conservative expiry);
+//! * **tokens increase**: a grant received while its belief is valid carries
+//!   a token above every token received before for that key; all tokens are
+//!   distinct;
+//! * **one log**: every node applies, at each index, the same entry (same
+//!   term, same bytes), and each node's applied indices are consecutive
+//!   (except across a snapshot install);
+//! * **at most one answer** per request, and none after its client gave up;
+//! * **at most one application** per request id, however often re-proposed.
+//!
+//! At the end the network heals and every node restarts; the cluster must
+//! then answer fresh acquires on every node and all tables must be equal.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+
+use protobuf::Message as _;
+use raft::eraftpb::{Message, MessageType};
+
+use crate::cluster::command::Rid;
+use crate::cluster::node::{quiet_logger, Node, NodeConfig, Traced};
+use crate::cluster::rng::SplitMix64;
+use crate::cluster::storage::MemDisk;
+use crate::engine::{ConnId, Outbox};
+use crate::limits::EngineLimits;
+use crate::proto::{Reply, Request};
+use crate::time::Millis;
+
+/// What to simulate.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// The seed: everything follows from it.
+    pub seed: u64,
+    /// Number of nodes (3 or 5).
+    pub nodes: usize,
+    /// Virtual milliseconds of chaos before the final heal.
+    pub chaos_ms: u64,
+    /// Virtual milliseconds after the heal for the liveness check.
+    pub heal_ms: u64,
+    /// Clients (spread over the nodes).
+    pub clients: usize,
+    /// Distinct keys (few keys means contention).
+    pub keys: usize,
+    /// Probability a message is dropped.
+    pub drop_p: f64,
+    /// Probability a message is delivered twice.
+    pub dup_p: f64,
+    /// Message delay range in ms.
+    pub delay_ms: (u64, u64),
+    /// Mean ms between faults (crash, partition, heal).
+    pub fault_every_ms: u64,
+    /// Applied entries between snapshots on each node.
+    pub snapshot_every: u64,
+}
+
+impl SimConfig {
+    /// A default chaotic run of `nodes` nodes for `seed`.
+    #[must_use]
+    pub fn new(seed: u64, nodes: usize) -> Self {
+        SimConfig {
+            seed,
+            nodes,
+            chaos_ms: 40_000,
+            heal_ms: 20_000,
+            clients: 12,
+            keys: 4,
+            drop_p: 0.03,
+            dup_p: 0.01,
+            delay_ms: (1, 30),
+            fault_every_ms: 3_000,
+            snapshot_every: 64,
+        }
+    }
+}
+
+/// What a run did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SimReport {
+    /// Grants received by clients.
+    pub grants: u64,
+    /// Releases answered R.
+    pub releases: u64,
+    /// Timeouts (T) received.
+    pub timeouts: u64,
+    /// Busy (B) received.
+    pub busy: u64,
+    /// NotReleased (N) received.
+    pub not_released: u64,
+    /// Requests given up by their client (no answer in time).
+    pub given_up: u64,
+    /// Crashes (including at an fsync).
+    pub crashes: u64,
+    /// Highest index applied anywhere.
+    pub applied: u64,
+    /// Snapshots installed from leaders.
+    pub snapshot_installs: u64,
+    /// Leader terms seen.
+    pub max_term: u64,
+    /// Expire/WaitTimeout proposals.
+    pub timer_proposals: u64,
+    /// Lost proposals made again.
+    pub reproposals: u64,
+    /// A digest of the final table (equal on every node).
+    pub digest: u64,
+}
+
+#[derive(Clone, Debug)]
+enum ClientState {
+    Idle,
+    Acquiring {
+        owner: u64,
+        key: usize,
+        sent: Millis,
+        lease_s: u8,
+        give_up: Millis,
+    },
+    Holding {
+        key: usize,
+        token: u64,
+        until: Millis,
+        release_at: Millis,
+    },
+    Releasing {
+        token: u64,
+        give_up: Millis,
+    },
+}
+
+#[derive(Debug)]
+struct Client {
+    node: u64,
+    conn: ConnId,
+    state: ClientState,
+    next_at: Millis,
+}
+
+/// A message in flight: (deliver at, sequence, destination, bytes).
+type InFlight = Reverse<(Millis, u64, u64, Vec<u8>)>;
+
+/// A belief of holding `key`: (client, token, until).
+type Belief = (usize, u64, Millis);
+
+/// The simulation. See the module documentation.
+pub struct Sim {
+    cfg: SimConfig,
+    rng: SplitMix64,
+    now: Millis,
+    nodes: Vec<Option<Node<MemDisk>>>,
+    disks: Vec<MemDisk>,
+    restart_at: Vec<Millis>,
+    net: BinaryHeap<InFlight>,
+    net_seq: u64,
+    blocked: BTreeSet<(u64, u64)>,
+    clients: Vec<Client>,
+    conn_owner: BTreeMap<(u64, ConnId), usize>,
+    next_conn: ConnId,
+    next_owner: u64,
+    next_fault: Millis,
+    beliefs: BTreeMap<usize, Vec<Belief>>,
+    max_token: BTreeMap<usize, u64>,
+    tokens: BTreeSet<u64>,
+    log: BTreeMap<u64, (u64, u64)>,
+    requests: BTreeMap<Rid, u64>,
+    last_applied: Vec<u64>,
+    report: SimReport,
+    clients_active: bool,
+    logger: slog::Logger,
+    out: Outbox,
+}
+
+fn node_config(id: u64, n: usize, seed: u64, snapshot_every: u64) -> NodeConfig {
+    let mut c = NodeConfig::new(id, (1..=n as u64).collect());
+    c.seed = seed.wrapping_mul(31).wrapping_add(id);
+    c.snapshot_every = snapshot_every;
+    c.trace_applied = true;
+    c.max_pending = 64;
+    c.limits = EngineLimits {
+        max_keys: 1000,
+        max_waiters: 6,
+        max_waiters_per_key: 3,
+        ..EngineLimits::default()
+    };
+    c
+}
+
+impl Sim {
+    /// A fresh cluster for `cfg`.
+    pub fn new(cfg: SimConfig) -> Result<Self, String> {
+        let logger = quiet_logger();
+        let mut rng = SplitMix64::new(cfg.seed);
+        let mut nodes = Vec::new();
+        let mut disks = Vec::new();
+        for id in 1..=cfg.nodes as u64 {
+            let disk = MemDisk::new();
+            let node = Node::open(
+                node_config(id, cfg.nodes, cfg.seed, cfg.snapshot_every),
+                disk.clone(),
+                &logger,
+            )
+            .map_err(|e| format!("open node {id}: {e}"))?;
+            nodes.push(Some(node));
+            disks.push(disk);
+        }
+        let mut clients = Vec::new();
+        let mut conn_owner = BTreeMap::new();
+        for i in 0..cfg.clients {
+            let node = 1 + (i % cfg.nodes) as u64;
+            let conn = i as ConnId + 1;
+            conn_owner.insert((node, conn), i);
+            clients.push(Client {
+                node,
+                conn,
+                state: ClientState::Idle,
+                next_at: Millis(rng.range(0, 3000)),
+            });
+        }
+        let next_fault = Millis(rng.range(cfg.fault_every_ms / 2, cfg.fault_every_ms * 3 / 2));
+        Ok(Sim {
+            restart_at: vec![Millis::NEVER; cfg.nodes],
+            last_applied: vec![0; cfg.nodes],
+            next_conn: cfg.clients as ConnId + 1,
+            cfg,
+            rng,
+            now: Millis::ZERO,
+            nodes,
+            disks,
+            net: BinaryHeap::new(),
+            net_seq: 0,
+            blocked: BTreeSet::new(),
+            clients,
+            conn_owner,
+            next_owner: 1,
+            next_fault,
+            beliefs: BTreeMap::new(),
+            max_token: BTreeMap::new(),
+            tokens: BTreeSet::new(),
+            log: BTreeMap::new(),
+            requests: BTreeMap::new(),
+            report: SimReport::default(),
+            clients_active: true,
+            logger,
+            out: Outbox::new(),
+        })
+    }
+
+    fn fail<T>(&self, what: String) -> Result<T, String> {
+        Err(format!("seed {} at {}: {what}", self.cfg.seed, self.now))
+    }
+
+    /// Runs chaos, then the heal and the final checks.
+    pub fn run(mut self) -> Result<SimReport, String> {
+        let chaos_end = Millis(self.cfg.chaos_ms);
+        while self.now < chaos_end {
+            self.step(true)?;
+        }
+        // Heal: reconnect everything, restart every crashed node.
+        self.blocked.clear();
+        for i in 0..self.cfg.nodes {
+            self.disks[i].disarm();
+            if self.nodes[i].is_none() {
+                self.restart_at[i] = self.now;
+            }
+        }
+        let heal_end = chaos_end.add_ms(self.cfg.heal_ms);
+        while self.now < heal_end {
+            self.step(false)?;
+        }
+        // Quiesce: no new requests; leases and waits run out.
+        self.clients_active = false;
+        let quiet_end = self.now.add_ms(8_000);
+        while self.now < quiet_end {
+            self.step(false)?;
+        }
+        self.liveness_checks()?;
+        let quiet_end = self.now.add_ms(2_000);
+        while self.now < quiet_end {
+            self.step(false)?;
+        }
+        self.final_checks()?;
+        Ok(self.report)
+    }
+
+    fn step(&mut self, chaos: bool) -> Result<(), String> {
+        // Jump to the next event, at most 50 ms ahead.
+        let mut next = self.now.add_ms(50);
+        if let Some(Reverse((at, _, _, _))) = self.net.peek() {
+            next = next.min(*at);
+        }
+        for n in self.nodes.iter().flatten() {
+            next = next.min(n.next_deadline());
+        }
+        for c in &self.clients {
+            next = next.min(c.next_at);
+        }
+        for r in &self.restart_at {
+            next = next.min(*r);
+        }
+        if chaos {
+            next = next.min(self.next_fault);
+        }
+        self.now = next.max(self.now.add_ms(1));
+        if chaos && self.now >= self.next_fault {
+            self.fault();
+        }
+        self.restarts()?;
+        self.deliver();
+        for i in 0..self.cfg.nodes {
+            if let Some(n) = self.nodes[i].as_mut() {
+                n.tick(self.now);
+            }
+        }
+        if self.clients_active {
+            self.clients_act()?;
+        }
+        for i in 0..self.cfg.nodes {
+            self.end_turn(i)?;
+        }
+        Ok(())
+    }
+
+    fn end_turn(&mut self, i: usize) -> Result<(), String> {
+        let Some(node) = self.nodes[i].as_mut() else {
+            return Ok(());
+        };
+        let id = i as u64 + 1;
+        self.out.clear();
+        let res = node.end_turn(self.now, &mut self.out);
+        let msgs = node.take_messages();
+        let trace = node.take_trace();
+        let stats = node.stats();
+        let term = node.term();
+        for m in msgs {
+            self.send(id, m);
+        }
+        self.check_trace(i, &trace)?;
+        self.report.max_term = self.report.max_term.max(term);
+        let replies: Vec<(ConnId, String, Reply<'static>)> = self
+            .out
+            .iter()
+            .map(|a| (a.conn, a.reply.key().to_owned(), owned(a.reply)))
+            .collect();
+        self.out.clear();
+        for (conn, key, reply) in replies {
+            self.on_reply(id, conn, &key, reply)?;
+        }
+        if let Err(e) = res {
+            // The disk failed at an fsync: the node is dead from here on.
+            self.crash(i, &format!("{e}"), stats);
+        }
+        Ok(())
+    }
+
+    fn send(&mut self, from: u64, m: Message) {
+        let to = m.to;
+        if self.blocked.contains(&(from, to)) || self.rng.chance(self.cfg.drop_p) {
+            if m.msg_type == MessageType::MsgSnapshot {
+                if let Some(n) = self.nodes[from as usize - 1].as_mut() {
+                    n.report_snapshot(to, false);
+                }
+            }
+            return;
+        }
+        let bytes = m.write_to_bytes().expect("raft messages encode");
+        let copies = if self.rng.chance(self.cfg.dup_p) {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let at = self
+                .now
+                .add_ms(self.rng.range(self.cfg.delay_ms.0, self.cfg.delay_ms.1 + 1));
+            self.net_seq += 1;
+            self.net
+                .push(Reverse((at, self.net_seq, to, bytes.clone())));
+        }
+        if m.msg_type == MessageType::MsgSnapshot {
+            if let Some(n) = self.nodes[from as usize - 1].as_mut() {
+                n.report_snapshot(to, true);
+            }
+        }
+    }
+
+    fn deliver(&mut self) {
+        while let Some(Reverse((at, _, _, _))) = self.net.peek() {
+            if *at > self.now {
+                break;
+            }
+            let Some(Reverse((_, _, to, bytes))) = self.net.pop() else {
+                break;
+            };
+            let Ok(m) = Message::parse_from_bytes(&bytes) else {
+                continue;
+            };
+            if let Some(n) = self.nodes[to as usize - 1].as_mut() {
+                n.step(m);
+            }
+        }
+    }
+
+    /// A node to hurt: the leader half of the time (that is what forces
+    /// elections, lost proposals and timer rebuilds), else any node.
+    fn victim(&mut self) -> u64 {
+        let leader = self
+            .nodes
+            .iter()
+            .flatten()
+            .find(|n| n.is_leader())
+            .map(Node::id);
+        match leader {
+            Some(l) if self.rng.chance(0.5) => l,
+            _ => self.rng.range(1, self.cfg.nodes as u64 + 1),
+        }
+    }
+
+    fn fault(&mut self) {
+        let n = self.cfg.nodes as u64;
+        let live = self.nodes.iter().filter(|x| x.is_some()).count();
+        match self.rng.range(0, 10) {
+            0..=2 => {
+                // Crash a node (at most a minority down at once, so the run
+                // keeps making progress; safety does not depend on it).
+                let i = self.victim() as usize - 1;
+                if live > self.cfg.nodes / 2 + 1 && self.nodes[i].is_some() {
+                    if self.rng.chance(0.5) {
+                        // Die inside the next fsync.
+                        self.disks[i].fail_next_sync();
+                    } else {
+                        let stats = self.nodes[i].as_ref().map(Node::stats).unwrap_or_default();
+                        self.crash(i, "power cut", stats);
+                    }
+                }
+            }
+            3 | 4 => {
+                // Isolate one node both ways.
+                let a = self.victim();
+                for b in 1..=n {
+                    if b != a {
+                        self.blocked.insert((a, b));
+                        self.blocked.insert((b, a));
+                    }
+                }
+            }
+            5 => {
+                // One-way cut, from or to the victim.
+                let a = self.victim();
+                let b = self.rng.range(1, n + 1);
+                if a != b {
+                    if self.rng.chance(0.5) {
+                        self.blocked.insert((a, b));
+                    } else {
+                        self.blocked.insert((b, a));
+                    }
+                }
+            }
+            6 => {
+                // Split in two groups.
+                self.blocked.clear();
+                let mask = self.rng.next_u64();
+                for a in 1..=n {
+                    for b in 1..=n {
+                        if (mask >> a) & 1 != (mask >> b) & 1 {
+                            self.blocked.insert((a, b));
+                        }
+                    }
+                }
+            }
+            _ => self.blocked.clear(),
+        }
+        self.next_fault = self.now.add_ms(
+            self.rng
+                .range(self.cfg.fault_every_ms / 2, self.cfg.fault_every_ms * 3 / 2),
+        );
+    }
+
+    fn crash(&mut self, i: usize, why: &str, stats: crate::cluster::node::NodeStats) {
+        if self.nodes[i].take().is_none() {
+            return;
+        }
+        let _ = why;
+        self.report.crashes += 1;
+        self.report.snapshot_installs += stats.snapshots_installed;
+        self.report.timer_proposals += stats.timer_proposals;
+        self.report.reproposals += stats.reproposed;
+        let unsynced = self.disks[i].unsynced() as u64;
+        let keep = self.rng.range(0, unsynced + 1) as usize;
+        self.disks[i].crash(keep);
+        self.restart_at[i] = self.now.add_ms(self.rng.range(200, 4000));
+        // Clients connected to it lose their connection.
+        let id = i as u64 + 1;
+        for c in 0..self.clients.len() {
+            if self.clients[c].node == id {
+                self.reconnect(c);
+            }
+        }
+    }
+
+    /// The client's connection is gone: its outstanding request is given up
+    /// (never answered); what it holds it keeps holding (a lock belongs to
+    /// the token), and it continues on another node.
+    fn reconnect(&mut self, c: usize) {
+        let old = (self.clients[c].node, self.clients[c].conn);
+        self.conn_owner.remove(&old);
+        if let Some(n) = self.nodes[old.0 as usize - 1].as_mut() {
+            n.disconnect(old.1);
+        }
+        match self.clients[c].state {
+            ClientState::Acquiring { .. } | ClientState::Releasing { .. } => {
+                self.report.given_up += 1;
+                self.clients[c].state = ClientState::Idle;
+            }
+            _ => {}
+        }
+        let node = self.rng.range(1, self.cfg.nodes as u64 + 1);
+        let conn = self.next_conn;
+        self.next_conn += 1;
+        self.clients[c].node = node;
+        self.clients[c].conn = conn;
+        self.conn_owner.insert((node, conn), c);
+    }
+
+    fn restarts(&mut self) -> Result<(), String> {
+        for i in 0..self.cfg.nodes {
+            if self.restart_at[i] > self.now {
+                continue;
+            }
+            self.restart_at[i] = Millis::NEVER;
+            if self.nodes[i].is_some() {
+                continue;
+            }
+            let id = i as u64 + 1;
+            let cfg = node_config(id, self.cfg.nodes, self.cfg.seed, self.cfg.snapshot_every);
+            match Node::open(cfg, self.disks[i].clone(), &self.logger) {
+                Ok(n) => {
+                    self.last_applied[i] = n.applied();
+                    self.nodes[i] = Some(n);
+                }
+                Err(e) => return self.fail(format!("restart of node {id} failed: {e}")),
+            }
+        }
+        Ok(())
+    }
+
+    fn check_trace(&mut self, i: usize, trace: &[Traced]) -> Result<(), String> {
+        for t in trace {
+            let id = i + 1;
+            if t.snapshot {
+                if t.index <= self.last_applied[i] {
+                    return self.fail(format!(
+                        "node {id} installed snapshot {} at or below applied {}",
+                        t.index, self.last_applied[i]
+                    ));
+                }
+            } else {
+                if t.index != self.last_applied[i] + 1 {
+                    return self.fail(format!(
+                        "node {id} applied {} after {}",
+                        t.index, self.last_applied[i]
+                    ));
+                }
+                match self.log.get(&t.index) {
+                    Some(&(term, hash)) if (term, hash) != (t.term, t.hash) => {
+                        return self.fail(format!(
+                            "node {id} applied a different entry at index {}",
+                            t.index
+                        ));
+                    }
+                    Some(_) => {}
+                    None => {
+                        self.log.insert(t.index, (t.term, t.hash));
+                    }
+                }
+                if let Some(rid) = t.request {
+                    let first = *self.requests.entry(rid).or_insert(t.index);
+                    if first != t.index {
+                        return self.fail(format!(
+                            "request {rid:?} applied at index {first} and again at {}",
+                            t.index
+                        ));
+                    }
+                }
+            }
+            self.last_applied[i] = t.index;
+            self.report.applied = self.report.applied.max(t.index);
+        }
+        Ok(())
+    }
+
+    fn clients_act(&mut self) -> Result<(), String> {
+        for c in 0..self.clients.len() {
+            // A request that got no answer in time is given up: the client
+            // closes that connection (SPEC §3: Indeterminate).
+            let give_up = match self.clients[c].state {
+                ClientState::Acquiring { give_up, .. } | ClientState::Releasing { give_up, .. } => {
+                    give_up <= self.now
+                }
+                _ => false,
+            };
+            if give_up {
+                self.reconnect(c);
+                continue;
+            }
+            if let ClientState::Holding { key, until, .. } = self.clients[c].state {
+                if until <= self.now {
+                    self.drop_belief(c, key);
+                    self.clients[c].state = ClientState::Idle;
+                }
+            }
+            if self.clients[c].next_at > self.now {
+                continue;
+            }
+            let node = self.clients[c].node;
+            if self.nodes[node as usize - 1].is_none() {
+                self.reconnect(c);
+                continue;
+            }
+            match self.clients[c].state.clone() {
+                ClientState::Idle => {
+                    let key = self.rng.range(0, self.cfg.keys as u64) as usize;
+                    let wait_s = [0u8, 1, 2, 4][self.rng.range(0, 4) as usize];
+                    let lease_s = [1u8, 2, 3][self.rng.range(0, 3) as usize];
+                    let owner = self.next_owner;
+                    self.next_owner += 1;
+                    self.clients[c].state = ClientState::Acquiring {
+                        owner,
+                        key,
+                        sent: self.now,
+                        lease_s,
+                        give_up: self.now.add_secs(u64::from(wait_s) + 8),
+                    };
+                    self.clients[c].next_at = Millis::NEVER;
+                    let k = format!("key{key}");
+                    self.request(
+                        c,
+                        Request::Acquire {
+                            wait_s,
+                            lease_s,
+                            owner,
+                            key: &k,
+                        },
+                    )?;
+                }
+                ClientState::Holding {
+                    key,
+                    token,
+                    release_at,
+                    ..
+                } if release_at <= self.now => {
+                    self.drop_belief(c, key);
+                    self.clients[c].state = ClientState::Releasing {
+                        token,
+                        give_up: self.now.add_secs(8),
+                    };
+                    self.clients[c].next_at = Millis::NEVER;
+                    let k = format!("key{key}");
+                    self.request(c, Request::Release { token, key: &k })?;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn request(&mut self, c: usize, req: Request<'_>) -> Result<(), String> {
+        let (node, conn) = (self.clients[c].node, self.clients[c].conn);
+        let Some(n) = self.nodes[node as usize - 1].as_mut() else {
+            return Ok(());
+        };
+        self.out.clear();
+        n.request(self.now, conn, req, &mut self.out);
+        let replies: Vec<(ConnId, String, Reply<'static>)> = self
+            .out
+            .iter()
+            .map(|a| (a.conn, a.reply.key().to_owned(), owned(a.reply)))
+            .collect();
+        self.out.clear();
+        for (conn, key, reply) in replies {
+            self.on_reply(node, conn, &key, reply)?;
+        }
+        Ok(())
+    }
+
+    fn drop_belief(&mut self, c: usize, key: usize) {
+        if let Some(v) = self.beliefs.get_mut(&key) {
+            v.retain(|b| b.0 != c);
+        }
+    }
+
+    fn on_reply(
+        &mut self,
+        node: u64,
+        conn: ConnId,
+        key: &str,
+        reply: Reply<'static>,
+    ) -> Result<(), String> {
+        let Some(&c) = self.conn_owner.get(&(node, conn)) else {
+            return self.fail(format!(
+                "node {node} answered connection {conn}, which is closed: {reply:?} {key}"
+            ));
+        };
+        let state = self.clients[c].state.clone();
+        let idle_after = self.now.add_ms(self.rng.range(0, 1500));
+        match (state, reply) {
+            (
+                ClientState::Acquiring {
+                    owner,
+                    key: k,
+                    sent,
+                    lease_s,
+                    ..
+                },
+                Reply::Acquired {
+                    token, owner: o, ..
+                },
+            ) if o == owner => {
+                self.report.grants += 1;
+                if !self.tokens.insert(token) {
+                    return self.fail(format!("token {token} issued twice"));
+                }
+                let until = sent.add_secs(u64::from(lease_s));
+                if until > self.now {
+                    let now = self.now;
+                    if let Some(other) = self
+                        .beliefs
+                        .get(&k)
+                        .and_then(|v| v.iter().find(|b| b.0 != c && b.2 > now))
+                    {
+                        return self.fail(format!(
+                            "two holders of key{k}: client {} (token {}, until {}) and client {c} (token {token})",
+                            other.0, other.1, other.2
+                        ));
+                    }
+                    let max = self.max_token.get(&k).copied().unwrap_or(0);
+                    if token <= max {
+                        return self.fail(format!(
+                            "key{k} granted with token {token} after token {max}"
+                        ));
+                    }
+                    self.beliefs.entry(k).or_default().push((c, token, until));
+                    // Mostly release within the lease; sometimes let it expire.
+                    let lease_ms = u64::from(lease_s) * 1000;
+                    let release_at = if self.rng.chance(0.8) {
+                        self.now.add_ms(self.rng.range(0, lease_ms / 2 + 1))
+                    } else {
+                        Millis::NEVER
+                    };
+                    self.clients[c].state = ClientState::Holding {
+                        key: k,
+                        token,
+                        until,
+                        release_at,
+                    };
+                    self.clients[c].next_at = release_at.min(until);
+                } else {
+                    // Arrived after its lease: unusable.
+                    self.clients[c].state = ClientState::Idle;
+                    self.clients[c].next_at = idle_after;
+                }
+                let max = self.max_token.entry(k).or_insert(0);
+                *max = (*max).max(token);
+            }
+            (ClientState::Acquiring { owner, .. }, Reply::Timeout { owner: o, .. })
+                if o == owner =>
+            {
+                self.report.timeouts += 1;
+                self.clients[c].state = ClientState::Idle;
+                self.clients[c].next_at = idle_after;
+            }
+            (ClientState::Acquiring { owner, .. }, Reply::Busy { owner: o, .. }) if o == owner => {
+                self.report.busy += 1;
+                self.clients[c].state = ClientState::Idle;
+                self.clients[c].next_at = idle_after;
+            }
+            (ClientState::Releasing { token, .. }, Reply::Released { token: t, .. })
+                if t == token =>
+            {
+                self.report.releases += 1;
+                self.clients[c].state = ClientState::Idle;
+                self.clients[c].next_at = idle_after;
+            }
+            (ClientState::Releasing { token, .. }, Reply::NotReleased { token: t, .. })
+                if t == token =>
+            {
+                self.report.not_released += 1;
+                self.clients[c].state = ClientState::Idle;
+                self.clients[c].next_at = idle_after;
+            }
+            (state, reply) => {
+                return self.fail(format!(
+                    "client {c} got {reply:?} for {key} in state {state:?}: \
+                     an answer to nothing, or a second answer"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn final_checks(&mut self) -> Result<(), String> {
+        for (i, n) in self.nodes.iter().enumerate() {
+            let Some(n) = n else {
+                return self.fail(format!("node {} is down after the heal", i + 1));
+            };
+            n.state_machine().check();
+            let s = n.stats();
+            self.report.snapshot_installs += s.snapshots_installed;
+            self.report.timer_proposals += s.timer_proposals;
+            self.report.reproposals += s.reproposed;
+        }
+        let applied: Vec<u64> = self.nodes.iter().flatten().map(Node::applied).collect();
+        if applied.iter().any(|&a| a != applied[0]) {
+            return self.fail(format!("nodes did not converge: applied {applied:?}"));
+        }
+        let tables: Vec<Vec<u8>> = self
+            .nodes
+            .iter()
+            .flatten()
+            .map(|n| n.state_machine().snapshot())
+            .collect();
+        if tables.iter().any(|t| *t != tables[0]) {
+            return self.fail("tables differ after the heal".into());
+        }
+        self.report.digest = tables[0].iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        Ok(())
+    }
+
+    fn liveness_checks(&mut self) -> Result<(), String> {
+        // Liveness: every node serves a fresh acquire on a fresh key.
+        for i in 0..self.cfg.nodes {
+            let id = i as u64 + 1;
+            let conn = 1_000_000 + id;
+            let key = format!("final{id}");
+            let mut got = None;
+            let mut sent = false;
+            for _ in 0..500 {
+                self.out.clear();
+                let Some(n) = self.nodes[i].as_mut() else {
+                    return self.fail(format!("node {id} is down after the heal"));
+                };
+                if !sent {
+                    sent = true;
+                    n.request(
+                        self.now,
+                        conn,
+                        Request::Acquire {
+                            wait_s: 0,
+                            lease_s: 5,
+                            owner: 7,
+                            key: &key,
+                        },
+                        &mut self.out,
+                    );
+                    if let Some(a) = self.out.iter().next() {
+                        got = Some(format!("{:?}", a.reply));
+                    }
+                }
+                self.now = self.now.add_ms(10);
+                self.deliver();
+                for j in 0..self.cfg.nodes {
+                    let Some(node) = self.nodes[j].as_mut() else {
+                        continue;
+                    };
+                    node.tick(self.now);
+                    self.out.clear();
+                    node.end_turn(self.now, &mut self.out)
+                        .map_err(|e| format!("seed {}: final turn: {e}", self.cfg.seed))?;
+                    if j == i {
+                        if let Some(a) = self.out.iter().find(|a| a.conn == conn) {
+                            got = Some(format!("{:?}", a.reply));
+                        }
+                    }
+                    let msgs = node.take_messages();
+                    for m in msgs {
+                        self.send(j as u64 + 1, m);
+                    }
+                }
+                if got.is_some() {
+                    break;
+                }
+            }
+            match got {
+                Some(r) if r.starts_with("Acquired") => {}
+                other => {
+                    return self.fail(format!("node {id} did not grant after the heal: {other:?}"))
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn owned(r: Reply<'_>) -> Reply<'static> {
+    let key = "";
+    match r {
+        Reply::Acquired { token, owner, .. } => Reply::Acquired { token, owner, key },
+        Reply::Timeout { owner, .. } => Reply::Timeout { owner, key },
+        Reply::Busy { owner, .. } => Reply::Busy { owner, key },
+        Reply::Released { token, .. } => Reply::Released { token, key },
+        Reply::NotReleased { token, .. } => Reply::NotReleased { token, key },
+    }
+}
+
+/// Runs one seed.
+pub fn run(cfg: SimConfig) -> Result<SimReport, String> {
+    Sim::new(cfg)?.run()
+}

@@ -1,0 +1,915 @@
+//! The replicated state machine: the lock engine in replicated mode, a
+//! deterministic ledger of what it holds, and the request dedup table.
+//!
+//! Every node applies the same committed commands in the same order and gets
+//! the same state and the same answers. Applying reads only the state, the
+//! entry index and the command: no clock, no randomness, no hash-order
+//! iteration (the ledger is `BTreeMap`s; the engine's hash tables never
+//! decide an answer's order in replicated mode).
+//!
+//! The [`Engine`] decides every answer (SPEC §2). The ledger mirrors what it
+//! holds (each key's token and lease, each waiter's request id, origin and
+//! durations) because the engine does not expose its tables: the ledger is
+//! what a snapshot serialises, in sorted order, and what a new leader
+//! rebuilds its timers from. [`StateMachine::check`] cross-checks the two.
+//!
+//! Fencing tokens are entry indices: before applying entry `i` the engine's
+//! next token is raised to `i`, and one entry grants at most one key, so the
+//! token of a grant is the index of the entry that granted it. Indices never
+//! repeat, so tokens increase across leader changes, snapshots and restarts.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use crate::cluster::command::{Command, DecodeError, Origin, Reader, Rid, Writer};
+use crate::engine::{Acquire, AcquireOutcome, Engine, Outbox, WaiterId};
+use crate::limits::EngineLimits;
+use crate::proto::Reply;
+use crate::time::Millis;
+
+/// The kind of an answer to a client request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AnswerKind {
+    /// Acquired, with the token.
+    Acquired(u64),
+    /// Timeout.
+    Timeout,
+    /// Busy.
+    Busy,
+    /// Released, with the token.
+    Released(u64),
+    /// NotReleased, with the token.
+    NotReleased(u64),
+}
+
+/// One answer produced by applying a command, for the request `rid`. Only the
+/// origin node (`rid.node`, in boot epoch `rid.epoch`) delivers it, to `conn`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    /// The request answered.
+    pub rid: Rid,
+    /// The client connection on the origin node.
+    pub conn: u64,
+    /// The acquire's owner (0 for releases).
+    pub owner: u64,
+    /// The lock name.
+    pub key: String,
+    /// What the answer says.
+    pub kind: AnswerKind,
+}
+
+impl Answer {
+    /// The wire reply.
+    #[must_use]
+    pub fn reply(&self) -> Reply<'_> {
+        let key = self.key.as_str();
+        let owner = self.owner;
+        match self.kind {
+            AnswerKind::Acquired(token) => Reply::Acquired { token, owner, key },
+            AnswerKind::Timeout => Reply::Timeout { owner, key },
+            AnswerKind::Busy => Reply::Busy { owner, key },
+            AnswerKind::Released(token) => Reply::Released { token, key },
+            AnswerKind::NotReleased(token) => Reply::NotReleased { token, key },
+        }
+    }
+}
+
+/// What applying one entry did, beyond answers: the leader schedules timers
+/// from these.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// `key` was granted with `token` for `lease_s` seconds.
+    Granted {
+        /// The lock name.
+        key: String,
+        /// The new token.
+        token: u64,
+        /// The lease.
+        lease_s: u8,
+    },
+    /// An acquire queued on `key` for at most `wait_s` seconds.
+    Queued {
+        /// The lock name.
+        key: String,
+        /// The queued request.
+        waiter: Rid,
+        /// Its wait.
+        wait_s: u8,
+    },
+}
+
+/// The result of applying one entry.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Answers to deliver at the requests' origins.
+    pub answers: Vec<Answer>,
+    /// Grants and queued acquires, for the leader's timers.
+    pub effects: Vec<Effect>,
+    /// The command was a client request already applied (or forgotten):
+    /// it changed nothing.
+    pub duplicate: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct WaiterRec {
+    rid: Rid,
+    conn: u64,
+    owner: u64,
+    wait_s: u8,
+    lease_s: u8,
+    /// The engine's id for this waiter: local, not replicated (a node that
+    /// restored a snapshot numbers its waiters differently).
+    local: WaiterId,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct KeyRec {
+    token: u64,
+    lease_s: u8,
+    waiters: VecDeque<WaiterRec>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct DedupRec {
+    epoch: u64,
+    floor: u64,
+    seen: BTreeSet<u64>,
+}
+
+/// An origin connection's engine connection id and its number of waiters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ConnRec {
+    engine_conn: u64,
+    waiters: u32,
+}
+
+/// The engine connection id used for holders and immediate answers; never
+/// allocated to an origin.
+const NO_CONN: u64 = 0;
+
+const SNAPSHOT_VERSION: u8 = 1;
+
+/// The replicated lock table. See the module documentation.
+#[derive(Debug)]
+pub struct StateMachine {
+    engine: Engine,
+    out: Outbox,
+    keys: BTreeMap<String, KeyRec>,
+    /// Keys that have waiters, so cancelling a connection scans only those.
+    contended: BTreeSet<String>,
+    dedup: BTreeMap<u64, DedupRec>,
+    conns: BTreeMap<Origin, ConnRec>,
+    next_engine_conn: u64,
+}
+
+impl StateMachine {
+    /// An empty table enforcing `limits`. Every node of a cluster must use
+    /// the same limits, because they decide answers.
+    #[must_use]
+    pub fn new(limits: EngineLimits) -> Self {
+        StateMachine {
+            engine: Engine::replicated(limits, 1),
+            out: Outbox::new(),
+            keys: BTreeMap::new(),
+            contended: BTreeSet::new(),
+            dedup: BTreeMap::new(),
+            conns: BTreeMap::new(),
+            next_engine_conn: NO_CONN + 1,
+        }
+    }
+
+    /// The token the next grant would carry (at least).
+    #[must_use]
+    pub fn next_token(&self) -> u64 {
+        self.engine.next_token()
+    }
+
+    /// The token currently held on `key`.
+    #[must_use]
+    pub fn holder(&self, key: &str) -> Option<u64> {
+        self.keys.get(key).map(|k| k.token)
+    }
+
+    /// True when `waiter` is queued on `key`.
+    #[must_use]
+    pub fn is_waiting(&self, key: &str, waiter: Rid) -> bool {
+        self.keys
+            .get(key)
+            .is_some_and(|k| k.waiters.iter().any(|w| w.rid == waiter))
+    }
+
+    /// Number of held keys.
+    #[must_use]
+    pub fn key_count(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Every holder as (key, token, lease_s), sorted by key.
+    pub fn holders(&self) -> impl Iterator<Item = (&str, u64, u8)> + '_ {
+        self.keys
+            .iter()
+            .map(|(k, r)| (k.as_str(), r.token, r.lease_s))
+    }
+
+    /// Every waiter as (key, rid, wait_s), sorted by key then queue order.
+    pub fn waiters(&self) -> impl Iterator<Item = (&str, Rid, u8)> + '_ {
+        self.contended.iter().flat_map(move |k| {
+            self.keys
+                .get(k)
+                .into_iter()
+                .flat_map(move |r| r.waiters.iter().map(move |w| (k.as_str(), w.rid, w.wait_s)))
+        })
+    }
+
+    /// Applies the committed entry `index` holding `cmd`.
+    pub fn apply(&mut self, index: u64, cmd: &Command) -> Applied {
+        self.engine.raise_next_token(index);
+        let mut res = Applied::default();
+        if let Some(rid) = cmd.rid() {
+            let floor = match cmd {
+                Command::Acquire { floor, .. } | Command::Release { floor, .. } => *floor,
+                _ => 0,
+            };
+            if !self.first_time(rid, floor) {
+                res.duplicate = true;
+                return res;
+            }
+        }
+        match cmd {
+            Command::Acquire {
+                rid,
+                conn,
+                key,
+                owner,
+                wait_s,
+                lease_s,
+                ..
+            } => self.acquire(*rid, *conn, key, *owner, *wait_s, *lease_s, &mut res),
+            Command::Release {
+                rid,
+                conn,
+                key,
+                token,
+                ..
+            } => {
+                let ok = self
+                    .engine
+                    .release(Millis::ZERO, NO_CONN, *token, key, &mut self.out);
+                res.answers.push(Answer {
+                    rid: *rid,
+                    conn: *conn,
+                    owner: 0,
+                    key: key.clone(),
+                    kind: if ok {
+                        AnswerKind::Released(*token)
+                    } else {
+                        AnswerKind::NotReleased(*token)
+                    },
+                });
+                if ok {
+                    self.hand_over(key, &mut res);
+                }
+            }
+            Command::Expire { key, token } => {
+                if self.engine.expire(Millis::ZERO, key, *token, &mut self.out) {
+                    self.hand_over(key, &mut res);
+                }
+            }
+            Command::WaitTimeout { key, waiter } => self.wait_timeout(key, *waiter, &mut res),
+            Command::CancelWaiters { origin } => self.cancel(*origin),
+        }
+        self.out.clear();
+        res
+    }
+
+    /// Records `rid` as applied; false when it was applied before, is below
+    /// its origin's floor, or comes from an older boot of its origin.
+    fn first_time(&mut self, rid: Rid, floor: u64) -> bool {
+        let rec = self.dedup.entry(rid.node).or_default();
+        if rid.epoch < rec.epoch {
+            return false;
+        }
+        if rid.epoch > rec.epoch {
+            *rec = DedupRec {
+                epoch: rid.epoch,
+                floor: 0,
+                seen: BTreeSet::new(),
+            };
+        }
+        if rid.seq < rec.floor || !rec.seen.insert(rid.seq) {
+            return false;
+        }
+        if floor > rec.floor {
+            rec.floor = floor;
+            rec.seen = rec.seen.split_off(&floor);
+        }
+        true
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn acquire(
+        &mut self,
+        rid: Rid,
+        conn: u64,
+        key: &str,
+        owner: u64,
+        wait_s: u8,
+        lease_s: u8,
+        res: &mut Applied,
+    ) {
+        let origin = rid.origin(conn);
+        let engine_conn = match self.conns.get(&origin) {
+            Some(c) => c.engine_conn,
+            None => self.next_engine_conn,
+        };
+        let outcome = self.engine.acquire(
+            Millis::ZERO,
+            engine_conn,
+            Acquire {
+                key,
+                owner,
+                wait_s,
+                lease_s,
+            },
+            &mut self.out,
+        );
+        let kind = match outcome {
+            AcquireOutcome::Granted(token) => {
+                self.keys.insert(
+                    key.to_owned(),
+                    KeyRec {
+                        token,
+                        lease_s,
+                        waiters: VecDeque::new(),
+                    },
+                );
+                res.effects.push(Effect::Granted {
+                    key: key.to_owned(),
+                    token,
+                    lease_s,
+                });
+                AnswerKind::Acquired(token)
+            }
+            AcquireOutcome::Timeout => AnswerKind::Timeout,
+            AcquireOutcome::Busy => AnswerKind::Busy,
+            AcquireOutcome::Queued(local) => {
+                if engine_conn == self.next_engine_conn {
+                    self.next_engine_conn += 1;
+                }
+                self.conns
+                    .entry(origin)
+                    .or_insert(ConnRec {
+                        engine_conn,
+                        waiters: 0,
+                    })
+                    .waiters += 1;
+                let rec = self
+                    .keys
+                    .get_mut(key)
+                    .expect("the engine queues only on a held key");
+                rec.waiters.push_back(WaiterRec {
+                    rid,
+                    conn,
+                    owner,
+                    wait_s,
+                    lease_s,
+                    local,
+                });
+                self.contended.insert(key.to_owned());
+                res.effects.push(Effect::Queued {
+                    key: key.to_owned(),
+                    waiter: rid,
+                    wait_s,
+                });
+                return;
+            }
+        };
+        res.answers.push(Answer {
+            rid,
+            conn,
+            owner,
+            key: key.to_owned(),
+            kind,
+        });
+    }
+
+    /// The engine ended the grant of `key` (release or expire): mirror its
+    /// hand-over to the head waiter, or the key's deletion.
+    fn hand_over(&mut self, key: &str, res: &mut Applied) {
+        let granted = self.out.iter().find_map(|a| match a.reply {
+            Reply::Acquired { token, owner, .. } => Some((a.conn, token, owner)),
+            _ => None,
+        });
+        let rec = self.keys.get_mut(key).expect("ledger mirrors the engine");
+        let Some(w) = rec.waiters.pop_front() else {
+            debug_assert!(granted.is_none());
+            self.keys.remove(key);
+            return;
+        };
+        let (engine_conn, token, owner) = granted.expect("engine hands over to the head waiter");
+        debug_assert_eq!(owner, w.owner);
+        rec.token = token;
+        rec.lease_s = w.lease_s;
+        if rec.waiters.is_empty() {
+            self.contended.remove(key);
+        }
+        self.forget_waiter(w.rid.origin(w.conn), engine_conn);
+        res.effects.push(Effect::Granted {
+            key: key.to_owned(),
+            token,
+            lease_s: w.lease_s,
+        });
+        res.answers.push(Answer {
+            rid: w.rid,
+            conn: w.conn,
+            owner: w.owner,
+            key: key.to_owned(),
+            kind: AnswerKind::Acquired(token),
+        });
+    }
+
+    fn forget_waiter(&mut self, origin: Origin, engine_conn: u64) {
+        if let Some(c) = self.conns.get_mut(&origin) {
+            debug_assert_eq!(c.engine_conn, engine_conn);
+            c.waiters -= 1;
+            if c.waiters == 0 {
+                self.conns.remove(&origin);
+            }
+        }
+    }
+
+    fn wait_timeout(&mut self, key: &str, waiter: Rid, res: &mut Applied) {
+        let Some(rec) = self.keys.get_mut(key) else {
+            return;
+        };
+        let Some(pos) = rec.waiters.iter().position(|w| w.rid == waiter) else {
+            return;
+        };
+        let w = rec.waiters.remove(pos).expect("position is in range");
+        if rec.waiters.is_empty() {
+            self.contended.remove(key);
+        }
+        let ok = self
+            .engine
+            .wait_timeout(Millis::ZERO, key, w.local, &mut self.out);
+        debug_assert!(ok, "ledger and engine disagree on a waiter");
+        let origin = w.rid.origin(w.conn);
+        let engine_conn = self.conns.get(&origin).map_or(0, |c| c.engine_conn);
+        self.forget_waiter(origin, engine_conn);
+        res.answers.push(Answer {
+            rid: w.rid,
+            conn: w.conn,
+            owner: w.owner,
+            key: key.to_owned(),
+            kind: AnswerKind::Timeout,
+        });
+    }
+
+    fn cancel(&mut self, origin: Origin) {
+        let Some(c) = self.conns.remove(&origin) else {
+            return;
+        };
+        self.engine
+            .disconnect(Millis::ZERO, c.engine_conn, &mut self.out);
+        let mut emptied = Vec::new();
+        for key in &self.contended {
+            if let Some(rec) = self.keys.get_mut(key) {
+                rec.waiters.retain(|w| w.rid.origin(w.conn) != origin);
+                if rec.waiters.is_empty() {
+                    emptied.push(key.clone());
+                }
+            }
+        }
+        for key in emptied {
+            self.contended.remove(&key);
+        }
+    }
+
+    /// The table in a canonical byte form: equal states give equal bytes.
+    #[must_use]
+    pub fn snapshot(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.u8(SNAPSHOT_VERSION);
+        w.u64(self.engine.next_token());
+        w.u64(self.next_engine_conn);
+        w.u32(len32(self.keys.len()));
+        for (key, rec) in &self.keys {
+            w.key(key);
+            w.u64(rec.token);
+            w.u8(rec.lease_s);
+            w.u32(len32(rec.waiters.len()));
+            for wr in &rec.waiters {
+                w.rid(wr.rid);
+                w.u64(wr.conn);
+                w.u64(wr.owner);
+                w.u8(wr.wait_s);
+                w.u8(wr.lease_s);
+            }
+        }
+        w.u32(len32(self.dedup.len()));
+        for (node, d) in &self.dedup {
+            w.u64(*node);
+            w.u64(d.epoch);
+            w.u64(d.floor);
+            w.u32(len32(d.seen.len()));
+            for s in &d.seen {
+                w.u64(*s);
+            }
+        }
+        w.u32(len32(self.conns.len()));
+        for (origin, c) in &self.conns {
+            w.origin(*origin);
+            w.u64(c.engine_conn);
+        }
+        w.buf
+    }
+
+    /// Rebuilds a table from [`StateMachine::snapshot`] bytes. The engine is
+    /// rebuilt by replaying grants in token order and then each queue in
+    /// order, which reproduces its state exactly.
+    pub fn restore(limits: EngineLimits, bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut sm = StateMachine::new(limits);
+        let mut r = Reader::new(bytes);
+        let v = r.u8()?;
+        if v != SNAPSHOT_VERSION {
+            return Err(DecodeError::BadTag(v));
+        }
+        let next_token = r.u64()?;
+        sm.next_engine_conn = r.u64()?;
+        let n = r.count(4 + 8 + 1 + 4)?;
+        for _ in 0..n {
+            let key = r.key()?;
+            let token = r.u64()?;
+            let lease_s = r.u8()?;
+            let nw = r.count(24 + 8 + 8 + 2)?;
+            let mut waiters = VecDeque::with_capacity(nw);
+            for _ in 0..nw {
+                waiters.push_back(WaiterRec {
+                    rid: r.rid()?,
+                    conn: r.u64()?,
+                    owner: r.u64()?,
+                    wait_s: r.u8()?,
+                    lease_s: r.u8()?,
+                    local: 0,
+                });
+            }
+            if token == 0 || token >= next_token || lease_s == 0 {
+                return Err(DecodeError::Invalid("holder"));
+            }
+            if !waiters.is_empty() {
+                sm.contended.insert(key.clone());
+            }
+            if sm
+                .keys
+                .insert(
+                    key,
+                    KeyRec {
+                        token,
+                        lease_s,
+                        waiters,
+                    },
+                )
+                .is_some()
+            {
+                return Err(DecodeError::Invalid("duplicate key"));
+            }
+        }
+        let n = r.count(8 + 8 + 8 + 4)?;
+        for _ in 0..n {
+            let node = r.u64()?;
+            let epoch = r.u64()?;
+            let floor = r.u64()?;
+            let ns = r.count(8)?;
+            let mut seen = BTreeSet::new();
+            for _ in 0..ns {
+                seen.insert(r.u64()?);
+            }
+            sm.dedup.insert(node, DedupRec { epoch, floor, seen });
+        }
+        let n = r.count(24 + 8)?;
+        for _ in 0..n {
+            let origin = r.origin()?;
+            let engine_conn = r.u64()?;
+            if engine_conn == NO_CONN || engine_conn >= sm.next_engine_conn {
+                return Err(DecodeError::Invalid("connection id"));
+            }
+            sm.conns.insert(
+                origin,
+                ConnRec {
+                    engine_conn,
+                    waiters: 0,
+                },
+            );
+        }
+        r.finish()?;
+        sm.replay_into_engine(next_token)?;
+        Ok(sm)
+    }
+
+    fn replay_into_engine(&mut self, next_token: u64) -> Result<(), DecodeError> {
+        let mut by_token: Vec<(u64, &String, u8)> = self
+            .keys
+            .iter()
+            .map(|(k, r)| (r.token, k, r.lease_s))
+            .collect();
+        by_token.sort_unstable();
+        for (token, key, lease_s) in by_token {
+            self.engine.raise_next_token(token);
+            let got = self.engine.acquire(
+                Millis::ZERO,
+                NO_CONN,
+                Acquire {
+                    key,
+                    owner: 0,
+                    wait_s: 0,
+                    lease_s,
+                },
+                &mut self.out,
+            );
+            if got != AcquireOutcome::Granted(token) {
+                return Err(DecodeError::Invalid("holder does not fit the limits"));
+            }
+        }
+        for key in &self.contended {
+            let rec = self.keys.get_mut(key).expect("contended keys are held");
+            for w in &mut rec.waiters {
+                let origin = w.rid.origin(w.conn);
+                let c = self
+                    .conns
+                    .get_mut(&origin)
+                    .ok_or(DecodeError::Invalid("waiter without connection"))?;
+                c.waiters += 1;
+                let got = self.engine.acquire(
+                    Millis::ZERO,
+                    c.engine_conn,
+                    Acquire {
+                        key,
+                        owner: w.owner,
+                        wait_s: w.wait_s,
+                        lease_s: w.lease_s,
+                    },
+                    &mut self.out,
+                );
+                match got {
+                    AcquireOutcome::Queued(local) if w.wait_s > 0 && w.lease_s > 0 => {
+                        w.local = local;
+                    }
+                    _ => return Err(DecodeError::Invalid("waiter does not fit the limits")),
+                }
+            }
+        }
+        if self.conns.values().any(|c| c.waiters == 0) {
+            return Err(DecodeError::Invalid("connection without waiters"));
+        }
+        self.engine.raise_next_token(next_token);
+        self.out.clear();
+        Ok(())
+    }
+
+    /// Panics unless the ledger and the engine agree and every internal
+    /// count is consistent. For tests; O(keys + waiters).
+    pub fn check(&self) {
+        self.engine.check_invariants();
+        assert_eq!(self.engine.key_count(), self.keys.len(), "key count");
+        let mut per_conn: BTreeMap<Origin, u32> = BTreeMap::new();
+        let mut total = 0;
+        for (key, rec) in &self.keys {
+            assert_eq!(
+                self.engine.holder(Millis::ZERO, key),
+                Some((rec.token, false)),
+                "holder of {key:?}"
+            );
+            let owners: Vec<u64> = rec.waiters.iter().map(|w| w.owner).collect();
+            assert_eq!(self.engine.queued_owners(key), owners, "queue of {key:?}");
+            assert_eq!(
+                self.contended.contains(key),
+                !rec.waiters.is_empty(),
+                "contended {key:?}"
+            );
+            for w in &rec.waiters {
+                *per_conn.entry(w.rid.origin(w.conn)).or_default() += 1;
+                total += 1;
+            }
+        }
+        assert_eq!(self.engine.waiter_count(), total, "waiter count");
+        let conns: BTreeMap<Origin, u32> =
+            self.conns.iter().map(|(o, c)| (*o, c.waiters)).collect();
+        assert_eq!(conns, per_conn, "per-connection waiters");
+    }
+}
+
+fn len32(n: usize) -> u32 {
+    u32::try_from(n).expect("table sizes are bounded by the limits")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rid(node: u64, seq: u64) -> Rid {
+        Rid {
+            node,
+            epoch: 1,
+            seq,
+        }
+    }
+
+    fn acq(r: Rid, conn: u64, key: &str, owner: u64, wait_s: u8) -> Command {
+        Command::Acquire {
+            rid: r,
+            floor: 0,
+            conn,
+            key: key.into(),
+            owner,
+            wait_s,
+            lease_s: 10,
+        }
+    }
+
+    fn rel(r: Rid, key: &str, token: u64) -> Command {
+        Command::Release {
+            rid: r,
+            floor: 0,
+            conn: 1,
+            key: key.into(),
+            token,
+        }
+    }
+
+    fn kinds(a: &Applied) -> Vec<(Rid, AnswerKind)> {
+        a.answers.iter().map(|x| (x.rid, x.kind)).collect()
+    }
+
+    #[test]
+    fn tokens_are_entry_indices_and_release_hands_over_fifo() {
+        let mut sm = StateMachine::new(EngineLimits::default());
+        let a = sm.apply(5, &acq(rid(1, 1), 7, "k", 100, 0));
+        assert_eq!(kinds(&a), vec![(rid(1, 1), AnswerKind::Acquired(5))]);
+        assert!(sm
+            .apply(6, &acq(rid(2, 1), 8, "k", 200, 9))
+            .answers
+            .is_empty());
+        assert!(sm
+            .apply(7, &acq(rid(3, 1), 9, "k", 300, 9))
+            .answers
+            .is_empty());
+        let a = sm.apply(8, &acq(rid(1, 2), 7, "k", 101, 0));
+        assert_eq!(kinds(&a), vec![(rid(1, 2), AnswerKind::Timeout)]);
+        sm.check();
+        let a = sm.apply(12, &rel(rid(1, 3), "k", 5));
+        assert_eq!(
+            kinds(&a),
+            vec![
+                (rid(1, 3), AnswerKind::Released(5)),
+                (rid(2, 1), AnswerKind::Acquired(12))
+            ]
+        );
+        assert_eq!(a.answers[1].conn, 8);
+        sm.check();
+        let a = sm.apply(13, &rel(rid(1, 4), "k", 5));
+        assert_eq!(kinds(&a), vec![(rid(1, 4), AnswerKind::NotReleased(5))]);
+        // A stale expire does nothing; the current one hands over.
+        assert_eq!(
+            sm.apply(
+                14,
+                &Command::Expire {
+                    key: "k".into(),
+                    token: 5
+                }
+            ),
+            Applied::default()
+        );
+        let a = sm.apply(
+            15,
+            &Command::Expire {
+                key: "k".into(),
+                token: 12,
+            },
+        );
+        assert_eq!(kinds(&a), vec![(rid(3, 1), AnswerKind::Acquired(15))]);
+        let a = sm.apply(
+            16,
+            &Command::Expire {
+                key: "k".into(),
+                token: 15,
+            },
+        );
+        assert!(a.answers.is_empty());
+        assert_eq!(sm.key_count(), 0);
+        sm.check();
+    }
+
+    #[test]
+    fn duplicates_apply_once_and_floors_forget() {
+        let mut sm = StateMachine::new(EngineLimits::default());
+        let c = acq(rid(1, 1), 7, "k", 100, 0);
+        assert_eq!(sm.apply(1, &c).answers.len(), 1);
+        let again = sm.apply(2, &c);
+        assert!(again.duplicate && again.answers.is_empty());
+        // floor 5 forgets seqs below 5: seq 3 is then treated as applied.
+        let c2 = Command::Acquire {
+            rid: rid(1, 6),
+            floor: 5,
+            conn: 7,
+            key: "j".into(),
+            owner: 1,
+            wait_s: 0,
+            lease_s: 1,
+        };
+        assert!(!sm.apply(3, &c2).duplicate);
+        assert!(sm.apply(4, &acq(rid(1, 3), 7, "x", 5, 0)).duplicate);
+        assert!(!sm.apply(5, &acq(rid(1, 7), 7, "x", 5, 0)).duplicate);
+        // A newer boot of node 1 starts afresh; the older boot is then stale.
+        let newer = Rid {
+            node: 1,
+            epoch: 2,
+            seq: 1,
+        };
+        assert!(!sm.apply(6, &acq(newer, 7, "y", 5, 0)).duplicate);
+        assert!(sm.apply(7, &acq(rid(1, 8), 7, "z", 5, 0)).duplicate);
+        sm.check();
+    }
+
+    #[test]
+    fn wait_timeout_and_cancel_are_validated() {
+        let mut sm = StateMachine::new(EngineLimits::default());
+        sm.apply(1, &acq(rid(1, 1), 7, "k", 100, 0));
+        sm.apply(2, &acq(rid(2, 1), 8, "k", 200, 9));
+        sm.apply(3, &acq(rid(2, 2), 8, "k", 201, 9));
+        sm.apply(4, &acq(rid(3, 1), 9, "k", 300, 9));
+        let a = sm.apply(
+            5,
+            &Command::WaitTimeout {
+                key: "k".into(),
+                waiter: rid(2, 1),
+            },
+        );
+        assert_eq!(kinds(&a), vec![(rid(2, 1), AnswerKind::Timeout)]);
+        let a = sm.apply(
+            6,
+            &Command::WaitTimeout {
+                key: "k".into(),
+                waiter: rid(2, 1),
+            },
+        );
+        assert!(a.answers.is_empty());
+        sm.apply(
+            7,
+            &Command::CancelWaiters {
+                origin: rid(2, 0).origin(8),
+            },
+        );
+        sm.check();
+        let a = sm.apply(8, &rel(rid(1, 2), "k", 1));
+        assert_eq!(
+            kinds(&a),
+            vec![
+                (rid(1, 2), AnswerKind::Released(1)),
+                (rid(3, 1), AnswerKind::Acquired(8))
+            ]
+        );
+        sm.check();
+    }
+
+    #[test]
+    fn snapshot_restores_an_identical_machine() {
+        let mut a = StateMachine::new(EngineLimits::default());
+        let cmds = [
+            acq(rid(1, 1), 7, "b", 1, 0),
+            acq(rid(1, 2), 7, "a", 2, 0),
+            acq(rid(2, 1), 8, "b", 3, 9),
+            acq(rid(3, 1), 9, "b", 4, 9),
+            acq(rid(2, 2), 8, "a", 5, 9),
+            rel(rid(1, 3), "b", 1),
+        ];
+        for (i, c) in cmds.iter().enumerate() {
+            a.apply(i as u64 + 1, c);
+        }
+        let bytes = a.snapshot();
+        let mut b = StateMachine::restore(EngineLimits::default(), &bytes).unwrap();
+        b.check();
+        assert_eq!(b.snapshot(), bytes);
+        // Both continue identically.
+        let more = [
+            rel(rid(1, 4), "a", 2),
+            Command::Expire {
+                key: "b".into(),
+                token: 6,
+            },
+            acq(rid(1, 5), 7, "c", 6, 0),
+            Command::CancelWaiters {
+                origin: rid(3, 0).origin(9),
+            },
+        ];
+        for (i, c) in more.iter().enumerate() {
+            let idx = 20 + i as u64;
+            assert_eq!(a.apply(idx, c), b.apply(idx, c));
+        }
+        a.check();
+        b.check();
+        assert_eq!(a.snapshot(), b.snapshot());
+        // Truncated or corrupt snapshots are errors, not panics.
+        for cut in 0..bytes.len() {
+            assert!(StateMachine::restore(EngineLimits::default(), &bytes[..cut]).is_err());
+        }
+    }
+}

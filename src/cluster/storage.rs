@@ -1,0 +1,880 @@
+//! Raft's log storage: the in-memory [`LogStore`] raft reads from, and the
+//! write-ahead log ([`Wal`]) that makes it durable on a [`Disk`].
+//!
+//! raft-rs reads its log through the [`raft::Storage`] trait right after each
+//! `advance`, so the log is served from memory; durability is the WAL's job.
+//! Each loop turn stages its records (entries, hard state, snapshot) and
+//! writes them with **one** write and at most one fsync ([`Wal::flush`]),
+//! whatever the number of proposals in the turn: that is the group commit.
+//!
+//! # Record format
+//!
+//! `[len: u32 BE][crc32: u32 BE][kind: u8][payload]`, where `len` counts kind
+//! and payload and the CRC covers them. Payloads are protobuf (raft's own
+//! types) or big-endian integers. Recovery replays records in order and stops
+//! at the first short or corrupt one: that is a torn tail from a crash in the
+//! middle of a write, never acknowledged (acknowledgements wait for the
+//! fsync), so it is cut off.
+//!
+//! # Compaction
+//!
+//! After a snapshot the whole log is rewritten ([`Disk::replace`]: a
+//! temporary file, fsync, rename, fsync of the directory) as: epoch,
+//! snapshot (with the state machine's bytes), conf state, hard state, and the
+//! entries after the snapshot.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use protobuf::Message as _;
+use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
+use raft::{GetEntriesContext, RaftState, StorageError};
+
+/// The in-memory raft log: a snapshot's metadata (and data) plus the entries
+/// after it, the hard state and the conf state.
+#[derive(Clone, Debug, Default)]
+pub struct LogStore {
+    hs: HardState,
+    cs: ConfState,
+    snapshot: Snapshot,
+    /// `entries[i].index == snap_index() + 1 + i`.
+    entries: Vec<Entry>,
+}
+
+impl LogStore {
+    /// An empty log.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn snap_index(&self) -> u64 {
+        self.snapshot.get_metadata().index
+    }
+
+    fn snap_term(&self) -> u64 {
+        self.snapshot.get_metadata().term
+    }
+
+    /// The hard state.
+    #[must_use]
+    pub fn hard_state(&self) -> &HardState {
+        &self.hs
+    }
+
+    /// The conf state.
+    #[must_use]
+    pub fn conf_state(&self) -> &ConfState {
+        &self.cs
+    }
+
+    /// The latest snapshot (empty data and index 0 when there is none).
+    #[must_use]
+    pub fn latest_snapshot(&self) -> &Snapshot {
+        &self.snapshot
+    }
+
+    /// Index of the last entry (or of the snapshot).
+    #[must_use]
+    pub fn last(&self) -> u64 {
+        self.entries.last().map_or(self.snap_index(), |e| e.index)
+    }
+
+    /// Number of entries held after the snapshot.
+    #[must_use]
+    pub fn entry_count(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Sets the hard state.
+    pub fn set_hard_state(&mut self, hs: HardState) {
+        self.hs = hs;
+    }
+
+    /// Raises the stored commit index.
+    pub fn set_commit(&mut self, commit: u64) {
+        self.hs.commit = self.hs.commit.max(commit);
+    }
+
+    /// Sets the conf state.
+    pub fn set_conf_state(&mut self, cs: ConfState) {
+        self.cs = cs;
+    }
+
+    /// Appends entries; an entry at index `i` replaces stored entries `>= i`.
+    /// Entries at or below the snapshot are ignored (already compacted).
+    pub fn append(&mut self, ents: &[Entry]) -> Result<(), &'static str> {
+        let first_new = self.snap_index() + 1;
+        let ents: Vec<&Entry> = ents.iter().filter(|e| e.index >= first_new).collect();
+        let Some(head) = ents.first() else {
+            return Ok(());
+        };
+        if head.index > self.last() + 1 {
+            return Err("gap in the log");
+        }
+        if ents.windows(2).any(|w| w[1].index != w[0].index + 1) {
+            return Err("entries not consecutive");
+        }
+        let keep = usize::try_from(head.index - first_new).map_err(|_| "index overflow")?;
+        self.entries.truncate(keep);
+        self.entries.extend(ents.into_iter().cloned());
+        Ok(())
+    }
+
+    /// Installs a snapshot: every entry is dropped (the snapshot covers the
+    /// log up to its index) and the commit index is raised to it.
+    pub fn apply_snapshot(&mut self, snap: Snapshot) {
+        let meta = snap.get_metadata();
+        self.hs.term = self.hs.term.max(meta.term);
+        self.hs.commit = self.hs.commit.max(meta.index);
+        self.cs = meta.get_conf_state().clone();
+        self.entries.clear();
+        self.snapshot = snap;
+    }
+
+    /// Replaces the snapshot with one taken locally at `index` (which must
+    /// be applied and stored) and drops the entries it covers.
+    pub fn compact_to(&mut self, index: u64, data: Vec<u8>) -> Result<(), &'static str> {
+        if index <= self.snap_index() || index > self.last() {
+            return Err("compaction index out of range");
+        }
+        let term = self.term_of(index).ok_or("no term for compaction index")?;
+        let mut meta = SnapshotMetadata {
+            index,
+            term,
+            ..SnapshotMetadata::default()
+        };
+        meta.set_conf_state(self.cs.clone());
+        let mut snap = Snapshot::default();
+        snap.set_metadata(meta);
+        snap.data = data.into();
+        let drop = usize::try_from(index - self.snap_index()).map_err(|_| "index overflow")?;
+        self.entries.drain(..drop);
+        self.snapshot = snap;
+        Ok(())
+    }
+
+    fn term_of(&self, idx: u64) -> Option<u64> {
+        if idx == self.snap_index() {
+            return Some(self.snap_term());
+        }
+        if idx < self.snap_index() || idx > self.last() {
+            return None;
+        }
+        let off = usize::try_from(idx - self.snap_index() - 1).ok()?;
+        self.entries.get(off).map(|e| e.term)
+    }
+
+    /// The stored entries in `[low, high)`.
+    #[must_use]
+    pub fn entries_between(&self, low: u64, high: u64) -> Vec<Entry> {
+        let base = self.snap_index() + 1;
+        if low < base || high <= low {
+            return Vec::new();
+        }
+        let lo = usize::try_from(low - base).unwrap_or(usize::MAX);
+        let hi = usize::try_from(high - base).unwrap_or(usize::MAX);
+        self.entries
+            .get(lo..hi.min(self.entries.len()))
+            .map(<[Entry]>::to_vec)
+            .unwrap_or_default()
+    }
+}
+
+impl raft::Storage for LogStore {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        Ok(RaftState::new(self.hs.clone(), self.cs.clone()))
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        _context: GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        if low <= self.snap_index() {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        if high > self.last() + 1 {
+            return Err(raft::Error::Store(StorageError::Unavailable));
+        }
+        let mut ents = self.entries_between(low, high);
+        let max = max_size.into().unwrap_or(u64::MAX);
+        // Always return at least one entry (the Storage contract).
+        let mut size = 0u64;
+        let mut keep = 0;
+        for e in &ents {
+            size += u64::from(e.compute_size());
+            if keep > 0 && size > max {
+                break;
+            }
+            keep += 1;
+        }
+        ents.truncate(keep);
+        Ok(ents)
+    }
+
+    fn term(&self, idx: u64) -> raft::Result<u64> {
+        if idx < self.snap_index() {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        self.term_of(idx)
+            .ok_or(raft::Error::Store(StorageError::Unavailable))
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        Ok(self.snap_index() + 1)
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        Ok(self.last())
+    }
+
+    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        if self.snap_index() < request_index {
+            // The next local snapshot will cover it.
+            return Err(raft::Error::Store(
+                StorageError::SnapshotTemporarilyUnavailable,
+            ));
+        }
+        Ok(self.snapshot.clone())
+    }
+}
+
+/// Where the WAL's bytes live. The file implementation is [`FileDisk`]; the
+/// simulator's models a disk that loses what was not synced.
+pub trait Disk {
+    /// Appends `bytes` with one write; when `sync`, makes everything written
+    /// so far durable before returning.
+    fn append(&mut self, bytes: &[u8], sync: bool) -> io::Result<()>;
+    /// Everything the log holds, for recovery.
+    fn read_all(&mut self) -> io::Result<Vec<u8>>;
+    /// Cuts the log to `len` bytes (a torn tail) and makes that durable.
+    fn truncate(&mut self, len: u64) -> io::Result<()>;
+    /// Atomically and durably replaces the whole log with `bytes`.
+    fn replace(&mut self, bytes: &[u8]) -> io::Result<()>;
+}
+
+const KIND_ENTRIES: u8 = 1;
+const KIND_HARD_STATE: u8 = 2;
+const KIND_CONF_STATE: u8 = 3;
+const KIND_SNAPSHOT: u8 = 4;
+const KIND_EPOCH: u8 = 5;
+const KIND_COMMIT: u8 = 6;
+const KIND_SELF: u8 = 7;
+const KIND_PEER: u8 = 8;
+
+/// Who this data directory belongs to, and which data directories its peers
+/// had when first seen: a random id is drawn when a data directory is
+/// created, so a node whose directory was wiped comes back with a new one
+/// and its peers can tell.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Identity {
+    /// This data directory's id (0 until drawn).
+    pub uuid: u64,
+    /// Peer node id -> the data directory id it had when first seen.
+    pub peers: std::collections::BTreeMap<u64, u64>,
+}
+
+/// Largest record accepted on recovery (snapshots travel inline).
+pub const MAX_RECORD_BYTES: usize = 256 << 20;
+
+/// What recovery found on disk.
+#[derive(Debug)]
+pub struct Recovered {
+    /// The log.
+    pub store: LogStore,
+    /// The highest boot epoch recorded (0 on a fresh disk).
+    pub epoch: u64,
+    /// True when the disk held no record at all.
+    pub fresh: bool,
+    /// Bytes of torn tail cut off.
+    pub torn_bytes: u64,
+    /// Bytes of valid log.
+    pub log_bytes: u64,
+    /// The data directory's identity.
+    pub identity: Identity,
+}
+
+/// The write-ahead log over a [`Disk`]: records are staged during a turn and
+/// written together by [`Wal::flush`].
+#[derive(Debug)]
+pub struct Wal<D: Disk> {
+    disk: D,
+    staged: Vec<u8>,
+    must_sync: bool,
+    log_bytes: u64,
+    identity: Identity,
+}
+
+fn push_record(buf: &mut Vec<u8>, kind: u8, payload: &[u8]) {
+    let len = u32::try_from(payload.len() + 1).expect("records are bounded");
+    let mut h = crc32fast::Hasher::new();
+    h.update(&[kind]);
+    h.update(payload);
+    buf.extend_from_slice(&len.to_be_bytes());
+    buf.extend_from_slice(&h.finalize().to_be_bytes());
+    buf.push(kind);
+    buf.extend_from_slice(payload);
+}
+
+fn pb_bytes<M: protobuf::Message>(m: &M) -> Vec<u8> {
+    m.write_to_bytes().expect("raft messages always encode")
+}
+
+fn corrupt(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("WAL: {what}"))
+}
+
+impl<D: Disk> Wal<D> {
+    /// Reads and replays the log on `disk`, cutting a torn tail.
+    pub fn open(mut disk: D) -> io::Result<(Self, Recovered)> {
+        let bytes = disk.read_all()?;
+        let mut store = LogStore::new();
+        let mut epoch = 0;
+        let mut pos = 0usize;
+        let mut fresh = true;
+        let mut identity = Identity::default();
+        while bytes.len() - pos >= 9 {
+            let len = u32::from_be_bytes(bytes[pos..pos + 4].try_into().expect("4 bytes")) as usize;
+            let crc = u32::from_be_bytes(bytes[pos + 4..pos + 8].try_into().expect("4 bytes"));
+            if len == 0 || len > MAX_RECORD_BYTES || bytes.len() - pos - 8 < len {
+                break;
+            }
+            let body = &bytes[pos + 8..pos + 8 + len];
+            if crc32fast::hash(body) != crc {
+                break;
+            }
+            let (kind, payload) = (body[0], &body[1..]);
+            apply_record(&mut store, &mut epoch, &mut identity, kind, payload)?;
+            fresh = false;
+            pos += 8 + len;
+        }
+        let torn = (bytes.len() - pos) as u64;
+        if torn > 0 {
+            disk.truncate(pos as u64)?;
+        }
+        let hs = store.hard_state();
+        if hs.commit > store.last() || hs.commit < store.snap_index() {
+            return Err(corrupt("commit index outside the stored log"));
+        }
+        let wal = Wal {
+            disk,
+            staged: Vec::new(),
+            must_sync: false,
+            log_bytes: pos as u64,
+            identity: identity.clone(),
+        };
+        Ok((
+            wal,
+            Recovered {
+                store,
+                epoch,
+                fresh,
+                torn_bytes: torn,
+                log_bytes: pos as u64,
+                identity,
+            },
+        ))
+    }
+
+    /// Stages entries.
+    pub fn stage_entries(&mut self, ents: &[Entry]) {
+        if ents.is_empty() {
+            return;
+        }
+        let mut payload = Vec::new();
+        for e in ents {
+            let b = pb_bytes(e);
+            payload.extend_from_slice(&u32::try_from(b.len()).expect("bounded").to_be_bytes());
+            payload.extend_from_slice(&b);
+        }
+        push_record(&mut self.staged, KIND_ENTRIES, &payload);
+        self.must_sync = true;
+    }
+
+    /// Stages a hard state.
+    pub fn stage_hard_state(&mut self, hs: &HardState) {
+        push_record(&mut self.staged, KIND_HARD_STATE, &pb_bytes(hs));
+    }
+
+    /// Stages a commit index (needs no fsync of its own: it may lag).
+    pub fn stage_commit(&mut self, commit: u64) {
+        push_record(&mut self.staged, KIND_COMMIT, &commit.to_be_bytes());
+    }
+
+    /// Stages a conf state.
+    pub fn stage_conf_state(&mut self, cs: &ConfState) {
+        push_record(&mut self.staged, KIND_CONF_STATE, &pb_bytes(cs));
+        self.must_sync = true;
+    }
+
+    /// Stages a snapshot (metadata and data).
+    pub fn stage_snapshot(&mut self, snap: &Snapshot) {
+        push_record(&mut self.staged, KIND_SNAPSHOT, &pb_bytes(snap));
+        self.must_sync = true;
+    }
+
+    /// Stages a boot epoch.
+    pub fn stage_epoch(&mut self, epoch: u64) {
+        push_record(&mut self.staged, KIND_EPOCH, &epoch.to_be_bytes());
+        self.must_sync = true;
+    }
+
+    /// Stages this data directory's id.
+    pub fn stage_self(&mut self, uuid: u64) {
+        self.identity.uuid = uuid;
+        push_record(&mut self.staged, KIND_SELF, &uuid.to_be_bytes());
+        self.must_sync = true;
+    }
+
+    /// Stages the data directory id first seen for peer `id`.
+    pub fn stage_peer(&mut self, id: u64, uuid: u64) {
+        self.identity.peers.insert(id, uuid);
+        let mut p = id.to_be_bytes().to_vec();
+        p.extend_from_slice(&uuid.to_be_bytes());
+        push_record(&mut self.staged, KIND_PEER, &p);
+        self.must_sync = true;
+    }
+
+    /// The identity recorded so far (staged records included).
+    #[must_use]
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    /// Writes everything staged with one write, and fsyncs when `sync` or
+    /// when a staged record needs it.
+    pub fn flush(&mut self, sync: bool) -> io::Result<()> {
+        let sync = sync || self.must_sync;
+        if self.staged.is_empty() {
+            return Ok(());
+        }
+        self.disk.append(&self.staged, sync)?;
+        self.log_bytes += self.staged.len() as u64;
+        self.staged.clear();
+        self.must_sync = false;
+        Ok(())
+    }
+
+    /// Rewrites the log as the compacted `store` plus `epoch`, atomically.
+    pub fn rewrite(&mut self, store: &LogStore, epoch: u64) -> io::Result<()> {
+        let mut buf = Vec::new();
+        push_record(&mut buf, KIND_EPOCH, &epoch.to_be_bytes());
+        if self.identity.uuid != 0 {
+            push_record(&mut buf, KIND_SELF, &self.identity.uuid.to_be_bytes());
+        }
+        for (id, uuid) in &self.identity.peers {
+            let mut p = id.to_be_bytes().to_vec();
+            p.extend_from_slice(&uuid.to_be_bytes());
+            push_record(&mut buf, KIND_PEER, &p);
+        }
+        if store.snap_index() > 0 {
+            push_record(&mut buf, KIND_SNAPSHOT, &pb_bytes(store.latest_snapshot()));
+        }
+        push_record(&mut buf, KIND_CONF_STATE, &pb_bytes(store.conf_state()));
+        let all = store.entries_between(store.snap_index() + 1, store.last() + 1);
+        let mut ents = Vec::new();
+        for e in &all {
+            let b = pb_bytes(e);
+            ents.extend_from_slice(&u32::try_from(b.len()).expect("bounded").to_be_bytes());
+            ents.extend_from_slice(&b);
+        }
+        if !all.is_empty() {
+            push_record(&mut buf, KIND_ENTRIES, &ents);
+        }
+        push_record(&mut buf, KIND_HARD_STATE, &pb_bytes(store.hard_state()));
+        self.disk.replace(&buf)?;
+        self.log_bytes = buf.len() as u64;
+        self.staged.clear();
+        self.must_sync = false;
+        Ok(())
+    }
+
+    /// Bytes in the log.
+    #[must_use]
+    pub fn log_bytes(&self) -> u64 {
+        self.log_bytes
+    }
+
+    /// The disk.
+    pub fn disk_mut(&mut self) -> &mut D {
+        &mut self.disk
+    }
+}
+
+fn apply_record(
+    store: &mut LogStore,
+    epoch: &mut u64,
+    identity: &mut Identity,
+    kind: u8,
+    p: &[u8],
+) -> io::Result<()> {
+    let bad = |e: protobuf::ProtobufError| corrupt(&format!("bad record: {e}"));
+    match kind {
+        KIND_ENTRIES => {
+            let mut ents = Vec::new();
+            let mut pos = 0;
+            while pos < p.len() {
+                if p.len() - pos < 4 {
+                    return Err(corrupt("truncated entry"));
+                }
+                let n = u32::from_be_bytes(p[pos..pos + 4].try_into().expect("4 bytes")) as usize;
+                pos += 4;
+                if p.len() - pos < n {
+                    return Err(corrupt("truncated entry"));
+                }
+                ents.push(Entry::parse_from_bytes(&p[pos..pos + n]).map_err(bad)?);
+                pos += n;
+            }
+            store.append(&ents).map_err(corrupt)?;
+        }
+        KIND_HARD_STATE => store.set_hard_state(HardState::parse_from_bytes(p).map_err(bad)?),
+        KIND_COMMIT => {
+            let c = u64::from_be_bytes(p.try_into().map_err(|_| corrupt("commit record"))?);
+            store.set_commit(c);
+        }
+        KIND_CONF_STATE => store.set_conf_state(ConfState::parse_from_bytes(p).map_err(bad)?),
+        KIND_SNAPSHOT => store.apply_snapshot(Snapshot::parse_from_bytes(p).map_err(bad)?),
+        KIND_EPOCH => {
+            let e = u64::from_be_bytes(p.try_into().map_err(|_| corrupt("epoch record"))?);
+            *epoch = (*epoch).max(e);
+        }
+        KIND_SELF => {
+            identity.uuid = u64::from_be_bytes(p.try_into().map_err(|_| corrupt("self record"))?);
+        }
+        KIND_PEER => {
+            if p.len() != 16 {
+                return Err(corrupt("peer record"));
+            }
+            let id = u64::from_be_bytes(p[..8].try_into().expect("8 bytes"));
+            let uuid = u64::from_be_bytes(p[8..].try_into().expect("8 bytes"));
+            identity.peers.insert(id, uuid);
+        }
+        k => return Err(corrupt(&format!("unknown record kind {k}"))),
+    }
+    Ok(())
+}
+
+/// The WAL as one file, `DIR/wal`, written with `write` + `fdatasync`.
+#[derive(Debug)]
+pub struct FileDisk {
+    dir: PathBuf,
+    file: File,
+}
+
+impl FileDisk {
+    /// Opens (creating if needed) the log in `dir`.
+    pub fn open(dir: &Path) -> io::Result<Self> {
+        fs::create_dir_all(dir)?;
+        let file = OpenOptions::new()
+            .create(true)
+            .read(true)
+            .append(true)
+            .open(dir.join("wal"))?;
+        Ok(FileDisk {
+            dir: dir.to_path_buf(),
+            file,
+        })
+    }
+}
+
+impl Disk for FileDisk {
+    fn append(&mut self, bytes: &[u8], sync: bool) -> io::Result<()> {
+        self.file.write_all(bytes)?;
+        if sync {
+            self.file.sync_data()?;
+        }
+        Ok(())
+    }
+
+    fn read_all(&mut self) -> io::Result<Vec<u8>> {
+        let mut f = File::open(self.dir.join("wal"))?;
+        let mut buf = Vec::new();
+        f.read_to_end(&mut buf)?;
+        Ok(buf)
+    }
+
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        self.file.set_len(len)?;
+        self.file.sync_all()
+    }
+
+    fn replace(&mut self, bytes: &[u8]) -> io::Result<()> {
+        let tmp = self.dir.join("wal.tmp");
+        {
+            let mut f = File::create(&tmp)?;
+            f.write_all(bytes)?;
+            f.sync_all()?;
+        }
+        fs::rename(&tmp, self.dir.join("wal"))?;
+        File::open(&self.dir)?.sync_all()?;
+        self.file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .open(self.dir.join("wal"))?;
+        Ok(())
+    }
+}
+
+/// An in-memory disk that remembers how much was synced: [`MemDisk::crash`]
+/// keeps the synced bytes plus a prefix of the rest, as a power cut would.
+/// Cloning shares the same disk, so a test keeps it across a node's crash.
+#[derive(Clone, Debug, Default)]
+pub struct MemDisk {
+    inner: std::rc::Rc<std::cell::RefCell<MemDiskInner>>,
+}
+
+#[derive(Debug, Default)]
+struct MemDiskInner {
+    data: Vec<u8>,
+    synced: usize,
+    fail_next_sync: bool,
+    syncs: u64,
+}
+
+impl MemDisk {
+    /// An empty disk.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A power cut: what was not synced is lost, except the first
+    /// `keep_unsynced` bytes of it (a torn write).
+    pub fn crash(&self, keep_unsynced: usize) {
+        let mut d = self.inner.borrow_mut();
+        let keep = d.synced + keep_unsynced.min(d.data.len() - d.synced);
+        d.data.truncate(keep);
+        d.synced = keep;
+        d.fail_next_sync = false;
+    }
+
+    /// Bytes written but not synced.
+    #[must_use]
+    pub fn unsynced(&self) -> usize {
+        let d = self.inner.borrow();
+        d.data.len() - d.synced
+    }
+
+    /// The next synced append writes its bytes but fails before the sync
+    /// completes: the node dies at that fsync point.
+    pub fn fail_next_sync(&self) {
+        self.inner.borrow_mut().fail_next_sync = true;
+    }
+
+    /// Cancels a pending [`MemDisk::fail_next_sync`].
+    pub fn disarm(&self) {
+        self.inner.borrow_mut().fail_next_sync = false;
+    }
+
+    /// Number of syncs so far.
+    #[must_use]
+    pub fn syncs(&self) -> u64 {
+        self.inner.borrow().syncs
+    }
+
+    /// Flips one byte at `pos` (for corruption tests).
+    pub fn corrupt_byte(&self, pos: usize) {
+        let mut d = self.inner.borrow_mut();
+        if let Some(b) = d.data.get_mut(pos) {
+            *b ^= 0x5a;
+        }
+    }
+
+    /// Bytes held.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.inner.borrow().data.len()
+    }
+
+    /// True when empty.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Disk for MemDisk {
+    fn append(&mut self, bytes: &[u8], sync: bool) -> io::Result<()> {
+        let mut d = self.inner.borrow_mut();
+        d.data.extend_from_slice(bytes);
+        if sync {
+            if d.fail_next_sync {
+                return Err(io::Error::other("simulated power cut"));
+            }
+            d.synced = d.data.len();
+            d.syncs += 1;
+        }
+        Ok(())
+    }
+
+    fn read_all(&mut self) -> io::Result<Vec<u8>> {
+        Ok(self.inner.borrow().data.clone())
+    }
+
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        let mut d = self.inner.borrow_mut();
+        let len = usize::try_from(len).unwrap_or(usize::MAX).min(d.data.len());
+        d.data.truncate(len);
+        d.synced = len;
+        Ok(())
+    }
+
+    fn replace(&mut self, bytes: &[u8]) -> io::Result<()> {
+        let mut d = self.inner.borrow_mut();
+        if d.fail_next_sync {
+            return Err(io::Error::other("simulated power cut"));
+        }
+        d.data = bytes.to_vec();
+        d.synced = d.data.len();
+        d.syncs += 1;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use raft::Storage as _;
+
+    fn entry(index: u64, term: u64, data: &[u8]) -> Entry {
+        Entry {
+            index,
+            term,
+            data: data.to_vec().into(),
+            ..Entry::default()
+        }
+    }
+
+    fn hs(term: u64, vote: u64, commit: u64) -> HardState {
+        HardState {
+            term,
+            vote,
+            commit,
+            ..HardState::default()
+        }
+    }
+
+    #[test]
+    fn log_store_appends_replaces_and_compacts() {
+        let mut s = LogStore::new();
+        s.append(&[entry(1, 1, b"a"), entry(2, 1, b"b"), entry(3, 1, b"c")])
+            .unwrap();
+        s.append(&[entry(2, 2, b"x")]).unwrap();
+        assert_eq!(s.last_index().unwrap(), 2);
+        assert_eq!(s.term(2).unwrap(), 2);
+        assert!(s.append(&[entry(9, 2, b"gap")]).is_err());
+        s.set_hard_state(hs(2, 1, 2));
+        s.compact_to(1, b"snap".to_vec()).unwrap();
+        assert_eq!(s.first_index().unwrap(), 2);
+        assert_eq!(s.term(1).unwrap(), 1);
+        assert!(s.term(0).is_err());
+        assert_eq!(
+            s.entries(2, 3, None, GetEntriesContext::empty(false))
+                .unwrap()[0]
+                .data[..],
+            b"x"[..]
+        );
+        assert!(s
+            .entries(1, 3, None, GetEntriesContext::empty(false))
+            .is_err());
+        assert_eq!(s.snapshot(1, 0).unwrap().data[..], b"snap"[..]);
+        assert!(s.snapshot(2, 0).is_err());
+    }
+
+    #[test]
+    fn wal_recovers_what_was_synced_and_cuts_a_torn_tail() {
+        let disk = MemDisk::new();
+        let (mut wal, rec) = Wal::open(disk.clone()).unwrap();
+        assert!(rec.fresh);
+        wal.stage_epoch(1);
+        wal.stage_entries(&[entry(1, 1, b"a"), entry(2, 1, b"b")]);
+        wal.stage_hard_state(&hs(1, 1, 1));
+        wal.flush(false).unwrap();
+        // A commit-only batch is not synced.
+        wal.stage_commit(2);
+        wal.flush(false).unwrap();
+        assert!(disk.unsynced() > 0);
+        for keep in 0..disk.unsynced() {
+            let d = MemDisk::new();
+            d.inner.borrow_mut().data = disk.inner.borrow().data.clone();
+            d.inner.borrow_mut().synced = disk.inner.borrow().synced;
+            d.crash(keep);
+            let (_, rec) = Wal::open(d.clone()).unwrap();
+            assert_eq!(rec.store.last(), 2);
+            assert_eq!(rec.store.hard_state().commit, 1, "keep {keep}");
+            assert_eq!(rec.torn_bytes as usize, keep);
+            assert_eq!(rec.epoch, 1);
+            // The torn bytes are gone from the disk too.
+            let (_, again) = Wal::open(d).unwrap();
+            assert_eq!(again.torn_bytes, 0);
+        }
+        // A flipped byte in the last record cuts it; everything before stays.
+        let len = disk.len();
+        disk.corrupt_byte(len - 1);
+        let (_, rec) = Wal::open(disk.clone()).unwrap();
+        assert_eq!(rec.store.hard_state().commit, 1);
+        assert_eq!(rec.store.last(), 2);
+    }
+
+    #[test]
+    fn rewrite_keeps_snapshot_and_tail() {
+        let disk = MemDisk::new();
+        let (mut wal, _) = Wal::open(disk.clone()).unwrap();
+        let mut s = LogStore::new();
+        let cs = ConfState {
+            voters: vec![1, 2, 3],
+            ..ConfState::default()
+        };
+        s.set_conf_state(cs.clone());
+        let ents: Vec<Entry> = (1..=5).map(|i| entry(i, 1, b"e")).collect();
+        s.append(&ents).unwrap();
+        s.set_hard_state(hs(1, 2, 4));
+        wal.stage_entries(&ents);
+        wal.flush(true).unwrap();
+        wal.stage_self(77);
+        wal.stage_peer(2, 88);
+        wal.flush(false).unwrap();
+        s.compact_to(3, b"table".to_vec()).unwrap();
+        wal.rewrite(&s, 7).unwrap();
+        let (_, rec) = Wal::open(disk).unwrap();
+        assert_eq!(rec.epoch, 7);
+        assert_eq!(rec.identity.uuid, 77);
+        assert_eq!(rec.identity.peers.get(&2), Some(&88));
+        assert_eq!(rec.store.first_index().unwrap(), 4);
+        assert_eq!(rec.store.last(), 5);
+        assert_eq!(rec.store.latest_snapshot().data[..], b"table"[..]);
+        assert_eq!(rec.store.conf_state().voters, vec![1, 2, 3]);
+        assert_eq!(rec.store.hard_state().commit, 4);
+    }
+
+    #[test]
+    fn file_disk_roundtrips_and_truncates() {
+        let dir = std::env::temp_dir().join(format!("ticketd-wal-test-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        {
+            let (mut wal, rec) = Wal::open(FileDisk::open(&dir).unwrap()).unwrap();
+            assert!(rec.fresh);
+            wal.stage_epoch(3);
+            wal.stage_entries(&[entry(1, 1, b"a")]);
+            wal.flush(true).unwrap();
+        }
+        // A torn half-record at the end.
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(dir.join("wal"))
+            .unwrap();
+        f.write_all(&[0, 0, 0, 50, 1, 2]).unwrap();
+        drop(f);
+        let (_, rec) = Wal::open(FileDisk::open(&dir).unwrap()).unwrap();
+        assert_eq!(rec.torn_bytes, 6);
+        assert_eq!(rec.epoch, 3);
+        assert_eq!(rec.store.last(), 1);
+        let (_, rec) = Wal::open(FileDisk::open(&dir).unwrap()).unwrap();
+        assert_eq!(rec.torn_bytes, 0);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

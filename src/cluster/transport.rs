@@ -1,0 +1,663 @@
+//! Peer transport: Raft messages between nodes over TCP, in the server's own
+//! mio poll loop.
+//!
+//! * **Framing**: a u32 big-endian length, then the protobuf bytes of one
+//!   raft `Message`. Frames above [`MAX_FRAME_BYTES`] close the connection.
+//! * **Connections**: one outbound connection per peer, written only; the
+//!   connections peers open to us are read only. The first frame on every
+//!   connection is a [`Hello`] naming the cluster, the voter set, the sender
+//!   and its data directory id, and the data directory id the sender has on
+//!   record for the receiver; a mismatch closes the connection (or, when
+//!   the receiver learns its own directory was wiped, stops the node).
+//! * **Failures**: each peer has a bounded outbound buffer. When a message
+//!   does not fit, or the connection fails, queued messages are dropped and
+//!   the service reports the peer unreachable to raft (and each dropped
+//!   snapshot as failed; a snapshot fully written is reported finished).
+//!   Reconnects back off from 100 ms to 5 s.
+
+use std::collections::BTreeMap;
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+
+use mio::net::{TcpListener, TcpStream};
+use mio::{Interest, Registry, Token};
+use protobuf::Message as _;
+use raft::eraftpb::{Message, MessageType};
+
+use crate::time::Millis;
+
+/// Largest frame accepted or sent (snapshots travel inline).
+pub const MAX_FRAME_BYTES: usize = 64 << 20;
+/// Outbound bytes buffered per peer before messages are dropped.
+pub const MAX_PEER_BUFFER_BYTES: usize = 80 << 20;
+/// Connections from peers accepted at once.
+pub const MAX_INBOUND: usize = 64;
+
+const HELLO_MAGIC: &[u8; 4] = b"TKTD";
+const HELLO_VERSION: u8 = 1;
+const HELLO_LEN: usize = 4 + 1 + 8 * 6;
+const BACKOFF_MIN_MS: u64 = 100;
+const BACKOFF_MAX_MS: u64 = 5000;
+const READ_CHUNK: usize = 64 * 1024;
+
+/// The first frame on a peer connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hello {
+    /// Hash of the cluster name.
+    pub cluster: u64,
+    /// Hash of the sorted voter ids.
+    pub voters: u64,
+    /// The sender's node id.
+    pub from: u64,
+    /// The sender's data directory id.
+    pub from_uuid: u64,
+    /// The receiver's node id.
+    pub to: u64,
+    /// The receiver's data directory id as the sender first saw it (0: never).
+    pub to_uuid: u64,
+}
+
+impl Hello {
+    /// The frame (length prefix included).
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(4 + HELLO_LEN);
+        b.extend_from_slice(&(HELLO_LEN as u32).to_be_bytes());
+        b.extend_from_slice(HELLO_MAGIC);
+        b.push(HELLO_VERSION);
+        for v in [
+            self.cluster,
+            self.voters,
+            self.from,
+            self.from_uuid,
+            self.to,
+            self.to_uuid,
+        ] {
+            b.extend_from_slice(&v.to_be_bytes());
+        }
+        b
+    }
+
+    /// Decodes a hello payload (without the length prefix).
+    pub fn decode(p: &[u8]) -> Result<Hello, &'static str> {
+        if p.len() != HELLO_LEN || &p[..4] != HELLO_MAGIC {
+            return Err("not a ticketd peer hello");
+        }
+        if p[4] != HELLO_VERSION {
+            return Err("unsupported peer protocol version");
+        }
+        let f = |i: usize| {
+            let o = 5 + 8 * i;
+            u64::from_be_bytes(p[o..o + 8].try_into().expect("8 bytes"))
+        };
+        Ok(Hello {
+            cluster: f(0),
+            voters: f(1),
+            from: f(2),
+            from_uuid: f(3),
+            to: f(4),
+            to_uuid: f(5),
+        })
+    }
+}
+
+/// FNV-1a, for the cluster name and voter set hashes.
+#[must_use]
+pub fn hash64(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in *p {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// What the transport tells the service.
+#[derive(Debug)]
+pub enum PeerEvent {
+    /// A raft message from a peer.
+    Message(Message),
+    /// Messages to this peer were dropped.
+    Unreachable(u64),
+    /// A snapshot to this peer was fully written (true) or dropped (false).
+    Snapshot(u64, bool),
+    /// A peer's data directory id, seen for the first time.
+    PeerSeen(u64, u64),
+    /// This node must stop (its data directory was wiped).
+    Fatal(String),
+}
+
+#[derive(Debug)]
+struct Peer {
+    addr: SocketAddr,
+    stream: Option<TcpStream>,
+    connected: bool,
+    buf: Vec<u8>,
+    cursor: usize,
+    /// End offsets (in `buf`) of queued snapshot frames.
+    snaps: Vec<usize>,
+    retry_at: Millis,
+    backoff_ms: u64,
+}
+
+#[derive(Debug)]
+struct Inbound {
+    stream: TcpStream,
+    rbuf: Vec<u8>,
+    peer: Option<u64>,
+    addr: SocketAddr,
+}
+
+/// Who we are, for hellos.
+#[derive(Clone, Debug)]
+pub struct LocalInfo {
+    /// This node's id.
+    pub id: u64,
+    /// Hash of the cluster name.
+    pub cluster: u64,
+    /// Hash of the voter set.
+    pub voters: u64,
+    /// This data directory's id.
+    pub uuid: u64,
+    /// Peer id -> data directory id first seen.
+    pub known: BTreeMap<u64, u64>,
+}
+
+/// The peer listener and connections. See the module documentation.
+#[derive(Debug)]
+pub struct Transport {
+    local: LocalInfo,
+    listener: TcpListener,
+    base: usize,
+    peers: BTreeMap<u64, Peer>,
+    inbound: slab::Slab<Inbound>,
+    events: Vec<PeerEvent>,
+}
+
+impl Transport {
+    /// Binds the peer listener on `listen` (this node's peer address).
+    pub fn bind(
+        local: LocalInfo,
+        listen: SocketAddr,
+        peers: &BTreeMap<u64, SocketAddr>,
+    ) -> io::Result<Self> {
+        let listener = TcpListener::bind(listen)?;
+        let peers = peers
+            .iter()
+            .filter(|(id, _)| **id != local.id)
+            .map(|(id, addr)| {
+                (
+                    *id,
+                    Peer {
+                        addr: *addr,
+                        stream: None,
+                        connected: false,
+                        buf: Vec::new(),
+                        cursor: 0,
+                        snaps: Vec::new(),
+                        retry_at: Millis::ZERO,
+                        backoff_ms: BACKOFF_MIN_MS,
+                    },
+                )
+            })
+            .collect();
+        Ok(Transport {
+            local,
+            listener,
+            base: 0,
+            peers,
+            inbound: slab::Slab::new(),
+            events: Vec::new(),
+        })
+    }
+
+    /// The address the peer listener is bound to.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Tokens used: `base` .. `base + 1 + 64 + MAX_INBOUND`.
+    pub fn register(&mut self, registry: &Registry, base: usize) -> io::Result<()> {
+        self.base = base;
+        registry.register(&mut self.listener, Token(base), Interest::READABLE)
+    }
+
+    fn peer_token(&self, id: u64) -> Token {
+        let idx = self.peers.keys().position(|k| *k == id).unwrap_or(0);
+        Token(self.base + 1 + idx)
+    }
+
+    fn inbound_base(&self) -> usize {
+        self.base + 1 + 64
+    }
+
+    /// True when `token` belongs to the transport.
+    #[must_use]
+    pub fn owns(&self, token: Token) -> bool {
+        token.0 >= self.base && token.0 < self.inbound_base() + MAX_INBOUND
+    }
+
+    /// Events since the last call.
+    pub fn take_events(&mut self) -> Vec<PeerEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Records a peer's data directory id (after the service persisted it).
+    pub fn set_known(&mut self, id: u64, uuid: u64) {
+        self.local.known.insert(id, uuid);
+    }
+
+    /// Opens connections whose backoff has passed.
+    pub fn tick(&mut self, now: Millis, registry: &Registry) {
+        let ids: Vec<u64> = self.peers.keys().copied().collect();
+        for id in ids {
+            let token = self.peer_token(id);
+            let hello = Hello {
+                cluster: self.local.cluster,
+                voters: self.local.voters,
+                from: self.local.id,
+                from_uuid: self.local.uuid,
+                to: id,
+                to_uuid: self.local.known.get(&id).copied().unwrap_or(0),
+            }
+            .encode();
+            let p = self.peers.get_mut(&id).expect("listed");
+            if p.stream.is_some() || p.retry_at > now {
+                continue;
+            }
+            match TcpStream::connect(p.addr) {
+                Ok(mut s) => {
+                    if registry
+                        .register(&mut s, token, Interest::READABLE | Interest::WRITABLE)
+                        .is_ok()
+                    {
+                        p.stream = Some(s);
+                        p.connected = false;
+                        p.buf = hello;
+                        p.cursor = 0;
+                        p.snaps.clear();
+                    } else {
+                        p.retry_at = now.add_ms(p.backoff_ms);
+                    }
+                }
+                Err(_) => {
+                    p.retry_at = now.add_ms(p.backoff_ms);
+                    p.backoff_ms = (p.backoff_ms * 2).min(BACKOFF_MAX_MS);
+                }
+            }
+        }
+    }
+
+    /// The next reconnect attempt.
+    #[must_use]
+    pub fn next_deadline(&self) -> Option<Millis> {
+        self.peers
+            .values()
+            .filter(|p| p.stream.is_none())
+            .map(|p| p.retry_at)
+            .min()
+    }
+
+    fn fail_peer(&mut self, id: u64, now: Millis, registry: &Registry, why: &str) {
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        if let Some(mut s) = p.stream.take() {
+            let _ = registry.deregister(&mut s);
+            log::debug!("peer {id} at {}: connection lost: {why}", p.addr);
+        }
+        for _ in p.snaps.drain(..) {
+            self.events.push(PeerEvent::Snapshot(id, false));
+        }
+        p.buf.clear();
+        p.cursor = 0;
+        p.connected = false;
+        p.retry_at = now.add_ms(p.backoff_ms);
+        p.backoff_ms = (p.backoff_ms * 2).min(BACKOFF_MAX_MS);
+        self.events.push(PeerEvent::Unreachable(id));
+    }
+
+    /// Queues a message for its peer (written by [`Transport::flush`]).
+    pub fn send(&mut self, m: &Message) {
+        let id = m.to;
+        let snapshot = m.msg_type == MessageType::MsgSnapshot;
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        let bytes = match m.write_to_bytes() {
+            Ok(b) if b.len() <= MAX_FRAME_BYTES => b,
+            _ => {
+                if snapshot {
+                    self.events.push(PeerEvent::Snapshot(id, false));
+                }
+                return;
+            }
+        };
+        if p.stream.is_none() || p.buf.len() - p.cursor + bytes.len() + 4 > MAX_PEER_BUFFER_BYTES {
+            if snapshot {
+                self.events.push(PeerEvent::Snapshot(id, false));
+            }
+            self.events.push(PeerEvent::Unreachable(id));
+            return;
+        }
+        // Reclaim written bytes before growing.
+        if p.cursor > 0 && p.cursor == p.buf.len() {
+            p.buf.clear();
+            p.cursor = 0;
+            p.snaps.clear();
+        }
+        p.buf
+            .extend_from_slice(&u32::try_from(bytes.len()).expect("bounded").to_be_bytes());
+        p.buf.extend_from_slice(&bytes);
+        if snapshot {
+            p.snaps.push(p.buf.len());
+        }
+    }
+
+    /// Writes what is queued, as far as the sockets take it.
+    pub fn flush(&mut self, now: Millis, registry: &Registry) {
+        let ids: Vec<u64> = self.peers.keys().copied().collect();
+        for id in ids {
+            if let Err(e) = self.write_peer(id) {
+                self.fail_peer(id, now, registry, &e.to_string());
+            }
+        }
+    }
+
+    fn write_peer(&mut self, id: u64) -> io::Result<()> {
+        let p = self.peers.get_mut(&id).expect("listed");
+        let Some(s) = p.stream.as_mut() else {
+            return Ok(());
+        };
+        if !p.connected {
+            return Ok(()); // wait for WRITABLE
+        }
+        while p.cursor < p.buf.len() {
+            match s.write(&p.buf[p.cursor..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => p.cursor += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        while p.snaps.first().is_some_and(|end| *end <= p.cursor) {
+            p.snaps.remove(0);
+            self.events.push(PeerEvent::Snapshot(id, true));
+        }
+        if p.cursor == p.buf.len() {
+            p.buf.clear();
+            p.cursor = 0;
+        } else if p.cursor > (1 << 20) && p.cursor * 2 > p.buf.len() {
+            p.buf.drain(..p.cursor);
+            for end in &mut p.snaps {
+                *end -= p.cursor;
+            }
+            p.cursor = 0;
+        }
+        Ok(())
+    }
+
+    /// Handles a readiness event for one of the transport's tokens.
+    pub fn event(&mut self, now: Millis, registry: &Registry, event: &mio::event::Event) {
+        let t = event.token().0;
+        if t == self.base {
+            self.accept(registry);
+        } else if t < self.inbound_base() {
+            let idx = t - self.base - 1;
+            let Some(id) = self.peers.keys().nth(idx).copied() else {
+                return;
+            };
+            self.outbound_event(id, now, registry, event);
+        } else {
+            self.inbound_event(t - self.inbound_base(), registry);
+        }
+    }
+
+    fn accept(&mut self, registry: &Registry) {
+        loop {
+            match self.listener.accept() {
+                Ok((mut s, addr)) => {
+                    if self.inbound.len() >= MAX_INBOUND {
+                        log::warn!("peer connection from {addr} refused: too many");
+                        continue;
+                    }
+                    let _ = s.set_nodelay(true);
+                    let entry = self.inbound.vacant_entry();
+                    let token = Token(self.base + 1 + 64 + entry.key());
+                    if registry.register(&mut s, token, Interest::READABLE).is_ok() {
+                        entry.insert(Inbound {
+                            stream: s,
+                            rbuf: Vec::new(),
+                            peer: None,
+                            addr,
+                        });
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    log::warn!("peer listener: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn outbound_event(
+        &mut self,
+        id: u64,
+        now: Millis,
+        registry: &Registry,
+        event: &mio::event::Event,
+    ) {
+        let p = self.peers.get_mut(&id).expect("listed");
+        let Some(s) = p.stream.as_mut() else {
+            return;
+        };
+        if !p.connected && (event.is_writable() || event.is_error()) {
+            match s.take_error() {
+                Ok(None) => {}
+                Ok(Some(e)) | Err(e) => {
+                    self.fail_peer(id, now, registry, &e.to_string());
+                    return;
+                }
+            }
+            match s.peer_addr() {
+                Ok(_) => {
+                    p.connected = true;
+                    p.backoff_ms = BACKOFF_MIN_MS;
+                    let _ = s.set_nodelay(true);
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotConnected => return,
+                Err(e) => {
+                    self.fail_peer(id, now, registry, &e.to_string());
+                    return;
+                }
+            }
+        }
+        if event.is_readable() || event.is_read_closed() {
+            // Peers never write on our outbound connection: data or EOF
+            // here means the connection is over.
+            let mut b = [0u8; 64];
+            match s.read(&mut b) {
+                Ok(_) => {
+                    self.fail_peer(id, now, registry, "closed by peer");
+                    return;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => {
+                    self.fail_peer(id, now, registry, &e.to_string());
+                    return;
+                }
+            }
+        }
+        if let Err(e) = self.write_peer(id) {
+            self.fail_peer(id, now, registry, &e.to_string());
+        }
+    }
+
+    fn close_inbound(&mut self, key: usize, registry: &Registry, why: &str) {
+        if let Some(mut c) = self.inbound.try_remove(key) {
+            let _ = registry.deregister(&mut c.stream);
+            if !why.is_empty() {
+                log::warn!("peer connection from {}: {why}", c.addr);
+            }
+        }
+    }
+
+    fn inbound_event(&mut self, key: usize, registry: &Registry) {
+        let mut chunk = vec![0u8; READ_CHUNK];
+        loop {
+            let Some(c) = self.inbound.get_mut(key) else {
+                return;
+            };
+            match c.stream.read(&mut chunk) {
+                Ok(0) => {
+                    self.close_inbound(key, registry, "");
+                    return;
+                }
+                Ok(n) => {
+                    c.rbuf.extend_from_slice(&chunk[..n]);
+                    if let Err(why) = self.parse_frames(key) {
+                        self.close_inbound(key, registry, &why);
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.close_inbound(key, registry, &e.to_string());
+                    return;
+                }
+            }
+        }
+    }
+
+    fn parse_frames(&mut self, key: usize) -> Result<(), String> {
+        let mut used = 0;
+        let result = loop {
+            let c = self.inbound.get(key).expect("caller checked");
+            let rest = &c.rbuf[used..];
+            if rest.len() < 4 {
+                break Ok(());
+            }
+            let len = u32::from_be_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
+            if len > MAX_FRAME_BYTES {
+                break Err(format!("frame of {len} bytes is over the limit"));
+            }
+            if rest.len() < 4 + len {
+                break Ok(());
+            }
+            let payload = rest[4..4 + len].to_vec();
+            used += 4 + len;
+            let peer = c.peer;
+            match peer {
+                None => {
+                    if let Err(e) = self.hello(key, &payload) {
+                        break Err(e);
+                    }
+                }
+                Some(from) => match Message::parse_from_bytes(&payload) {
+                    Ok(m) if m.from == from && m.to == self.local.id => {
+                        self.events.push(PeerEvent::Message(m));
+                    }
+                    Ok(m) => {
+                        break Err(format!(
+                            "message from {} to {} on the connection of peer {from}",
+                            m.from, m.to
+                        ))
+                    }
+                    Err(e) => break Err(format!("undecodable message: {e}")),
+                },
+            }
+        };
+        if let Some(c) = self.inbound.get_mut(key) {
+            c.rbuf.drain(..used);
+        }
+        result
+    }
+
+    fn hello(&mut self, key: usize, payload: &[u8]) -> Result<(), String> {
+        let h = Hello::decode(payload).map_err(str::to_owned)?;
+        if h.cluster != self.local.cluster {
+            return Err(format!("node {} belongs to another cluster", h.from));
+        }
+        if h.voters != self.local.voters {
+            return Err(format!(
+                "node {} has another voter set (check --peers on every node)",
+                h.from
+            ));
+        }
+        if h.to != self.local.id || !self.peers.contains_key(&h.from) {
+            return Err(format!(
+                "hello from {} to {} is not for this node",
+                h.from, h.to
+            ));
+        }
+        if h.to_uuid != 0 && h.to_uuid != self.local.uuid {
+            self.events.push(PeerEvent::Fatal(format!(
+                "node {} knows node {} with another data directory: this node's data \
+                 directory was wiped or replaced, and a node cannot rejoin under its old \
+                 id with an empty log; give it a new id (membership change) or restore \
+                 its data directory",
+                h.from, self.local.id
+            )));
+            return Err("this node's data directory was replaced".into());
+        }
+        match self.local.known.get(&h.from) {
+            Some(&u) if u != h.from_uuid => {
+                return Err(format!(
+                    "node {} came back with a wiped or replaced data directory; refusing it",
+                    h.from
+                ));
+            }
+            Some(_) => {}
+            None => {
+                self.local.known.insert(h.from, h.from_uuid);
+                self.events.push(PeerEvent::PeerSeen(h.from, h.from_uuid));
+            }
+        }
+        if let Some(c) = self.inbound.get_mut(key) {
+            c.peer = Some(h.from);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_roundtrips_and_rejects_garbage() {
+        let h = Hello {
+            cluster: 1,
+            voters: 2,
+            from: 3,
+            from_uuid: 4,
+            to: 5,
+            to_uuid: 6,
+        };
+        let b = h.encode();
+        assert_eq!(b.len(), 4 + HELLO_LEN);
+        assert_eq!(Hello::decode(&b[4..]), Ok(h));
+        assert!(Hello::decode(&b[4..b.len() - 1]).is_err());
+        let mut bad = b[4..].to_vec();
+        bad[0] = b'X';
+        assert!(Hello::decode(&bad).is_err());
+        bad[0] = b'T';
+        bad[4] = 9;
+        assert!(Hello::decode(&bad).is_err());
+    }
+
+    #[test]
+    fn hashes_separate_parts() {
+        assert_ne!(hash64(&[b"ab", b"c"]), hash64(&[b"a", b"bc"]));
+        assert_eq!(hash64(&[b"x"]), hash64(&[b"x"]));
+    }
+}

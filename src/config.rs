@@ -1,0 +1,422 @@
+//! Server configuration: every knob of the single-mode daemon with its
+//! default, and the command-line parser (`pico-args`) that fills it.
+//!
+//! [`Config`] is plain data, usable without the command line: an embedding
+//! program or a test starts from [`Config::default`] and changes fields.
+//! [`parse_args`] is what the `ticketd` binary runs; [`Config::take_flags`]
+//! parses the server's flags out of a [`pico_args::Arguments`] and leaves the
+//! rest, so a mode with flags of its own can parse them from the same list.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use log::LevelFilter;
+
+use crate::limits::{self, EngineLimits};
+
+/// Default for `--listen`.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7470";
+/// Default for `--max-conns`.
+pub const DEFAULT_MAX_CONNS: usize = 10_000;
+/// Ceiling for `--max-conns`: connection slots are numbered below it, and mio
+/// tokens above it belong to the service (see [`crate::server::SERVICE_TOKEN_BASE`]).
+pub const MAX_CONNS_CEILING: usize = 1 << 20;
+/// Default for `--max-frames-per-turn`: requests handled per connection per
+/// loop turn before the loop moves on to the other connections (fairness).
+pub const DEFAULT_MAX_FRAMES_PER_TURN: usize = 128;
+/// Default for `--out-soft-limit`: unsent reply bytes of one connection at
+/// which the server stops reading that connection until they drain.
+pub const DEFAULT_OUT_SOFT_LIMIT_BYTES: usize = 64 * 1024;
+/// Default for `--out-hard-limit`: unsent reply bytes of one connection at
+/// which the server closes it.
+pub const DEFAULT_OUT_HARD_LIMIT_BYTES: usize = 4 * 1024 * 1024;
+/// Default for `--frame-timeout`: seconds a half-received request frame, or
+/// unsent replies that make no progress, may sit before the connection is closed.
+pub const DEFAULT_FRAME_TIMEOUT_S: u64 = 30;
+/// Default bound on flushing replies before a close (malformed input, shutdown).
+pub const DEFAULT_FLUSH_TIMEOUT_MS: u64 = 1000;
+/// Default `listen(2)` backlog.
+pub const DEFAULT_BACKLOG: u32 = 1024;
+
+/// Everything the server and the single-mode service need to start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Address to listen on; port 0 picks a free port.
+    pub listen: SocketAddr,
+    /// Open client connections; one more is accepted and closed at once.
+    pub max_conns: usize,
+    /// The lock engine's capacity limits and sweep interval.
+    pub engine: EngineLimits,
+    /// The longest key in bytes (SPEC §1).
+    pub max_key_bytes: usize,
+    /// Fairness: requests handled per connection per loop turn.
+    pub max_frames_per_turn: usize,
+    /// Unsent reply bytes at which a connection is no longer read (backpressure).
+    pub out_soft_limit_bytes: usize,
+    /// Unsent reply bytes at which a connection is closed.
+    pub out_hard_limit_bytes: usize,
+    /// Half-received frame / stalled output timeout; `None` disables it.
+    pub frame_timeout: Option<Duration>,
+    /// How long replies may take to flush before a close (malformed input,
+    /// shutdown).
+    pub flush_timeout: Duration,
+    /// `listen(2)` backlog.
+    pub backlog: u32,
+    /// Where the token high-water mark is kept; `None` seeds tokens from the
+    /// wall clock instead.
+    pub data_dir: Option<PathBuf>,
+    /// Log verbosity.
+    pub log_level: LevelFilter,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: DEFAULT_LISTEN.parse().expect("default address parses"),
+            max_conns: DEFAULT_MAX_CONNS,
+            engine: EngineLimits::default(),
+            max_key_bytes: limits::DEFAULT_MAX_KEY_BYTES,
+            max_frames_per_turn: DEFAULT_MAX_FRAMES_PER_TURN,
+            out_soft_limit_bytes: DEFAULT_OUT_SOFT_LIMIT_BYTES,
+            out_hard_limit_bytes: DEFAULT_OUT_HARD_LIMIT_BYTES,
+            frame_timeout: Some(Duration::from_secs(DEFAULT_FRAME_TIMEOUT_S)),
+            flush_timeout: Duration::from_millis(DEFAULT_FLUSH_TIMEOUT_MS),
+            backlog: DEFAULT_BACKLOG,
+            data_dir: None,
+            log_level: LevelFilter::Info,
+        }
+    }
+}
+
+/// A command-line or configuration error, with a message for a person.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// What the command line asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Parsed {
+    /// Start the server with this configuration.
+    Run(Config),
+    /// `--help`: print [`HELP`] and exit 0.
+    Help,
+    /// `--version`: print the version and exit 0.
+    Version,
+}
+
+/// The text `ticketd --help` prints.
+pub const HELP: &str = "\
+ticketd: a lock server with FIFO queues, bounded waits, leases and fencing tokens
+
+USAGE:
+    ticketd [FLAGS]
+
+FLAGS (defaults in brackets):
+    --listen ADDR              address to listen on; port 0 picks a free port [127.0.0.1:7470]
+    --max-conns N              open client connections [10000]
+    --max-keys N               registered keys [1000000]
+    --max-waiters N            queued acquires over all keys [100000]
+    --max-waiters-per-key N    queued acquires on one key [1000]
+    --max-key-bytes N          longest key in bytes, 1..=65536 [1024]
+    --sweep-interval SECS      seconds between sweeps of expired keys [5]
+    --max-frames-per-turn N    requests handled per connection per loop turn [128]
+    --out-soft-limit BYTES     unsent replies at which a connection is not read [65536]
+    --out-hard-limit BYTES     unsent replies at which a connection is closed [4194304]
+    --frame-timeout SECS       close a connection whose half-sent frame or unread
+                               replies make no progress for this long; 0 = never [30]
+    --data-dir DIR             keep the token high-water mark in DIR, so tokens
+                               keep increasing across restarts [none: seed from the
+                               wall clock in microseconds]
+    --log-level LEVEL          off, error, warn, info, debug or trace [info]
+    -h, --help                 print this help and exit
+    -V, --version              print the version and exit
+
+EXIT STATUS:
+    0 stopped by SIGTERM or SIGINT, 1 could not start or failed, 2 bad command line
+";
+
+/// Parses a full command line (without the program name).
+///
+/// # Errors
+/// A message naming the flag for an unknown flag, a missing value or a bad one.
+pub fn parse_args(args: Vec<OsString>) -> Result<Parsed, ConfigError> {
+    let mut args = pico_args::Arguments::from_vec(args);
+    if args.contains(["-h", "--help"]) {
+        return Ok(Parsed::Help);
+    }
+    if args.contains(["-V", "--version"]) {
+        return Ok(Parsed::Version);
+    }
+    let config = Config::take_flags(&mut args)?;
+    reject_leftovers(args)?;
+    Ok(Parsed::Run(config))
+}
+
+/// Fails on whatever [`Config::take_flags`] (and any other parser) left over.
+///
+/// # Errors
+/// "unknown argument" naming the first leftover.
+pub fn reject_leftovers(args: pico_args::Arguments) -> Result<(), ConfigError> {
+    let rest = args.finish();
+    match rest.first() {
+        None => Ok(()),
+        Some(a) => Err(ConfigError(format!(
+            "unknown argument '{}'",
+            a.to_string_lossy()
+        ))),
+    }
+}
+
+fn flag<T>(
+    args: &mut pico_args::Arguments,
+    name: &'static str,
+    parse: fn(&str) -> Result<T, String>,
+) -> Result<Option<T>, ConfigError> {
+    args.opt_value_from_fn(name, parse).map_err(|e| match e {
+        pico_args::Error::Utf8ArgumentParsingFailed { value, cause } => {
+            ConfigError(format!("invalid value '{value}' for {name}: {cause}"))
+        }
+        pico_args::Error::OptionWithoutAValue(_) => ConfigError(format!("{name} needs a value")),
+        other => ConfigError(format!("{name}: {other}")),
+    })
+}
+
+fn count(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .parse()
+        .map_err(|_| "expected a whole number".to_string())?;
+    if n == 0 {
+        return Err("must be at least 1".into());
+    }
+    Ok(n)
+}
+
+fn seconds(s: &str) -> Result<u64, String> {
+    s.parse()
+        .map_err(|_| "expected a whole number of seconds".to_string())
+}
+
+fn address(s: &str) -> Result<SocketAddr, String> {
+    s.to_socket_addrs()
+        .map_err(|e| format!("expected HOST:PORT ({e})"))?
+        .next()
+        .ok_or_else(|| "the name resolves to no address".to_string())
+}
+
+fn level(s: &str) -> Result<LevelFilter, String> {
+    s.parse()
+        .map_err(|_| "expected off, error, warn, info, debug or trace".to_string())
+}
+
+impl Config {
+    /// Takes the server's flags out of `args`, leaving any other argument in
+    /// place, and checks the values against each other.
+    ///
+    /// # Errors
+    /// A message naming the flag with a bad or missing value.
+    pub fn take_flags(args: &mut pico_args::Arguments) -> Result<Config, ConfigError> {
+        let mut c = Config::default();
+        if let Some(v) = flag(args, "--listen", address)? {
+            c.listen = v;
+        }
+        if let Some(v) = flag(args, "--max-conns", count)? {
+            c.max_conns = v;
+        }
+        if let Some(v) = flag(args, "--max-keys", count)? {
+            c.engine.max_keys = v;
+        }
+        if let Some(v) = flag(args, "--max-waiters", count)? {
+            c.engine.max_waiters = v;
+        }
+        if let Some(v) = flag(args, "--max-waiters-per-key", count)? {
+            c.engine.max_waiters_per_key = v;
+        }
+        if let Some(v) = flag(args, "--max-key-bytes", count)? {
+            c.max_key_bytes = v;
+        }
+        if let Some(v) = flag(args, "--sweep-interval", seconds)? {
+            c.engine.sweep_interval_ms = v.saturating_mul(1000);
+        }
+        if let Some(v) = flag(args, "--max-frames-per-turn", count)? {
+            c.max_frames_per_turn = v;
+        }
+        if let Some(v) = flag(args, "--out-soft-limit", count)? {
+            c.out_soft_limit_bytes = v;
+        }
+        if let Some(v) = flag(args, "--out-hard-limit", count)? {
+            c.out_hard_limit_bytes = v;
+        }
+        if let Some(v) = flag(args, "--frame-timeout", seconds)? {
+            c.frame_timeout = (v > 0).then(|| Duration::from_secs(v));
+        }
+        if let Some(v) = flag(args, "--data-dir", |s| Ok::<_, String>(PathBuf::from(s)))? {
+            c.data_dir = Some(v);
+        }
+        if let Some(v) = flag(args, "--log-level", level)? {
+            c.log_level = v;
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Checks the values against their ranges and against each other.
+    ///
+    /// # Errors
+    /// A message naming the offending flag.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |m: String| Err(ConfigError(m));
+        if self.max_conns == 0 || self.max_conns > MAX_CONNS_CEILING {
+            return fail(format!("--max-conns must be 1..={MAX_CONNS_CEILING}"));
+        }
+        if self.max_key_bytes == 0 || self.max_key_bytes > limits::MAX_KEY_BYTES_CEILING {
+            return fail(format!(
+                "--max-key-bytes must be 1..={}",
+                limits::MAX_KEY_BYTES_CEILING
+            ));
+        }
+        if self.engine.sweep_interval_ms == 0 {
+            return fail("--sweep-interval must be at least 1 second".into());
+        }
+        if self.engine.max_keys == 0
+            || self.engine.max_waiters == 0
+            || self.engine.max_waiters_per_key == 0
+        {
+            return fail(
+                "--max-keys, --max-waiters and --max-waiters-per-key must be at least 1".into(),
+            );
+        }
+        if self.max_frames_per_turn == 0 {
+            return fail("--max-frames-per-turn must be at least 1".into());
+        }
+        let one_reply = limits::max_reply_frame(self.max_key_bytes);
+        if self.out_soft_limit_bytes < one_reply {
+            return fail(format!(
+                "--out-soft-limit must hold at least one reply ({one_reply} bytes with --max-key-bytes {})",
+                self.max_key_bytes
+            ));
+        }
+        if self.out_hard_limit_bytes < self.out_soft_limit_bytes.saturating_add(one_reply) {
+            return fail(format!(
+                "--out-hard-limit must exceed --out-soft-limit by at least one reply ({one_reply} bytes)"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The limits as `name=value` pairs, for the start-up log line.
+    #[must_use]
+    pub fn describe_limits(&self) -> String {
+        let frame_timeout_s = self.frame_timeout.map_or(0, |d| d.as_secs());
+        format!(
+            "max_conns={} max_keys={} max_waiters={} max_waiters_per_key={} max_key_bytes={} \
+             sweep_interval_s={} max_frames_per_turn={} out_soft_limit={} out_hard_limit={} \
+             frame_timeout_s={}",
+            self.max_conns,
+            self.engine.max_keys,
+            self.engine.max_waiters,
+            self.engine.max_waiters_per_key,
+            self.max_key_bytes,
+            self.engine.sweep_interval_ms / 1000,
+            self.max_frames_per_turn,
+            self.out_soft_limit_bytes,
+            self.out_hard_limit_bytes,
+            frame_timeout_s,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Parsed, ConfigError> {
+        parse_args(args.iter().map(OsString::from).collect())
+    }
+
+    #[test]
+    fn no_flags_gives_the_documented_defaults() {
+        assert_eq!(parse(&[]), Ok(Parsed::Run(Config::default())));
+        assert_eq!(Config::default().listen.to_string(), DEFAULT_LISTEN);
+    }
+
+    #[test]
+    fn every_flag_lands_in_its_field() {
+        let Ok(Parsed::Run(c)) = parse(&[
+            "--listen",
+            "127.0.0.1:0",
+            "--max-conns",
+            "5",
+            "--max-keys",
+            "6",
+            "--max-waiters",
+            "7",
+            "--max-waiters-per-key",
+            "3",
+            "--max-key-bytes",
+            "100",
+            "--sweep-interval",
+            "2",
+            "--max-frames-per-turn",
+            "9",
+            "--out-soft-limit",
+            "1000",
+            "--out-hard-limit",
+            "2000",
+            "--frame-timeout",
+            "0",
+            "--data-dir",
+            "/tmp/x",
+            "--log-level",
+            "debug",
+        ]) else {
+            panic!("flags should parse")
+        };
+        assert_eq!(c.listen.port(), 0);
+        assert_eq!(c.max_conns, 5);
+        assert_eq!(c.engine.max_keys, 6);
+        assert_eq!(c.engine.max_waiters, 7);
+        assert_eq!(c.engine.max_waiters_per_key, 3);
+        assert_eq!(c.max_key_bytes, 100);
+        assert_eq!(c.engine.sweep_interval_ms, 2000);
+        assert_eq!(c.max_frames_per_turn, 9);
+        assert_eq!(
+            (c.out_soft_limit_bytes, c.out_hard_limit_bytes),
+            (1000, 2000)
+        );
+        assert_eq!(c.frame_timeout, None);
+        assert_eq!(c.data_dir, Some(PathBuf::from("/tmp/x")));
+        assert_eq!(c.log_level, LevelFilter::Debug);
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        let e = parse(&["--max-conns", "lots"]).unwrap_err();
+        assert!(e.0.contains("--max-conns") && e.0.contains("lots"), "{e}");
+        let e = parse(&["--max-key-bytes", "70000"]).unwrap_err();
+        assert!(e.0.contains("--max-key-bytes"), "{e}");
+        let e = parse(&["--bogus"]).unwrap_err();
+        assert!(e.0.contains("--bogus"), "{e}");
+        let e = parse(&["--listen"]).unwrap_err();
+        assert!(e.0.contains("--listen"), "{e}");
+        let e = parse(&["--out-soft-limit", "10"]).unwrap_err();
+        assert!(e.0.contains("--out-soft-limit"), "{e}");
+        let e = parse(&["--log-level", "loud"]).unwrap_err();
+        assert!(e.0.contains("--log-level"), "{e}");
+    }
+
+    #[test]
+    fn help_and_version_win_over_everything_else() {
+        assert_eq!(parse(&["--max-conns", "x", "--help"]), Ok(Parsed::Help));
+        assert_eq!(parse(&["-V"]), Ok(Parsed::Version));
+    }
+}

@@ -1,0 +1,1023 @@
+//! The mio shell: one thread, one hand-written poll loop, the only code in
+//! ticketd that touches sockets.
+//!
+//! The [`Server`] owns the listener, a slab of connections (each with an
+//! explicit read buffer, and a write buffer with a cursor for partial
+//! writes), the clock and the signal source. What answers requests is a
+//! [`Service`]: single mode's [`crate::single::SingleService`], or cluster
+//! mode's, which registers its own peer sockets in the same poll with tokens
+//! at or above [`SERVICE_TOKEN_BASE`].
+//!
+//! # One loop turn ([`Server::poll_once`])
+//!
+//! 1. Poll, with a timeout from the service's next deadline (zero when work
+//!    is left over from the previous turn); then read the clock once.
+//! 2. Note readiness; accept new connections (up to a bound per turn).
+//! 3. Handle input: for each connection with input, decode frames straight
+//!    from its read buffer and hand them to the service, at most
+//!    `max_frames_per_turn` per connection (fairness); read until
+//!    `WouldBlock`.
+//! 4. `tick` the service, check timeouts, then `end_turn` (single mode makes
+//!    its token mark durable there), and only then encode the turn's replies
+//!    into the write buffers.
+//! 5. One `write` per connection with output; `WRITABLE` interest is held
+//!    only while bytes remain.
+//! 6. Reap the connections marked closing during the turn.
+//!
+//! # Limits
+//!
+//! Over `max_conns`, a new connection is accepted and closed at once. A
+//! connection whose unsent replies reach the soft limit is not read until
+//! they drain (the kernel then pushes back on the client); at the hard limit
+//! it is closed. A frame half-sent for `frame_timeout`, or replies that make
+//! no progress for as long, close the connection. When `accept` fails for
+//! lack of file descriptors, accepting pauses briefly instead of spinning and
+//! resumes by itself.
+
+mod conn;
+pub mod ratelimit;
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use mio::event::Event;
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook_mio::v1_0::Signals;
+use slab::Slab;
+use socket2::{Domain, Protocol, Socket, Type};
+
+use crate::config::{Config, MAX_CONNS_CEILING};
+use crate::engine::Outbox;
+use crate::limits::{max_reply_frame, max_request_frame};
+use crate::proto::{decode_request, encode_reply, Decoded, Malformed};
+use crate::service::Service;
+use crate::time::{Millis, MonotonicClock};
+
+use conn::{Closing, Conn};
+use ratelimit::LogLimit;
+
+const LISTENER: Token = Token(0);
+const SIGNALS: Token = Token(1);
+const WAKER: Token = Token(2);
+/// Connection `k` of the slab has token `CONN_BASE + k`.
+const CONN_BASE: usize = 16;
+/// The first mio token that belongs to the service (cluster peers). The
+/// server's own tokens are all below it.
+pub const SERVICE_TOKEN_BASE: usize = CONN_BASE + MAX_CONNS_CEILING;
+/// A [`crate::engine::ConnId`] is `(sequence << CONN_KEY_BITS) | slab key`: unique for the
+/// life of the process (the sequence never repeats), yet it finds its slot
+/// without a map.
+const CONN_KEY_BITS: u32 = 21;
+const CONN_KEY_MASK: u64 = (1 << CONN_KEY_BITS) - 1;
+const _: () = assert!(MAX_CONNS_CEILING as u64 <= CONN_KEY_MASK);
+
+/// Connections accepted per turn before the loop serves the others.
+const ACCEPTS_PER_TURN: usize = 256;
+/// How long accepting pauses after `EMFILE`/`ENFILE`.
+const ACCEPT_PAUSE_MS: u64 = 100;
+/// How often connections are checked for timeouts.
+const SCAN_INTERVAL_MS: u64 = 1000;
+/// How often closing connections are looked at while some are lingering.
+const CLOSING_RECHECK_MS: u64 = 50;
+/// Discarding reads per turn on a lingering close.
+const DISCARD_READS_PER_TURN: usize = 16;
+
+/// Whether the server goes on after a turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// Serving.
+    Running,
+    /// Shut down: every connection is closed; further turns do nothing.
+    Stopped,
+}
+
+/// Asks a running server to shut down, from any thread.
+#[derive(Clone, Debug)]
+pub struct ShutdownHandle {
+    flag: Arc<AtomicBool>,
+    waker: Arc<Waker>,
+}
+
+impl ShutdownHandle {
+    /// Starts a graceful shutdown: stop accepting, flush within the flush
+    /// timeout, close. The loop notices on its next turn.
+    pub fn shutdown(&self) {
+        self.flag.store(true, Ordering::SeqCst);
+        if let Err(e) = self.waker.wake() {
+            log::error!("cannot wake the server loop for shutdown: {e}");
+        }
+    }
+}
+
+/// A clock the caller moves by hand, for deterministic tests; see
+/// [`Server::use_manual_clock`].
+#[derive(Clone, Debug, Default)]
+pub struct ManualClock(Arc<AtomicU64>);
+
+impl ManualClock {
+    /// Sets the time. Moving it backwards is ignored.
+    pub fn set(&self, now: Millis) {
+        self.0.fetch_max(now.0, Ordering::SeqCst);
+    }
+
+    /// Moves the time forward by `ms`.
+    pub fn advance_ms(&self, ms: u64) {
+        self.0.fetch_add(ms, Ordering::SeqCst);
+    }
+
+    /// The current time.
+    #[must_use]
+    pub fn now(&self) -> Millis {
+        Millis(self.0.load(Ordering::SeqCst))
+    }
+}
+
+#[derive(Debug)]
+enum Clock {
+    Monotonic(MonotonicClock),
+    Manual(ManualClock),
+}
+
+impl Clock {
+    fn now(&self) -> Millis {
+        match self {
+            Clock::Monotonic(c) => c.now(),
+            Clock::Manual(c) => c.now(),
+        }
+    }
+}
+
+/// Counters for tests, examples and logs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Connections accepted and served.
+    pub accepted: u64,
+    /// Connections accepted and closed at once because of `max_conns`.
+    pub refused: u64,
+    /// Connections closed for malformed input.
+    pub malformed: u64,
+    /// Connections closed at the output hard limit or for a timeout.
+    pub limit_closes: u64,
+    /// Times accepting paused for lack of file descriptors.
+    pub accept_pauses: u64,
+    /// Loop turns.
+    pub turns: u64,
+}
+
+struct Logs {
+    refused: LogLimit,
+    malformed: LogLimit,
+    limits: LogLimit,
+    accept: LogLimit,
+    service: LogLimit,
+}
+
+/// The single-threaded server. See the module documentation.
+pub struct Server<S: Service> {
+    config: Config,
+    poll: Poll,
+    events: Option<Events>,
+    listener: Option<TcpListener>,
+    local_addr: SocketAddr,
+    signals: Option<Signals>,
+    waker: Arc<Waker>,
+    stop_flag: Arc<AtomicBool>,
+    service: S,
+    clock: Clock,
+    conns: Slab<Conn>,
+    next_conn_seq: u64,
+    /// Connections with input to handle this turn, and the next turn.
+    active: Vec<usize>,
+    active_next: Vec<usize>,
+    /// Connections with output to write this turn.
+    dirty: Vec<usize>,
+    /// Connections marked closing, reaped when done.
+    closing: Vec<usize>,
+    out: Outbox,
+    accept_ready: bool,
+    accept_paused_until: Option<Millis>,
+    shutdown_deadline: Option<Millis>,
+    stopped: bool,
+    next_scan: Millis,
+    stats: Stats,
+    logs: Logs,
+}
+
+fn is_fd_exhaustion(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+}
+
+fn conn_token(key: usize) -> Token {
+    Token(CONN_BASE + key)
+}
+
+impl<S: Service> Server<S> {
+    /// Binds the listener described by `config` (port 0 picks a free port),
+    /// lets `service` register its own event sources, and logs the start-up
+    /// line: version, bound address, service and limits.
+    ///
+    /// # Errors
+    /// An invalid `config`, or the address cannot be bound.
+    pub fn bind(config: Config, mut service: S) -> io::Result<Self> {
+        config
+            .validate()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let socket = Socket::new(
+            Domain::for_address(config.listen),
+            Type::STREAM,
+            Some(Protocol::TCP),
+        )?;
+        // Restarting on the same port must not wait for TIME_WAIT to clear.
+        socket.set_reuse_address(true)?;
+        socket.set_nonblocking(true)?;
+        socket.bind(&config.listen.into())?;
+        socket.listen(i32::try_from(config.backlog).unwrap_or(i32::MAX))?;
+        let mut listener = TcpListener::from_std(socket.into());
+        let local_addr = listener.local_addr()?;
+        let poll = Poll::new()?;
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        service.register(poll.registry(), SERVICE_TOKEN_BASE)?;
+        log::info!(
+            "ticketd {} listening on {} {} {}",
+            env!("CARGO_PKG_VERSION"),
+            local_addr,
+            service.describe(),
+            config.describe_limits()
+        );
+        Ok(Server {
+            poll,
+            events: Some(Events::with_capacity(1024)),
+            listener: Some(listener),
+            local_addr,
+            signals: None,
+            waker,
+            stop_flag: Arc::new(AtomicBool::new(false)),
+            service,
+            clock: Clock::Monotonic(MonotonicClock::new()),
+            conns: Slab::new(),
+            next_conn_seq: 1,
+            active: Vec::new(),
+            active_next: Vec::new(),
+            dirty: Vec::new(),
+            closing: Vec::new(),
+            out: Outbox::new(),
+            accept_ready: true,
+            accept_paused_until: None,
+            shutdown_deadline: None,
+            stopped: false,
+            next_scan: Millis::ZERO.add_ms(SCAN_INTERVAL_MS),
+            stats: Stats::default(),
+            logs: Logs {
+                refused: LogLimit::new(1, 10_000),
+                malformed: LogLimit::new(10, 10_000),
+                limits: LogLimit::new(10, 10_000),
+                accept: LogLimit::new(1, 10_000),
+                service: LogLimit::new(1, 10_000),
+            },
+            config,
+        })
+    }
+
+    /// The address actually bound (the real port when 0 was asked).
+    #[must_use]
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The configuration the server runs with.
+    #[must_use]
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The service, for inspection.
+    #[must_use]
+    pub fn service(&self) -> &S {
+        &self.service
+    }
+
+    /// The service, mutably (between turns).
+    pub fn service_mut(&mut self) -> &mut S {
+        &mut self.service
+    }
+
+    /// Counters since start.
+    #[must_use]
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// Open client connections (including those being closed).
+    #[must_use]
+    pub fn connection_count(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// A handle that shuts the server down from any thread.
+    #[must_use]
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle {
+            flag: Arc::clone(&self.stop_flag),
+            waker: Arc::clone(&self.waker),
+        }
+    }
+
+    /// Shuts down on SIGTERM and SIGINT (the daemon does this; an embedding
+    /// program may prefer its own handling).
+    ///
+    /// # Errors
+    /// The signal handlers cannot be installed.
+    pub fn handle_signals(&mut self) -> io::Result<()> {
+        let mut signals = Signals::new([SIGTERM, SIGINT])?;
+        self.poll
+            .registry()
+            .register(&mut signals, SIGNALS, Interest::READABLE)?;
+        self.signals = Some(signals);
+        Ok(())
+    }
+
+    /// Replaces the OS monotonic clock with one the caller moves, starting at
+    /// the current time, so leases and waits can be stepped through
+    /// deterministically. Poll timeouts still follow the deadlines; pass a
+    /// `max_wait` to [`Server::poll_once`] to keep turns short.
+    pub fn use_manual_clock(&mut self) -> ManualClock {
+        let clock = ManualClock::default();
+        clock.set(self.clock.now());
+        self.clock = Clock::Manual(clock.clone());
+        clock
+    }
+
+    /// Runs turns until shut down (signal or [`ShutdownHandle`]).
+    ///
+    /// # Errors
+    /// The poll itself fails (not a connection error: those close the
+    /// connection).
+    pub fn run(&mut self) -> io::Result<()> {
+        while self.poll_once(None)? == Status::Running {}
+        Ok(())
+    }
+
+    /// One loop turn: waits for readiness at most `max_wait` (`None`: until
+    /// the next deadline or event), then handles everything ready.
+    ///
+    /// # Errors
+    /// The poll itself fails.
+    pub fn poll_once(&mut self, max_wait: Option<Duration>) -> io::Result<Status> {
+        if self.stopped {
+            return Ok(Status::Stopped);
+        }
+        let before = self.clock.now();
+        let timeout = self.poll_timeout(before, max_wait);
+        let mut events = self
+            .events
+            .take()
+            .unwrap_or_else(|| Events::with_capacity(1024));
+        let polled = self.poll.poll(&mut events, timeout);
+        let now = self.clock.now();
+        match polled {
+            Ok(()) => {
+                for event in &events {
+                    self.note_event(now, event);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                self.events = Some(events);
+                return Err(e);
+            }
+        }
+        self.events = Some(events);
+        self.turn(now);
+        Ok(if self.stopped {
+            Status::Stopped
+        } else {
+            Status::Running
+        })
+    }
+
+    fn poll_timeout(&self, now: Millis, max_wait: Option<Duration>) -> Option<Duration> {
+        let accept_pending =
+            self.accept_ready && self.accept_paused_until.is_none() && self.listener.is_some();
+        if !self.active.is_empty() || !self.dirty.is_empty() || accept_pending {
+            return Some(Duration::ZERO);
+        }
+        let mut at = self.service.next_deadline().unwrap_or(Millis::NEVER);
+        if !self.conns.is_empty() {
+            at = at.min(self.next_scan);
+        }
+        if !self.closing.is_empty() {
+            at = at.min(now.add_ms(CLOSING_RECHECK_MS));
+        }
+        if let Some(t) = self.accept_paused_until {
+            at = at.min(t);
+        }
+        if let Some(t) = self.shutdown_deadline {
+            at = at.min(t);
+        }
+        let until = (at != Millis::NEVER).then(|| now.until(at));
+        match (until, max_wait) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn note_event(&mut self, now: Millis, event: &Event) {
+        match event.token() {
+            LISTENER => self.accept_ready = true,
+            WAKER => {}
+            SIGNALS => {
+                let mut stop = false;
+                if let Some(signals) = self.signals.as_mut() {
+                    for sig in signals.pending() {
+                        log::info!("received signal {sig}, shutting down");
+                        stop = true;
+                    }
+                }
+                if stop {
+                    self.stop_flag.store(true, Ordering::SeqCst);
+                }
+            }
+            Token(t) if t >= SERVICE_TOKEN_BASE => {
+                self.service
+                    .event(now, self.poll.registry(), event, &mut self.out);
+            }
+            Token(t) if t >= CONN_BASE => {
+                let key = t - CONN_BASE;
+                let Some(c) = self.conns.get_mut(key) else {
+                    return;
+                };
+                if event.is_readable() || event.is_read_closed() || event.is_error() {
+                    c.readable = true;
+                    if !c.active {
+                        c.active = true;
+                        self.active.push(key);
+                    }
+                }
+                if (event.is_writable() || event.is_write_closed() || event.is_error()) && !c.dirty
+                {
+                    c.dirty = true;
+                    self.dirty.push(key);
+                }
+            }
+            Token(_) => {}
+        }
+    }
+
+    fn turn(&mut self, now: Millis) {
+        self.stats.turns += 1;
+        if self.stop_flag.load(Ordering::SeqCst) && self.shutdown_deadline.is_none() {
+            self.begin_shutdown(now);
+        }
+        if self.shutdown_deadline.is_none() {
+            self.accept(now);
+        }
+        self.handle_input(now);
+        self.service.tick(now, &mut self.out);
+        if now >= self.next_scan {
+            self.scan(now);
+        }
+        if let Err(e) = self.service.end_turn(now, &mut self.out) {
+            if let Some(n) = self.logs.service.allow(now) {
+                log::error!("service failed to end the turn: {e} ({n} similar errors suppressed)");
+            }
+        }
+        self.deliver();
+        self.write(now);
+        self.reap(now);
+        if let Some(deadline) = self.shutdown_deadline {
+            if self.conns.is_empty() || now >= deadline {
+                self.finish_shutdown();
+            }
+        }
+    }
+
+    fn accept(&mut self, now: Millis) {
+        if let Some(until) = self.accept_paused_until {
+            if now < until {
+                return;
+            }
+            // Connections may be waiting in the backlog with no new edge to
+            // announce them: try regardless of readiness.
+            self.accept_paused_until = None;
+            self.accept_ready = true;
+        }
+        if !self.accept_ready {
+            return;
+        }
+        for _ in 0..ACCEPTS_PER_TURN {
+            let Some(listener) = self.listener.as_ref() else {
+                return;
+            };
+            match listener.accept() {
+                Ok((stream, peer)) => {
+                    if self.conns.len() >= self.config.max_conns {
+                        drop(stream);
+                        self.stats.refused += 1;
+                        if let Some(n) = self.logs.refused.allow(now) {
+                            log::warn!(
+                                "refused {peer}: {} connections open, the --max-conns limit \
+                                 ({n} similar refusals suppressed)",
+                                self.conns.len()
+                            );
+                        }
+                        continue;
+                    }
+                    self.add_conn(stream, peer);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.accept_ready = false;
+                    return;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
+                    ) => {}
+                Err(e) => {
+                    // EMFILE, ENFILE, ENOBUFS, ENOMEM: the pending connection
+                    // stays in the backlog and the listener stays readable, so
+                    // retrying now would spin. Pause, and retry on a timer.
+                    self.accept_paused_until = Some(now.add_ms(ACCEPT_PAUSE_MS));
+                    self.stats.accept_pauses += 1;
+                    if let Some(n) = self.logs.accept.allow(now) {
+                        let why = if is_fd_exhaustion(&e) {
+                            "out of file descriptors"
+                        } else {
+                            "accept failed"
+                        };
+                        log::warn!(
+                            "{why} ({e}); pausing accepts for {ACCEPT_PAUSE_MS} ms with {} \
+                             connections open ({n} similar pauses not logged)",
+                            self.conns.len()
+                        );
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    fn add_conn(&mut self, mut stream: TcpStream, peer: SocketAddr) {
+        // Replies are written once per turn already; Nagle would only add delay.
+        if let Err(e) = stream.set_nodelay(true) {
+            log::debug!("{peer}: cannot set TCP_NODELAY: {e}");
+        }
+        let entry = self.conns.vacant_entry();
+        let key = entry.key();
+        if let Err(e) =
+            self.poll
+                .registry()
+                .register(&mut stream, conn_token(key), Interest::READABLE)
+        {
+            log::warn!("{peer}: cannot register the connection: {e}");
+            return;
+        }
+        let id = (self.next_conn_seq << CONN_KEY_BITS) | key as u64;
+        self.next_conn_seq += 1;
+        self.stats.accepted += 1;
+        log::debug!("{peer}: connected as {id}");
+        let mut c = Conn::new(stream, peer, id);
+        // A client may have sent its first frames before registration.
+        c.readable = true;
+        c.active = true;
+        entry.insert(c);
+        self.active.push(key);
+    }
+
+    fn handle_input(&mut self, now: Millis) {
+        let mut list = std::mem::take(&mut self.active);
+        for &key in &list {
+            self.handle_conn_input(now, key);
+        }
+        list.clear();
+        // Whatever was queued during the turn (leftover budget, resumed
+        // connections) is for the next turn; keep the allocation.
+        self.active = std::mem::replace(&mut self.active_next, list);
+    }
+
+    fn handle_conn_input(&mut self, now: Millis, key: usize) {
+        enum End {
+            Idle,
+            Again,
+            Malformed(Malformed),
+            PeerClosed,
+            Failed(io::Error),
+        }
+        let max_key_bytes = self.config.max_key_bytes;
+        let max_frame = max_request_frame(max_key_bytes);
+        let soft = self.config.out_soft_limit_bytes;
+        let debug = log::log_enabled!(log::Level::Debug);
+        let Some(c) = self.conns.get_mut(key) else {
+            return;
+        };
+        c.active = false;
+        if c.closing != Closing::No {
+            return; // reads of a closing connection are the reaper's
+        }
+        let mut budget = self.config.max_frames_per_turn;
+        // Unsent bytes plus the largest replies the turn's requests can still
+        // add: decoding stops when that reaches the soft limit, so a client
+        // that does not read overshoots it by at most one reply.
+        let mut projected_out = c.pending_out();
+        let end = loop {
+            if c.pending_out() >= soft {
+                c.paused = true;
+                break End::Idle;
+            }
+            let mut bad = None;
+            while budget > 0 && projected_out < soft {
+                match decode_request(&c.rbuf[c.rstart..c.rend], max_key_bytes) {
+                    Decoded::Frame { frame, used } => {
+                        if debug {
+                            log::debug!("{} ({}): {:?}", c.peer, c.id, frame);
+                        }
+                        projected_out += max_reply_frame(frame.key().len());
+                        self.service.request(now, c.id, frame, &mut self.out);
+                        c.rstart += used;
+                        c.partial_since = None;
+                        budget -= 1;
+                    }
+                    Decoded::Incomplete => break,
+                    Decoded::Malformed(m) => {
+                        bad = Some(m);
+                        break;
+                    }
+                }
+            }
+            if let Some(m) = bad {
+                break End::Malformed(m);
+            }
+            if budget == 0 || projected_out >= soft {
+                // Next turn: the replies will be counted for real by then.
+                break End::Again;
+            }
+            if c.eof {
+                break End::PeerClosed;
+            }
+            if !c.readable {
+                break End::Idle;
+            }
+            if !c.make_room(max_frame) {
+                break End::Again;
+            }
+            match c.read_once() {
+                Ok(0) => c.eof = true,
+                Ok(n) => c.rend += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => c.readable = false,
+                Err(e) => break End::Failed(e),
+            }
+        };
+        if c.paused {
+            // Not reading is the server's choice here; the output stall
+            // timeout covers a peer that never reads.
+            c.partial_since = None;
+        } else if c.pending_in() > 0 {
+            c.partial_since.get_or_insert(now);
+        } else {
+            c.shrink_idle_buffers(soft);
+        }
+        match end {
+            End::Idle => {}
+            End::Again => {
+                c.active = true;
+                self.active_next.push(key);
+            }
+            End::Malformed(m) => {
+                self.stats.malformed += 1;
+                if let Some(n) = self.logs.malformed.allow(now) {
+                    log::warn!(
+                        "closing {}: malformed frame: {m} ({n} similar closes not logged)",
+                        c.peer
+                    );
+                }
+                self.start_close(now, key, true);
+            }
+            End::PeerClosed => {
+                log::debug!("{}: closed by the peer", c.peer);
+                self.start_close(now, key, false);
+            }
+            End::Failed(e) => {
+                log::debug!("{}: read failed: {e}", c.peer);
+                self.close_now(now, key);
+            }
+        }
+    }
+
+    /// Marks `key` closing after a flush of its unsent replies (bounded by the
+    /// flush timeout) and cancels its queued acquires at once.
+    fn start_close(&mut self, now: Millis, key: usize, linger: bool) {
+        let Some(c) = self.conns.get_mut(key) else {
+            return;
+        };
+        if c.closing != Closing::No {
+            return;
+        }
+        c.closing = Closing::Drain {
+            deadline: now.add_ms(millis(self.config.flush_timeout)),
+            linger,
+        };
+        c.rstart = c.rend;
+        let id = c.id;
+        if !c.dirty {
+            c.dirty = true;
+            self.dirty.push(key);
+        }
+        self.closing.push(key);
+        self.service.disconnect(now, id, &mut self.out);
+    }
+
+    /// Marks `key` to be closed at the end of the turn, unsent replies dropped.
+    fn close_now(&mut self, now: Millis, key: usize) {
+        let Some(c) = self.conns.get_mut(key) else {
+            return;
+        };
+        let was_open = c.closing == Closing::No;
+        c.closing = Closing::Now;
+        let id = c.id;
+        if was_open {
+            self.closing.push(key);
+            self.service.disconnect(now, id, &mut self.out);
+        }
+    }
+
+    /// Timeouts: half-sent frames and replies that make no progress.
+    fn scan(&mut self, now: Millis) {
+        self.next_scan = now.add_ms(SCAN_INTERVAL_MS);
+        let Some(limit) = self.config.frame_timeout.map(millis) else {
+            return;
+        };
+        let mut expired = Vec::new();
+        for (key, c) in &self.conns {
+            if c.closing != Closing::No {
+                continue;
+            }
+            let partial = c.partial_since.is_some_and(|t| now.since(t) >= limit);
+            let stalled =
+                c.pending_out() > 0 && c.stalled_since.is_some_and(|t| now.since(t) >= limit);
+            if partial || stalled {
+                expired.push((key, partial));
+            }
+        }
+        for (key, partial) in expired {
+            self.stats.limit_closes += 1;
+            if let Some(n) = self.logs.limits.allow(now) {
+                let peer = self.conns[key].peer;
+                let what = if partial {
+                    "a frame half-sent"
+                } else {
+                    "unread replies"
+                };
+                log::warn!(
+                    "closing {peer}: {what} for --frame-timeout ({n} similar closes not logged)"
+                );
+            }
+            if partial {
+                self.start_close(now, key, true);
+            } else {
+                self.close_now(now, key);
+            }
+        }
+    }
+
+    /// Encodes the turn's replies into their connections' write buffers.
+    fn deliver(&mut self) {
+        let debug = log::log_enabled!(log::Level::Debug);
+        for a in self.out.iter() {
+            let key = usize::try_from(a.conn & CONN_KEY_MASK).unwrap_or(usize::MAX);
+            match self.conns.get_mut(key) {
+                Some(c) if c.id == a.conn && c.closing != Closing::Now => {
+                    if debug {
+                        log::debug!("{} ({}) <- {:?}", c.peer, c.id, a.reply);
+                    }
+                    encode_reply(&a.reply, &mut c.wbuf);
+                    if !c.dirty {
+                        c.dirty = true;
+                        self.dirty.push(key);
+                    }
+                }
+                // The connection is gone: nobody is left to read the reply.
+                _ => {
+                    if debug {
+                        log::debug!("dropped a reply to closed connection {}", a.conn);
+                    }
+                }
+            }
+        }
+        self.out.clear();
+    }
+
+    /// At most one `write` per connection with output.
+    fn write(&mut self, now: Millis) {
+        let soft = self.config.out_soft_limit_bytes;
+        let hard = self.config.out_hard_limit_bytes;
+        let mut list = std::mem::take(&mut self.dirty);
+        for &key in &list {
+            let Some(c) = self.conns.get_mut(key) else {
+                continue;
+            };
+            c.dirty = false;
+            if c.closing == Closing::Now {
+                continue;
+            }
+            let mut failed = None;
+            if c.pending_out() > 0 {
+                match c.write_once() {
+                    Ok(n) if c.pending_out() == 0 => {
+                        let _ = n;
+                        c.stalled_since = None;
+                    }
+                    Ok(n) => {
+                        if n > 0 || c.stalled_since.is_none() {
+                            c.stalled_since = Some(now);
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        c.stalled_since.get_or_insert(now);
+                    }
+                    Err(e) => failed = Some(e),
+                }
+            }
+            if let Some(e) = failed {
+                log::debug!("{}: write failed: {e}", c.peer);
+                self.close_now(now, key);
+                continue;
+            }
+            if c.pending_out() > hard {
+                let (peer, pending) = (c.peer, c.pending_out());
+                self.stats.limit_closes += 1;
+                if let Some(n) = self.logs.limits.allow(now) {
+                    log::warn!(
+                        "closing {peer}: {pending} bytes of unread replies, over --out-hard-limit \
+                         ({n} similar closes not logged)"
+                    );
+                }
+                self.close_now(now, key);
+                continue;
+            }
+            if c.paused && c.pending_out() < soft {
+                c.paused = false;
+                if !c.active {
+                    c.active = true;
+                    self.active.push(key);
+                }
+            }
+            let want = if c.pending_out() > 0 {
+                Interest::READABLE | Interest::WRITABLE
+            } else {
+                Interest::READABLE
+            };
+            if want != c.interest {
+                match self
+                    .poll
+                    .registry()
+                    .reregister(&mut c.stream, conn_token(key), want)
+                {
+                    Ok(()) => c.interest = want,
+                    Err(e) => {
+                        log::debug!("{}: reregister failed: {e}", c.peer);
+                        self.close_now(now, key);
+                    }
+                }
+            }
+        }
+        list.clear();
+        // Nothing is marked dirty while writing; keep the allocation.
+        debug_assert!(self.dirty.is_empty(), "write phase marks nothing dirty");
+        self.dirty = list;
+    }
+
+    /// Closes what is done closing: `Now` at once; `Drain` once flushed (and,
+    /// lingering, once the peer closed too), or at its deadline.
+    fn reap(&mut self, now: Millis) {
+        let mut i = 0;
+        while i < self.closing.len() {
+            let key = self.closing[i];
+            if self.closing_done(now, key) {
+                self.closing.swap_remove(i);
+                if let Some(mut c) = self.conns.try_remove(key) {
+                    if let Err(e) = self.poll.registry().deregister(&mut c.stream) {
+                        log::debug!("{}: deregister failed: {e}", c.peer);
+                    }
+                    log::debug!("{}: closed", c.peer);
+                }
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn closing_done(&mut self, now: Millis, key: usize) -> bool {
+        let Some(c) = self.conns.get_mut(key) else {
+            return true;
+        };
+        let (deadline, linger) = match c.closing {
+            Closing::No => return false,
+            Closing::Now => return true,
+            Closing::Drain { deadline, linger } => (deadline, linger),
+        };
+        if now >= deadline {
+            return true;
+        }
+        if c.pending_out() > 0 {
+            return false;
+        }
+        if !linger {
+            return true;
+        }
+        if !c.shut_write {
+            c.shut_write = true;
+            if c.stream.shutdown(std::net::Shutdown::Write).is_err() {
+                return true;
+            }
+        }
+        // Read and drop what the peer still sends until it closes, so the
+        // close is not a reset that could destroy the replies just flushed.
+        for _ in 0..DISCARD_READS_PER_TURN {
+            c.rstart = 0;
+            c.rend = 0;
+            match c.read_once() {
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+                Err(_) => return true,
+            }
+        }
+        false
+    }
+
+    fn begin_shutdown(&mut self, now: Millis) {
+        log::info!(
+            "shutting down: {} connections to flush within {} ms",
+            self.conns.len(),
+            millis(self.config.flush_timeout)
+        );
+        if let Some(mut l) = self.listener.take() {
+            let _ = self.poll.registry().deregister(&mut l);
+        }
+        self.shutdown_deadline = Some(now.add_ms(millis(self.config.flush_timeout)));
+        let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
+        for key in keys {
+            self.start_close(now, key, false);
+        }
+    }
+
+    fn finish_shutdown(&mut self) {
+        for mut c in self.conns.drain() {
+            let _ = self.poll.registry().deregister(&mut c.stream);
+        }
+        self.closing.clear();
+        self.active.clear();
+        self.active_next.clear();
+        self.dirty.clear();
+        self.stopped = true;
+        log::info!("stopped");
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Raises the soft limit on open files (`RLIMIT_NOFILE`) towards `wanted`,
+/// as far as the hard limit allows, and returns the soft limit in force
+/// afterwards. Never lowers it. A server with `max_conns` connections wants
+/// `max_conns` plus a few descriptors for itself.
+///
+/// # Errors
+/// The limit cannot be read.
+// rlim_t is u64 on some targets and not on others.
+#[allow(clippy::useless_conversion, clippy::unnecessary_cast)]
+pub fn raise_open_file_limit(wanted: u64) -> io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we pass and nothing else.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let soft = u64::from(lim.rlim_cur);
+    let hard = u64::from(lim.rlim_max);
+    if soft >= wanted {
+        return Ok(soft);
+    }
+    let target = wanted.min(hard);
+    let new = libc::rlimit {
+        rlim_cur: target as libc::rlim_t,
+        rlim_max: lim.rlim_max,
+    };
+    // SAFETY: setrlimit reads the struct we pass and nothing else.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } == 0 {
+        Ok(target)
+    } else {
+        Ok(soft)
+    }
+}

@@ -1,0 +1,423 @@
+//! Shared harness for tests that run the real `ticketd` binary.
+//!
+//! * [`Ticketd::start`] spawns `ticketd --listen 127.0.0.1:0 ARGS...`, reads
+//!   the bound address from its start-up log line, keeps collecting its
+//!   stderr (so the server never blocks on a full pipe), and kills it on drop.
+//! * [`Client`] speaks raw frames over one TCP connection:
+//!   [`Client::acquire`] / [`Client::release`] send, [`Client::recv`] reads
+//!   one reply decoded with `ticketd::proto`.
+//!
+//! Use it from a test file with `mod common;`.
+#![allow(dead_code)] // each test file uses a different part of it
+
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ticketd::proto::{self, Decoded, Request};
+
+/// Path of the `ticketd` binary Cargo built for this test run.
+#[must_use]
+pub fn ticketd_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_ticketd"))
+}
+
+/// Runs `ticketd ARGS...` to completion (for `--help`, bad flags...).
+#[must_use]
+pub fn run_ticketd(args: &[&str]) -> Output {
+    Command::new(ticketd_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run ticketd")
+}
+
+/// A running `ticketd` child process; killed when dropped.
+pub struct Ticketd {
+    child: Child,
+    addr: SocketAddr,
+    log: Arc<Mutex<String>>,
+}
+
+impl Ticketd {
+    /// Starts `ticketd --listen 127.0.0.1:0 ARGS...` and waits for its
+    /// start-up line. Do not pass `--listen` in `args` (see [`Ticketd::start_raw`]).
+    #[must_use]
+    pub fn start(args: &[&str]) -> Ticketd {
+        let mut all = vec!["--listen", "127.0.0.1:0"];
+        all.extend_from_slice(args);
+        Ticketd::start_raw(&[], &all)
+    }
+
+    /// Starts `WRAPPER... ticketd ARGS...` exactly as given (no `--listen`
+    /// added). `wrapper` is a command that execs the rest, like
+    /// `["prlimit", "--nofile=64:64"]`, or empty. Panics with the server's
+    /// log if it exits or prints no start-up line within 10 s.
+    #[must_use]
+    pub fn start_raw(wrapper: &[&str], args: &[&str]) -> Ticketd {
+        let bin = ticketd_bin();
+        let mut cmd = match wrapper.split_first() {
+            Some((prog, rest)) => {
+                let mut c = Command::new(prog);
+                c.args(rest).arg(&bin);
+                c
+            }
+            None => Command::new(&bin),
+        };
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn ticketd");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let log = Arc::new(Mutex::new(String::new()));
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stderr);
+            let mut line = String::new();
+            while r.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+                sink.lock().unwrap().push_str(&line);
+                line.clear();
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let found = parse_listen_line(&log.lock().unwrap());
+            if let Some(addr) = found {
+                return Ticketd { child, addr, log };
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                std::thread::sleep(Duration::from_millis(50));
+                panic!(
+                    "ticketd exited ({status}) before listening:\n{}",
+                    log.lock().unwrap()
+                );
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("ticketd printed no start-up line:\n{}", log.lock().unwrap());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The address the server listens on.
+    #[must_use]
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The server's process id.
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// A new raw client connection.
+    #[must_use]
+    pub fn connect(&self) -> Client {
+        Client::connect(self.addr)
+    }
+
+    /// Everything the server logged so far.
+    #[must_use]
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Waits until the log contains `needle`; false on timeout.
+    pub fn wait_for_log(&self, needle: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.log().contains(needle) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.log().contains(needle)
+    }
+
+    /// Sends `signal` (e.g. `libc::SIGTERM`) to the server.
+    pub fn signal(&self, signal: i32) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("pid fits");
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        let rc = unsafe { libc::kill(pid, signal) };
+        assert_eq!(rc, 0, "kill({pid}, {signal}) failed");
+    }
+
+    /// Waits up to `timeout` for the server to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                return Some(s);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGTERM, then waits up to 10 s for the exit; panics if it hangs.
+    pub fn terminate(&mut self) -> ExitStatus {
+        self.signal(libc::SIGTERM);
+        self.wait_exit(Duration::from_secs(10))
+            .unwrap_or_else(|| panic!("ticketd did not exit after SIGTERM:\n{}", self.log()))
+    }
+
+    /// Resident memory of the server in KiB (`VmRSS` in /proc/PID/status).
+    #[must_use]
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("read /proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS line")
+    }
+
+    /// CPU time the server used so far (user + system), in clock ticks.
+    #[must_use]
+    pub fn cpu_ticks(&self) -> u64 {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).expect("read /proc stat");
+        // Fields after the parenthesised command name; utime and stime are
+        // the 14th and 15th fields of the whole line.
+        let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+    }
+}
+
+impl Drop for Ticketd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Finds `listening on ADDR` in the log.
+#[must_use]
+pub fn parse_listen_line(log: &str) -> Option<SocketAddr> {
+    let rest = &log[log.find("listening on ")? + "listening on ".len()..];
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+/// An owned reply, for assertions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// `A token owner key`
+    Acquired {
+        /// Fencing token.
+        token: u64,
+        /// Echoed owner.
+        owner: u64,
+        /// Key.
+        key: String,
+    },
+    /// `T owner key`
+    Timeout {
+        /// Echoed owner.
+        owner: u64,
+        /// Key.
+        key: String,
+    },
+    /// `B owner key`
+    Busy {
+        /// Echoed owner.
+        owner: u64,
+        /// Key.
+        key: String,
+    },
+    /// `R token key`
+    Released {
+        /// Token.
+        token: u64,
+        /// Key.
+        key: String,
+    },
+    /// `N token key`
+    NotReleased {
+        /// Token.
+        token: u64,
+        /// Key.
+        key: String,
+    },
+}
+
+impl Reply {
+    /// The token of an `Acquired` reply; panics on any other.
+    #[must_use]
+    pub fn token(&self) -> u64 {
+        match self {
+            Reply::Acquired { token, .. } => *token,
+            other => panic!("expected Acquired, got {other:?}"),
+        }
+    }
+}
+
+impl From<proto::Reply<'_>> for Reply {
+    fn from(r: proto::Reply<'_>) -> Self {
+        match r {
+            proto::Reply::Acquired { token, owner, key } => Reply::Acquired {
+                token,
+                owner,
+                key: key.into(),
+            },
+            proto::Reply::Timeout { owner, key } => Reply::Timeout {
+                owner,
+                key: key.into(),
+            },
+            proto::Reply::Busy { owner, key } => Reply::Busy {
+                owner,
+                key: key.into(),
+            },
+            proto::Reply::Released { token, key } => Reply::Released {
+                token,
+                key: key.into(),
+            },
+            proto::Reply::NotReleased { token, key } => Reply::NotReleased {
+                token,
+                key: key.into(),
+            },
+        }
+    }
+}
+
+/// The bytes of an acquire frame.
+#[must_use]
+pub fn acquire_frame(key: &str, owner: u64, wait_s: u8, lease_s: u8) -> Vec<u8> {
+    let mut v = Vec::new();
+    proto::encode_request(
+        &Request::Acquire {
+            wait_s,
+            lease_s,
+            owner,
+            key,
+        },
+        &mut v,
+    );
+    v
+}
+
+/// The bytes of a release frame.
+#[must_use]
+pub fn release_frame(key: &str, token: u64) -> Vec<u8> {
+    let mut v = Vec::new();
+    proto::encode_request(&Request::Release { token, key }, &mut v);
+    v
+}
+
+/// How a read for a reply ended without one.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NoReply {
+    /// Nothing arrived in time.
+    TimedOut,
+    /// The server closed the connection (EOF or reset).
+    Closed,
+}
+
+/// One raw client connection.
+pub struct Client {
+    /// The socket, for tests that need it directly.
+    pub stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+/// Key limit used to decode replies: the protocol's ceiling.
+const DECODE_MAX_KEY: usize = 64 * 1024;
+
+impl Client {
+    /// Connects to `addr` (panics on failure).
+    #[must_use]
+    pub fn connect(addr: SocketAddr) -> Client {
+        let stream = TcpStream::connect(addr).expect("connect to ticketd");
+        stream.set_nodelay(true).unwrap();
+        Client {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Writes raw bytes.
+    pub fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).expect("send to ticketd");
+    }
+
+    /// Sends an acquire.
+    pub fn acquire(&mut self, key: &str, owner: u64, wait_s: u8, lease_s: u8) {
+        self.send(&acquire_frame(key, owner, wait_s, lease_s));
+    }
+
+    /// Sends a release.
+    pub fn release(&mut self, key: &str, token: u64) {
+        self.send(&release_frame(key, token));
+    }
+
+    /// Reads one reply within 5 s; panics otherwise.
+    pub fn recv(&mut self) -> Reply {
+        match self.try_recv(Duration::from_secs(5)) {
+            Ok(r) => r,
+            Err(e) => panic!("no reply from ticketd: {e:?}"),
+        }
+    }
+
+    /// Reads one reply within `timeout`.
+    pub fn try_recv(&mut self, timeout: Duration) -> Result<Reply, NoReply> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match proto::decode_reply(&self.buf, DECODE_MAX_KEY) {
+                Decoded::Frame { frame, used } => {
+                    let r = Reply::from(frame);
+                    self.buf.drain(..used);
+                    return Ok(r);
+                }
+                Decoded::Malformed(m) => panic!("server sent a malformed reply: {m}"),
+                Decoded::Incomplete => {}
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(NoReply::TimedOut);
+            }
+            self.stream.set_read_timeout(Some(left)).unwrap();
+            let mut chunk = [0u8; 64 * 1024];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return Err(NoReply::Closed),
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    return Err(NoReply::TimedOut)
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => return Err(NoReply::Closed),
+            }
+        }
+    }
+
+    /// Reads `n` replies.
+    pub fn recv_n(&mut self, n: usize) -> Vec<Reply> {
+        (0..n).map(|_| self.recv()).collect()
+    }
+
+    /// Sends an acquire and reads one reply.
+    pub fn acquire_reply(&mut self, key: &str, owner: u64, wait_s: u8, lease_s: u8) -> Reply {
+        self.acquire(key, owner, wait_s, lease_s);
+        self.recv()
+    }
+
+    /// Sends a release and reads one reply.
+    pub fn release_reply(&mut self, key: &str, token: u64) -> Reply {
+        self.release(key, token);
+        self.recv()
+    }
+
+    /// True when the server closes the connection within `timeout` without
+    /// sending another reply first.
+    pub fn closed_within(&mut self, timeout: Duration) -> bool {
+        matches!(self.try_recv(timeout), Err(NoReply::Closed))
+    }
+}
