@@ -64,6 +64,7 @@ USAGE:
     ticket acquire KEY [--wait S] [--lease S] [--server ADDR]...
     ticket release KEY TOKEN [--server ADDR]...
     ticket run KEY [--wait S] [--lease S] [--kill-grace S] [--server ADDR]... -- CMD [ARGS...]
+    ticket bench [--backend ticketd|redis|etcd] [--mode acquire|cycle|contended] ...
     ticket help [SUBCOMMAND]
 
 Each subcommand takes --help. The server defaults to 127.0.0.1:7470; give
@@ -81,6 +82,8 @@ EXIT STATUS:
     126  run: the command could not be started
     127  run: the command was not found
     run otherwise exits with the command's own status (128 + N for signal N).
+    bench exits 0, 1 when the run failed or a grant broke FIFO order, 64 on
+    a usage error.
 ";
 
 const HELP_ACQUIRE: &str = "\
@@ -184,10 +187,29 @@ fn dispatch(mut args: Vec<OsString>) -> Result<u8, Exit> {
         "acquire" => acquire(args),
         "release" => release(args),
         "run" => run(args),
-        // The benchmark subcommand plugs in here, next to the others:
-        // "bench" => bench(args),
+        "bench" => bench(args),
         "help" | "--help" | "-h" => help(args),
         other => Err(Exit::usage(format!("unknown subcommand {other:?}"))),
+    }
+}
+
+/// `ticket bench`: the load generator of [`ticketd::bench`].
+fn bench(args: Vec<OsString>) -> Result<u8, Exit> {
+    let args = args
+        .into_iter()
+        .map(|a| {
+            a.into_string()
+                .map_err(|_| Exit::usage("bench: an argument is not valid UTF-8"))
+        })
+        .collect::<Result<Vec<String>, Exit>>()?;
+    match ticketd::bench::main(args) {
+        0 => Ok(exit::OK),
+        // bench has printed its own message and hint for bad flags.
+        2 => Err(Exit {
+            status: exit::USAGE,
+            message: String::new(),
+        }),
+        _ => Ok(1),
     }
 }
 
@@ -197,6 +219,10 @@ fn help(args: Vec<OsString>) -> Result<u8, Exit> {
         Some("acquire") => HELP_ACQUIRE,
         Some("release") => HELP_RELEASE,
         Some("run") => HELP_RUN,
+        Some("bench") => {
+            let _ = ticketd::bench::main(vec!["--help".to_owned()]);
+            return Ok(exit::OK);
+        }
         Some(other) => return Err(Exit::usage(format!("no help for {other:?}"))),
     };
     print!("{text}");
