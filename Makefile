@@ -1,7 +1,7 @@
 # ticketd developer targets. `make help` lists them.
 CARGO ?= cargo
 
-.PHONY: help build run test lint doc bench vendor-check clean
+.PHONY: help build run test lint doc bench vendor-check example clean
 
 help:
 	@echo "build         release build of ticketd and ticket"
@@ -9,9 +9,14 @@ help:
 	@echo "test          the full test suite (cargo test)"
 	@echo "lint          cargo fmt --check and clippy -D warnings"
 	@echo "doc           cargo doc with warnings as errors"
+	@echo "bench         ticketd vs Redis vs the limit server vs etcd (BENCH_SECONDS=3 for a quick run)"
+	@echo "vendor-check  cargo vendor, then build offline from it (with and without default features)"
+	@echo "example       run examples/step_server (a server stepped turn by turn)"
 	@echo "sim           cluster simulation over SEEDS seeds from FIRST (make sim SEEDS=500)"
 	@echo "bench-cluster 3-node cluster vs one etcd node, lock cycles/s (CLIENTS=50)"
 	@echo "clean         remove build output"
+	@echo "fuzz          run every cargo-fuzz target for FUZZ_SECONDS each (default 60)"
+	@echo "engine-memory bytes per held key and per waiter, hot-path allocations (release)"
 
 build:
 	$(CARGO) build --release
@@ -30,9 +35,40 @@ lint:
 doc:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --all-features
 
+bench:
+	bash bench/run.sh
+
+vendor-check:
+	./.ci/vendor-check
+
+example:
+	$(CARGO) run --example step_server
+
 clean:
 	$(CARGO) clean
 
+# Fuzzing (docs/RELIABILITY.md). Needs `cargo install cargo-fuzz`. With a
+# nightly toolchain the targets build with AddressSanitizer; on stable they
+# build without a sanitizer (`-s none`).
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= decode_request decode_reply engine_ops
+FUZZ_NIGHTLY := $(shell rustup toolchain list 2>/dev/null | grep -q '^nightly' && echo yes)
+FUZZ_CARGO := $(if $(FUZZ_NIGHTLY),$(CARGO) +nightly fuzz,$(CARGO) fuzz)
+FUZZ_FLAGS := $(if $(FUZZ_NIGHTLY),,-s none)
+
+.PHONY: fuzz
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  echo "== fuzz $$t for $(FUZZ_SECONDS) s"; \
+	  $(FUZZ_CARGO) run $(FUZZ_FLAGS) $$t -- -max_total_time=$(FUZZ_SECONDS) \
+	    -print_final_stats=1 > fuzz/last-$$t.log 2>&1 \
+	    || { tail -n 40 fuzz/last-$$t.log; echo "fuzz $$t FAILED: see fuzz/artifacts/$$t"; exit 1; }; \
+	  grep -E '^(Done|stat::number_of_executed_units)' fuzz/last-$$t.log; \
+	done
+
+.PHONY: engine-memory
+engine-memory:
+	$(CARGO) run --release --example engine_memory
 # Cluster simulation over many seeds: `make sim SEEDS=500 FIRST=1`.
 SEEDS ?= 100
 FIRST ?= 1

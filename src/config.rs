@@ -305,8 +305,10 @@ impl Config {
                 self.max_key_bytes
             ));
         }
-        if self.out_hard_limit_bytes < self.out_soft_limit_bytes {
-            return fail("--out-hard-limit must be at least --out-soft-limit".into());
+        if self.out_hard_limit_bytes < self.out_soft_limit_bytes.saturating_add(one_reply) {
+            return fail(format!(
+                "--out-hard-limit must exceed --out-soft-limit by at least one reply ({one_reply} bytes)"
+            ));
         }
         Ok(())
     }

@@ -21,18 +21,67 @@
 //! # The deadline index
 //!
 //! `BTreeMap<(deadline, seq), key>` holds one live entry per key that has
-//! waiters: the earliest moment anything can happen to that key (its lease
-//! running out or one of its waiters giving up). The live entry is the one
-//! whose deadline equals the queue's `timer_at`; older entries are stale and
-//! skipped when they come due, so nothing is ever searched for and removed.
+//! waiters, at or before the earliest moment anything can happen to that key
+//! (its lease running out or one of its waiters giving up). The live entry is
+//! the one whose deadline equals the queue's `timer_at`; older entries are
+//! stale and skipped when they come due, so nothing is ever searched for and
+//! removed. An entry may be early (after a takeover, a handover, a disconnect
+//! or a wait timeout it is kept rather than moved): it then fires, finds
+//! nothing due, and is moved to the exact moment. It is never late.
+//! [`Engine::tick`] processes the keys that are due in key order, so the
+//! replies and tokens of one tick depend only on the lock state.
 //!
 //! # Memory
 //!
-//! A held key costs one hash-table entry (the boxed key plus 24 bytes) and the
-//! key's own allocation; a queue is allocated only for a key that has waiters.
-//! A waiter is 40 bytes in its key's `VecDeque`.
+//! Measured by `make engine-memory` (`examples/engine_memory.rs`, a counting
+//! global allocator plus the change of RSS; release build, x86-64, glibc):
+//!
+//! * **Held key: 69 bytes beyond the key's own bytes** at 1,000,000 keys of
+//!   24 bytes (75 at the worst point of a table growth; 77 by RSS, which adds
+//!   malloc's own 8 bytes per key allocation). A key is one hash-table entry:
+//!   the boxed key (16) and a 16-byte slot (token, expiry), plus a control
+//!   byte, in a table kept at most 7/8 full. Keys without waiters have no
+//!   other allocation.
+//! * **Waiter: 33 bytes** at 1,000 keys x 1,000 waiters from 1,000
+//!   connections: a waiter is 32 bytes in its key's `VecDeque` (the lease
+//!   shares a word with the waiter id). A `VecDeque` doubles as it grows, so a
+//!   queue just past a power of two costs up to 64 bytes per waiter. Each
+//!   connection that has waiters adds one entry (~36 bytes) to the
+//!   per-connection count, so 1,000,000 waiters each on its own connection
+//!   cost 69 bytes each (the server caps connections, 10,000 by default).
+//!   Each key with waiters adds a queue (a shared copy of the key, ~60 bytes)
+//!   and its timer entries.
+//! * **Hot path:** an uncontended acquire + release of a fresh key allocates
+//!   once (the stored key); T, N, a tick with nothing due and a disconnect
+//!   without waiters do not allocate; a reused [`Outbox`] stops allocating
+//!   after warm-up (`tests/engine_alloc.rs`). The contended path allocates a
+//!   queue when a key gets its first waiter (the shared key and the
+//!   `VecDeque` buffer) and, now and then, a B-tree node for a timer.
+//!
+//! # Known caveats
+//!
+//! * The sweep scans every registered key, in one go, every
+//!   `sweep_interval_ms` (default 5 s) once some lease may have ended: a
+//!   lower bound of all lease ends lets it skip the scan (and the loop sleep)
+//!   while none can have. `make engine-memory` times it at 1,000,000 keys:
+//!   ~35 ms to scan and delete one, ~0.7 s to delete all of them (release
+//!   build on a busy 2-core machine). With many keys and short leases the
+//!   loop stalls that long every interval.
+//! * [`Engine::disconnect`] of a connection that has waiters is O(keys with
+//!   waiters + their waiters); without waiters it is O(1).
+//! * [`Engine::wait_timeout`] is O(waiters of the key); a tick that processes
+//!   a key is O(waiters of that key); a release or handover is O(1) unless a
+//!   waiter's timer is overdue.
+//! * Stale timer entries (and the shared key they hold) stay in the index
+//!   until their deadline, at most 255 s after they were made.
+//! * An acquire that would queue counts waiters whose wait ran out but whose
+//!   timer has not been processed yet against the queue limits (they leave
+//!   at the next tick, release or expiry of their key).
+//! * Expired keys are registered until swept or taken over, so they count
+//!   against `max_keys`.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
 
 use crate::limits::EngineLimits;
 use crate::proto::{Reply, Request};
@@ -197,27 +246,49 @@ impl Outbox {
     }
 }
 
+/// Waiter ids fit in 56 bits; the low 8 bits of `Waiter::id_lease` hold the
+/// lease, so a waiter is 32 bytes. 2^56 ids last millennia at any real rate;
+/// past that the counter wraps to 1 (a waiter lives at most 255 s in single
+/// mode, so a wrapped id never meets a live one there).
+const WAITER_ID_LIMIT: u64 = 1 << 56;
+
+/// One queued acquire: 32 bytes.
 #[derive(Debug)]
 struct Waiter {
-    id: WaiterId,
     owner: u64,
     conn: ConnId,
     wait_deadline: Millis,
-    lease_s: u8,
+    /// `id << 8 | lease_s`.
+    id_lease: u64,
 }
 
+impl Waiter {
+    fn id(&self) -> WaiterId {
+        self.id_lease >> 8
+    }
+
+    fn lease_s(&self) -> u8 {
+        (self.id_lease & 0xFF) as u8
+    }
+}
+
+/// The wait queue of a key that has waiters. A key without waiters has none.
 #[derive(Debug)]
 struct Queue {
     waiters: VecDeque<Waiter>,
-    /// Deadline of this key's live entry in the deadline index, or NEVER.
+    /// Deadline of this key's live entry in the deadline index, or NEVER
+    /// while `tick` is processing it. Never later than the first moment
+    /// something is due for the key (its holder's expiry, a waiter's
+    /// deadline); it may be earlier, and then the entry fires early and
+    /// `tick` reschedules it.
     timer_at: Millis,
 }
 
+/// A registered key: 16 bytes beside the key in the hash table.
 #[derive(Debug)]
 struct Slot {
     token: u64,
     expires_at: Millis,
-    queue: Option<Box<Queue>>,
 }
 
 /// The lock table. See the module documentation.
@@ -226,9 +297,10 @@ pub struct Engine {
     limits: EngineLimits,
     clocked: bool,
     keys: HashMap<Box<str>, Slot>,
-    /// Keys that have a queue, so a disconnect need not scan every key.
-    contended: HashSet<Box<str>>,
-    timers: BTreeMap<(Millis, u64), Box<str>>,
+    /// Queues of the keys that have waiters. The key is shared with the
+    /// deadline index, so scheduling a timer never allocates.
+    queues: HashMap<Arc<str>, Queue>,
+    timers: BTreeMap<(Millis, u64), Arc<str>>,
     timer_seq: u64,
     next_token: u64,
     /// Tokens at or above this are not issued (not yet durable).
@@ -237,8 +309,12 @@ pub struct Engine {
     waiters_total: usize,
     waiters_by_conn: HashMap<ConnId, u32>,
     next_sweep: Millis,
+    /// No registered key's lease ends before this (a lower bound, lowered
+    /// by every grant, recomputed by every sweep scan). Lets the sweep skip
+    /// its scan, and the loop sleep, while no lease can have ended.
+    expiry_floor: Millis,
     /// Reused by `tick` for the keys due in one call.
-    due_scratch: Vec<Box<str>>,
+    due_scratch: Vec<Arc<str>>,
 }
 
 impl Engine {
@@ -252,7 +328,7 @@ impl Engine {
             limits,
             clocked: true,
             keys: HashMap::new(),
-            contended: HashSet::new(),
+            queues: HashMap::new(),
             timers: BTreeMap::new(),
             timer_seq: 0,
             next_token: first_token.max(1),
@@ -261,6 +337,7 @@ impl Engine {
             waiters_total: 0,
             waiters_by_conn: HashMap::new(),
             next_sweep,
+            expiry_floor: Millis::NEVER,
             due_scratch: Vec::new(),
         }
     }
@@ -318,9 +395,8 @@ impl Engine {
     /// The owners queued on `key`, head first.
     #[must_use]
     pub fn queued_owners(&self, key: &str) -> Vec<u64> {
-        self.keys
+        self.queues
             .get(key)
-            .and_then(|s| s.queue.as_ref())
             .map(|q| q.waiters.iter().map(|w| w.owner).collect())
             .unwrap_or_default()
     }
@@ -408,28 +484,25 @@ impl Engine {
                 return AcquireOutcome::Busy;
             }
             let token = self.issue_token();
-            self.keys.insert(
-                key.into(),
-                Slot {
-                    token,
-                    expires_at,
-                    queue: None,
-                },
-            );
+            self.keys.insert(key.into(), Slot { token, expires_at });
+            self.expiry_floor = self.expiry_floor.min(expires_at);
             out.push(conn, Reply::Acquired { token, owner, key }, lease_s);
             return AcquireOutcome::Granted(token);
         };
-        let expired = self.is_expired(slot, now);
-        if expired && self.tokens_exhausted() {
-            out.push(conn, Reply::Busy { owner, key }, 0);
-            return AcquireOutcome::Busy;
-        }
-        if expired {
+        let holder_expiry = slot.expires_at;
+        if self.is_expired(slot, now) {
+            if self.tokens_exhausted() {
+                out.push(conn, Reply::Busy { owner, key }, 0);
+                return AcquireOutcome::Busy;
+            }
             // Lazy takeover: the non-FIFO expiry path, ahead of any queue.
+            // The key's timer (if it has waiters) is at or before the old
+            // expiry, so it is early now, never late.
             let token = self.issue_token();
             let slot = self.keys.get_mut(key).expect("slot checked above");
             slot.token = token;
             slot.expires_at = expires_at;
+            self.expiry_floor = self.expiry_floor.min(expires_at);
             out.push(conn, Reply::Acquired { token, owner, key }, lease_s);
             return AcquireOutcome::Granted(token);
         }
@@ -437,7 +510,7 @@ impl Engine {
             out.push(conn, Reply::Timeout { owner, key }, 0);
             return AcquireOutcome::Timeout;
         }
-        let queued = slot.queue.as_ref().map_or(0, |q| q.waiters.len());
+        let queued = self.queues.get(key).map_or(0, |q| q.waiters.len());
         if queued >= self.limits.max_waiters_per_key
             || self.waiters_total >= self.limits.max_waiters
         {
@@ -445,47 +518,49 @@ impl Engine {
             return AcquireOutcome::Busy;
         }
         let id = self.next_waiter;
-        self.next_waiter += 1;
+        self.next_waiter = if id + 1 >= WAITER_ID_LIMIT { 1 } else { id + 1 };
         let wait_deadline = self.deadline(now, wait_s);
-        let holder_expiry = slot.expires_at;
         let waiter = Waiter {
-            id,
             owner,
             conn,
             wait_deadline,
-            lease_s,
+            id_lease: id << 8 | u64::from(lease_s),
         };
-        let slot = self.keys.get_mut(key).expect("slot checked above");
-        let queue = slot.queue.get_or_insert_with(|| {
-            Box::new(Queue {
-                waiters: VecDeque::new(),
-                timer_at: Millis::NEVER,
-            })
-        });
-        let fresh_queue = queue.waiters.is_empty();
+        if !self.queues.contains_key(key) {
+            self.queues.insert(
+                Arc::from(key),
+                Queue {
+                    waiters: VecDeque::new(),
+                    timer_at: Millis::NEVER,
+                },
+            );
+        }
+        let queue = self.queues.get_mut(key).expect("queue inserted above");
         queue.waiters.push_back(waiter);
         let due = wait_deadline.min(holder_expiry);
-        let reschedule = due < queue.timer_at;
-        if reschedule {
+        if due < queue.timer_at {
             queue.timer_at = due;
-        }
-        if fresh_queue {
-            self.contended.insert(key.into());
-        }
-        if reschedule {
-            self.schedule(due, key);
+            self.schedule_key(due, key);
         }
         self.waiters_total += 1;
         *self.waiters_by_conn.entry(conn).or_insert(0) += 1;
         AcquireOutcome::Queued(id)
     }
 
-    fn schedule(&mut self, at: Millis, key: &str) {
+    /// Schedules `key`'s queue's timer entry, sharing the queue's key.
+    fn schedule_key(&mut self, at: Millis, key: &str) {
+        if let Some((name, _)) = self.queues.get_key_value(key) {
+            let name = Arc::clone(name);
+            self.schedule(at, name);
+        }
+    }
+
+    fn schedule(&mut self, at: Millis, key: Arc<str>) {
         if at == Millis::NEVER {
             return;
         }
         self.timer_seq += 1;
-        self.timers.insert((at, self.timer_seq), key.into());
+        self.timers.insert((at, self.timer_seq), key);
     }
 
     /// SPEC §2.2. Returns true when the release took effect (`R`).
@@ -536,13 +611,14 @@ impl Engine {
         out: &mut Outbox,
     ) -> bool {
         let _ = now;
-        let Some(queue) = self.keys.get_mut(key).and_then(|s| s.queue.as_mut()) else {
+        let Some(queue) = self.queues.get_mut(key) else {
             return false;
         };
-        let Some(pos) = queue.waiters.iter().position(|w| w.id == waiter) else {
+        let Some(pos) = queue.waiters.iter().position(|w| w.id() == waiter) else {
             return false;
         };
         let w = queue.waiters.remove(pos).expect("position is in range");
+        let emptied = queue.waiters.is_empty();
         out.push(
             w.conn,
             Reply::Timeout {
@@ -552,33 +628,30 @@ impl Engine {
             0,
         );
         self.forget_waiter(w.conn);
-        self.drop_queue_if_empty(key);
+        if emptied {
+            self.queues.remove(key);
+        }
         true
     }
 
     /// Cancels every acquire `conn` has queued, with no reply (the connection
     /// is gone). What `conn` holds stays held until released or expired.
+    ///
+    /// O(keys with waiters) when `conn` has waiters, O(1) otherwise.
     pub fn disconnect(&mut self, now: Millis, conn: ConnId, out: &mut Outbox) {
         let _ = (now, out);
-        if !self.waiters_by_conn.contains_key(&conn) {
+        let Some(mine) = self.waiters_by_conn.remove(&conn) else {
             return;
-        }
-        let mut emptied = Vec::new();
-        for key in &self.contended {
-            let Some(queue) = self.keys.get_mut(key).and_then(|s| s.queue.as_mut()) else {
-                continue;
-            };
-            let before = queue.waiters.len();
-            queue.waiters.retain(|w| w.conn != conn);
-            self.waiters_total -= before - queue.waiters.len();
-            if queue.waiters.is_empty() {
-                emptied.push(key.clone());
-            }
-        }
-        self.waiters_by_conn.remove(&conn);
-        for key in emptied {
-            self.drop_queue_if_empty(&key);
-        }
+        };
+        let mut removed = 0usize;
+        self.queues.retain(|_, q| {
+            let before = q.waiters.len();
+            q.waiters.retain(|w| w.conn != conn);
+            removed += before - q.waiters.len();
+            !q.waiters.is_empty()
+        });
+        debug_assert_eq!(removed, mine as usize, "per-connection count drifted");
+        self.waiters_total -= removed;
     }
 
     fn forget_waiter(&mut self, conn: ConnId) {
@@ -591,84 +664,71 @@ impl Engine {
         }
     }
 
-    fn drop_queue_if_empty(&mut self, key: &str) {
-        if let Some(slot) = self.keys.get_mut(key) {
-            if slot.queue.as_ref().is_some_and(|q| q.waiters.is_empty()) {
-                slot.queue = None;
-                self.contended.remove(key);
-            }
-        }
-    }
-
-    /// Answers with Timeout every waiter of `key` whose wait ran out by `now`.
-    fn time_out_waiters(&mut self, now: Millis, key: &str, out: &mut Outbox) {
-        if !self.clocked {
-            return;
-        }
-        let Some(queue) = self.keys.get_mut(key).and_then(|s| s.queue.as_mut()) else {
+    /// Answers with Timeout every waiter of `key` whose wait ran out by `now`
+    /// (all of them with `all`), in queue order. Leaves an empty queue in
+    /// place; callers drop it.
+    fn time_out_waiters(&mut self, now: Millis, key: &str, all: bool, out: &mut Outbox) {
+        let Some(queue) = self.queues.get_mut(key) else {
             return;
         };
-        let mut gone = Vec::new();
+        let mut gone = 0usize;
+        let by_conn = &mut self.waiters_by_conn;
         queue.waiters.retain(|w| {
-            let expired = w.wait_deadline <= now;
-            if expired {
-                gone.push((w.conn, w.owner));
+            let leaving = all || w.wait_deadline <= now;
+            if leaving {
+                gone += 1;
+                out.push(
+                    w.conn,
+                    Reply::Timeout {
+                        owner: w.owner,
+                        key,
+                    },
+                    0,
+                );
+                if let Some(n) = by_conn.get_mut(&w.conn) {
+                    *n -= 1;
+                    if *n == 0 {
+                        by_conn.remove(&w.conn);
+                    }
+                }
             }
-            !expired
+            !leaving
         });
-        for (conn, owner) in gone {
-            out.push(conn, Reply::Timeout { owner, key }, 0);
-            self.forget_waiter(conn);
-        }
-    }
-
-    /// Answers every waiter of `key` with Timeout (no token can be issued).
-    fn time_out_all_waiters(&mut self, key: &str, out: &mut Outbox) {
-        let Some(queue) = self.keys.get_mut(key).and_then(|s| s.queue.as_mut()) else {
-            return;
-        };
-        let gone: Vec<Waiter> = queue.waiters.drain(..).collect();
-        for w in gone {
-            out.push(
-                w.conn,
-                Reply::Timeout {
-                    owner: w.owner,
-                    key,
-                },
-                0,
-            );
-            self.forget_waiter(w.conn);
-        }
+        self.waiters_total -= gone;
     }
 
     /// The current grant of `key` ends: grant the head waiter whose wait has
     /// not run out (FIFO, a new token, its own lease from `now`), or delete
     /// the key when nobody is waiting.
     fn hand_over_or_delete(&mut self, now: Millis, key: &str, out: &mut Outbox) {
-        // A waiter whose wait ran out gets T even if its timer has not fired.
-        self.time_out_waiters(now, key, out);
-        if self.tokens_exhausted() {
-            self.time_out_all_waiters(key, out);
-        }
-        let head = self
-            .keys
-            .get_mut(key)
-            .and_then(|s| s.queue.as_mut())
-            .and_then(|q| q.waiters.pop_front());
-        let Some(w) = head else {
-            if let Some(slot) = self.keys.remove(key) {
-                if slot.queue.is_some() {
-                    self.contended.remove(key);
-                }
+        if let Some(q) = self.queues.get(key) {
+            // A waiter whose wait ran out gets T even if its timer has not
+            // fired. `timer_at` is never later than the first waiter
+            // deadline, so when it is still ahead nobody ran out (and inside
+            // `tick`, NEVER, the caller just did this).
+            if self.tokens_exhausted() {
+                self.time_out_waiters(now, key, true, out);
+            } else if self.clocked && q.timer_at <= now {
+                self.time_out_waiters(now, key, false, out);
             }
+        }
+        let head = self.queues.get_mut(key).and_then(|q| q.waiters.pop_front());
+        let Some(w) = head else {
+            self.queues.remove(key);
+            self.keys.remove(key);
             return;
         };
         self.forget_waiter(w.conn);
         let token = self.issue_token();
-        let expires_at = self.deadline(now, w.lease_s);
-        let slot = self.keys.get_mut(key).expect("key has a queue");
+        let lease_s = w.lease_s();
+        let expires_at = self.deadline(now, lease_s);
+        let slot = self
+            .keys
+            .get_mut(key)
+            .expect("a key with a queue is registered");
         slot.token = token;
         slot.expires_at = expires_at;
+        self.expiry_floor = self.expiry_floor.min(expires_at);
         out.push(
             w.conn,
             Reply::Acquired {
@@ -676,35 +736,44 @@ impl Engine {
                 owner: w.owner,
                 key,
             },
-            w.lease_s,
+            lease_s,
         );
-        self.drop_queue_if_empty(key);
         self.reschedule(key);
     }
 
-    /// Points the key's live timer at the earliest of its holder's expiry and
-    /// its waiters' deadlines.
+    /// After a change of holder or a tick: drops an empty queue, or points
+    /// the key's timer at or before the first thing due. Keeps an existing
+    /// early entry (O(1)); computes the exact moment (O(waiters)) only when
+    /// the key has no entry, that is inside `tick`.
     fn reschedule(&mut self, key: &str) {
+        let Some((name, queue)) = self.queues.get_key_value(key) else {
+            return;
+        };
+        if queue.waiters.is_empty() {
+            self.queues.remove(key);
+            return;
+        }
         if !self.clocked {
             return;
         }
-        let Some(slot) = self.keys.get_mut(key) else {
-            return;
+        let holder_expiry = self.keys.get(key).map_or(Millis::NEVER, |s| s.expires_at);
+        let due = if queue.timer_at == Millis::NEVER {
+            queue
+                .waiters
+                .iter()
+                .map(|w| w.wait_deadline)
+                .min()
+                .unwrap_or(Millis::NEVER)
+                .min(holder_expiry)
+        } else {
+            queue.timer_at.min(holder_expiry)
         };
-        let holder_expiry = slot.expires_at;
-        let Some(queue) = slot.queue.as_mut() else {
-            return;
-        };
-        let due = queue
-            .waiters
-            .iter()
-            .map(|w| w.wait_deadline)
-            .min()
-            .unwrap_or(Millis::NEVER)
-            .min(holder_expiry);
         if due != queue.timer_at {
-            queue.timer_at = due;
-            self.schedule(due, key);
+            let name = Arc::clone(name);
+            if let Some(q) = self.queues.get_mut(key) {
+                q.timer_at = due;
+            }
+            self.schedule(due, name);
         }
     }
 
@@ -719,8 +788,8 @@ impl Engine {
         // Collect the keys that are due, then process them in key order: the
         // order of replies and tokens within one tick then depends only on
         // the lock state, not on the history of the timer index (entries can
-        // be early: see `reschedule`). Keys do not interact, so any order is
-        // correct; a canonical one is checkable against a model.
+        // be early: see `Queue::timer_at`). Keys do not interact, so any
+        // order is correct; a canonical one is checkable against a model.
         let mut due = std::mem::take(&mut self.due_scratch);
         while let Some(entry) = self.timers.first_entry() {
             let (at, _) = *entry.key();
@@ -728,7 +797,7 @@ impl Engine {
                 break;
             }
             let key = entry.remove();
-            if let Some(q) = self.keys.get_mut(&*key).and_then(|s| s.queue.as_mut()) {
+            if let Some(q) = self.queues.get_mut(&*key) {
                 // Only the entry matching `timer_at` is live; older ones are
                 // stale (the key moved on since they were made).
                 if q.timer_at == at {
@@ -739,24 +808,34 @@ impl Engine {
         }
         due.sort_unstable();
         for key in due.drain(..) {
-            self.time_out_waiters(now, &key, out);
+            self.time_out_waiters(now, &key, false, out);
             let expired = self.keys.get(&*key).is_some_and(|s| s.expires_at <= now);
             let waiting = self
-                .keys
+                .queues
                 .get(&*key)
-                .and_then(|s| s.queue.as_ref())
                 .is_some_and(|q| !q.waiters.is_empty());
             if expired && waiting {
                 self.hand_over_or_delete(now, &key, out);
             } else {
-                self.drop_queue_if_empty(&key);
                 self.reschedule(&key);
             }
         }
         self.due_scratch = due;
         if now >= self.next_sweep {
-            self.keys
-                .retain(|_, s| !(s.expires_at <= now && s.queue.is_none()));
+            // When no lease can have ended, the scan would delete nothing.
+            if self.expiry_floor <= now {
+                let queues = &self.queues;
+                let mut floor = Millis::NEVER;
+                // Keep a key unless it expired and nobody waits for it.
+                self.keys.retain(|k, s| {
+                    let keep = s.expires_at > now || queues.contains_key(&**k);
+                    if keep {
+                        floor = floor.min(s.expires_at);
+                    }
+                    keep
+                });
+                self.expiry_floor = floor;
+            }
             self.next_sweep = now.add_ms(self.limits.sweep_interval_ms.max(1));
         }
     }
@@ -768,7 +847,8 @@ impl Engine {
             return None;
         }
         let timer = self.timers.first_key_value().map(|(&(at, _), _)| at);
-        let sweep = (!self.keys.is_empty()).then_some(self.next_sweep);
+        // The sweep has work once it is due and some lease may have ended.
+        let sweep = (!self.keys.is_empty()).then_some(self.next_sweep.max(self.expiry_floor));
         match (timer, sweep) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -776,7 +856,7 @@ impl Engine {
     }
 
     /// Checks the engine's internal invariants, panicking with a message on
-    /// the first one broken. For tests and fuzzing; O(keys + waiters).
+    /// the first one broken. For tests and fuzzing; O(keys + waiters × timers).
     pub fn check_invariants(&self) {
         let mut total = 0usize;
         let mut by_conn: HashMap<ConnId, u32> = HashMap::new();
@@ -788,34 +868,47 @@ impl Engine {
                 self.next_token
             );
             assert!(slot.token > 0, "token 0 on {key:?}");
-            match &slot.queue {
-                None => assert!(
-                    !self.contended.contains(key),
-                    "{key:?} contended without a queue"
-                ),
-                Some(q) => {
-                    assert!(!q.waiters.is_empty(), "{key:?} has an empty queue");
-                    assert!(
-                        self.contended.contains(key),
-                        "{key:?} queued but not contended"
-                    );
-                    assert!(
-                        q.waiters.len() <= self.limits.max_waiters_per_key,
-                        "{key:?} over max_waiters_per_key"
-                    );
-                    if self.clocked {
-                        assert!(
-                            self.timers
-                                .iter()
-                                .any(|(&(at, _), k)| at == q.timer_at && **k == **key),
-                            "{key:?} has waiters but no live timer"
-                        );
-                    }
-                    for w in &q.waiters {
-                        total += 1;
-                        *by_conn.entry(w.conn).or_insert(0) += 1;
-                    }
-                }
+            assert!(
+                self.expiry_floor <= slot.expires_at,
+                "expiry floor {} above the lease end {} of {key:?}",
+                self.expiry_floor,
+                slot.expires_at
+            );
+        }
+        for (key, q) in &self.queues {
+            let slot = self
+                .keys
+                .get(&**key)
+                .unwrap_or_else(|| panic!("{key:?} has a queue but is not registered"));
+            assert!(!q.waiters.is_empty(), "{key:?} has an empty queue");
+            assert!(
+                q.waiters.len() <= self.limits.max_waiters_per_key,
+                "{key:?} over max_waiters_per_key"
+            );
+            if self.clocked {
+                assert!(
+                    self.timers
+                        .iter()
+                        .any(|(&(at, _), k)| at == q.timer_at && **k == **key),
+                    "{key:?} has waiters but no live timer"
+                );
+                let first_due = q
+                    .waiters
+                    .iter()
+                    .map(|w| w.wait_deadline)
+                    .min()
+                    .unwrap_or(Millis::NEVER)
+                    .min(slot.expires_at);
+                assert!(
+                    q.timer_at <= first_due,
+                    "{key:?} timer at {} is later than {first_due}",
+                    q.timer_at
+                );
+            }
+            for w in &q.waiters {
+                total += 1;
+                *by_conn.entry(w.conn).or_insert(0) += 1;
+                assert!(w.lease_s() > 0, "waiter on {key:?} with lease 0");
             }
         }
         assert_eq!(total, self.waiters_total, "waiter count drifted");
@@ -828,11 +921,6 @@ impl Engine {
             "over max_waiters"
         );
         assert!(self.keys.len() <= self.limits.max_keys, "over max_keys");
-        assert_eq!(
-            self.contended.len(),
-            self.keys.values().filter(|s| s.queue.is_some()).count(),
-            "contended set drifted"
-        );
     }
 }
 
@@ -893,6 +981,45 @@ mod tests {
                 "Acquired { token: 3, owner: 30, key: \"k\" }".to_string()
             )]
         );
+        e.check_invariants();
+    }
+
+    /// The memory figures of the module doc rest on these sizes.
+    #[test]
+    fn slots_are_16_bytes_and_waiters_32() {
+        assert_eq!(std::mem::size_of::<Slot>(), 16);
+        assert_eq!(std::mem::size_of::<Waiter>(), 32);
+        let w = Waiter {
+            owner: 1,
+            conn: 2,
+            wait_deadline: Millis(3),
+            id_lease: (WAITER_ID_LIMIT - 1) << 8 | 255,
+        };
+        assert_eq!((w.id(), w.lease_s()), (WAITER_ID_LIMIT - 1, 255));
+    }
+
+    /// Waiter ids share a word with the lease, so they wrap below 2^56,
+    /// skipping 0, and still name the right waiter.
+    #[test]
+    fn waiter_ids_wrap_below_the_lease_bits() {
+        let mut e = Engine::replicated(EngineLimits::default(), 1);
+        let mut out = Outbox::new();
+        e.next_waiter = WAITER_ID_LIMIT - 1;
+        e.acquire(Millis(0), 1, acq("k", 1, 0, 5), &mut out);
+        let a = e.acquire(Millis(0), 2, acq("k", 2, 9, 7), &mut out);
+        let b = e.acquire(Millis(0), 3, acq("k", 3, 9, 8), &mut out);
+        assert_eq!(a, AcquireOutcome::Queued(WAITER_ID_LIMIT - 1));
+        assert_eq!(b, AcquireOutcome::Queued(1));
+        out.clear();
+        assert!(e.wait_timeout(Millis(0), "k", 1, &mut out));
+        assert_eq!(e.queued_owners("k"), vec![2]);
+        assert!(e.expire(Millis(0), "k", 1, &mut out));
+        let r = replies(&mut out);
+        assert_eq!(
+            r[1],
+            (2, "Acquired { token: 2, owner: 2, key: \"k\" }".to_string())
+        );
+        assert_eq!(out.len(), 0);
         e.check_invariants();
     }
 

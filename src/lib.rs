@@ -16,13 +16,26 @@
 //! * [`engine`]: the lock table, sans-IO. Every operation takes `now`; replies
 //!   go to an [`engine::Outbox`] addressed by connection. Deterministic, so
 //!   tests can step through it.
+//! * [`checker`]: a safety checker for recorded client histories (mutual
+//!   exclusion, token order, FIFO hand-over, every request answered once).
+//! * [`client`]: the official blocking client (SPEC §3): a pool of
+//!   pipelined connections, one deadline per call, Indeterminate when unsure.
 //! * [`service`]: the trait between the event loop and what answers requests
 //!   (single mode: the engine; cluster mode: Raft in front of the engine).
+//! * [`server`]: the mio shell, the only code that touches sockets: one
+//!   thread, one poll loop, a slab of connections with explicit buffers,
+//!   limits on everything. Steppable turn by turn ([`server::Server::poll_once`]).
+//! * [`single`]: single mode's service: the engine plus fencing tokens that
+//!   keep increasing across restarts.
+//! * [`config`]: every server setting with its default, and the command line.
 //!
 //! The server is one thread and one hand-written `mio` poll loop; there is no
 //! async runtime anywhere.
 #![warn(missing_docs)]
 
+pub mod bench;
+pub mod checker;
+pub mod client;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 pub mod config;

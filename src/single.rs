@@ -10,7 +10,9 @@
 //!   the turn's replies are written, and the engine's token ceiling is set to
 //!   one above the durable mark, so a token above it is never issued (the
 //!   engine answers Busy instead). After a restart the service resumes above
-//!   the mark. A crash loses at most the unused rest of a block.
+//!   the mark. A crash loses at most the unused rest of a block. The
+//!   directory is locked (`flock` on `DIR/lock`) while the service lives, so
+//!   two servers never share one mark.
 //! * Without one, the first token is the wall clock in microseconds since the
 //!   Unix epoch. This is only restart-safe if the wall clock does not go
 //!   backwards across a restart, and if the server did not, on average since
@@ -52,6 +54,9 @@ pub struct SingleService {
 #[derive(Debug)]
 struct MarkStore {
     dir: PathBuf,
+    /// Held open with an exclusive `flock` for the life of the service, so a
+    /// second server on the same directory cannot issue the same tokens.
+    _lock: File,
     /// Every token issued is at or below this, and it is on disk.
     durable_mark: u64,
     errors: LogLimit,
@@ -97,6 +102,7 @@ impl SingleService {
     /// See [`SingleService::open`].
     pub fn with_data_dir(limits: EngineLimits, dir: &Path) -> io::Result<Self> {
         fs::create_dir_all(dir)?;
+        let lock = lock_dir(dir)?;
         let mark = read_mark(dir)?;
         let first = mark.checked_add(1).ok_or_else(|| {
             io::Error::new(
@@ -112,6 +118,7 @@ impl SingleService {
             engine,
             store: Some(MarkStore {
                 dir: dir.to_path_buf(),
+                _lock: lock,
                 durable_mark: reserved,
                 errors: LogLimit::new(1, 10_000),
             }),
@@ -129,6 +136,32 @@ impl SingleService {
     pub fn durable_mark(&self) -> Option<u64> {
         self.store.as_ref().map(|s| s.durable_mark)
     }
+}
+
+/// Name of the lock file inside the data directory.
+pub const LOCK_FILE: &str = "lock";
+
+/// Takes the data directory's lock, or fails when another process has it.
+fn lock_dir(dir: &Path) -> io::Result<File> {
+    use std::os::unix::io::AsRawFd;
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(LOCK_FILE))?;
+    // SAFETY: flock on a descriptor we own; no memory is passed.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::WouldBlock {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("{} is in use by another ticketd", dir.display()),
+            ));
+        }
+        return Err(e);
+    }
+    Ok(file)
 }
 
 /// Reads the mark in `dir`; 0 when there is none yet.
@@ -321,6 +354,17 @@ mod tests {
         s.end_turn(Millis(0), &mut out).unwrap();
         assert!(s.durable_mark().unwrap() > mark);
         assert_eq!(grant(&mut s, "y", &mut out), Some(mark + 1));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_data_dir_serves_one_process_at_a_time() {
+        let dir = temp_dir("locked");
+        let first = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
+        let e = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AddrInUse, "{e}");
+        drop(first);
+        SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
         fs::remove_dir_all(&dir).unwrap();
     }
 

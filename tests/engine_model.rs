@@ -51,7 +51,7 @@ enum Rep {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Outcome {
     Granted(u64),
-    Queued,
+    Queued(u64),
     Timeout,
     Busy,
 }
@@ -79,6 +79,20 @@ enum Op {
         ms: u64,
     },
     Tick,
+    /// The committed `Expire{key, token}` of cluster mode; `pick` as for
+    /// `Release`.
+    Expire {
+        key: usize,
+        pick: u8,
+        any: u64,
+    },
+    /// The committed wait timeout of cluster mode: `which` < 3 names a
+    /// waiter queued on the key (if any), otherwise it is taken as a raw,
+    /// probably stale, waiter id.
+    WaitTimeout {
+        key: usize,
+        which: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -92,6 +106,9 @@ fn op() -> impl Strategy<Value = Op> {
         4 => prop_oneof![0..1_200u64, Just(1_000u64), 0..4_000u64]
             .prop_map(|ms| Op::Step { ms }),
         2 => Just(Op::Tick),
+        1 => (0..KEYS.len(), 0..=4u8, any::<u64>())
+            .prop_map(|(key, pick, any)| Op::Expire { key, pick, any }),
+        1 => (0..KEYS.len(), 0..6u8).prop_map(|(key, which)| Op::WaitTimeout { key, which }),
     ]
 }
 
@@ -99,6 +116,8 @@ fn op() -> impl Strategy<Value = Op> {
 
 #[derive(Clone, Debug)]
 struct MWaiter {
+    /// Waiter ids count from 1 in the order acquires are queued.
+    id: u64,
     conn: ConnId,
     owner: u64,
     wait_deadline_ms: u64,
@@ -113,8 +132,11 @@ struct MKey {
     queue: Vec<MWaiter>,
 }
 
-/// SPEC §2, single mode, written out plainly.
+/// SPEC §2 written out plainly: single mode, or (`replicated`) cluster
+/// mode's state machine, where time never expires anything by itself.
 struct Model {
+    replicated: bool,
+    next_waiter: u64,
     now_ms: u64,
     keys: Vec<MKey>,
     next_token: u64,
@@ -123,8 +145,10 @@ struct Model {
 }
 
 impl Model {
-    fn new(limits: EngineLimits, first_token: u64) -> Self {
+    fn new(limits: EngineLimits, first_token: u64, replicated: bool) -> Self {
         Model {
+            replicated,
+            next_waiter: 1,
             now_ms: 0,
             keys: Vec::new(),
             next_token: first_token,
@@ -174,7 +198,7 @@ impl Model {
                 out.push((conn, Rep::A(token, owner, key.into(), lease_s)));
                 Outcome::Granted(token)
             }
-            Some(i) if self.keys[i].expires_at_ms <= now => {
+            Some(i) if !self.replicated && self.keys[i].expires_at_ms <= now => {
                 // Lazy takeover, ahead of any queue.
                 let token = self.token();
                 self.keys[i].token = token;
@@ -193,13 +217,16 @@ impl Model {
                     out.push((conn, Rep::B(owner, key.into())));
                     return Outcome::Busy;
                 }
+                let id = self.next_waiter;
+                self.next_waiter += 1;
                 self.keys[i].queue.push(MWaiter {
+                    id,
                     conn,
                     owner,
                     wait_deadline_ms: now + u64::from(wait_s) * 1000,
                     lease_s,
                 });
-                Outcome::Queued
+                Outcome::Queued(id)
             }
         }
     }
@@ -216,6 +243,9 @@ impl Model {
 
     /// Waiters whose wait ran out get T (in queue order), never the key.
     fn time_out_waiters(&mut self, i: usize, out: &mut Vec<(ConnId, Rep)>) {
+        if self.replicated {
+            return;
+        }
         let now = self.now_ms;
         let name = self.keys[i].name.clone();
         let mut kept = Vec::new();
@@ -250,6 +280,28 @@ impl Model {
         }
     }
 
+    fn expire(&mut self, key: &str, token: u64, out: &mut Vec<(ConnId, Rep)>) -> bool {
+        match self.find(key) {
+            Some(i) if self.keys[i].token == token => {
+                self.end_grant(i, out);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn wait_timeout(&mut self, key: &str, id: u64, out: &mut Vec<(ConnId, Rep)>) -> bool {
+        let Some(i) = self.find(key) else {
+            return false;
+        };
+        let Some(pos) = self.keys[i].queue.iter().position(|w| w.id == id) else {
+            return false;
+        };
+        let w = self.keys[i].queue.remove(pos);
+        out.push((w.conn, Rep::T(w.owner, key.into())));
+        true
+    }
+
     fn disconnect(&mut self, conn: ConnId) {
         for k in &mut self.keys {
             k.queue.retain(|w| w.conn != conn);
@@ -257,6 +309,9 @@ impl Model {
     }
 
     fn tick(&mut self, out: &mut Vec<(ConnId, Rep)>) {
+        if self.replicated {
+            return;
+        }
         let mut order: Vec<usize> = (0..self.keys.len()).collect();
         order.sort_by(|&x, &y| self.keys[x].name.cmp(&self.keys[y].name));
         for i in order {
@@ -277,8 +332,12 @@ impl Model {
     }
 
     /// The first moment something is due: a wait running out or a lease
-    /// running out on a key with waiters, or the sweep.
+    /// running out on a key with waiters, or the sweep finding an expired
+    /// key.
     fn next_event_ms(&self) -> Option<u64> {
+        if self.replicated {
+            return None;
+        }
         let mut next = None::<u64>;
         for k in &self.keys {
             for w in &k.queue {
@@ -288,8 +347,10 @@ impl Model {
                 next = Some(next.map_or(k.expires_at_ms, |n| n.min(k.expires_at_ms)));
             }
         }
-        if !self.keys.is_empty() {
-            next = Some(next.map_or(self.next_sweep_ms, |n| n.min(self.next_sweep_ms)));
+        // The sweep has work once it is due and some lease has ended.
+        if let Some(first_end) = self.keys.iter().map(|k| k.expires_at_ms).min() {
+            let sweep = self.next_sweep_ms.max(first_end);
+            next = Some(next.map_or(sweep, |n| n.min(sweep)));
         }
         next
     }
@@ -305,6 +366,8 @@ struct Checker {
     /// The last grant seen per key and when its lease ends, until released.
     live_grant: HashMap<String, (u64, u64)>,
     last_token: u64,
+    /// Leases never run out by themselves (cluster mode's state machine).
+    replicated: bool,
 }
 
 impl Checker {
@@ -334,8 +397,12 @@ impl Checker {
                             "{key:?} granted to {owner} at {now_ms} while token {old} is valid until {exp}"
                         );
                     }
-                    self.live_grant
-                        .insert(key.clone(), (*token, now_ms + u64::from(lease_s) * 1000));
+                    let lease_end_ms = if self.replicated {
+                        u64::MAX
+                    } else {
+                        now_ms + u64::from(lease_s) * 1000
+                    };
+                    self.live_grant.insert(key.clone(), (*token, lease_end_ms));
                 }
                 Rep::T(owner, _) | Rep::B(owner, _) => {
                     let (c, _, _) = self
@@ -389,7 +456,7 @@ fn compare_state(e: &Engine, m: &Model) {
         let mk = m.find(key).map(|i| &m.keys[i]);
         assert_eq!(
             e.holder(now, key),
-            mk.map(|k| (k.token, k.expires_at_ms <= m.now_ms)),
+            mk.map(|k| (k.token, !m.replicated && k.expires_at_ms <= m.now_ms)),
             "holder of {key:?}"
         );
         assert_eq!(
@@ -399,6 +466,9 @@ fn compare_state(e: &Engine, m: &Model) {
             "queue of {key:?}"
         );
     }
+    if m.replicated {
+        assert_eq!(e.next_deadline(), None, "a replicated engine has no timers");
+    }
     // The poll timeout is never later than the first thing due.
     if let Some(due) = m.next_event_ms() {
         let next = e.next_deadline().expect("something is due, so a deadline");
@@ -406,12 +476,31 @@ fn compare_state(e: &Engine, m: &Model) {
     }
 }
 
-fn run(ops: &[Op]) {
+/// The token a release or expire carries: `pick` 0-1 the key's current
+/// token, 2 the last token issued, 3 any token issued so far, 4 zero.
+fn pick_token(m: &Model, key: usize, pick: u8, any: u64) -> u64 {
+    let last = m.next_token - 1;
+    match pick {
+        0 | 1 => m.find(KEYS[key]).map_or(last, |i| m.keys[i].token),
+        2 => last,
+        3 => any % m.next_token,
+        _ => 0,
+    }
+}
+
+fn run(ops: &[Op], replicated: bool) {
     const FIRST_TOKEN: u64 = 1;
-    let mut e = Engine::new(limits(), FIRST_TOKEN);
-    let mut m = Model::new(limits(), FIRST_TOKEN);
+    let mut e = if replicated {
+        Engine::replicated(limits(), FIRST_TOKEN)
+    } else {
+        Engine::new(limits(), FIRST_TOKEN)
+    };
+    let mut m = Model::new(limits(), FIRST_TOKEN, replicated);
     let mut out = Outbox::new();
-    let mut check = Checker::default();
+    let mut check = Checker {
+        replicated,
+        ..Checker::default()
+    };
     let mut generation = [0u64; CONN_SLOTS];
     let conn_id = |g: &[u64; CONN_SLOTS], slot: usize| slot as u64 + 10 * g[slot];
     let mut next_owner = 1_000u64;
@@ -437,14 +526,14 @@ fn run(ops: &[Op]) {
                 };
                 let got = match e.acquire(now, conn, req, &mut out) {
                     AcquireOutcome::Granted(t) => Outcome::Granted(t),
-                    AcquireOutcome::Queued(_) => Outcome::Queued,
+                    AcquireOutcome::Queued(id) => Outcome::Queued(id),
                     AcquireOutcome::Timeout => Outcome::Timeout,
                     AcquireOutcome::Busy => Outcome::Busy,
                 };
                 let want = m.acquire(conn, KEYS[key], owner, wait_s, lease_s, &mut expect);
                 assert_eq!(got, want, "outcome of {op:?}");
-                let deadline =
-                    (got == Outcome::Queued).then(|| m.now_ms + u64::from(wait_s) * 1000);
+                let queued = matches!(got, Outcome::Queued(_));
+                let deadline = (queued && !replicated).then(|| m.now_ms + u64::from(wait_s) * 1000);
                 check.pending.insert(owner, (conn, deadline, lease_s));
             }
             Op::Release {
@@ -454,13 +543,7 @@ fn run(ops: &[Op]) {
                 any,
             } => {
                 let conn = conn_id(&generation, conn);
-                let last = m.next_token - 1;
-                let token = match pick {
-                    0 | 1 => m.find(KEYS[key]).map_or(last, |i| m.keys[i].token),
-                    2 => last,
-                    3 => any % m.next_token,
-                    _ => 0,
-                };
+                let token = pick_token(&m, key, pick, any);
                 let took = e.release(now, conn, token, KEYS[key], &mut out);
                 m.release(conn, KEYS[key], token, &mut expect);
                 assert_eq!(took, matches!(expect[0].1, Rep::R(..)));
@@ -478,6 +561,25 @@ fn run(ops: &[Op]) {
             Op::Tick => {
                 e.tick(now, &mut out);
                 m.tick(&mut expect);
+            }
+            Op::Expire { key, pick, any } => {
+                let token = pick_token(&m, key, pick, any);
+                let took = e.expire(now, KEYS[key], token, &mut out);
+                assert_eq!(took, m.expire(KEYS[key], token, &mut expect));
+                if took {
+                    // The grant was ended on purpose (cluster mode decides
+                    // expiry by consensus): the next grant is legitimate.
+                    check.live_grant.remove(KEYS[key]);
+                }
+            }
+            Op::WaitTimeout { key, which } => {
+                let queued = m.find(KEYS[key]).map(|i| &m.keys[i].queue);
+                let id = match queued {
+                    Some(q) if which < 3 && !q.is_empty() => q[usize::from(which) % q.len()].id,
+                    _ => u64::from(which),
+                };
+                let took = e.wait_timeout(now, KEYS[key], id, &mut out);
+                assert_eq!(took, m.wait_timeout(KEYS[key], id, &mut expect));
             }
         }
         let got = owned(&mut out);
@@ -500,13 +602,27 @@ fn run(ops: &[Op]) {
         );
     }
 
-    // Run time out: every queued acquire is answered.
+    // Run time out (or, replicated, commit a wait timeout for every queued
+    // acquire): every queued acquire is answered.
     m.now_ms += 300_000;
-    e.tick(Millis(m.now_ms), &mut out);
     let mut expect = Vec::new();
-    m.tick(&mut expect);
+    if replicated {
+        let all: Vec<(usize, u64)> = (0..KEYS.len())
+            .flat_map(|k| {
+                let q = m.find(KEYS[k]).map(|i| m.keys[i].queue.clone());
+                q.unwrap_or_default().into_iter().map(move |w| (k, w.id))
+            })
+            .collect();
+        for (k, id) in all {
+            assert!(e.wait_timeout(Millis(m.now_ms), KEYS[k], id, &mut out));
+            assert!(m.wait_timeout(KEYS[k], id, &mut expect));
+        }
+    } else {
+        e.tick(Millis(m.now_ms), &mut out);
+        m.tick(&mut expect);
+    }
     let got = owned(&mut out);
-    assert_eq!(got, expect, "replies of the final tick");
+    assert_eq!(got, expect, "replies of the final step");
     check.observe(m.now_ms, &got);
     assert!(check.pending.is_empty(), "unanswered: {:?}", check.pending);
     e.check_invariants();
@@ -515,14 +631,29 @@ fn run(ops: &[Op]) {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 1_500,
+        cases: 1_200,
         failure_persistence: None,
         ..ProptestConfig::default()
     })]
 
     #[test]
     fn engine_matches_the_reference_model(ops in prop::collection::vec(op(), 1..120)) {
-        run(&ops);
+        run(&ops, false);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 400,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Cluster mode's state machine: time steps and ticks change nothing;
+    /// only committed expires and wait timeouts do.
+    #[test]
+    fn replicated_engine_matches_the_reference_model(ops in prop::collection::vec(op(), 1..120)) {
+        run(&ops, true);
     }
 }
 
@@ -567,5 +698,6 @@ fn the_harness_sees_grants_queues_timeouts_and_the_sweep() {
             lease_s: 3,
         },
     ];
-    run(&ops);
+    run(&ops, false);
+    run(&ops, true);
 }

@@ -182,6 +182,32 @@ fn the_sweep_deletes_expired_keys_without_waiters_every_sweep_interval() {
     e.check_invariants();
 }
 
+/// An engine whose keys all hold long leases has nothing to sweep until
+/// the first lease ends, so it does not ask the loop to wake before then,
+/// and a sweep that comes due earlier skips its scan.
+#[test]
+fn the_sweep_waits_for_the_first_lease_that_can_have_ended() {
+    let limits = EngineLimits {
+        sweep_interval_ms: 5000,
+        ..EngineLimits::default()
+    };
+    let mut e = Engine::new(limits, 1);
+    let mut out = Outbox::new();
+    e.acquire(secs(0), 1, acq("a", 1, 0, 60), &mut out);
+    e.acquire(secs(10), 1, acq("b", 2, 0, 60), &mut out);
+    assert_eq!(e.next_deadline(), Some(secs(60)));
+    e.tick(secs(5), &mut out); // a tick for another reason
+    assert_eq!(e.key_count(), 2);
+    assert_eq!(e.next_deadline(), Some(secs(60)));
+    e.tick(secs(60), &mut out);
+    assert_eq!(e.key_count(), 1, "a swept at its end");
+    assert_eq!(e.next_deadline(), Some(secs(70)), "b ends at 70 s");
+    e.tick(secs(70), &mut out);
+    assert_eq!(e.key_count(), 0);
+    assert_eq!(e.next_deadline(), None);
+    e.check_invariants();
+}
+
 /// SPEC §2.4: a release of a key whose lease ran out but which has not been
 /// swept still finds the key and its token: R. After the sweep it is N.
 #[test]

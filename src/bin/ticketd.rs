@@ -3,6 +3,7 @@
 //! Exit status: 0 after SIGTERM/SIGINT, 1 when it cannot start or the loop
 //! fails, 2 for a bad command line. Logs go to stderr.
 
+use std::panic::{self, AssertUnwindSafe};
 use std::process::ExitCode;
 
 use ticketd::config::{self, Config, Parsed};
@@ -29,11 +30,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Err(e) = simple_logger::SimpleLogger::new()
+    let logger = simple_logger::SimpleLogger::new()
         .with_level(config.log_level)
-        .with_utc_timestamps()
-        .init()
-    {
+        .with_utc_timestamps();
+    log::set_max_level(config.log_level);
+    if let Err(e) = log::set_boxed_logger(Box::new(Survivable(logger))) {
         eprintln!("ticketd: cannot start logging: {e}");
         return ExitCode::from(1);
     }
@@ -43,6 +44,25 @@ fn main() -> ExitCode {
             log::error!("{e}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// simple_logger writes with `eprintln!`, which panics when stderr is gone
+/// (a closed pipe, a restarted log collector). A lost log line must not take
+/// the lock server down with it: the panic is caught and the line dropped.
+struct Survivable(simple_logger::SimpleLogger);
+
+impl log::Log for Survivable {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        self.0.enabled(metadata)
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        let _ = panic::catch_unwind(AssertUnwindSafe(|| self.0.log(record)));
+    }
+
+    fn flush(&self) {
+        let _ = panic::catch_unwind(AssertUnwindSafe(|| self.0.flush()));
     }
 }
 
@@ -64,40 +84,20 @@ fn serve(config: Config) -> Result<(), String> {
     server.run().map_err(|e| format!("event loop failed: {e}"))
 }
 
-/// Raises the soft open-file limit towards the hard one so `--max-conns`
-/// connections fit, and warns when they cannot: beyond the limit, accepting
-/// pauses on EMFILE and the extra connections wait in the backlog.
-// rlim_t is u64 on some targets and not on others.
-#[allow(clippy::useless_conversion, clippy::unnecessary_cast)]
+/// Makes room for `--max-conns` connections, and warns when there is none:
+/// beyond the limit, accepting pauses on EMFILE and the extra connections
+/// wait in the backlog.
 fn raise_fd_limit(max_conns: usize) {
-    // Listener, poll, waker, signal pipe, stdio, a data-dir file: some spare.
+    // Listener, poll, waker, signal pipe, stdio, data-dir files: some spare.
     let wanted = u64::try_from(max_conns)
         .unwrap_or(u64::MAX)
         .saturating_add(32);
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes into the struct we pass and nothing else.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return;
-    }
-    let soft = u64::from(lim.rlim_cur);
-    let hard = u64::from(lim.rlim_max);
-    if soft < wanted {
-        let target = wanted.min(hard);
-        let new = libc::rlimit {
-            rlim_cur: target as libc::rlim_t,
-            rlim_max: lim.rlim_max,
-        };
-        // SAFETY: setrlimit reads the struct we pass and nothing else.
-        let raised = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } == 0;
-        let now = if raised { target } else { soft };
-        if now < wanted {
-            log::warn!(
-                "the open-file limit is {now}, below --max-conns {max_conns} plus spare \
-                 descriptors; connections beyond it wait until others close"
-            );
-        }
+    match ticketd::server::raise_open_file_limit(wanted) {
+        Ok(limit) if limit < wanted => log::warn!(
+            "the open-file limit is {limit}, below --max-conns {max_conns} plus spare \
+             descriptors; connections beyond it wait until others close"
+        ),
+        Ok(_) => {}
+        Err(e) => log::warn!("cannot read or raise the open-file limit: {e}"),
     }
 }

@@ -53,7 +53,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::config::{Config, MAX_CONNS_CEILING};
 use crate::engine::Outbox;
-use crate::limits::max_request_frame;
+use crate::limits::{max_reply_frame, max_request_frame};
 use crate::proto::{decode_request, encode_reply, Decoded, Malformed};
 use crate::service::Service;
 use crate::time::{Millis, MonotonicClock};
@@ -623,18 +623,23 @@ impl<S: Service> Server<S> {
             return; // reads of a closing connection are the reaper's
         }
         let mut budget = self.config.max_frames_per_turn;
+        // Unsent bytes plus the largest replies the turn's requests can still
+        // add: decoding stops when that reaches the soft limit, so a client
+        // that does not read overshoots it by at most one reply.
+        let mut projected_out = c.pending_out();
         let end = loop {
             if c.pending_out() >= soft {
                 c.paused = true;
                 break End::Idle;
             }
             let mut bad = None;
-            while budget > 0 {
+            while budget > 0 && projected_out < soft {
                 match decode_request(&c.rbuf[c.rstart..c.rend], max_key_bytes) {
                     Decoded::Frame { frame, used } => {
                         if debug {
                             log::debug!("{} ({}): {:?}", c.peer, c.id, frame);
                         }
+                        projected_out += max_reply_frame(frame.key().len());
                         self.service.request(now, c.id, frame, &mut self.out);
                         c.rstart += used;
                         c.partial_since = None;
@@ -650,7 +655,8 @@ impl<S: Service> Server<S> {
             if let Some(m) = bad {
                 break End::Malformed(m);
             }
-            if budget == 0 {
+            if budget == 0 || projected_out >= soft {
+                // Next turn: the replies will be counted for real by then.
                 break End::Again;
             }
             if c.eof {
@@ -978,4 +984,40 @@ impl<S: Service> Server<S> {
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Raises the soft limit on open files (`RLIMIT_NOFILE`) towards `wanted`,
+/// as far as the hard limit allows, and returns the soft limit in force
+/// afterwards. Never lowers it. A server with `max_conns` connections wants
+/// `max_conns` plus a few descriptors for itself.
+///
+/// # Errors
+/// The limit cannot be read.
+// rlim_t is u64 on some targets and not on others.
+#[allow(clippy::useless_conversion, clippy::unnecessary_cast)]
+pub fn raise_open_file_limit(wanted: u64) -> io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we pass and nothing else.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let soft = u64::from(lim.rlim_cur);
+    let hard = u64::from(lim.rlim_max);
+    if soft >= wanted {
+        return Ok(soft);
+    }
+    let target = wanted.min(hard);
+    let new = libc::rlimit {
+        rlim_cur: target as libc::rlim_t,
+        rlim_max: lim.rlim_max,
+    };
+    // SAFETY: setrlimit reads the struct we pass and nothing else.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } == 0 {
+        Ok(target)
+    } else {
+        Ok(soft)
+    }
 }

@@ -1,0 +1,646 @@
+//! `ticket`: take and release ticketd locks from the shell.
+//!
+//! ```text
+//! ticket acquire KEY [--wait S] [--lease S] [--server ADDR]...
+//! ticket release KEY TOKEN [--server ADDR]...
+//! ticket run KEY [--wait S] [--lease S] [--kill-grace S] [--server ADDR]... -- CMD [ARGS...]
+//! ```
+//!
+//! Built on `ticketd::client`, so every SPEC §3 rule holds here too: the CLI
+//! never reports "acquired" unless the lock is held, and `run` never starts
+//! the command on a guess. Exit statuses are listed in [`exit`] and in
+//! `docs/CLIENT.md`.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::process::{Command, ExitStatus};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use ticketd::client::{Acquire, Client, Release, Ticket, DEFAULT_ADDRESS};
+
+/// The exit statuses of `ticket`. `run` otherwise exits with its command's
+/// status (or 128 + the signal that ended it).
+mod exit {
+    /// Acquired (token printed), released, or `run`'s command exited 0.
+    pub const OK: u8 = 0;
+    /// Bad command line or argument (sysexits' EX_USAGE).
+    pub const USAGE: u8 = 64;
+    /// Not acquired: the key stayed held for the whole wait, or no server
+    /// could be reached in time (then a release was not sent either).
+    pub const TIMEOUT: u8 = 120;
+    /// Not acquired and not queued: a server capacity limit.
+    pub const BUSY: u8 = 121;
+    /// Unknown outcome: the lock must be treated as not held; a grant that
+    /// may exist ends with its lease.
+    pub const INDETERMINATE: u8 = 122;
+    /// Release: the key is not held under that token.
+    pub const NOT_HELD: u8 = 123;
+    /// Run: the lease was about to end, so the command was terminated.
+    pub const LEASE_ENDED: u8 = 124;
+    /// `ticket` itself failed (e.g. could not print the token, which it
+    /// then released).
+    pub const FAILED: u8 = 125;
+    /// Run: the command was found but could not be started.
+    pub const CANNOT_RUN: u8 = 126;
+    /// Run: the command was not found.
+    pub const NOT_FOUND: u8 = 127;
+}
+
+const DEFAULT_WAIT_S: f64 = 10.0;
+const DEFAULT_LEASE_S: u8 = 30;
+const DEFAULT_KILL_GRACE_S: f64 = 2.0;
+/// SIGKILL goes out this long before the conservative local expiry, so the
+/// command is gone before the server can grant the key to anyone else.
+const KILL_MARGIN: Duration = Duration::from_millis(500);
+/// How often `run` looks at its command and at signals.
+const POLL: Duration = Duration::from_millis(10);
+
+const HELP: &str = "\
+ticket: take and release ticketd locks from the shell
+
+USAGE:
+    ticket acquire KEY [--wait S] [--lease S] [--server ADDR]...
+    ticket release KEY TOKEN [--server ADDR]...
+    ticket run KEY [--wait S] [--lease S] [--kill-grace S] [--server ADDR]... -- CMD [ARGS...]
+    ticket bench [--backend ticketd|redis|etcd] [--mode acquire|cycle|contended] ...
+    ticket help [SUBCOMMAND]
+
+Each subcommand takes --help. The server defaults to 127.0.0.1:7470; give
+--server several times to list the nodes of a cluster.
+
+EXIT STATUS:
+    0    acquired (token printed) / released / run: the command exited 0
+    64   usage error
+    120  timeout: not acquired (or no server reachable)
+    121  busy: not acquired, a server capacity limit
+    122  indeterminate: treat the lock as not held; its lease ends any grant
+    123  not held: the release found no such token on the key
+    124  run: the lease was about to end, the command was terminated
+    125  ticket itself failed (e.g. could not print the token; it released the lock)
+    126  run: the command could not be started
+    127  run: the command was not found
+    run otherwise exits with the command's own status (128 + N for signal N).
+    bench exits 0, 1 when the run failed or a grant broke FIFO order, 64 on
+    a usage error.
+";
+
+const HELP_ACQUIRE: &str = "\
+ticket acquire: take a lock and print its fencing token
+
+USAGE:
+    ticket acquire KEY [--wait S] [--lease S] [--server ADDR]...
+
+OPTIONS:
+    --wait S        seconds to wait in the queue if the key is held
+                    (default 10, fractions allowed, 0 = one attempt, max 255)
+    --lease S       whole seconds the grant lives (1..=255, default 30)
+    --server ADDR   host:port of a server; repeat for a cluster
+                    (default 127.0.0.1:7470)
+
+On success prints the token on stdout and exits 0. The lock stays held
+after `ticket` exits, until `ticket release KEY TOKEN` or the lease ends.
+Exits 120 (timeout), 121 (busy) or 122 (indeterminate) otherwise.
+";
+
+const HELP_RELEASE: &str = "\
+ticket release: release a lock by its token, from any process
+
+USAGE:
+    ticket release KEY TOKEN [--server ADDR]...
+
+Locks belong to tokens, not connections: a script can acquire in one step
+and release in another. Exits 0 (released), 123 (not held: wrong token, or
+the lease already ended), 122 (indeterminate) or 120 (no server reachable,
+nothing sent).
+";
+
+const HELP_RUN: &str = "\
+ticket run: run a command while holding a lock
+
+USAGE:
+    ticket run KEY [--wait S] [--lease S] [--kill-grace S] [--server ADDR]... -- CMD [ARGS...]
+
+Acquires KEY, runs CMD with these variables in its environment, releases
+the lock when CMD exits and exits with CMD's status:
+    TICKET_KEY         the key
+    TICKET_TOKEN       the fencing token (decimal); pass it to the resource
+    TICKET_EXPIRES_AT  when the lock must be considered lost, in whole unix
+                       seconds (rounded down, so conservative)
+
+If CMD still runs when the lease is about to end, its process group gets
+SIGTERM, then SIGKILL --kill-grace seconds later (default 2) and half a
+second before the local expiry, and `ticket` exits 124. CMD runs in its own
+process group; SIGINT, SIGTERM and SIGHUP sent to `ticket` are passed on.
+
+OPTIONS:
+    --wait S, --lease S, --server ADDR   as for `ticket acquire`
+    --kill-grace S   seconds between SIGTERM and SIGKILL (default 2)
+
+Exits 120, 121 or 122 without running CMD if the lock is not acquired.
+";
+
+/// A failure that ends the process with a status and a message.
+struct Exit {
+    status: u8,
+    message: String,
+}
+
+impl Exit {
+    fn usage(message: impl Into<String>) -> Exit {
+        Exit {
+            status: exit::USAGE,
+            message: message.into(),
+        }
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    match dispatch(args) {
+        Ok(status) => std::process::ExitCode::from(status),
+        Err(e) => {
+            if !e.message.is_empty() {
+                eprintln!("ticket: {}", e.message);
+            }
+            if e.status == exit::USAGE {
+                eprintln!("Try 'ticket --help'.");
+            }
+            std::process::ExitCode::from(e.status)
+        }
+    }
+}
+
+/// The subcommand dispatcher.
+fn dispatch(mut args: Vec<OsString>) -> Result<u8, Exit> {
+    if args.is_empty() {
+        print!("{HELP}");
+        return Err(Exit::usage("missing subcommand"));
+    }
+    let sub = args.remove(0);
+    let sub = sub
+        .to_str()
+        .ok_or_else(|| Exit::usage("the subcommand is not valid UTF-8"))?
+        .to_owned();
+    match sub.as_str() {
+        "acquire" => acquire(args),
+        "release" => release(args),
+        "run" => run(args),
+        "bench" => bench(args),
+        "help" | "--help" | "-h" => help(args),
+        other => Err(Exit::usage(format!("unknown subcommand {other:?}"))),
+    }
+}
+
+/// `ticket bench`: the load generator of [`ticketd::bench`].
+fn bench(args: Vec<OsString>) -> Result<u8, Exit> {
+    let args = args
+        .into_iter()
+        .map(|a| {
+            a.into_string()
+                .map_err(|_| Exit::usage("bench: an argument is not valid UTF-8"))
+        })
+        .collect::<Result<Vec<String>, Exit>>()?;
+    match ticketd::bench::main(args) {
+        0 => Ok(exit::OK),
+        // bench has printed its own message and hint for bad flags.
+        2 => Err(Exit {
+            status: exit::USAGE,
+            message: String::new(),
+        }),
+        _ => Ok(1),
+    }
+}
+
+fn help(args: Vec<OsString>) -> Result<u8, Exit> {
+    let text = match args.first().and_then(|a| a.to_str()) {
+        None => HELP,
+        Some("acquire") => HELP_ACQUIRE,
+        Some("release") => HELP_RELEASE,
+        Some("run") => HELP_RUN,
+        Some("bench") => {
+            let _ = ticketd::bench::main(vec!["--help".to_owned()]);
+            return Ok(exit::OK);
+        }
+        Some(other) => return Err(Exit::usage(format!("no help for {other:?}"))),
+    };
+    print!("{text}");
+    Ok(exit::OK)
+}
+
+/// Options shared by the subcommands that acquire.
+struct AcquireOpts {
+    key: String,
+    wait: Duration,
+    lease: Duration,
+    servers: Vec<String>,
+}
+
+fn parse_wait(s: &str) -> Result<Duration, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("--wait {s:?} is not a number of seconds"))?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(format!("--wait {s:?} must be 0 or more seconds"));
+    }
+    // The client clamps waits to 255 s; clamp here too so huge values
+    // cannot overflow the conversion.
+    Ok(Duration::from_secs_f64(v.min(255.0)))
+}
+
+fn parse_lease(s: &str) -> Result<Duration, String> {
+    match s.parse::<u8>() {
+        Ok(n) if n > 0 => Ok(Duration::from_secs(u64::from(n))),
+        _ => Err(format!("--lease {s:?} must be whole seconds in 1..=255")),
+    }
+}
+
+fn parse_grace(s: &str) -> Result<Duration, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("--kill-grace {s:?} is not a number of seconds"))?;
+    if !v.is_finite() || !(0.0..=255.0).contains(&v) {
+        return Err(format!("--kill-grace {s:?} must be within 0..=255 seconds"));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+fn servers(args: &mut pico_args::Arguments) -> Result<Vec<String>, Exit> {
+    let mut s: Vec<String> = args
+        .values_from_str("--server")
+        .map_err(|e| Exit::usage(e.to_string()))?;
+    if s.is_empty() {
+        s.push(DEFAULT_ADDRESS.to_owned());
+    }
+    Ok(s)
+}
+
+fn free_string(args: &mut pico_args::Arguments, what: &str) -> Result<String, Exit> {
+    match args.opt_free_from_str::<String>() {
+        Ok(Some(s)) => Ok(s),
+        Ok(None) => Err(Exit::usage(format!("missing {what}"))),
+        Err(e) => Err(Exit::usage(format!("{what}: {e}"))),
+    }
+}
+
+fn finish(args: pico_args::Arguments) -> Result<(), Exit> {
+    let rest = args.finish();
+    if let Some(first) = rest.first() {
+        return Err(Exit::usage(format!(
+            "unexpected argument {:?}",
+            first.to_string_lossy()
+        )));
+    }
+    Ok(())
+}
+
+fn parse_acquire_opts(args: &mut pico_args::Arguments) -> Result<AcquireOpts, Exit> {
+    let wait = args
+        .opt_value_from_fn("--wait", parse_wait)
+        .map_err(|e| Exit::usage(e.to_string()))?
+        .unwrap_or(Duration::from_secs_f64(DEFAULT_WAIT_S));
+    let lease = args
+        .opt_value_from_fn("--lease", parse_lease)
+        .map_err(|e| Exit::usage(e.to_string()))?
+        .unwrap_or(Duration::from_secs(u64::from(DEFAULT_LEASE_S)));
+    let servers = servers(args)?;
+    let key = free_string(args, "KEY")?;
+    Ok(AcquireOpts {
+        key,
+        wait,
+        lease,
+        servers,
+    })
+}
+
+fn client(servers: &[String]) -> Result<Client, Exit> {
+    Client::builder()
+        .addresses(servers.iter().cloned())
+        .build()
+        .map_err(|e| Exit::usage(e.to_string()))
+}
+
+/// Acquires, or ends the process with the status for why not.
+fn take(client: &Client, o: &AcquireOpts) -> Result<Ticket, Exit> {
+    let outcome = client
+        .acquire(&o.key, o.wait, o.lease)
+        .map_err(|e| Exit::usage(e.to_string()))?;
+    match outcome {
+        Acquire::Acquired(t) => Ok(t),
+        Acquire::Timeout => {
+            let why = match client.last_connect_error() {
+                Some(e) if client.connected_sessions() == 0 => {
+                    format!(" (no server reachable: {e})")
+                }
+                _ => String::new(),
+            };
+            Err(Exit {
+                status: exit::TIMEOUT,
+                message: format!("timeout: {:?} not acquired{why}", o.key),
+            })
+        }
+        Acquire::Busy => Err(Exit {
+            status: exit::BUSY,
+            message: format!("busy: {:?} not acquired, the server is at a limit", o.key),
+        }),
+        Acquire::Indeterminate => Err(Exit {
+            status: exit::INDETERMINATE,
+            message: format!(
+                "indeterminate: {:?} must be treated as not held (its lease ends any grant)",
+                o.key
+            ),
+        }),
+    }
+}
+
+fn acquire(args: Vec<OsString>) -> Result<u8, Exit> {
+    let mut args = pico_args::Arguments::from_vec(args);
+    if args.contains(["-h", "--help"]) {
+        print!("{HELP_ACQUIRE}");
+        return Ok(exit::OK);
+    }
+    let o = parse_acquire_opts(&mut args)?;
+    finish(args)?;
+    let client = client(&o.servers)?;
+    let ticket = take(&client, &o)?;
+    // Nobody could release a token that was never printed: give it back.
+    let token = ticket.token();
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = writeln!(out, "{token}").and_then(|()| out.flush()) {
+        let _ = ticket.release();
+        return Err(Exit {
+            status: exit::FAILED,
+            message: format!("cannot print the token ({e}); the lock was released"),
+        });
+    }
+    // The lock outlives this process: it is released by token later.
+    let _ = ticket.detach();
+    Ok(exit::OK)
+}
+
+fn release(args: Vec<OsString>) -> Result<u8, Exit> {
+    let mut args = pico_args::Arguments::from_vec(args);
+    if args.contains(["-h", "--help"]) {
+        print!("{HELP_RELEASE}");
+        return Ok(exit::OK);
+    }
+    let servers = servers(&mut args)?;
+    let key = free_string(&mut args, "KEY")?;
+    let token = free_string(&mut args, "TOKEN")?;
+    let token: u64 = token
+        .parse()
+        .map_err(|_| Exit::usage(format!("TOKEN {token:?} is not a decimal number")))?;
+    finish(args)?;
+    let client = client(&servers)?;
+    match client
+        .release(&key, token)
+        .map_err(|e| Exit::usage(e.to_string()))?
+    {
+        Release::Released => Ok(exit::OK),
+        Release::NotHeld => Err(Exit {
+            status: exit::NOT_HELD,
+            message: format!("not held: {key:?} is not held under token {token}"),
+        }),
+        Release::Indeterminate => Err(Exit {
+            status: exit::INDETERMINATE,
+            message: format!("indeterminate: the release of {key:?} may not have taken effect"),
+        }),
+        Release::NotSent => Err(Exit {
+            status: exit::TIMEOUT,
+            message: format!(
+                "timeout: no server reachable, {key:?} not released{}",
+                client
+                    .last_connect_error()
+                    .map(|e| format!(" ({e})"))
+                    .unwrap_or_default()
+            ),
+        }),
+    }
+}
+
+fn run(mut args: Vec<OsString>) -> Result<u8, Exit> {
+    // Everything after the first `--` is the command, untouched.
+    let command = match args.iter().position(|a| a == "--") {
+        Some(i) => {
+            let cmd = args.split_off(i + 1);
+            args.pop();
+            cmd
+        }
+        None => Vec::new(),
+    };
+    let mut args = pico_args::Arguments::from_vec(args);
+    if args.contains(["-h", "--help"]) {
+        print!("{HELP_RUN}");
+        return Ok(exit::OK);
+    }
+    let o = parse_acquire_opts(&mut args)?;
+    let grace = args
+        .opt_value_from_fn("--kill-grace", parse_grace)
+        .map_err(|e| Exit::usage(e.to_string()))?
+        .unwrap_or(Duration::from_secs_f64(DEFAULT_KILL_GRACE_S));
+    finish(args)?;
+    let Some((program, program_args)) = command.split_first() else {
+        return Err(Exit::usage(
+            "missing the command: ticket run KEY -- CMD [ARGS...]",
+        ));
+    };
+    let client = client(&o.servers)?;
+    let ticket = take(&client, &o)?;
+    // Installed only now, so a Ctrl-C while waiting for the lock still ends
+    // `ticket` at once (closing the connection cancels the queued acquire).
+    let signals = match Forwarded::install() {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = ticket.release();
+            return Err(e);
+        }
+    };
+    let status = supervise(&ticket, program, program_args, grace, &signals);
+    match ticket.release() {
+        Ok(Release::Released) => {}
+        Ok(r) => eprintln!("ticket: releasing {:?}: {r:?}", o.key),
+        Err(e) => eprintln!("ticket: releasing {:?}: {e}", o.key),
+    }
+    status
+}
+
+/// Signals `ticket run` passes on to its command, flagged as they arrive.
+struct Forwarded {
+    flags: Vec<(i32, Arc<AtomicBool>)>,
+}
+
+impl Forwarded {
+    fn install() -> Result<Forwarded, Exit> {
+        let mut flags = Vec::new();
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            let flag = Arc::new(AtomicBool::new(false));
+            signal_hook::flag::register(sig, Arc::clone(&flag)).map_err(|e| Exit {
+                status: exit::CANNOT_RUN,
+                message: format!("cannot install a signal handler: {e}"),
+            })?;
+            flags.push((sig, flag));
+        }
+        Ok(Forwarded { flags })
+    }
+
+    /// Signals that arrived since the last call, in a fixed order.
+    fn take(&self) -> Vec<i32> {
+        self.flags
+            .iter()
+            .filter(|(_, f)| f.swap(false, Ordering::SeqCst))
+            .map(|(sig, _)| *sig)
+            .collect()
+    }
+}
+
+/// Sends `sig` to the process group led by `pid`.
+fn signal_group(pid: u32, sig: i32) {
+    if let Ok(pid) = i32::try_from(pid) {
+        // SAFETY: kill(2) has no memory-safety preconditions. A negative pid
+        // addresses the process group the child leads.
+        unsafe {
+            libc::kill(-pid, sig);
+        }
+    }
+}
+
+/// Runs the command under the ticket and returns `ticket`'s exit status.
+fn supervise(
+    ticket: &Ticket,
+    program: &OsString,
+    args: &[OsString],
+    grace: Duration,
+    signals: &Forwarded,
+) -> Result<u8, Exit> {
+    use std::os::unix::process::CommandExt;
+
+    let expires_unix_s = ticket
+        .expires_at_system()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let spawned = Command::new(program)
+        .args(args)
+        .env("TICKET_KEY", ticket.key())
+        .env("TICKET_TOKEN", ticket.token().to_string())
+        .env("TICKET_EXPIRES_AT", expires_unix_s.to_string())
+        // Its own group, so the end of the lease stops its children too.
+        .process_group(0)
+        .spawn();
+    let mut child = match spawned {
+        Ok(c) => c,
+        Err(e) => {
+            let status = if e.kind() == std::io::ErrorKind::NotFound {
+                exit::NOT_FOUND
+            } else {
+                exit::CANNOT_RUN
+            };
+            return Err(Exit {
+                status,
+                message: format!("cannot run {:?}: {e}", program.to_string_lossy()),
+            });
+        }
+    };
+    let pid = child.id();
+    let now = Instant::now();
+    let kill_at = ticket
+        .expires_at()
+        .checked_sub(KILL_MARGIN)
+        .unwrap_or(now)
+        .max(now);
+    let term_at = kill_at.checked_sub(grace).unwrap_or(now).max(now);
+    let mut termed = false;
+    let mut killed = false;
+    let status: ExitStatus = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) => {}
+            Err(e) => {
+                signal_group(pid, libc::SIGKILL);
+                let _ = child.wait();
+                return Err(Exit {
+                    status: exit::CANNOT_RUN,
+                    message: format!("lost track of the command: {e}"),
+                });
+            }
+        }
+        for sig in signals.take() {
+            signal_group(pid, sig);
+        }
+        let now = Instant::now();
+        if !killed && now >= kill_at {
+            signal_group(pid, libc::SIGKILL);
+            killed = true;
+        } else if !termed && now >= term_at {
+            signal_group(pid, libc::SIGTERM);
+            termed = true;
+        }
+        std::thread::sleep(POLL);
+    };
+    if termed || killed {
+        // Whatever is left of the group must not outlive the lease either.
+        signal_group(pid, libc::SIGKILL);
+        return Err(Exit {
+            status: exit::LEASE_ENDED,
+            message: format!(
+                "the lease on {:?} was about to end: the command was terminated",
+                ticket.key()
+            ),
+        });
+    }
+    use std::os::unix::process::ExitStatusExt;
+    Ok(match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code).unwrap_or(u8::MAX),
+        (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(u8::MAX),
+        (None, None) => u8::MAX,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn os(v: &[&str]) -> Vec<OsString> {
+        v.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn waits_accept_fractions_and_clamp_leases_do_not() {
+        assert_eq!(parse_wait("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_wait("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_wait("1e9"), Ok(Duration::from_secs(255)));
+        assert!(parse_wait("-1").is_err());
+        assert!(parse_wait("NaN").is_err());
+        assert!(parse_wait("inf").is_err());
+        assert!(parse_wait("soon").is_err());
+        assert_eq!(parse_lease("30"), Ok(Duration::from_secs(30)));
+        assert!(parse_lease("0").is_err());
+        assert!(parse_lease("256").is_err());
+        assert!(parse_lease("1.5").is_err());
+        assert!(parse_grace("-0.1").is_err());
+        assert_eq!(parse_grace("0.25"), Ok(Duration::from_millis(250)));
+    }
+
+    #[test]
+    fn usage_errors_are_reported_before_connecting() {
+        let usage = |v: &[&str]| match dispatch(os(v)) {
+            Err(e) => e.status,
+            Ok(s) => s,
+        };
+        assert_eq!(usage(&[]), exit::USAGE);
+        assert_eq!(usage(&["frobnicate"]), exit::USAGE);
+        assert_eq!(usage(&["acquire"]), exit::USAGE);
+        assert_eq!(usage(&["acquire", "k", "--lease", "0"]), exit::USAGE);
+        assert_eq!(usage(&["acquire", "k", "--wait", "x"]), exit::USAGE);
+        assert_eq!(usage(&["acquire", "k", "extra"]), exit::USAGE);
+        assert_eq!(usage(&["acquire", ""]), exit::USAGE);
+        assert_eq!(usage(&["release", "k"]), exit::USAGE);
+        assert_eq!(usage(&["release", "k", "-3"]), exit::USAGE);
+        assert_eq!(usage(&["run", "k"]), exit::USAGE);
+        assert_eq!(usage(&["run", "k", "--"]), exit::USAGE);
+        assert_eq!(usage(&["acquire", "k", "--server", "nowhere"]), exit::USAGE);
+        assert_eq!(usage(&["help", "acquire"]), exit::OK);
+        assert_eq!(usage(&["run", "--help"]), exit::OK);
+    }
+}

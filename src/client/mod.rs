@@ -1,0 +1,474 @@
+//! The official blocking client (SPEC §3).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use ticketd::client::{Acquire, Client, Release};
+//!
+//! let client = Client::connect("127.0.0.1:7470")?;
+//! match client.acquire("db-migration", Duration::from_secs(10), Duration::from_secs(30))? {
+//!     Acquire::Acquired(ticket) => {
+//!         // Critical section: pass ticket.token() to the resource as a fence,
+//!         // and leave before ticket.expires_at().
+//!         let _r: Release = ticket.release()?;
+//!     }
+//!     Acquire::Timeout | Acquire::Busy => { /* definitive: not acquired */ }
+//!     Acquire::Indeterminate => { /* must not enter; the lease reclaims any grant */ }
+//! }
+//! # Ok::<(), ticketd::client::Error>(())
+//! ```
+//!
+//! # How a call runs
+//!
+//! A [`Client`] is a handle on a small pool of connections ("sessions"); it
+//! is `Clone + Send + Sync` and every clone shares the pool. Each session has
+//! a writer thread and a reader thread; requests from all threads are
+//! pipelined on it and replies are matched by owner (A/T/B) or by token and
+//! key (R/N), in any order. Each acquire:
+//!
+//! 1. checks its arguments (an `Err` means nothing was sent);
+//! 2. takes a fresh owner and one monotonic deadline `D = now + wait`
+//!    (wait clamped to 255 s);
+//! 3. queues the request on a session. The writer computes the wire wait
+//!    from the time left to `D`, rounded up, just before writing it; a
+//!    request still queued at `D` is never written and the call returns
+//!    [`Acquire::Timeout`]. If the session dies while the request is still
+//!    queued, it moves to another session with the same owner and the same
+//!    `D`: that is the only retry there is;
+//! 4. once a request may have reached a socket, it is never sent again. If
+//!    no reply matches it by `D + 1 s`, the client closes that one session
+//!    and returns [`Acquire::Indeterminate`]; if its session dies first, it
+//!    returns Indeterminate at once;
+//! 5. an `A` that reaches the caller after `D` is not handed over: the client
+//!    releases that exact token in the background and returns Indeterminate.
+//!    `T` and `B` are definitive.
+//!
+//! `wait = 0` is one direct attempt (wire wait 0) under a separate 5 s
+//! transport deadline, and so is every release.
+//!
+//! **Indeterminate** means the caller must not enter the critical section; a
+//! grant that may exist is taken back by its lease at the latest.
+
+mod deadline;
+mod error;
+mod owner;
+mod pool;
+mod session;
+mod ticket;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub use deadline::{MAX_LEASE, MAX_WAIT, RESPONSE_GRACE, TRANSPORT_DEADLINE};
+pub use error::Error;
+pub use ticket::Ticket;
+
+use deadline::Plan;
+use pool::Pool;
+use session::{lock, Answer, Call, Kind, Waited};
+
+/// The server address the CLI and examples use when given none.
+pub const DEFAULT_ADDRESS: &str = "127.0.0.1:7470";
+/// Default number of connections a client keeps.
+pub const DEFAULT_POOL_SIZE: usize = 2;
+/// Default cap on one connection attempt.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Largest pool a builder accepts.
+pub const MAX_POOL_SIZE: usize = 64;
+
+/// Pauses between retries of a request whose session died before it was
+/// written: the first retry is immediate, later ones back off, so a server
+/// that accepts and drops connections (over its connection limit) does not
+/// turn the retry loop into a connect storm. Never sleeps past the deadline.
+struct RetryPause {
+    next: Duration,
+    until: Instant,
+}
+
+impl RetryPause {
+    fn new(until: Instant) -> RetryPause {
+        RetryPause {
+            next: Duration::ZERO,
+            until,
+        }
+    }
+
+    fn pause(&mut self) {
+        let left = self.until.saturating_duration_since(Instant::now());
+        std::thread::sleep(self.next.min(left));
+        self.next = (self.next * 2)
+            .max(Duration::from_millis(10))
+            .min(Duration::from_millis(500));
+    }
+}
+
+/// The outcome of [`Client::acquire`].
+#[derive(Debug)]
+#[must_use = "an acquire can fail; only Acquired may enter the critical section"]
+pub enum Acquire {
+    /// Granted. The lock is held until the ticket is released or dropped, or
+    /// its lease runs out.
+    Acquired(Ticket),
+    /// Definitely not acquired: the key stayed held for the whole wait, or the
+    /// request was never sent before the deadline.
+    Timeout,
+    /// Definitely not acquired and not queued: a server capacity limit.
+    Busy,
+    /// Unknown. Do not enter the critical section; a grant that may exist is
+    /// released by the client if it arrives late, and by its lease anyway.
+    Indeterminate,
+}
+
+impl Acquire {
+    /// The ticket, if acquired.
+    #[must_use]
+    pub fn ticket(self) -> Option<Ticket> {
+        match self {
+            Acquire::Acquired(t) => Some(t),
+            _ => None,
+        }
+    }
+}
+
+/// The outcome of a release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// The release took effect.
+    Released,
+    /// Nothing changed: the key is not held under that token (the lease ran
+    /// out, or the token was never granted or already released).
+    NotHeld,
+    /// The release may or may not have taken effect; the lease ends the lock
+    /// at the latest.
+    Indeterminate,
+    /// No server could be reached within the transport deadline; nothing was
+    /// sent, so the lock stays held until its lease runs out.
+    NotSent,
+}
+
+/// Builds a [`Client`] with several addresses or non-default settings.
+#[derive(Clone, Debug)]
+pub struct ClientBuilder {
+    addrs: Vec<String>,
+    pool_size: usize,
+    connect_timeout: Duration,
+    max_key_bytes: usize,
+}
+
+impl Default for ClientBuilder {
+    fn default() -> Self {
+        ClientBuilder {
+            addrs: Vec::new(),
+            pool_size: DEFAULT_POOL_SIZE,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            max_key_bytes: crate::limits::DEFAULT_MAX_KEY_BYTES,
+        }
+    }
+}
+
+impl ClientBuilder {
+    /// Adds one server address (`host:port`).
+    #[must_use]
+    pub fn address(mut self, addr: impl Into<String>) -> Self {
+        self.addrs.push(addr.into());
+        self
+    }
+
+    /// Adds server addresses; connections rotate over them and skip the ones
+    /// that do not answer.
+    #[must_use]
+    pub fn addresses<I, S>(mut self, addrs: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.addrs.extend(addrs.into_iter().map(Into::into));
+        self
+    }
+
+    /// Connections to keep, 1..=64 (default 2). Requests are pipelined, so a
+    /// few connections serve many threads.
+    #[must_use]
+    pub fn pool_size(mut self, n: usize) -> Self {
+        self.pool_size = n;
+        self
+    }
+
+    /// Cap on one connection attempt (default 1 s); an address that takes
+    /// longer is skipped for the next one. Never longer than a call's deadline.
+    #[must_use]
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+
+    /// The longest key accepted (default 1024 bytes, the server's default).
+    /// Set it to the server's `--max-key-bytes` if that differs.
+    #[must_use]
+    pub fn max_key_bytes(mut self, n: usize) -> Self {
+        self.max_key_bytes = n;
+        self
+    }
+
+    /// Resolves the addresses and makes the client. Connections open lazily,
+    /// on the first call that needs one.
+    pub fn build(self) -> Result<Client, Error> {
+        if self.addrs.is_empty() {
+            return Err(Error::NoAddress);
+        }
+        if self.pool_size == 0 || self.pool_size > MAX_POOL_SIZE {
+            return Err(Error::InvalidConfig {
+                reason: "pool_size must be within 1..=64",
+            });
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(Error::InvalidConfig {
+                reason: "connect_timeout must be above zero",
+            });
+        }
+        if self.max_key_bytes == 0 || self.max_key_bytes > crate::limits::MAX_KEY_BYTES_CEILING {
+            return Err(Error::InvalidConfig {
+                reason: "max_key_bytes must be within 1..=65536",
+            });
+        }
+        let mut resolved: Vec<SocketAddr> = Vec::new();
+        for a in &self.addrs {
+            let found = a.to_socket_addrs().map_err(|e| Error::Resolve {
+                addr: a.clone(),
+                reason: e.to_string(),
+            })?;
+            let before = resolved.len();
+            resolved.extend(found);
+            if resolved.len() == before {
+                return Err(Error::Resolve {
+                    addr: a.clone(),
+                    reason: "no address found".into(),
+                });
+            }
+        }
+        Ok(Client {
+            inner: Arc::new(Inner {
+                pool: Pool::new(
+                    resolved,
+                    self.pool_size,
+                    self.connect_timeout,
+                    self.max_key_bytes,
+                ),
+                max_key_bytes: self.max_key_bytes,
+                background: Mutex::new(Background {
+                    queue: VecDeque::new(),
+                    running: false,
+                }),
+            }),
+        })
+    }
+}
+
+/// A handle on a pool of connections to a ticketd server (or to the nodes of
+/// a cluster). Cheap to clone; every clone shares the pool; usable from any
+/// number of threads at once.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    max_key_bytes: usize,
+    background: Mutex<Background>,
+}
+
+/// Releases nobody waits for (dropped tickets, late grants), done one after
+/// another by a thread that exists only while there are some.
+struct Background {
+    /// Key, token, and the plan made when the release was asked for.
+    queue: VecDeque<(String, u64, Plan)>,
+    running: bool,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.pool.close();
+    }
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("addresses", &self.inner.pool.addresses())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// A client for one server address (`host:port`) with default settings.
+    pub fn connect(addr: impl Into<String>) -> Result<Client, Error> {
+        Client::builder().address(addr).build()
+    }
+
+    /// A builder for several addresses or other settings.
+    #[must_use]
+    pub fn builder() -> ClientBuilder {
+        ClientBuilder::default()
+    }
+
+    /// The resolved server addresses.
+    #[must_use]
+    pub fn addresses(&self) -> &[SocketAddr] {
+        self.inner.pool.addresses()
+    }
+
+    /// The last connection failure, if any: helps explain a Timeout that
+    /// came from an unreachable server rather than from a held key.
+    #[must_use]
+    pub fn last_connect_error(&self) -> Option<String> {
+        self.inner.pool.last_error()
+    }
+
+    /// Asks for `key`, waiting up to `wait` (clamped to 255 s) in the
+    /// server's queue, for a grant that lives `lease` (whole seconds,
+    /// 1..=255). Returns within `wait` + 1 s (or 5 s for `wait = 0`); `Err`
+    /// only for bad arguments, before anything is sent.
+    pub fn acquire(&self, key: &str, wait: Duration, lease: Duration) -> Result<Acquire, Error> {
+        deadline::check_key(key, self.inner.max_key_bytes)?;
+        let lease_s = deadline::lease_s(lease)?;
+        let plan = Plan::acquire(Instant::now(), wait);
+        let owner = owner::next_owner();
+        let key_arc: Arc<str> = Arc::from(key);
+        let mut backoff = RetryPause::new(plan.send_deadline);
+        loop {
+            // Retried only from here, and only after NotSent: same owner,
+            // same plan, another session.
+            let Some(session) = self.inner.pool.get(plan.send_deadline) else {
+                return Ok(Acquire::Timeout);
+            };
+            let call = Call::new(Kind::Acquire { owner, lease_s }, Arc::clone(&key_arc), plan);
+            if !session.enqueue(Arc::clone(&call)) {
+                backoff.pause();
+                continue;
+            }
+            match session.await_call(&call) {
+                Waited::NotSent => backoff.pause(),
+                Waited::Indeterminate => return Ok(Acquire::Indeterminate),
+                Waited::Answered { answer, written_at } => {
+                    return Ok(match answer {
+                        Answer::Acquired { token } => {
+                            // The handover gate: a grant seen after D is not
+                            // handed to a caller who was promised an answer by D.
+                            if Instant::now() > plan.gate {
+                                self.release_in_background(key.to_owned(), token);
+                                Acquire::Indeterminate
+                            } else {
+                                Acquire::Acquired(Ticket::new(
+                                    self.clone(),
+                                    key.to_owned(),
+                                    token,
+                                    lease,
+                                    written_at + lease,
+                                ))
+                            }
+                        }
+                        Answer::Timeout => Acquire::Timeout,
+                        Answer::Busy => Acquire::Busy,
+                        // Acquires are matched only by A/T/B replies.
+                        Answer::Released | Answer::NotReleased => Acquire::Indeterminate,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Releases `token` on `key`, from any process: locks belong to tokens,
+    /// not to connections. Waits at most the 5 s transport deadline.
+    pub fn release(&self, key: &str, token: u64) -> Result<Release, Error> {
+        deadline::check_key(key, self.inner.max_key_bytes)?;
+        Ok(self.release_checked(Arc::from(key), token, Plan::transport(Instant::now())))
+    }
+
+    fn release_checked(&self, key: Arc<str>, token: u64, plan: Plan) -> Release {
+        let mut backoff = RetryPause::new(plan.send_deadline);
+        loop {
+            let Some(session) = self.inner.pool.get(plan.send_deadline) else {
+                return Release::NotSent;
+            };
+            let call = Call::new(Kind::Release { token }, Arc::clone(&key), plan);
+            if !session.enqueue(Arc::clone(&call)) {
+                backoff.pause();
+                continue;
+            }
+            match session.await_call(&call) {
+                Waited::NotSent => backoff.pause(),
+                Waited::Indeterminate => return Release::Indeterminate,
+                Waited::Answered { answer, .. } => {
+                    return match answer {
+                        Answer::Released => Release::Released,
+                        Answer::NotReleased => Release::NotHeld,
+                        _ => Release::Indeterminate,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Queues a release nobody waits for; a short-lived thread works the
+    /// queue and ends when it is empty.
+    pub(crate) fn release_in_background(&self, key: String, token: u64) {
+        let mut bg = lock(&self.inner.background);
+        // The transport deadline runs from now, not from when the worker
+        // gets to it: with the server unreachable, a backlog of dropped
+        // tickets is given up within 5 s instead of 5 s each (their leases
+        // end them).
+        bg.queue
+            .push_back((key, token, Plan::transport(Instant::now())));
+        if bg.running {
+            return;
+        }
+        bg.running = true;
+        drop(bg);
+        let me = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("ticket-release".into())
+            .spawn(move || me.background_loop());
+        if spawned.is_err() {
+            // No thread to spare: the lease reclaims these locks instead.
+            let mut bg = lock(&self.inner.background);
+            bg.running = false;
+            bg.queue.clear();
+        }
+    }
+
+    fn background_loop(self) {
+        loop {
+            let next = {
+                let mut bg = lock(&self.inner.background);
+                let next = bg.queue.pop_front();
+                if next.is_none() {
+                    bg.running = false;
+                }
+                next
+            };
+            let Some((key, token, plan)) = next else {
+                return;
+            };
+            let _ = self.release_checked(Arc::from(key), token, plan);
+        }
+    }
+
+    /// Whether background releases are still being worked on.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn background_busy(&self) -> bool {
+        lock(&self.inner.background).running
+    }
+
+    /// Sessions currently connected, for diagnostics.
+    #[must_use]
+    pub fn connected_sessions(&self) -> usize {
+        self.inner.pool.live().len()
+    }
+}

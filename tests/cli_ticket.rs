@@ -1,0 +1,430 @@
+//! The `ticket` binary against the real server: tokens printed, releases by
+//! token from another process, `run` with its environment, its exit status
+//! and the termination before the lease ends, and every documented status.
+
+mod common;
+#[path = "support/proxy.rs"]
+mod proxy;
+
+use std::net::TcpListener;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::Ticketd;
+use proxy::{Fault, Proxy};
+
+const USAGE: i32 = 64;
+const TIMEOUT: i32 = 120;
+const BUSY: i32 = 121;
+const INDETERMINATE: i32 = 122;
+const NOT_HELD: i32 = 123;
+const LEASE_ENDED: i32 = 124;
+const NOT_FOUND: i32 = 127;
+
+fn ticket(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ticket"))
+        .args(args)
+        .output()
+        .expect("run ticket")
+}
+
+fn status(o: &Output) -> i32 {
+    o.status.code().expect("exited normally")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn acquire_prints_a_token_and_another_process_releases_it() {
+    let server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    let o = ticket(&["acquire", "job", "--lease", "30", "--server", &addr]);
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    let token: u64 = stdout(&o).trim().parse().expect("a decimal token");
+    assert!(token > 0);
+    // The lock outlived the process that took it.
+    let o = ticket(&["acquire", "job", "--wait", "0", "--server", &addr]);
+    assert_eq!(status(&o), TIMEOUT, "{}", stderr(&o));
+    assert!(stdout(&o).is_empty());
+    let wrong = (token + 1).to_string();
+    let o = ticket(&["release", "job", &wrong, "--server", &addr]);
+    assert_eq!(status(&o), NOT_HELD, "{}", stderr(&o));
+    let t = token.to_string();
+    assert_eq!(
+        status(&ticket(&["release", "job", &t, "--server", &addr])),
+        0
+    );
+    assert_eq!(
+        status(&ticket(&["release", "job", &t, "--server", &addr])),
+        NOT_HELD
+    );
+    let o = ticket(&["acquire", "job", "--wait", "0", "--server", &addr]);
+    assert_eq!(status(&o), 0);
+    let next: u64 = stdout(&o).trim().parse().unwrap();
+    assert!(next > token);
+}
+
+#[test]
+fn run_exports_the_ticket_and_exits_with_the_commands_status() {
+    let server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    let before = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let o = ticket(&[
+        "run",
+        "report",
+        "--lease",
+        "20",
+        "--server",
+        &addr,
+        "--",
+        "sh",
+        "-c",
+        "echo \"$TICKET_KEY $TICKET_TOKEN $TICKET_EXPIRES_AT\"; exit 3",
+    ]);
+    assert_eq!(status(&o), 3, "{}", stderr(&o));
+    let out = stdout(&o);
+    let fields: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(fields.len(), 3, "{out:?}");
+    assert_eq!(fields[0], "report");
+    assert!(fields[1].parse::<u64>().unwrap() > 0);
+    let expires: u64 = fields[2].parse().unwrap();
+    assert!(
+        expires >= before + 18 && expires <= before + 21,
+        "expiry {expires} for a 20 s lease taken at {before}"
+    );
+    // Released when the command exited.
+    assert_eq!(
+        status(&ticket(&[
+            "acquire", "report", "--wait", "0", "--server", &addr
+        ])),
+        0
+    );
+}
+
+#[test]
+fn run_stops_a_command_that_outlives_its_lease_and_frees_the_key() {
+    let server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    let start = Instant::now();
+    // SIGTERM is ignored (and inherited by sleep): only SIGKILL stops it.
+    let o = ticket(&[
+        "run",
+        "slow",
+        "--lease",
+        "3",
+        "--kill-grace",
+        "1",
+        "--server",
+        &addr,
+        "--",
+        "sh",
+        "-c",
+        "trap '' TERM; sleep 30",
+    ]);
+    let took = start.elapsed();
+    assert_eq!(status(&o), LEASE_ENDED, "{}", stderr(&o));
+    assert!(stderr(&o).contains("lease"), "{}", stderr(&o));
+    assert!(
+        took < Duration::from_secs(3),
+        "stopped before the lease: {took:?}"
+    );
+    assert!(took >= Duration::from_millis(1400), "{took:?}");
+    // Released, not left to expire.
+    assert_eq!(
+        status(&ticket(&[
+            "acquire", "slow", "--wait", "0", "--server", &addr
+        ])),
+        0
+    );
+}
+
+#[test]
+fn run_terminates_politely_first() {
+    let server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    let o = ticket(&[
+        "run",
+        "polite",
+        "--lease",
+        "3",
+        "--kill-grace",
+        "1",
+        "--server",
+        &addr,
+        "--",
+        "sh",
+        "-c",
+        "trap 'echo got-term; exit 0' TERM; while :; do sleep 0.05; done",
+    ]);
+    assert_eq!(status(&o), LEASE_ENDED, "{}", stderr(&o));
+    assert!(stdout(&o).contains("got-term"), "{}", stdout(&o));
+}
+
+#[test]
+fn run_does_not_start_the_command_without_the_lock() {
+    let server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    let o = ticket(&["acquire", "busy-key", "--server", &addr]);
+    assert_eq!(status(&o), 0);
+    let o = ticket(&[
+        "run", "busy-key", "--wait", "0.3", "--server", &addr, "--", "echo", "ran",
+    ]);
+    assert_eq!(status(&o), TIMEOUT);
+    assert!(!stdout(&o).contains("ran"));
+    let o = ticket(&[
+        "run",
+        "free-key",
+        "--server",
+        &addr,
+        "--",
+        "/nonexistent/command",
+    ]);
+    assert_eq!(status(&o), NOT_FOUND, "{}", stderr(&o));
+    assert_eq!(
+        status(&ticket(&[
+            "acquire", "free-key", "--wait", "0", "--server", &addr
+        ])),
+        0,
+        "released after the failed start"
+    );
+}
+
+#[test]
+fn busy_timeout_and_indeterminate_have_their_own_statuses() {
+    let server = Ticketd::start(&["--max-keys", "1"]);
+    let addr = server.addr().to_string();
+    assert_eq!(status(&ticket(&["acquire", "one", "--server", &addr])), 0);
+    let o = ticket(&["acquire", "two", "--server", &addr]);
+    assert_eq!(status(&o), BUSY, "{}", stderr(&o));
+
+    let refused = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let o = ticket(&["acquire", "k", "--wait", "0.3", "--server", &refused]);
+    assert_eq!(status(&o), TIMEOUT);
+    assert!(stderr(&o).contains("no server reachable"), "{}", stderr(&o));
+    let o = ticket(&["release", "k", "5", "--server", &refused]);
+    assert_eq!(status(&o), TIMEOUT);
+
+    let px = Proxy::start(server.addr());
+    px.set_fault(Fault::StallReplies);
+    let start = Instant::now();
+    let o = ticket(&["acquire", "one", "--wait", "1", "--server", &px.addr()]);
+    assert_eq!(status(&o), INDETERMINATE, "{}", stderr(&o));
+    assert!(start.elapsed() < Duration::from_secs(3));
+}
+
+#[test]
+fn usage_errors_and_help() {
+    for args in [
+        &[][..],
+        &["acquire"],
+        &["acquire", "k", "--lease", "0"],
+        &["acquire", "k", "--lease", "256"],
+        &["acquire", "k", "--wait", "-1"],
+        &["acquire", "a\nb"],
+        &["release", "k", "not-a-number"],
+        &["run", "k"],
+        &["nonsense"],
+    ] {
+        let o = ticket(args);
+        assert_eq!(status(&o), USAGE, "{args:?}: {}", stderr(&o));
+        assert!(!stderr(&o).is_empty());
+    }
+    for args in [
+        &["--help"][..],
+        &["help"],
+        &["acquire", "--help"],
+        &["release", "--help"],
+        &["run", "--help"],
+        &["help", "run"],
+    ] {
+        let o = ticket(args);
+        assert_eq!(status(&o), 0, "{args:?}");
+        assert!(stdout(&o).contains("USAGE"), "{args:?}");
+    }
+    assert!(stdout(&ticket(&["--help"])).contains("124"));
+    assert!(stdout(&ticket(&["run", "--help"])).contains("TICKET_EXPIRES_AT"));
+}
+
+fn signal(child: &std::process::Child, sig: i32) {
+    let pid = libc::pid_t::try_from(child.id()).unwrap();
+    // SAFETY: kill(2) on our own child; no memory involved.
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+}
+
+fn wait_with_deadline(
+    child: &mut std::process::Child,
+    within: Duration,
+) -> std::process::ExitStatus {
+    let end = Instant::now() + within;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            panic!("ticket did not exit within {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn run_passes_sigterm_to_the_command_then_releases() {
+    let server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    let marker = std::env::temp_dir().join(format!("ticket-cli-test-{}", std::process::id()));
+    let _ = std::fs::remove_file(&marker);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ticket"))
+        .args([
+            "run",
+            "svc",
+            "--server",
+            &addr,
+            "--",
+            "sh",
+            "-c",
+            "trap 'exit 7' TERM; echo \"$TICKET_TOKEN\" > \"$MARKER\"; while :; do sleep 0.05; done",
+        ])
+        .env("MARKER", &marker)
+        .spawn()
+        .unwrap();
+    // Wait until the command runs under the lock.
+    let end = Instant::now() + Duration::from_secs(5);
+    while !std::fs::read_to_string(&marker).is_ok_and(|s| s.ends_with('\n')) {
+        assert!(Instant::now() < end, "the command never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = std::fs::remove_file(&marker);
+    assert_eq!(
+        status(&ticket(&[
+            "acquire", "svc", "--wait", "0", "--server", &addr
+        ])),
+        TIMEOUT,
+        "held while the command runs"
+    );
+    signal(&child, libc::SIGTERM);
+    let st = wait_with_deadline(&mut child, Duration::from_secs(5));
+    assert_eq!(st.code(), Some(7), "the command's own status");
+    assert_eq!(
+        status(&ticket(&[
+            "acquire", "svc", "--wait", "0", "--server", &addr
+        ])),
+        0,
+        "released after the command exited"
+    );
+}
+
+#[test]
+fn ctrl_c_while_waiting_for_the_lock_ends_ticket_at_once() {
+    let server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    assert_eq!(status(&ticket(&["acquire", "held", "--server", &addr])), 0);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ticket"))
+        .args([
+            "run", "held", "--wait", "30", "--server", &addr, "--", "true",
+        ])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let start = Instant::now();
+    signal(&child, libc::SIGINT);
+    let st = wait_with_deadline(&mut child, Duration::from_secs(5));
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(st.signal(), Some(libc::SIGINT));
+    assert!(start.elapsed() < Duration::from_secs(1));
+}
+
+#[test]
+fn a_token_that_cannot_be_printed_is_released_again() {
+    let server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    // A stdout pipe nobody reads: writing the token fails with EPIPE.
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe(2) fills the two-element array we pass.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both descriptors were just created and are owned only here.
+    let (read_end, write_end) = unsafe {
+        use std::os::fd::{FromRawFd, OwnedFd};
+        (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
+    };
+    drop(read_end);
+    let o = Command::new(env!("CARGO_BIN_EXE_ticket"))
+        .args(["acquire", "unprinted", "--server", &addr])
+        .stdout(write_end)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+        .wait_with_output()
+        .unwrap();
+    assert_eq!(status(&o), 125, "{}", stderr(&o));
+    assert!(stderr(&o).contains("released"), "{}", stderr(&o));
+    assert_eq!(
+        status(&ticket(&[
+            "acquire",
+            "unprinted",
+            "--wait",
+            "0",
+            "--server",
+            &addr
+        ])),
+        0
+    );
+}
+
+/// `ticket bench` is the load generator: it runs a short cycle load against
+/// a real server and reports what it measured, and rejects bad flags with
+/// the usage status.
+#[test]
+fn bench_measures_a_real_server_and_rejects_bad_flags() {
+    let server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    let o = ticket(&[
+        "bench",
+        "--server",
+        &addr,
+        "--mode",
+        "cycle",
+        "--connections",
+        "2",
+        "--depth",
+        "4",
+        "--duration",
+        "0.5",
+        "--warmup",
+        "0",
+        "--json",
+    ]);
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    let json = stdout(&o);
+    assert!(json.contains("\"backend\":\"ticketd\""), "{json}");
+    assert!(json.contains("\"mode\":\"cycle\""), "{json}");
+    // Grants really happened, and every one was released (cycle mode).
+    let field = |name: &str| -> u64 {
+        let at = json.find(&format!("\"{name}\":")).expect(name) + name.len() + 3;
+        json[at..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .and_then(|n| n.parse().ok())
+            .expect(name)
+    };
+    assert!(field("grants") > 0, "{json}");
+    assert_eq!(field("not_released"), 0, "{json}");
+    let o = ticket(&["bench", "--backend", "zk"]);
+    assert_eq!(status(&o), 64);
+    assert!(stderr(&o).contains("unknown backend"), "{}", stderr(&o));
+    let o = ticket(&["help", "bench"]);
+    assert_eq!(status(&o), 0);
+    assert!(stdout(&o).contains("--backend"));
+}
