@@ -735,8 +735,8 @@ impl<D: Disk> Node<D> {
     fn handle_ready(&mut self, now: Millis, out: &mut Outbox) -> Result<(), NodeError> {
         let mut rd = self.rn.ready();
         if let Some(ss) = rd.ss() {
-            let (leader, state) = (ss.leader_id, ss.raft_state);
-            self.on_soft_state(leader, state);
+            let leader = ss.leader_id;
+            self.on_soft_state(leader);
         }
         // A leader's messages may go out before its own fsync.
         self.msgs.extend(rd.take_messages());
@@ -797,7 +797,7 @@ impl<D: Disk> Node<D> {
         Ok(())
     }
 
-    fn on_soft_state(&mut self, leader: u64, state: StateRole) {
+    fn on_soft_state(&mut self, leader: u64) {
         if leader != self.leader {
             self.leader = leader;
             self.next_repropose_check = Millis::ZERO;
@@ -812,7 +812,6 @@ impl<D: Disk> Node<D> {
         // table once this term's first entry has applied.
         self.timers.clear();
         self.timers_ready = false;
-        let _ = state;
     }
 
     fn after_snapshot_install(&mut self) {
