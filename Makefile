@@ -12,6 +12,7 @@ help:
 	@echo "vendor-check  cargo vendor, then build offline from it (with and without default features)"
 	@echo "example       run examples/step_server (a server stepped turn by turn)"
 	@echo "sim           cluster simulation over SEEDS seeds from FIRST (make sim SEEDS=500)"
+	@echo "sim-single    single-mode simulation over SEEDS fresh seeds (FIRST= to choose); part of sim"
 	@echo "clean         remove build output"
 	@echo "fuzz          run every cargo-fuzz target for FUZZ_SECONDS each (default 60)"
 	@echo "engine-memory bytes per held key and per waiter, hot-path allocations (release)"
@@ -68,5 +69,12 @@ engine-memory:
 SEEDS ?= 100
 FIRST ?= 1
 .PHONY: sim
-sim:
+sim: sim-single
 	SIM_SEEDS=$(SEEDS) SIM_FIRST=$(FIRST) $(CARGO) test --release --test cluster_sim many_seeds -- --nocapture
+
+# Single-mode simulation over SEEDS seeds: from FIRST when given on the
+# command line, else from a seed taken from the clock (printed).
+.PHONY: sim-single
+sim-single:
+	SIM_SEEDS=$(SEEDS) $(if $(filter command line,$(origin FIRST)),SIM_FIRST=$(FIRST)) \
+	  $(CARGO) test --release --test sim_single every_seed -- --nocapture
