@@ -15,6 +15,7 @@ help:
 	@echo "sim-single    single-mode simulation over SEEDS fresh seeds (FIRST= to choose); part of sim"
 	@echo "clean         remove build output"
 	@echo "fuzz          run every cargo-fuzz target for FUZZ_SECONDS each (default 60)"
+	@echo "faults        the real-process fault tests (kill, stop, clock jumps, fds, abuse, disk full)"
 	@echo "engine-memory bytes per held key and per waiter, hot-path allocations (release)"
 
 build:
@@ -78,3 +79,8 @@ sim: sim-single
 sim-single:
 	SIM_SEEDS=$(SEEDS) $(if $(filter command line,$(origin FIRST)),SIM_FIRST=$(FIRST)) \
 	  $(CARGO) test --release --test sim_single every_seed -- --nocapture
+
+# Real-process fault tests (docs/RELIABILITY.md); part of `make test` too.
+.PHONY: faults
+faults:
+	$(CARGO) test --test faults_single -- --nocapture
