@@ -189,6 +189,44 @@ fn compaction_snapshots_and_recovers_from_the_snapshot() {
 }
 
 #[test]
+fn a_full_backlog_is_answered_busy_at_once() {
+    let dir = TempDir::new("node-backlog");
+    let mut now = Millis(0);
+    let mut cfg = NodeConfig::new(1, vec![1]);
+    cfg.max_pending = 3;
+    let mut node = Node::open(cfg, FileDisk::open(&dir.0).unwrap(), &quiet_logger()).unwrap();
+    settle(&mut node, &mut now);
+    let mut out = Outbox::new();
+    for owner in 0..5 {
+        let key = format!("k{owner}");
+        node.request(
+            now,
+            9,
+            Request::Acquire {
+                wait_s: 0,
+                lease_s: 5,
+                owner,
+                key: &key,
+            },
+            &mut out,
+        );
+    }
+    // Three proposed (answered after commit), two refused now.
+    let now_answers: Vec<String> = out.iter().map(|a| format!("{:?}", a.reply)).collect();
+    assert_eq!(now_answers.len(), 2, "{now_answers:?}");
+    assert!(
+        now_answers.iter().all(|r| r.starts_with("Busy")),
+        "{now_answers:?}"
+    );
+    out.clear();
+    node.end_turn(now, &mut out).unwrap();
+    let later: Vec<String> = out.iter().map(|a| format!("{:?}", a.reply)).collect();
+    assert_eq!(later.len(), 3, "{later:?}");
+    assert!(later.iter().all(|r| r.starts_with("Acquired")), "{later:?}");
+    assert_eq!(node.stats().refused, 2);
+}
+
+#[test]
 fn a_data_dir_of_another_voter_set_is_refused() {
     let dir = TempDir::new("node-voters");
     drop(open(&dir, vec![1], 1000).unwrap());

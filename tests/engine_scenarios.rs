@@ -377,6 +377,73 @@ fn disconnect_cancels_that_connections_waiters_and_keeps_its_locks() {
     e.check_invariants();
 }
 
+/// A disconnect finds exactly that connection's waiters however they came
+/// and went: several on one key, some granted or timed out before, its
+/// bookkeeping reused by another connection after it once had none, and
+/// thousands of other connections' waiters left in place.
+#[test]
+fn disconnect_cancels_exactly_that_connections_waiters_after_any_history() {
+    let mut e = Engine::new(EngineLimits::default(), 1);
+    let mut out = Outbox::new();
+    let k1 = granted(e.acquire(secs(0), 100, acq("k1", 1, 0, 30), &mut out));
+    granted(e.acquire(secs(0), 100, acq("k2", 2, 0, 30), &mut out));
+    out.clear();
+    // Connection 1 queues on k1 (owner 10, short wait) then has no waiter
+    // left once it times out; connection 2 then queues and may reuse
+    // whatever 1 used.
+    e.acquire(secs(0), 1, acq("k1", 10, 1, 30), &mut out);
+    e.tick(secs(1), &mut out);
+    assert_eq!(drain(&mut out), vec![(1, t(10, "k1"))]);
+    e.acquire(secs(1), 2, acq("k1", 20, 9, 30), &mut out);
+    // Connection 1 comes back with three waiters on k1 and two on k2,
+    // around connection 2's and others'.
+    e.acquire(secs(1), 1, acq("k1", 11, 9, 30), &mut out);
+    e.acquire(secs(1), 1, acq("k2", 12, 9, 30), &mut out);
+    e.acquire(secs(1), 3, acq("k1", 30, 9, 30), &mut out);
+    e.acquire(secs(1), 1, acq("k1", 13, 9, 30), &mut out);
+    e.acquire(secs(1), 1, acq("k2", 14, 2, 30), &mut out);
+    e.acquire(secs(1), 1, acq("k1", 15, 9, 30), &mut out);
+    for c in 1_000..3_000u64 {
+        let key = if c % 2 == 0 { "k1" } else { "k2" };
+        if e.queued_owners(key).len() >= 900 {
+            continue;
+        }
+        e.acquire(secs(1), c, acq(key, c, 9, 30), &mut out);
+    }
+    assert!(drain(&mut out).is_empty(), "everyone queued");
+    e.check_invariants();
+    // Owner 20 (connection 2) is granted k1; owner 14 times out.
+    e.release(secs(2), 100, k1, "k1", &mut out);
+    e.tick(secs(3), &mut out);
+    let r = drain(&mut out);
+    assert_eq!(r[1], (2, a(3, 20, "k1")));
+    assert!(r.contains(&(1, t(14, "k2"))));
+    e.check_invariants();
+    let before = e.waiter_count();
+
+    e.disconnect(secs(3), 1, &mut out);
+    assert!(drain(&mut out).is_empty());
+    assert_eq!(e.waiter_count(), before - 4, "owners 11, 12, 13 and 15");
+    for key in ["k1", "k2"] {
+        let owners = e.queued_owners(key);
+        assert!(owners.iter().all(|o| !(10..20).contains(o)), "{key}");
+    }
+    assert_eq!(e.queued_owners("k1")[0], 30, "connection 3 keeps its place");
+    e.check_invariants();
+    // Disconnecting again, or a connection that never queued, changes
+    // nothing.
+    e.disconnect(secs(3), 1, &mut out);
+    e.disconnect(secs(3), 7, &mut out);
+    assert_eq!(e.waiter_count(), before - 4);
+    // Every other connection goes too: nothing is left queued.
+    for c in (1_000..3_000u64).chain([2, 3]) {
+        e.disconnect(secs(3), c, &mut out);
+    }
+    assert_eq!(e.waiter_count(), 0);
+    assert!(drain(&mut out).is_empty());
+    e.check_invariants();
+}
+
 // ------------------------------------------------------------------ tokens
 
 /// Fencing tokens: the first comes from the caller (0 is never issued),

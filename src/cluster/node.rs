@@ -11,8 +11,9 @@
 //! Leader messages go out first (they may precede the local fsync); a
 //! received snapshot is staged and restored; committed entries (already
 //! durable locally) are applied; new entries and the hard state are staged;
+//! forwarded proposals go out (they claim nothing about local state);
 //! everything is written with one write and at most one fsync; then the
-//! persisted messages (votes, acks, forwarded proposals) go out; `advance`;
+//! persisted messages (votes, append acks) go out; `advance`;
 //! the light ready's commit index rides the next batch, its messages go out
 //! and its committed entries are applied.
 //!
@@ -42,7 +43,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 use std::fmt;
 use std::io;
 
-use raft::eraftpb::{ConfState, Entry, EntryType, Message};
+use raft::eraftpb::{ConfState, Entry, EntryType, Message, MessageType};
 use raft::{RawNode, SnapshotStatus, StateRole};
 
 use crate::cluster::command::{Command, DecodeError, Origin, Rid};
@@ -734,8 +735,8 @@ impl<D: Disk> Node<D> {
     fn handle_ready(&mut self, now: Millis, out: &mut Outbox) -> Result<(), NodeError> {
         let mut rd = self.rn.ready();
         if let Some(ss) = rd.ss() {
-            let (leader, state) = (ss.leader_id, ss.raft_state);
-            self.on_soft_state(leader, state);
+            let leader = ss.leader_id;
+            self.on_soft_state(leader);
         }
         // A leader's messages may go out before its own fsync.
         self.msgs.extend(rd.take_messages());
@@ -773,9 +774,16 @@ impl<D: Disk> Node<D> {
             let hs = hs.clone();
             self.rn.mut_store().set_hard_state(hs);
         }
+        // A forwarded proposal claims nothing about local state, so it need
+        // not wait for this node's fsync; votes and acks must.
+        let (early, persisted): (Vec<Message>, Vec<Message>) = rd
+            .take_persisted_messages()
+            .into_iter()
+            .partition(|m| m.msg_type == MessageType::MsgPropose);
+        self.msgs.extend(early);
         self.wal.flush(rd.must_sync())?;
         self.stats.batches += 1;
-        self.msgs.extend(rd.take_persisted_messages());
+        self.msgs.extend(persisted);
         let mut light = self.rn.advance(rd);
         if let Some(c) = light.commit_index() {
             self.wal.stage_commit(c);
@@ -789,7 +797,7 @@ impl<D: Disk> Node<D> {
         Ok(())
     }
 
-    fn on_soft_state(&mut self, leader: u64, state: StateRole) {
+    fn on_soft_state(&mut self, leader: u64) {
         if leader != self.leader {
             self.leader = leader;
             self.next_repropose_check = Millis::ZERO;
@@ -804,7 +812,6 @@ impl<D: Disk> Node<D> {
         // table once this term's first entry has applied.
         self.timers.clear();
         self.timers_ready = false;
-        let _ = state;
     }
 
     fn after_snapshot_install(&mut self) {

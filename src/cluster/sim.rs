@@ -176,6 +176,7 @@ pub struct Sim {
     last_applied: Vec<u64>,
     report: SimReport,
     clients_active: bool,
+    debug: bool,
     logger: slog::Logger,
     out: Outbox,
 }
@@ -250,6 +251,7 @@ impl Sim {
             requests: BTreeMap::new(),
             report: SimReport::default(),
             clients_active: true,
+            debug: std::env::var_os("SIM_DEBUG").is_some(),
             logger,
             out: Outbox::new(),
         })
@@ -310,7 +312,26 @@ impl Sim {
         if chaos {
             next = next.min(self.next_fault);
         }
+        let before = self.now;
         self.now = next.max(self.now.add_ms(1));
+        if self.debug && before.0 / 1000 != self.now.0 / 1000 {
+            let nodes: Vec<String> = self
+                .nodes
+                .iter()
+                .map(|n| match n {
+                    Some(n) => format!(
+                        "t{} l{} a{} c{}{}",
+                        n.term(),
+                        n.leader(),
+                        n.applied(),
+                        n.committed(),
+                        if n.is_leader() { "*" } else { "" }
+                    ),
+                    None => "down".into(),
+                })
+                .collect();
+            eprintln!("{} {:?} blocked {:?}", self.now, nodes, self.blocked);
+        }
         if chaos && self.now >= self.next_fault {
             self.fault();
         }
@@ -520,6 +541,7 @@ impl Sim {
             ClientState::Acquiring { .. } | ClientState::Releasing { .. } => {
                 self.report.given_up += 1;
                 self.clients[c].state = ClientState::Idle;
+                self.clients[c].next_at = self.now.add_ms(self.rng.range(0, 1000));
             }
             _ => {}
         }
@@ -608,7 +630,11 @@ impl Sim {
                 }
                 _ => false,
             };
-            if give_up {
+            // Now and then a waiting client hangs up (its queued acquire
+            // must be cancelled cluster-wide and never answered).
+            let hang_up = matches!(self.clients[c].state, ClientState::Acquiring { .. })
+                && self.rng.chance(0.0005);
+            if give_up || hang_up {
                 self.reconnect(c);
                 continue;
             }
