@@ -27,10 +27,11 @@ mod netns;
 use std::time::Duration;
 
 use netns::{
-    check_history, enter_private_netns, grants_by_node, ms, outcomes, skip_requested, Attempt,
-    Cluster, Firewall, Load,
+    acquire_recorded, check_history, client_for, enter_private_netns, grants_by_node, ms, outcomes,
+    release_recorded, skip_requested, Attempt, Cluster, Firewall, Load, LEASE, WAIT,
 };
-use ticketd::checker::RealClock;
+use ticketd::checker::{History, RealClock};
+use ticketd::client::Acquire;
 
 /// Nodes in every test.
 const N: usize = 3;
@@ -50,6 +51,8 @@ struct Setup {
     fw: Firewall,
     clock: RealClock,
     load: Option<Load>,
+    /// What the test thread itself did.
+    main: History,
 }
 
 impl Setup {
@@ -71,6 +74,7 @@ impl Setup {
             fw,
             clock,
             load,
+            main: History::new(),
         })
     }
 
@@ -112,12 +116,13 @@ impl Setup {
 
     /// Stops the load, runs the checker, returns every attempt.
     fn finish(&mut self) -> Vec<Attempt> {
-        let rec = self
+        let mut rec = self
             .load
             .take()
             .expect("load running")
             .finish()
             .unwrap_or_else(|e| panic!("{}: {e}\n{}", self.name, self.cluster.logs()));
+        rec.history.merge(std::mem::take(&mut self.main));
         check_history(self.name, &rec.history, &self.cluster);
         rec.attempts
     }
@@ -173,6 +178,22 @@ fn isolated_leader_grants_nothing_and_the_majority_elects_a_new_one() {
         return;
     };
     let (old, old_term) = s.leader();
+    // A grant by the leader about to be cut off, never released: only the
+    // new leader's committed Expire can end it, and not before its lease.
+    let orphan_from_us = s.now_us();
+    let (r, _) = acquire_recorded(
+        &mut s.main,
+        s.clock,
+        1000,
+        &client_for(old),
+        "orphan",
+        WAIT,
+        LEASE,
+    );
+    let Acquire::Acquired(orphan) = r else {
+        panic!("the leader did not grant: {r:?}\n{}", s.cluster.logs());
+    };
+    let (_, orphan_token) = orphan.detach();
     s.fw.isolate(old, N);
     let cut_us = s.now_us();
     let Some((new, _)) = s.cluster.wait_leader_above(old_term, RECOVERY) else {
@@ -186,6 +207,33 @@ fn isolated_leader_grants_nothing_and_the_majority_elects_a_new_one() {
         .map(|&i| s.wait_node_grants(i, cut_us, "after the leader was cut off"))
         .min()
         .unwrap();
+    let (r, taken_us) = acquire_recorded(
+        &mut s.main,
+        s.clock,
+        1001,
+        &client_for(new),
+        "orphan",
+        Duration::from_secs(4),
+        LEASE,
+    );
+    let Acquire::Acquired(taken) = r else {
+        panic!(
+            "the new leader did not end the orphaned grant: {r:?}\n{}",
+            s.cluster.logs()
+        );
+    };
+    assert!(
+        taken.token() > orphan_token,
+        "{} after {orphan_token}",
+        taken.token()
+    );
+    let lease_us = u64::try_from(LEASE.as_micros()).unwrap();
+    assert!(
+        taken_us >= orphan_from_us + lease_us,
+        "the orphaned grant ended before its lease: taken {} ms after it was asked for",
+        ms(orphan_from_us, taken_us)
+    );
+    release_recorded(&mut s.main, s.clock, 1001, taken);
     s.hold_partition(cut_us);
     s.fw.heal();
     let heal_us = s.now_us();
@@ -202,10 +250,13 @@ fn isolated_leader_grants_nothing_and_the_majority_elects_a_new_one() {
          majority grant after {first_majority_grant_ms} ms; grants during the partition by \
          node: {during:?}; grants received by node {old}'s clients while cut off: \
          {isolated_any}, their acquires invoked then: {}; node {old} granting again \
-         {old_back_ms} ms after the heal",
+         {old_back_ms} ms after the heal; the old leader's unreleased {}-s grant taken over \
+         {} ms after the cut",
         ms(cut_us, heal_us),
         ms(cut_us, elected_us),
         outcomes(&attempts, old, cut_us, heal_us),
+        LEASE.as_secs(),
+        ms(cut_us, taken_us),
     );
     // The old leader cannot commit anything while cut off.
     assert_no_grant(&s, &attempts, old, cut_us, heal_us);
