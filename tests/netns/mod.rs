@@ -48,7 +48,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ticketd::checker::{History, Outcome, RealClock, ReleaseOutcome};
-use ticketd::client::{Acquire, Client, Release};
+use ticketd::client::{Acquire, Client, Release, Ticket};
 
 use crate::common::Ticketd;
 
@@ -366,14 +366,23 @@ pub fn client_for(i: usize) -> Client {
         .expect("client configuration")
 }
 
-/// Keys the workers contend on.
-pub const KEYS: [&str; 3] = ["k0", "k1", "k2"];
+/// Keys the workers contend on; each worker takes them in turn and always
+/// releases.
+pub const KEYS: [&str; 2] = ["k0", "k1"];
 /// Wait of every acquire.
 pub const WAIT: Duration = Duration::from_secs(1);
 /// Lease of every acquire.
 pub const LEASE: Duration = Duration::from_secs(2);
 /// How long a worker holds a grant (well inside the lease).
 const HOLD: Duration = Duration::from_millis(30);
+/// The key of the lessees: one more worker per node that walks away from
+/// every [`ABANDON_EVERY`]th grant without releasing it, so leases also end
+/// by the leader's committed Expire, across leader changes too. (A key
+/// left held blocks its waiters for a lease; on a key of its own it does
+/// not slow the others.)
+pub const LEASED_KEY: &str = "leased";
+/// See [`LEASED_KEY`].
+const ABANDON_EVERY: usize = 3;
 
 /// One acquire as a worker saw it, for the figures and timing assertions.
 #[derive(Clone, Debug)]
@@ -391,7 +400,7 @@ pub struct Attempt {
 }
 
 /// Workers with official clients, each on one node, acquiring and
-/// releasing the [`KEYS`] until stopped; each records a [`History`], and
+/// releasing the [`KEYS`] (and lessees on [`LEASED_KEY`]) until stopped; each records a [`History`], and
 /// every acquire is also listed in a shared [`Attempt`] log the test can
 /// watch while the load runs.
 pub struct Load {
@@ -409,18 +418,19 @@ pub struct Recorded {
 }
 
 impl Load {
-    /// Starts `per_node` workers on each of `nodes` nodes.
+    /// Starts `per_node` workers and one lessee on each of `nodes` nodes.
     #[must_use]
     pub fn start(clock: RealClock, nodes: usize, per_node: usize) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let attempts = Arc::new(Mutex::new(Vec::new()));
         let mut handles = Vec::new();
         for node in 1..=nodes {
-            for w in 0..per_node {
-                let id = u64::try_from((node - 1) * per_node + w).unwrap();
+            for w in 0..=per_node {
+                let id = u64::try_from((node - 1) * (per_node + 1) + w).unwrap();
+                let lessee = w == per_node;
                 let (stop, attempts) = (Arc::clone(&stop), Arc::clone(&attempts));
                 handles.push(std::thread::spawn(move || {
-                    worker(clock, node, id, &stop, &attempts)
+                    worker(clock, node, id, lessee, &stop, &attempts)
                 }));
             }
         }
@@ -483,6 +493,7 @@ fn worker(
     clock: RealClock,
     node: usize,
     id: u64,
+    lessee: bool,
     stop: &AtomicBool,
     attempts: &Mutex<Vec<Attempt>>,
 ) -> Result<History, String> {
@@ -491,8 +502,13 @@ fn worker(
     let wait_s = u8::try_from(WAIT.as_secs()).unwrap();
     let lease_s = u8::try_from(LEASE.as_secs()).unwrap();
     let mut n = usize::try_from(id).unwrap();
+    let mut grants = 0usize;
     while !stop.load(Ordering::SeqCst) {
-        let key = KEYS[n % KEYS.len()];
+        let key = if lessee {
+            LEASED_KEY
+        } else {
+            KEYS[n % KEYS.len()]
+        };
         n += 1;
         let invoked_us = clock.now_us();
         // The owner on the wire is chosen by the client library; the
@@ -522,6 +538,12 @@ fn worker(
         match r {
             Acquire::Acquired(ticket) => {
                 std::thread::sleep(HOLD.min(ticket.remaining()));
+                grants += 1;
+                if lessee && grants % ABANDON_EVERY == 0 {
+                    // No release: the client's interval ends with its lease.
+                    let _ = ticket.detach();
+                    continue;
+                }
                 let rop = h.release(id, id, key, ticket.token(), clock.now_us());
                 let out = match ticket
                     .release()
@@ -540,6 +562,50 @@ fn worker(
         }
     }
     Ok(h)
+}
+
+/// One acquire by the test thread itself, recorded in `h` as client
+/// `client`; returns the outcome and when it was received.
+pub fn acquire_recorded(
+    h: &mut History,
+    clock: RealClock,
+    client: u64,
+    c: &Client,
+    key: &str,
+    wait: Duration,
+    lease: Duration,
+) -> (Acquire, u64) {
+    let invoked_us = clock.now_us();
+    let op = h.acquire(
+        client,
+        client,
+        key,
+        0,
+        u8::try_from(wait.as_secs()).unwrap(),
+        u8::try_from(lease.as_secs()).unwrap(),
+        invoked_us,
+    );
+    let r = c.acquire(key, wait, lease).expect("valid acquire");
+    let at_us = clock.now_us();
+    let outcome = match &r {
+        Acquire::Acquired(t) => Outcome::Granted { token: t.token() },
+        Acquire::Timeout => Outcome::Timeout,
+        Acquire::Busy => Outcome::Busy,
+        Acquire::Indeterminate => Outcome::Indeterminate,
+    };
+    h.acquired(op, outcome, at_us);
+    (r, at_us)
+}
+
+/// Records a release of `ticket` by `client` in `h`.
+pub fn release_recorded(h: &mut History, clock: RealClock, client: u64, ticket: Ticket) {
+    let op = h.release(client, client, ticket.key(), ticket.token(), clock.now_us());
+    let out = match ticket.release().expect("valid release") {
+        Release::Released => ReleaseOutcome::Released,
+        Release::NotHeld => ReleaseOutcome::NotReleased,
+        Release::Indeterminate | Release::NotSent => ReleaseOutcome::Indeterminate,
+    };
+    h.released(op, out, clock.now_us());
 }
 
 /// Counts of what each node's clients got in a time window.
