@@ -13,8 +13,11 @@ help:
 	@echo "vendor-check  cargo vendor, then build offline from it (with and without default features)"
 	@echo "example       run examples/step_server (a server stepped turn by turn)"
 	@echo "sim           cluster simulation over SEEDS seeds from FIRST (make sim SEEDS=500)"
+	@echo "bench-cluster 3-node cluster vs one etcd node, lock cycles/s (CLIENTS=50)"
+	@echo "sim-single    single-mode simulation over SEEDS fresh seeds (FIRST= to choose); part of sim"
 	@echo "clean         remove build output"
 	@echo "fuzz          run every cargo-fuzz target for FUZZ_SECONDS each (default 60)"
+	@echo "faults        the real-process fault tests (kill, stop, clock jumps, fds, abuse, disk full)"
 	@echo "engine-memory bytes per held key and per waiter, hot-path allocations (release)"
 
 build:
@@ -72,5 +75,25 @@ engine-memory:
 SEEDS ?= 100
 FIRST ?= 1
 .PHONY: sim
-sim:
+sim: sim-single
 	SIM_SEEDS=$(SEEDS) SIM_FIRST=$(FIRST) $(CARGO) test --release --test cluster_sim many_seeds -- --nocapture
+
+# Lock cycles/s of a 3-node cluster (fsync on) against one etcd node, same
+# client count: `make bench-cluster CLIENTS=50 BENCH_SECONDS=10`.
+CLIENTS ?= 50
+BENCH_SECONDS ?= 10
+.PHONY: bench-cluster
+bench-cluster:
+	$(CARGO) build --release --bin ticketd --example cluster_bench
+	./target/release/examples/cluster_bench --clients $(CLIENTS) --seconds $(BENCH_SECONDS) --etcd
+# Single-mode simulation over SEEDS seeds: from FIRST when given on the
+# command line, else from a seed taken from the clock (printed).
+.PHONY: sim-single
+sim-single:
+	SIM_SEEDS=$(SEEDS) $(if $(filter command line,$(origin FIRST)),SIM_FIRST=$(FIRST)) \
+	  $(CARGO) test --release --test sim_single every_seed -- --nocapture
+
+# Real-process fault tests (docs/RELIABILITY.md); part of `make test` too.
+.PHONY: faults
+faults:
+	$(CARGO) test --test faults_single -- --nocapture

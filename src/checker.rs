@@ -19,8 +19,9 @@
 //! * **FIFO hand-over** ([`Property::Fifo`]): among acquires the server
 //!   queued on a key (a [`History::queued`] event, recorded where the test
 //!   knows it, as the simulation does), a later one is never granted while an
-//!   earlier one is still waiting: not yet answered, session open, wait not
-//!   run out.
+//!   earlier one is still waiting: session open, wait not run out, and later
+//!   answered Timeout or granted a larger token. (An earlier acquire whose
+//!   answer never arrived may have been granted first, so it proves nothing.)
 //! * **Answered once** ([`Property::AnsweredOnce`]): every acquire and
 //!   release is answered exactly once, or its session was closed after it was
 //!   invoked; nothing is answered on a closed session.
@@ -442,12 +443,24 @@ impl History {
     ///
     /// A [`Violation`] naming the property and what broke it.
     pub fn check(&self) -> Result<Report, Violation> {
+        self.check_with_lease_margin(0)
+    }
+
+    /// Like [`History::check`], for clients that stop using a grant
+    /// `margin_us` before their conservative lease end (a safety margin such
+    /// as lock clients keep against clock drift): each interval ends that much
+    /// earlier.
+    ///
+    /// # Errors
+    ///
+    /// A [`Violation`] naming the property and what broke it.
+    pub fn check_with_lease_margin(&self, margin_us: u64) -> Result<Report, Violation> {
         let (acqs, releases, closed) = self.gather()?;
         let restarts = self.restarts()?;
         check_answered(&acqs, &releases, &closed)?;
         check_tokens(&acqs)?;
         check_restarts(&acqs, &restarts)?;
-        check_exclusion(&acqs, &releases, &restarts)?;
+        check_exclusion(&acqs, &releases, &restarts, margin_us)?;
         check_fifo(&acqs, &closed)?;
         let mut report = Report {
             acquires: acqs.len(),
@@ -816,13 +829,18 @@ fn check_restarts(acqs: &BTreeMap<OpId, AcqRec>, restarts: &[(u64, u64)]) -> Res
 
 /// The interval during which a client may act on a grant: from receipt to
 /// the earlier of its first release and its conservative lease end.
-fn interval(a: &AcqRec, rels: &HashMap<(&str, u64), u64>) -> Option<(u64, u64, u64)> {
+fn interval(
+    a: &AcqRec,
+    rels: &HashMap<(&str, u64), u64>,
+    margin_us: u64,
+) -> Option<(u64, u64, u64)> {
     let (Outcome::Granted { token }, received_us) = a.answer? else {
         return None;
     };
     let lease_end = a
         .invoked_us
-        .saturating_add(u64::from(a.lease_s.max(1)) * 1_000_000);
+        .saturating_add(u64::from(a.lease_s.max(1)) * 1_000_000)
+        .saturating_sub(margin_us);
     let end = rels
         .get(&(a.key.as_str(), token))
         .map_or(lease_end, |&r| r.min(lease_end));
@@ -837,6 +855,7 @@ fn check_exclusion(
     acqs: &BTreeMap<OpId, AcqRec>,
     releases: &BTreeMap<OpId, RelRec>,
     restarts: &[(u64, u64)],
+    margin_us: u64,
 ) -> Result<(), Violation> {
     // Which incarnation issued a token: tokens only grow across restarts
     // (checked by check_restarts), so it is the number of restarts whose
@@ -852,7 +871,7 @@ fn check_exclusion(
     }
     let mut per_key: HashMap<(&str, usize), Vec<Interval<'_>>> = HashMap::new();
     for a in acqs.values() {
-        if let Some((start, end, token)) = interval(a, &first_release) {
+        if let Some((start, end, token)) = interval(a, &first_release, margin_us) {
             if start < end {
                 per_key
                     .entry((a.key.as_str(), incarnation(token)))
@@ -912,9 +931,18 @@ fn check_fifo(
                     continue; // queued at the same moment: no order to keep
                 }
                 let wait_end = q.saturating_add(u64::from(earlier.wait_s) * 1_000_000);
-                let still_waiting = wait_end > granted_us
-                    && earlier.answer.map_or(true, |(_, at)| at > granted_us)
-                    && earlier.token().map_or(true, |t| t > later_token)
+                // Only an earlier acquire known not to have been served first
+                // counts: one that never saw its answer may have been granted
+                // (its client paused or gone) and lost the grant to its lease.
+                let passed_over = match earlier.answer {
+                    Some((Outcome::Timeout | Outcome::Busy, at)) => at > granted_us,
+                    Some((Outcome::Granted { token } | Outcome::LateGrant { token }, _)) => {
+                        token > later_token
+                    }
+                    Some((Outcome::Indeterminate, _)) | None => false,
+                };
+                let still_waiting = passed_over
+                    && wait_end > granted_us
                     && closed
                         .get(&earlier.session)
                         .map_or(true, |&c| c > granted_us);

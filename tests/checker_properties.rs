@@ -191,6 +191,24 @@ fn passing_over_a_waiter_whose_session_closed_passes_fifo() {
 }
 
 #[test]
+fn a_head_waiter_that_never_saw_its_answer_proves_nothing() {
+    // Waiter 2's client was stopped: the server granted it, the grant ran
+    // out unobserved, and waiter 3 got the key. Nothing is known against it.
+    let mut h = queue_of_two(Outcome::Indeterminate, 20 * S, 3);
+    h.session_closed(2, 20 * S);
+    assert!(h.check().is_ok());
+}
+
+#[test]
+fn a_later_waiter_granted_ahead_of_a_granted_head_fails_fifo() {
+    // The head waiter was served, but after waiter 3 (larger token).
+    let mut h = queue_of_two(Outcome::Granted { token: 3 }, 2 * S, 2);
+    let r = h.release(3, 3, "k", 2, S + 100);
+    h.released(r, ReleaseOutcome::Released, S + 150);
+    expect_violation(&h, Property::Fifo, &["Granted { token: 3 }"]);
+}
+
+#[test]
 fn an_acquire_answered_twice_fails() {
     let mut h = History::new();
     let a = h.acquire(1, 1, "k", 1, 0, 1, 0);
@@ -283,4 +301,12 @@ fn overlap_within_one_incarnation_still_fails_after_a_restart() {
     let c = h.acquire(3, 3, "k", 3, 0, 10, 4 * S);
     h.acquired(c, Outcome::Granted { token: 1001 }, 4 * S + 100);
     expect_violation(&h, Property::MutualExclusion, &["token 1000", "token 1001"]);
+}
+
+#[test]
+fn a_lease_margin_shortens_every_interval() {
+    // Client 2 is granted 500us before client 1's conservative lease end.
+    let h = two_clients(None, 10 * S - 500);
+    expect_violation(&h, Property::MutualExclusion, &["token 1", "token 2"]);
+    assert!(h.check_with_lease_margin(1_000).is_ok());
 }

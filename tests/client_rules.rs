@@ -435,9 +435,15 @@ fn the_local_expiry_is_conservative_and_a_dropped_ticket_is_released() {
     let t = c.acquire("lease", S, 2 * S).unwrap().ticket().unwrap();
     // Just before the local expiry the server still holds the key: the
     // local clock started before the server's did.
+    // Ask the server first, then the ticket: if the server had already let
+    // the key go, the ticket must say so too (a slow machine may oversleep
+    // past both; then the order of the two checks still holds).
     thread::sleep(t.remaining().saturating_sub(Duration::from_millis(150)));
-    assert!(!t.is_expired());
-    assert!(held(&server, "lease"));
+    let server_holds = held(&server, "lease");
+    assert!(
+        server_holds || t.is_expired(),
+        "local expiry later than the server's"
+    );
     let (_, token) = t.detach();
     thread::sleep(Duration::from_millis(400));
     // Past the server's lease the key can be taken over.

@@ -17,10 +17,12 @@
 //!   expiries and wait timeouts) against the engine, checked after every
 //!   operation against a reference model of SPEC §2: `check_invariants()`,
 //!   tokens strictly increasing and below the ceiling, at most one valid
-//!   holder per key, no grant to a waiter past its wait deadline, FIFO
-//!   hand-over to queued waiters, every acquire answered exactly once (or
-//!   cancelled by its disconnect), nothing due left undone after a tick, and
-//!   nothing happening before `next_deadline()`.
+//!   holder per key (no lease ends before `grant + lease`), no grant to a
+//!   waiter past its wait deadline (give or take one clock tick, see
+//!   `SLACK_MS`), no Timeout before it, FIFO hand-over to queued waiters,
+//!   every acquire answered exactly once (or cancelled by its disconnect),
+//!   nothing due left undone after a tick, and nothing happening before
+//!   `next_deadline()`.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -235,6 +237,14 @@ impl Bytes<'_> {
 }
 
 const KEYS: [&str; 3] = ["a", "b", "c"];
+
+/// How much later than `now + lease` (or `now + wait`) the engine may end a
+/// lease (or a wait). Safety checks use the exact bound: a lease never ends
+/// before it, a grant never goes to a waiter past it. Liveness checks (when
+/// something must have happened) allow this much more, so that an engine
+/// rounding its deadlines up by a clock tick, which makes leases safe
+/// against a millisecond clock, still passes.
+const SLACK_MS: u64 = 1;
 const CONNS: u8 = 4;
 
 /// A grant as the model sees it.
@@ -308,8 +318,15 @@ impl Model {
         );
     }
 
+    /// A holder whose lease has certainly not ended (safety checks).
     fn valid_holder(&self, key: usize) -> Option<Holder> {
         self.holders[key].filter(|h| !self.clocked || h.expires_at > self.now)
+    }
+
+    /// A holder whose lease has not certainly ended: the engine may end a
+    /// lease up to [`SLACK_MS`] after `grant + lease` (liveness checks).
+    fn live_holder(&self, key: usize) -> Option<Holder> {
+        self.holders[key].filter(|h| !self.clocked || h.expires_at.add_ms(SLACK_MS) > self.now)
     }
 
     fn answered(&mut self, owner: u64) {
@@ -420,10 +437,10 @@ impl Model {
                             self.grant(key, token, lease_s.max(1));
                         }
                         Reply::Timeout { .. } => {
-                            if wait_s != 0 || self.valid_holder(key).is_none() {
+                            if wait_s != 0 || self.live_holder(key).is_none() {
                                 self.fail(format!(
                                     "immediate Timeout with wait {wait_s} and holder {:?}",
-                                    self.valid_holder(key)
+                                    self.holders[key]
                                 ));
                             }
                         }
@@ -442,7 +459,7 @@ impl Model {
                 (Reply::Acquired { token, owner, .. }, _) => {
                     self.answered(owner);
                     let w = self.take_waiter(owner, key, a.conn, true);
-                    if self.clocked && w.wait_deadline <= self.now {
+                    if self.clocked && w.wait_deadline.add_ms(SLACK_MS) <= self.now {
                         let msg = format!(
                             "owner {owner} granted at {} after its wait deadline {}",
                             self.now, w.wait_deadline
@@ -540,7 +557,7 @@ impl Model {
         let next = engine.next_deadline().unwrap_or(Millis::NEVER);
         for w in self.waiting.values() {
             let holder_end = self.holders[w.key].map_or(Millis::ZERO, |h| h.expires_at);
-            let due = w.wait_deadline.min(holder_end);
+            let due = w.wait_deadline.min(holder_end).add_ms(SLACK_MS);
             if next > due {
                 let msg = format!("next_deadline {next} later than a due event at {due}");
                 self.fail(msg);
@@ -554,13 +571,13 @@ impl Model {
             return;
         }
         for (owner, w) in &self.waiting {
-            if w.wait_deadline <= self.now {
+            if w.wait_deadline.add_ms(SLACK_MS) <= self.now {
                 let msg = format!("owner {owner} still waiting past its deadline after tick");
                 self.fail(msg);
             }
         }
         for (key, queue) in self.queues.iter().enumerate() {
-            let free = self.holders[key].map_or(true, |h| h.expires_at <= self.now);
+            let free = self.live_holder(key).is_none();
             if free && !queue.is_empty() {
                 let msg = format!("{:?} free after tick with waiters {queue:?}", KEYS[key]);
                 self.fail(msg);
