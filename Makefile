@@ -97,3 +97,4 @@ sim-single:
 .PHONY: faults
 faults:
 	$(CARGO) test --test faults_single -- --nocapture
+	$(CARGO) test --test cluster_faults -- --nocapture
