@@ -9,10 +9,15 @@ help:
 	@echo "test          the full test suite (cargo test)"
 	@echo "lint          cargo fmt --check and clippy -D warnings"
 	@echo "doc           cargo doc with warnings as errors"
+	@echo "bench         ticketd vs Redis vs the limit server vs etcd (BENCH_SECONDS=3 for a quick run)"
 	@echo "vendor-check  cargo vendor, then build offline from it (with and without default features)"
 	@echo "example       run examples/step_server (a server stepped turn by turn)"
 	@echo "sim           cluster simulation over SEEDS seeds from FIRST (make sim SEEDS=500)"
+	@echo "bench-cluster 3-node cluster vs one etcd node, lock cycles/s (CLIENTS=50)"
+	@echo "sim-single    single-mode simulation over SEEDS fresh seeds (FIRST= to choose); part of sim"
 	@echo "clean         remove build output"
+	@echo "fuzz          run every cargo-fuzz target for FUZZ_SECONDS each (default 60)"
+	@echo "faults        the real-process fault tests (kill, stop, clock jumps, fds, abuse, disk full)"
 	@echo "engine-memory bytes per held key and per waiter, hot-path allocations (release)"
 
 build:
@@ -32,6 +37,9 @@ lint:
 doc:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --all-features
 
+bench:
+	bash bench/run.sh
+
 vendor-check:
 	./.ci/vendor-check
 
@@ -41,6 +49,25 @@ example:
 clean:
 	$(CARGO) clean
 
+# Fuzzing (docs/RELIABILITY.md). Needs `cargo install cargo-fuzz`. With a
+# nightly toolchain the targets build with AddressSanitizer; on stable they
+# build without a sanitizer (`-s none`).
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= decode_request decode_reply engine_ops
+FUZZ_NIGHTLY := $(shell rustup toolchain list 2>/dev/null | grep -q '^nightly' && echo yes)
+FUZZ_CARGO := $(if $(FUZZ_NIGHTLY),$(CARGO) +nightly fuzz,$(CARGO) fuzz)
+FUZZ_FLAGS := $(if $(FUZZ_NIGHTLY),,-s none)
+
+.PHONY: fuzz
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  echo "== fuzz $$t for $(FUZZ_SECONDS) s"; \
+	  $(FUZZ_CARGO) run $(FUZZ_FLAGS) $$t -- -max_total_time=$(FUZZ_SECONDS) \
+	    -print_final_stats=1 > fuzz/last-$$t.log 2>&1 \
+	    || { tail -n 40 fuzz/last-$$t.log; echo "fuzz $$t FAILED: see fuzz/artifacts/$$t"; exit 1; }; \
+	  grep -E '^(Done|stat::number_of_executed_units)' fuzz/last-$$t.log; \
+	done
+
 .PHONY: engine-memory
 engine-memory:
 	$(CARGO) run --release --example engine_memory
@@ -48,5 +75,25 @@ engine-memory:
 SEEDS ?= 100
 FIRST ?= 1
 .PHONY: sim
-sim:
+sim: sim-single
 	SIM_SEEDS=$(SEEDS) SIM_FIRST=$(FIRST) $(CARGO) test --release --test cluster_sim many_seeds -- --nocapture
+
+# Lock cycles/s of a 3-node cluster (fsync on) against one etcd node, same
+# client count: `make bench-cluster CLIENTS=50 BENCH_SECONDS=10`.
+CLIENTS ?= 50
+BENCH_SECONDS ?= 10
+.PHONY: bench-cluster
+bench-cluster:
+	$(CARGO) build --release --bin ticketd --example cluster_bench
+	./target/release/examples/cluster_bench --clients $(CLIENTS) --seconds $(BENCH_SECONDS) --etcd
+# Single-mode simulation over SEEDS seeds: from FIRST when given on the
+# command line, else from a seed taken from the clock (printed).
+.PHONY: sim-single
+sim-single:
+	SIM_SEEDS=$(SEEDS) $(if $(filter command line,$(origin FIRST)),SIM_FIRST=$(FIRST)) \
+	  $(CARGO) test --release --test sim_single every_seed -- --nocapture
+
+# Real-process fault tests (docs/RELIABILITY.md); part of `make test` too.
+.PHONY: faults
+faults:
+	$(CARGO) test --test faults_single -- --nocapture

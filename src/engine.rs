@@ -407,6 +407,7 @@ struct Queue {
 #[derive(Debug)]
 struct Slot {
     token: u64,
+    /// The first millisecond at which the lease is over (see `lease_end`).
     expires_at: Millis,
 }
 
@@ -555,6 +556,16 @@ impl Engine {
         }
     }
 
+    /// The first millisecond at which a lease granted at `now` is over: one
+    /// past `now + lease`. The caller's clock is read in whole milliseconds
+    /// (truncated), so `now` may be up to 1 ms earlier than the moment the
+    /// client wrote its request; ending the lease only once `now + lease` is
+    /// *past* (SPEC §2.4: "a key past its expiry") keeps the server's lease
+    /// from ending before the client's conservative expiry (SPEC §3).
+    fn lease_end(&self, now: Millis, lease_s: u8) -> Millis {
+        self.deadline(now, lease_s).add_ms(1)
+    }
+
     /// Handles one decoded request: [`Engine::acquire`] or [`Engine::release`].
     pub fn handle(&mut self, now: Millis, conn: ConnId, req: Request<'_>, out: &mut Outbox) {
         match req {
@@ -597,7 +608,7 @@ impl Engine {
             lease_s,
         } = req;
         let lease_s = lease_s.max(1);
-        let expires_at = self.deadline(now, lease_s);
+        let expires_at = self.lease_end(now, lease_s);
         let Some(slot) = self.keys.get(key) else {
             if self.keys.len() >= self.limits.max_keys || self.tokens_exhausted() {
                 out.push(conn, Reply::Busy { owner, key }, 0);
@@ -882,7 +893,7 @@ impl Engine {
         let conn = self.forget_waiter(&w);
         let token = self.issue_token();
         let lease_s = w.lease_s();
-        let expires_at = self.deadline(now, lease_s);
+        let expires_at = self.lease_end(now, lease_s);
         let slot = self
             .keys
             .get_mut(key)
@@ -1183,9 +1194,13 @@ mod tests {
         assert_eq!(r.len(), 2);
         assert_eq!(r[1].0, 2, "head waiter gets the key");
         e.check_invariants();
-        // owner 20 holds with a 3 s lease from t0; owner 30 waits until t0+60s.
-        assert_eq!(e.next_deadline(), Some(t0.add_secs(3)));
+        // owner 20 holds with a 3 s lease from t0, over once t0 + 3 s is
+        // past; owner 30 waits until t0 + 60 s.
+        let lease_over = t0.add_secs(3).add_ms(1);
+        assert_eq!(e.next_deadline(), Some(lease_over));
         e.tick(t0.add_secs(3), &mut out);
+        assert!(out.is_empty(), "not yet past the expiry");
+        e.tick(lease_over, &mut out);
         let r = replies(&mut out);
         assert_eq!(
             r,

@@ -16,6 +16,8 @@
 //! * [`engine`]: the lock table, sans-IO. Every operation takes `now`; replies
 //!   go to an [`engine::Outbox`] addressed by connection. Deterministic, so
 //!   tests can step through it.
+//! * [`checker`]: a safety checker for recorded client histories (mutual
+//!   exclusion, token order, FIFO hand-over, every request answered once).
 //! * [`client`]: the official blocking client (SPEC §3): a pool of
 //!   pipelined connections, one deadline per call, Indeterminate when unsure.
 //! * [`service`]: the trait between the event loop and what answers requests
@@ -31,6 +33,8 @@
 //! async runtime anywhere.
 #![warn(missing_docs)]
 
+pub mod bench;
+pub mod checker;
 pub mod client;
 #[cfg(feature = "cluster")]
 pub mod cluster;

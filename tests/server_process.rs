@@ -176,7 +176,7 @@ fn sigterm_exits_0_after_flushing() {
     let status = server.terminate();
     assert_eq!(status.code(), Some(0), "{}", server.log());
     assert!(start.elapsed() < Duration::from_secs(3));
-    assert!(server.wait_for_log("stopped", Duration::from_secs(2)));
+    assert!(server.wait_for_log("stopped", Duration::from_secs(5)));
     assert_eq!(
         waiter.try_recv(Duration::from_secs(2)),
         Err(NoReply::Closed)
