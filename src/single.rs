@@ -21,7 +21,9 @@
 //!
 //! If writing the mark fails, the error is logged (rate-limited), the service
 //! keeps serving under the old ceiling (grants stop with Busy once it is
-//! reached) and the write is tried again on the next turn.
+//! reached) and the write is tried again [`MARK_RETRY_MS`] later: a failing
+//! disk (where each attempt can block in `fsync`) is not hit on every loop
+//! turn.
 
 use std::fs::{self, File};
 use std::io::{self, Write};
@@ -38,6 +40,9 @@ use crate::time::Millis;
 
 /// Tokens reserved by one write of the high-water mark.
 pub const TOKEN_BLOCK: u64 = 1 << 20;
+
+/// How long after a failed write of the mark the next attempt waits.
+pub const MARK_RETRY_MS: u64 = 100;
 
 /// Name of the high-water mark file inside the data directory.
 pub const MARK_FILE: &str = "token-mark";
@@ -60,6 +65,8 @@ struct MarkStore {
     /// Every token issued is at or below this, and it is on disk.
     durable_mark: u64,
     errors: LogLimit,
+    /// No write is attempted before this, after a failed one.
+    retry_at: Millis,
 }
 
 impl SingleService {
@@ -121,6 +128,7 @@ impl SingleService {
                 _lock: lock,
                 durable_mark: reserved,
                 errors: LogLimit::new(1, 10_000),
+                retry_at: Millis::ZERO,
             }),
         })
     }
@@ -219,7 +227,18 @@ impl Service for SingleService {
     }
 
     fn next_deadline(&self) -> Option<Millis> {
-        self.engine.next_deadline()
+        let engine = self.engine.next_deadline();
+        // After a failed write of a mark still needed, wake for the retry
+        // (every turn tries once due, and pushes this past its `now`).
+        let retry = self.store.as_ref().and_then(|store| {
+            let needed =
+                self.engine.next_token().saturating_add(TOKEN_BLOCK / 2) > store.durable_mark;
+            (needed && store.retry_at > Millis::ZERO).then_some(store.retry_at)
+        });
+        match (engine, retry) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     fn end_turn(&mut self, now: Millis, _out: &mut Outbox) -> io::Result<()> {
@@ -227,7 +246,7 @@ impl Service for SingleService {
             return Ok(());
         };
         let next = self.engine.next_token();
-        if next.saturating_add(TOKEN_BLOCK / 2) <= store.durable_mark {
+        if next.saturating_add(TOKEN_BLOCK / 2) <= store.durable_mark || now < store.retry_at {
             return Ok(());
         }
         let mark = next.saturating_add(TOKEN_BLOCK - 1);
@@ -238,11 +257,12 @@ impl Service for SingleService {
                 Ok(())
             }
             Err(e) => {
+                store.retry_at = now.add_ms(MARK_RETRY_MS);
                 if let Some(suppressed) = store.errors.allow(now) {
                     log::error!(
                         "cannot persist the token high-water mark in {}: {e}; serving on under \
                          the old mark {} (grants answer Busy once it is reached), retrying \
-                         every turn ({suppressed} similar errors suppressed)",
+                         every {MARK_RETRY_MS} ms ({suppressed} similar errors suppressed)",
                         store.dir.display(),
                         store.durable_mark
                     );
@@ -349,11 +369,39 @@ mod tests {
             "the last durable token"
         );
         assert_eq!(grant(&mut s, "y", &mut out), None, "above the mark: Busy");
-        // The disk comes back: the next turn persists and grants resume.
+        // The disk comes back: the next attempt persists and grants resume.
         fs::create_dir_all(&dir).unwrap();
-        s.end_turn(Millis(0), &mut out).unwrap();
+        s.end_turn(Millis(MARK_RETRY_MS), &mut out).unwrap();
         assert!(s.durable_mark().unwrap() > mark);
         assert_eq!(grant(&mut s, "y", &mut out), Some(mark + 1));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A failing disk is tried again after a pause, not on every loop turn
+    /// (an attempt can block in fsync for as long as the disk takes).
+    #[test]
+    fn a_failed_mark_write_is_retried_after_a_pause_not_every_turn() {
+        let dir = temp_dir("retry");
+        let mut out = Outbox::new();
+        let mut s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
+        let mark = s.durable_mark().unwrap();
+        s.engine.raise_next_token(mark - 10);
+        fs::remove_dir_all(&dir).unwrap();
+        s.end_turn(Millis(1_000), &mut out).unwrap();
+        assert_eq!(s.durable_mark(), Some(mark));
+        // The loop wakes for the retry.
+        assert_eq!(s.next_deadline(), Some(Millis(1_000 + MARK_RETRY_MS)));
+        fs::create_dir_all(&dir).unwrap();
+        // Turns within the pause do not touch the disk.
+        for now in [1_000, 1_001, 1_000 + MARK_RETRY_MS - 1] {
+            s.end_turn(Millis(now), &mut out).unwrap();
+            assert_eq!(s.durable_mark(), Some(mark), "at {now} ms");
+            assert!(!dir.join(MARK_FILE).exists(), "at {now} ms");
+        }
+        s.end_turn(Millis(1_000 + MARK_RETRY_MS), &mut out).unwrap();
+        assert!(s.durable_mark().unwrap() > mark);
+        assert_eq!(read_mark(&dir).unwrap(), s.durable_mark().unwrap());
+        assert_eq!(s.next_deadline(), None, "nothing left to retry");
         fs::remove_dir_all(&dir).unwrap();
     }
 
