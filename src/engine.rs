@@ -20,14 +20,15 @@
 //!
 //! # The deadline index
 //!
-//! `BTreeMap<(deadline, seq), key>` holds one live entry per key that has
+//! `BTreeMap<(deadline, seq), key>` holds exactly one entry per key that has
 //! waiters, at or before the earliest moment anything can happen to that key
-//! (its lease running out or one of its waiters giving up). The live entry is
-//! the one whose deadline equals the queue's `timer_at`; older entries are
-//! stale and skipped when they come due, so nothing is ever searched for and
-//! removed. An entry may be early (after a takeover, a handover, a disconnect
-//! or a wait timeout it is kept rather than moved): it then fires, finds
-//! nothing due, and is moved to the exact moment. It is never late.
+//! (its lease running out or one of its waiters giving up). The queue records
+//! its entry's `(timer_at, timer_seq)`, so moving the entry or dropping it
+//! with the queue is a direct removal: the index never holds entries of keys
+//! that moved on, whatever the request rate. An entry may be early (after a
+//! takeover, a handover, a disconnect or a wait timeout it is kept rather
+//! than moved): it then fires, finds nothing due, and is moved to the exact
+//! moment. It is never late.
 //! [`Engine::tick`] processes the keys that are due in key order, so the
 //! replies and tokens of one tick depend only on the lock state.
 //!
@@ -80,8 +81,6 @@
 //! * [`Engine::wait_timeout`] is O(waiters of the key); a tick that processes
 //!   a key is O(waiters of that key); a release or handover is O(1) unless a
 //!   waiter's timer is overdue.
-//! * Stale timer entries (and the shared key they hold) stay in the index
-//!   until their deadline, at most 255 s after they were made.
 //! * An acquire that would queue counts waiters whose wait ran out but whose
 //!   timer has not been processed yet against the queue limits (they leave
 //!   at the next tick, release or expiry of their key).
@@ -394,18 +393,21 @@ impl ConnTable {
 #[derive(Debug)]
 struct Queue {
     waiters: VecDeque<Waiter>,
-    /// Deadline of this key's live entry in the deadline index, or NEVER
-    /// while `tick` is processing it. Never later than the first moment
-    /// something is due for the key (its holder's expiry, a waiter's
-    /// deadline); it may be earlier, and then the entry fires early and
-    /// `tick` reschedules it.
+    /// Deadline of this key's entry in the deadline index, or NEVER while
+    /// it has none (`tick` is processing it, or replicated mode). Never later
+    /// than the first moment something is due for the key (its holder's
+    /// expiry, a waiter's deadline); it may be earlier, and then the entry
+    /// fires early and `tick` reschedules it.
     timer_at: Millis,
+    /// Sequence number of that entry: with `timer_at`, its index key.
+    timer_seq: u64,
 }
 
 /// A registered key: 16 bytes beside the key in the hash table.
 #[derive(Debug)]
 struct Slot {
     token: u64,
+    /// The first millisecond at which the lease is over (see `lease_end`).
     expires_at: Millis,
 }
 
@@ -554,6 +556,16 @@ impl Engine {
         }
     }
 
+    /// The first millisecond at which a lease granted at `now` is over: one
+    /// past `now + lease`. The caller's clock is read in whole milliseconds
+    /// (truncated), so `now` may be up to 1 ms earlier than the moment the
+    /// client wrote its request; ending the lease only once `now + lease` is
+    /// *past* (SPEC §2.4: "a key past its expiry") keeps the server's lease
+    /// from ending before the client's conservative expiry (SPEC §3).
+    fn lease_end(&self, now: Millis, lease_s: u8) -> Millis {
+        self.deadline(now, lease_s).add_ms(1)
+    }
+
     /// Handles one decoded request: [`Engine::acquire`] or [`Engine::release`].
     pub fn handle(&mut self, now: Millis, conn: ConnId, req: Request<'_>, out: &mut Outbox) {
         match req {
@@ -596,7 +608,7 @@ impl Engine {
             lease_s,
         } = req;
         let lease_s = lease_s.max(1);
-        let expires_at = self.deadline(now, lease_s);
+        let expires_at = self.lease_end(now, lease_s);
         let Some(slot) = self.keys.get(key) else {
             if self.keys.len() >= self.limits.max_keys || self.tokens_exhausted() {
                 out.push(conn, Reply::Busy { owner, key }, 0);
@@ -646,6 +658,7 @@ impl Engine {
                 Queue {
                     waiters: VecDeque::new(),
                     timer_at: Millis::NEVER,
+                    timer_seq: 0,
                 },
             );
         }
@@ -665,27 +678,42 @@ impl Engine {
         queue.waiters.push_back(waiter);
         let due = wait_deadline.min(holder_expiry);
         if due < queue.timer_at {
-            queue.timer_at = due;
-            self.schedule_key(due, key);
+            self.set_timer(key, due);
         }
         self.waiters_total += 1;
         AcquireOutcome::Queued(id)
     }
 
-    /// Schedules `key`'s queue's timer entry, sharing the queue's key.
-    fn schedule_key(&mut self, at: Millis, key: &str) {
-        if let Some((name, _)) = self.queues.get_key_value(key) {
-            let name = Arc::clone(name);
-            self.schedule(at, name);
+    /// Moves the timer entry of `key`'s queue to `at` (NEVER: removes it).
+    /// The entry shares the queue's copy of the key.
+    fn set_timer(&mut self, key: &str, at: Millis) {
+        let Some((name, q)) = self.queues.get_key_value(key) else {
+            return;
+        };
+        let old = (q.timer_at, q.timer_seq);
+        let name = Arc::clone(name);
+        if old.0 != Millis::NEVER {
+            self.timers.remove(&old);
+        }
+        let mut seq = 0;
+        if at != Millis::NEVER {
+            self.timer_seq += 1;
+            seq = self.timer_seq;
+            self.timers.insert((at, seq), name);
+        }
+        if let Some(q) = self.queues.get_mut(key) {
+            q.timer_at = at;
+            q.timer_seq = seq;
         }
     }
 
-    fn schedule(&mut self, at: Millis, key: Arc<str>) {
-        if at == Millis::NEVER {
-            return;
+    /// Drops `key`'s queue and its timer entry.
+    fn drop_queue(&mut self, key: &str) {
+        if let Some(q) = self.queues.remove(key) {
+            if q.timer_at != Millis::NEVER {
+                self.timers.remove(&(q.timer_at, q.timer_seq));
+            }
         }
-        self.timer_seq += 1;
-        self.timers.insert((at, self.timer_seq), key);
     }
 
     /// SPEC §2.2. Returns true when the release took effect (`R`).
@@ -754,7 +782,7 @@ impl Engine {
             0,
         );
         if emptied {
-            self.queues.remove(key);
+            self.drop_queue(key);
         }
         true
     }
@@ -799,7 +827,7 @@ impl Engine {
             q.waiters.retain(|w| w.conn != idx);
             removed += before - q.waiters.len();
             if q.waiters.is_empty() {
-                self.queues.remove(&*key);
+                self.drop_queue(&key);
             }
         }
         debug_assert_eq!(removed, count as usize, "per-connection count drifted");
@@ -858,14 +886,14 @@ impl Engine {
         }
         let head = self.queues.get_mut(key).and_then(|q| q.waiters.pop_front());
         let Some(w) = head else {
-            self.queues.remove(key);
+            self.drop_queue(key);
             self.keys.remove(key);
             return;
         };
         let conn = self.forget_waiter(&w);
         let token = self.issue_token();
         let lease_s = w.lease_s();
-        let expires_at = self.deadline(now, lease_s);
+        let expires_at = self.lease_end(now, lease_s);
         let slot = self
             .keys
             .get_mut(key)
@@ -890,11 +918,11 @@ impl Engine {
     /// early entry (O(1)); computes the exact moment (O(waiters)) only when
     /// the key has no entry, that is inside `tick`.
     fn reschedule(&mut self, key: &str) {
-        let Some((name, queue)) = self.queues.get_key_value(key) else {
+        let Some(queue) = self.queues.get(key) else {
             return;
         };
         if queue.waiters.is_empty() {
-            self.queues.remove(key);
+            self.drop_queue(key);
             return;
         }
         if !self.clocked {
@@ -913,11 +941,7 @@ impl Engine {
             queue.timer_at.min(holder_expiry)
         };
         if due != queue.timer_at {
-            let name = Arc::clone(name);
-            if let Some(q) = self.queues.get_mut(key) {
-                q.timer_at = due;
-            }
-            self.schedule(due, name);
+            self.set_timer(key, due);
         }
     }
 
@@ -936,15 +960,15 @@ impl Engine {
         // order is correct; a canonical one is checkable against a model.
         let mut due = std::mem::take(&mut self.due_scratch);
         while let Some(entry) = self.timers.first_entry() {
-            let (at, _) = *entry.key();
+            let (at, seq) = *entry.key();
             if at > now {
                 break;
             }
             let key = entry.remove();
             if let Some(q) = self.queues.get_mut(&*key) {
-                // Only the entry matching `timer_at` is live; older ones are
-                // stale (the key moved on since they were made).
-                if q.timer_at == at {
+                // Entries are removed when they move, so this is the
+                // queue's own; checked anyway rather than trusted.
+                if (q.timer_at, q.timer_seq) == (at, seq) {
                     q.timer_at = Millis::NEVER;
                     due.push(key);
                 }
@@ -1033,9 +1057,9 @@ impl Engine {
             if self.clocked {
                 assert!(
                     self.timers
-                        .iter()
-                        .any(|(&(at, _), k)| at == q.timer_at && **k == **key),
-                    "{key:?} has waiters but no live timer"
+                        .get(&(q.timer_at, q.timer_seq))
+                        .is_some_and(|k| Arc::ptr_eq(k, key)),
+                    "{key:?} has waiters but no timer"
                 );
                 let first_due = q
                     .waiters
@@ -1072,6 +1096,12 @@ impl Engine {
             }
         }
         assert_eq!(total, self.waiters_total, "waiter count drifted");
+        let queues_with_timers = if self.clocked { self.queues.len() } else { 0 };
+        assert_eq!(
+            self.timers.len(),
+            queues_with_timers,
+            "timer entries of keys without waiters, or two for one key"
+        );
         assert_eq!(
             self.conn_table.index.len(),
             self.conn_table.conns.len(),
@@ -1164,9 +1194,13 @@ mod tests {
         assert_eq!(r.len(), 2);
         assert_eq!(r[1].0, 2, "head waiter gets the key");
         e.check_invariants();
-        // owner 20 holds with a 3 s lease from t0; owner 30 waits until t0+60s.
-        assert_eq!(e.next_deadline(), Some(t0.add_secs(3)));
+        // owner 20 holds with a 3 s lease from t0, over once t0 + 3 s is
+        // past; owner 30 waits until t0 + 60 s.
+        let lease_over = t0.add_secs(3).add_ms(1);
+        assert_eq!(e.next_deadline(), Some(lease_over));
         e.tick(t0.add_secs(3), &mut out);
+        assert!(out.is_empty(), "not yet past the expiry");
+        e.tick(lease_over, &mut out);
         let r = replies(&mut out);
         assert_eq!(
             r,

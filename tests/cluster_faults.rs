@@ -14,7 +14,10 @@
 //!   dropped (it still hears them), then the followers' messages to the
 //!   leader (it is still heard); the cluster stays safe and recovers;
 //! * a follower cut off: the majority keeps serving, the follower grants
-//!   nothing, and it catches up after the heal.
+//!   nothing, and it catches up after the heal;
+//! * a seeded random schedule of faults (isolations, one-way cuts, random
+//!   sets of cut links), each lasting 1.5 s: safe throughout, and every
+//!   node grants again after the final heal.
 //!
 //! Each test prints its figures (grants during the partition, time to a new
 //! leader, time to recover) with `--nocapture`. They need root and nftables
@@ -27,10 +30,12 @@ mod netns;
 use std::time::Duration;
 
 use netns::{
-    check_history, enter_private_netns, grants_by_node, ms, outcomes, skip_requested, Attempt,
-    Cluster, Firewall, Load,
+    acquire_recorded, check_history, client_for, enter_private_netns, grants_by_node, ms, outcomes,
+    release_recorded, skip_requested, Attempt, Cluster, Firewall, Load, LEASE, WAIT,
 };
-use ticketd::checker::RealClock;
+use ticketd::checker::{History, RealClock};
+use ticketd::client::Acquire;
+use ticketd::cluster::rng::SplitMix64;
 
 /// Nodes in every test.
 const N: usize = 3;
@@ -40,6 +45,9 @@ const PER_NODE: usize = 2;
 const BEFORE_FAULT: Duration = Duration::from_millis(1500);
 /// How long each partition lasts.
 const PARTITION: Duration = Duration::from_secs(5);
+/// Faults in the random schedule, and how long each lasts.
+const STEPS: u64 = 6;
+const STEP: Duration = Duration::from_millis(1500);
 /// Longest wait for a new leader or for a node to grant again.
 const RECOVERY: Duration = Duration::from_secs(20);
 
@@ -50,6 +58,8 @@ struct Setup {
     fw: Firewall,
     clock: RealClock,
     load: Option<Load>,
+    /// What the test thread itself did.
+    main: History,
 }
 
 impl Setup {
@@ -71,6 +81,7 @@ impl Setup {
             fw,
             clock,
             load,
+            main: History::new(),
         })
     }
 
@@ -112,12 +123,13 @@ impl Setup {
 
     /// Stops the load, runs the checker, returns every attempt.
     fn finish(&mut self) -> Vec<Attempt> {
-        let rec = self
+        let mut rec = self
             .load
             .take()
             .expect("load running")
             .finish()
             .unwrap_or_else(|e| panic!("{}: {e}\n{}", self.name, self.cluster.logs()));
+        rec.history.merge(std::mem::take(&mut self.main));
         check_history(self.name, &rec.history, &self.cluster);
         rec.attempts
     }
@@ -173,6 +185,22 @@ fn isolated_leader_grants_nothing_and_the_majority_elects_a_new_one() {
         return;
     };
     let (old, old_term) = s.leader();
+    // A grant by the leader about to be cut off, never released: only the
+    // new leader's committed Expire can end it, and not before its lease.
+    let orphan_from_us = s.now_us();
+    let (r, _) = acquire_recorded(
+        &mut s.main,
+        s.clock,
+        1000,
+        &client_for(old),
+        "orphan",
+        WAIT,
+        LEASE,
+    );
+    let Acquire::Acquired(orphan) = r else {
+        panic!("the leader did not grant: {r:?}\n{}", s.cluster.logs());
+    };
+    let (_, orphan_token) = orphan.detach();
     s.fw.isolate(old, N);
     let cut_us = s.now_us();
     let Some((new, _)) = s.cluster.wait_leader_above(old_term, RECOVERY) else {
@@ -186,6 +214,33 @@ fn isolated_leader_grants_nothing_and_the_majority_elects_a_new_one() {
         .map(|&i| s.wait_node_grants(i, cut_us, "after the leader was cut off"))
         .min()
         .unwrap();
+    let (r, taken_us) = acquire_recorded(
+        &mut s.main,
+        s.clock,
+        1001,
+        &client_for(new),
+        "orphan",
+        Duration::from_secs(4),
+        LEASE,
+    );
+    let Acquire::Acquired(taken) = r else {
+        panic!(
+            "the new leader did not end the orphaned grant: {r:?}\n{}",
+            s.cluster.logs()
+        );
+    };
+    assert!(
+        taken.token() > orphan_token,
+        "{} after {orphan_token}",
+        taken.token()
+    );
+    let lease_us = u64::try_from(LEASE.as_micros()).unwrap();
+    assert!(
+        taken_us >= orphan_from_us + lease_us,
+        "the orphaned grant ended before its lease: taken {} ms after it was asked for",
+        ms(orphan_from_us, taken_us)
+    );
+    release_recorded(&mut s.main, s.clock, 1001, taken);
     s.hold_partition(cut_us);
     s.fw.heal();
     let heal_us = s.now_us();
@@ -202,10 +257,13 @@ fn isolated_leader_grants_nothing_and_the_majority_elects_a_new_one() {
          majority grant after {first_majority_grant_ms} ms; grants during the partition by \
          node: {during:?}; grants received by node {old}'s clients while cut off: \
          {isolated_any}, their acquires invoked then: {}; node {old} granting again \
-         {old_back_ms} ms after the heal",
+         {old_back_ms} ms after the heal; the old leader's unreleased {}-s grant taken over \
+         {} ms after the cut",
         ms(cut_us, heal_us),
         ms(cut_us, elected_us),
         outcomes(&attempts, old, cut_us, heal_us),
+        LEASE.as_secs(),
+        ms(cut_us, taken_us),
     );
     // The old leader cannot commit anything while cut off.
     assert_no_grant(&s, &attempts, old, cut_us, heal_us);
@@ -224,9 +282,7 @@ fn one_way_partitions_are_safe_and_heal() {
     // still hears them. The followers elect a leader among themselves.
     let (l1, term1) = s.leader();
     let followers: Vec<usize> = (1..=N).filter(|&i| i != l1).collect();
-    for &f in &followers {
-        s.fw.cut(l1, f);
-    }
+    s.fw.cut_all(&followers.iter().map(|&f| (l1, f)).collect::<Vec<_>>());
     let cut1_us = s.now_us();
     let Some((l2, term2)) = s.cluster.wait_leader_above(term1, RECOVERY) else {
         panic!(
@@ -247,9 +303,12 @@ fn one_way_partitions_are_safe_and_heal() {
     // it is still heard. check_quorum makes it step down, and the others
     // elect a leader.
     let (l3, term3) = s.leader();
-    for f in (1..=N).filter(|&i| i != l3) {
-        s.fw.cut(f, l3);
-    }
+    s.fw.cut_all(
+        &(1..=N)
+            .filter(|&i| i != l3)
+            .map(|f| (f, l3))
+            .collect::<Vec<_>>(),
+    );
     let cut2_us = s.now_us();
     let Some((l4, _)) = s.cluster.wait_leader_above(term3, RECOVERY) else {
         panic!("no new leader when {l3} went deaf:\n{}", s.cluster.logs());
@@ -332,4 +391,93 @@ fn a_cut_off_follower_grants_nothing_and_catches_up() {
     // The follower's grants after the heal come after everything the
     // majority granted without it.
     assert_tokens_rise(&s, &attempts, heal_us, heal_us);
+}
+
+/// Draws a fault and puts it in place (replacing the previous one in one
+/// transaction); returns what it is.
+fn random_fault(s: &mut Setup, rng: &mut SplitMix64) -> String {
+    let node = |rng: &mut SplitMix64| usize::try_from(rng.range(1, N as u64 + 1)).unwrap();
+    let (cuts, what) = match rng.range(0, 5) {
+        0 => (Vec::new(), "healed".to_owned()),
+        1 => {
+            let i = node(rng);
+            (Firewall::isolation(i, N), format!("node {i} isolated"))
+        }
+        2 => {
+            let (l, _) = s.leader();
+            (Firewall::isolation(l, N), format!("leader {l} isolated"))
+        }
+        3 => {
+            let from = node(rng);
+            let to = (1..=N)
+                .filter(|&j| j != from)
+                .nth(usize::from(rng.chance(0.5)))
+                .unwrap();
+            (vec![(from, to)], format!("{from} -> {to} cut"))
+        }
+        _ => {
+            let mut cuts = Vec::new();
+            for from in 1..=N {
+                for to in (1..=N).filter(|&j| j != from) {
+                    if rng.chance(0.4) {
+                        cuts.push((from, to));
+                    }
+                }
+            }
+            let names: Vec<String> = cuts.iter().map(|(f, t)| format!("{f}->{t}")).collect();
+            (cuts, format!("links cut: [{}]", names.join(" ")))
+        }
+    };
+    s.fw.set(cuts);
+    what
+}
+
+#[test]
+fn random_partitions_from_a_seed_stay_safe() {
+    // The seed fixes the schedule of faults (not the timing of the
+    // processes): TICKETD_NEMESIS_SEED=<n> runs another one, and
+    // TICKETD_NEMESIS_STEPS=<n> a longer one.
+    let env = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let seed = env("TICKETD_NEMESIS_SEED", 7);
+    let steps = env("TICKETD_NEMESIS_STEPS", STEPS);
+    let Some(mut s) = Setup::start("nemesis") else {
+        return;
+    };
+    let mut rng = SplitMix64::new(seed);
+    let mut schedule = Vec::new();
+    let start_us = s.now_us();
+    for _ in 0..steps {
+        let (leader, term) = s.leader();
+        let fault = format!(
+            "{} (leader before: {leader}, term {term})",
+            random_fault(&mut s, &mut rng)
+        );
+        let at_us = s.now_us();
+        schedule.push((at_us, fault));
+        std::thread::sleep(STEP);
+    }
+    s.fw.heal();
+    let heal_us = s.now_us();
+    let back_ms: Vec<u64> = (1..=N)
+        .map(|i| s.wait_node_grants(i, heal_us, &format!("after the final heal (seed {seed})")))
+        .collect();
+    let attempts = s.finish();
+    let mut lines = Vec::new();
+    for (k, (at_us, fault)) in schedule.iter().enumerate() {
+        let end_us = schedule.get(k + 1).map_or(heal_us, |(t, _)| *t);
+        lines.push(format!(
+            "  +{} ms {fault}: grants by node {:?}",
+            ms(start_us, *at_us),
+            grants_by_node(&attempts, *at_us, end_us)
+        ));
+    }
+    println!(
+        "nemesis (seed {seed}):\n{}\n  healed: every node granting again {back_ms:?} ms later",
+        lines.join("\n")
+    );
 }

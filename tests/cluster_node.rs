@@ -39,7 +39,7 @@ fn settle(node: &mut Node<FileDisk>, now: &mut Millis) {
     let mut out = Outbox::new();
     for _ in 0..100 {
         *now = now.add_ms(100);
-        node.tick(*now);
+        node.tick(*now, &mut out);
         node.end_turn(*now, &mut out).unwrap();
         if node.is_leader() && node.timers_ready() {
             return;
@@ -58,7 +58,7 @@ fn ask(node: &mut Node<FileDisk>, now: &mut Millis, req: Request<'_>) -> String 
         }
         node.end_turn(*now, &mut out).unwrap();
         *now = now.add_ms(10);
-        node.tick(*now);
+        node.tick(*now, &mut out);
     }
     panic!("no answer");
 }
@@ -219,6 +219,8 @@ fn a_full_backlog_is_answered_busy_at_once() {
         "{now_answers:?}"
     );
     out.clear();
+    node.end_turn(now, &mut out).unwrap();
+    node.tick(now, &mut out);
     node.end_turn(now, &mut out).unwrap();
     let later: Vec<String> = out.iter().map(|a| format!("{:?}", a.reply)).collect();
     assert_eq!(later.len(), 3, "{later:?}");

@@ -318,6 +318,13 @@ impl Sim {
         self.queue.insert((t.max(self.now), self.seq), ev);
     }
 
+    /// Puts an event for a stopped process back for when it resumes. It
+    /// keeps its sequence number, so events of one byte stream stay in order
+    /// even against events that were due exactly at the resumption.
+    fn defer(&mut self, until: u64, seq: u64, ev: Ev) {
+        self.queue.insert((until, seq), ev);
+    }
+
     fn wake(&mut self, client: usize, t: u64) {
         let t = t.max(self.now);
         let c = &mut self.clients[client];
@@ -422,7 +429,7 @@ impl Sim {
 
     fn run(&mut self) -> Result<Report, String> {
         let hard_end = self.cfg.run_us + 120 * S;
-        while let Some(((t, _), ev)) = self.queue.pop_first() {
+        while let Some(((t, seq), ev)) = self.queue.pop_first() {
             self.now = t;
             self.stats.events += 1;
             if t > hard_end {
@@ -435,7 +442,7 @@ impl Sim {
                     }
                     let until = self.clients[c].paused_until;
                     if until > t {
-                        self.at(until, ev); // a stopped process handles it later
+                        self.defer(until, seq, ev); // a stopped process handles it later
                         continue;
                     }
                 }
@@ -447,7 +454,7 @@ impl Sim {
                     }
                     let until = self.server.paused_until;
                     if until > t {
-                        self.at(until, ev);
+                        self.defer(until, seq, ev);
                         continue;
                     }
                 }
@@ -1181,6 +1188,10 @@ impl From<Reply<'_>> for OwnedReply {
     }
 }
 
+/// Seeds of long runs that failed once, kept in the fixed set: 2846 had a
+/// stopped server's deferred chunks overtaken by one due at its resumption.
+const REGRESSION_SEEDS: [u64; 1] = [2846];
+
 /// Runs one seed to the end and checks its history.
 fn run_seed(seed: u64, bug: Option<Bug>) -> (Result<Report, String>, Stats, History) {
     let cfg = Config {
@@ -1195,7 +1206,7 @@ fn run_seed(seed: u64, bug: Option<Bug>) -> (Result<Report, String>, Stats, Hist
 /// The seeds to run: `SIM_SEED=N` for one, `SIM_SEEDS=COUNT` (from
 /// `SIM_FIRST`, by default a seed taken from the clock) for a long random
 /// run, or `default`.
-fn seeds(default: std::ops::RangeInclusive<u64>) -> Vec<u64> {
+fn seeds(default: impl Iterator<Item = u64>) -> Vec<u64> {
     let var = |name: &str| {
         std::env::var(name)
             .ok()
@@ -1221,7 +1232,8 @@ fn seeds(default: std::ops::RangeInclusive<u64>) -> Vec<u64> {
 fn every_seed_passes_the_checker_under_faults() {
     let mut total = Report::default();
     let mut stats = Stats::default();
-    let list = seeds(1..=200);
+    // 1..=200, plus seeds that once found a bug in the simulation itself.
+    let list = seeds((1..=200).chain(REGRESSION_SEEDS));
     for &seed in &list {
         let (result, s, _) = run_seed(seed, None);
         let report = result.unwrap_or_else(|e| {

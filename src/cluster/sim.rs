@@ -338,15 +338,33 @@ impl Sim {
         self.restarts()?;
         self.deliver();
         for i in 0..self.cfg.nodes {
-            if let Some(n) = self.nodes[i].as_mut() {
-                n.tick(self.now);
-            }
+            self.tick_node(i)?;
         }
         if self.clients_active {
             self.clients_act()?;
         }
         for i in 0..self.cfg.nodes {
             self.end_turn(i)?;
+        }
+        Ok(())
+    }
+
+    fn tick_node(&mut self, i: usize) -> Result<(), String> {
+        let Some(node) = self.nodes[i].as_mut() else {
+            return Ok(());
+        };
+        self.out.clear();
+        node.tick(self.now, &mut self.out);
+        let trace = node.take_trace();
+        self.check_trace(i, &trace)?;
+        let replies: Vec<(ConnId, String, Reply<'static>)> = self
+            .out
+            .iter()
+            .map(|a| (a.conn, a.reply.key().to_owned(), owned(a.reply)))
+            .collect();
+        self.out.clear();
+        for (conn, key, reply) in replies {
+            self.on_reply(i as u64 + 1, conn, &key, reply)?;
         }
         Ok(())
     }
@@ -899,8 +917,8 @@ impl Sim {
                     let Some(node) = self.nodes[j].as_mut() else {
                         continue;
                     };
-                    node.tick(self.now);
                     self.out.clear();
+                    node.tick(self.now, &mut self.out);
                     node.end_turn(self.now, &mut self.out)
                         .map_err(|e| format!("seed {}: final turn: {e}", self.cfg.seed))?;
                     if j == i {

@@ -24,7 +24,9 @@
 //!   the messages `i → j` vanish, silently, as in a real partition, while
 //!   `j → i` (on `j`'s own connection) still flows. Both directions together
 //!   make a two-way cut. Client traffic (to port 7470, and the replies to the
-//!   clients' ports) is never matched.
+//!   clients' ports) is never matched. Each change of the set of cut links
+//!   is one nftables transaction (`nft -f -`), so a fault starts and ends at
+//!   one instant for every link.
 //! * **Why drop on input.** A packet dropped on the output path is refused
 //!   to the sending TCP at once, which then retries every half second; a
 //!   packet dropped after it left looks to the sender like one a network
@@ -39,16 +41,17 @@
 //! with a message saying what is missing; `TICKETD_SKIP_NETFAULTS=1` skips
 //! these tests explicitly on machines where they cannot run.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ticketd::checker::{History, Outcome, RealClock, ReleaseOutcome};
-use ticketd::client::{Acquire, Client, Release};
+use ticketd::client::{Acquire, Client, Release, Ticket};
 
 use crate::common::Ticketd;
 
@@ -120,7 +123,7 @@ fn peer_ip(i: usize) -> String {
 /// Chain `out` (output hook) marks the packets of cut links with [`MARK`];
 /// chain `in` (input hook) drops every packet so marked.
 pub struct Firewall {
-    _private: (),
+    cuts: BTreeSet<(usize, usize)>,
 }
 
 const TABLE: &str = "ticketd_faults";
@@ -128,82 +131,92 @@ const TABLE: &str = "ticketd_faults";
 const MARK: &str = "0x7d";
 
 impl Firewall {
-    /// Creates the table and its output chain (no rules yet).
+    /// Creates the table, the chain that drops marked packets and the
+    /// (empty) chain that marks them, in one transaction.
     #[must_use]
     pub fn new() -> Firewall {
-        run("nft", &["add", "table", "inet", TABLE]);
-        run(
-            "nft",
-            &[
-                "add",
-                "chain",
-                "inet",
-                TABLE,
-                "out",
-                "{ type filter hook output priority 0; policy accept; }",
-            ],
-        );
-        run(
-            "nft",
-            &[
-                "add",
-                "chain",
-                "inet",
-                TABLE,
-                "in",
-                "{ type filter hook input priority 0; policy accept; }",
-            ],
-        );
-        run(
-            "nft",
-            &[
-                "add", "rule", "inet", TABLE, "in", "meta", "mark", MARK, "drop",
-            ],
-        );
-        Firewall { _private: () }
-    }
-
-    /// Drops every message node `from` sends to node `to` (1-based).
-    pub fn cut(&mut self, from: usize, to: usize) {
-        let gid = (GID_BASE + u32::try_from(from).unwrap() - 1).to_string();
-        let port = PEER_PORT.to_string();
-        run(
-            "nft",
-            &[
-                "add",
-                "rule",
-                "inet",
-                TABLE,
-                "out",
-                "meta",
-                "skgid",
-                &gid,
-                "ip",
-                "daddr",
-                &peer_ip(to),
-                "tcp",
-                "dport",
-                &port,
-                "meta",
-                "mark",
-                "set",
-                MARK,
-            ],
-        );
-    }
-
-    /// Cuts `node` off from every other node, both ways.
-    pub fn isolate(&mut self, node: usize, nodes: usize) {
-        for other in (1..=nodes).filter(|&o| o != node) {
-            self.cut(node, other);
-            self.cut(other, node);
+        nft_script(&format!(
+            "add table inet {TABLE}\n\
+             add chain inet {TABLE} out {{ type filter hook output priority 0; policy accept; }}\n\
+             add chain inet {TABLE} in {{ type filter hook input priority 0; policy accept; }}\n\
+             add rule inet {TABLE} in meta mark {MARK} drop\n"
+        ));
+        Firewall {
+            cuts: BTreeSet::new(),
         }
+    }
+
+    /// Makes exactly `cuts` (as (from, to), 1-based) the links that drop
+    /// their messages, replacing the previous set in one transaction, so no
+    /// packet ever sees half of a change.
+    pub fn set(&mut self, cuts: impl IntoIterator<Item = (usize, usize)>) {
+        self.cuts = cuts.into_iter().collect();
+        let mut script = format!("flush chain inet {TABLE} out\n");
+        for &(from, to) in &self.cuts {
+            let gid = GID_BASE + u32::try_from(from).unwrap() - 1;
+            script.push_str(&format!(
+                "add rule inet {TABLE} out meta skgid {gid} ip daddr {} tcp dport {PEER_PORT} \
+                 meta mark set {MARK}\n",
+                peer_ip(to)
+            ));
+        }
+        nft_script(&script);
+    }
+
+    /// Also drops every message `from` sends to `to`, for each (from, to)
+    /// of `links` (1-based), in one transaction.
+    pub fn cut_all(&mut self, links: &[(usize, usize)]) {
+        let cuts: Vec<_> = self.cuts.iter().chain(links).copied().collect();
+        self.set(cuts);
+    }
+
+    /// The links that cut `node` off from every other node, both ways.
+    #[must_use]
+    pub fn isolation(node: usize, nodes: usize) -> Vec<(usize, usize)> {
+        (1..=nodes)
+            .filter(|&o| o != node)
+            .flat_map(|o| [(node, o), (o, node)])
+            .collect()
+    }
+
+    /// Also cuts `node` off from every other node, both ways.
+    pub fn isolate(&mut self, node: usize, nodes: usize) {
+        self.cut_all(&Firewall::isolation(node, nodes));
     }
 
     /// Removes every cut: all links carry traffic again.
     pub fn heal(&mut self) {
-        run("nft", &["flush", "chain", "inet", TABLE, "out"]);
+        self.set([]);
     }
+}
+
+/// Runs an nftables script (one atomic transaction).
+fn nft_script(script: &str) {
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run `nft` ({e}); network fault tests need nftables (see .ci/run), \
+                 or TICKETD_SKIP_NETFAULTS=1"
+            )
+        });
+    child
+        .stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(script.as_bytes())
+        .expect("write the nft script");
+    let out = child.wait_with_output().expect("wait for nft");
+    assert!(
+        out.status.success(),
+        "nft failed ({}) on:\n{script}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 impl Drop for Firewall {
@@ -366,14 +379,23 @@ pub fn client_for(i: usize) -> Client {
         .expect("client configuration")
 }
 
-/// Keys the workers contend on.
-pub const KEYS: [&str; 3] = ["k0", "k1", "k2"];
+/// Keys the workers contend on; each worker takes them in turn and always
+/// releases.
+pub const KEYS: [&str; 2] = ["k0", "k1"];
 /// Wait of every acquire.
 pub const WAIT: Duration = Duration::from_secs(1);
 /// Lease of every acquire.
 pub const LEASE: Duration = Duration::from_secs(2);
 /// How long a worker holds a grant (well inside the lease).
 const HOLD: Duration = Duration::from_millis(30);
+/// The key of the lessees: one more worker per node that walks away from
+/// every [`ABANDON_EVERY`]th grant without releasing it, so leases also end
+/// by the leader's committed Expire, across leader changes too. (A key
+/// left held blocks its waiters for a lease; on a key of its own it does
+/// not slow the others.)
+pub const LEASED_KEY: &str = "leased";
+/// See [`LEASED_KEY`].
+const ABANDON_EVERY: usize = 3;
 
 /// One acquire as a worker saw it, for the figures and timing assertions.
 #[derive(Clone, Debug)]
@@ -391,7 +413,7 @@ pub struct Attempt {
 }
 
 /// Workers with official clients, each on one node, acquiring and
-/// releasing the [`KEYS`] until stopped; each records a [`History`], and
+/// releasing the [`KEYS`] (and lessees on [`LEASED_KEY`]) until stopped; each records a [`History`], and
 /// every acquire is also listed in a shared [`Attempt`] log the test can
 /// watch while the load runs.
 pub struct Load {
@@ -409,18 +431,19 @@ pub struct Recorded {
 }
 
 impl Load {
-    /// Starts `per_node` workers on each of `nodes` nodes.
+    /// Starts `per_node` workers and one lessee on each of `nodes` nodes.
     #[must_use]
     pub fn start(clock: RealClock, nodes: usize, per_node: usize) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let attempts = Arc::new(Mutex::new(Vec::new()));
         let mut handles = Vec::new();
         for node in 1..=nodes {
-            for w in 0..per_node {
-                let id = u64::try_from((node - 1) * per_node + w).unwrap();
+            for w in 0..=per_node {
+                let id = u64::try_from((node - 1) * (per_node + 1) + w).unwrap();
+                let lessee = w == per_node;
                 let (stop, attempts) = (Arc::clone(&stop), Arc::clone(&attempts));
                 handles.push(std::thread::spawn(move || {
-                    worker(clock, node, id, &stop, &attempts)
+                    worker(clock, node, id, lessee, &stop, &attempts)
                 }));
             }
         }
@@ -483,6 +506,7 @@ fn worker(
     clock: RealClock,
     node: usize,
     id: u64,
+    lessee: bool,
     stop: &AtomicBool,
     attempts: &Mutex<Vec<Attempt>>,
 ) -> Result<History, String> {
@@ -491,8 +515,13 @@ fn worker(
     let wait_s = u8::try_from(WAIT.as_secs()).unwrap();
     let lease_s = u8::try_from(LEASE.as_secs()).unwrap();
     let mut n = usize::try_from(id).unwrap();
+    let mut grants = 0usize;
     while !stop.load(Ordering::SeqCst) {
-        let key = KEYS[n % KEYS.len()];
+        let key = if lessee {
+            LEASED_KEY
+        } else {
+            KEYS[n % KEYS.len()]
+        };
         n += 1;
         let invoked_us = clock.now_us();
         // The owner on the wire is chosen by the client library; the
@@ -522,6 +551,12 @@ fn worker(
         match r {
             Acquire::Acquired(ticket) => {
                 std::thread::sleep(HOLD.min(ticket.remaining()));
+                grants += 1;
+                if lessee && grants % ABANDON_EVERY == 0 {
+                    // No release: the client's interval ends with its lease.
+                    let _ = ticket.detach();
+                    continue;
+                }
                 let rop = h.release(id, id, key, ticket.token(), clock.now_us());
                 let out = match ticket
                     .release()
@@ -540,6 +575,50 @@ fn worker(
         }
     }
     Ok(h)
+}
+
+/// One acquire by the test thread itself, recorded in `h` as client
+/// `client`; returns the outcome and when it was received.
+pub fn acquire_recorded(
+    h: &mut History,
+    clock: RealClock,
+    client: u64,
+    c: &Client,
+    key: &str,
+    wait: Duration,
+    lease: Duration,
+) -> (Acquire, u64) {
+    let invoked_us = clock.now_us();
+    let op = h.acquire(
+        client,
+        client,
+        key,
+        0,
+        u8::try_from(wait.as_secs()).unwrap(),
+        u8::try_from(lease.as_secs()).unwrap(),
+        invoked_us,
+    );
+    let r = c.acquire(key, wait, lease).expect("valid acquire");
+    let at_us = clock.now_us();
+    let outcome = match &r {
+        Acquire::Acquired(t) => Outcome::Granted { token: t.token() },
+        Acquire::Timeout => Outcome::Timeout,
+        Acquire::Busy => Outcome::Busy,
+        Acquire::Indeterminate => Outcome::Indeterminate,
+    };
+    h.acquired(op, outcome, at_us);
+    (r, at_us)
+}
+
+/// Records a release of `ticket` by `client` in `h`.
+pub fn release_recorded(h: &mut History, clock: RealClock, client: u64, ticket: Ticket) {
+    let op = h.release(client, client, ticket.key(), ticket.token(), clock.now_us());
+    let out = match ticket.release().expect("valid release") {
+        Release::Released => ReleaseOutcome::Released,
+        Release::NotHeld => ReleaseOutcome::NotReleased,
+        Release::Indeterminate | Release::NotSent => ReleaseOutcome::Indeterminate,
+    };
+    h.released(op, out, clock.now_us());
 }
 
 /// Counts of what each node's clients got in a time window.
