@@ -87,8 +87,11 @@
 //! * Expired keys are registered until swept or taken over, so they count
 //!   against `max_keys`.
 
+use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
+
+use hashbrown::hash_map::EntryRef;
 
 use crate::limits::EngineLimits;
 use crate::proto::{Reply, Request};
@@ -403,6 +406,14 @@ struct Queue {
     timer_seq: u64,
 }
 
+/// Issues the token `next_token` holds and advances it.
+fn take_token(next_token: &mut u64) -> u64 {
+    let t = *next_token;
+    assert!(t < u64::MAX, "fencing tokens exhausted");
+    *next_token = t + 1;
+    t
+}
+
 /// A registered key: 16 bytes beside the key in the hash table.
 #[derive(Debug)]
 struct Slot {
@@ -416,7 +427,10 @@ struct Slot {
 pub struct Engine {
     limits: EngineLimits,
     clocked: bool,
-    keys: HashMap<Box<str>, Slot>,
+    /// hashbrown's map for `entry_ref`, so that an acquire and an
+    /// uncontended release hash the key once; with the standard library's
+    /// randomly keyed SipHash, since keys are chosen by network clients.
+    keys: hashbrown::HashMap<Box<str>, Slot, RandomState>,
     /// Queues of the keys that have waiters. The key is shared with the
     /// deadline index, so scheduling a timer never allocates.
     queues: HashMap<Arc<str>, Queue>,
@@ -448,7 +462,7 @@ impl Engine {
         Engine {
             limits,
             clocked: true,
-            keys: HashMap::new(),
+            keys: hashbrown::HashMap::default(),
             queues: HashMap::new(),
             timers: BTreeMap::new(),
             timer_seq: 0,
@@ -542,10 +556,7 @@ impl Engine {
     }
 
     fn issue_token(&mut self) -> u64 {
-        let t = self.next_token;
-        assert!(t < u64::MAX, "fencing tokens exhausted");
-        self.next_token = t + 1;
-        t
+        take_token(&mut self.next_token)
     }
 
     fn deadline(&self, now: Millis, secs: u8) -> Millis {
@@ -609,28 +620,34 @@ impl Engine {
         } = req;
         let lease_s = lease_s.max(1);
         let expires_at = self.lease_end(now, lease_s);
-        let Some(slot) = self.keys.get(key) else {
-            if self.keys.len() >= self.limits.max_keys || self.tokens_exhausted() {
-                out.push(conn, Reply::Busy { owner, key }, 0);
-                return AcquireOutcome::Busy;
+        let full = self.keys.len() >= self.limits.max_keys;
+        let exhausted = self.tokens_exhausted();
+        // One hash of the key for the whole decision (the entry borrows
+        // only the `keys` field, so the token is issued by field).
+        let slot = match self.keys.entry_ref(key) {
+            EntryRef::Vacant(v) => {
+                if full || exhausted {
+                    out.push(conn, Reply::Busy { owner, key }, 0);
+                    return AcquireOutcome::Busy;
+                }
+                let token = take_token(&mut self.next_token);
+                v.insert_with_key(key.into(), Slot { token, expires_at });
+                self.expiry_floor = self.expiry_floor.min(expires_at);
+                out.push(conn, Reply::Acquired { token, owner, key }, lease_s);
+                return AcquireOutcome::Granted(token);
             }
-            let token = self.issue_token();
-            self.keys.insert(key.into(), Slot { token, expires_at });
-            self.expiry_floor = self.expiry_floor.min(expires_at);
-            out.push(conn, Reply::Acquired { token, owner, key }, lease_s);
-            return AcquireOutcome::Granted(token);
+            EntryRef::Occupied(o) => o.into_mut(),
         };
         let holder_expiry = slot.expires_at;
-        if self.is_expired(slot, now) {
-            if self.tokens_exhausted() {
+        if self.clocked && slot.expires_at <= now {
+            if exhausted {
                 out.push(conn, Reply::Busy { owner, key }, 0);
                 return AcquireOutcome::Busy;
             }
             // Lazy takeover: the non-FIFO expiry path, ahead of any queue.
             // The key's timer (if it has waiters) is at or before the old
             // expiry, so it is early now, never late.
-            let token = self.issue_token();
-            let slot = self.keys.get_mut(key).expect("slot checked above");
+            let token = take_token(&mut self.next_token);
             slot.token = token;
             slot.expires_at = expires_at;
             self.expiry_floor = self.expiry_floor.min(expires_at);
@@ -725,6 +742,15 @@ impl Engine {
         key: &str,
         out: &mut Outbox,
     ) -> bool {
+        if let EntryRef::Occupied(o) = self.keys.entry_ref(key) {
+            // The common case, a key nobody waits for, costs one hash of
+            // the key (none for the queue map while no key has waiters).
+            if o.get().token == token && !self.queues.contains_key(key) {
+                o.remove();
+                out.push(conn, Reply::Released { token, key }, 0);
+                return true;
+            }
+        }
         match self.keys.get(key) {
             Some(slot) if slot.token == token => {
                 out.push(conn, Reply::Released { token, key }, 0);
@@ -873,16 +899,22 @@ impl Engine {
     /// not run out (FIFO, a new token, its own lease from `now`), or delete
     /// the key when nobody is waiting.
     fn hand_over_or_delete(&mut self, now: Millis, key: &str, out: &mut Outbox) {
-        if let Some(q) = self.queues.get(key) {
-            // A waiter whose wait ran out gets T even if its timer has not
-            // fired. `timer_at` is never later than the first waiter
-            // deadline, so when it is still ahead nobody ran out (and inside
-            // `tick`, NEVER, the caller just did this).
-            if self.tokens_exhausted() {
-                self.time_out_waiters(now, key, true, out);
-            } else if self.clocked && q.timer_at <= now {
-                self.time_out_waiters(now, key, false, out);
-            }
+        // Most keys never get a waiter: one queue lookup (no hashing at all
+        // while no key has waiters) settles the common case, then one more
+        // hash deletes the key. Every lookup hashes the whole key with the
+        // table's keyed hasher, which dominates an uncontended cycle.
+        let Some(q) = self.queues.get(key) else {
+            self.keys.remove(key);
+            return;
+        };
+        // A waiter whose wait ran out gets T even if its timer has not
+        // fired. `timer_at` is never later than the first waiter deadline,
+        // so when it is still ahead nobody ran out (and inside `tick`,
+        // NEVER, the caller just did this).
+        if self.tokens_exhausted() {
+            self.time_out_waiters(now, key, true, out);
+        } else if self.clocked && q.timer_at <= now {
+            self.time_out_waiters(now, key, false, out);
         }
         let head = self.queues.get_mut(key).and_then(|q| q.waiters.pop_front());
         let Some(w) = head else {

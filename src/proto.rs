@@ -199,7 +199,9 @@ fn split_key(buf: &[u8], header: usize, max_key_bytes: usize) -> Decoded<&str> {
         .len()
         .min(header.saturating_add(max_key_bytes).saturating_add(1));
     let window = &buf[header..window_end];
-    match window.iter().position(|&b| b == NEWLINE) {
+    // A word-at-a-time search: a byte-by-byte scan was the largest cost of
+    // decoding a frame.
+    match memchr::memchr(NEWLINE, window) {
         Some(0) => Decoded::Malformed(Malformed::EmptyKey),
         Some(n) => match std::str::from_utf8(&window[..n]) {
             Ok(key) => Decoded::Frame {

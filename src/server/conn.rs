@@ -49,6 +49,10 @@ pub(crate) struct Conn {
     pub cursor: usize,
     /// The socket may have more to read (an edge was seen and not yet drained).
     pub readable: bool,
+    /// Read until `WouldBlock` even after a short read: set when a readiness
+    /// event reported the peer's close or an error (and on accept), whose
+    /// edge has then been consumed and will not come again.
+    pub drain: bool,
     /// The peer closed its side.
     pub eof: bool,
     /// Queued in the loop's list of connections with input to handle.
@@ -80,6 +84,7 @@ impl Conn {
             wbuf: Vec::new(),
             cursor: 0,
             readable: false,
+            drain: true,
             eof: false,
             active: false,
             dirty: false,

@@ -16,7 +16,7 @@
 //! 3. Handle input: for each connection with input, decode frames straight
 //!    from its read buffer and hand them to the service, at most
 //!    `max_frames_per_turn` per connection (fairness); read until
-//!    `WouldBlock`.
+//!    `WouldBlock` or a short read (see `Conn::drain`).
 //! 4. `tick` the service, check timeouts, then `end_turn` (single mode makes
 //!    its token mark durable there), and only then encode the turn's replies
 //!    into the write buffers.
@@ -455,6 +455,9 @@ impl<S: Service> Server<S> {
                 };
                 if event.is_readable() || event.is_read_closed() || event.is_error() {
                     c.readable = true;
+                    if event.is_read_closed() || event.is_error() {
+                        c.drain = true;
+                    }
                     if !c.active {
                         c.active = true;
                         self.active.push(key);
@@ -668,10 +671,27 @@ impl<S: Service> Server<S> {
             if !c.make_room(max_frame) {
                 break End::Again;
             }
+            let offered = c.rbuf.len() - c.rend;
             match c.read_once() {
                 Ok(0) => c.eof = true,
-                Ok(n) => c.rend += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => c.readable = false,
+                Ok(n) => {
+                    c.rend += n;
+                    // A short read emptied the socket's receive queue. With
+                    // edge-triggered epoll (Linux) any byte that arrives later
+                    // raises a new edge, so the read that would only say
+                    // `WouldBlock` is skipped: one syscall less per request
+                    // at pipeline depth 1. A close or error already reported
+                    // by the event has no edge to come, hence `drain`.
+                    if n < offered && !c.drain {
+                        c.readable = false;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // Empty, and no close pending (a close reads as EOF, not
+                    // `WouldBlock`): anything later raises a new edge.
+                    c.readable = false;
+                    c.drain = false;
+                }
                 Err(e) => break End::Failed(e),
             }
         };
