@@ -276,6 +276,25 @@ fn a_connection_closed_by_the_peer_still_gets_the_replies_it_asked_for() {
     assert_eq!(c.try_recv(Duration::from_secs(2)), Err(NoReply::Closed));
 }
 
+#[test]
+fn a_close_right_after_a_frame_on_a_busy_connection_is_noticed() {
+    // The server stops reading after a short read and relies on the next
+    // edge; a frame and the close arriving together are one edge, so the
+    // close must still be read after the frame.
+    let server = Ticketd::start(&[]);
+    let mut c = Client::connect(server.addr());
+    for i in 0..20u64 {
+        c.acquire("k", i, 0, 30);
+        let token = c.recv().token();
+        c.release("k", token);
+        assert!(matches!(c.recv(), Reply::Released { .. }));
+    }
+    c.acquire("k", 99, 0, 30);
+    c.stream.shutdown(std::net::Shutdown::Write).unwrap();
+    assert!(matches!(c.recv(), Reply::Acquired { owner: 99, .. }));
+    assert_eq!(c.try_recv(Duration::from_secs(2)), Err(NoReply::Closed));
+}
+
 /// A small deterministic generator, so a failure reproduces.
 struct XorShift(u64);
 
