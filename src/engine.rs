@@ -55,10 +55,12 @@
 //!   127 bytes each (the server caps connections, 10,000 by default). Each
 //!   key with waiters adds a queue (a shared copy of the key, ~60 bytes) and
 //!   its timer entries.
-//! * **Hot path:** an uncontended acquire + release of a fresh key allocates
-//!   once (the stored key); T, N, a tick with nothing due and a disconnect
-//!   without waiters do not allocate; a reused [`Outbox`] stops allocating
-//!   after warm-up (`tests/engine_alloc.rs`). The contended path allocates a
+//! * **Hot path:** an uncontended acquire + release of a fresh key hashes
+//!   the key twice (one table lookup each; the queue map is not hashed
+//!   while no key has waiters) and allocates once (the stored key); T, N,
+//!   a tick with nothing due and a disconnect without waiters do not
+//!   allocate; a reused [`Outbox`] stops allocating after warm-up
+//!   (`tests/engine_alloc.rs`). The contended path allocates a
 //!   queue when a key gets its first waiter (the shared key and the
 //!   `VecDeque` buffer) and, now and then, a B-tree node for a timer; the
 //!   list of a connection that gets its first waiter is reused from earlier
