@@ -9,9 +9,11 @@ help:
 	@echo "test          the full test suite (cargo test)"
 	@echo "lint          cargo fmt --check and clippy -D warnings"
 	@echo "doc           cargo doc with warnings as errors"
+	@echo "bench         ticketd vs Redis vs the limit server vs etcd (BENCH_SECONDS=3 for a quick run)"
 	@echo "vendor-check  cargo vendor, then build offline from it (with and without default features)"
 	@echo "example       run examples/step_server (a server stepped turn by turn)"
 	@echo "sim           cluster simulation over SEEDS seeds from FIRST (make sim SEEDS=500)"
+	@echo "bench-cluster 3-node cluster vs one etcd node, lock cycles/s (CLIENTS=50)"
 	@echo "sim-single    single-mode simulation over SEEDS fresh seeds (FIRST= to choose); part of sim"
 	@echo "clean         remove build output"
 	@echo "fuzz          run every cargo-fuzz target for FUZZ_SECONDS each (default 60)"
@@ -34,6 +36,9 @@ lint:
 
 doc:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --all-features
+
+bench:
+	bash bench/run.sh
 
 vendor-check:
 	./.ci/vendor-check
@@ -75,6 +80,14 @@ FIRST ?= 1
 sim: sim-single
 	SIM_SEEDS=$(SEEDS) SIM_FIRST=$(FIRST) $(CARGO) test --release --test cluster_sim many_seeds -- --nocapture
 
+# Lock cycles/s of a 3-node cluster (fsync on) against one etcd node, same
+# client count: `make bench-cluster CLIENTS=50 BENCH_SECONDS=10`.
+CLIENTS ?= 50
+BENCH_SECONDS ?= 10
+.PHONY: bench-cluster
+bench-cluster:
+	$(CARGO) build --release --bin ticketd --example cluster_bench
+	./target/release/examples/cluster_bench --clients $(CLIENTS) --seconds $(BENCH_SECONDS) --etcd
 # Single-mode simulation over SEEDS seeds: from FIRST when given on the
 # command line, else from a seed taken from the clock (printed).
 .PHONY: sim-single

@@ -5,6 +5,8 @@
 //! * An uncontended acquire + release on a fresh key, with a reused outbox:
 //!   allocations per cycle (only the stored key should allocate).
 //! * How long one sweep of the 1,000,000 keys takes.
+//! * How long disconnecting 10,000 connections that each have a waiter
+//!   takes (what a mass disconnect or a shutdown costs the loop).
 //!
 //! Two figures each: the bytes the engine asked the allocator for (counted by
 //! a global allocator wrapping the system one: exact, no allocator overhead),
@@ -223,8 +225,15 @@ fn waiters(distinct_conns: bool) {
     if distinct_conns {
         println!("  (worst case: every waiter on its own connection; the server caps connections, 10,000 by default)");
     }
+    // The target is for waiters that share connections; a connection of
+    // its own adds the connection's bookkeeping to its only waiter.
+    let target = if distinct_conns {
+        ""
+    } else {
+        " (target <= 64)"
+    };
     println!(
-        "  allocator: {:.1} bytes per waiter (target <= 64)",
+        "  allocator: {:.1} bytes per waiter{target}",
         per((b1 - b0) as isize, total)
     );
     if let Some(d) = rss_delta(r0, r1) {
@@ -299,6 +308,45 @@ fn hot_path() {
     );
 }
 
+/// 10,000 connections, each with one waiter, disconnect one after another:
+/// on 10,000 keys (one waiter each) and on 10 keys (1,000 waiters each).
+fn disconnects() {
+    const CONNS: u64 = 10_000;
+    for keys in [CONNS, 10] {
+        let limits = EngineLimits {
+            max_waiters: CONNS as usize,
+            max_waiters_per_key: CONNS as usize,
+            ..EngineLimits::default()
+        };
+        let mut e = Engine::new(limits, 1);
+        let mut out = Outbox::new();
+        let mut buf = [0u8; KEY_BYTES];
+        for k in 0..keys {
+            e.acquire(Millis(0), 0, acq(key(k, &mut buf), k, 0), &mut out);
+        }
+        for c in 1..=CONNS {
+            let req = Acquire {
+                wait_s: 255,
+                ..acq(key(c % keys, &mut buf), c, 0)
+            };
+            let got = e.acquire(Millis(0), c, req, &mut out);
+            assert!(matches!(got, AcquireOutcome::Queued(_)));
+        }
+        out.clear();
+        let started = Instant::now();
+        for c in 1..=CONNS {
+            e.disconnect(Millis(1), c, &mut out);
+        }
+        let took = started.elapsed();
+        assert_eq!(e.waiter_count(), 0);
+        println!(
+            "disconnect of {CONNS} connections with one waiter each, on {keys} keys: {:.1} ms ({:.2} us each)",
+            took.as_secs_f64() * 1e3,
+            took.as_secs_f64() * 1e6 / CONNS as f64
+        );
+    }
+}
+
 /// Each measurement runs in a fresh process of this same program, so one
 /// phase's freed memory (kept by malloc, still resident) cannot hide the
 /// next phase's growth in the RSS figure.
@@ -308,13 +356,20 @@ fn main() {
         Some("waiters") => waiters(false),
         Some("waiters-own-conn") => waiters(true),
         Some("hot-path") => hot_path(),
+        Some("disconnect") => disconnects(),
         Some(other) => {
             eprintln!("unknown phase {other:?}");
             std::process::exit(2);
         }
         None => {
             let me = std::env::current_exe().expect("path of this program");
-            for phase in ["keys", "waiters", "waiters-own-conn", "hot-path"] {
+            for phase in [
+                "keys",
+                "waiters",
+                "waiters-own-conn",
+                "hot-path",
+                "disconnect",
+            ] {
                 let status = std::process::Command::new(&me)
                     .arg(phase)
                     .status()

@@ -130,8 +130,10 @@ FLAGS (defaults in brackets):
     --max-key-bytes N          longest key in bytes, 1..=65536 [1024]
     --sweep-interval SECS      seconds between sweeps of expired keys [5]
     --max-frames-per-turn N    requests handled per connection per loop turn [128]
-    --out-soft-limit BYTES     unsent replies at which a connection is not read [65536]
-    --out-hard-limit BYTES     unsent replies at which a connection is closed [4194304]
+    --out-soft-limit BYTES     unsent replies at which a connection is not read
+                               [65536, or one reply with the longest key if more]
+    --out-hard-limit BYTES     unsent replies at which a connection is closed
+                               [4194304, or the soft limit plus one reply if more]
     --frame-timeout SECS       close a connection whose half-sent frame or unread
                                replies make no progress for this long; 0 = never [30]
     --data-dir DIR             keep the token high-water mark in DIR, so tokens
@@ -170,10 +172,17 @@ pub fn reject_leftovers(args: pico_args::Arguments) -> Result<(), ConfigError> {
     let rest = args.finish();
     match rest.first() {
         None => Ok(()),
-        Some(a) => Err(ConfigError(format!(
-            "unknown argument '{}'",
-            a.to_string_lossy()
-        ))),
+        Some(a) => {
+            let a = a.to_string_lossy();
+            // `--flag=value` is not accepted: say how to write it.
+            let hint = match a.split_once('=') {
+                Some((name, value)) if name.starts_with("--") => {
+                    format!(" (write the value after a space: {name} {value})")
+                }
+                _ => String::new(),
+            };
+            Err(ConfigError(format!("unknown argument '{a}'{hint}")))
+        }
     }
 }
 
@@ -182,13 +191,19 @@ fn flag<T>(
     name: &'static str,
     parse: fn(&str) -> Result<T, String>,
 ) -> Result<Option<T>, ConfigError> {
-    args.opt_value_from_fn(name, parse).map_err(|e| match e {
+    let value = args.opt_value_from_fn(name, parse).map_err(|e| match e {
         pico_args::Error::Utf8ArgumentParsingFailed { value, cause } => {
             ConfigError(format!("invalid value '{value}' for {name}: {cause}"))
         }
         pico_args::Error::OptionWithoutAValue(_) => ConfigError(format!("{name} needs a value")),
         other => ConfigError(format!("{name}: {other}")),
-    })
+    })?;
+    // A second occurrence would otherwise be left over and reported as an
+    // unknown argument, or silently lose to the first.
+    if value.is_some() && !matches!(args.opt_value_from_str::<_, String>(name), Ok(None)) {
+        return Err(ConfigError(format!("{name} is given more than once")));
+    }
+    Ok(value)
 }
 
 fn count(s: &str) -> Result<usize, String> {
@@ -211,6 +226,13 @@ fn address(s: &str) -> Result<SocketAddr, String> {
         .map_err(|e| format!("expected HOST:PORT ({e})"))?
         .next()
         .ok_or_else(|| "the name resolves to no address".to_string())
+}
+
+fn directory(s: &str) -> Result<PathBuf, String> {
+    if s.is_empty() {
+        return Err("expected a directory".into());
+    }
+    Ok(PathBuf::from(s))
 }
 
 fn level(s: &str) -> Result<LevelFilter, String> {
@@ -250,16 +272,25 @@ impl Config {
         if let Some(v) = flag(args, "--max-frames-per-turn", count)? {
             c.max_frames_per_turn = v;
         }
-        if let Some(v) = flag(args, "--out-soft-limit", count)? {
-            c.out_soft_limit_bytes = v;
+        // Output limits not given follow --max-key-bytes, so that every key
+        // length the help allows starts with the defaults.
+        let one_reply = limits::max_reply_frame(c.max_key_bytes);
+        match flag(args, "--out-soft-limit", count)? {
+            Some(v) => c.out_soft_limit_bytes = v,
+            None => c.out_soft_limit_bytes = c.out_soft_limit_bytes.max(one_reply),
         }
-        if let Some(v) = flag(args, "--out-hard-limit", count)? {
-            c.out_hard_limit_bytes = v;
+        match flag(args, "--out-hard-limit", count)? {
+            Some(v) => c.out_hard_limit_bytes = v,
+            None => {
+                c.out_hard_limit_bytes = c
+                    .out_hard_limit_bytes
+                    .max(c.out_soft_limit_bytes.saturating_add(one_reply));
+            }
         }
         if let Some(v) = flag(args, "--frame-timeout", seconds)? {
             c.frame_timeout = (v > 0).then(|| Duration::from_secs(v));
         }
-        if let Some(v) = flag(args, "--data-dir", |s| Ok::<_, String>(PathBuf::from(s)))? {
+        if let Some(v) = flag(args, "--data-dir", directory)? {
             c.data_dir = Some(v);
         }
         if let Some(v) = flag(args, "--log-level", level)? {
@@ -412,6 +443,64 @@ mod tests {
         assert!(e.0.contains("--out-soft-limit"), "{e}");
         let e = parse(&["--log-level", "loud"]).unwrap_err();
         assert!(e.0.contains("--log-level"), "{e}");
+    }
+
+    #[test]
+    fn a_flag_given_twice_is_named_as_such() {
+        for args in [
+            &["--listen", "127.0.0.1:0", "--listen", "127.0.0.1:1"][..],
+            &["--max-conns", "5", "--max-conns", "6"][..],
+            &["--max-conns", "5", "--max-conns"][..],
+            &["--data-dir", "/a", "--data-dir", "/b"][..],
+        ] {
+            let e = parse(args).unwrap_err();
+            assert!(
+                e.0.contains(args[0]) && e.0.contains("more than once"),
+                "{args:?}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_key_length_the_help_allows_starts_with_default_output_limits() {
+        for n in ["1", "1024", "65518", "65519", "65536"] {
+            let Ok(Parsed::Run(c)) = parse(&["--max-key-bytes", n]) else {
+                panic!("--max-key-bytes {n} should start");
+            };
+            assert!(c.out_soft_limit_bytes >= DEFAULT_OUT_SOFT_LIMIT_BYTES);
+            assert!(c.out_hard_limit_bytes >= DEFAULT_OUT_HARD_LIMIT_BYTES);
+        }
+        // Limits given explicitly are still checked against the key length.
+        let e = parse(&["--max-key-bytes", "65536", "--out-soft-limit", "65536"]).unwrap_err();
+        assert!(e.0.contains("--out-soft-limit"), "{e}");
+    }
+
+    #[test]
+    fn an_empty_data_dir_is_refused() {
+        let e = parse(&["--data-dir", ""]).unwrap_err();
+        assert!(e.0.contains("--data-dir"), "{e}");
+    }
+
+    #[test]
+    fn an_equals_sign_gets_a_hint() {
+        let e = parse(&["--max-conns=5"]).unwrap_err();
+        assert!(e.0.contains("--max-conns 5"), "{e}");
+    }
+
+    #[test]
+    fn ipv6_and_host_names_are_listen_addresses() {
+        let Ok(Parsed::Run(c)) = parse(&["--listen", "[::1]:0"]) else {
+            panic!("[::1]:0 should parse");
+        };
+        assert!(c.listen.is_ipv6() && c.listen.ip().is_loopback());
+        let Ok(Parsed::Run(c)) = parse(&["--listen", "localhost:7"]) else {
+            panic!("localhost:7 should parse");
+        };
+        assert!(c.listen.ip().is_loopback() && c.listen.port() == 7);
+        for bad in ["[::1]", "127.0.0.1", "127.0.0.1:65536", ":0", ""] {
+            let e = parse(&["--listen", bad]).unwrap_err();
+            assert!(e.0.contains("--listen"), "{bad:?}: {e}");
+        }
     }
 
     #[test]

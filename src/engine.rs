@@ -20,14 +20,15 @@
 //!
 //! # The deadline index
 //!
-//! `BTreeMap<(deadline, seq), key>` holds one live entry per key that has
+//! `BTreeMap<(deadline, seq), key>` holds exactly one entry per key that has
 //! waiters, at or before the earliest moment anything can happen to that key
-//! (its lease running out or one of its waiters giving up). The live entry is
-//! the one whose deadline equals the queue's `timer_at`; older entries are
-//! stale and skipped when they come due, so nothing is ever searched for and
-//! removed. An entry may be early (after a takeover, a handover, a disconnect
-//! or a wait timeout it is kept rather than moved): it then fires, finds
-//! nothing due, and is moved to the exact moment. It is never late.
+//! (its lease running out or one of its waiters giving up). The queue records
+//! its entry's `(timer_at, timer_seq)`, so moving the entry or dropping it
+//! with the queue is a direct removal: the index never holds entries of keys
+//! that moved on, whatever the request rate. An entry may be early (after a
+//! takeover, a handover, a disconnect or a wait timeout it is kept rather
+//! than moved): it then fires, finds nothing due, and is moved to the exact
+//! moment. It is never late.
 //! [`Engine::tick`] processes the keys that are due in key order, so the
 //! replies and tokens of one tick depend only on the lock state.
 //!
@@ -42,21 +43,26 @@
 //!   the boxed key (16) and a 16-byte slot (token, expiry), plus a control
 //!   byte, in a table kept at most 7/8 full. Keys without waiters have no
 //!   other allocation.
-//! * **Waiter: 33 bytes** at 1,000 keys x 1,000 waiters from 1,000
+//! * **Waiter: 49 bytes** at 1,000 keys x 1,000 waiters from 1,000
 //!   connections: a waiter is 32 bytes in its key's `VecDeque` (the lease
-//!   shares a word with the waiter id). A `VecDeque` doubles as it grows, so a
-//!   queue just past a power of two costs up to 64 bytes per waiter. Each
-//!   connection that has waiters adds one entry (~36 bytes) to the
-//!   per-connection count, so 1,000,000 waiters each on its own connection
-//!   cost 69 bytes each (the server caps connections, 10,000 by default).
-//!   Each key with waiters adds a queue (a shared copy of the key, ~60 bytes)
-//!   and its timer entries.
+//!   shares a word with the waiter id; the connection is a 4-byte index)
+//!   plus a 16-byte entry in its connection's list of the keys it waits on
+//!   (a shared copy of the queue's key), which lets a disconnect visit only
+//!   that connection's queues. Both are vectors that double as they grow,
+//!   so just past a power of two a waiter costs up to 32 bytes more. Each
+//!   connection that has waiters adds an index entry, a table entry and its
+//!   list (~95 bytes), so 1,000,000 waiters each on its own connection cost
+//!   127 bytes each (the server caps connections, 10,000 by default). Each
+//!   key with waiters adds a queue (a shared copy of the key, ~60 bytes) and
+//!   its timer entries.
 //! * **Hot path:** an uncontended acquire + release of a fresh key allocates
 //!   once (the stored key); T, N, a tick with nothing due and a disconnect
 //!   without waiters do not allocate; a reused [`Outbox`] stops allocating
 //!   after warm-up (`tests/engine_alloc.rs`). The contended path allocates a
 //!   queue when a key gets its first waiter (the shared key and the
-//!   `VecDeque` buffer) and, now and then, a B-tree node for a timer.
+//!   `VecDeque` buffer) and, now and then, a B-tree node for a timer; the
+//!   list of a connection that gets its first waiter is reused from earlier
+//!   ones once warm.
 //!
 //! # Known caveats
 //!
@@ -67,13 +73,14 @@
 //!   ~35 ms to scan and delete one, ~0.7 s to delete all of them (release
 //!   build on a busy 2-core machine). With many keys and short leases the
 //!   loop stalls that long every interval.
-//! * [`Engine::disconnect`] of a connection that has waiters is O(keys with
-//!   waiters + their waiters); without waiters it is O(1).
+//! * [`Engine::disconnect`] of a connection that has waiters is O(its
+//!   waiters + the length of the queues they are in); without waiters it is
+//!   O(1). `make engine-memory` times 10,000 disconnects of connections with
+//!   one waiter each: ~12 ms when each waits on its own key, ~75 ms when
+//!   they share 10 keys (1,000-long queues).
 //! * [`Engine::wait_timeout`] is O(waiters of the key); a tick that processes
 //!   a key is O(waiters of that key); a release or handover is O(1) unless a
 //!   waiter's timer is overdue.
-//! * Stale timer entries (and the shared key they hold) stay in the index
-//!   until their deadline, at most 255 s after they were made.
 //! * An acquire that would queue counts waiters whose wait ran out but whose
 //!   timer has not been processed yet against the queue limits (they leave
 //!   at the next tick, release or expiry of their key).
@@ -256,10 +263,13 @@ const WAITER_ID_LIMIT: u64 = 1 << 56;
 #[derive(Debug)]
 struct Waiter {
     owner: u64,
-    conn: ConnId,
     wait_deadline: Millis,
     /// `id << 8 | lease_s`.
     id_lease: u64,
+    /// Index of its connection in [`ConnTable::conns`].
+    conn: u32,
+    /// Index of its entry in that connection's [`ConnWaiters::slots`].
+    slot: u32,
 }
 
 impl Waiter {
@@ -272,22 +282,132 @@ impl Waiter {
     }
 }
 
+/// No slot: the end of a free list in [`ConnWaiters::slots`].
+const NO_SLOT: u32 = u32::MAX;
+
+/// Waiter and connection indices are `u32`: queued acquires beyond this are
+/// answered Busy whatever `max_waiters` says, so no index can overflow.
+const WAITERS_CEILING: usize = (u32::MAX - 1) as usize;
+
+/// Emptied slot lists kept for reuse, and the largest one kept: a connection
+/// that queues now and then does not allocate once the engine is warm.
+const SPARE_SLOT_LISTS: usize = 64;
+const SPARE_SLOTS_MAX_LEN: usize = 64;
+
+/// One entry of a connection's waiter list: 16 bytes.
+#[derive(Debug)]
+enum ConnSlot {
+    /// A waiter of the connection is queued on this key (the queue's own
+    /// shared copy of the key).
+    Queued(Arc<str>),
+    /// Vacant; the next vacant entry, or [`NO_SLOT`].
+    Free(u32),
+}
+
+/// The waiters of one connection, so that a disconnect visits only the
+/// queues it is in. Exists while the connection has waiters.
+#[derive(Debug)]
+struct ConnWaiters {
+    id: ConnId,
+    /// The key of each of the connection's waiters, at the index that waiter
+    /// records in [`Waiter::slot`]. Entries never move while in use.
+    slots: Vec<ConnSlot>,
+    /// Head of the free list in `slots`, or [`NO_SLOT`].
+    free: u32,
+    /// Waiters of this connection (the `Queued` entries of `slots`).
+    count: u32,
+}
+
+/// The connections that have waiters. A waiter names its connection by its
+/// index here (4 bytes, not the 8 of a [`ConnId`]), which keeps a waiter at
+/// 32 bytes with its slot index beside it.
+#[derive(Debug, Default)]
+struct ConnTable {
+    index: HashMap<ConnId, u32>,
+    conns: slab::Slab<ConnWaiters>,
+    spare: Vec<Vec<ConnSlot>>,
+}
+
+impl ConnTable {
+    /// Records a waiter of `conn` on `key`: its connection index and slot.
+    /// The caller keeps the number of waiters at most [`WAITERS_CEILING`], so
+    /// neither index can reach [`NO_SLOT`].
+    fn add(&mut self, conn: ConnId, key: Arc<str>) -> (u32, u32) {
+        let idx = match self.index.get(&conn) {
+            Some(&i) => i,
+            None => {
+                let slots = self.spare.pop().unwrap_or_else(|| Vec::with_capacity(1));
+                let i = self.conns.insert(ConnWaiters {
+                    id: conn,
+                    slots,
+                    free: NO_SLOT,
+                    count: 0,
+                });
+                let i = u32::try_from(i).expect("connections with waiters < WAITERS_CEILING");
+                self.index.insert(conn, i);
+                i
+            }
+        };
+        let cw = &mut self.conns[idx as usize];
+        let slot = if cw.free == NO_SLOT {
+            cw.slots.push(ConnSlot::Queued(key));
+            u32::try_from(cw.slots.len() - 1).expect("waiters < WAITERS_CEILING")
+        } else {
+            let s = cw.free;
+            let entry = std::mem::replace(&mut cw.slots[s as usize], ConnSlot::Queued(key));
+            let ConnSlot::Free(next) = entry else {
+                unreachable!("the free list holds only free entries")
+            };
+            cw.free = next;
+            s
+        };
+        cw.count += 1;
+        (idx, slot)
+    }
+
+    /// Forgets the waiter at (`idx`, `slot`) and returns its connection's id.
+    /// The connection's entry goes when its last waiter does.
+    fn remove(&mut self, idx: u32, slot: u32) -> ConnId {
+        let cw = &mut self.conns[idx as usize];
+        cw.slots[slot as usize] = ConnSlot::Free(cw.free);
+        cw.free = slot;
+        cw.count -= 1;
+        let id = cw.id;
+        if cw.count == 0 {
+            let cw = self.conns.remove(idx as usize);
+            self.index.remove(&id);
+            self.recycle(cw.slots);
+        }
+        id
+    }
+
+    fn recycle(&mut self, mut slots: Vec<ConnSlot>) {
+        if self.spare.len() < SPARE_SLOT_LISTS && slots.capacity() <= SPARE_SLOTS_MAX_LEN {
+            slots.clear();
+            self.spare.push(slots);
+        }
+    }
+}
+
 /// The wait queue of a key that has waiters. A key without waiters has none.
 #[derive(Debug)]
 struct Queue {
     waiters: VecDeque<Waiter>,
-    /// Deadline of this key's live entry in the deadline index, or NEVER
-    /// while `tick` is processing it. Never later than the first moment
-    /// something is due for the key (its holder's expiry, a waiter's
-    /// deadline); it may be earlier, and then the entry fires early and
-    /// `tick` reschedules it.
+    /// Deadline of this key's entry in the deadline index, or NEVER while
+    /// it has none (`tick` is processing it, or replicated mode). Never later
+    /// than the first moment something is due for the key (its holder's
+    /// expiry, a waiter's deadline); it may be earlier, and then the entry
+    /// fires early and `tick` reschedules it.
     timer_at: Millis,
+    /// Sequence number of that entry: with `timer_at`, its index key.
+    timer_seq: u64,
 }
 
 /// A registered key: 16 bytes beside the key in the hash table.
 #[derive(Debug)]
 struct Slot {
     token: u64,
+    /// The first millisecond at which the lease is over (see `lease_end`).
     expires_at: Millis,
 }
 
@@ -307,7 +427,8 @@ pub struct Engine {
     token_ceiling: u64,
     next_waiter: WaiterId,
     waiters_total: usize,
-    waiters_by_conn: HashMap<ConnId, u32>,
+    /// Where each connection's waiters are queued.
+    conn_table: ConnTable,
     next_sweep: Millis,
     /// No registered key's lease ends before this (a lower bound, lowered
     /// by every grant, recomputed by every sweep scan). Lets the sweep skip
@@ -335,7 +456,7 @@ impl Engine {
             token_ceiling: u64::MAX,
             next_waiter: 1,
             waiters_total: 0,
-            waiters_by_conn: HashMap::new(),
+            conn_table: ConnTable::default(),
             next_sweep,
             expiry_floor: Millis::NEVER,
             due_scratch: Vec::new(),
@@ -435,6 +556,16 @@ impl Engine {
         }
     }
 
+    /// The first millisecond at which a lease granted at `now` is over: one
+    /// past `now + lease`. The caller's clock is read in whole milliseconds
+    /// (truncated), so `now` may be up to 1 ms earlier than the moment the
+    /// client wrote its request; ending the lease only once `now + lease` is
+    /// *past* (SPEC §2.4: "a key past its expiry") keeps the server's lease
+    /// from ending before the client's conservative expiry (SPEC §3).
+    fn lease_end(&self, now: Millis, lease_s: u8) -> Millis {
+        self.deadline(now, lease_s).add_ms(1)
+    }
+
     /// Handles one decoded request: [`Engine::acquire`] or [`Engine::release`].
     pub fn handle(&mut self, now: Millis, conn: ConnId, req: Request<'_>, out: &mut Outbox) {
         match req {
@@ -477,7 +608,7 @@ impl Engine {
             lease_s,
         } = req;
         let lease_s = lease_s.max(1);
-        let expires_at = self.deadline(now, lease_s);
+        let expires_at = self.lease_end(now, lease_s);
         let Some(slot) = self.keys.get(key) else {
             if self.keys.len() >= self.limits.max_keys || self.tokens_exhausted() {
                 out.push(conn, Reply::Busy { owner, key }, 0);
@@ -513,6 +644,7 @@ impl Engine {
         let queued = self.queues.get(key).map_or(0, |q| q.waiters.len());
         if queued >= self.limits.max_waiters_per_key
             || self.waiters_total >= self.limits.max_waiters
+            || self.waiters_total >= WAITERS_CEILING
         {
             out.push(conn, Reply::Busy { owner, key }, 0);
             return AcquireOutcome::Busy;
@@ -520,47 +652,68 @@ impl Engine {
         let id = self.next_waiter;
         self.next_waiter = if id + 1 >= WAITER_ID_LIMIT { 1 } else { id + 1 };
         let wait_deadline = self.deadline(now, wait_s);
-        let waiter = Waiter {
-            owner,
-            conn,
-            wait_deadline,
-            id_lease: id << 8 | u64::from(lease_s),
-        };
         if !self.queues.contains_key(key) {
             self.queues.insert(
                 Arc::from(key),
                 Queue {
                     waiters: VecDeque::new(),
                     timer_at: Millis::NEVER,
+                    timer_seq: 0,
                 },
             );
         }
+        let (name, _) = self
+            .queues
+            .get_key_value(key)
+            .expect("queue inserted above");
+        let (conn_idx, slot) = self.conn_table.add(conn, Arc::clone(name));
+        let waiter = Waiter {
+            owner,
+            wait_deadline,
+            id_lease: id << 8 | u64::from(lease_s),
+            conn: conn_idx,
+            slot,
+        };
         let queue = self.queues.get_mut(key).expect("queue inserted above");
         queue.waiters.push_back(waiter);
         let due = wait_deadline.min(holder_expiry);
         if due < queue.timer_at {
-            queue.timer_at = due;
-            self.schedule_key(due, key);
+            self.set_timer(key, due);
         }
         self.waiters_total += 1;
-        *self.waiters_by_conn.entry(conn).or_insert(0) += 1;
         AcquireOutcome::Queued(id)
     }
 
-    /// Schedules `key`'s queue's timer entry, sharing the queue's key.
-    fn schedule_key(&mut self, at: Millis, key: &str) {
-        if let Some((name, _)) = self.queues.get_key_value(key) {
-            let name = Arc::clone(name);
-            self.schedule(at, name);
+    /// Moves the timer entry of `key`'s queue to `at` (NEVER: removes it).
+    /// The entry shares the queue's copy of the key.
+    fn set_timer(&mut self, key: &str, at: Millis) {
+        let Some((name, q)) = self.queues.get_key_value(key) else {
+            return;
+        };
+        let old = (q.timer_at, q.timer_seq);
+        let name = Arc::clone(name);
+        if old.0 != Millis::NEVER {
+            self.timers.remove(&old);
+        }
+        let mut seq = 0;
+        if at != Millis::NEVER {
+            self.timer_seq += 1;
+            seq = self.timer_seq;
+            self.timers.insert((at, seq), name);
+        }
+        if let Some(q) = self.queues.get_mut(key) {
+            q.timer_at = at;
+            q.timer_seq = seq;
         }
     }
 
-    fn schedule(&mut self, at: Millis, key: Arc<str>) {
-        if at == Millis::NEVER {
-            return;
+    /// Drops `key`'s queue and its timer entry.
+    fn drop_queue(&mut self, key: &str) {
+        if let Some(q) = self.queues.remove(key) {
+            if q.timer_at != Millis::NEVER {
+                self.timers.remove(&(q.timer_at, q.timer_seq));
+            }
         }
-        self.timer_seq += 1;
-        self.timers.insert((at, self.timer_seq), key);
     }
 
     /// SPEC §2.2. Returns true when the release took effect (`R`).
@@ -619,17 +772,17 @@ impl Engine {
         };
         let w = queue.waiters.remove(pos).expect("position is in range");
         let emptied = queue.waiters.is_empty();
+        let conn = self.forget_waiter(&w);
         out.push(
-            w.conn,
+            conn,
             Reply::Timeout {
                 owner: w.owner,
                 key,
             },
             0,
         );
-        self.forget_waiter(w.conn);
         if emptied {
-            self.queues.remove(key);
+            self.drop_queue(key);
         }
         true
     }
@@ -637,31 +790,55 @@ impl Engine {
     /// Cancels every acquire `conn` has queued, with no reply (the connection
     /// is gone). What `conn` holds stays held until released or expired.
     ///
-    /// O(keys with waiters) when `conn` has waiters, O(1) otherwise.
+    /// O(1) when `conn` has no waiters; otherwise it visits only the queues
+    /// `conn` is in: O(its waiters + the length of those queues).
     pub fn disconnect(&mut self, now: Millis, conn: ConnId, out: &mut Outbox) {
         let _ = (now, out);
-        let Some(mine) = self.waiters_by_conn.remove(&conn) else {
+        let Some(idx) = self.conn_table.index.remove(&conn) else {
             return;
         };
-        let mut removed = 0usize;
-        self.queues.retain(|_, q| {
-            let before = q.waiters.len();
-            q.waiters.retain(|w| w.conn != conn);
-            removed += before - q.waiters.len();
-            !q.waiters.is_empty()
+        let ConnWaiters {
+            slots: mut keys,
+            count,
+            ..
+        } = self.conn_table.conns.remove(idx as usize);
+        // Several waiters on one key share the queue's copy of the key:
+        // visit each queue once.
+        keys.retain(|s| matches!(s, ConnSlot::Queued(_)));
+        keys.sort_unstable_by_key(|s| match s {
+            ConnSlot::Queued(k) => Arc::as_ptr(k).cast::<u8>() as usize,
+            ConnSlot::Free(_) => 0,
         });
-        debug_assert_eq!(removed, mine as usize, "per-connection count drifted");
-        self.waiters_total -= removed;
-    }
-
-    fn forget_waiter(&mut self, conn: ConnId) {
-        self.waiters_total -= 1;
-        if let Some(n) = self.waiters_by_conn.get_mut(&conn) {
-            *n -= 1;
-            if *n == 0 {
-                self.waiters_by_conn.remove(&conn);
+        keys.dedup_by(|a, b| match (a, b) {
+            (ConnSlot::Queued(a), ConnSlot::Queued(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        });
+        let mut removed = 0usize;
+        for entry in keys.drain(..) {
+            let ConnSlot::Queued(key) = entry else {
+                continue;
+            };
+            let Some(q) = self.queues.get_mut(&*key) else {
+                continue;
+            };
+            let before = q.waiters.len();
+            // The index is this connection's until the table reuses it,
+            // which it cannot before this call returns.
+            q.waiters.retain(|w| w.conn != idx);
+            removed += before - q.waiters.len();
+            if q.waiters.is_empty() {
+                self.drop_queue(&key);
             }
         }
+        debug_assert_eq!(removed, count as usize, "per-connection count drifted");
+        self.waiters_total -= removed;
+        self.conn_table.recycle(keys);
+    }
+
+    /// Forgets a waiter taken out of its queue; returns its connection.
+    fn forget_waiter(&mut self, w: &Waiter) -> ConnId {
+        self.waiters_total -= 1;
+        self.conn_table.remove(w.conn, w.slot)
     }
 
     /// Answers with Timeout every waiter of `key` whose wait ran out by `now`
@@ -672,25 +849,20 @@ impl Engine {
             return;
         };
         let mut gone = 0usize;
-        let by_conn = &mut self.waiters_by_conn;
+        let conns = &mut self.conn_table;
         queue.waiters.retain(|w| {
             let leaving = all || w.wait_deadline <= now;
             if leaving {
                 gone += 1;
+                let conn = conns.remove(w.conn, w.slot);
                 out.push(
-                    w.conn,
+                    conn,
                     Reply::Timeout {
                         owner: w.owner,
                         key,
                     },
                     0,
                 );
-                if let Some(n) = by_conn.get_mut(&w.conn) {
-                    *n -= 1;
-                    if *n == 0 {
-                        by_conn.remove(&w.conn);
-                    }
-                }
             }
             !leaving
         });
@@ -714,14 +886,14 @@ impl Engine {
         }
         let head = self.queues.get_mut(key).and_then(|q| q.waiters.pop_front());
         let Some(w) = head else {
-            self.queues.remove(key);
+            self.drop_queue(key);
             self.keys.remove(key);
             return;
         };
-        self.forget_waiter(w.conn);
+        let conn = self.forget_waiter(&w);
         let token = self.issue_token();
         let lease_s = w.lease_s();
-        let expires_at = self.deadline(now, lease_s);
+        let expires_at = self.lease_end(now, lease_s);
         let slot = self
             .keys
             .get_mut(key)
@@ -730,7 +902,7 @@ impl Engine {
         slot.expires_at = expires_at;
         self.expiry_floor = self.expiry_floor.min(expires_at);
         out.push(
-            w.conn,
+            conn,
             Reply::Acquired {
                 token,
                 owner: w.owner,
@@ -746,11 +918,11 @@ impl Engine {
     /// early entry (O(1)); computes the exact moment (O(waiters)) only when
     /// the key has no entry, that is inside `tick`.
     fn reschedule(&mut self, key: &str) {
-        let Some((name, queue)) = self.queues.get_key_value(key) else {
+        let Some(queue) = self.queues.get(key) else {
             return;
         };
         if queue.waiters.is_empty() {
-            self.queues.remove(key);
+            self.drop_queue(key);
             return;
         }
         if !self.clocked {
@@ -769,11 +941,7 @@ impl Engine {
             queue.timer_at.min(holder_expiry)
         };
         if due != queue.timer_at {
-            let name = Arc::clone(name);
-            if let Some(q) = self.queues.get_mut(key) {
-                q.timer_at = due;
-            }
-            self.schedule(due, name);
+            self.set_timer(key, due);
         }
     }
 
@@ -792,15 +960,15 @@ impl Engine {
         // order is correct; a canonical one is checkable against a model.
         let mut due = std::mem::take(&mut self.due_scratch);
         while let Some(entry) = self.timers.first_entry() {
-            let (at, _) = *entry.key();
+            let (at, seq) = *entry.key();
             if at > now {
                 break;
             }
             let key = entry.remove();
             if let Some(q) = self.queues.get_mut(&*key) {
-                // Only the entry matching `timer_at` is live; older ones are
-                // stale (the key moved on since they were made).
-                if q.timer_at == at {
+                // Entries are removed when they move, so this is the
+                // queue's own; checked anyway rather than trusted.
+                if (q.timer_at, q.timer_seq) == (at, seq) {
                     q.timer_at = Millis::NEVER;
                     due.push(key);
                 }
@@ -859,7 +1027,8 @@ impl Engine {
     /// the first one broken. For tests and fuzzing; O(keys + waiters × timers).
     pub fn check_invariants(&self) {
         let mut total = 0usize;
-        let mut by_conn: HashMap<ConnId, u32> = HashMap::new();
+        let mut by_conn: HashMap<u32, u32> = HashMap::new();
+        let mut seen_slots = std::collections::HashSet::new();
         for (key, slot) in &self.keys {
             assert!(
                 slot.token < self.next_token,
@@ -888,9 +1057,9 @@ impl Engine {
             if self.clocked {
                 assert!(
                     self.timers
-                        .iter()
-                        .any(|(&(at, _), k)| at == q.timer_at && **k == **key),
-                    "{key:?} has waiters but no live timer"
+                        .get(&(q.timer_at, q.timer_seq))
+                        .is_some_and(|k| Arc::ptr_eq(k, key)),
+                    "{key:?} has waiters but no timer"
                 );
                 let first_due = q
                     .waiters
@@ -909,13 +1078,68 @@ impl Engine {
                 total += 1;
                 *by_conn.entry(w.conn).or_insert(0) += 1;
                 assert!(w.lease_s() > 0, "waiter on {key:?} with lease 0");
+                assert!(
+                    seen_slots.insert((w.conn, w.slot)),
+                    "two waiters share connection slot {}/{}",
+                    w.conn,
+                    w.slot
+                );
+                let cw = self
+                    .conn_table
+                    .conns
+                    .get(w.conn as usize)
+                    .unwrap_or_else(|| panic!("waiter on {key:?} names no connection"));
+                match cw.slots.get(w.slot as usize) {
+                    Some(ConnSlot::Queued(k)) if Arc::ptr_eq(k, key) => {}
+                    other => panic!("waiter on {key:?} recorded as {other:?}"),
+                }
             }
         }
         assert_eq!(total, self.waiters_total, "waiter count drifted");
+        let queues_with_timers = if self.clocked { self.queues.len() } else { 0 };
         assert_eq!(
-            by_conn, self.waiters_by_conn,
-            "per-connection waiter counts drifted"
+            self.timers.len(),
+            queues_with_timers,
+            "timer entries of keys without waiters, or two for one key"
         );
+        assert_eq!(
+            self.conn_table.index.len(),
+            self.conn_table.conns.len(),
+            "connection index and table differ"
+        );
+        for (i, cw) in &self.conn_table.conns {
+            let i = u32::try_from(i).expect("index fits");
+            assert_eq!(
+                self.conn_table.index.get(&cw.id),
+                Some(&i),
+                "connection {} not indexed",
+                cw.id
+            );
+            assert!(cw.count > 0, "connection {} kept without waiters", cw.id);
+            assert_eq!(
+                by_conn.get(&i).copied().unwrap_or(0),
+                cw.count,
+                "per-connection waiter count of {} drifted",
+                cw.id
+            );
+            let queued = cw
+                .slots
+                .iter()
+                .filter(|s| matches!(s, ConnSlot::Queued(_)))
+                .count();
+            assert_eq!(queued, cw.count as usize, "slots of {} drifted", cw.id);
+            let mut free = 0usize;
+            let mut at = cw.free;
+            while at != NO_SLOT {
+                free += 1;
+                assert!(free <= cw.slots.len(), "free list of {} loops", cw.id);
+                match cw.slots.get(at as usize) {
+                    Some(ConnSlot::Free(next)) => at = *next,
+                    other => panic!("free list of {} reaches {other:?}", cw.id),
+                }
+            }
+            assert_eq!(free + queued, cw.slots.len(), "lost slots in {}", cw.id);
+        }
         assert!(
             self.waiters_total <= self.limits.max_waiters,
             "over max_waiters"
@@ -970,9 +1194,13 @@ mod tests {
         assert_eq!(r.len(), 2);
         assert_eq!(r[1].0, 2, "head waiter gets the key");
         e.check_invariants();
-        // owner 20 holds with a 3 s lease from t0; owner 30 waits until t0+60s.
-        assert_eq!(e.next_deadline(), Some(t0.add_secs(3)));
+        // owner 20 holds with a 3 s lease from t0, over once t0 + 3 s is
+        // past; owner 30 waits until t0 + 60 s.
+        let lease_over = t0.add_secs(3).add_ms(1);
+        assert_eq!(e.next_deadline(), Some(lease_over));
         e.tick(t0.add_secs(3), &mut out);
+        assert!(out.is_empty(), "not yet past the expiry");
+        e.tick(lease_over, &mut out);
         let r = replies(&mut out);
         assert_eq!(
             r,
@@ -989,11 +1217,13 @@ mod tests {
     fn slots_are_16_bytes_and_waiters_32() {
         assert_eq!(std::mem::size_of::<Slot>(), 16);
         assert_eq!(std::mem::size_of::<Waiter>(), 32);
+        assert_eq!(std::mem::size_of::<ConnSlot>(), 16);
         let w = Waiter {
             owner: 1,
-            conn: 2,
             wait_deadline: Millis(3),
             id_lease: (WAITER_ID_LIMIT - 1) << 8 | 255,
+            conn: 2,
+            slot: 4,
         };
         assert_eq!((w.id(), w.lease_s()), (WAITER_ID_LIMIT - 1, 255));
     }

@@ -33,6 +33,7 @@
 //! async runtime anywhere.
 #![warn(missing_docs)]
 
+pub mod bench;
 pub mod checker;
 pub mod client;
 #[cfg(feature = "cluster")]

@@ -345,3 +345,86 @@ fn ctrl_c_while_waiting_for_the_lock_ends_ticket_at_once() {
     assert_eq!(st.signal(), Some(libc::SIGINT));
     assert!(start.elapsed() < Duration::from_secs(1));
 }
+
+#[test]
+fn a_token_that_cannot_be_printed_is_released_again() {
+    let server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    // A stdout pipe nobody reads: writing the token fails with EPIPE.
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe(2) fills the two-element array we pass.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both descriptors were just created and are owned only here.
+    let (read_end, write_end) = unsafe {
+        use std::os::fd::{FromRawFd, OwnedFd};
+        (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
+    };
+    drop(read_end);
+    let o = Command::new(env!("CARGO_BIN_EXE_ticket"))
+        .args(["acquire", "unprinted", "--server", &addr])
+        .stdout(write_end)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+        .wait_with_output()
+        .unwrap();
+    assert_eq!(status(&o), 125, "{}", stderr(&o));
+    assert!(stderr(&o).contains("released"), "{}", stderr(&o));
+    assert_eq!(
+        status(&ticket(&[
+            "acquire",
+            "unprinted",
+            "--wait",
+            "0",
+            "--server",
+            &addr
+        ])),
+        0
+    );
+}
+
+/// `ticket bench` is the load generator: it runs a short cycle load against
+/// a real server and reports what it measured, and rejects bad flags with
+/// the usage status.
+#[test]
+fn bench_measures_a_real_server_and_rejects_bad_flags() {
+    let server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    let o = ticket(&[
+        "bench",
+        "--server",
+        &addr,
+        "--mode",
+        "cycle",
+        "--connections",
+        "2",
+        "--depth",
+        "4",
+        "--duration",
+        "0.5",
+        "--warmup",
+        "0",
+        "--json",
+    ]);
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    let json = stdout(&o);
+    assert!(json.contains("\"backend\":\"ticketd\""), "{json}");
+    assert!(json.contains("\"mode\":\"cycle\""), "{json}");
+    // Grants really happened, and every one was released (cycle mode).
+    let field = |name: &str| -> u64 {
+        let at = json.find(&format!("\"{name}\":")).expect(name) + name.len() + 3;
+        json[at..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .and_then(|n| n.parse().ok())
+            .expect(name)
+    };
+    assert!(field("grants") > 0, "{json}");
+    assert_eq!(field("not_released"), 0, "{json}");
+    let o = ticket(&["bench", "--backend", "zk"]);
+    assert_eq!(status(&o), 64);
+    assert!(stderr(&o).contains("unknown backend"), "{}", stderr(&o));
+    let o = ticket(&["help", "bench"]);
+    assert_eq!(status(&o), 0);
+    assert!(stdout(&o).contains("--backend"));
+}

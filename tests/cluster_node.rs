@@ -39,7 +39,7 @@ fn settle(node: &mut Node<FileDisk>, now: &mut Millis) {
     let mut out = Outbox::new();
     for _ in 0..100 {
         *now = now.add_ms(100);
-        node.tick(*now);
+        node.tick(*now, &mut out);
         node.end_turn(*now, &mut out).unwrap();
         if node.is_leader() && node.timers_ready() {
             return;
@@ -58,7 +58,7 @@ fn ask(node: &mut Node<FileDisk>, now: &mut Millis, req: Request<'_>) -> String 
         }
         node.end_turn(*now, &mut out).unwrap();
         *now = now.add_ms(10);
-        node.tick(*now);
+        node.tick(*now, &mut out);
     }
     panic!("no answer");
 }
@@ -186,6 +186,46 @@ fn compaction_snapshots_and_recovers_from_the_snapshot() {
     settle(&mut node, &mut now);
     assert_eq!(node.state_machine().holder("kept"), Some(kept));
     node.state_machine().check();
+}
+
+#[test]
+fn a_full_backlog_is_answered_busy_at_once() {
+    let dir = TempDir::new("node-backlog");
+    let mut now = Millis(0);
+    let mut cfg = NodeConfig::new(1, vec![1]);
+    cfg.max_pending = 3;
+    let mut node = Node::open(cfg, FileDisk::open(&dir.0).unwrap(), &quiet_logger()).unwrap();
+    settle(&mut node, &mut now);
+    let mut out = Outbox::new();
+    for owner in 0..5 {
+        let key = format!("k{owner}");
+        node.request(
+            now,
+            9,
+            Request::Acquire {
+                wait_s: 0,
+                lease_s: 5,
+                owner,
+                key: &key,
+            },
+            &mut out,
+        );
+    }
+    // Three proposed (answered after commit), two refused now.
+    let now_answers: Vec<String> = out.iter().map(|a| format!("{:?}", a.reply)).collect();
+    assert_eq!(now_answers.len(), 2, "{now_answers:?}");
+    assert!(
+        now_answers.iter().all(|r| r.starts_with("Busy")),
+        "{now_answers:?}"
+    );
+    out.clear();
+    node.end_turn(now, &mut out).unwrap();
+    node.tick(now, &mut out);
+    node.end_turn(now, &mut out).unwrap();
+    let later: Vec<String> = out.iter().map(|a| format!("{:?}", a.reply)).collect();
+    assert_eq!(later.len(), 3, "{later:?}");
+    assert!(later.iter().all(|r| r.starts_with("Acquired")), "{later:?}");
+    assert_eq!(node.stats().refused, 2);
 }
 
 #[test]

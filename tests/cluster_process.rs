@@ -385,3 +385,47 @@ fn wiped_data_dir_and_wrong_voters_are_refused() {
         node.log()
     );
 }
+
+#[test]
+fn garbage_on_the_peer_port_changes_nothing() {
+    let cluster = Cluster::start("garbage", 3);
+    let mut a = cluster.client(0);
+    let t1 = acquire_retrying(&mut a, "g", 1, 0, 30).token();
+    let peer1: std::net::SocketAddr = cluster.peers.split(',').next().unwrap()[2..]
+        .parse()
+        .unwrap();
+    let hello_of_another_cluster = {
+        let mut h = Vec::new();
+        h.extend_from_slice(&53u32.to_be_bytes());
+        h.extend_from_slice(b"TKTD\x01");
+        for v in [1u64, 2, 2, 9, 1, 0] {
+            h.extend_from_slice(&v.to_be_bytes());
+        }
+        h
+    };
+    let attempts: Vec<Vec<u8>> = vec![
+        b"GET / HTTP/1.0\r\n\r\n".to_vec(),
+        vec![0xff; 64],
+        u32::MAX.to_be_bytes().to_vec(),
+        hello_of_another_cluster,
+        vec![0, 0, 0, 53],
+    ];
+    for bytes in attempts {
+        let mut s = std::net::TcpStream::connect(peer1).unwrap();
+        use std::io::{Read, Write};
+        s.write_all(&bytes).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        let mut b = [0u8; 16];
+        // Closed by the node (EOF or reset), or left waiting for more of
+        // an incomplete hello; never a crash.
+        let _ = s.read(&mut b);
+    }
+    // The node is still up and the cluster still serves.
+    let mut b = cluster.client(1);
+    assert!(matches!(
+        acquire_retrying(&mut b, "g", 2, 0, 30),
+        Reply::Timeout { .. }
+    ));
+    assert!(matches!(a.release_reply("g", t1), Reply::Released { .. }));
+    assert!(cluster.node(0).log().contains("peer connection from"));
+}

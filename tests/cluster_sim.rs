@@ -11,9 +11,13 @@ use ticketd::cluster::sim::{run, SimConfig};
 
 fn check(cfg: SimConfig) -> ticketd::cluster::sim::SimReport {
     let seed = cfg.seed;
-    match run(cfg) {
-        Ok(r) => r,
-        Err(e) => panic!("simulation failed (seed {seed}): {e}"),
+    let nodes = cfg.nodes;
+    // A panic inside raft (e.g. a log it finds inconsistent) must name the
+    // seed too.
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cfg))) {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => panic!("simulation failed (seed {seed}, {nodes} nodes): {e}"),
+        Err(_) => panic!("simulation panicked (seed {seed}, {nodes} nodes); see above"),
     }
 }
 

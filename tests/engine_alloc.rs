@@ -4,7 +4,8 @@
 //! (a thread-local counter), so the tests of this file can run in parallel
 //! without seeing each other's allocations. After a warm-up (outbox buffers,
 //! hash table capacity), an uncontended acquire + release on a fresh key
-//! must allocate exactly once: the key it stores.
+//! must allocate exactly once: the key it stores. The same counter keeps the
+//! live bytes, to show that churn on the contended path leaves nothing behind.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -15,6 +16,7 @@ use ticketd::time::Millis;
 
 thread_local! {
     static ALLOCS: Cell<usize> = const { Cell::new(0) };
+    static LIVE: Cell<isize> = const { Cell::new(0) };
 }
 
 struct PerThread;
@@ -24,25 +26,33 @@ fn count_one() {
     let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
 }
 
+fn count_bytes(delta: isize) {
+    let _ = LIVE.try_with(|c| c.set(c.get() + delta));
+}
+
 // SAFETY: forwards to `System` unchanged; the counter is a const-initialised
 // thread-local `Cell`, which never allocates.
 unsafe impl GlobalAlloc for PerThread {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         count_one();
+        count_bytes(layout.size() as isize);
         System.alloc(layout)
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         count_one();
+        count_bytes(layout.size() as isize);
         System.alloc_zeroed(layout)
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        count_bytes(-(layout.size() as isize));
         System.dealloc(ptr, layout);
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         count_one();
+        count_bytes(new_size as isize - layout.size() as isize);
         System.realloc(ptr, layout, new_size)
     }
 }
@@ -52,6 +62,10 @@ static GLOBAL: PerThread = PerThread;
 
 fn allocs() -> usize {
     ALLOCS.with(Cell::get)
+}
+
+fn live_bytes() -> isize {
+    LIVE.with(Cell::get)
 }
 
 fn key(i: u64, buf: &mut [u8; 24]) -> &str {
@@ -126,4 +140,55 @@ fn answers_that_store_nothing_do_not_allocate() {
         out.clear();
     }
     assert_eq!(allocs() - before, 0);
+}
+
+/// A client that holds a key, queues behind itself and releases, over and
+/// over (two pipelined requests per cycle), must not make the engine keep
+/// anything per cycle: each cycle makes and drops a queue whose timer is
+/// 255 s away. Kept until their deadline, those timers (and their copies of
+/// the key) would grow memory by the request rate times 255 s.
+#[test]
+fn queueing_and_handing_over_again_and_again_keeps_memory_flat() {
+    let mut e = Engine::new(EngineLimits::default(), 1);
+    let mut out = Outbox::new();
+    let hold = Acquire {
+        key: "k",
+        owner: 0,
+        wait_s: 0,
+        lease_s: 255,
+    };
+    let AcquireOutcome::Granted(mut token) = e.acquire(Millis(0), 1, hold, &mut out) else {
+        panic!("a fresh key is granted");
+    };
+    out.clear();
+    let mut cycle = |e: &mut Engine, out: &mut Outbox, i: u64| {
+        let queue = Acquire {
+            owner: i,
+            wait_s: 255,
+            ..hold
+        };
+        assert!(matches!(
+            e.acquire(Millis(i), 1, queue, out),
+            AcquireOutcome::Queued(_)
+        ));
+        assert!(e.release(Millis(i), 1, token, "k", out));
+        token += 1;
+        e.tick(Millis(i), out);
+        assert_eq!(out.len(), 2, "R, then A to the waiter");
+        out.clear();
+    };
+    for i in 1..1_000 {
+        cycle(&mut e, &mut out, i);
+    }
+    e.check_invariants();
+    let before = live_bytes();
+    for i in 1_000..11_000 {
+        cycle(&mut e, &mut out, i);
+    }
+    let grown = live_bytes() - before;
+    assert!(
+        grown < 4096,
+        "10,000 cycles left {grown} bytes behind in the engine"
+    );
+    e.check_invariants();
 }

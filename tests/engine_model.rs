@@ -198,7 +198,7 @@ impl Model {
                 out.push((conn, Rep::A(token, owner, key.into(), lease_s)));
                 Outcome::Granted(token)
             }
-            Some(i) if !self.replicated && self.keys[i].expires_at_ms <= now => {
+            Some(i) if !self.replicated && self.keys[i].expires_at_ms < now => {
                 // Lazy takeover, ahead of any queue.
                 let token = self.token();
                 self.keys[i].token = token;
@@ -319,14 +319,14 @@ impl Model {
                 continue;
             }
             self.time_out_waiters(i, out);
-            if !self.keys[i].queue.is_empty() && self.keys[i].expires_at_ms <= self.now_ms {
+            if !self.keys[i].queue.is_empty() && self.keys[i].expires_at_ms < self.now_ms {
                 self.hand_to_head(i, out);
             }
         }
         if self.now_ms >= self.next_sweep_ms {
             let now = self.now_ms;
             self.keys
-                .retain(|k| !(k.expires_at_ms <= now && k.queue.is_empty()));
+                .retain(|k| !(k.expires_at_ms < now && k.queue.is_empty()));
             self.next_sweep_ms = now + self.limits.sweep_interval_ms;
         }
     }
@@ -344,11 +344,13 @@ impl Model {
                 next = Some(next.map_or(w.wait_deadline_ms, |n| n.min(w.wait_deadline_ms)));
             }
             if !k.queue.is_empty() {
-                next = Some(next.map_or(k.expires_at_ms, |n| n.min(k.expires_at_ms)));
+                // A lease is over once its expiry is past.
+                let over = k.expires_at_ms + 1;
+                next = Some(next.map_or(over, |n| n.min(over)));
             }
         }
         // The sweep has work once it is due and some lease has ended.
-        if let Some(first_end) = self.keys.iter().map(|k| k.expires_at_ms).min() {
+        if let Some(first_end) = self.keys.iter().map(|k| k.expires_at_ms + 1).min() {
             let sweep = self.next_sweep_ms.max(first_end);
             next = Some(next.map_or(sweep, |n| n.min(sweep)));
         }
@@ -456,7 +458,7 @@ fn compare_state(e: &Engine, m: &Model) {
         let mk = m.find(key).map(|i| &m.keys[i]);
         assert_eq!(
             e.holder(now, key),
-            mk.map(|k| (k.token, !m.replicated && k.expires_at_ms <= m.now_ms)),
+            mk.map(|k| (k.token, !m.replicated && k.expires_at_ms < m.now_ms)),
             "holder of {key:?}"
         );
         assert_eq!(

@@ -85,9 +85,9 @@ fn acquire_not_registered_registers_and_grants_a_new_token() {
     assert_eq!(drain(&mut out), vec![(1, wire_a(100, 0x0A0B, "db"), 30)]);
     assert_eq!(e.key_count(), 1);
     assert_eq!(e.holder(T0, "db"), Some((100, false)));
-    // expiry = now + lease: still valid 1 ms before, expired exactly at it.
-    assert_eq!(e.holder(T0.add_ms(29_999), "db"), Some((100, false)));
-    assert_eq!(e.holder(T0.add_secs(30), "db"), Some((100, true)));
+    // expiry = now + lease: still valid at it, over once it is past.
+    assert_eq!(e.holder(T0.add_secs(30), "db"), Some((100, false)));
+    assert_eq!(e.holder(T0.add_secs(30).add_ms(1), "db"), Some((100, true)));
     assert_eq!(e.next_token(), 101);
     e.check_invariants();
 }
@@ -98,14 +98,17 @@ fn acquire_registered_lease_expired_takes_over_with_a_new_token() {
     let mut out = Outbox::new();
     e.acquire(T0, 1, acq("db", 1, 0, 2), &mut out);
     out.clear();
-    let later = T0.add_secs(2); // exactly at expiry; no tick has run
+    let later = T0.add_secs(2).add_ms(1); // just past expiry; no tick has run
     let got = e.acquire(later, 2, acq("db", 2, 0, 7), &mut out);
     assert_eq!(got, AcquireOutcome::Granted(101));
     assert_eq!(drain(&mut out), vec![(2, wire_a(101, 2, "db"), 7)]);
     assert_eq!(e.key_count(), 1);
     // expiry = now + the new lease
-    assert_eq!(e.holder(later.add_ms(6_999), "db"), Some((101, false)));
-    assert_eq!(e.holder(later.add_secs(7), "db"), Some((101, true)));
+    assert_eq!(e.holder(later.add_secs(7), "db"), Some((101, false)));
+    assert_eq!(
+        e.holder(later.add_secs(7).add_ms(1), "db"),
+        Some((101, true))
+    );
     // The old holder's token no longer releases anything.
     e.release(later, 1, 100, "db", &mut out);
     assert_eq!(drain(&mut out), vec![(1, wire_n(100, "db"), 0)]);
@@ -148,8 +151,8 @@ fn acquire_registered_valid_holder_wait_positive_queues_and_is_granted_on_releas
         vec![(1, wire_r(100, "db"), 0), (2, wire_a(101, 2, "db"), 9)]
     );
     assert_eq!(e.waiter_count(), 0);
-    assert_eq!(e.holder(at.add_ms(8_999), "db"), Some((101, false)));
-    assert_eq!(e.holder(at.add_secs(9), "db"), Some((101, true)));
+    assert_eq!(e.holder(at.add_secs(9), "db"), Some((101, false)));
+    assert_eq!(e.holder(at.add_secs(9).add_ms(1), "db"), Some((101, true)));
     e.check_invariants();
 }
 
@@ -160,7 +163,8 @@ fn acquire_registered_valid_holder_wait_positive_queues_and_is_granted_on_expiry
     e.acquire(T0, 1, acq("db", 1, 0, 3), &mut out);
     e.acquire(T0, 2, acq("db", 2, 10, 4), &mut out);
     out.clear();
-    let expiry = T0.add_secs(3);
+    // The lease is over once now + lease is past: 1 ms after it.
+    let expiry = T0.add_secs(3).add_ms(1);
     assert_eq!(e.next_deadline(), Some(expiry));
     e.tick(T0, &mut out); // nothing due yet
     assert!(drain(&mut out).is_empty());
@@ -275,8 +279,8 @@ fn release_token_matches_waiters_queued_hands_over_to_head_with_new_token() {
         vec![(1, wire_r(100, "db"), 0), (2, wire_a(101, 2, "db"), 4)]
     );
     // expiry = now + that waiter's lease
-    assert_eq!(e.holder(at.add_ms(3_999), "db"), Some((101, false)));
-    assert_eq!(e.holder(at.add_secs(4), "db"), Some((101, true)));
+    assert_eq!(e.holder(at.add_secs(4), "db"), Some((101, false)));
+    assert_eq!(e.holder(at.add_secs(4).add_ms(1), "db"), Some((101, true)));
     assert_eq!(e.queued_owners("db"), vec![3]);
     assert_eq!(e.key_count(), 1);
     e.check_invariants();

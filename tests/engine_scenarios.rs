@@ -104,19 +104,22 @@ fn an_acquire_takes_over_an_expired_key_ahead_of_the_queue() {
     e.acquire(secs(0), 2, acq("k", 2, 60, 5), &mut out);
     out.clear();
 
-    let t2 = granted(e.acquire(secs(2), 3, acq("k", 3, 0, 4), &mut out));
+    // Just past the 2 s lease (a lease is over once its expiry is past).
+    let past = secs(2).add_ms(1);
+    let t2 = granted(e.acquire(past, 3, acq("k", 3, 0, 4), &mut out));
     assert_eq!(drain(&mut out), vec![(3, a(2, 3, "k"))]);
     assert_eq!(e.queued_owners("k"), vec![2], "the waiter is still queued");
 
     // The timer set for the old lease finds a valid holder: nothing happens.
-    e.tick(secs(2), &mut out);
+    e.tick(past, &mut out);
     assert!(drain(&mut out).is_empty());
-    assert_eq!(e.holder(secs(2), "k"), Some((t2, false)));
+    assert_eq!(e.holder(past, "k"), Some((t2, false)));
     e.check_invariants();
 
     // The waiter gets the key when the new lease runs out.
-    assert_eq!(e.next_deadline(), Some(secs(5)));
-    e.tick(secs(6), &mut out);
+    let new_lease_over = past.add_secs(4).add_ms(1);
+    assert!(e.next_deadline() <= Some(new_lease_over));
+    e.tick(new_lease_over, &mut out);
     assert_eq!(drain(&mut out), vec![(2, a(3, 2, "k"))]);
     e.check_invariants();
 }
@@ -136,14 +139,15 @@ fn lease_expiry_hands_the_key_to_the_head_waiter_at_next_deadline() {
     e.acquire(Millis(900), 3, acq("k", 3, 10, 2), &mut out);
     out.clear();
 
-    assert_eq!(e.next_deadline(), Some(Millis(3500)));
-    e.tick(Millis(3499), &mut out);
-    assert!(drain(&mut out).is_empty());
+    // Expiry at 500 + 3 s; the lease is over once that is past.
+    assert_eq!(e.next_deadline(), Some(Millis(3501)));
     e.tick(Millis(3500), &mut out);
+    assert!(drain(&mut out).is_empty());
+    e.tick(Millis(3501), &mut out);
     assert_eq!(drain(&mut out), vec![(2, a(2, 2, "k"))]);
-    // The new holder's own lease starts at the grant: 3500 + 2 s.
-    assert_eq!(e.next_deadline(), Some(Millis(5500)));
-    e.tick(Millis(5500), &mut out);
+    // The new holder's own lease starts at the grant: 3501 + 2 s, over 1 ms later.
+    assert_eq!(e.next_deadline(), Some(Millis(5502)));
+    e.tick(Millis(5502), &mut out);
     assert_eq!(drain(&mut out), vec![(3, a(3, 3, "k"))]);
     assert_eq!(e.waiter_count(), 0);
     e.check_invariants();
@@ -195,14 +199,19 @@ fn the_sweep_waits_for_the_first_lease_that_can_have_ended() {
     let mut out = Outbox::new();
     e.acquire(secs(0), 1, acq("a", 1, 0, 60), &mut out);
     e.acquire(secs(10), 1, acq("b", 2, 0, 60), &mut out);
-    assert_eq!(e.next_deadline(), Some(secs(60)));
+    // a's lease is over once 60 s is past.
+    assert_eq!(e.next_deadline(), Some(secs(60).add_ms(1)));
     e.tick(secs(5), &mut out); // a tick for another reason
     assert_eq!(e.key_count(), 2);
-    assert_eq!(e.next_deadline(), Some(secs(60)));
-    e.tick(secs(60), &mut out);
+    assert_eq!(e.next_deadline(), Some(secs(60).add_ms(1)));
+    e.tick(secs(60).add_ms(1), &mut out);
     assert_eq!(e.key_count(), 1, "a swept at its end");
-    assert_eq!(e.next_deadline(), Some(secs(70)), "b ends at 70 s");
-    e.tick(secs(70), &mut out);
+    assert_eq!(
+        e.next_deadline(),
+        Some(secs(70).add_ms(1)),
+        "b ends at 70 s"
+    );
+    e.tick(secs(70).add_ms(1), &mut out);
     assert_eq!(e.key_count(), 0);
     assert_eq!(e.next_deadline(), None);
     e.check_invariants();
@@ -377,6 +386,73 @@ fn disconnect_cancels_that_connections_waiters_and_keeps_its_locks() {
     e.check_invariants();
 }
 
+/// A disconnect finds exactly that connection's waiters however they came
+/// and went: several on one key, some granted or timed out before, its
+/// bookkeeping reused by another connection after it once had none, and
+/// thousands of other connections' waiters left in place.
+#[test]
+fn disconnect_cancels_exactly_that_connections_waiters_after_any_history() {
+    let mut e = Engine::new(EngineLimits::default(), 1);
+    let mut out = Outbox::new();
+    let k1 = granted(e.acquire(secs(0), 100, acq("k1", 1, 0, 30), &mut out));
+    granted(e.acquire(secs(0), 100, acq("k2", 2, 0, 30), &mut out));
+    out.clear();
+    // Connection 1 queues on k1 (owner 10, short wait) then has no waiter
+    // left once it times out; connection 2 then queues and may reuse
+    // whatever 1 used.
+    e.acquire(secs(0), 1, acq("k1", 10, 1, 30), &mut out);
+    e.tick(secs(1), &mut out);
+    assert_eq!(drain(&mut out), vec![(1, t(10, "k1"))]);
+    e.acquire(secs(1), 2, acq("k1", 20, 9, 30), &mut out);
+    // Connection 1 comes back with three waiters on k1 and two on k2,
+    // around connection 2's and others'.
+    e.acquire(secs(1), 1, acq("k1", 11, 9, 30), &mut out);
+    e.acquire(secs(1), 1, acq("k2", 12, 9, 30), &mut out);
+    e.acquire(secs(1), 3, acq("k1", 30, 9, 30), &mut out);
+    e.acquire(secs(1), 1, acq("k1", 13, 9, 30), &mut out);
+    e.acquire(secs(1), 1, acq("k2", 14, 2, 30), &mut out);
+    e.acquire(secs(1), 1, acq("k1", 15, 9, 30), &mut out);
+    for c in 1_000..3_000u64 {
+        let key = if c % 2 == 0 { "k1" } else { "k2" };
+        if e.queued_owners(key).len() >= 900 {
+            continue;
+        }
+        e.acquire(secs(1), c, acq(key, c, 9, 30), &mut out);
+    }
+    assert!(drain(&mut out).is_empty(), "everyone queued");
+    e.check_invariants();
+    // Owner 20 (connection 2) is granted k1; owner 14 times out.
+    e.release(secs(2), 100, k1, "k1", &mut out);
+    e.tick(secs(3), &mut out);
+    let r = drain(&mut out);
+    assert_eq!(r[1], (2, a(3, 20, "k1")));
+    assert!(r.contains(&(1, t(14, "k2"))));
+    e.check_invariants();
+    let before = e.waiter_count();
+
+    e.disconnect(secs(3), 1, &mut out);
+    assert!(drain(&mut out).is_empty());
+    assert_eq!(e.waiter_count(), before - 4, "owners 11, 12, 13 and 15");
+    for key in ["k1", "k2"] {
+        let owners = e.queued_owners(key);
+        assert!(owners.iter().all(|o| !(10..20).contains(o)), "{key}");
+    }
+    assert_eq!(e.queued_owners("k1")[0], 30, "connection 3 keeps its place");
+    e.check_invariants();
+    // Disconnecting again, or a connection that never queued, changes
+    // nothing.
+    e.disconnect(secs(3), 1, &mut out);
+    e.disconnect(secs(3), 7, &mut out);
+    assert_eq!(e.waiter_count(), before - 4);
+    // Every other connection goes too: nothing is left queued.
+    for c in (1_000..3_000u64).chain([2, 3]) {
+        e.disconnect(secs(3), c, &mut out);
+    }
+    assert_eq!(e.waiter_count(), 0);
+    assert!(drain(&mut out).is_empty());
+    e.check_invariants();
+}
+
 // ------------------------------------------------------------------ tokens
 
 /// Fencing tokens: the first comes from the caller (0 is never issued),
@@ -390,7 +466,7 @@ fn tokens_start_where_the_caller_says_and_strictly_increase_over_every_kind_of_g
     let mut e = Engine::new(EngineLimits::default(), 5_000);
     let mut out = Outbox::new();
     let fresh = granted(e.acquire(secs(0), 1, acq("k", 1, 0, 1), &mut out));
-    let takeover = granted(e.acquire(secs(1), 1, acq("k", 2, 0, 2), &mut out));
+    let takeover = granted(e.acquire(secs(1).add_ms(1), 1, acq("k", 2, 0, 2), &mut out));
     e.acquire(secs(1), 2, acq("k", 3, 9, 1), &mut out);
     e.acquire(secs(1), 2, acq("k", 4, 9, 1), &mut out);
     out.clear();
@@ -399,7 +475,7 @@ fn tokens_start_where_the_caller_says_and_strictly_increase_over_every_kind_of_g
         R::A { token, .. } => token,
         ref other => panic!("{other:?}"),
     };
-    e.tick(secs(3), &mut out);
+    e.tick(secs(3).add_ms(1), &mut out);
     let on_expiry = match drain(&mut out)[0].1 {
         R::A { token, .. } => token,
         ref other => panic!("{other:?}"),
@@ -561,7 +637,7 @@ fn at_the_token_ceiling_nothing_is_granted_until_it_is_raised() {
         AcquireOutcome::Busy
     );
     assert_eq!(
-        e.acquire(secs(1), 3, acq("k", 5, 0, 1), &mut out),
+        e.acquire(secs(1).add_ms(1), 3, acq("k", 5, 0, 1), &mut out),
         AcquireOutcome::Busy,
         "takeover needs a token too"
     );
@@ -581,7 +657,7 @@ fn at_the_token_ceiling_nothing_is_granted_until_it_is_raised() {
     e.set_token_ceiling(100);
     assert!(!e.tokens_exhausted());
     assert_eq!(
-        e.acquire(secs(1), 3, acq("k", 6, 0, 1), &mut out),
+        e.acquire(secs(1).add_ms(1), 3, acq("k", 6, 0, 1), &mut out),
         AcquireOutcome::Granted(3)
     );
 }
@@ -607,8 +683,8 @@ fn an_owner_equal_to_the_holders_owner_gets_no_special_treatment() {
     assert_eq!(drain(&mut out), vec![(1, t(77, "k"))]);
     // The lease was not renewed: the key expires at 5 s and goes to the
     // queued acquire (same owner) with a new token.
-    assert_eq!(e.holder(secs(5), "k"), Some((1, true)));
-    e.tick(secs(5), &mut out);
+    assert_eq!(e.holder(secs(5).add_ms(1), "k"), Some((1, true)));
+    e.tick(secs(5).add_ms(1), &mut out);
     assert_eq!(drain(&mut out), vec![(1, a(2, 77, "k"))]);
     e.check_invariants();
 }

@@ -90,13 +90,17 @@ fn a_lease_expires_when_the_manual_clock_says_so_and_not_before() {
     assert_eq!(holder.step(&mut server, 50), Some(('A', 1)));
     waiter.send(acquire(2, 30, 5));
     assert_eq!(waiter.step(&mut server, 20), None, "queued");
-    clock.advance_ms(4_999);
-    assert_eq!(waiter.step(&mut server, 20), None, "1 ms before expiry");
+    clock.advance_ms(5_000);
+    assert_eq!(
+        waiter.step(&mut server, 20),
+        None,
+        "at the expiry, not past it"
+    );
     clock.advance_ms(1);
     assert_eq!(
         waiter.step(&mut server, 50),
         Some(('A', 2)),
-        "handed over at expiry"
+        "handed over once the expiry is past"
     );
     assert_eq!(server.service().engine().key_count(), 1);
 }

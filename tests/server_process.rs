@@ -67,6 +67,13 @@ fn bad_flags_exit_2_with_a_message_naming_the_flag() {
             &["--out-hard-limit", "2000", "--out-soft-limit", "4000"][..],
             "--out-hard-limit",
         ),
+        (
+            &["--max-conns", "5", "--max-conns", "6"][..],
+            "--max-conns is given more than once",
+        ),
+        (&["--data-dir", ""][..], "--data-dir"),
+        (&["--max-conns=5"][..], "--max-conns 5"),
+        (&["--max-conns", "2000000"][..], "--max-conns"),
     ] {
         let out = run_ticketd(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
@@ -74,6 +81,49 @@ fn bad_flags_exit_2_with_a_message_naming_the_flag() {
         assert!(err.contains(needle), "{args:?}: {err}");
         assert!(out.stdout.is_empty());
     }
+}
+
+/// The help allows keys up to 65,536 bytes: the longest starts with the
+/// default output limits and is served end to end.
+#[test]
+fn the_longest_key_the_help_allows_is_served_with_default_limits() {
+    let server = Ticketd::start(&["--max-key-bytes", "65536"]);
+    let mut c = server.connect();
+    let key = "k".repeat(65_536);
+    match c.acquire_reply(&key, 1, 0, 30) {
+        Reply::Acquired { key: k, .. } => assert_eq!(k, key),
+        other => panic!("{other:?}"),
+    }
+    // One byte more is malformed: only that connection closes.
+    let mut bad = server.connect();
+    bad.acquire(&"k".repeat(65_537), 2, 0, 30);
+    assert!(bad.closed_within(Duration::from_secs(5)));
+    assert!(matches!(
+        c.acquire_reply("other", 3, 0, 30),
+        Reply::Acquired { .. }
+    ));
+}
+
+/// `--listen` takes IPv6 literals and host names, and reports the address
+/// it bound.
+#[test]
+fn ipv6_loopback_and_a_host_name_can_be_listened_on() {
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        eprintln!("no IPv6 loopback on this machine; checking the host name only");
+    } else {
+        let server = Ticketd::start_raw(&[], &["--listen", "[::1]:0"]);
+        assert!(server.addr().is_ipv6() && server.addr().port() != 0);
+        assert!(matches!(
+            server.connect().acquire_reply("v6", 1, 0, 30),
+            Reply::Acquired { .. }
+        ));
+    }
+    let server = Ticketd::start_raw(&[], &["--listen", "localhost:0"]);
+    assert!(server.addr().ip().is_loopback() && server.addr().port() != 0);
+    assert!(matches!(
+        server.connect().acquire_reply("name", 1, 0, 30),
+        Reply::Acquired { .. }
+    ));
 }
 
 #[test]
@@ -126,7 +176,7 @@ fn sigterm_exits_0_after_flushing() {
     let status = server.terminate();
     assert_eq!(status.code(), Some(0), "{}", server.log());
     assert!(start.elapsed() < Duration::from_secs(3));
-    assert!(server.log().contains("stopped"));
+    assert!(server.wait_for_log("stopped", Duration::from_secs(5)));
     assert_eq!(
         waiter.try_recv(Duration::from_secs(2)),
         Err(NoReply::Closed)

@@ -12,6 +12,7 @@
 //! `docs/CLIENT.md`.
 
 use std::ffi::OsString;
+use std::io::Write;
 use std::process::{Command, ExitStatus};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -38,6 +39,9 @@ mod exit {
     pub const NOT_HELD: u8 = 123;
     /// Run: the lease was about to end, so the command was terminated.
     pub const LEASE_ENDED: u8 = 124;
+    /// `ticket` itself failed (e.g. could not print the token, which it
+    /// then released).
+    pub const FAILED: u8 = 125;
     /// Run: the command was found but could not be started.
     pub const CANNOT_RUN: u8 = 126;
     /// Run: the command was not found.
@@ -60,6 +64,7 @@ USAGE:
     ticket acquire KEY [--wait S] [--lease S] [--server ADDR]...
     ticket release KEY TOKEN [--server ADDR]...
     ticket run KEY [--wait S] [--lease S] [--kill-grace S] [--server ADDR]... -- CMD [ARGS...]
+    ticket bench [--backend ticketd|redis|etcd] [--mode acquire|cycle|contended] ...
     ticket help [SUBCOMMAND]
 
 Each subcommand takes --help. The server defaults to 127.0.0.1:7470; give
@@ -73,9 +78,12 @@ EXIT STATUS:
     122  indeterminate: treat the lock as not held; its lease ends any grant
     123  not held: the release found no such token on the key
     124  run: the lease was about to end, the command was terminated
+    125  ticket itself failed (e.g. could not print the token; it released the lock)
     126  run: the command could not be started
     127  run: the command was not found
     run otherwise exits with the command's own status (128 + N for signal N).
+    bench exits 0, 1 when the run failed or a grant broke FIFO order, 64 on
+    a usage error.
 ";
 
 const HELP_ACQUIRE: &str = "\
@@ -179,10 +187,29 @@ fn dispatch(mut args: Vec<OsString>) -> Result<u8, Exit> {
         "acquire" => acquire(args),
         "release" => release(args),
         "run" => run(args),
-        // The benchmark subcommand plugs in here, next to the others:
-        // "bench" => bench(args),
+        "bench" => bench(args),
         "help" | "--help" | "-h" => help(args),
         other => Err(Exit::usage(format!("unknown subcommand {other:?}"))),
+    }
+}
+
+/// `ticket bench`: the load generator of [`ticketd::bench`].
+fn bench(args: Vec<OsString>) -> Result<u8, Exit> {
+    let args = args
+        .into_iter()
+        .map(|a| {
+            a.into_string()
+                .map_err(|_| Exit::usage("bench: an argument is not valid UTF-8"))
+        })
+        .collect::<Result<Vec<String>, Exit>>()?;
+    match ticketd::bench::main(args) {
+        0 => Ok(exit::OK),
+        // bench has printed its own message and hint for bad flags.
+        2 => Err(Exit {
+            status: exit::USAGE,
+            message: String::new(),
+        }),
+        _ => Ok(1),
     }
 }
 
@@ -192,6 +219,10 @@ fn help(args: Vec<OsString>) -> Result<u8, Exit> {
         Some("acquire") => HELP_ACQUIRE,
         Some("release") => HELP_RELEASE,
         Some("run") => HELP_RUN,
+        Some("bench") => {
+            let _ = ticketd::bench::main(vec!["--help".to_owned()]);
+            return Ok(exit::OK);
+        }
         Some(other) => return Err(Exit::usage(format!("no help for {other:?}"))),
     };
     print!("{text}");
@@ -333,9 +364,18 @@ fn acquire(args: Vec<OsString>) -> Result<u8, Exit> {
     finish(args)?;
     let client = client(&o.servers)?;
     let ticket = take(&client, &o)?;
+    // Nobody could release a token that was never printed: give it back.
+    let token = ticket.token();
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = writeln!(out, "{token}").and_then(|()| out.flush()) {
+        let _ = ticket.release();
+        return Err(Exit {
+            status: exit::FAILED,
+            message: format!("cannot print the token ({e}); the lock was released"),
+        });
+    }
     // The lock outlives this process: it is released by token later.
-    let (_, token) = ticket.detach();
-    println!("{token}");
+    let _ = ticket.detach();
     Ok(exit::OK)
 }
 

@@ -286,7 +286,8 @@ struct Inner {
 /// Releases nobody waits for (dropped tickets, late grants), done one after
 /// another by a thread that exists only while there are some.
 struct Background {
-    queue: VecDeque<(String, u64)>,
+    /// Key, token, and the plan made when the release was asked for.
+    queue: VecDeque<(String, u64, Plan)>,
     running: bool,
 }
 
@@ -386,11 +387,10 @@ impl Client {
     /// not to connections. Waits at most the 5 s transport deadline.
     pub fn release(&self, key: &str, token: u64) -> Result<Release, Error> {
         deadline::check_key(key, self.inner.max_key_bytes)?;
-        Ok(self.release_checked(Arc::from(key), token))
+        Ok(self.release_checked(Arc::from(key), token, Plan::transport(Instant::now())))
     }
 
-    fn release_checked(&self, key: Arc<str>, token: u64) -> Release {
-        let plan = Plan::transport(Instant::now());
+    fn release_checked(&self, key: Arc<str>, token: u64, plan: Plan) -> Release {
         let mut backoff = RetryPause::new(plan.send_deadline);
         loop {
             let Some(session) = self.inner.pool.get(plan.send_deadline) else {
@@ -419,7 +419,12 @@ impl Client {
     /// queue and ends when it is empty.
     pub(crate) fn release_in_background(&self, key: String, token: u64) {
         let mut bg = lock(&self.inner.background);
-        bg.queue.push_back((key, token));
+        // The transport deadline runs from now, not from when the worker
+        // gets to it: with the server unreachable, a backlog of dropped
+        // tickets is given up within 5 s instead of 5 s each (their leases
+        // end them).
+        bg.queue
+            .push_back((key, token, Plan::transport(Instant::now())));
         if bg.running {
             return;
         }
@@ -447,10 +452,10 @@ impl Client {
                 }
                 next
             };
-            let Some((key, token)) = next else {
+            let Some((key, token, plan)) = next else {
                 return;
             };
-            let _ = self.release_checked(Arc::from(key), token);
+            let _ = self.release_checked(Arc::from(key), token, plan);
         }
     }
 

@@ -578,3 +578,31 @@ fn clients_and_tickets_can_move_between_threads() {
     movable::<Ticket>();
     movable::<Acquire>();
 }
+
+#[test]
+fn releases_of_dropped_tickets_with_no_server_are_given_up_together() {
+    let addr = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let c = client(&addr);
+    let start = Instant::now();
+    for token in 1..=50 {
+        drop(Ticket::new(
+            c.clone(),
+            "k".into(),
+            token,
+            S,
+            Instant::now() + S,
+        ));
+    }
+    assert!(c.background_busy());
+    while c.background_busy() {
+        assert!(
+            start.elapsed() < TRANSPORT_DEADLINE + 2 * S,
+            "one transport deadline for the whole backlog, not one each"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert!(start.elapsed() >= TRANSPORT_DEADLINE - Duration::from_millis(100));
+}

@@ -13,7 +13,8 @@ use super::{Client, Error, Release};
 /// the moment the acquire was handed to the socket, which is before the server
 /// started the lease, so the server's lease always ends later.
 ///
-/// Dropping a ticket releases it in the background, once. [`Ticket::release`]
+/// Dropping a ticket releases it in the background, once, within the 5 s
+/// transport deadline counted from the drop. [`Ticket::release`]
 /// releases it and reports the outcome; [`Ticket::detach`] stops managing it
 /// (the lease, or a later [`Client::release`] with the token, ends it).
 pub struct Ticket {

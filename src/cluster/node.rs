@@ -11,10 +11,12 @@
 //! Leader messages go out first (they may precede the local fsync); a
 //! received snapshot is staged and restored; committed entries (already
 //! durable locally) are applied; new entries and the hard state are staged;
-//! everything is written with one write and at most one fsync; then the
-//! persisted messages (votes, acks, forwarded proposals) go out; `advance`;
-//! the light ready's commit index rides the next batch, its messages go out
-//! and its committed entries are applied.
+//! forwarded proposals go out (they claim nothing about local state);
+//! everything is written with one write; the one fsync (when needed) is
+//! deferred to the next turn's [`Node::tick`], after which the persisted
+//! messages (votes, append acks) go out and raft advances; the light
+//! ready's commit index rides the next batch, its messages go out and its
+//! committed entries are applied.
 //!
 //! # Proposals
 //!
@@ -42,8 +44,8 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 use std::fmt;
 use std::io;
 
-use raft::eraftpb::{ConfState, Entry, EntryType, Message};
-use raft::{RawNode, SnapshotStatus, StateRole};
+use raft::eraftpb::{ConfState, Entry, EntryType, Message, MessageType};
+use raft::{RawNode, Ready, SnapshotStatus, StateRole};
 
 use crate::cluster::command::{Command, DecodeError, Origin, Rid};
 use crate::cluster::rng::SplitMix64;
@@ -230,6 +232,66 @@ pub struct Node<D: Disk> {
     msgs: Vec<Message>,
     stats: NodeStats,
     trace: Vec<Traced>,
+    /// A Ready written but not yet synced (see "Deferred fsync").
+    deferred: Option<(Ready, Vec<Message>)>,
+    held_steps: Vec<Message>,
+    held_reports: Vec<(u64, Option<bool>)>,
+    held_requests: Vec<(ConnId, HeldRequest)>,
+    failed: Option<String>,
+}
+
+/// A request that arrived while a Ready was waiting for its fsync.
+#[derive(Debug)]
+enum HeldRequest {
+    Acquire {
+        wait_s: u8,
+        lease_s: u8,
+        owner: u64,
+        key: String,
+    },
+    Release {
+        token: u64,
+        key: String,
+    },
+}
+
+impl HeldRequest {
+    fn new(req: Request<'_>) -> Self {
+        match req {
+            Request::Acquire {
+                wait_s,
+                lease_s,
+                owner,
+                key,
+            } => HeldRequest::Acquire {
+                wait_s,
+                lease_s,
+                owner,
+                key: key.to_owned(),
+            },
+            Request::Release { token, key } => HeldRequest::Release {
+                token,
+                key: key.to_owned(),
+            },
+        }
+    }
+
+    fn as_request(&self) -> Request<'_> {
+        match self {
+            HeldRequest::Acquire {
+                wait_s,
+                lease_s,
+                owner,
+                key,
+            } => Request::Acquire {
+                wait_s: *wait_s,
+                lease_s: *lease_s,
+                owner: *owner,
+                key,
+            },
+            HeldRequest::Release { token, key } => Request::Release { token: *token, key },
+        }
+    }
 }
 
 impl<D: Disk> fmt::Debug for Node<D> {
@@ -332,6 +394,11 @@ impl<D: Disk> Node<D> {
             msgs: Vec::new(),
             stats: NodeStats::default(),
             trace: Vec::new(),
+            deferred: None,
+            held_steps: Vec::new(),
+            held_reports: Vec::new(),
+            held_requests: Vec::new(),
+            failed: None,
         };
         node.after_raft_call();
         Ok(node)
@@ -439,11 +506,19 @@ impl<D: Disk> Node<D> {
 
     /// A peer could not be reached: raft stops pipelining to it.
     pub fn report_unreachable(&mut self, peer: u64) {
+        if self.deferred.is_some() {
+            self.held_reports.push((peer, None));
+            return;
+        }
         self.rn.report_unreachable(peer);
     }
 
     /// The outcome of sending a snapshot to `peer`.
     pub fn report_snapshot(&mut self, peer: u64, ok: bool) {
+        if self.deferred.is_some() {
+            self.held_reports.push((peer, Some(ok)));
+            return;
+        }
         let status = if ok {
             SnapshotStatus::Finish
         } else {
@@ -469,6 +544,14 @@ impl<D: Disk> Node<D> {
 
     /// A message from a peer.
     pub fn step(&mut self, msg: Message) {
+        if self.failed.is_some() {
+            return;
+        }
+        if self.deferred.is_some() {
+            // raft takes no input between a Ready and its advance.
+            self.held_steps.push(msg);
+            return;
+        }
         // Errors are stale or foreign messages (e.g. from an unknown peer):
         // raft has ignored them; note them for debugging.
         let (from, kind) = (msg.from, msg.msg_type);
@@ -505,7 +588,14 @@ impl<D: Disk> Node<D> {
     /// A client request from local connection `conn`. Answers now (B or N)
     /// only if it cannot be proposed; otherwise after it applies.
     pub fn request(&mut self, now: Millis, conn: ConnId, req: Request<'_>, out: &mut Outbox) {
-        if self.leader() == 0 || self.unapplied.len() >= self.cfg.max_pending {
+        if self.deferred.is_some() && self.failed.is_none() {
+            self.held_requests.push((conn, HeldRequest::new(req)));
+            return;
+        }
+        if self.failed.is_some()
+            || self.leader() == 0
+            || self.unapplied.len() >= self.cfg.max_pending
+        {
             self.refuse(conn, req, out);
             return;
         }
@@ -564,6 +654,7 @@ impl<D: Disk> Node<D> {
     /// Local connection `conn` is gone: forget its requests and have its
     /// queued acquires cancelled cluster-wide.
     pub fn disconnect(&mut self, conn: ConnId) {
+        self.held_requests.retain(|(c, _)| *c != conn);
         let Some(seqs) = self.conns.remove(&conn) else {
             return;
         };
@@ -591,9 +682,14 @@ impl<D: Disk> Node<D> {
         self.cancels.push_back(origin);
     }
 
-    /// Advances raft's clock, fires due leader timers and re-proposes lost
-    /// proposals.
-    pub fn tick(&mut self, now: Millis) {
+    /// Completes the Ready waiting for its fsync (answers of entries that
+    /// commit with it go to `out`), advances raft's clock, fires due leader
+    /// timers and re-proposes lost proposals.
+    pub fn tick(&mut self, now: Millis, out: &mut Outbox) {
+        self.complete_ready(now, out);
+        if self.failed.is_some() {
+            return;
+        }
         let mut n = 0;
         while now >= self.next_tick && n < 2 * self.cfg.election_tick {
             self.rn.tick();
@@ -704,6 +800,9 @@ impl<D: Disk> Node<D> {
     /// The next moment [`Node::tick`] has work.
     #[must_use]
     pub fn next_deadline(&self) -> Millis {
+        if self.deferred.is_some() {
+            return Millis::ZERO;
+        }
         let mut d = self.next_tick;
         if self.is_leader() && self.timers_ready {
             if let Some(Reverse((at, _, _))) = self.timers.peek() {
@@ -713,29 +812,90 @@ impl<D: Disk> Node<D> {
         d
     }
 
-    /// Handles raft's Ready (persist, send, apply) until there is none, then
-    /// rebuilds a new leader's timers and compacts the log when due. An error
-    /// means the disk failed: the node must stop.
+    /// Handles raft's Ready (send, apply, write) until there is none or one
+    /// waits for its fsync, then rebuilds a new leader's timers and compacts
+    /// the log when due. An error means the disk failed: the node must stop.
+    ///
+    /// # Deferred fsync
+    ///
+    /// A Ready that must be synced is written here but synced at the start
+    /// of the next turn ([`Node::tick`], which the server calls right after
+    /// its next poll; [`Node::next_deadline`] makes that poll return at
+    /// once). In between, the server writes this turn's replies: they answer
+    /// entries that were already durable, so they need not wait for this
+    /// fsync. Votes and acknowledgements, and raft's `advance`, wait for it;
+    /// peer messages, requests and reports that arrive meanwhile are held
+    /// and handed to raft after it.
     pub fn end_turn(&mut self, now: Millis, out: &mut Outbox) -> Result<(), NodeError> {
+        self.complete_ready(now, out);
+        if let Some(why) = &self.failed {
+            return Err(NodeError::Io(io::Error::other(why.clone())));
+        }
         for _ in 0..8 {
             if !self.rn.has_ready() {
                 break;
             }
-            self.handle_ready(now, out)?;
+            if let Err(e) = self.handle_ready(now, out) {
+                self.failed = Some(e.to_string());
+                return Err(e);
+            }
+            if self.deferred.is_some() {
+                break;
+            }
         }
-        self.wal.flush(false)?;
+        if let Err(e) = self.wal.write(false) {
+            self.failed = Some(e.to_string());
+            return Err(e.into());
+        }
         if self.is_leader() && !self.timers_ready && self.rn.raft.apply_to_current_term() {
             self.rebuild_timers(now);
         }
-        self.maybe_compact()?;
+        if self.deferred.is_none() {
+            if let Err(e) = self.maybe_compact() {
+                self.failed = Some(e.to_string());
+                return Err(e);
+            }
+        }
         Ok(())
+    }
+
+    /// Syncs the deferred Ready, sends what waited for it, advances raft and
+    /// hands raft what arrived meanwhile.
+    fn complete_ready(&mut self, now: Millis, out: &mut Outbox) {
+        let Some((rd, persisted)) = self.deferred.take() else {
+            return;
+        };
+        if let Err(e) = self.wal.sync() {
+            // Raft stays between this Ready and its advance forever: the
+            // node is dead, as after a power cut at this point.
+            self.failed = Some(format!("WAL fsync failed: {e}"));
+            return;
+        }
+        self.finish_ready(now, rd, persisted, out);
+        // A busy node ends most turns with a Ready in flight: compact here.
+        if let Err(e) = self.maybe_compact() {
+            self.failed = Some(e.to_string());
+            return;
+        }
+        for m in std::mem::take(&mut self.held_steps) {
+            self.step(m);
+        }
+        for (peer, r) in std::mem::take(&mut self.held_reports) {
+            match r {
+                None => self.report_unreachable(peer),
+                Some(ok) => self.report_snapshot(peer, ok),
+            }
+        }
+        for (conn, req) in std::mem::take(&mut self.held_requests) {
+            self.request(now, conn, req.as_request(), out);
+        }
     }
 
     fn handle_ready(&mut self, now: Millis, out: &mut Outbox) -> Result<(), NodeError> {
         let mut rd = self.rn.ready();
         if let Some(ss) = rd.ss() {
-            let (leader, state) = (ss.leader_id, ss.raft_state);
-            self.on_soft_state(leader, state);
+            let leader = ss.leader_id;
+            self.on_soft_state(leader);
         }
         // A leader's messages may go out before its own fsync.
         self.msgs.extend(rd.take_messages());
@@ -759,6 +919,8 @@ impl<D: Disk> Node<D> {
             self.after_snapshot_install();
             self.rn.mut_store().apply_snapshot(snap);
         }
+        // Committed entries are durable here already (raft caps them at the
+        // persisted index).
         let committed = rd.take_committed_entries();
         self.apply_entries(now, &committed, out);
         if !rd.entries().is_empty() {
@@ -773,9 +935,26 @@ impl<D: Disk> Node<D> {
             let hs = hs.clone();
             self.rn.mut_store().set_hard_state(hs);
         }
-        self.wal.flush(rd.must_sync())?;
+        // A forwarded proposal claims nothing about local state, so it need
+        // not wait for this node's fsync; votes and acks must.
+        let (early, persisted): (Vec<Message>, Vec<Message>) = rd
+            .take_persisted_messages()
+            .into_iter()
+            .partition(|m| m.msg_type == MessageType::MsgPropose);
+        self.msgs.extend(early);
+        // One write for the whole batch (group commit).
+        self.wal.write(rd.must_sync())?;
         self.stats.batches += 1;
-        self.msgs.extend(rd.take_persisted_messages());
+        if self.wal.sync_owed() {
+            self.deferred = Some((rd, persisted));
+            return Ok(());
+        }
+        self.finish_ready(now, rd, persisted, out);
+        Ok(())
+    }
+
+    fn finish_ready(&mut self, now: Millis, rd: Ready, persisted: Vec<Message>, out: &mut Outbox) {
+        self.msgs.extend(persisted);
         let mut light = self.rn.advance(rd);
         if let Some(c) = light.commit_index() {
             self.wal.stage_commit(c);
@@ -786,10 +965,9 @@ impl<D: Disk> Node<D> {
         self.apply_entries(now, &committed, out);
         self.rn.advance_apply();
         self.after_raft_call();
-        Ok(())
     }
 
-    fn on_soft_state(&mut self, leader: u64, state: StateRole) {
+    fn on_soft_state(&mut self, leader: u64) {
         if leader != self.leader {
             self.leader = leader;
             self.next_repropose_check = Millis::ZERO;
@@ -804,7 +982,6 @@ impl<D: Disk> Node<D> {
         // table once this term's first entry has applied.
         self.timers.clear();
         self.timers_ready = false;
-        let _ = state;
     }
 
     fn after_snapshot_install(&mut self) {

@@ -223,11 +223,11 @@ impl Service for ClusterService {
         self.node.disconnect(conn);
     }
 
-    fn tick(&mut self, now: Millis, _out: &mut Outbox) {
+    fn tick(&mut self, now: Millis, out: &mut Outbox) {
         if self.fatal.is_some() {
             return;
         }
-        self.node.tick(now);
+        self.node.tick(now, out);
         if let Some(r) = &self.registry {
             self.transport.tick(now, r);
         }

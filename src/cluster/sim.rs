@@ -176,6 +176,7 @@ pub struct Sim {
     last_applied: Vec<u64>,
     report: SimReport,
     clients_active: bool,
+    debug: bool,
     logger: slog::Logger,
     out: Outbox,
 }
@@ -250,6 +251,7 @@ impl Sim {
             requests: BTreeMap::new(),
             report: SimReport::default(),
             clients_active: true,
+            debug: std::env::var_os("SIM_DEBUG").is_some(),
             logger,
             out: Outbox::new(),
         })
@@ -310,22 +312,59 @@ impl Sim {
         if chaos {
             next = next.min(self.next_fault);
         }
+        let before = self.now;
         self.now = next.max(self.now.add_ms(1));
+        if self.debug && before.0 / 1000 != self.now.0 / 1000 {
+            let nodes: Vec<String> = self
+                .nodes
+                .iter()
+                .map(|n| match n {
+                    Some(n) => format!(
+                        "t{} l{} a{} c{}{}",
+                        n.term(),
+                        n.leader(),
+                        n.applied(),
+                        n.committed(),
+                        if n.is_leader() { "*" } else { "" }
+                    ),
+                    None => "down".into(),
+                })
+                .collect();
+            eprintln!("{} {:?} blocked {:?}", self.now, nodes, self.blocked);
+        }
         if chaos && self.now >= self.next_fault {
             self.fault();
         }
         self.restarts()?;
         self.deliver();
         for i in 0..self.cfg.nodes {
-            if let Some(n) = self.nodes[i].as_mut() {
-                n.tick(self.now);
-            }
+            self.tick_node(i)?;
         }
         if self.clients_active {
             self.clients_act()?;
         }
         for i in 0..self.cfg.nodes {
             self.end_turn(i)?;
+        }
+        Ok(())
+    }
+
+    fn tick_node(&mut self, i: usize) -> Result<(), String> {
+        let Some(node) = self.nodes[i].as_mut() else {
+            return Ok(());
+        };
+        self.out.clear();
+        node.tick(self.now, &mut self.out);
+        let trace = node.take_trace();
+        self.check_trace(i, &trace)?;
+        let replies: Vec<(ConnId, String, Reply<'static>)> = self
+            .out
+            .iter()
+            .map(|a| (a.conn, a.reply.key().to_owned(), owned(a.reply)))
+            .collect();
+        self.out.clear();
+        for (conn, key, reply) in replies {
+            self.on_reply(i as u64 + 1, conn, &key, reply)?;
         }
         Ok(())
     }
@@ -520,6 +559,7 @@ impl Sim {
             ClientState::Acquiring { .. } | ClientState::Releasing { .. } => {
                 self.report.given_up += 1;
                 self.clients[c].state = ClientState::Idle;
+                self.clients[c].next_at = self.now.add_ms(self.rng.range(0, 1000));
             }
             _ => {}
         }
@@ -608,7 +648,11 @@ impl Sim {
                 }
                 _ => false,
             };
-            if give_up {
+            // Now and then a waiting client hangs up (its queued acquire
+            // must be cancelled cluster-wide and never answered).
+            let hang_up = matches!(self.clients[c].state, ClientState::Acquiring { .. })
+                && self.rng.chance(0.0005);
+            if give_up || hang_up {
                 self.reconnect(c);
                 continue;
             }
@@ -873,8 +917,8 @@ impl Sim {
                     let Some(node) = self.nodes[j].as_mut() else {
                         continue;
                     };
-                    node.tick(self.now);
                     self.out.clear();
+                    node.tick(self.now, &mut self.out);
                     node.end_turn(self.now, &mut self.out)
                         .map_err(|e| format!("seed {}: final turn: {e}", self.cfg.seed))?;
                     if j == i {

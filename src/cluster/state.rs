@@ -233,6 +233,18 @@ impl StateMachine {
                 res.duplicate = true;
                 return res;
             }
+            // The origin restarted: its older boot's connections are gone,
+            // so their queued acquires are cancelled now rather than when
+            // their waits run out.
+            let stale: Vec<Origin> = self
+                .conns
+                .keys()
+                .filter(|o| o.node == rid.node && o.epoch < rid.epoch)
+                .copied()
+                .collect();
+            for o in stale {
+                self.cancel(o);
+            }
         }
         match cmd {
             Command::Acquire {
@@ -859,12 +871,24 @@ mod tests {
             },
         );
         sm.check();
-        let a = sm.apply(8, &rel(rid(1, 2), "k", 1));
+        // Node 4 queues, restarts (epoch 2): its old waiter is dropped by the
+        // first command of the new boot.
+        sm.apply(8, &acq(rid(4, 1), 5, "k", 400, 9));
+        assert!(sm.is_waiting("k", rid(4, 1)));
+        let newer = Rid {
+            node: 4,
+            epoch: 2,
+            seq: 1,
+        };
+        sm.apply(9, &acq(newer, 5, "other", 401, 0));
+        assert!(!sm.is_waiting("k", rid(4, 1)));
+        sm.check();
+        let a = sm.apply(10, &rel(rid(1, 2), "k", 1));
         assert_eq!(
             kinds(&a),
             vec![
                 (rid(1, 2), AnswerKind::Released(1)),
-                (rid(3, 1), AnswerKind::Acquired(8))
+                (rid(3, 1), AnswerKind::Acquired(10))
             ]
         );
         sm.check();

@@ -251,6 +251,8 @@ pub trait Disk {
     fn append(&mut self, bytes: &[u8], sync: bool) -> io::Result<()>;
     /// Everything the log holds, for recovery.
     fn read_all(&mut self) -> io::Result<Vec<u8>>;
+    /// Makes everything appended so far durable.
+    fn sync(&mut self) -> io::Result<()>;
     /// Cuts the log to `len` bytes (a torn tail) and makes that durable.
     fn truncate(&mut self, len: u64) -> io::Result<()>;
     /// Atomically and durably replaces the whole log with `bytes`.
@@ -305,6 +307,8 @@ pub struct Wal<D: Disk> {
     disk: D,
     staged: Vec<u8>,
     must_sync: bool,
+    /// Written records wait for a sync.
+    sync_owed: bool,
     log_bytes: u64,
     identity: Identity,
 }
@@ -364,6 +368,7 @@ impl<D: Disk> Wal<D> {
             disk,
             staged: Vec::new(),
             must_sync: false,
+            sync_owed: false,
             log_bytes: pos as u64,
             identity: identity.clone(),
         };
@@ -459,6 +464,35 @@ impl<D: Disk> Wal<D> {
         Ok(())
     }
 
+    /// Writes everything staged with one write and no fsync; records that
+    /// need one (or `sync`) leave a sync owed for [`Wal::sync`].
+    pub fn write(&mut self, sync: bool) -> io::Result<()> {
+        self.sync_owed |= sync || self.must_sync;
+        self.must_sync = false;
+        if self.staged.is_empty() {
+            return Ok(());
+        }
+        self.disk.append(&self.staged, false)?;
+        self.log_bytes += self.staged.len() as u64;
+        self.staged.clear();
+        Ok(())
+    }
+
+    /// True when written records wait for [`Wal::sync`].
+    #[must_use]
+    pub fn sync_owed(&self) -> bool {
+        self.sync_owed
+    }
+
+    /// The fsync owed by [`Wal::write`] (nothing when none is owed).
+    pub fn sync(&mut self) -> io::Result<()> {
+        if self.sync_owed {
+            self.disk.sync()?;
+            self.sync_owed = false;
+        }
+        Ok(())
+    }
+
     /// Rewrites the log as the compacted `store` plus `epoch`, atomically.
     pub fn rewrite(&mut self, store: &LogStore, epoch: u64) -> io::Result<()> {
         let mut buf = Vec::new();
@@ -490,6 +524,7 @@ impl<D: Disk> Wal<D> {
         self.log_bytes = buf.len() as u64;
         self.staged.clear();
         self.must_sync = false;
+        self.sync_owed = false;
         Ok(())
     }
 
@@ -588,6 +623,10 @@ impl Disk for FileDisk {
             self.file.sync_data()?;
         }
         Ok(())
+    }
+
+    fn sync(&mut self) -> io::Result<()> {
+        self.file.sync_data()
     }
 
     fn read_all(&mut self) -> io::Result<Vec<u8>> {
@@ -708,6 +747,16 @@ impl Disk for MemDisk {
             d.synced = d.data.len();
             d.syncs += 1;
         }
+        Ok(())
+    }
+
+    fn sync(&mut self) -> io::Result<()> {
+        let mut d = self.inner.borrow_mut();
+        if d.fail_next_sync {
+            return Err(io::Error::other("simulated power cut"));
+        }
+        d.synced = d.data.len();
+        d.syncs += 1;
         Ok(())
     }
 

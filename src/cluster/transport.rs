@@ -255,6 +255,13 @@ impl Transport {
     pub fn tick(&mut self, now: Millis, registry: &Registry) {
         let ids: Vec<u64> = self.peers.keys().copied().collect();
         for id in ids {
+            let due = self
+                .peers
+                .get(&id)
+                .is_some_and(|p| p.stream.is_none() && p.retry_at <= now);
+            if !due {
+                continue;
+            }
             let token = self.peer_token(id);
             let hello = Hello {
                 cluster: self.local.cluster,
@@ -266,9 +273,6 @@ impl Transport {
             }
             .encode();
             let p = self.peers.get_mut(&id).expect("listed");
-            if p.stream.is_some() || p.retry_at > now {
-                continue;
-            }
             match TcpStream::connect(p.addr) {
                 Ok(mut s) => {
                     if registry
@@ -547,6 +551,11 @@ impl Transport {
                 break Ok(());
             }
             let len = u32::from_be_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
+            // Before the hello, nothing but a hello: a stranger on the peer
+            // port cannot make us buffer a large frame.
+            if c.peer.is_none() && len != HELLO_LEN {
+                break Err("the first frame is not a hello".into());
+            }
             if len > MAX_FRAME_BYTES {
                 break Err(format!("frame of {len} bytes is over the limit"));
             }

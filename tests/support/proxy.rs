@@ -8,6 +8,11 @@
 //! server exactly once", "its wait byte was 3". Faults are chosen per
 //! connection, in accept order.
 //!
+//! A delayed *connect* cannot be made by a proxy that has already accepted:
+//! the kernel completes the handshake before any `accept`. [`Blackhole`]
+//! does it instead: listed as a client's first address, it holds each
+//! connect attempt for the client's whole connect timeout.
+//!
 //! Use it from a test file with `#[path = "support/proxy.rs"] mod proxy;`.
 #![allow(dead_code)] // each test file uses a different part of it
 

@@ -1,0 +1,319 @@
+#!/usr/bin/env bash
+# `make bench`: ticketd side by side with Redis locks, the protocol's limit
+# server and etcd, on this machine, in one run. Prints one table with ratios.
+#
+# Environment (all optional):
+#   BENCH_SECONDS=10       measured seconds per throughput cell (3 for a quick try)
+#   BENCH_WARMUP=2         warm-up seconds per cell
+#   BENCH_ROUNDS=3         rounds of the whole matrix; each cell reports its median
+#   BENCH_LOCKS=1000000    held locks for the bytes-per-lock measurement
+#   BENCH_CG_REQUESTS=200000  requests per callgrind run (0 skips callgrind)
+#   BENCH_OUT=target/bench    where raw JSON results and callgrind files go
+#   BENCH_SKIP_MINIMAL=1   skip the --no-default-features size build
+#
+# Everything it starts listens on loopback only and is stopped on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SECS=${BENCH_SECONDS:-10}
+WARM=${BENCH_WARMUP:-2}
+ROUNDS=${BENCH_ROUNDS:-3}
+LOCKS=${BENCH_LOCKS:-1000000}
+CG_REQUESTS=${BENCH_CG_REQUESTS:-200000}
+OUT=${BENCH_OUT:-target/bench}
+TICKETD_PORT=17470
+LIMIT_PORT=17480
+REDIS_PORT=17379
+ETCD_CLIENT_PORT=17390
+ETCD_PEER_PORT=17391
+CG_PORT=17490
+
+mkdir -p "$OUT"
+TMP=$(mktemp -d /tmp/ticketd-bench.XXXXXX)
+PIDS=()
+
+cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do
+        kill -TERM "$p" 2>/dev/null || true
+    done
+    for p in "${PIDS[@]}"; do
+        wait "$p" 2>/dev/null || true
+    done
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log() { printf '== %s\n' "$*" >&2; }
+
+# ---------------------------------------------------------------- setup
+need_apt=()
+command -v redis-server >/dev/null || need_apt+=(redis-server)
+command -v etcd >/dev/null || need_apt+=(etcd-server)
+command -v valgrind >/dev/null || need_apt+=(valgrind)
+if ((${#need_apt[@]})); then
+    log "installing ${need_apt[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+log "building release binaries"
+cargo build --release --quiet --bin ticketd --example ticket_bench --example limit_server
+TICKETD=target/release/ticketd
+BENCH=target/release/examples/ticket_bench
+LIMIT=target/release/examples/limit_server
+
+# wait_port PORT SECONDS: until something accepts on 127.0.0.1:PORT.
+wait_port() {
+    local i
+    for ((i = 0; i < $2 * 10; i++)); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    echo "nothing listens on port $1 after $2 s" >&2
+    return 1
+}
+
+rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
+
+# stop PID: SIGTERM, wait for it, forget it.
+stop() {
+    kill -TERM "$1" 2>/dev/null || true
+    wait "$1" 2>/dev/null || true
+    local keep=() p
+    for p in "${PIDS[@]}"; do
+        [[ $p == "$1" ]] || keep+=("$p")
+    done
+    PIDS=("${keep[@]}")
+}
+
+start_ticketd() {
+    "$TICKETD" --listen "127.0.0.1:$TICKETD_PORT" --log-level warn "$@" &
+    PID=$!
+    PIDS+=("$PID")
+    wait_port "$TICKETD_PORT" 10
+}
+
+start_redis() {
+    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+        --daemonize no --loglevel warning --dir "$TMP" "$@" >"$TMP/redis.log" 2>&1 &
+    PID=$!
+    PIDS+=("$PID")
+    wait_port "$REDIS_PORT" 10
+}
+
+start_limit() {
+    "$LIMIT" "127.0.0.1:$LIMIT_PORT" >/dev/null &
+    PID=$!
+    PIDS+=("$PID")
+    wait_port "$LIMIT_PORT" 10
+}
+
+start_etcd() {
+    rm -rf "$TMP/etcd"
+    etcd --name bench --data-dir "$TMP/etcd" \
+        --listen-client-urls "http://127.0.0.1:$ETCD_CLIENT_PORT" \
+        --advertise-client-urls "http://127.0.0.1:$ETCD_CLIENT_PORT" \
+        --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+        --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+        --initial-cluster "bench=http://127.0.0.1:$ETCD_PEER_PORT" \
+        --log-level error >"$TMP/etcd.log" 2>&1 &
+    PID=$!
+    PIDS+=("$PID")
+    wait_port "$ETCD_CLIENT_PORT" 20
+}
+
+# jget JSON FIELD: a number or string field of the bench tool's flat JSON.
+jget() { printf '%s' "$1" | sed -n "s/.*\"$2\":\"\{0,1\}\([^,\"}]*\).*/\1/p"; }
+
+# ratio A B [DIGITS]
+ratio() { awk -v a="$1" -v b="$2" -v d="${3:-2}" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "-"; else printf "%.*f", d, a / b }'; }
+
+# bench NAME ROUND PID ARGS...: one run of a cell, kept in $OUT/NAME.rROUND.json.
+bench() {
+    local name=$1 round=$2 pid=$3 j
+    shift 3
+    "$BENCH" --json --quiet --server-pid "$pid" "$@" >"$OUT/$name.r$round.json"
+    j=$(cat "$OUT/$name.r$round.json")
+    printf '   %-22s round %s: %10s req/s  p99 %9s us  wait p99 %9s us  server %6s us/req\n' \
+        "$name" "$round" "$(jget "$j" requests_per_s)" "$(jget "$j" p99_us)" \
+        "$(jget "$j" wait_p99_us)" "$(jget "$j" server_cpu_us_per_request)" >&2
+}
+
+# median NAME FIELD: $OUT/NAME.json becomes the round with the median FIELD.
+# Rounds of all cells are interleaved, so a burst of load from elsewhere on a
+# shared machine hits one round of every cell, not every round of one cell.
+median() {
+    local f picked
+    picked=$(for f in "$OUT/$1".r*.json; do
+        printf '%s %s\n' "$(jget "$(cat "$f")" "$2")" "$f"
+    done | sort -g | awk '{ a[NR] = $2 } END { print a[int((NR + 1) / 2)] }')
+    cp "$picked" "$OUT/$1.json"
+}
+
+# ---------------------------------------------------------------- footprint
+log "footprint: idle RSS and bytes per held lock ($LOCKS locks, 24-byte keys)"
+start_ticketd
+sleep 1
+T_IDLE=$(rss_kib "$PID")
+"$BENCH" --server "127.0.0.1:$TICKETD_PORT" --mode acquire --lease 255 \
+    --depth 64 --requests "$LOCKS" --quiet --json >"$OUT/mem-ticketd.json"
+T_HELD=$(rss_kib "$PID")
+T_LOCKS=$(jget "$(cat "$OUT/mem-ticketd.json")" grants)
+stop "$PID"
+
+start_redis
+sleep 1
+R_IDLE=$(rss_kib "$PID")
+"$BENCH" --backend redis --server "127.0.0.1:$REDIS_PORT" --mode acquire --lease 255 \
+    --depth 64 --requests "$LOCKS" --quiet --json >"$OUT/mem-redis.json"
+R_HELD=$(rss_kib "$PID")
+R_LOCKS=$(jget "$(cat "$OUT/mem-redis.json")" grants)
+stop "$PID"
+
+start_etcd
+sleep 3
+E_IDLE=$(rss_kib "$PID")
+stop "$PID"
+
+T_BPL=$(awk -v a="$T_IDLE" -v b="$T_HELD" -v n="$T_LOCKS" 'BEGIN { printf "%.0f", (b - a) * 1024 / n }')
+R_BPL=$(awk -v a="$R_IDLE" -v b="$R_HELD" -v n="$R_LOCKS" 'BEGIN { printf "%.0f", (b - a) * 1024 / n }')
+
+strip_size() {
+    cp "$1" "$TMP/stripped"
+    strip "$TMP/stripped"
+    stat -c %s "$TMP/stripped"
+}
+SIZE_DEFAULT=$(strip_size "$TICKETD")
+SIZE_MINIMAL=-
+if [[ -z ${BENCH_SKIP_MINIMAL:-} ]]; then
+    log "building ticketd without default features (target/bench-minimal)"
+    cargo build --release --quiet --no-default-features --bin ticketd --target-dir target/bench-minimal
+    SIZE_MINIMAL=$(strip_size target/bench-minimal/release/ticketd)
+fi
+
+# ---------------------------------------------------------------- throughput
+start_ticketd
+TPID=$PID
+start_redis
+RPID=$PID
+start_limit
+LPID=$PID
+start_etcd
+EPID=$PID
+
+common=(--duration "$SECS" --warmup "$WARM" --connections 50 --mode cycle --keys uncontended)
+contended=(--duration "$SECS" --warmup "$WARM" --connections 100 --mode contended --keys hot:10 --wait 5)
+for ((round = 1; round <= ROUNDS; round++)); do
+    log "throughput round $round of $ROUNDS (${SECS} s + ${WARM} s warm-up per cell)"
+    for d in 1 16 64; do
+        bench "cycle-d$d-ticketd" "$round" "$TPID" --server "127.0.0.1:$TICKETD_PORT" "${common[@]}" --depth "$d"
+        bench "cycle-d$d-limit" "$round" "$LPID" --server "127.0.0.1:$LIMIT_PORT" "${common[@]}" --depth "$d"
+        bench "cycle-d$d-redis" "$round" "$RPID" --backend redis --server "127.0.0.1:$REDIS_PORT" "${common[@]}" --depth "$d"
+    done
+    # The FIFO check makes the tool exit 1 on a violation; the table reports it.
+    bench contended-ticketd "$round" "$TPID" --server "127.0.0.1:$TICKETD_PORT" "${contended[@]}" || true
+    # Redis clients poll: every 10 ms (generous), and every 100 ms (redis-py's default).
+    bench contended-redis "$round" "$RPID" --backend redis --server "127.0.0.1:$REDIS_PORT" "${contended[@]}"
+    bench contended-redis-poll100 "$round" "$RPID" --backend redis --server "127.0.0.1:$REDIS_PORT" \
+        "${contended[@]}" --poll-ms 100
+    # etcd: one locker (and lease) per connection, lock requests block. A
+    # fresh etcd for each cell: etcd 3.4's gateway does not cancel the lock
+    # requests of clients that went away, and after one contended cell
+    # (90 waiters dropped at its end) a second one never gets a grant.
+    stop "$EPID"
+    start_etcd
+    EPID=$PID
+    bench cycle-d1-etcd "$round" "$EPID" --backend etcd --server "127.0.0.1:$ETCD_CLIENT_PORT" "${common[@]}" --depth 1
+    stop "$EPID"
+    start_etcd
+    EPID=$PID
+    bench contended-etcd "$round" "$EPID" --backend etcd --server "127.0.0.1:$ETCD_CLIENT_PORT" "${contended[@]}"
+done
+for d in 1 16 64; do
+    for s in ticketd limit redis; do median "cycle-d$d-$s" requests_per_s; done
+done
+median cycle-d1-etcd requests_per_s
+for s in ticketd redis redis-poll100 etcd; do median "contended-$s" wait_p99_us; done
+stop "$TPID"
+stop "$RPID"
+stop "$LPID"
+stop "$EPID"
+
+# ---------------------------------------------------------------- callgrind
+# cg VAR NAME PORT CMD...: sets VAR to the instructions per request of a
+# server under callgrind. A run with no load is subtracted, so start-up and
+# idle cost do not count. (No command substitution: the servers it starts
+# must stay in this shell's PIDS so the exit trap can stop them.)
+cg() {
+    local var=$1 name=$2 port=$3 n
+    shift 3
+    local ir=()
+    for n in 0 "$CG_REQUESTS"; do
+        valgrind --tool=callgrind --callgrind-out-file="$OUT/callgrind.$name.$n.out" \
+            "$@" >"$TMP/cg.log" 2>&1 &
+        local pid=$!
+        PIDS+=("$pid")
+        wait_port "$port" 60
+        if ((n > 0)); then
+            local backend=ticketd
+            [[ $name == redis ]] && backend=redis
+            "$BENCH" --backend "$backend" --server "127.0.0.1:$port" --mode cycle --depth 16 \
+                --connections 50 --requests "$n" --quiet --json >"$OUT/cg-$name.json"
+        fi
+        stop "$pid"
+        ir+=("$(awk '/^(summary|totals):/ {print $2; exit}' "$OUT/callgrind.$name.$n.out")")
+    done
+    local answered
+    answered=$(jget "$(cat "$OUT/cg-$name.json")" requests)
+    printf -v "$var" '%s' "$(awk -v a="${ir[0]}" -v b="${ir[1]}" -v n="$answered" 'BEGIN { printf "%.0f", (b - a) / n }')"
+}
+IR_T=- IR_L=- IR_R=-
+if ((CG_REQUESTS > 0)); then
+    log "callgrind: $CG_REQUESTS requests, cycle, depth 16, 50 connections"
+    cg IR_T ticketd "$CG_PORT" "$TICKETD" --listen "127.0.0.1:$CG_PORT" --log-level warn
+    cg IR_L limit "$CG_PORT" "$LIMIT" "127.0.0.1:$CG_PORT"
+    cg IR_R redis "$CG_PORT" redis-server --port "$CG_PORT" --bind 127.0.0.1 --save '' \
+        --appendonly no --daemonize no --loglevel warning --dir "$TMP"
+fi
+
+# ---------------------------------------------------------------- table
+J() { cat "$OUT/$1.json"; }
+rps() { jget "$(J "$1")" requests_per_s; }
+cpu() { jget "$(J "$1")" server_cpu_us_per_request; }
+
+row() { printf '%-38s %10s %10s %10s %10s %8s %8s  %s\n' "$@"; }
+echo
+echo "ticketd benchmark: $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ), ${SECS} s per cell, median of $ROUNDS rounds"
+row "workload (50 connections)" ticketd redis limit etcd "t/redis" "t/limit" "target"
+row "---" --- --- --- --- --- --- ---
+for d in 1 16 64; do
+    t=$(rps "cycle-d$d-ticketd") r=$(rps "cycle-d$d-redis") l=$(rps "cycle-d$d-limit")
+    case $d in 1) tgt="t/redis >= 1.1" ;; 16) tgt="t/redis >= 3, t/limit >= 0.8" ;; 64) tgt="t/redis >= 6, t/limit >= 0.8" ;; esac
+    e=""
+    [[ $d == 1 ]] && e=$(rps cycle-d1-etcd)
+    row "cycle depth $d, requests/s" "$t" "$r" "$l" "$e" "$(ratio "$t" "$r")" "$(ratio "$t" "$l")" "$tgt"
+done
+t=$(cpu cycle-d16-ticketd) r=$(cpu cycle-d16-redis) l=$(cpu cycle-d16-limit)
+row "cycle depth 16, server CPU us/req" "$t" "$r" "$l" "" "$(ratio "$t" "$r")" "$(ratio "$t" "$l")" "t/limit <= 2"
+row "instructions/request, depth 16" "$IR_T" "$IR_R" "$IR_L" "" "$(ratio "$IR_T" "$IR_R")" "$(ratio "$IR_T" "$IR_L")" "ticketd <= 1500"
+ct=$(J contended-ticketd) cr=$(J contended-redis) ce=$(J contended-etcd)
+cr100=$(J contended-redis-poll100)
+for f in wait_p99_us wait_p50_us grants_per_s; do
+    t=$(jget "$ct" $f) r=$(jget "$cr" $f) r100=$(jget "$cr100" $f) e=$(jget "$ce" $f)
+    case $f in
+    wait_p99_us) label="contended 100 on 10 keys: p99 wait us" tgt="t/redis <= 0.2" ;;
+    wait_p50_us) label="contended: p50 wait us" tgt="" ;;
+    *) label="contended: grants/s" tgt="" ;;
+    esac
+    row "$label" "$t" "$r" "" "$e" "$(ratio "$t" "$r")" "" "$tgt (redis polling every 100 ms: $r100)"
+done
+fifo="$(jget "$ct" fifo_violations) of $(jget "$ct" fifo_checked) grants out of order"
+row "contended: FIFO check (ticketd)" "" "" "" "" "" "" "$fifo (must be 0)"
+row "bytes per held lock ($T_LOCKS / $R_LOCKS)" "$T_BPL" "$R_BPL" "" "" "$(ratio "$T_BPL" "$R_BPL")" "" "t/redis <= 0.7"
+row "idle RSS KiB" "$T_IDLE" "$R_IDLE" "" "$E_IDLE" "$(ratio "$T_IDLE" "$R_IDLE")" "" "ticketd <= 3072"
+row "stripped binary bytes" "$SIZE_DEFAULT" "" "" "" "" "" "without default features: $SIZE_MINIMAL"
+echo "raw results: $OUT/*.json"

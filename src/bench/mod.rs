@@ -1,0 +1,688 @@
+//! `ticket bench`: a load generator for ticketd and, for comparison, Redis.
+//!
+//! Like `redis-benchmark`: many connections, a pipeline depth, a key space and
+//! a workload, for a fixed time or a fixed number of requests. It prints
+//! requests/s, grants/s and latency percentiles; for the contended workload
+//! also the time from asking to being granted, and a FIFO check of ticketd's
+//! hand-over order. The same code drives every service: only the
+//! [`backend::Backend`] differs. `docs/BENCHMARKS.md` describes the method.
+//!
+//! The generator is synchronous: one `mio` loop per thread (one thread by
+//! default), so it can drive hundreds of pipelined connections from one core
+//! and leave the other core to the server under test.
+
+pub mod backend;
+pub mod etcd;
+pub mod gen;
+pub mod hist;
+pub mod limit;
+pub mod resp;
+
+use std::fmt::Write as _;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use backend::{Backend, Ticketd};
+use gen::{Config, Keys, Mode, Shared, Stats};
+
+const USAGE: &str = "\
+usage: ticket bench [FLAGS]
+
+  --server ADDR         server address (default 127.0.0.1:7470 for ticketd,
+                        127.0.0.1:6379 for redis, 127.0.0.1:2379 for etcd)
+  --backend NAME        ticketd | redis | etcd (default ticketd; etcd through
+                        its v3 HTTP gateway, one locker per connection, depth 1)
+  --connections N       connections (default 50)
+  --depth N             requests in flight per connection, 1..=256 (default 1)
+  --keys SPEC           uncontended | hot:N (default uncontended;
+                        hot:10 for --mode contended)
+  --mode MODE           acquire | cycle | contended (default cycle)
+  --wait S              seconds an acquire may wait, 0..=255 (default 0;
+                        5 for contended; Redis clients poll that long)
+  --lease S             lease of each grant, 1..=255 (default 30)
+  --poll-ms MS          Redis only: pause between two polls of a waiter (default 10)
+  --duration S          seconds measured (default 10)
+  --warmup S            seconds run before measuring (default 1)
+  --requests N          instead of a duration: stop starting acquires after N
+                        requests and end when all are answered
+  --threads N           generator threads (default 1)
+  --server-pid PID      also report the server's CPU time per request
+  --json                one JSON object on stdout instead of the text report
+  --quiet               no progress line on stderr
+  -h, --help            this text
+";
+
+/// A parsed command line.
+#[derive(Clone, Debug)]
+pub struct Args {
+    /// Generator settings.
+    pub cfg: Config,
+    /// Which service.
+    pub backend: BackendKind,
+    /// Measured seconds.
+    pub duration: Duration,
+    /// Warm-up seconds.
+    pub warmup: Duration,
+    /// Print JSON.
+    pub json: bool,
+    /// No progress line.
+    pub quiet: bool,
+    /// The server's pid, for CPU accounting.
+    pub server_pid: Option<u32>,
+}
+
+/// The services `ticket bench` can drive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    /// ticketd's own protocol.
+    Ticketd,
+    /// Redis: `SET NX PX` and a compare-and-delete script.
+    Redis,
+    /// etcd's lock API through its HTTP/JSON gateway.
+    Etcd,
+}
+
+fn num<T>(
+    p: &mut pico_args::Arguments,
+    flag: &'static str,
+    lo: T,
+    hi: T,
+) -> Result<Option<T>, String>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy,
+{
+    let v: Option<String> = p
+        .opt_value_from_str(flag)
+        .map_err(|e| format!("{flag}: {e}"))?;
+    let Some(v) = v else { return Ok(None) };
+    let n: T = v
+        .parse()
+        .map_err(|_| format!("{flag}: {v:?} is not a number"))?;
+    if n < lo || n > hi {
+        return Err(format!("{flag}: {v} is out of range {lo}..={hi}"));
+    }
+    Ok(Some(n))
+}
+
+/// Parses the flags of `ticket bench` (without the program or subcommand name).
+pub fn parse_args(args: Vec<String>) -> Result<Args, String> {
+    let mut p = pico_args::Arguments::from_vec(args.into_iter().map(Into::into).collect());
+    if p.contains(["-h", "--help"]) {
+        return Err(String::new());
+    }
+    let backend = match p
+        .opt_value_from_str::<_, String>("--backend")
+        .map_err(|e| format!("--backend: {e}"))?
+        .as_deref()
+    {
+        None | Some("ticketd") => BackendKind::Ticketd,
+        Some("redis") => BackendKind::Redis,
+        Some("etcd") => BackendKind::Etcd,
+        Some(other) => {
+            return Err(format!(
+                "--backend: unknown backend {other:?} (ticketd | redis | etcd)"
+            ))
+        }
+    };
+    let mode = match p
+        .opt_value_from_str::<_, String>("--mode")
+        .map_err(|e| format!("--mode: {e}"))?
+        .as_deref()
+    {
+        None | Some("cycle") => Mode::Cycle,
+        Some("acquire") => Mode::Acquire,
+        Some("contended") => Mode::Contended,
+        Some(other) => {
+            return Err(format!(
+                "--mode: unknown mode {other:?} (acquire | cycle | contended)"
+            ))
+        }
+    };
+    let keys = match p
+        .opt_value_from_str::<_, String>("--keys")
+        .map_err(|e| format!("--keys: {e}"))?
+    {
+        None if mode == Mode::Contended => Keys::Hot(10),
+        None => Keys::Uncontended,
+        Some(s) if s == "uncontended" => Keys::Uncontended,
+        Some(s) => match s.strip_prefix("hot:").map(str::parse::<u32>) {
+            Some(Ok(n)) if (1..=1_000_000).contains(&n) => Keys::Hot(n),
+            _ => {
+                return Err(format!(
+                    "--keys: {s:?} is not uncontended or hot:N with N in 1..=1000000"
+                ))
+            }
+        },
+    };
+    if mode == Mode::Contended && keys == Keys::Uncontended {
+        return Err("--mode contended needs --keys hot:N".into());
+    }
+    let server: Option<String> = p
+        .opt_value_from_str("--server")
+        .map_err(|e| format!("--server: {e}"))?;
+    let server = server.unwrap_or_else(|| match backend {
+        BackendKind::Ticketd => "127.0.0.1:7470".into(),
+        BackendKind::Redis => "127.0.0.1:6379".into(),
+        BackendKind::Etcd => "127.0.0.1:2379".into(),
+    });
+    let addr: SocketAddr = server
+        .to_socket_addrs()
+        .map_err(|e| format!("--server: {server:?}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("--server: {server:?} resolves to nothing"))?;
+    let connections = num(&mut p, "--connections", 1usize, 10_000)?.unwrap_or(50);
+    let depth = num(&mut p, "--depth", 1usize, 256)?.unwrap_or(1);
+    if backend == BackendKind::Etcd && depth != 1 {
+        return Err("--depth: etcd lock requests block, so its depth is 1".into());
+    }
+    let default_wait = if mode == Mode::Contended { 5 } else { 0 };
+    let wait_s = num(&mut p, "--wait", 0u8, 255)?.unwrap_or(default_wait);
+    if mode == Mode::Contended && wait_s == 0 {
+        return Err("--mode contended needs --wait of at least 1 second".into());
+    }
+    let lease_s = num(&mut p, "--lease", 1u8, 255)?.unwrap_or(30);
+    let poll_ms = num(&mut p, "--poll-ms", 1u64, 10_000)?.unwrap_or(10);
+    let duration_s = num(&mut p, "--duration", 0.1f64, 86_400.0)?;
+    let warmup_s = num(&mut p, "--warmup", 0.0f64, 3_600.0)?;
+    let requests = num(&mut p, "--requests", 1u64, 1 << 40)?;
+    let threads = num(&mut p, "--threads", 1usize, 64)?.unwrap_or(1);
+    let server_pid = num(&mut p, "--server-pid", 1u32, u32::MAX)?;
+    let json = p.contains("--json");
+    let quiet = p.contains("--quiet");
+    let rest = p.finish();
+    if let Some(first) = rest.first() {
+        return Err(format!("unexpected argument {:?}", first.to_string_lossy()));
+    }
+    if threads > connections {
+        return Err(format!(
+            "--threads: {threads} threads for {connections} connections"
+        ));
+    }
+    // A count-bounded run has no warm-up; its duration is only a safety cap.
+    let (duration_s, warmup_s) = match requests {
+        Some(_) => (duration_s.unwrap_or(600.0), 0.0),
+        None => (duration_s.unwrap_or(10.0), warmup_s.unwrap_or(1.0)),
+    };
+    Ok(Args {
+        cfg: Config {
+            addr,
+            connections,
+            depth,
+            keys,
+            mode,
+            wait_s,
+            lease_s,
+            poll_ms,
+            threads,
+            requests,
+        },
+        backend,
+        duration: Duration::from_secs_f64(duration_s),
+        warmup: Duration::from_secs_f64(warmup_s),
+        json,
+        quiet,
+        server_pid,
+    })
+}
+
+/// CPU seconds (user + system) a process has used, from `/proc/PID/stat`.
+/// `/proc` counts in USER_HZ, which is 100 on every Linux architecture.
+#[must_use]
+pub fn process_cpu_s(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may contain spaces: skip past it.
+    let after = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = after.split(' ').collect();
+    // After the name: state is field 3 of the full line, utime 14, stime 15.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) as f64 / 100.0)
+}
+
+/// The outcome of one run.
+#[derive(Debug)]
+pub struct Report {
+    /// The command line it ran with.
+    pub args: Args,
+    /// Measured seconds.
+    pub elapsed_s: f64,
+    /// What the workers counted.
+    pub stats: Stats,
+    /// (grants checked, grants out of FIFO order), for contended ticketd runs.
+    pub fifo: Option<(u64, u64)>,
+    /// Server CPU seconds during the measured window.
+    pub server_cpu_s: Option<f64>,
+}
+
+fn run_backend<B: Backend>(b: Arc<B>, args: &Args) -> Result<Report, String> {
+    let cfg = &args.cfg;
+    let shared = Arc::new(Shared::new(cfg.requests));
+    // Without a warm-up, measuring starts before the first request is sent.
+    let mut measure_start = if args.warmup.is_zero() {
+        shared.measuring.store(true, Ordering::Relaxed);
+        Some((Instant::now(), args.server_pid.and_then(process_cpu_s)))
+    } else {
+        None
+    };
+    let base = Instant::now();
+    let mut handles = Vec::new();
+    for t in 0..cfg.threads {
+        let ids: Vec<u64> = (0..cfg.connections as u64)
+            .filter(|i| *i as usize % cfg.threads == t)
+            .collect();
+        let (b, cfg, shared) = (Arc::clone(&b), cfg.clone(), Arc::clone(&shared));
+        handles.push(
+            std::thread::Builder::new()
+                .name(format!("bench-{t}"))
+                .spawn(move || gen::run_worker(&*b, &cfg, &ids, &shared, base))
+                .map_err(|e| format!("spawning a generator thread: {e}"))?,
+        );
+    }
+
+    let threads = cfg.threads as u64;
+    let warmup_end = base + args.warmup;
+    let end = warmup_end + args.duration;
+    let mut last = (Instant::now(), 0u64, 0u64);
+    let mut tick = 1u64;
+    loop {
+        let now = Instant::now();
+        if shared.done.load(Ordering::Relaxed) == threads || now >= end {
+            break;
+        }
+        if measure_start.is_none() && now >= warmup_end {
+            measure_start = Some((now, args.server_pid.and_then(process_cpu_s)));
+            shared.measuring.store(true, Ordering::Relaxed);
+        }
+        let next = (base + Duration::from_secs(tick)).min(end);
+        std::thread::sleep(
+            next.saturating_duration_since(now)
+                .min(Duration::from_millis(50)),
+        );
+        if Instant::now() >= base + Duration::from_secs(tick) {
+            tick += 1;
+            let sent = shared.sent.load(Ordering::Relaxed);
+            let grants = shared.grants.load(Ordering::Relaxed);
+            let dt = last.0.elapsed().as_secs_f64().max(1e-9);
+            if !args.quiet {
+                eprintln!(
+                    "[{:>4}s] {:<7} {:>10.0} req/s {:>10.0} grants/s",
+                    tick - 1,
+                    if measure_start.is_some() {
+                        "run"
+                    } else {
+                        "warmup"
+                    },
+                    (sent - last.1) as f64 / dt,
+                    (grants - last.2) as f64 / dt,
+                );
+            }
+            last = (Instant::now(), sent, grants);
+        }
+    }
+    let stop_at = Instant::now();
+    let cpu_end = args.server_pid.and_then(process_cpu_s);
+    shared.stop.store(true, Ordering::Relaxed);
+    let mut stats = Stats::default();
+    let mut err = None;
+    for h in handles {
+        match h.join() {
+            Ok(Ok(s)) => stats.merge(s),
+            Ok(Err(e)) => err = Some(e),
+            Err(_) => err = Some("a generator thread panicked".into()),
+        }
+    }
+    if let Some(e) = err {
+        return Err(e);
+    }
+    let (start, cpu_start) = measure_start.unwrap_or((stop_at, None));
+    let fifo = (cfg.mode == Mode::Contended && b.fifo_probe())
+        .then(|| gen::fifo_violations(&mut stats.grant_log));
+    Ok(Report {
+        args: args.clone(),
+        elapsed_s: stop_at.duration_since(start).as_secs_f64(),
+        stats,
+        fifo,
+        server_cpu_s: match (cpu_start, cpu_end) {
+            (Some(a), Some(b)) => Some(b - a),
+            _ => None,
+        },
+    })
+}
+
+/// Runs one benchmark as the command line says.
+pub fn run(args: &Args) -> Result<Report, String> {
+    match args.backend {
+        BackendKind::Ticketd => run_backend(Arc::new(Ticketd), args),
+        BackendKind::Redis => {
+            let r = resp::Redis::new(args.cfg.addr)
+                .map_err(|e| format!("redis at {}: {e}", args.cfg.addr))?;
+            run_backend(Arc::new(r), args)
+        }
+        BackendKind::Etcd => {
+            let e = etcd::Etcd::new(args.cfg.addr, args.cfg.connections)
+                .map_err(|e| format!("etcd at {}: {e}", args.cfg.addr))?;
+            run_backend(Arc::new(e), args)
+        }
+    }
+}
+
+fn mode_name(m: Mode) -> &'static str {
+    match m {
+        Mode::Acquire => "acquire",
+        Mode::Cycle => "cycle",
+        Mode::Contended => "contended",
+    }
+}
+
+fn keys_name(k: Keys) -> String {
+    match k {
+        Keys::Uncontended => "uncontended".into(),
+        Keys::Hot(n) => format!("hot:{n}"),
+    }
+}
+
+fn us(ns: u64) -> f64 {
+    ns as f64 / 1000.0
+}
+
+impl Report {
+    /// Requests answered per second.
+    #[must_use]
+    pub fn requests_per_s(&self) -> f64 {
+        self.stats.replies as f64 / self.elapsed_s.max(1e-9)
+    }
+
+    /// Grants per second.
+    #[must_use]
+    pub fn grants_per_s(&self) -> f64 {
+        self.stats.grants as f64 / self.elapsed_s.max(1e-9)
+    }
+
+    /// Server CPU microseconds per answered request.
+    #[must_use]
+    pub fn server_cpu_us_per_request(&self) -> Option<f64> {
+        // Probes are requests the server answered too.
+        let answered = self.stats.replies + self.stats.probes;
+        self.server_cpu_s
+            .filter(|_| answered > 0)
+            .map(|s| s * 1e6 / answered as f64)
+    }
+
+    fn backend_name(&self) -> &'static str {
+        match self.args.backend {
+            BackendKind::Ticketd => "ticketd",
+            BackendKind::Redis => "redis",
+            BackendKind::Etcd => "etcd",
+        }
+    }
+
+    /// One flat JSON object (numbers and short strings only, so shell tools
+    /// can pick fields out of it).
+    #[must_use]
+    pub fn to_json(&self) -> String {
+        let s = &self.stats;
+        let c = &self.args.cfg;
+        let mut j = String::from("{");
+        let _ = write!(
+            j,
+            "\"backend\":\"{}\",\"mode\":\"{}\",\"keys\":\"{}\",\"connections\":{},\"depth\":{},\"wait_s\":{},\"lease_s\":{},",
+            self.backend_name(),
+            mode_name(c.mode),
+            keys_name(c.keys),
+            c.connections,
+            c.depth,
+            c.wait_s,
+            c.lease_s
+        );
+        let _ = write!(
+            j,
+            "\"elapsed_s\":{:.3},\"requests\":{},\"requests_per_s\":{:.0},\"grants\":{},\"grants_per_s\":{:.0},\"not_granted\":{},\"busy\":{},\"released\":{},\"not_released\":{},\"polls\":{},\"probes\":{},",
+            self.elapsed_s,
+            s.replies,
+            self.requests_per_s(),
+            s.grants,
+            self.grants_per_s(),
+            s.not_granted,
+            s.busy,
+            s.released,
+            s.not_released,
+            s.polls,
+            s.probes
+        );
+        let _ = write!(
+            j,
+            "\"p50_us\":{:.1},\"p99_us\":{:.1},\"p999_us\":{:.1},\"max_us\":{:.1}",
+            us(s.latency.quantile(0.5)),
+            us(s.latency.quantile(0.99)),
+            us(s.latency.quantile(0.999)),
+            us(s.latency.max())
+        );
+        if c.mode == Mode::Contended {
+            let w = &s.wait_to_grant;
+            let _ = write!(
+                j,
+                ",\"wait_p50_us\":{:.1},\"wait_p99_us\":{:.1},\"wait_p999_us\":{:.1},\"wait_max_us\":{:.1}",
+                us(w.quantile(0.5)),
+                us(w.quantile(0.99)),
+                us(w.quantile(0.999)),
+                us(w.max())
+            );
+        }
+        if let Some((checked, bad)) = self.fifo {
+            let _ = write!(j, ",\"fifo_checked\":{checked},\"fifo_violations\":{bad}");
+        }
+        if let (Some(cpu), Some(per)) = (self.server_cpu_s, self.server_cpu_us_per_request()) {
+            let _ = write!(
+                j,
+                ",\"server_cpu_s\":{cpu:.2},\"server_cpu_us_per_request\":{per:.3}"
+            );
+        }
+        j.push('}');
+        j
+    }
+
+    /// The human-readable report.
+    #[must_use]
+    pub fn to_text(&self) -> String {
+        let s = &self.stats;
+        let c = &self.args.cfg;
+        let mut t = String::new();
+        let _ = writeln!(
+            t,
+            "{} {}: {} connections, depth {}, keys {}, wait {} s, lease {} s, {:.1} s measured",
+            self.backend_name(),
+            mode_name(c.mode),
+            c.connections,
+            c.depth,
+            keys_name(c.keys),
+            c.wait_s,
+            c.lease_s,
+            self.elapsed_s
+        );
+        let _ = writeln!(
+            t,
+            "  requests/s {:>12.0}   grants/s {:>12.0}",
+            self.requests_per_s(),
+            self.grants_per_s()
+        );
+        let _ = writeln!(
+            t,
+            "  answered {}  granted {}  not granted {}  busy {}  released {}  not released {}{}",
+            s.replies,
+            s.grants,
+            s.not_granted,
+            s.busy,
+            s.released,
+            s.not_released,
+            match (s.polls, s.probes) {
+                (0, 0) => String::new(),
+                (polls, 0) => format!("  polls {polls}"),
+                (_, probes) => format!("  fifo probes {probes}"),
+            }
+        );
+        let _ = writeln!(
+            t,
+            "  latency    p50 {:>9.1} us  p99 {:>9.1} us  p99.9 {:>9.1} us  max {:>9.1} us",
+            us(s.latency.quantile(0.5)),
+            us(s.latency.quantile(0.99)),
+            us(s.latency.quantile(0.999)),
+            us(s.latency.max())
+        );
+        if c.mode == Mode::Contended {
+            let w = &s.wait_to_grant;
+            let _ = writeln!(
+                t,
+                "  wait→grant p50 {:>9.1} us  p99 {:>9.1} us  p99.9 {:>9.1} us  max {:>9.1} us",
+                us(w.quantile(0.5)),
+                us(w.quantile(0.99)),
+                us(w.quantile(0.999)),
+                us(w.max())
+            );
+            match self.fifo {
+                Some((checked, 0)) => {
+                    let _ = writeln!(t, "  fifo       {checked} grants, all in queue order");
+                }
+                Some((checked, bad)) => {
+                    let _ = writeln!(t, "  fifo       {checked} grants, {bad} OUT OF QUEUE ORDER");
+                }
+                None if self.args.backend == BackendKind::Redis => {
+                    let _ = writeln!(t, "  fifo       n/a (no server-side queue: clients poll)");
+                }
+                None => {
+                    let _ = writeln!(t, "  fifo       not checked (no fencing tokens)");
+                }
+            }
+        }
+        if let (Some(cpu), Some(per)) = (self.server_cpu_s, self.server_cpu_us_per_request()) {
+            let _ = writeln!(t, "  server cpu {cpu:.2} s = {per:.3} us per request");
+        }
+        t
+    }
+}
+
+/// Entry point of `ticket bench ARGS` (without the program and subcommand
+/// names). Returns the process exit code: 0 on success, 1 if the run failed
+/// or the FIFO check found a grant out of order, 2 for bad flags.
+#[must_use]
+pub fn main(args: Vec<String>) -> i32 {
+    let args = match parse_args(args) {
+        Ok(a) => a,
+        Err(e) if e.is_empty() => {
+            print!("{USAGE}");
+            return 0;
+        }
+        Err(e) => {
+            eprintln!("ticket bench: {e}");
+            eprintln!("try 'ticket bench --help'");
+            return 2;
+        }
+    };
+    match run(&args) {
+        Ok(r) => {
+            if args.json {
+                println!("{}", r.to_json());
+            } else {
+                print!("{}", r.to_text());
+            }
+            match r.fifo {
+                Some((_, bad)) if bad > 0 => 1,
+                _ => 0,
+            }
+        }
+        Err(e) => {
+            eprintln!("ticket bench: {e}");
+            1
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    fn args(list: &[&str]) -> Result<Args, String> {
+        parse_args(list.iter().map(|s| (*s).to_string()).collect())
+    }
+
+    #[test]
+    fn bad_flags_are_named_and_exit_2() {
+        for (bad, needle) in [
+            (&["--depth", "0"][..], "--depth"),
+            (&["--depth", "x"][..], "not a number"),
+            (&["--mode", "fast"][..], "unknown mode"),
+            (&["--backend", "zk"][..], "unknown backend"),
+            (&["--keys", "hot:0"][..], "--keys"),
+            (
+                &["--mode", "contended", "--keys", "uncontended"][..],
+                "hot:N",
+            ),
+            (&["--mode", "contended", "--wait", "0"][..], "--wait"),
+            (&["--lease", "0"][..], "--lease"),
+            (&["--backend", "etcd", "--depth", "2"][..], "depth is 1"),
+            (&["--frobnicate"][..], "unexpected argument"),
+        ] {
+            let e = args(bad).unwrap_err();
+            assert!(e.contains(needle), "{bad:?} gave {e:?}");
+        }
+        assert_eq!(main(vec!["--depth".into(), "999".into()]), 2);
+    }
+
+    #[test]
+    fn defaults_follow_the_mode() {
+        let a = args(&["--mode", "contended"]).unwrap();
+        assert_eq!(a.cfg.keys, Keys::Hot(10));
+        assert_eq!(a.cfg.wait_s, 5);
+        assert_eq!(a.cfg.connections, 50);
+        let b = args(&["--backend", "redis", "--requests", "5"]).unwrap();
+        assert_eq!(b.cfg.addr.port(), 6379);
+        assert!(b.warmup.is_zero());
+    }
+
+    #[test]
+    fn cpu_time_of_this_process_is_readable() {
+        let cpu = process_cpu_s(std::process::id());
+        assert!(cpu.is_some_and(|c| c >= 0.0));
+    }
+
+    #[test]
+    fn a_count_bounded_cycle_run_against_the_limit_server_answers_every_request() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = Arc::clone(&stop);
+        let server = std::thread::spawn(move || limit::serve(listener, &stop2));
+        let a = args(&[
+            "--server",
+            &addr,
+            "--connections",
+            "4",
+            "--depth",
+            "8",
+            "--requests",
+            "2000",
+            "--quiet",
+            "--threads",
+            "2",
+        ])
+        .unwrap();
+        let r = run(&a).unwrap();
+        stop.store(true, Ordering::Relaxed);
+        let served = server.join().unwrap().unwrap();
+        // Acquires stop at the budget; every grant is then released, so the
+        // run ends with as many releases as grants and nothing in flight.
+        assert!(
+            (2000..=2000 + 32).contains(&r.stats.replies),
+            "{:?}",
+            r.stats
+        );
+        assert_eq!(r.stats.grants, r.stats.released);
+        assert_eq!(r.stats.replies, r.stats.grants * 2);
+        assert_eq!(served.requests, r.stats.replies);
+        assert_eq!(r.stats.latency.count(), r.stats.replies);
+        let j = r.to_json();
+        assert!(j.contains("\"mode\":\"cycle\"") && j.contains("\"requests\":"));
+    }
+}

@@ -1,0 +1,204 @@
+//! `ticket bench` against real servers: an in-process ticketd (the FIFO
+//! check must pass on real hand-overs) and a real `redis-server` started on a
+//! free loopback port (the RESP backend must lock and release for real).
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use ticketd::bench::{self, gen::Mode, BackendKind, Report};
+use ticketd::config::Config;
+use ticketd::server::Server;
+use ticketd::single::SingleService;
+
+fn run(args: &[&str]) -> Report {
+    let parsed = bench::parse_args(args.iter().map(|s| (*s).to_string()).collect())
+        .unwrap_or_else(|e| panic!("bad test flags {args:?}: {e}"));
+    bench::run(&parsed).unwrap_or_else(|e| panic!("bench {args:?} failed: {e}"))
+}
+
+/// An in-process ticketd on a free port, shut down on drop.
+struct InProcess {
+    addr: SocketAddr,
+    stop: Option<ticketd::server::ShutdownHandle>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl InProcess {
+    fn start() -> InProcess {
+        let (tx, rx) = mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let config = Config {
+                listen: "127.0.0.1:0".parse().unwrap(),
+                ..Config::default()
+            };
+            let service = SingleService::with_first_token(config.engine.clone(), 1);
+            let mut server = Server::bind(config, service).unwrap();
+            tx.send((server.local_addr(), server.shutdown_handle()))
+                .unwrap();
+            server.run().unwrap();
+        });
+        let (addr, stop) = rx.recv().unwrap();
+        InProcess {
+            addr,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            s.shutdown();
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[test]
+fn ticketd_hands_contended_keys_over_in_fifo_order() {
+    let server = InProcess::start();
+    let addr = server.addr.to_string();
+    let r = run(&[
+        "--server",
+        &addr,
+        "--mode",
+        "contended",
+        "--connections",
+        "24",
+        "--keys",
+        "hot:3",
+        "--wait",
+        "5",
+        "--duration",
+        "1",
+        "--warmup",
+        "0",
+        "--quiet",
+    ]);
+    let (checked, bad) = r.fifo.expect("contended ticketd runs are FIFO-checked");
+    // 8 waiters per key: most grants are hand-overs on the release path.
+    assert!(checked > 100, "too few grants to check: {checked}");
+    assert_eq!(bad, 0, "grants out of queue order");
+    assert_eq!(r.stats.not_granted + r.stats.busy + r.stats.not_released, 0);
+    // Every acquire was followed by a probe, which must have been answered N.
+    assert!(r.stats.probes + 24 >= r.stats.grants, "{:?}", r.stats);
+    assert!(r.stats.wait_to_grant.count() > 0);
+}
+
+#[test]
+fn ticketd_cycle_run_releases_every_grant() {
+    let server = InProcess::start();
+    let addr = server.addr.to_string();
+    let r = run(&[
+        "--server",
+        &addr,
+        "--connections",
+        "8",
+        "--depth",
+        "16",
+        "--requests",
+        "20000",
+        "--quiet",
+    ]);
+    assert_eq!(r.args.cfg.mode, Mode::Cycle);
+    assert!(r.stats.replies >= 20000);
+    assert_eq!(r.stats.grants, r.stats.released);
+    assert_eq!(r.stats.not_granted + r.stats.busy + r.stats.not_released, 0);
+}
+
+/// A `redis-server` on a free loopback port, persistence off, killed on drop.
+struct Redis {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Redis {
+    fn start() -> Redis {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .args(["--dir", &std::env::temp_dir().to_string_lossy()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (apt-get install redis-server)");
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let r = Redis { child, addr };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(addr).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        r
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn redis_backend_locks_releases_and_polls_for_real() {
+    let redis = Redis::start();
+    let addr = redis.addr.to_string();
+    let r = run(&[
+        "--backend",
+        "redis",
+        "--server",
+        &addr,
+        "--connections",
+        "4",
+        "--depth",
+        "8",
+        "--requests",
+        "4000",
+        "--quiet",
+    ]);
+    assert_eq!(r.args.backend, BackendKind::Redis);
+    // Fresh keys: every SET NX succeeds and every script release deletes.
+    assert!(r.stats.replies >= 4000);
+    assert_eq!(r.stats.grants, r.stats.released);
+    assert_eq!(r.stats.not_granted + r.stats.not_released, 0);
+
+    // Two keys, eight clients: the losers get nil and poll until they win.
+    let c = run(&[
+        "--backend",
+        "redis",
+        "--server",
+        &addr,
+        "--mode",
+        "contended",
+        "--connections",
+        "8",
+        "--keys",
+        "hot:2",
+        "--poll-ms",
+        "1",
+        "--duration",
+        "1",
+        "--warmup",
+        "0",
+        "--quiet",
+    ]);
+    assert!(c.stats.grants > 0);
+    assert!(
+        c.stats.polls > 0,
+        "nobody ever found a key held: {:?}",
+        c.stats
+    );
+    assert_eq!(c.stats.not_released, 0);
+    assert!(c.fifo.is_none(), "Redis has no queue to check");
+}
