@@ -494,15 +494,29 @@ fn slow_and_idle_abuse_leaves_other_clients_fast_and_memory_bounded() {
     for _ in 0..4096 {
         burst.extend_from_slice(&frame);
     }
+    // Write until the socket stays blocked for 1.5 s: the kernel buffers on
+    // both sides are full and the server has stopped reading this client.
     let mut written = 0usize;
-    let flood_until = Instant::now() + Duration::from_secs(3);
-    while Instant::now() < flood_until && written < 64 << 20 {
+    let mut closed_early = false;
+    let mut blocked_since: Option<Instant> = None;
+    let flood_until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < flood_until {
         match sink.write(&burst) {
-            Ok(n) => written += n,
+            Ok(n) => {
+                written += n;
+                blocked_since = None;
+            }
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                let since = *blocked_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > Duration::from_millis(1500) {
+                    break;
+                }
                 std::thread::sleep(Duration::from_millis(20));
             }
-            Err(_) => break, // closed by the server: also fine
+            Err(_) => {
+                closed_early = true; // closed by the server already
+                break;
+            }
         }
     }
     // A well-behaved client meanwhile.
@@ -531,17 +545,18 @@ fn slow_and_idle_abuse_leaves_other_clients_fast_and_memory_bounded() {
             other => panic!("half-frame connection {i} not closed: {other:?}"),
         }
     }
-    // The non-reader is closed too once its replies stop draining.
-    let mut closed = false;
+    // The non-reader is closed too once its replies stop draining. Reading
+    // them would be progress, so first wait (without reading) for more than
+    // the frame timeout, then drain what is left to see the close.
+    std::thread::sleep(Duration::from_millis(2500));
+    let mut closed = closed_early;
     let until = Instant::now() + Duration::from_secs(5);
     sink.set_nonblocking(false).unwrap();
-    sink.set_read_timeout(Some(Duration::from_millis(200)))
+    sink.set_read_timeout(Some(Duration::from_millis(500)))
         .unwrap();
     let mut buf = vec![0u8; 1 << 20];
-    while Instant::now() < until {
-        use std::io::Read;
-        std::thread::sleep(Duration::from_millis(300));
-        match sink.read(&mut buf) {
+    while !closed && Instant::now() < until {
+        match std::io::Read::read(&mut sink, &mut buf) {
             Ok(0) => {
                 closed = true;
                 break;
