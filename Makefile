@@ -17,7 +17,7 @@ help:
 	@echo "sim-single    single-mode simulation over SEEDS fresh seeds (FIRST= to choose); part of sim"
 	@echo "clean         remove build output"
 	@echo "fuzz          run every cargo-fuzz target for FUZZ_SECONDS each (default 60)"
-	@echo "faults        the real-process fault tests (kill, stop, clock jumps, fds, abuse, disk full)"
+	@echo "faults        the real-process fault tests (kill, stop, clock jumps, fds, abuse, disk full, cluster partitions)"
 	@echo "engine-memory bytes per held key and per waiter, hot-path allocations (release)"
 
 build:
@@ -99,3 +99,4 @@ sim-single:
 .PHONY: faults
 faults:
 	$(CARGO) test --test faults_single -- --nocapture
+	$(CARGO) test --test cluster_faults -- --nocapture

@@ -120,6 +120,8 @@ ticketd: a lock server with FIFO queues, bounded waits, leases and fencing token
 
 USAGE:
     ticketd [FLAGS]
+    ticketd --cluster --id N --peers 1=HOST:PORT,... --data-dir DIR [FLAGS]
+                               cluster mode; `ticketd --cluster --help` for its flags
 
 FLAGS (defaults in brackets):
     --listen ADDR              address to listen on; port 0 picks a free port [127.0.0.1:7470]

@@ -46,7 +46,7 @@ const BEFORE_FAULT: Duration = Duration::from_millis(1500);
 /// How long each partition lasts.
 const PARTITION: Duration = Duration::from_secs(5);
 /// Faults in the random schedule, and how long each lasts.
-const STEPS: usize = 6;
+const STEPS: u64 = 6;
 const STEP: Duration = Duration::from_millis(1500);
 /// Longest wait for a new leader or for a node to grant again.
 const RECOVERY: Duration = Duration::from_secs(20);
@@ -282,9 +282,7 @@ fn one_way_partitions_are_safe_and_heal() {
     // still hears them. The followers elect a leader among themselves.
     let (l1, term1) = s.leader();
     let followers: Vec<usize> = (1..=N).filter(|&i| i != l1).collect();
-    for &f in &followers {
-        s.fw.cut(l1, f);
-    }
+    s.fw.cut_all(&followers.iter().map(|&f| (l1, f)).collect::<Vec<_>>());
     let cut1_us = s.now_us();
     let Some((l2, term2)) = s.cluster.wait_leader_above(term1, RECOVERY) else {
         panic!(
@@ -305,9 +303,12 @@ fn one_way_partitions_are_safe_and_heal() {
     // it is still heard. check_quorum makes it step down, and the others
     // elect a leader.
     let (l3, term3) = s.leader();
-    for f in (1..=N).filter(|&i| i != l3) {
-        s.fw.cut(f, l3);
-    }
+    s.fw.cut_all(
+        &(1..=N)
+            .filter(|&i| i != l3)
+            .map(|f| (f, l3))
+            .collect::<Vec<_>>(),
+    );
     let cut2_us = s.now_us();
     let Some((l4, _)) = s.cluster.wait_leader_above(term3, RECOVERY) else {
         panic!("no new leader when {l3} went deaf:\n{}", s.cluster.logs());
@@ -392,21 +393,19 @@ fn a_cut_off_follower_grants_nothing_and_catches_up() {
     assert_tokens_rise(&s, &attempts, heal_us, heal_us);
 }
 
-/// Faults the random schedule draws from.
+/// Draws a fault and puts it in place (replacing the previous one in one
+/// transaction); returns what it is.
 fn random_fault(s: &mut Setup, rng: &mut SplitMix64) -> String {
-    s.fw.heal();
     let node = |rng: &mut SplitMix64| usize::try_from(rng.range(1, N as u64 + 1)).unwrap();
-    match rng.range(0, 5) {
-        0 => "healed".to_owned(),
+    let (cuts, what) = match rng.range(0, 5) {
+        0 => (Vec::new(), "healed".to_owned()),
         1 => {
             let i = node(rng);
-            s.fw.isolate(i, N);
-            format!("node {i} isolated")
+            (Firewall::isolation(i, N), format!("node {i} isolated"))
         }
         2 => {
             let (l, _) = s.leader();
-            s.fw.isolate(l, N);
-            format!("leader {l} isolated")
+            (Firewall::isolation(l, N), format!("leader {l} isolated"))
         }
         3 => {
             let from = node(rng);
@@ -414,45 +413,51 @@ fn random_fault(s: &mut Setup, rng: &mut SplitMix64) -> String {
                 .filter(|&j| j != from)
                 .nth(usize::from(rng.chance(0.5)))
                 .unwrap();
-            s.fw.cut(from, to);
-            format!("{from} -> {to} cut")
+            (vec![(from, to)], format!("{from} -> {to} cut"))
         }
         _ => {
-            let mut cut = Vec::new();
+            let mut cuts = Vec::new();
             for from in 1..=N {
                 for to in (1..=N).filter(|&j| j != from) {
                     if rng.chance(0.4) {
-                        s.fw.cut(from, to);
-                        cut.push(format!("{from}->{to}"));
+                        cuts.push((from, to));
                     }
                 }
             }
-            format!("links cut: [{}]", cut.join(" "))
+            let names: Vec<String> = cuts.iter().map(|(f, t)| format!("{f}->{t}")).collect();
+            (cuts, format!("links cut: [{}]", names.join(" ")))
         }
-    }
+    };
+    s.fw.set(cuts);
+    what
 }
 
 #[test]
 fn random_partitions_from_a_seed_stay_safe() {
     // The seed fixes the schedule of faults (not the timing of the
-    // processes): TICKETD_NEMESIS_SEED=<n> runs another one.
-    let seed = std::env::var("TICKETD_NEMESIS_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(7);
+    // processes): TICKETD_NEMESIS_SEED=<n> runs another one, and
+    // TICKETD_NEMESIS_STEPS=<n> a longer one.
+    let env = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let seed = env("TICKETD_NEMESIS_SEED", 7);
+    let steps = env("TICKETD_NEMESIS_STEPS", STEPS);
     let Some(mut s) = Setup::start("nemesis") else {
         return;
     };
     let mut rng = SplitMix64::new(seed);
     let mut schedule = Vec::new();
     let start_us = s.now_us();
-    for _ in 0..STEPS {
-        let at_us = s.now_us();
+    for _ in 0..steps {
         let (leader, term) = s.leader();
         let fault = format!(
             "{} (leader before: {leader}, term {term})",
             random_fault(&mut s, &mut rng)
         );
+        let at_us = s.now_us();
         schedule.push((at_us, fault));
         std::thread::sleep(STEP);
     }

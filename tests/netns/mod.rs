@@ -24,7 +24,9 @@
 //!   the messages `i → j` vanish, silently, as in a real partition, while
 //!   `j → i` (on `j`'s own connection) still flows. Both directions together
 //!   make a two-way cut. Client traffic (to port 7470, and the replies to the
-//!   clients' ports) is never matched.
+//!   clients' ports) is never matched. Each change of the set of cut links
+//!   is one nftables transaction (`nft -f -`), so a fault starts and ends at
+//!   one instant for every link.
 //! * **Why drop on input.** A packet dropped on the output path is refused
 //!   to the sending TCP at once, which then retries every half second; a
 //!   packet dropped after it left looks to the sender like one a network
@@ -39,9 +41,10 @@
 //! with a message saying what is missing; `TICKETD_SKIP_NETFAULTS=1` skips
 //! these tests explicitly on machines where they cannot run.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -120,7 +123,7 @@ fn peer_ip(i: usize) -> String {
 /// Chain `out` (output hook) marks the packets of cut links with [`MARK`];
 /// chain `in` (input hook) drops every packet so marked.
 pub struct Firewall {
-    _private: (),
+    cuts: BTreeSet<(usize, usize)>,
 }
 
 const TABLE: &str = "ticketd_faults";
@@ -128,82 +131,92 @@ const TABLE: &str = "ticketd_faults";
 const MARK: &str = "0x7d";
 
 impl Firewall {
-    /// Creates the table and its output chain (no rules yet).
+    /// Creates the table, the chain that drops marked packets and the
+    /// (empty) chain that marks them, in one transaction.
     #[must_use]
     pub fn new() -> Firewall {
-        run("nft", &["add", "table", "inet", TABLE]);
-        run(
-            "nft",
-            &[
-                "add",
-                "chain",
-                "inet",
-                TABLE,
-                "out",
-                "{ type filter hook output priority 0; policy accept; }",
-            ],
-        );
-        run(
-            "nft",
-            &[
-                "add",
-                "chain",
-                "inet",
-                TABLE,
-                "in",
-                "{ type filter hook input priority 0; policy accept; }",
-            ],
-        );
-        run(
-            "nft",
-            &[
-                "add", "rule", "inet", TABLE, "in", "meta", "mark", MARK, "drop",
-            ],
-        );
-        Firewall { _private: () }
-    }
-
-    /// Drops every message node `from` sends to node `to` (1-based).
-    pub fn cut(&mut self, from: usize, to: usize) {
-        let gid = (GID_BASE + u32::try_from(from).unwrap() - 1).to_string();
-        let port = PEER_PORT.to_string();
-        run(
-            "nft",
-            &[
-                "add",
-                "rule",
-                "inet",
-                TABLE,
-                "out",
-                "meta",
-                "skgid",
-                &gid,
-                "ip",
-                "daddr",
-                &peer_ip(to),
-                "tcp",
-                "dport",
-                &port,
-                "meta",
-                "mark",
-                "set",
-                MARK,
-            ],
-        );
-    }
-
-    /// Cuts `node` off from every other node, both ways.
-    pub fn isolate(&mut self, node: usize, nodes: usize) {
-        for other in (1..=nodes).filter(|&o| o != node) {
-            self.cut(node, other);
-            self.cut(other, node);
+        nft_script(&format!(
+            "add table inet {TABLE}\n\
+             add chain inet {TABLE} out {{ type filter hook output priority 0; policy accept; }}\n\
+             add chain inet {TABLE} in {{ type filter hook input priority 0; policy accept; }}\n\
+             add rule inet {TABLE} in meta mark {MARK} drop\n"
+        ));
+        Firewall {
+            cuts: BTreeSet::new(),
         }
+    }
+
+    /// Makes exactly `cuts` (as (from, to), 1-based) the links that drop
+    /// their messages, replacing the previous set in one transaction, so no
+    /// packet ever sees half of a change.
+    pub fn set(&mut self, cuts: impl IntoIterator<Item = (usize, usize)>) {
+        self.cuts = cuts.into_iter().collect();
+        let mut script = format!("flush chain inet {TABLE} out\n");
+        for &(from, to) in &self.cuts {
+            let gid = GID_BASE + u32::try_from(from).unwrap() - 1;
+            script.push_str(&format!(
+                "add rule inet {TABLE} out meta skgid {gid} ip daddr {} tcp dport {PEER_PORT} \
+                 meta mark set {MARK}\n",
+                peer_ip(to)
+            ));
+        }
+        nft_script(&script);
+    }
+
+    /// Also drops every message `from` sends to `to`, for each (from, to)
+    /// of `links` (1-based), in one transaction.
+    pub fn cut_all(&mut self, links: &[(usize, usize)]) {
+        let cuts: Vec<_> = self.cuts.iter().chain(links).copied().collect();
+        self.set(cuts);
+    }
+
+    /// The links that cut `node` off from every other node, both ways.
+    #[must_use]
+    pub fn isolation(node: usize, nodes: usize) -> Vec<(usize, usize)> {
+        (1..=nodes)
+            .filter(|&o| o != node)
+            .flat_map(|o| [(node, o), (o, node)])
+            .collect()
+    }
+
+    /// Also cuts `node` off from every other node, both ways.
+    pub fn isolate(&mut self, node: usize, nodes: usize) {
+        self.cut_all(&Firewall::isolation(node, nodes));
     }
 
     /// Removes every cut: all links carry traffic again.
     pub fn heal(&mut self) {
-        run("nft", &["flush", "chain", "inet", TABLE, "out"]);
+        self.set([]);
     }
+}
+
+/// Runs an nftables script (one atomic transaction).
+fn nft_script(script: &str) {
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run `nft` ({e}); network fault tests need nftables (see .ci/run), \
+                 or TICKETD_SKIP_NETFAULTS=1"
+            )
+        });
+    child
+        .stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(script.as_bytes())
+        .expect("write the nft script");
+    let out = child.wait_with_output().expect("wait for nft");
+    assert!(
+        out.status.success(),
+        "nft failed ({}) on:\n{script}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 impl Drop for Firewall {
