@@ -7,7 +7,8 @@
 //! * SIGSTOP past every lease and wait, then SIGCONT: no double grant, no
 //!   grant to a waiter whose wait ran out during the stop.
 //! * Wall-clock jumps forward and back under libfaketime (monotonic clock
-//!   left alone): leases and waits keep their length.
+//!   left alone): leases and waits keep their length; a restart with the
+//!   clock set back still resumes tokens above the data dir's mark.
 //! * Descriptor exhaustion: connections already open keep being served.
 //! * Slow and idle abuse at once: half-sent frames closed by the frame
 //!   timeout, a thousand idle connections, a client that never reads; a
@@ -812,4 +813,46 @@ fn a_data_dir_that_fills_up_while_serving_loses_no_grant() {
     let server = Ticketd::start_raw(&[], &args);
     let resumed = next_token_of(&server);
     assert!(resumed > last, "resumed at {resumed}, not above {last}");
+}
+
+/// A restart with the wall clock set ten days back: with `--data-dir` the
+/// tokens still resume above every earlier one (the mark, not the clock,
+/// decides). Without a data dir the first token comes from the wall clock,
+/// which is why the README asks for `--data-dir` where the clock may go back.
+#[test]
+fn with_a_data_dir_a_clock_set_back_across_a_restart_keeps_tokens_growing() {
+    let _serial = serial();
+    let dir = temp_dir("faketime-restart");
+    std::fs::create_dir_all(&dir).unwrap();
+    let offset_file = dir.join("offset");
+    let data = dir.join("data");
+    let data_s = data.to_str().unwrap().to_string();
+    let preload = format!("LD_PRELOAD={LIBFAKETIME}");
+    let ts_file = format!("FAKETIME_TIMESTAMP_FILE={}", offset_file.display());
+    let wrapper = [
+        "env",
+        preload.as_str(),
+        ts_file.as_str(),
+        "FAKETIME_NO_CACHE=1",
+        "DONT_FAKE_MONOTONIC=1",
+    ];
+    let args = ["--listen", "127.0.0.1:0", "--data-dir", data_s.as_str()];
+    std::fs::write(&offset_file, "+0\n").unwrap();
+    let mut server = Ticketd::start_raw(&wrapper, &args);
+    let before = server.connect().acquire_reply("k", 1, 0, 30).token();
+    server.signal(libc::SIGKILL);
+    server.wait_exit(Duration::from_secs(5)).expect("killed");
+    std::fs::write(&offset_file, "-10d\n").unwrap();
+    let server = Ticketd::start_raw(&wrapper, &args);
+    assert!(
+        server.wait_for_log(&date_in_days(-10), Duration::from_secs(2)),
+        "the restarted server's clock is not ten days back:\n{}",
+        server.log()
+    );
+    let after = server.connect().acquire_reply("k", 2, 0, 30).token();
+    assert!(
+        after > before,
+        "token {after} after the restart, {before} before"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
