@@ -13,7 +13,10 @@
 //!   does not fit, or the connection fails, queued messages are dropped and
 //!   the service reports the peer unreachable to raft (and each dropped
 //!   snapshot as failed; a snapshot fully written is reported finished).
-//!   Reconnects back off from 100 ms to 5 s.
+//!   A connection attempt still in progress after the connect timeout
+//!   (one election timeout, [`Transport::set_election_timeout_ms`]) fails
+//!   the same way: a peer that never answers a SYN is reported unreachable
+//!   like one that refuses. Reconnects back off from 100 ms to 5 s.
 
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
@@ -39,6 +42,9 @@ const HELLO_LEN: usize = 4 + 1 + 8 * 6;
 const BACKOFF_MIN_MS: u64 = 100;
 const BACKOFF_MAX_MS: u64 = 5000;
 const READ_CHUNK: usize = 64 * 1024;
+/// The election timeout assumed until the service sets it (raft's default:
+/// 10 ticks of 100 ms).
+const DEFAULT_ELECTION_TIMEOUT_MS: u64 = 1000;
 
 /// The first frame on a peer connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,6 +148,8 @@ struct Peer {
     snaps: Vec<usize>,
     retry_at: Millis,
     backoff_ms: u64,
+    /// While connecting: when the attempt is given up.
+    connect_by: Millis,
 }
 
 #[derive(Debug)]
@@ -176,6 +184,7 @@ pub struct Transport {
     peers: BTreeMap<u64, Peer>,
     inbound: slab::Slab<Inbound>,
     events: Vec<PeerEvent>,
+    connect_timeout_ms: u64,
 }
 
 impl Transport {
@@ -201,6 +210,7 @@ impl Transport {
                         snaps: Vec::new(),
                         retry_at: Millis::ZERO,
                         backoff_ms: BACKOFF_MIN_MS,
+                        connect_by: Millis::ZERO,
                     },
                 )
             })
@@ -212,7 +222,14 @@ impl Transport {
             peers,
             inbound: slab::Slab::new(),
             events: Vec::new(),
+            connect_timeout_ms: DEFAULT_ELECTION_TIMEOUT_MS,
         })
+    }
+
+    /// Sets the election timeout the peer timeouts derive from: a connect
+    /// attempt is given up after one election timeout.
+    pub fn set_election_timeout_ms(&mut self, ms: u64) {
+        self.connect_timeout_ms = ms.max(1);
     }
 
     /// The address the peer listener is bound to.
@@ -251,9 +268,21 @@ impl Transport {
         self.local.known.insert(id, uuid);
     }
 
-    /// Opens connections whose backoff has passed.
+    /// Gives up connection attempts past their timeout and opens
+    /// connections whose backoff has passed.
     pub fn tick(&mut self, now: Millis, registry: &Registry) {
         let ids: Vec<u64> = self.peers.keys().copied().collect();
+        for &id in &ids {
+            let stuck = self
+                .peers
+                .get(&id)
+                .is_some_and(|p| p.stream.is_some() && !p.connected && p.connect_by <= now);
+            if stuck {
+                // A SYN nobody answers (a dropped link, a full backlog)
+                // would keep messages queued here with raft none the wiser.
+                self.fail_peer(id, now, registry, "connect timed out");
+            }
+        }
         for id in ids {
             let due = self
                 .peers
@@ -281,6 +310,7 @@ impl Transport {
                     {
                         p.stream = Some(s);
                         p.connected = false;
+                        p.connect_by = now.add_ms(self.connect_timeout_ms);
                         p.buf = hello;
                         p.cursor = 0;
                         p.snaps.clear();
@@ -296,13 +326,16 @@ impl Transport {
         }
     }
 
-    /// The next reconnect attempt.
+    /// The next reconnect attempt or connect timeout.
     #[must_use]
     pub fn next_deadline(&self) -> Option<Millis> {
         self.peers
             .values()
-            .filter(|p| p.stream.is_none())
-            .map(|p| p.retry_at)
+            .filter_map(|p| match (&p.stream, p.connected) {
+                (None, _) => Some(p.retry_at),
+                (Some(_), false) => Some(p.connect_by),
+                (Some(_), true) => None,
+            })
             .min()
     }
 
@@ -662,6 +695,90 @@ mod tests {
         bad[0] = b'T';
         bad[4] = 9;
         assert!(Hello::decode(&bad).is_err());
+    }
+
+    /// A listener whose accept queue is full: the kernel drops further
+    /// SYNs, so a connect to it stays in progress.
+    fn blackhole() -> (socket2::Socket, std::net::TcpStream, SocketAddr) {
+        use socket2::{Domain, Socket, Type};
+        let l = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        l.bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+            .unwrap();
+        l.listen(0).unwrap();
+        let addr = l.local_addr().unwrap().as_socket().unwrap();
+        // Never accepted: with a backlog of 0 this one fills the queue.
+        let filler = std::net::TcpStream::connect(addr).unwrap();
+        (l, filler, addr)
+    }
+
+    fn msg(t: MessageType) -> Message {
+        Message {
+            msg_type: t,
+            from: 1,
+            to: 2,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_connect_nobody_answers_reports_the_peer_unreachable_and_retries() {
+        let (_l, _filler, dead) = blackhole();
+        let mut poll = mio::Poll::new().unwrap();
+        let local = LocalInfo {
+            id: 1,
+            cluster: 1,
+            voters: 1,
+            uuid: 1,
+            known: BTreeMap::new(),
+        };
+        let peers: BTreeMap<u64, SocketAddr> = [(1, "127.0.0.1:0".parse().unwrap()), (2, dead)]
+            .into_iter()
+            .collect();
+        let mut t = Transport::bind(local, "127.0.0.1:0".parse().unwrap(), &peers).unwrap();
+        t.set_election_timeout_ms(300);
+        t.register(poll.registry(), 0).unwrap();
+        let mut events = mio::Events::with_capacity(16);
+        let mut now = Millis(0);
+        for attempt in 0..2 {
+            t.tick(now, poll.registry());
+            assert!(
+                t.peers[&2].stream.is_some(),
+                "attempt {attempt}: connecting"
+            );
+            t.send(&msg(MessageType::MsgAppend));
+            t.send(&msg(MessageType::MsgSnapshot));
+            // Let the kernel answer if it would: it does not.
+            for _ in 0..5 {
+                poll.poll(&mut events, Some(std::time::Duration::from_millis(40)))
+                    .unwrap();
+                for e in &events {
+                    t.event(now, poll.registry(), e);
+                }
+                t.flush(now, poll.registry());
+            }
+            assert!(!t.peers[&2].connected, "the SYN is never answered");
+            assert!(t.take_events().is_empty(), "nothing to report yet");
+            let by = t
+                .next_deadline()
+                .expect("the connect timeout is a deadline");
+            assert_eq!(by, now.add_ms(300));
+            now = by;
+            t.tick(now, poll.registry());
+            let ev = t.take_events();
+            assert!(
+                matches!(
+                    ev.as_slice(),
+                    [PeerEvent::Snapshot(2, false), PeerEvent::Unreachable(2)]
+                ),
+                "attempt {attempt}: {ev:?}"
+            );
+            assert!(t.peers[&2].stream.is_none(), "the attempt was dropped");
+            assert_eq!(t.peers[&2].buf.len(), 0, "queued messages dropped");
+            // It retries after the backoff, which grows.
+            let retry = t.next_deadline().expect("a retry is planned");
+            assert_eq!(retry, now.add_ms(BACKOFF_MIN_MS << attempt));
+            now = retry;
+        }
     }
 
     #[test]
