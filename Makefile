@@ -62,7 +62,9 @@ FUZZ_FLAGS := $(if $(FUZZ_NIGHTLY),,-s none)
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  echo "== fuzz $$t for $(FUZZ_SECONDS) s"; \
-	  $(FUZZ_CARGO) run $(FUZZ_FLAGS) $$t -- -max_total_time=$(FUZZ_SECONDS) \
+	  mkdir -p fuzz/corpus/$$t; \
+	  $(FUZZ_CARGO) run $(FUZZ_FLAGS) $$t fuzz/corpus/$$t fuzz/regressions/$$t \
+	    -- -max_total_time=$(FUZZ_SECONDS) \
 	    -print_final_stats=1 > fuzz/last-$$t.log 2>&1 \
 	    || { tail -n 40 fuzz/last-$$t.log; echo "fuzz $$t FAILED: see fuzz/artifacts/$$t"; exit 1; }; \
 	  grep -E '^(Done|stat::number_of_executed_units)' fuzz/last-$$t.log; \

@@ -7,7 +7,8 @@
 //! * SIGSTOP past every lease and wait, then SIGCONT: no double grant, no
 //!   grant to a waiter whose wait ran out during the stop.
 //! * Wall-clock jumps forward and back under libfaketime (monotonic clock
-//!   left alone): leases and waits keep their length.
+//!   left alone): leases and waits keep their length; a restart with the
+//!   clock set back still resumes tokens above the data dir's mark.
 //! * Descriptor exhaustion: connections already open keep being served.
 //! * Slow and idle abuse at once: half-sent frames closed by the frame
 //!   timeout, a thousand idle connections, a client that never reads; a
@@ -28,6 +29,15 @@ use std::time::{Duration, Instant};
 
 use common::{Client, NoReply, Reply, Ticketd};
 use ticketd::checker::{History, Outcome, RealClock, ReleaseOutcome, Report};
+
+/// The tests here measure timings and load the machine; they run one at a
+/// time so that one's load does not show up in another's figures.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 fn temp_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("ticketd-fault-{name}-{}", std::process::id()));
@@ -197,6 +207,7 @@ fn kill_and_restart_under_load(data_dir: Option<&Path>) -> Report {
 
 #[test]
 fn sigkill_and_restart_under_load_with_a_data_dir_keeps_tokens_growing() {
+    let _serial = serial();
     let dir = temp_dir("kill");
     kill_and_restart_under_load(Some(&dir));
     let _ = std::fs::remove_dir_all(&dir);
@@ -204,6 +215,7 @@ fn sigkill_and_restart_under_load_with_a_data_dir_keeps_tokens_growing() {
 
 #[test]
 fn sigkill_and_restart_under_load_without_a_data_dir_keeps_tokens_growing() {
+    let _serial = serial();
     kill_and_restart_under_load(None);
 }
 
@@ -214,6 +226,7 @@ fn sigkill_and_restart_under_load_without_a_data_dir_keeps_tokens_growing() {
 /// answered NotReleased.
 #[test]
 fn sigstop_past_the_leases_then_sigcont_grants_no_one_twice() {
+    let _serial = serial();
     let server = Ticketd::start(&[]);
     let clock = RealClock::new();
     let mut h = History::new();
@@ -246,33 +259,36 @@ fn sigstop_past_the_leases_then_sigcont_grants_no_one_twice() {
     late.acquire("k", 4, 0, 5);
     server.signal(libc::SIGCONT);
 
-    let mut answers = Vec::new();
-    for (op, conn) in [
-        (op_short, &mut short),
-        (op_long, &mut long),
-        (op_late, &mut late),
-    ] {
-        let reply = conn.recv();
-        let outcome = match &reply {
-            Reply::Acquired { token, .. } => Outcome::Granted { token: *token },
-            Reply::Timeout { .. } => Outcome::Timeout,
-            other => panic!("unexpected {other:?}"),
-        };
-        h.acquired(op, outcome, clock.now_us());
-        answers.push(reply);
-    }
+    let outcome_of = |reply: &Reply| match reply {
+        Reply::Acquired { token, .. } => Outcome::Granted { token: *token },
+        Reply::Timeout { .. } => Outcome::Timeout,
+        other => panic!("unexpected {other:?}"),
+    };
     // The waiter whose 1 s wait ran out during the stop is never granted.
-    assert!(matches!(answers[0], Reply::Timeout { .. }), "{answers:?}");
-    // Exactly one of the others holds the key, with a newer token.
-    let granted: Vec<u64> = answers
-        .iter()
-        .filter_map(|r| match r {
-            Reply::Acquired { token, .. } => Some(*token),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(granted.len(), 1, "{answers:?}");
-    assert!(granted[0] > t1);
+    let r_short = short.recv();
+    h.acquired(op_short, outcome_of(&r_short), clock.now_us());
+    assert!(matches!(r_short, Reply::Timeout { .. }), "{r_short:?}");
+    // The key goes either to the head waiter (the deadline index reached
+    // the expiry first) or to the request buffered during the stop (it took
+    // the expired key over on arrival, SPEC 2.4): never to both.
+    let r_late = late.recv();
+    h.acquired(op_late, outcome_of(&r_late), clock.now_us());
+    let granted = match r_late {
+        Reply::Acquired { token, .. } => {
+            // The head waiter stays queued behind the new 5 s lease.
+            assert_eq!(
+                long.try_recv(Duration::from_secs(1)),
+                Err(NoReply::TimedOut)
+            );
+            token
+        }
+        _ => {
+            let r_long = long.recv();
+            h.acquired(op_long, outcome_of(&r_long), clock.now_us());
+            r_long.token()
+        }
+    };
+    assert!(granted > t1);
     let rel = h.release(1, s_holder, "k", t1, clock.now_us());
     holder.release("k", t1);
     assert_eq!(
@@ -313,6 +329,7 @@ fn timed_recv(c: &mut Client, timeout: Duration) -> (Reply, Duration) {
 /// their length; only the log's timestamps move.
 #[test]
 fn wall_clock_jumps_change_no_lease_and_no_wait() {
+    let _serial = serial();
     assert!(
         Path::new(LIBFAKETIME).exists(),
         "{LIBFAKETIME} missing: apt-get install libfaketime (.ci/run does)"
@@ -357,7 +374,7 @@ fn wall_clock_jumps_change_no_lease_and_no_wait() {
         "{r:?}"
     );
     assert!(
-        held_for >= Duration::from_millis(1900) && held_for < Duration::from_millis(2800),
+        held_for >= Duration::from_millis(1900) && held_for < Duration::from_millis(3500),
         "a 2 s lease lasted {held_for:?} across a forward jump"
     );
 
@@ -374,7 +391,7 @@ fn wall_clock_jumps_change_no_lease_and_no_wait() {
         "{r:?}"
     );
     assert!(
-        waited >= Duration::from_millis(500) && waited < Duration::from_millis(1800),
+        waited >= Duration::from_millis(500) && waited < Duration::from_millis(2500),
         "a 1 s wait took {waited:?} across a backward jump"
     );
     assert!(
@@ -391,6 +408,7 @@ fn wall_clock_jumps_change_no_lease_and_no_wait() {
 /// hand-overs to queued waiters and new acquires go on at normal speed.
 #[test]
 fn out_of_descriptors_open_connections_keep_working() {
+    let _serial = serial();
     raise_own_fd_limit();
     let server = Ticketd::start_raw(
         &["prlimit", "--nofile=40:40"],
@@ -455,6 +473,7 @@ fn out_of_descriptors_open_connections_keep_working() {
 /// round trips stay fast and the server's memory stays small.
 #[test]
 fn slow_and_idle_abuse_leaves_other_clients_fast_and_memory_bounded() {
+    let _serial = serial();
     raise_own_fd_limit();
     let server = Ticketd::start(&["--frame-timeout", "1"]);
     let rss_start = server.rss_kib();
@@ -476,15 +495,29 @@ fn slow_and_idle_abuse_leaves_other_clients_fast_and_memory_bounded() {
     for _ in 0..4096 {
         burst.extend_from_slice(&frame);
     }
+    // Write until the socket stays blocked for 1.5 s: the kernel buffers on
+    // both sides are full and the server has stopped reading this client.
     let mut written = 0usize;
-    let flood_until = Instant::now() + Duration::from_secs(3);
-    while Instant::now() < flood_until && written < 64 << 20 {
+    let mut closed_early = false;
+    let mut blocked_since: Option<Instant> = None;
+    let flood_until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < flood_until {
         match sink.write(&burst) {
-            Ok(n) => written += n,
+            Ok(n) => {
+                written += n;
+                blocked_since = None;
+            }
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                let since = *blocked_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > Duration::from_millis(1500) {
+                    break;
+                }
                 std::thread::sleep(Duration::from_millis(20));
             }
-            Err(_) => break, // closed by the server: also fine
+            Err(_) => {
+                closed_early = true; // closed by the server already
+                break;
+            }
         }
     }
     // A well-behaved client meanwhile.
@@ -498,8 +531,11 @@ fn slow_and_idle_abuse_leaves_other_clients_fast_and_memory_bounded() {
     }
     rtts.sort();
     let p99 = rtts[rtts.len() * 99 / 100];
+    // Unhurt, a round trip takes a few milliseconds; a server stalled by
+    // the abuse (a blocking write, a busy loop) would take a second or more.
+    // The bound leaves room for a loaded CI machine.
     assert!(
-        p99 < Duration::from_millis(100),
+        p99 < Duration::from_millis(250),
         "p99 round trip {p99:?} under abuse (max {:?})",
         rtts.last()
     );
@@ -510,17 +546,18 @@ fn slow_and_idle_abuse_leaves_other_clients_fast_and_memory_bounded() {
             other => panic!("half-frame connection {i} not closed: {other:?}"),
         }
     }
-    // The non-reader is closed too once its replies stop draining.
-    let mut closed = false;
+    // The non-reader is closed too once its replies stop draining. Reading
+    // them would be progress, so first wait (without reading) for more than
+    // the frame timeout, then drain what is left to see the close.
+    std::thread::sleep(Duration::from_millis(2500));
+    let mut closed = closed_early;
     let until = Instant::now() + Duration::from_secs(5);
     sink.set_nonblocking(false).unwrap();
-    sink.set_read_timeout(Some(Duration::from_millis(200)))
+    sink.set_read_timeout(Some(Duration::from_millis(500)))
         .unwrap();
     let mut buf = vec![0u8; 1 << 20];
-    while Instant::now() < until {
-        use std::io::Read;
-        std::thread::sleep(Duration::from_millis(300));
-        match sink.read(&mut buf) {
+    while !closed && Instant::now() < until {
+        match std::io::Read::read(&mut sink, &mut buf) {
             Ok(0) => {
                 closed = true;
                 break;
@@ -560,6 +597,19 @@ fn slow_and_idle_abuse_leaves_other_clients_fast_and_memory_bounded() {
         ),
         "{:?}",
         &reply[..n]
+    );
+}
+
+/// Without the rights to mount a tmpfs (root), a disk-full test fails with
+/// the reason, unless `TICKETD_SKIP_DISKFULL=1` asks to skip it on purpose.
+fn skip_or_fail(why: &str) {
+    if std::env::var_os("TICKETD_SKIP_DISKFULL").is_some_and(|v| v == "1") {
+        println!("skipped on request (TICKETD_SKIP_DISKFULL=1): {why}");
+        return;
+    }
+    panic!(
+        "cannot mount a tmpfs for the disk-full test ({why}); run as root, \
+         or set TICKETD_SKIP_DISKFULL=1 to skip it"
     );
 }
 
@@ -615,12 +665,10 @@ impl Drop for TinyFs {
 /// once there is room the server resumes above every token issued before.
 #[test]
 fn a_full_data_dir_stops_start_up_cleanly_and_loses_nothing() {
+    let _serial = serial();
     let fs = match TinyFs::mount("diskfull", "64k") {
         Ok(fs) => fs,
-        Err(why) => {
-            println!("skipped: cannot mount a tmpfs here: {why}");
-            return;
-        }
+        Err(why) => return skip_or_fail(&why),
     };
     let data = fs.dir.join("data");
     let data_s = data.to_str().unwrap().to_string();
@@ -725,12 +773,10 @@ fn grant_release_burst(server: &Ticketd, first_token: u64, pairs: u64) -> u64 {
 /// is room again, and a restart after SIGKILL resumes above every token.
 #[test]
 fn a_data_dir_that_fills_up_while_serving_loses_no_grant() {
+    let _serial = serial();
     let fs = match TinyFs::mount("diskfull-run", "64k") {
         Ok(fs) => fs,
-        Err(why) => {
-            println!("skipped: cannot mount a tmpfs here: {why}");
-            return;
-        }
+        Err(why) => return skip_or_fail(&why),
     };
     let data = fs.dir.join("data");
     let data_s = data.to_str().unwrap().to_string();
@@ -774,4 +820,46 @@ fn a_data_dir_that_fills_up_while_serving_loses_no_grant() {
     let server = Ticketd::start_raw(&[], &args);
     let resumed = next_token_of(&server);
     assert!(resumed > last, "resumed at {resumed}, not above {last}");
+}
+
+/// A restart with the wall clock set ten days back: with `--data-dir` the
+/// tokens still resume above every earlier one (the mark, not the clock,
+/// decides). Without a data dir the first token comes from the wall clock,
+/// which is why the README asks for `--data-dir` where the clock may go back.
+#[test]
+fn with_a_data_dir_a_clock_set_back_across_a_restart_keeps_tokens_growing() {
+    let _serial = serial();
+    let dir = temp_dir("faketime-restart");
+    std::fs::create_dir_all(&dir).unwrap();
+    let offset_file = dir.join("offset");
+    let data = dir.join("data");
+    let data_s = data.to_str().unwrap().to_string();
+    let preload = format!("LD_PRELOAD={LIBFAKETIME}");
+    let ts_file = format!("FAKETIME_TIMESTAMP_FILE={}", offset_file.display());
+    let wrapper = [
+        "env",
+        preload.as_str(),
+        ts_file.as_str(),
+        "FAKETIME_NO_CACHE=1",
+        "DONT_FAKE_MONOTONIC=1",
+    ];
+    let args = ["--listen", "127.0.0.1:0", "--data-dir", data_s.as_str()];
+    std::fs::write(&offset_file, "+0\n").unwrap();
+    let mut server = Ticketd::start_raw(&wrapper, &args);
+    let before = server.connect().acquire_reply("k", 1, 0, 30).token();
+    server.signal(libc::SIGKILL);
+    server.wait_exit(Duration::from_secs(5)).expect("killed");
+    std::fs::write(&offset_file, "-10d\n").unwrap();
+    let server = Ticketd::start_raw(&wrapper, &args);
+    assert!(
+        server.wait_for_log(&date_in_days(-10), Duration::from_secs(2)),
+        "the restarted server's clock is not ten days back:\n{}",
+        server.log()
+    );
+    let after = server.connect().acquire_reply("k", 2, 0, 30).token();
+    assert!(
+        after > before,
+        "token {after} after the restart, {before} before"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -84,3 +84,29 @@ fn engine_ops_near_the_last_token_never_panics() {
     }
     bodies::engine_ops(&input);
 }
+
+/// Replays every file in `fuzz/regressions/TARGET/` through its body.
+fn replay(target: &str, body: fn(&[u8])) -> usize {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/regressions")
+        .join(target);
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).expect("regressions directory") {
+        let path = entry.expect("directory entry").path();
+        let bytes = std::fs::read(&path).expect("regression input");
+        let result = std::panic::catch_unwind(|| body(&bytes));
+        if let Err(e) = result {
+            eprintln!("{target}: regression {} fails", path.display());
+            std::panic::resume_unwind(e);
+        }
+        n += 1;
+    }
+    n
+}
+
+#[test]
+fn every_saved_fuzz_input_still_passes() {
+    assert!(replay("decode_request", bodies::decode_request) >= 1);
+    assert!(replay("decode_reply", bodies::decode_reply) >= 1);
+    assert!(replay("engine_ops", bodies::engine_ops) >= 1);
+}

@@ -44,15 +44,6 @@ const MS: u64 = 1_000;
 const S: u64 = 1_000_000;
 const MAX_KEY: usize = 64;
 
-/// How long before `write time + lease` the simulated clients stop using a
-/// grant. SPEC §3 says 0, but the engine counts a lease from the daemon's
-/// whole-millisecond clock reading, truncated, and may end it up to 1 ms
-/// before the client's conservative expiry: `the_lease_never_ends_before_the_
-/// clients_conservative_expiry` pins that. Until the engine rounds lease ends
-/// up, the simulation checks everything else with a 1 ms margin; set this to
-/// 0 once that test passes.
-const LEASE_MARGIN_US: u64 = MS;
-
 /// splitmix64: tiny, fast, and good enough to drive a simulation.
 #[derive(Clone, Debug)]
 struct Rng(u64);
@@ -462,9 +453,7 @@ impl Sim {
             }
             self.handle(ev)?;
         }
-        self.history
-            .check_with_lease_margin(LEASE_MARGIN_US)
-            .map_err(|v| v.to_string())
+        self.history.check().map_err(|v| v.to_string())
     }
 
     fn handle(&mut self, ev: Ev) -> Result<(), String> {
@@ -1324,10 +1313,11 @@ fn a_server_that_releases_on_disconnect_is_caught() {
 /// plus the lease, and the server's lease must not end before it. The daemon
 /// reads its clock in whole milliseconds (truncated) and the engine ends a
 /// lease at `reading + lease`, so a request written 0.4 ms past a
-/// millisecond boundary gets a lease that ends 0.4 ms early, and another
-/// client can be granted the key while the first may still act on it. The
-/// simulation found this (seeds 3, 21, 78, 113 and 198 of 1..=200 with no
-/// margin); this is the smallest case.
+/// millisecond boundary got a lease that ended 0.4 ms early, and another
+/// client could be granted the key while the first might still act on it.
+/// The simulation found this (seeds 3, 21, 78, 113 and 198 of 1..=200); the
+/// engine now ends a lease one millisecond past `reading + lease`. This is
+/// the smallest case.
 #[test]
 fn the_lease_never_ends_before_the_clients_conservative_expiry() {
     let mut engine = Engine::new(EngineLimits::default(), 1);

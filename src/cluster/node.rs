@@ -38,6 +38,13 @@
 //! which every node validates on apply. A new leader first waits until it has
 //! applied its own term's first entry, then rebuilds the heap from the
 //! replicated table with full durations: a key may expire late, never early.
+//!
+//! A lease's deadline is `applied_at + lease + 1 ms` ([`lease_deadline`]).
+//! Clocks are read in whole milliseconds, truncated, so a leader that applies
+//! a grant in the millisecond its client wrote the request may have read a
+//! time up to 1 ms earlier than the client's; the extra millisecond keeps
+//! `Expire` from being proposed before the client's own `written + lease`,
+//! as the single-node engine does.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
@@ -1015,7 +1022,7 @@ impl<D: Disk> Node<D> {
         let mut list = Vec::new();
         for (key, token, lease_s) in self.sm.holders() {
             list.push((
-                now.add_secs(u64::from(lease_s)),
+                lease_deadline(now, lease_s),
                 Timer::Expire {
                     key: key.to_owned(),
                     token,
@@ -1134,7 +1141,7 @@ impl<D: Disk> Node<D> {
                     } => {
                         if self.timers_ready {
                             self.push_timer(
-                                now.add_secs(u64::from(*lease_s)),
+                                lease_deadline(now, *lease_s),
                                 Timer::Expire {
                                     key: key.clone(),
                                     token: *token,
@@ -1209,6 +1216,15 @@ impl<D: Disk> Node<D> {
     }
 }
 
+/// When the leader proposes `Expire` for a grant of `lease_s` seconds it
+/// applied at `applied_at`: one millisecond after `applied_at + lease`, since
+/// the client's clock, truncated to whole milliseconds like ours, may have
+/// read up to 1 ms later when it wrote the request (see the module docs).
+#[must_use]
+pub fn lease_deadline(applied_at: Millis, lease_s: u8) -> Millis {
+    applied_at.add_secs(u64::from(lease_s)).add_ms(1)
+}
+
 /// A logger for raft that forwards Info and above to the `log` crate
 /// (raft's Debug output is filtered here, since slog's bridge would bypass
 /// the `log` level).
@@ -1238,5 +1254,74 @@ impl slog::Drain for LogDrain {
             log::log!(target: "raft", level, "{}", record.msg());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::storage::MemDisk;
+
+    /// Runs turns at `now` (the clock does not move) until `out` holds a
+    /// reply or `turns` pass.
+    fn turns(node: &mut Node<MemDisk>, now: Millis, out: &mut Outbox, turns: usize) {
+        for _ in 0..turns {
+            node.tick(now, out);
+            node.end_turn(now, out).unwrap();
+        }
+    }
+
+    #[test]
+    fn lease_deadline_is_one_millisecond_after_the_lease() {
+        assert_eq!(lease_deadline(Millis(1000), 5), Millis(6001));
+        assert_eq!(lease_deadline(Millis(0), 255), Millis(255_001));
+    }
+
+    #[test]
+    fn a_grant_applied_in_the_request_millisecond_expires_only_after_written_plus_lease() {
+        let mut node = Node::open(NodeConfig::new(1, vec![1]), MemDisk::new(), &quiet_logger())
+            .expect("opens");
+        let mut out = Outbox::new();
+        let mut now = Millis(0);
+        for _ in 0..100 {
+            now = now.add_ms(100);
+            turns(&mut node, now, &mut out, 1);
+            if node.is_leader() && node.timers_ready() {
+                break;
+            }
+        }
+        assert!(node.is_leader() && node.timers_ready(), "leads");
+        // The client writes the request at `now` (its truncated clock may
+        // read up to 1 ms later); the leader grants it in this same ms.
+        let written = now;
+        node.request(
+            written,
+            9,
+            Request::Acquire {
+                wait_s: 0,
+                lease_s: 2,
+                owner: 1,
+                key: "k",
+            },
+            &mut out,
+        );
+        turns(&mut node, written, &mut out, 10);
+        let reply = out.iter().next().map(|a| format!("{:?}", a.reply));
+        assert!(
+            reply.as_deref().is_some_and(|r| r.starts_with("Acquired")),
+            "granted in the request's millisecond: {reply:?}"
+        );
+        let token = node.state_machine().holder("k").expect("held");
+        // At written + lease the client's conservative expiry may not have
+        // passed yet: no Expire.
+        let lease_end = written.add_secs(2);
+        turns(&mut node, lease_end, &mut out, 10);
+        assert_eq!(
+            node.state_machine().holder("k"),
+            Some(token),
+            "expired at written + lease, up to 1 ms before the client's expiry"
+        );
+        turns(&mut node, lease_end.add_ms(1), &mut out, 10);
+        assert_eq!(node.state_machine().holder("k"), None, "expired 1 ms later");
     }
 }

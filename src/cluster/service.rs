@@ -133,6 +133,7 @@ impl ClusterService {
         ncfg.seed = entropy.rotate_left(17);
         let disk = FileDisk::open(&cfg.data_dir)
             .map_err(|e| StartError::Config(format!("data dir {}: {e}", cfg.data_dir.display())))?;
+        let election_ms = ncfg.tick_ms.saturating_mul(ncfg.election_tick as u64);
         let node = Node::open(ncfg, disk, &raft_logger()).map_err(StartError::Node)?;
         let ids: Vec<u8> = voters.iter().flat_map(|v| v.to_be_bytes()).collect();
         let local = LocalInfo {
@@ -142,7 +143,9 @@ impl ClusterService {
             uuid: node.identity().uuid,
             known: node.identity().peers.clone(),
         };
-        let transport = Transport::bind(local, listen, &cfg.peers).map_err(StartError::Listen)?;
+        let mut transport =
+            Transport::bind(local, listen, &cfg.peers).map_err(StartError::Listen)?;
+        transport.set_election_timeout_ms(election_ms);
         let describe = format!(
             "cluster node {} of {:?}, peers on {}, data dir {}, boot epoch {}",
             cfg.id,

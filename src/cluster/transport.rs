@@ -13,7 +13,19 @@
 //!   does not fit, or the connection fails, queued messages are dropped and
 //!   the service reports the peer unreachable to raft (and each dropped
 //!   snapshot as failed; a snapshot fully written is reported finished).
-//!   Reconnects back off from 100 ms to 5 s.
+//!   A connection attempt still in progress after the connect timeout
+//!   (one election timeout, [`Transport::set_election_timeout_ms`]) fails
+//!   the same way: a peer that never answers a SYN is reported unreachable
+//!   like one that refuses. Reconnects back off from 100 ms to 1 s, and
+//!   start at once when the peer's hello reaches us: a link that carries
+//!   its connection likely carries ours again.
+//! * **Silent links**: outbound sockets carry `TCP_USER_TIMEOUT` of three
+//!   election timeouts, so a connection whose data goes unacknowledged (a
+//!   partition) fails and is reconnected with backoff, rather than waiting,
+//!   after the link heals, for the kernel's next retransmission (its interval
+//!   doubles up to two minutes). A new hello from a peer closes that peer's
+//!   older inbound connections: it gave them up, and their end may never
+//!   reach us.
 
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
@@ -37,8 +49,11 @@ const HELLO_MAGIC: &[u8; 4] = b"TKTD";
 const HELLO_VERSION: u8 = 1;
 const HELLO_LEN: usize = 4 + 1 + 8 * 6;
 const BACKOFF_MIN_MS: u64 = 100;
-const BACKOFF_MAX_MS: u64 = 5000;
+const BACKOFF_MAX_MS: u64 = 1000;
 const READ_CHUNK: usize = 64 * 1024;
+/// The election timeout assumed until the service sets it (raft's default:
+/// 10 ticks of 100 ms).
+const DEFAULT_ELECTION_TIMEOUT_MS: u64 = 1000;
 
 /// The first frame on a peer connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,6 +157,8 @@ struct Peer {
     snaps: Vec<usize>,
     retry_at: Millis,
     backoff_ms: u64,
+    /// While connecting: when the attempt is given up.
+    connect_by: Millis,
 }
 
 #[derive(Debug)]
@@ -175,7 +192,13 @@ pub struct Transport {
     base: usize,
     peers: BTreeMap<u64, Peer>,
     inbound: slab::Slab<Inbound>,
+    /// Inbound connections superseded by a newer hello from the same peer.
+    stale_inbound: Vec<usize>,
+    /// Peers whose hello just arrived.
+    heard: Vec<u64>,
     events: Vec<PeerEvent>,
+    connect_timeout_ms: u64,
+    user_timeout_ms: u64,
 }
 
 impl Transport {
@@ -201,6 +224,7 @@ impl Transport {
                         snaps: Vec::new(),
                         retry_at: Millis::ZERO,
                         backoff_ms: BACKOFF_MIN_MS,
+                        connect_by: Millis::ZERO,
                     },
                 )
             })
@@ -211,8 +235,20 @@ impl Transport {
             base: 0,
             peers,
             inbound: slab::Slab::new(),
+            stale_inbound: Vec::new(),
+            heard: Vec::new(),
             events: Vec::new(),
+            connect_timeout_ms: DEFAULT_ELECTION_TIMEOUT_MS,
+            user_timeout_ms: 3 * DEFAULT_ELECTION_TIMEOUT_MS,
         })
+    }
+
+    /// Sets the election timeout the peer timeouts derive from: a connect
+    /// attempt is given up after one election timeout, a connection whose
+    /// data goes unacknowledged after three.
+    pub fn set_election_timeout_ms(&mut self, ms: u64) {
+        self.connect_timeout_ms = ms.max(1);
+        self.user_timeout_ms = ms.max(1).saturating_mul(3);
     }
 
     /// The address the peer listener is bound to.
@@ -251,9 +287,21 @@ impl Transport {
         self.local.known.insert(id, uuid);
     }
 
-    /// Opens connections whose backoff has passed.
+    /// Gives up connection attempts past their timeout and opens
+    /// connections whose backoff has passed.
     pub fn tick(&mut self, now: Millis, registry: &Registry) {
         let ids: Vec<u64> = self.peers.keys().copied().collect();
+        for &id in &ids {
+            let stuck = self
+                .peers
+                .get(&id)
+                .is_some_and(|p| p.stream.is_some() && !p.connected && p.connect_by <= now);
+            if stuck {
+                // A SYN nobody answers (a dropped link, a full backlog)
+                // would keep messages queued here with raft none the wiser.
+                self.fail_peer(id, now, registry, "connect timed out");
+            }
+        }
         for id in ids {
             let due = self
                 .peers
@@ -275,12 +323,14 @@ impl Transport {
             let p = self.peers.get_mut(&id).expect("listed");
             match TcpStream::connect(p.addr) {
                 Ok(mut s) => {
+                    set_user_timeout(&s, self.user_timeout_ms);
                     if registry
                         .register(&mut s, token, Interest::READABLE | Interest::WRITABLE)
                         .is_ok()
                     {
                         p.stream = Some(s);
                         p.connected = false;
+                        p.connect_by = now.add_ms(self.connect_timeout_ms);
                         p.buf = hello;
                         p.cursor = 0;
                         p.snaps.clear();
@@ -296,13 +346,16 @@ impl Transport {
         }
     }
 
-    /// The next reconnect attempt.
+    /// The next reconnect attempt or connect timeout.
     #[must_use]
     pub fn next_deadline(&self) -> Option<Millis> {
         self.peers
             .values()
-            .filter(|p| p.stream.is_none())
-            .map(|p| p.retry_at)
+            .filter_map(|p| match (&p.stream, p.connected) {
+                (None, _) => Some(p.retry_at),
+                (Some(_), false) => Some(p.connect_by),
+                (Some(_), true) => None,
+            })
             .min()
     }
 
@@ -418,7 +471,7 @@ impl Transport {
             };
             self.outbound_event(id, now, registry, event);
         } else {
-            self.inbound_event(t - self.inbound_base(), registry);
+            self.inbound_event(t - self.inbound_base(), now, registry);
         }
     }
 
@@ -505,6 +558,30 @@ impl Transport {
         }
     }
 
+    /// The peer reached us: if our connection to it is not up, (re)start
+    /// it now rather than after the backoff, or behind a SYN lost before
+    /// the link healed.
+    fn reconnect_now(&mut self, id: u64, now: Millis, registry: &Registry) {
+        let Some(p) = self.peers.get(&id) else {
+            return;
+        };
+        if p.connected {
+            return;
+        }
+        if p.stream.is_some() {
+            self.fail_peer(
+                id,
+                now,
+                registry,
+                "restarting the connect: the peer reached us",
+            );
+        }
+        if let Some(p) = self.peers.get_mut(&id) {
+            p.retry_at = now;
+            p.backoff_ms = BACKOFF_MIN_MS;
+        }
+    }
+
     fn close_inbound(&mut self, key: usize, registry: &Registry, why: &str) {
         if let Some(mut c) = self.inbound.try_remove(key) {
             let _ = registry.deregister(&mut c.stream);
@@ -514,7 +591,7 @@ impl Transport {
         }
     }
 
-    fn inbound_event(&mut self, key: usize, registry: &Registry) {
+    fn inbound_event(&mut self, key: usize, now: Millis, registry: &Registry) {
         let mut chunk = vec![0u8; READ_CHUNK];
         loop {
             let Some(c) = self.inbound.get_mut(key) else {
@@ -530,6 +607,13 @@ impl Transport {
                     if let Err(why) = self.parse_frames(key) {
                         self.close_inbound(key, registry, &why);
                         return;
+                    }
+                    for old in std::mem::take(&mut self.stale_inbound) {
+                        log::debug!("peer connection {old} superseded by a newer one");
+                        self.close_inbound(old, registry, "");
+                    }
+                    for id in std::mem::take(&mut self.heard) {
+                        self.reconnect_now(id, now, registry);
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -634,8 +718,29 @@ impl Transport {
         if let Some(c) = self.inbound.get_mut(key) {
             c.peer = Some(h.from);
         }
+        self.stale_inbound.extend(
+            self.inbound
+                .iter()
+                .filter(|(k, c)| *k != key && c.peer == Some(h.from))
+                .map(|(k, _)| k),
+        );
+        self.heard.push(h.from);
         Ok(())
     }
+}
+
+/// Bounds how long data may go unacknowledged on `s` before the kernel
+/// fails the connection (Linux; elsewhere the default applies).
+fn set_user_timeout(s: &TcpStream, ms: u64) {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    {
+        let t = std::time::Duration::from_millis(ms);
+        if let Err(e) = socket2::SockRef::from(s).set_tcp_user_timeout(Some(t)) {
+            log::debug!("TCP_USER_TIMEOUT on a peer socket: {e}");
+        }
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    let _ = (s, ms);
 }
 
 #[cfg(test)]
@@ -662,6 +767,219 @@ mod tests {
         bad[0] = b'T';
         bad[4] = 9;
         assert!(Hello::decode(&bad).is_err());
+    }
+
+    /// A listener whose accept queue is full: the kernel drops further
+    /// SYNs, so a connect to it stays in progress.
+    fn blackhole() -> (socket2::Socket, std::net::TcpStream, SocketAddr) {
+        use socket2::{Domain, Socket, Type};
+        let l = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        l.bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+            .unwrap();
+        l.listen(0).unwrap();
+        let addr = l.local_addr().unwrap().as_socket().unwrap();
+        // Never accepted: with a backlog of 0 this one fills the queue.
+        let filler = std::net::TcpStream::connect(addr).unwrap();
+        (l, filler, addr)
+    }
+
+    fn msg(t: MessageType) -> Message {
+        Message {
+            msg_type: t,
+            from: 1,
+            to: 2,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_connect_nobody_answers_reports_the_peer_unreachable_and_retries() {
+        let (_l, _filler, dead) = blackhole();
+        let mut poll = mio::Poll::new().unwrap();
+        let local = LocalInfo {
+            id: 1,
+            cluster: 1,
+            voters: 1,
+            uuid: 1,
+            known: BTreeMap::new(),
+        };
+        let peers: BTreeMap<u64, SocketAddr> = [(1, "127.0.0.1:0".parse().unwrap()), (2, dead)]
+            .into_iter()
+            .collect();
+        let mut t = Transport::bind(local, "127.0.0.1:0".parse().unwrap(), &peers).unwrap();
+        t.set_election_timeout_ms(300);
+        t.register(poll.registry(), 0).unwrap();
+        let mut events = mio::Events::with_capacity(16);
+        let mut now = Millis(0);
+        for attempt in 0..2 {
+            t.tick(now, poll.registry());
+            assert!(
+                t.peers[&2].stream.is_some(),
+                "attempt {attempt}: connecting"
+            );
+            t.send(&msg(MessageType::MsgAppend));
+            t.send(&msg(MessageType::MsgSnapshot));
+            // Let the kernel answer if it would: it does not.
+            for _ in 0..5 {
+                poll.poll(&mut events, Some(std::time::Duration::from_millis(40)))
+                    .unwrap();
+                for e in &events {
+                    t.event(now, poll.registry(), e);
+                }
+                t.flush(now, poll.registry());
+            }
+            assert!(!t.peers[&2].connected, "the SYN is never answered");
+            assert!(t.take_events().is_empty(), "nothing to report yet");
+            let by = t
+                .next_deadline()
+                .expect("the connect timeout is a deadline");
+            assert_eq!(by, now.add_ms(300));
+            now = by;
+            t.tick(now, poll.registry());
+            let ev = t.take_events();
+            assert!(
+                matches!(
+                    ev.as_slice(),
+                    [PeerEvent::Snapshot(2, false), PeerEvent::Unreachable(2)]
+                ),
+                "attempt {attempt}: {ev:?}"
+            );
+            assert!(t.peers[&2].stream.is_none(), "the attempt was dropped");
+            assert_eq!(t.peers[&2].buf.len(), 0, "queued messages dropped");
+            // It retries after the backoff, which grows.
+            let retry = t.next_deadline().expect("a retry is planned");
+            assert_eq!(retry, now.add_ms(BACKOFF_MIN_MS << attempt));
+            now = retry;
+        }
+    }
+
+    fn node1(peers: &[(u64, SocketAddr)]) -> Transport {
+        let local = LocalInfo {
+            id: 1,
+            cluster: 1,
+            voters: 1,
+            uuid: 1,
+            known: BTreeMap::new(),
+        };
+        let peers: BTreeMap<u64, SocketAddr> = peers.iter().copied().collect();
+        Transport::bind(local, "127.0.0.1:0".parse().unwrap(), &peers).unwrap()
+    }
+
+    fn pump(t: &mut Transport, poll: &mut mio::Poll, rounds: usize) {
+        let mut events = mio::Events::with_capacity(16);
+        for _ in 0..rounds {
+            poll.poll(&mut events, Some(std::time::Duration::from_millis(20)))
+                .unwrap();
+            for e in &events {
+                t.event(Millis(0), poll.registry(), e);
+            }
+        }
+    }
+
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    #[test]
+    fn outbound_sockets_give_up_on_unacknowledged_data_after_three_election_timeouts() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let poll = mio::Poll::new().unwrap();
+        let mut t = node1(&[(2, l.local_addr().unwrap())]);
+        t.set_election_timeout_ms(300);
+        t.register(poll.registry(), 0).unwrap();
+        t.tick(Millis(0), poll.registry());
+        let s = t.peers[&2].stream.as_ref().expect("connecting");
+        let got = socket2::SockRef::from(s).tcp_user_timeout().unwrap();
+        assert_eq!(got, Some(std::time::Duration::from_millis(900)));
+    }
+
+    #[test]
+    fn a_new_hello_from_a_peer_closes_its_older_inbound_connections() {
+        let mut poll = mio::Poll::new().unwrap();
+        let mut t = node1(&[(2, "127.0.0.1:9".parse().unwrap())]);
+        t.register(poll.registry(), 0).unwrap();
+        let at = t.local_addr().unwrap();
+        let hello = Hello {
+            cluster: 1,
+            voters: 1,
+            from: 2,
+            from_uuid: 7,
+            to: 1,
+            to_uuid: 1,
+        }
+        .encode();
+        let mut old = std::net::TcpStream::connect(at).unwrap();
+        old.write_all(&hello).unwrap();
+        pump(&mut t, &mut poll, 5);
+        assert_eq!(t.inbound.len(), 1);
+        assert!(t.inbound.iter().all(|(_, c)| c.peer == Some(2)));
+        // Peer 2 gave that connection up (its end was lost) and opened
+        // another: the old one is closed, the new one kept.
+        let mut new = std::net::TcpStream::connect(at).unwrap();
+        new.write_all(&hello).unwrap();
+        pump(&mut t, &mut poll, 5);
+        assert_eq!(t.inbound.len(), 1, "only the newest connection stays");
+        old.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+            .unwrap();
+        let mut b = [0u8; 1];
+        assert_eq!(old.read(&mut b).unwrap(), 0, "the old one was closed");
+        // The new one still carries messages.
+        let m = msg(MessageType::MsgHeartbeat);
+        let m = Message {
+            from: 2,
+            to: 1,
+            ..m
+        };
+        let bytes = m.write_to_bytes().unwrap();
+        new.write_all(&u32::try_from(bytes.len()).unwrap().to_be_bytes())
+            .unwrap();
+        new.write_all(&bytes).unwrap();
+        pump(&mut t, &mut poll, 5);
+        let ev = t.take_events();
+        assert!(
+            ev.iter()
+                .any(|e| matches!(e, PeerEvent::Message(m) if m.from == 2)),
+            "{ev:?}"
+        );
+    }
+
+    #[test]
+    fn a_hello_from_a_peer_we_cannot_reach_restarts_our_connect_at_once() {
+        let (_l, _filler, dead) = blackhole();
+        let mut poll = mio::Poll::new().unwrap();
+        let mut t = node1(&[(2, dead)]);
+        t.register(poll.registry(), 0).unwrap();
+        // Our connect to 2 is stuck behind a lost SYN; it failed once, so
+        // the next attempt waits for the backoff.
+        t.tick(Millis(0), poll.registry());
+        t.tick(Millis(5000), poll.registry());
+        t.tick(Millis(5100), poll.registry());
+        assert!(t.peers[&2].stream.is_some(), "connecting again");
+        assert!(t.peers[&2].backoff_ms > BACKOFF_MIN_MS);
+        let _ = t.take_events();
+        // Peer 2 reaches us: the link is back.
+        let mut c = std::net::TcpStream::connect(t.local_addr().unwrap()).unwrap();
+        c.write_all(
+            &Hello {
+                cluster: 1,
+                voters: 1,
+                from: 2,
+                from_uuid: 7,
+                to: 1,
+                to_uuid: 1,
+            }
+            .encode(),
+        )
+        .unwrap();
+        pump(&mut t, &mut poll, 5);
+        assert!(
+            t.peers[&2].stream.is_none(),
+            "the stuck attempt was dropped"
+        );
+        assert_eq!(t.peers[&2].backoff_ms, BACKOFF_MIN_MS);
+        assert_eq!(t.next_deadline(), Some(Millis(0)), "retry at once");
+        let ev = t.take_events();
+        assert!(
+            ev.iter().any(|e| matches!(e, PeerEvent::Unreachable(2))),
+            "{ev:?}"
+        );
     }
 
     #[test]

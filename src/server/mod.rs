@@ -481,7 +481,9 @@ impl<S: Service> Server<S> {
         if self.shutdown_deadline.is_none() {
             self.accept(now);
         }
-        self.handle_input(now);
+        // Reading takes time: handling input moves `now` to the clock reading
+        // after the last read, so the rest of the turn never runs behind it.
+        let now = self.handle_input(now);
         self.service.tick(now, &mut self.out);
         if now >= self.next_scan {
             self.scan(now);
@@ -595,18 +597,28 @@ impl<S: Service> Server<S> {
         self.active.push(key);
     }
 
-    fn handle_input(&mut self, now: Millis) {
+    /// Handles the input of every active connection; returns `now` as it
+    /// stands after the last read of the turn.
+    fn handle_input(&mut self, mut now: Millis) -> Millis {
         let mut list = std::mem::take(&mut self.active);
         for &key in &list {
-            self.handle_conn_input(now, key);
+            self.handle_conn_input(&mut now, key);
         }
         list.clear();
         // Whatever was queued during the turn (leftover budget, resumed
         // connections) is for the next turn; keep the allocation.
         self.active = std::mem::replace(&mut self.active_next, list);
+        now
     }
 
-    fn handle_conn_input(&mut self, now: Millis, key: usize) {
+    /// Decodes and handles what `key` has sent, reading until `WouldBlock`
+    /// or a bound. `now` moves forward after every read that brought bytes:
+    /// a request must never be handled with a clock reading from before it
+    /// was written, or its lease would be counted from before the client's
+    /// own start and could end before the client's conservative expiry
+    /// (SPEC §3: written + lease).
+    fn handle_conn_input(&mut self, now_ref: &mut Millis, key: usize) {
+        let mut now = *now_ref;
         enum End {
             Idle,
             Again,
@@ -676,6 +688,8 @@ impl<S: Service> Server<S> {
                 Ok(0) => c.eof = true,
                 Ok(n) => {
                     c.rend += n;
+                    now = now.max(self.clock.now());
+                    *now_ref = now;
                     // A short read emptied the socket's receive queue. With
                     // edge-triggered epoll (Linux) any byte that arrives later
                     // raises a new edge, so the read that would only say

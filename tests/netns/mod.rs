@@ -32,8 +32,10 @@
 //!   packet dropped after it left looks to the sender like one a network
 //!   lost, so its TCP backs off exponentially (SYNs after 1, 2, 4 ... s,
 //!   data from 200 ms doubling) as it would across a real partition. After
-//!   the heal a link carries traffic again at the next retransmission, and
-//!   the times to recover the tests print include that backoff.
+//!   the heal a link carries traffic again at the next retransmission, or
+//!   sooner when the peer socket's `TCP_USER_TIMEOUT` or a peer's hello
+//!   makes the node reconnect; the recovery times the tests print include
+//!   whichever comes first.
 //!
 //! The test process needs root (`CAP_SYS_ADMIN` for the namespace,
 //! `CAP_NET_ADMIN` for nftables), `nft` (nftables), `setpriv` (util-linux)
