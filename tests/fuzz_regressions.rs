@@ -109,4 +109,30 @@ fn every_saved_fuzz_input_still_passes() {
     assert!(replay("decode_request", bodies::decode_request) >= 1);
     assert!(replay("decode_reply", bodies::decode_reply) >= 1);
     assert!(replay("engine_ops", bodies::engine_ops) >= 1);
+    #[cfg(feature = "cluster")]
+    {
+        assert!(replay("peer_decode", bodies::cluster::peer_decode) >= 1);
+        assert!(replay("wal_recovery", bodies::cluster::wal_recovery) >= 1);
+    }
+}
+
+#[cfg(feature = "cluster")]
+#[test]
+fn peer_decode_smoke_over_seeded_inputs() {
+    for_seeds("peer_decode", 20_000, |rng| {
+        let mut input = rng.bytes(120);
+        if let Some(len) = input.get_mut(49..53) {
+            // Mostly small frame lengths after the synthetic hello.
+            len.copy_from_slice(&((rng.next() % 40) as u32).to_be_bytes());
+        }
+        bodies::cluster::peer_decode(&input);
+    });
+}
+
+#[cfg(feature = "cluster")]
+#[test]
+fn wal_recovery_smoke_over_seeded_inputs() {
+    for_seeds("wal_recovery", 3_000, |rng| {
+        bodies::cluster::wal_recovery(&rng.bytes(200));
+    });
 }

@@ -24,7 +24,15 @@
 //!   nothing due left undone after a tick, and nothing happening before
 //!   `next_deadline()`.
 
+//!
+//! The cluster targets' bodies ([`cluster`]: peer messages, replicated
+//! commands, WAL recovery) are built with the `cluster` feature.
+
 use std::collections::{BTreeMap, HashMap};
+
+#[cfg(feature = "cluster")]
+#[path = "cluster.rs"]
+pub mod cluster;
 
 use ticketd::engine::{Acquire, AcquireOutcome, ConnId, Engine, Outbox, WaiterId};
 use ticketd::limits::EngineLimits;

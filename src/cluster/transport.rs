@@ -116,6 +116,30 @@ impl Hello {
     }
 }
 
+/// The peer framing: the payload length of the first frame in `buf` once
+/// all of it has arrived (the frame is `buf[4..4 + len]`), `None` while it is
+/// incomplete, or why the connection must close. Before the hello
+/// (`before_hello`) only a hello-sized frame is accepted, so a stranger on
+/// the peer port cannot make us buffer a large frame. Public for the fuzz
+/// targets.
+#[doc(hidden)]
+pub fn frame_len(buf: &[u8], before_hello: bool) -> Result<Option<usize>, String> {
+    if buf.len() < 4 {
+        return Ok(None);
+    }
+    let len = u32::from_be_bytes(buf[..4].try_into().expect("4 bytes")) as usize;
+    if before_hello && len != HELLO_LEN {
+        return Err("the first frame is not a hello".into());
+    }
+    if len > MAX_FRAME_BYTES {
+        return Err(format!("frame of {len} bytes is over the limit"));
+    }
+    if buf.len() - 4 < len {
+        return Ok(None);
+    }
+    Ok(Some(len))
+}
+
 /// FNV-1a, for the cluster name and voter set hashes.
 #[must_use]
 pub fn hash64(parts: &[&[u8]]) -> u64 {
@@ -634,18 +658,11 @@ impl Transport {
             if rest.len() < 4 {
                 break Ok(());
             }
-            let len = u32::from_be_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
-            // Before the hello, nothing but a hello: a stranger on the peer
-            // port cannot make us buffer a large frame.
-            if c.peer.is_none() && len != HELLO_LEN {
-                break Err("the first frame is not a hello".into());
-            }
-            if len > MAX_FRAME_BYTES {
-                break Err(format!("frame of {len} bytes is over the limit"));
-            }
-            if rest.len() < 4 + len {
-                break Ok(());
-            }
+            let len = match frame_len(rest, c.peer.is_none()) {
+                Err(e) => break Err(e),
+                Ok(None) => break Ok(()),
+                Ok(Some(len)) => len,
+            };
             let payload = rest[4..4 + len].to_vec();
             used += 4 + len;
             let peer = c.peer;
