@@ -75,7 +75,7 @@ impl Ticketd {
         let stderr = child.stderr.take().expect("piped stderr");
         let log = Arc::new(Mutex::new(String::new()));
         let sink = Arc::clone(&log);
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             let mut r = BufReader::new(stderr);
             let mut line = String::new();
             while r.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
@@ -90,11 +90,15 @@ impl Ticketd {
                 return Ticketd { child, addr, log };
             }
             if let Ok(Some(status)) = child.try_wait() {
-                std::thread::sleep(Duration::from_millis(50));
-                panic!(
-                    "ticketd exited ({status}) before listening:\n{}",
-                    log.lock().unwrap()
-                );
+                // It may have printed the line and exited (a node told at
+                // once that it must stop) before the reader thread caught
+                // up: read its stderr to the end before deciding.
+                let _ = reader.join();
+                let log_now = log.lock().unwrap().clone();
+                if let Some(addr) = parse_listen_line(&log_now) {
+                    return Ticketd { child, addr, log };
+                }
+                panic!("ticketd exited ({status}) before listening:\n{log_now}");
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
