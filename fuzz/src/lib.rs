@@ -733,7 +733,7 @@ pub fn engine_ops(data: &[u8]) {
             }
             4 => {
                 // Nothing may happen before the deadline the engine reported.
-                let quiet = engine.next_deadline().is_none_or(|d| d > m.now);
+                let quiet = !matches!(engine.next_deadline(), Some(d) if d <= m.now);
                 m.log.push(format!("{} tick", m.now));
                 engine.tick(m.now, &mut out);
                 if quiet && clocked && !out.is_empty() {
