@@ -20,6 +20,16 @@
 //! * **at most one answer** per request, and none after its client gave up;
 //! * **at most one application** per request id, however often re-proposed.
 //!
+//! The simulation also records what its clients did and saw as a
+//! [`History`] on the virtual clock (milliseconds as microseconds): every
+//! acquire and release invoked, every answer, every give-up (Indeterminate)
+//! and every connection dropped (a session closed, by a give-up, a hang-up or
+//! the node's crash; all remaining sessions close at the end of the run). At
+//! the end [`History::check`] runs the shared checker on it: mutual exclusion
+//! of grant intervals, token order across keys and leader changes, and every
+//! acquire answered once or its session closed. FIFO is not checked here: a
+//! client cannot see when a follower's forwarded request was queued.
+//!
 //! At the end the network heals and every node restarts; the cluster must
 //! then answer fresh acquires on every node and all tables must be equal.
 
@@ -29,6 +39,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use protobuf::Message as _;
 use raft::eraftpb::{Message, MessageType};
 
+use crate::checker::{History, OpId, Outcome, ReleaseOutcome};
 use crate::cluster::command::Rid;
 use crate::cluster::node::{quiet_logger, Node, NodeConfig, Traced};
 use crate::cluster::rng::SplitMix64;
@@ -114,6 +125,8 @@ pub struct SimReport {
     pub reproposals: u64,
     /// A digest of the final table (equal on every node).
     pub digest: u64,
+    /// What the history checker found in the clients' history.
+    pub checked: crate::checker::Report,
 }
 
 #[derive(Clone, Debug)]
@@ -144,6 +157,8 @@ struct Client {
     conn: ConnId,
     state: ClientState,
     next_at: Millis,
+    /// The history's id of the request in flight (acquire or release).
+    op: Option<OpId>,
 }
 
 /// A message in flight: (deliver at, sequence, destination, bytes).
@@ -175,6 +190,7 @@ pub struct Sim {
     requests: BTreeMap<Rid, u64>,
     last_applied: Vec<u64>,
     report: SimReport,
+    history: History,
     clients_active: bool,
     debug: bool,
     logger: slog::Logger,
@@ -225,6 +241,7 @@ impl Sim {
                 conn,
                 state: ClientState::Idle,
                 next_at: Millis(rng.range(0, 3000)),
+                op: None,
             });
         }
         let next_fault = Millis(rng.range(cfg.fault_every_ms / 2, cfg.fault_every_ms * 3 / 2));
@@ -250,6 +267,7 @@ impl Sim {
             log: BTreeMap::new(),
             requests: BTreeMap::new(),
             report: SimReport::default(),
+            history: History::new(),
             clients_active: true,
             debug: std::env::var_os("SIM_DEBUG").is_some(),
             logger,
@@ -262,7 +280,13 @@ impl Sim {
     }
 
     /// Runs chaos, then the heal and the final checks.
-    pub fn run(mut self) -> Result<SimReport, String> {
+    pub fn run(self) -> Result<SimReport, String> {
+        self.run_with_history().map(|(r, _)| r)
+    }
+
+    /// Like [`Sim::run`], and also returns the clients' history (already
+    /// checked).
+    pub fn run_with_history(mut self) -> Result<(SimReport, History), String> {
         let chaos_end = Millis(self.cfg.chaos_ms);
         while self.now < chaos_end {
             self.step(true)?;
@@ -291,7 +315,17 @@ impl Sim {
             self.step(false)?;
         }
         self.final_checks()?;
-        Ok(self.report)
+        // The run is over: every client closes its connection, which settles
+        // the requests that never got an answer.
+        for c in 0..self.clients.len() {
+            self.history
+                .session_closed(self.clients[c].conn, us(self.now));
+        }
+        match self.history.check() {
+            Ok(r) => self.report.checked = r,
+            Err(v) => return self.fail(format!("history checker: {v}")),
+        }
+        Ok((self.report, self.history))
     }
 
     fn step(&mut self, chaos: bool) -> Result<(), String> {
@@ -555,6 +589,18 @@ impl Sim {
         if let Some(n) = self.nodes[old.0 as usize - 1].as_mut() {
             n.disconnect(old.1);
         }
+        let now_us = us(self.now);
+        match (self.clients[c].state.clone(), self.clients[c].op.take()) {
+            (ClientState::Acquiring { .. }, Some(op)) => {
+                self.history.acquired(op, Outcome::Indeterminate, now_us);
+            }
+            (ClientState::Releasing { .. }, Some(op)) => {
+                self.history
+                    .released(op, ReleaseOutcome::Indeterminate, now_us);
+            }
+            _ => {}
+        }
+        self.history.session_closed(old.1, now_us);
         match self.clients[c].state {
             ClientState::Acquiring { .. } | ClientState::Releasing { .. } => {
                 self.report.given_up += 1;
@@ -686,6 +732,17 @@ impl Sim {
                     };
                     self.clients[c].next_at = Millis::NEVER;
                     let k = format!("key{key}");
+                    // Recorded before the request: the answer may come at once.
+                    let op = self.history.acquire(
+                        c as u64,
+                        self.clients[c].conn,
+                        &k,
+                        owner,
+                        wait_s,
+                        lease_s,
+                        us(self.now),
+                    );
+                    self.clients[c].op = Some(op);
                     self.request(
                         c,
                         Request::Acquire {
@@ -709,6 +766,14 @@ impl Sim {
                     };
                     self.clients[c].next_at = Millis::NEVER;
                     let k = format!("key{key}");
+                    let op = self.history.release(
+                        c as u64,
+                        self.clients[c].conn,
+                        &k,
+                        token,
+                        us(self.now),
+                    );
+                    self.clients[c].op = Some(op);
                     self.request(c, Request::Release { token, key: &k })?;
                 }
                 _ => {}
@@ -734,6 +799,18 @@ impl Sim {
             self.on_reply(node, conn, &key, reply)?;
         }
         Ok(())
+    }
+
+    fn answer_acquire(&mut self, c: usize, outcome: Outcome) {
+        if let Some(op) = self.clients[c].op.take() {
+            self.history.acquired(op, outcome, us(self.now));
+        }
+    }
+
+    fn answer_release(&mut self, c: usize, outcome: ReleaseOutcome) {
+        if let Some(op) = self.clients[c].op.take() {
+            self.history.released(op, outcome, us(self.now));
+        }
     }
 
     fn drop_belief(&mut self, c: usize, key: usize) {
@@ -770,6 +847,15 @@ impl Sim {
                 },
             ) if o == owner => {
                 self.report.grants += 1;
+                let late = sent.add_secs(u64::from(lease_s)) <= self.now;
+                self.answer_acquire(
+                    c,
+                    if late {
+                        Outcome::LateGrant { token }
+                    } else {
+                        Outcome::Granted { token }
+                    },
+                );
                 if !self.tokens.insert(token) {
                     return self.fail(format!("token {token} issued twice"));
                 }
@@ -819,11 +905,13 @@ impl Sim {
                 if o == owner =>
             {
                 self.report.timeouts += 1;
+                self.answer_acquire(c, Outcome::Timeout);
                 self.clients[c].state = ClientState::Idle;
                 self.clients[c].next_at = idle_after;
             }
             (ClientState::Acquiring { owner, .. }, Reply::Busy { owner: o, .. }) if o == owner => {
                 self.report.busy += 1;
+                self.answer_acquire(c, Outcome::Busy);
                 self.clients[c].state = ClientState::Idle;
                 self.clients[c].next_at = idle_after;
             }
@@ -831,6 +919,7 @@ impl Sim {
                 if t == token =>
             {
                 self.report.releases += 1;
+                self.answer_release(c, ReleaseOutcome::Released);
                 self.clients[c].state = ClientState::Idle;
                 self.clients[c].next_at = idle_after;
             }
@@ -838,6 +927,7 @@ impl Sim {
                 if t == token =>
             {
                 self.report.not_released += 1;
+                self.answer_release(c, ReleaseOutcome::NotReleased);
                 self.clients[c].state = ClientState::Idle;
                 self.clients[c].next_at = idle_after;
             }
@@ -946,6 +1036,11 @@ impl Sim {
     }
 }
 
+/// A virtual time in the history's microseconds.
+fn us(t: Millis) -> u64 {
+    t.0.saturating_mul(1000)
+}
+
 fn owned(r: Reply<'_>) -> Reply<'static> {
     let key = "";
     match r {
@@ -960,4 +1055,9 @@ fn owned(r: Reply<'_>) -> Reply<'static> {
 /// Runs one seed.
 pub fn run(cfg: SimConfig) -> Result<SimReport, String> {
     Sim::new(cfg)?.run()
+}
+
+/// Runs one seed and returns the clients' checked history too.
+pub fn run_with_history(cfg: SimConfig) -> Result<(SimReport, History), String> {
+    Sim::new(cfg)?.run_with_history()
 }
