@@ -776,7 +776,7 @@ fn check_tokens(acqs: &BTreeMap<OpId, AcqRec>) -> Result<(), Violation> {
     let mut i = 0;
     for g in by_invoked {
         while i < by_received.len() && by_received[i].2 < g.0.invoked_us {
-            if highest.map_or(true, |h| by_received[i].1 > h.1) {
+            if highest.is_none_or(|h| by_received[i].1 > h.1) {
                 highest = Some(by_received[i]);
             }
             i += 1;
@@ -898,7 +898,7 @@ fn check_exclusion(
                     ));
                 }
             }
-            if widest.map_or(true, |w| iv.1 > w.1) {
+            if widest.is_none_or(|w| iv.1 > w.1) {
                 widest = Some(iv);
             }
         }
@@ -943,9 +943,7 @@ fn check_fifo(
                 };
                 let still_waiting = passed_over
                     && wait_end > granted_us
-                    && closed
-                        .get(&earlier.session)
-                        .map_or(true, |&c| c > granted_us);
+                    && closed.get(&earlier.session).is_none_or(|&c| c > granted_us);
                 if still_waiting {
                     return Err(violation(
                         Property::Fifo,

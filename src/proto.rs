@@ -420,7 +420,7 @@ mod tests {
         );
         let mut long = vec![b'R'];
         long.extend_from_slice(&[0; 8]);
-        long.extend(std::iter::repeat(b'k').take(4));
+        long.extend(std::iter::repeat_n(b'k', 4));
         assert_eq!(decode_request(&long, 4), Decoded::Incomplete);
         long.push(b'k');
         assert_eq!(

@@ -115,7 +115,7 @@ impl Cluster {
                 .filter_map(|t| t.trim().parse::<u64>().ok())
                 .max();
             if let Some(t) = term {
-                if best.map_or(true, |(bt, _)| t > bt) {
+                if best.is_none_or(|(bt, _)| t > bt) {
                     best = Some((t, i));
                 }
             }

@@ -589,7 +589,7 @@ fn run(ops: &[Op], replicated: bool) {
         check.observe(m.now_ms, &got);
         if let Op::Tick = op {
             assert!(
-                e.next_deadline().map_or(true, |d| d > now),
+                e.next_deadline().is_none_or(|d| d > now),
                 "after tick({now}) next_deadline is not in the future: {:?}",
                 e.next_deadline()
             );
