@@ -26,9 +26,7 @@ use mio::{Events, Interest, Poll, Token};
 
 use super::backend::{Backend, Outcome};
 use super::hist::Histogram;
-
-/// Bytes asked of one `read` at least.
-const READ_CHUNK_BYTES: usize = 16 * 1024;
+use super::{make_read_room, READ_CHUNK_BYTES};
 
 /// Every key the generator makes is this long (the 24-byte keys).
 pub const KEY_BYTES: usize = 24;
@@ -475,17 +473,7 @@ impl<B: Backend> Worker<'_, B> {
     fn read(&mut self, c: usize, now: u64) -> Result<(), String> {
         loop {
             let conn = &mut self.conns[c];
-            if conn.rbuf.len() - conn.rend < READ_CHUNK_BYTES {
-                // Keep the unread tail and make room after it. The buffer
-                // is zeroed once, when it grows, never per read.
-                conn.rbuf.copy_within(conn.rstart..conn.rend, 0);
-                conn.rend -= conn.rstart;
-                conn.rstart = 0;
-                if conn.rbuf.len() - conn.rend < READ_CHUNK_BYTES {
-                    let n = conn.rbuf.len() + READ_CHUNK_BYTES;
-                    conn.rbuf.resize(n, 0);
-                }
-            }
+            make_read_room(&mut conn.rbuf, &mut conn.rstart, &mut conn.rend);
             let rend = conn.rend;
             let r = conn.stream.read(&mut conn.rbuf[rend..]);
             match r {

@@ -15,6 +15,7 @@ use std::time::Duration;
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
+use super::make_read_room;
 use crate::limits::DEFAULT_MAX_KEY_BYTES;
 use crate::proto::{self, Decoded, Reply, Request};
 
@@ -23,9 +24,6 @@ const LISTENER: Token = Token(usize::MAX - 1);
 const MAX_PENDING_REPLY_BYTES: usize = 4 << 20;
 /// Read at most this much from one connection per turn, for fairness.
 const READ_PER_TURN_BYTES: usize = 256 * 1024;
-/// Bytes asked of one `read` at least.
-const READ_CHUNK_BYTES: usize = 16 * 1024;
-
 struct Conn {
     stream: mio::net::TcpStream,
     /// Read buffer, zeroed once when it grows; `rstart..rend` is unparsed.
@@ -63,15 +61,7 @@ fn read_and_answer(conn: &mut Conn, next_token: &mut u64, stats: &mut LimitStats
             conn.more_to_read = true;
             return Step::Open;
         }
-        if conn.rbuf.len() - conn.rend < READ_CHUNK_BYTES {
-            conn.rbuf.copy_within(conn.rstart..conn.rend, 0);
-            conn.rend -= conn.rstart;
-            conn.rstart = 0;
-            if conn.rbuf.len() - conn.rend < READ_CHUNK_BYTES {
-                let n = conn.rbuf.len() + READ_CHUNK_BYTES;
-                conn.rbuf.resize(n, 0);
-            }
-        }
+        make_read_room(&mut conn.rbuf, &mut conn.rstart, &mut conn.rend);
         let rend = conn.rend;
         match conn.stream.read(&mut conn.rbuf[rend..]) {
             Ok(0) => return Step::Close,

@@ -562,6 +562,24 @@ impl Report {
     }
 }
 
+/// Bytes offered to one `read` of the generator and of the limit server.
+pub(crate) const READ_CHUNK_BYTES: usize = 16 * 1024;
+
+/// Makes room for one read of [`READ_CHUNK_BYTES`] after the unread bytes
+/// `rbuf[*rstart..*rend]`: moves them to the front, and grows the buffer
+/// only when that is not enough (it is zeroed when it grows, never per read).
+pub(crate) fn make_read_room(rbuf: &mut Vec<u8>, rstart: &mut usize, rend: &mut usize) {
+    if rbuf.len() - *rend < READ_CHUNK_BYTES {
+        rbuf.copy_within(*rstart..*rend, 0);
+        *rend -= *rstart;
+        *rstart = 0;
+        if rbuf.len() - *rend < READ_CHUNK_BYTES {
+            let n = rbuf.len() + READ_CHUNK_BYTES;
+            rbuf.resize(n, 0);
+        }
+    }
+}
+
 /// Entry point of `ticket bench ARGS` (without the program and subcommand
 /// names). Returns the process exit code: 0 on success, 1 if the run failed
 /// or the FIFO check found a grant out of order, 2 for bad flags.
