@@ -40,6 +40,7 @@ pub mod client;
 pub mod cluster;
 pub mod config;
 pub mod engine;
+pub mod hash;
 pub mod limits;
 pub mod proto;
 pub mod server;
