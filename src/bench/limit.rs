@@ -35,6 +35,12 @@ struct Conn {
     want_write: bool,
     /// Unread input may remain in the socket (fairness cap or back-pressure).
     more_to_read: bool,
+    /// A readiness event said there is input (or a close) not yet read.
+    readable: bool,
+    /// Read until `WouldBlock` even after a short read: set on accept and
+    /// when an event reported the peer's close or an error, whose edge has
+    /// then been consumed and will not come again (ticketd's rule).
+    drain: bool,
 }
 
 /// Counts what the limit server answered.
@@ -51,10 +57,18 @@ enum Step {
     Close,
 }
 
+/// Reads and answers what `conn` has sent. Like ticketd, it stops after a
+/// short read: with edge-triggered epoll any byte that arrives later raises
+/// a new edge, so the read that would only say `WouldBlock` is skipped (one
+/// system call less per request at pipeline depth 1), unless `drain` says
+/// a close or error was reported whose edge will not come again.
 fn read_and_answer(conn: &mut Conn, next_token: &mut u64, stats: &mut LimitStats) -> Step {
     let mut read_bytes = 0;
     conn.more_to_read = false;
     loop {
+        if !conn.readable {
+            return Step::Open;
+        }
         if conn.wbuf.len() - conn.wpos > MAX_PENDING_REPLY_BYTES
             || read_bytes >= READ_PER_TURN_BYTES
         {
@@ -63,9 +77,13 @@ fn read_and_answer(conn: &mut Conn, next_token: &mut u64, stats: &mut LimitStats
         }
         make_read_room(&mut conn.rbuf, &mut conn.rstart, &mut conn.rend);
         let rend = conn.rend;
+        let offered = conn.rbuf.len() - rend;
         match conn.stream.read(&mut conn.rbuf[rend..]) {
             Ok(0) => return Step::Close,
             Ok(n) => {
+                if n < offered && !conn.drain {
+                    conn.readable = false;
+                }
                 read_bytes += n;
                 conn.rend += n;
                 let mut at = conn.rstart;
@@ -97,7 +115,11 @@ fn read_and_answer(conn: &mut Conn, next_token: &mut u64, stats: &mut LimitStats
                     conn.rend = 0;
                 }
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Step::Open,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                conn.readable = false;
+                conn.drain = false;
+                return Step::Open;
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(_) => return Step::Close,
         }
@@ -170,6 +192,8 @@ pub fn serve(listener: TcpListener, stop: &AtomicBool) -> io::Result<LimitStats>
                                 wpos: 0,
                                 want_write: false,
                                 more_to_read: false,
+                                readable: false,
+                                drain: true,
                             });
                             stats.connections += 1;
                         }
@@ -179,7 +203,13 @@ pub fn serve(listener: TcpListener, stop: &AtomicBool) -> io::Result<LimitStats>
                         Err(_) => break,
                     }
                 }
-            } else if conns.contains(ev.token().0) {
+            } else if let Some(c) = conns.get_mut(ev.token().0) {
+                if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                    c.readable = true;
+                    if ev.is_read_closed() || ev.is_error() {
+                        c.drain = true;
+                    }
+                }
                 touched.push(ev.token().0);
             }
         }
@@ -297,5 +327,45 @@ mod tests {
         let stats = server.join().unwrap().unwrap();
         assert_eq!(stats.requests, 3);
         assert_eq!(stats.connections, 2);
+    }
+
+    /// After a short read the server stops reading until the next edge:
+    /// bytes that trickle in later, one write at a time, must still each
+    /// raise one, so a frame sent a byte at a time is answered.
+    #[test]
+    fn a_frame_sent_byte_by_byte_is_answered() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = Arc::clone(&stop);
+        let server = std::thread::spawn(move || serve(listener, &stop2));
+
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_nodelay(true).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut out = Vec::new();
+        for token in [5, 6] {
+            proto::encode_request(&Request::Release { token, key: "k" }, &mut out);
+        }
+        for b in &out {
+            s.write_all(std::slice::from_ref(b)).unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 64];
+        while got.len() < 22 {
+            let n = s.read(&mut chunk).unwrap();
+            assert!(n > 0, "limit server closed early");
+            got.extend_from_slice(&chunk[..n]);
+        }
+        let mut want = Vec::new();
+        for token in [5, 6] {
+            proto::encode_reply(&Reply::Released { token, key: "k" }, &mut want);
+        }
+        assert_eq!(got, want);
+
+        stop.store(true, Ordering::Relaxed);
+        let stats = server.join().unwrap().unwrap();
+        assert_eq!(stats.requests, 2);
     }
 }
