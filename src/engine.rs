@@ -745,7 +745,7 @@ impl Engine {
         key: &str,
         out: &mut Outbox,
     ) -> bool {
-        if let StrEntry::Occupied(o) = self.keys.entry(key) {
+        if let Some(o) = self.keys.find_entry(key) {
             // The common case, a key nobody waits for, costs one hash of
             // the key (none for the queue map while no key has waiters).
             if o.get().token == token && !self.queues.contains_key(key) {

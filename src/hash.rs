@@ -277,6 +277,21 @@ impl<K: Borrow<str>, V> StrMap<K, V> {
         }
     }
 
+    /// The entry for `key` if it is in the map: one hash for a lookup that
+    /// may be followed by an update or a removal, never an insert (so,
+    /// unlike [`StrMap::entry`], it never makes room).
+    #[inline]
+    pub fn find_entry<'a>(&'a mut self, key: &str) -> Option<StrOccupied<'a, K, V>> {
+        if self.table.is_empty() {
+            return None;
+        }
+        let hash = self.hash(key);
+        self.table
+            .find_entry(hash, |(k, _)| k.borrow() == key)
+            .ok()
+            .map(StrOccupied)
+    }
+
     /// Keeps the entries for which `keep` returns true.
     pub fn retain(&mut self, mut keep: impl FnMut(&K, &mut V) -> bool) {
         self.table.retain(|(k, v)| keep(k, v));
@@ -472,10 +487,17 @@ mod tests {
         let mut s = 7u64;
         for i in 0..5000u32 {
             let key = format!("k{}", xorshift(&mut s) % 700);
-            match xorshift(&mut s) % 4 {
+            match xorshift(&mut s) % 5 {
                 0 => {
                     assert_eq!(m.remove(&key), model.remove(&key));
                 }
+                4 => match m.find_entry(&key) {
+                    Some(o) => {
+                        assert_eq!(Some(o.get()), model.get(&key));
+                        assert_eq!(o.remove().1, model.remove(&key).unwrap());
+                    }
+                    None => assert!(!model.contains_key(&key)),
+                },
                 1 => match m.entry(&key) {
                     StrEntry::Occupied(o) => {
                         assert_eq!(Some(o.get()), model.get(&key));
