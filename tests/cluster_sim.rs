@@ -4,7 +4,9 @@
 //! `cargo test` runs a few fixed seeds. For long runs:
 //! `make sim SEEDS=200` (or `SIM_SEEDS=200 SIM_FIRST=1000 cargo test
 //! --release --test cluster_sim many_seeds -- --nocapture`); a failure
-//! prints its seed, and `SIM_FIRST=<seed> SIM_SEEDS=1` replays it.
+//! prints its seed, and `SIM_FIRST=<seed> SIM_SEEDS=1` replays it. Even
+//! seeds run 3 nodes and odd seeds 5; `SIM_NODES=3` (or 5) runs every seed
+//! with that many.
 #![cfg(feature = "cluster")]
 
 use raft::eraftpb::{Message, MessageType};
@@ -95,8 +97,10 @@ fn many_seeds() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100);
+    // Even seeds run 3 nodes and odd seeds 5, unless SIM_NODES says.
+    let fixed: Option<usize> = std::env::var("SIM_NODES").ok().and_then(|v| v.parse().ok());
     for seed in first..first + n {
-        let nodes = if seed % 2 == 0 { 3 } else { 5 };
+        let nodes = fixed.unwrap_or(if seed % 2 == 0 { 3 } else { 5 });
         let r = check(SimConfig::new(seed, nodes));
         if n > 2 {
             println!("seed {seed} ({nodes} nodes): {r:?}");
