@@ -30,7 +30,10 @@
 //! entry overwritten), so an unapplied one is proposed again, under the same
 //! id, after two election timeouts, when the leader changes, or when the
 //! index a local leader gave it applies with another command. The state
-//! machine's dedup makes that safe.
+//! machine's dedup makes that safe. One that applied inside a snapshot this
+//! node installed is proposed again at once too: when its duplicate
+//! applies, an acquire still granted to it (the table records each
+//! holder's request id) is answered with that grant.
 //!
 //! # Leader timers (SPEC §2.4)
 //!
@@ -682,14 +685,18 @@ impl<D: Disk> Node<D> {
             return;
         }
         let after = self.repropose_ms();
+        // `proposed_at == ZERO` marks a proposal to make again at once (the
+        // leader changed, its index applied with another command, a
+        // snapshot covered it), also in the first `after` ms of the clock.
         let due: Vec<u64> = self
             .unapplied
             .iter()
             .copied()
             .filter(|s| {
-                self.pending
-                    .get(s)
-                    .is_some_and(|p| !p.queued && now.since(p.proposed_at) >= after)
+                self.pending.get(s).is_some_and(|p| {
+                    !p.queued
+                        && (p.proposed_at == Millis::ZERO || now.since(p.proposed_at) >= after)
+                })
             })
             .collect();
         for seq in due {
@@ -966,8 +973,11 @@ impl<D: Disk> Node<D> {
 
     fn after_snapshot_install(&mut self) {
         // Requests of ours the snapshot already covers: a queued acquire is
-        // still answered later; for the rest the answer is gone with the
-        // entries (the client's own deadline ends its wait).
+        // still answered later. The rest are proposed again at the next
+        // tick: the duplicate changes nothing, and when it applies an
+        // acquire still granted to it is answered from the table (see
+        // `apply_entries`); other answers are gone with the entries (the
+        // client's own deadline ends its wait).
         let seqs: Vec<u64> = self.unapplied.iter().copied().collect();
         for seq in seqs {
             let rid = Rid {
@@ -985,7 +995,12 @@ impl<D: Disk> Node<D> {
                 if self.sm.is_waiting(key, rid) {
                     p.queued = true;
                     self.unapplied.remove(&seq);
+                    continue;
                 }
+            }
+            if self.sm.has_applied(rid) {
+                p.proposed_at = Millis::ZERO;
+                self.next_repropose_check = Millis::ZERO;
             }
         }
     }
@@ -1067,9 +1082,21 @@ impl<D: Disk> Node<D> {
             if let Some(rid) = cmd.rid().filter(|r| mine(*r)) {
                 if res.duplicate {
                     // Applied before (e.g. inside a snapshot we installed):
-                    // nothing more will come for it.
+                    // nothing more will come for it. Were it answered here,
+                    // it would no longer be pending; an acquire whose grant
+                    // is still current gets that grant as its answer.
                     if let Some(p) = self.pending.get(&rid.seq) {
                         if !p.queued {
+                            if let Command::Acquire { key, owner, .. } = &cmd {
+                                if let Some(token) = self.sm.granted_to(key, rid) {
+                                    let reply = Reply::Acquired {
+                                        token,
+                                        owner: *owner,
+                                        key,
+                                    };
+                                    out.push(p.conn, reply, 0);
+                                }
+                            }
                             self.finish(rid.seq);
                         }
                     }
