@@ -13,7 +13,7 @@ help:
 	@echo "vendor-check  cargo vendor, then build offline from it (with and without default features)"
 	@echo "example       run examples/step_server (a server stepped turn by turn)"
 	@echo "sim           cluster simulation over SEEDS seeds from FIRST (make sim SEEDS=500)"
-	@echo "bench-cluster 3-node cluster vs one etcd node, lock cycles/s (CLIENTS=50)"
+	@echo "bench-cluster 3-node cluster vs one etcd node and single mode, lock cycles/s (CLIENTS=50)"
 	@echo "sim-single    single-mode simulation over SEEDS fresh seeds (FIRST= to choose); part of sim"
 	@echo "clean         remove build output"
 	@echo "fuzz          run every cargo-fuzz target for FUZZ_SECONDS each (default 60)"
@@ -80,14 +80,17 @@ FIRST ?= 1
 sim: sim-single
 	SIM_SEEDS=$(SEEDS) SIM_FIRST=$(FIRST) $(CARGO) test --release --test cluster_sim many_seeds -- --nocapture
 
-# Lock cycles/s of a 3-node cluster (fsync on) against one etcd node, same
-# client count: `make bench-cluster CLIENTS=50 BENCH_SECONDS=10`.
+# Lock cycles/s of a 3-node cluster (fsync on) against one etcd node and
+# one single-mode ticketd (the ceiling), same client count, rounds
+# interleaved: `make bench-cluster CLIENTS=50 BENCH_SECONDS=10 BENCH_ROUNDS=3`.
 CLIENTS ?= 50
 BENCH_SECONDS ?= 10
+BENCH_ROUNDS ?= 3
 .PHONY: bench-cluster
 bench-cluster:
 	$(CARGO) build --release --bin ticketd --example cluster_bench
-	./target/release/examples/cluster_bench --clients $(CLIENTS) --seconds $(BENCH_SECONDS) --etcd
+	./target/release/examples/cluster_bench --clients $(CLIENTS) --seconds $(BENCH_SECONDS) \
+	  --rounds $(BENCH_ROUNDS) --etcd
 # Single-mode simulation over SEEDS seeds: from FIRST when given on the
 # command line, else from a seed taken from the clock (printed).
 .PHONY: sim-single

@@ -10,6 +10,8 @@
 #   BENCH_CG_REQUESTS=200000  requests per callgrind run (0 skips callgrind)
 #   BENCH_OUT=target/bench    where raw JSON results and callgrind files go
 #   BENCH_SKIP_MINIMAL=1   skip the --no-default-features size build
+#   BENCH_SKIP_CLUSTER=1   skip the 3-node cluster vs etcd part
+#   BENCH_CLUSTER_CLIENTS=50  lockers in the cluster part
 #
 # Everything it starts listens on loopback only and is stopped on exit.
 set -euo pipefail
@@ -59,7 +61,7 @@ if ((${#need_apt[@]})); then
 fi
 
 log "building release binaries"
-cargo build --release --quiet --bin ticketd --example ticket_bench --example limit_server
+cargo build --release --quiet --bin ticketd --example ticket_bench --example limit_server --example cluster_bench
 TICKETD=target/release/ticketd
 BENCH=target/release/examples/ticket_bench
 LIMIT=target/release/examples/limit_server
@@ -317,3 +319,15 @@ row "bytes per held lock ($T_LOCKS / $R_LOCKS)" "$T_BPL" "$R_BPL" "" "" "$(ratio
 row "idle RSS KiB" "$T_IDLE" "$R_IDLE" "" "$E_IDLE" "$(ratio "$T_IDLE" "$R_IDLE")" "" "ticketd <= 3072"
 row "stripped binary bytes" "$SIZE_DEFAULT" "" "" "" "" "" "without default features: $SIZE_MINIMAL"
 echo "raw results: $OUT/*.json"
+
+# ---------------------------------------------------------------- cluster
+# A 3-node ticketd cluster (fsync on) against one etcd node, lock cycles/s
+# with the same lockers, and one single-mode ticketd (no replication, no
+# disk) as the ceiling; the three interleaved in each round.
+if [[ -z ${BENCH_SKIP_CLUSTER:-} ]]; then
+    echo
+    echo "cluster: 3 ticketd nodes (fsync on) vs one etcd node, ${BENCH_CLUSTER_CLIENTS:-50} lockers"
+    ./target/release/examples/cluster_bench --clients "${BENCH_CLUSTER_CLIENTS:-50}" \
+        --seconds "$SECS" --rounds "$ROUNDS" --etcd | sed -n '/^-- median\|^-- one/,$p'
+    echo "target: cluster / etcd >= 10"
+fi

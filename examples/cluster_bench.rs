@@ -6,8 +6,13 @@
 //! 30 s lease then `/v3/lock/unlock` (the lock API etcd users call, through
 //! etcd's JSON gateway). Prints cycles/s and latency percentiles.
 //!
+//! The same clients then run against one single-mode ticketd (no
+//! replication, no disk): no cluster can beat that on the same machine, so
+//! it is the ceiling the cluster's figure is read against (skip it with
+//! `--no-single`).
+//!
 //!     cargo build --release && cargo run --release --example cluster_bench -- \
-//!         [--clients 50] [--seconds 10] [--etcd]
+//!         [--clients 50] [--seconds 10] [--etcd] [--no-single]
 //!
 //! Needs the release `ticketd` binary (target/release/ticketd) and, with
 //! `--etcd`, `etcd` on the PATH. Everything runs on loopback; the processes
@@ -103,21 +108,12 @@ impl Conn {
     }
 }
 
-fn start_ticketd(bin: &Path, id: usize, peers: &str, dir: &Path) -> (Proc, SocketAddr) {
+/// Starts `ticketd` with `args` and returns it with the client address it
+/// reports on stderr.
+fn start_ticketd(bin: &Path, args: &[String]) -> (Proc, SocketAddr) {
     let child = Command::new(bin)
-        .args([
-            "--cluster",
-            "--id",
-            &id.to_string(),
-            "--peers",
-            peers,
-            "--data-dir",
-            &dir.display().to_string(),
-            "--listen",
-            "127.0.0.1:0",
-            "--log-level",
-            "info",
-        ])
+        .args(args)
+        .args(["--listen", "127.0.0.1:0", "--log-level", "info"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -142,19 +138,11 @@ fn start_ticketd(bin: &Path, id: usize, peers: &str, dir: &Path) -> (Proc, Socke
     }
 }
 
-fn bench_ticketd(clients: usize, seconds: u64) -> f64 {
-    let bin = PathBuf::from("target/release/ticketd");
-    let peers: Vec<String> = (1..=3)
-        .map(|i| format!("{i}=127.0.0.1:{}", free_port()))
-        .collect();
-    let peers = peers.join(",");
-    let dirs: Vec<PathBuf> = (1..=3).map(|i| temp_dir(&format!("node{i}"))).collect();
-    let nodes: Vec<(Proc, SocketAddr)> = (0..3)
-        .map(|i| start_ticketd(&bin, i + 1, &peers, &dirs[i]))
-        .collect();
-    // Wait for a leader.
+/// Waits until a lock can be taken through `addr` (a cluster has elected
+/// a leader and applied its first entry).
+fn wait_ready(addr: SocketAddr) {
     let mut c = Conn {
-        s: TcpStream::connect(nodes[0].1).unwrap(),
+        s: TcpStream::connect(addr).unwrap(),
         buf: Vec::new(),
     };
     let t0 = Instant::now();
@@ -170,16 +158,21 @@ fn bench_ticketd(clients: usize, seconds: u64) -> f64 {
                 token: t,
                 key: "warmup",
             });
-            break;
+            return;
         }
         assert!(t0.elapsed() < Duration::from_secs(20), "no leader");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Runs `clients` threads for `seconds`, client `i` on `addrs[i % len]`,
+/// each locking and unlocking its own key one request at a time.
+fn run_clients(addrs: &[SocketAddr], clients: usize, seconds: u64) -> (Duration, Vec<Stats>) {
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
     let handles: Vec<_> = (0..clients)
         .map(|i| {
-            let addr = nodes[i % 3].1;
+            let addr = addrs[i % addrs.len()];
             let stop = Arc::clone(&stop);
             std::thread::spawn(move || {
                 let s = TcpStream::connect(addr).unwrap();
@@ -215,17 +208,53 @@ fn bench_ticketd(clients: usize, seconds: u64) -> f64 {
     std::thread::sleep(Duration::from_secs(seconds));
     stop.store(true, Ordering::Relaxed);
     let all: Vec<Stats> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-    let rate = report(
-        "ticketd 3-node cluster (fsync on)",
-        clients,
-        start.elapsed(),
-        all,
-    );
+    (start.elapsed(), all)
+}
+
+/// A 3-node cluster with fsync on; clients spread over the nodes.
+fn bench_cluster(bin: &Path, clients: usize, seconds: u64) -> f64 {
+    let peers: Vec<String> = (1..=3)
+        .map(|i| format!("{i}=127.0.0.1:{}", free_port()))
+        .collect();
+    let peers = peers.join(",");
+    let dirs: Vec<PathBuf> = (1..=3).map(|i| temp_dir(&format!("node{i}"))).collect();
+    let nodes: Vec<(Proc, SocketAddr)> = (0..3)
+        .map(|i| {
+            let args = [
+                "--cluster".to_string(),
+                "--id".to_string(),
+                (i + 1).to_string(),
+                "--peers".to_string(),
+                peers.clone(),
+                "--data-dir".to_string(),
+                dirs[i].display().to_string(),
+            ];
+            start_ticketd(bin, &args)
+        })
+        .collect();
+    wait_ready(nodes[0].1);
+    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.1).collect();
+    let (elapsed, all) = run_clients(&addrs, clients, seconds);
+    let rate = report("ticketd 3-node cluster (fsync on)", clients, elapsed, all);
     drop(nodes);
     for d in dirs {
         let _ = std::fs::remove_dir_all(d);
     }
     rate
+}
+
+/// One single-mode ticketd (no replication, no disk) under the same
+/// clients: the most any cluster could reach with them on this machine.
+fn bench_single(bin: &Path, clients: usize, seconds: u64) -> f64 {
+    let node = start_ticketd(bin, &[]);
+    wait_ready(node.1);
+    let (elapsed, all) = run_clients(&[node.1], clients, seconds);
+    report(
+        "ticketd single mode (ceiling: no replication, no disk)",
+        clients,
+        elapsed,
+        all,
+    )
 }
 
 // ---- etcd ---------------------------------------------------------------
@@ -382,14 +411,96 @@ fn bench_etcd(clients: usize, seconds: u64) -> f64 {
     rate
 }
 
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+const USAGE: &str =
+    "usage: cluster_bench [--clients N] [--seconds N] [--rounds N] [--etcd] [--no-single]";
+
+/// A positive number flag, or exit 2 with a clear message.
+fn number(args: &mut pico_args::Arguments, flag: &'static str, default: u64) -> u64 {
+    match args.opt_value_from_str::<_, u64>(flag) {
+        Ok(Some(0)) => {
+            eprintln!("cluster_bench: {flag} must be at least 1\n{USAGE}");
+            std::process::exit(2);
+        }
+        Ok(v) => v.unwrap_or(default),
+        Err(e) => {
+            eprintln!("cluster_bench: {e}\n{USAGE}");
+            std::process::exit(2);
+        }
+    }
+}
+
 fn main() {
     let mut args = pico_args::Arguments::from_env();
-    let clients: usize = args.opt_value_from_str("--clients").unwrap().unwrap_or(50);
-    let seconds: u64 = args.opt_value_from_str("--seconds").unwrap().unwrap_or(10);
+    let clients = number(&mut args, "--clients", 50) as usize;
+    let seconds = number(&mut args, "--seconds", 10);
+    let rounds = number(&mut args, "--rounds", 1) as usize;
     let etcd = args.contains("--etcd");
-    let ours = bench_ticketd(clients, seconds);
+    let single = !args.contains("--no-single");
+    let rest = args.finish();
+    if !rest.is_empty() {
+        eprintln!("cluster_bench: unexpected {rest:?}\n{USAGE}");
+        std::process::exit(2);
+    }
+    let bin = PathBuf::from("target/release/ticketd");
+    // Rounds interleave the systems, so that a machine whose load drifts
+    // weighs on each of them alike; each ratio is taken within its round.
+    let (mut ours, mut ceiling, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut vs_single, mut vs_etcd, mut single_vs_etcd) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 1..=rounds {
+        if rounds > 1 {
+            println!("-- round {round} of {rounds}");
+        }
+        let o = bench_cluster(&bin, clients, seconds);
+        let c = single.then(|| bench_single(&bin, clients, seconds));
+        let e = etcd.then(|| bench_etcd(clients, seconds));
+        ours.push(o);
+        if let Some(c) = c {
+            ceiling.push(c);
+            vs_single.push(o / c);
+        }
+        if let Some(e) = e {
+            theirs.push(e);
+            vs_etcd.push(o / e);
+            if let Some(c) = c {
+                single_vs_etcd.push(c / e);
+            }
+        }
+    }
+    let what = if rounds > 1 {
+        format!("median of {rounds} rounds")
+    } else {
+        "one round".to_string()
+    };
+    println!("-- {what}, {clients} clients, {seconds} s per run");
+    println!("ticketd 3-node cluster:   {:.0} cycles/s", median(ours));
+    if single {
+        println!("single-mode ticketd:      {:.0} cycles/s", median(ceiling));
+    }
     if etcd {
-        let theirs = bench_etcd(clients, seconds);
-        println!("ratio: ticketd cluster / etcd = {:.1}x", ours / theirs);
+        println!("etcd single node:         {:.0} cycles/s", median(theirs));
+    }
+    if single {
+        println!(
+            "ratio: cluster / single-mode ticketd = {:.2}x",
+            median(vs_single)
+        );
+    }
+    if etcd {
+        println!("ratio: cluster / etcd = {:.1}x", median(vs_etcd));
+        if single {
+            println!(
+                "ratio: single-mode ticketd / etcd = {:.1}x",
+                median(single_vs_etcd)
+            );
+        }
     }
 }

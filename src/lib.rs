@@ -30,7 +30,9 @@
 //! * [`config`]: every server setting with its default, and the command line.
 //!
 //! The server is one thread and one hand-written `mio` poll loop; there is no
-//! async runtime anywhere.
+//! async runtime anywhere. Cluster mode adds one helper thread that does
+//! nothing but `fdatasync` the write-ahead log, so the loop never waits for
+//! the disk.
 #![warn(missing_docs)]
 
 pub mod bench;

@@ -47,6 +47,14 @@ pub trait Service {
         Ok(())
     }
 
+    /// Hands the service the loop's waker, for work of its own that ends off
+    /// the loop's thread (cluster mode's background fsync): a wake makes the
+    /// loop run a turn, whose [`Service::tick`] takes the result in. The
+    /// default ignores it.
+    fn set_waker(&mut self, waker: std::sync::Arc<mio::Waker>) {
+        let _ = waker;
+    }
+
     /// An event for one of the service's own tokens (at or above `token_base`).
     fn event(&mut self, now: Millis, registry: &Registry, event: &Event, out: &mut Outbox) {
         let _ = (now, registry, event, out);

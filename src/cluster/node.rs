@@ -12,11 +12,13 @@
 //! received snapshot is staged and restored; committed entries (already
 //! durable locally) are applied; new entries and the hard state are staged;
 //! forwarded proposals go out (they claim nothing about local state);
-//! everything is written with one write; the one fsync (when needed) is
-//! deferred to the next turn's [`Node::tick`], after which the persisted
-//! messages (votes, append acks) go out and raft advances; the light
-//! ready's commit index rides the next batch, its messages go out and its
-//! committed entries are applied.
+//! everything is written with one write and raft is advanced at once
+//! (`advance_append_async`). The fsync runs in the background
+//! ([`Wal::start_sync`]): one at a time, each covering every Ready written
+//! before it began. When it is over, raft learns which Readys are durable
+//! (`on_persist_ready`) and their persisted messages (votes, append acks)
+//! go out. The loop never waits for the disk: while an fsync runs it keeps
+//! reading requests, stepping peer messages and writing the next batch.
 //!
 //! # Proposals
 //!
@@ -28,7 +30,10 @@
 //! entry overwritten), so an unapplied one is proposed again, under the same
 //! id, after two election timeouts, when the leader changes, or when the
 //! index a local leader gave it applies with another command. The state
-//! machine's dedup makes that safe.
+//! machine's dedup makes that safe. One that applied inside a snapshot this
+//! node installed is proposed again at once too: when its duplicate
+//! applies, an acquire still granted to it (the table records each
+//! holder's request id) is answered with that grant.
 //!
 //! # Leader timers (SPEC §2.4)
 //!
@@ -52,7 +57,7 @@ use std::fmt;
 use std::io;
 
 use raft::eraftpb::{ConfState, Entry, EntryType, Message, MessageType};
-use raft::{RawNode, Ready, SnapshotStatus, StateRole};
+use raft::{RawNode, SnapshotStatus, StateRole};
 
 use crate::cluster::command::{Command, DecodeError, Origin, Rid};
 use crate::cluster::rng::SplitMix64;
@@ -192,6 +197,8 @@ pub struct NodeStats {
     pub timer_proposals: u64,
     /// Ready batches written.
     pub batches: u64,
+    /// Background fsyncs started (each covers every batch written before).
+    pub syncs: u64,
     /// Snapshots taken locally.
     pub snapshots_taken: u64,
     /// Snapshots installed from a leader.
@@ -239,66 +246,16 @@ pub struct Node<D: Disk> {
     msgs: Vec<Message>,
     stats: NodeStats,
     trace: Vec<Traced>,
-    /// A Ready written but not yet synced (see "Deferred fsync").
-    deferred: Option<(Ready, Vec<Message>)>,
-    held_steps: Vec<Message>,
-    held_reports: Vec<(u64, Option<bool>)>,
-    held_requests: Vec<(ConnId, HeldRequest)>,
+    /// Readys written but not known durable, oldest first: their number
+    /// and the messages that must wait for that (votes, append acks).
+    unsynced: VecDeque<(u64, Vec<Message>)>,
+    /// The number of the last Ready the running fsync covers.
+    syncing: Option<u64>,
+    /// The number of the last Ready handled.
+    last_ready: u64,
     failed: Option<String>,
-}
-
-/// A request that arrived while a Ready was waiting for its fsync.
-#[derive(Debug)]
-enum HeldRequest {
-    Acquire {
-        wait_s: u8,
-        lease_s: u8,
-        owner: u64,
-        key: String,
-    },
-    Release {
-        token: u64,
-        key: String,
-    },
-}
-
-impl HeldRequest {
-    fn new(req: Request<'_>) -> Self {
-        match req {
-            Request::Acquire {
-                wait_s,
-                lease_s,
-                owner,
-                key,
-            } => HeldRequest::Acquire {
-                wait_s,
-                lease_s,
-                owner,
-                key: key.to_owned(),
-            },
-            Request::Release { token, key } => HeldRequest::Release {
-                token,
-                key: key.to_owned(),
-            },
-        }
-    }
-
-    fn as_request(&self) -> Request<'_> {
-        match self {
-            HeldRequest::Acquire {
-                wait_s,
-                lease_s,
-                owner,
-                key,
-            } => Request::Acquire {
-                wait_s: *wait_s,
-                lease_s: *lease_s,
-                owner: *owner,
-                key,
-            },
-            HeldRequest::Release { token, key } => Request::Release { token: *token, key },
-        }
-    }
+    /// The disk wakes the server's poll when a background fsync is over.
+    sync_wakes: bool,
 }
 
 impl<D: Disk> fmt::Debug for Node<D> {
@@ -401,10 +358,10 @@ impl<D: Disk> Node<D> {
             msgs: Vec::new(),
             stats: NodeStats::default(),
             trace: Vec::new(),
-            deferred: None,
-            held_steps: Vec::new(),
-            held_reports: Vec::new(),
-            held_requests: Vec::new(),
+            unsynced: VecDeque::new(),
+            syncing: None,
+            last_ready: 0,
+            sync_wakes: false,
             failed: None,
         };
         node.after_raft_call();
@@ -483,6 +440,18 @@ impl<D: Disk> Node<D> {
         self.timers_ready
     }
 
+    /// The disk under the WAL (e.g. to give a file disk its waker).
+    pub fn disk_mut(&mut self) -> &mut D {
+        self.wal.disk_mut()
+    }
+
+    /// Says whether the disk wakes the server's poll when a background
+    /// fsync is over; if not, [`Node::next_deadline`] asks to be polled at
+    /// once while one runs.
+    pub fn set_sync_wakes(&mut self, wakes: bool) {
+        self.sync_wakes = wakes;
+    }
+
     /// This data directory's id and the ids first seen for its peers.
     #[must_use]
     pub fn identity(&self) -> &crate::cluster::storage::Identity {
@@ -513,19 +482,11 @@ impl<D: Disk> Node<D> {
 
     /// A peer could not be reached: raft stops pipelining to it.
     pub fn report_unreachable(&mut self, peer: u64) {
-        if self.deferred.is_some() {
-            self.held_reports.push((peer, None));
-            return;
-        }
         self.rn.report_unreachable(peer);
     }
 
     /// The outcome of sending a snapshot to `peer`.
     pub fn report_snapshot(&mut self, peer: u64, ok: bool) {
-        if self.deferred.is_some() {
-            self.held_reports.push((peer, Some(ok)));
-            return;
-        }
         let status = if ok {
             SnapshotStatus::Finish
         } else {
@@ -552,11 +513,6 @@ impl<D: Disk> Node<D> {
     /// A message from a peer.
     pub fn step(&mut self, msg: Message) {
         if self.failed.is_some() {
-            return;
-        }
-        if self.deferred.is_some() {
-            // raft takes no input between a Ready and its advance.
-            self.held_steps.push(msg);
             return;
         }
         // Errors are stale or foreign messages (e.g. from an unknown peer):
@@ -595,10 +551,6 @@ impl<D: Disk> Node<D> {
     /// A client request from local connection `conn`. Answers now (B or N)
     /// only if it cannot be proposed; otherwise after it applies.
     pub fn request(&mut self, now: Millis, conn: ConnId, req: Request<'_>, out: &mut Outbox) {
-        if self.deferred.is_some() && self.failed.is_none() {
-            self.held_requests.push((conn, HeldRequest::new(req)));
-            return;
-        }
         if self.failed.is_some()
             || self.leader() == 0
             || self.unapplied.len() >= self.cfg.max_pending
@@ -661,7 +613,6 @@ impl<D: Disk> Node<D> {
     /// Local connection `conn` is gone: forget its requests and have its
     /// queued acquires cancelled cluster-wide.
     pub fn disconnect(&mut self, conn: ConnId) {
-        self.held_requests.retain(|(c, _)| *c != conn);
         let Some(seqs) = self.conns.remove(&conn) else {
             return;
         };
@@ -689,11 +640,11 @@ impl<D: Disk> Node<D> {
         self.cancels.push_back(origin);
     }
 
-    /// Completes the Ready waiting for its fsync (answers of entries that
-    /// commit with it go to `out`), advances raft's clock, fires due leader
-    /// timers and re-proposes lost proposals.
-    pub fn tick(&mut self, now: Millis, out: &mut Outbox) {
-        self.complete_ready(now, out);
+    /// Takes in a finished fsync (what waited for it goes out with the next
+    /// [`Node::end_turn`]), advances raft's clock, fires due leader timers
+    /// and re-proposes lost proposals.
+    pub fn tick(&mut self, now: Millis, _out: &mut Outbox) {
+        self.poll_sync();
         if self.failed.is_some() {
             return;
         }
@@ -734,14 +685,18 @@ impl<D: Disk> Node<D> {
             return;
         }
         let after = self.repropose_ms();
+        // `proposed_at == ZERO` marks a proposal to make again at once (the
+        // leader changed, its index applied with another command, a
+        // snapshot covered it), also in the first `after` ms of the clock.
         let due: Vec<u64> = self
             .unapplied
             .iter()
             .copied()
             .filter(|s| {
-                self.pending
-                    .get(s)
-                    .is_some_and(|p| !p.queued && now.since(p.proposed_at) >= after)
+                self.pending.get(s).is_some_and(|p| {
+                    !p.queued
+                        && (p.proposed_at == Millis::ZERO || now.since(p.proposed_at) >= after)
+                })
             })
             .collect();
         for seq in due {
@@ -807,7 +762,8 @@ impl<D: Disk> Node<D> {
     /// The next moment [`Node::tick`] has work.
     #[must_use]
     pub fn next_deadline(&self) -> Millis {
-        if self.deferred.is_some() {
+        if self.syncing.is_some() && !self.sync_wakes {
+            // Nothing will say when this fsync is over: look again at once.
             return Millis::ZERO;
         }
         let mut d = self.next_tick;
@@ -819,83 +775,111 @@ impl<D: Disk> Node<D> {
         d
     }
 
-    /// Handles raft's Ready (send, apply, write) until there is none or one
-    /// waits for its fsync, then rebuilds a new leader's timers and compacts
-    /// the log when due. An error means the disk failed: the node must stop.
+    /// Handles raft's Readys (send, apply, write), starts the fsync they
+    /// need, rebuilds a new leader's timers and compacts the log when due.
+    /// An error means the disk failed: the node must stop.
     ///
-    /// # Deferred fsync
+    /// # Background fsync
     ///
-    /// A Ready that must be synced is written here but synced at the start
-    /// of the next turn ([`Node::tick`], which the server calls right after
-    /// its next poll; [`Node::next_deadline`] makes that poll return at
-    /// once). In between, the server writes this turn's replies: they answer
-    /// entries that were already durable, so they need not wait for this
-    /// fsync. Votes and acknowledgements, and raft's `advance`, wait for it;
-    /// peer messages, requests and reports that arrive meanwhile are held
-    /// and handed to raft after it.
+    /// Each Ready is written and raft advanced at once; the fsync runs in
+    /// the background, one at a time, covering every Ready written before
+    /// it began. [`Node::tick`] takes in its end (the server's poll wakes
+    /// for it) and lets out what waited for it: raft's own progress and the
+    /// persisted messages (votes, append acknowledgements). Replies never
+    /// wait for it: they answer applied entries, which raft hands out only
+    /// once they are durable here.
     pub fn end_turn(&mut self, now: Millis, out: &mut Outbox) -> Result<(), NodeError> {
-        self.complete_ready(now, out);
         if let Some(why) = &self.failed {
             return Err(NodeError::Io(io::Error::other(why.clone())));
         }
+        self.poll_sync();
         for _ in 0..8 {
-            if !self.rn.has_ready() {
+            if self.failed.is_some() || !self.rn.has_ready() {
                 break;
             }
             if let Err(e) = self.handle_ready(now, out) {
                 self.failed = Some(e.to_string());
                 return Err(e);
             }
-            if self.deferred.is_some() {
-                break;
-            }
+            // A Ready that needed no fsync may let raft go on at once.
+            self.poll_sync();
+        }
+        if let Some(why) = &self.failed {
+            return Err(NodeError::Io(io::Error::other(why.clone())));
         }
         if let Err(e) = self.wal.write(false) {
             self.failed = Some(e.to_string());
             return Err(e.into());
         }
+        self.start_sync();
+        if let Some(why) = &self.failed {
+            return Err(NodeError::Io(io::Error::other(why.clone())));
+        }
         if self.is_leader() && !self.timers_ready && self.rn.raft.apply_to_current_term() {
             self.rebuild_timers(now);
         }
-        if self.deferred.is_none() {
-            if let Err(e) = self.maybe_compact() {
-                self.failed = Some(e.to_string());
-                return Err(e);
-            }
+        if let Err(e) = self.maybe_compact() {
+            self.failed = Some(e.to_string());
+            return Err(e);
         }
         Ok(())
     }
 
-    /// Syncs the deferred Ready, sends what waited for it, advances raft and
-    /// hands raft what arrived meanwhile.
-    fn complete_ready(&mut self, now: Millis, out: &mut Outbox) {
-        let Some((rd, persisted)) = self.deferred.take() else {
+    /// Takes in the running fsync's end, if it is over, and lets out what
+    /// waited for it; then, if written records wait for an fsync and none
+    /// runs, starts one.
+    fn poll_sync(&mut self) {
+        if self.failed.is_some() {
             return;
-        };
-        if let Err(e) = self.wal.sync() {
-            // Raft stays between this Ready and its advance forever: the
-            // node is dead, as after a power cut at this point.
+        }
+        if let Some(number) = self.syncing {
+            match self.wal.poll_sync() {
+                None => return,
+                Some(Err(e)) => {
+                    // raft believes these Readys will be durable: the node
+                    // is dead, as after a power cut at this point.
+                    self.failed = Some(format!("WAL fsync failed: {e}"));
+                    return;
+                }
+                Some(Ok(())) => {
+                    self.syncing = None;
+                    self.persisted(number);
+                }
+            }
+        }
+        if !self.wal.sync_owed() && !self.unsynced.is_empty() {
+            // What is left needed no fsync of its own, only its turn.
+            self.persisted(self.last_ready);
+        }
+    }
+
+    /// Begins the fsync that written records wait for, unless one runs.
+    fn start_sync(&mut self) {
+        if self.failed.is_some() || self.syncing.is_some() || !self.wal.sync_owed() {
+            return;
+        }
+        if let Err(e) = self.wal.start_sync() {
             self.failed = Some(format!("WAL fsync failed: {e}"));
             return;
         }
-        self.finish_ready(now, rd, persisted, out);
-        // A busy node ends most turns with a Ready in flight: compact here.
-        if let Err(e) = self.maybe_compact() {
-            self.failed = Some(e.to_string());
-            return;
-        }
-        for m in std::mem::take(&mut self.held_steps) {
-            self.step(m);
-        }
-        for (peer, r) in std::mem::take(&mut self.held_reports) {
-            match r {
-                None => self.report_unreachable(peer),
-                Some(ok) => self.report_snapshot(peer, ok),
+        self.syncing = Some(self.last_ready);
+        self.stats.syncs += 1;
+        // A disk that syncs inline is done already.
+        self.poll_sync();
+    }
+
+    /// Readys up to `number` are durable: tell raft and send what waited.
+    fn persisted(&mut self, number: u64) {
+        self.rn.on_persist_ready(number);
+        while let Some((n, _)) = self.unsynced.front() {
+            if *n > number {
+                break;
+            }
+            if let Some((_, msgs)) = self.unsynced.pop_front() {
+                self.msgs.extend(msgs);
             }
         }
-        for (conn, req) in std::mem::take(&mut self.held_requests) {
-            self.request(now, conn, req.as_request(), out);
-        }
+        self.after_raft_call();
     }
 
     fn handle_ready(&mut self, now: Millis, out: &mut Outbox) -> Result<(), NodeError> {
@@ -952,26 +936,22 @@ impl<D: Disk> Node<D> {
         // One write for the whole batch (group commit).
         self.wal.write(rd.must_sync())?;
         self.stats.batches += 1;
-        if self.wal.sync_owed() {
-            self.deferred = Some((rd, persisted));
-            return Ok(());
+        let number = rd.number();
+        let installs_snapshot = !rd.snapshot().is_empty();
+        self.last_ready = number;
+        self.rn.advance_append_async(rd);
+        // Even a Ready that needs no fsync waits for the ones before it.
+        self.unsynced.push_back((number, persisted));
+        if installs_snapshot {
+            // raft counts a snapshot applied only once it is durable; this
+            // rare Ready is synced before going on.
+            self.wal.sync()?;
+            self.syncing = None;
+            self.persisted(number);
         }
-        self.finish_ready(now, rd, persisted, out);
-        Ok(())
-    }
-
-    fn finish_ready(&mut self, now: Millis, rd: Ready, persisted: Vec<Message>, out: &mut Outbox) {
-        self.msgs.extend(persisted);
-        let mut light = self.rn.advance(rd);
-        if let Some(c) = light.commit_index() {
-            self.wal.stage_commit(c);
-            self.rn.mut_store().set_commit(c);
-        }
-        self.msgs.extend(light.take_messages());
-        let committed = light.take_committed_entries();
-        self.apply_entries(now, &committed, out);
         self.rn.advance_apply();
         self.after_raft_call();
+        Ok(())
     }
 
     fn on_soft_state(&mut self, leader: u64) {
@@ -993,8 +973,11 @@ impl<D: Disk> Node<D> {
 
     fn after_snapshot_install(&mut self) {
         // Requests of ours the snapshot already covers: a queued acquire is
-        // still answered later; for the rest the answer is gone with the
-        // entries (the client's own deadline ends its wait).
+        // still answered later. The rest are proposed again at the next
+        // tick: the duplicate changes nothing, and when it applies an
+        // acquire still granted to it is answered from the table (see
+        // `apply_entries`); other answers are gone with the entries (the
+        // client's own deadline ends its wait).
         let seqs: Vec<u64> = self.unapplied.iter().copied().collect();
         for seq in seqs {
             let rid = Rid {
@@ -1012,7 +995,12 @@ impl<D: Disk> Node<D> {
                 if self.sm.is_waiting(key, rid) {
                     p.queued = true;
                     self.unapplied.remove(&seq);
+                    continue;
                 }
+            }
+            if self.sm.has_applied(rid) {
+                p.proposed_at = Millis::ZERO;
+                self.next_repropose_check = Millis::ZERO;
             }
         }
     }
@@ -1094,9 +1082,21 @@ impl<D: Disk> Node<D> {
             if let Some(rid) = cmd.rid().filter(|r| mine(*r)) {
                 if res.duplicate {
                     // Applied before (e.g. inside a snapshot we installed):
-                    // nothing more will come for it.
+                    // nothing more will come for it. Were it answered here,
+                    // it would no longer be pending; an acquire whose grant
+                    // is still current gets that grant as its answer.
                     if let Some(p) = self.pending.get(&rid.seq) {
                         if !p.queued {
+                            if let Command::Acquire { key, owner, .. } = &cmd {
+                                if let Some(token) = self.sm.granted_to(key, rid) {
+                                    let reply = Reply::Acquired {
+                                        token,
+                                        owner: *owner,
+                                        key,
+                                    };
+                                    out.push(p.conn, reply, 0);
+                                }
+                            }
                             self.finish(rid.seq);
                         }
                     }
@@ -1199,10 +1199,29 @@ impl<D: Disk> Node<D> {
         if self.applied <= snap_index {
             return Ok(());
         }
-        let due = self.applied - snap_index >= self.cfg.snapshot_every
-            || self.wal.log_bytes() > self.cfg.max_wal_bytes;
+        let since = self.applied - snap_index;
+        let due = since >= self.cfg.snapshot_every || self.wal.log_bytes() > self.cfg.max_wal_bytes;
         if !due {
             return Ok(());
+        }
+        // A leader keeps the entries a live follower still lacks: cutting
+        // them would make it send that follower the whole table instead, and
+        // the follower could not answer the requests of its own clients
+        // that the snapshot covers. Up to four intervals, or the WAL size
+        // limit, then it compacts regardless.
+        let forced =
+            since >= 4 * self.cfg.snapshot_every || self.wal.log_bytes() > self.cfg.max_wal_bytes;
+        if self.is_leader() && !forced {
+            let (me, applied) = (self.cfg.id, self.applied);
+            let lagging = self
+                .rn
+                .raft
+                .prs()
+                .iter()
+                .any(|(id, pr)| *id != me && pr.recent_active && pr.matched < applied);
+            if lagging {
+                return Ok(());
+            }
         }
         let data = self.sm.snapshot();
         let applied = self.applied;
@@ -1211,6 +1230,10 @@ impl<D: Disk> Node<D> {
             .compact_to(applied, data)
             .map_err(|e| NodeError::Io(io::Error::new(io::ErrorKind::InvalidData, e)))?;
         self.wal.rewrite(self.rn.store(), self.epoch)?;
+        // The rewritten log is durable and holds every Ready handled (a
+        // running fsync was waited for).
+        self.syncing = None;
+        self.persisted(self.last_ready);
         self.stats.snapshots_taken += 1;
         Ok(())
     }
@@ -1323,5 +1346,110 @@ mod tests {
         );
         turns(&mut node, lease_end.add_ms(1), &mut out, 10);
         assert_eq!(node.state_machine().holder("k"), None, "expired 1 ms later");
+    }
+
+    /// Delivers every message between `nodes` (ids 1..) until none is left,
+    /// running a turn on each receiver.
+    fn settle_net(nodes: &mut [Node<MemDisk>], now: Millis, out: &mut Outbox) {
+        for _ in 0..50 {
+            let mut any = false;
+            for i in 0..nodes.len() {
+                for m in nodes[i].take_messages() {
+                    any = true;
+                    let to = usize::try_from(m.to).unwrap() - 1;
+                    nodes[to].step(m);
+                }
+            }
+            for n in nodes.iter_mut() {
+                n.tick(now, out);
+                n.end_turn(now, out).unwrap();
+            }
+            if !any {
+                return;
+            }
+        }
+    }
+
+    #[test]
+    fn a_follower_acknowledges_entries_only_after_its_fsync_ends() {
+        let disks: Vec<MemDisk> = (0..3).map(|_| MemDisk::new()).collect();
+        let mut nodes: Vec<Node<MemDisk>> = (1..=3)
+            .map(|id| {
+                Node::open(
+                    NodeConfig::new(id, vec![1, 2, 3]),
+                    disks[id as usize - 1].clone(),
+                    &quiet_logger(),
+                )
+                .expect("opens")
+            })
+            .collect();
+        let mut out = Outbox::new();
+        let mut now = Millis(0);
+        for _ in 0..200 {
+            now = now.add_ms(100);
+            settle_net(&mut nodes, now, &mut out);
+            if nodes.iter().any(|n| n.is_leader() && n.timers_ready()) {
+                break;
+            }
+        }
+        let leader = nodes.iter().position(Node::is_leader).expect("a leader");
+        let follower = (leader + 1) % 3;
+        disks[follower].hold_syncs(true);
+        nodes[leader].request(
+            now,
+            9,
+            Request::Acquire {
+                wait_s: 0,
+                lease_s: 5,
+                owner: 1,
+                key: "k",
+            },
+            &mut out,
+        );
+        nodes[leader].end_turn(now, &mut out).unwrap();
+        let appends: Vec<Message> = nodes[leader]
+            .take_messages()
+            .into_iter()
+            .filter(|m| m.msg_type == MessageType::MsgAppend && m.to == follower as u64 + 1)
+            .collect();
+        assert!(!appends.is_empty(), "the leader replicates at once");
+        for m in appends {
+            nodes[follower].step(m);
+        }
+        for _ in 0..3 {
+            nodes[follower].tick(now, &mut out);
+            nodes[follower].end_turn(now, &mut out).unwrap();
+        }
+        let acks = |msgs: &[Message]| {
+            msgs.iter()
+                .filter(|m| m.msg_type == MessageType::MsgAppendResponse)
+                .count()
+        };
+        let early = nodes[follower].take_messages();
+        assert_eq!(acks(&early), 0, "no ack while the fsync runs: {early:?}");
+        assert!(
+            disks[follower].unsynced() > 0,
+            "the entries are written, not durable"
+        );
+        disks[follower].hold_syncs(false);
+        nodes[follower].tick(now, &mut out);
+        nodes[follower].end_turn(now, &mut out).unwrap();
+        let late = nodes[follower].take_messages();
+        assert!(acks(&late) > 0, "the ack goes once the fsync ended");
+        assert_eq!(disks[follower].unsynced(), 0);
+        // The third node never heard of it; this ack commits the grant.
+        for m in late {
+            nodes[leader].step(m);
+        }
+        nodes[leader].end_turn(now, &mut out).unwrap();
+        for _ in 0..5 {
+            nodes[leader].tick(now, &mut out);
+            nodes[leader].end_turn(now, &mut out).unwrap();
+        }
+        assert!(
+            out.iter()
+                .any(|a| format!("{:?}", a.reply).starts_with("Acquired")),
+            "granted after a quorum made it durable"
+        );
     }
 }

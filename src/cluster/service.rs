@@ -272,6 +272,11 @@ impl Service for ClusterService {
         Ok(())
     }
 
+    fn set_waker(&mut self, waker: std::sync::Arc<mio::Waker>) {
+        self.node.disk_mut().set_waker(waker);
+        self.node.set_sync_wakes(true);
+    }
+
     fn event(&mut self, now: Millis, registry: &Registry, event: &Event, _out: &mut Outbox) {
         if self.transport.owns(event.token()) {
             self.transport.event(now, registry, event);

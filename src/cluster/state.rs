@@ -125,6 +125,10 @@ struct WaiterRec {
 struct KeyRec {
     token: u64,
     lease_s: u8,
+    /// The request granted `token`: its origin can answer it from a
+    /// snapshot that covers the granting entry. All zero when unknown (a
+    /// grant restored from a version-1 snapshot).
+    rid: Rid,
     waiters: VecDeque<WaiterRec>,
 }
 
@@ -146,7 +150,8 @@ struct ConnRec {
 /// allocated to an origin.
 const NO_CONN: u64 = 0;
 
-const SNAPSHOT_VERSION: u8 = 1;
+/// Version 2 added each holder's request id; version 1 is still read.
+const SNAPSHOT_VERSION: u8 = 2;
 
 /// The replicated lock table. See the module documentation.
 #[derive(Debug)]
@@ -187,6 +192,24 @@ impl StateMachine {
     #[must_use]
     pub fn holder(&self, key: &str) -> Option<u64> {
         self.keys.get(key).map(|k| k.token)
+    }
+
+    /// The token of `key` when it is held by the grant of request `rid`.
+    /// A request whose granting entry this node never applied itself (it
+    /// came inside a snapshot) can still be answered with it.
+    #[must_use]
+    pub fn granted_to(&self, key: &str, rid: Rid) -> Option<u64> {
+        self.keys.get(key).filter(|k| k.rid == rid).map(|k| k.token)
+    }
+
+    /// True when request `rid` has applied, or can no longer apply (below
+    /// its origin's floor, or from an older boot of its origin).
+    #[must_use]
+    pub fn has_applied(&self, rid: Rid) -> bool {
+        self.dedup.get(&rid.node).is_some_and(|d| {
+            rid.epoch < d.epoch
+                || (rid.epoch == d.epoch && (rid.seq < d.floor || d.seen.contains(&rid.seq)))
+        })
     }
 
     /// True when `waiter` is queued on `key`.
@@ -351,6 +374,7 @@ impl StateMachine {
                     KeyRec {
                         token,
                         lease_s,
+                        rid,
                         waiters: VecDeque::new(),
                     },
                 );
@@ -421,6 +445,7 @@ impl StateMachine {
         debug_assert_eq!(owner, w.owner);
         rec.token = token;
         rec.lease_s = w.lease_s;
+        rec.rid = w.rid;
         if rec.waiters.is_empty() {
             self.contended.remove(key);
         }
@@ -508,6 +533,7 @@ impl StateMachine {
             w.key(key);
             w.u64(rec.token);
             w.u8(rec.lease_s);
+            w.rid(rec.rid);
             w.u32(len32(rec.waiters.len()));
             for wr in &rec.waiters {
                 w.rid(wr.rid);
@@ -542,7 +568,7 @@ impl StateMachine {
         let mut sm = StateMachine::new(limits);
         let mut r = Reader::new(bytes);
         let v = r.u8()?;
-        if v != SNAPSHOT_VERSION {
+        if v != SNAPSHOT_VERSION && v != 1 {
             return Err(DecodeError::BadTag(v));
         }
         let next_token = r.u64()?;
@@ -552,6 +578,7 @@ impl StateMachine {
             let key = r.key()?;
             let token = r.u64()?;
             let lease_s = r.u8()?;
+            let rid = if v == 1 { Rid::default() } else { r.rid()? };
             let nw = r.count(24 + 8 + 8 + 2)?;
             let mut waiters = VecDeque::with_capacity(nw);
             for _ in 0..nw {
@@ -577,6 +604,7 @@ impl StateMachine {
                     KeyRec {
                         token,
                         lease_s,
+                        rid,
                         waiters,
                     },
                 )
@@ -892,6 +920,41 @@ mod tests {
             ]
         );
         sm.check();
+    }
+
+    #[test]
+    fn the_holders_request_survives_a_snapshot() {
+        let mut a = StateMachine::new(EngineLimits::default());
+        a.apply(1, &acq(rid(1, 1), 7, "k", 100, 0));
+        a.apply(2, &acq(rid(2, 1), 8, "k", 200, 9));
+        assert_eq!(a.granted_to("k", rid(1, 1)), Some(1));
+        assert_eq!(a.granted_to("k", rid(2, 1)), None, "queued, not granted");
+        assert!(a.has_applied(rid(1, 1)) && a.has_applied(rid(2, 1)));
+        assert!(!a.has_applied(rid(1, 2)) && !a.has_applied(rid(3, 1)));
+        // Handed over on release: the waiter's request holds it now.
+        a.apply(3, &rel(rid(1, 2), "k", 1));
+        assert_eq!(a.granted_to("k", rid(1, 1)), None);
+        assert_eq!(a.granted_to("k", rid(2, 1)), Some(3));
+        let b = StateMachine::restore(EngineLimits::default(), &a.snapshot()).unwrap();
+        assert_eq!(b.granted_to("k", rid(2, 1)), Some(3));
+        assert!(b.has_applied(rid(1, 2)) && !b.has_applied(rid(1, 3)));
+        // A version-1 snapshot (no holder requests) still restores, with
+        // the holder's request unknown.
+        let mut w = Writer::default();
+        w.u8(1);
+        w.u64(4);
+        w.u64(1);
+        w.u32(1);
+        w.key("k");
+        w.u64(3);
+        w.u8(10);
+        w.u32(0);
+        w.u32(0);
+        w.u32(0);
+        let old = StateMachine::restore(EngineLimits::default(), &w.buf).unwrap();
+        old.check();
+        assert_eq!(old.holder("k"), Some(3));
+        assert_eq!(old.granted_to("k", rid(2, 1)), None);
     }
 
     #[test]

@@ -16,6 +16,15 @@
 //! middle of a write, never acknowledged (acknowledgements wait for the
 //! fsync), so it is cut off.
 //!
+//! # Background fsync
+//!
+//! A cluster node does not wait for its fsync: [`Wal::start_sync`] begins
+//! one ([`FileDisk`] hands `fdatasync` to a thread of its own, which wakes
+//! the loop when done) and [`Wal::poll_sync`] reports when it finished.
+//! Meanwhile the loop goes on writing replies, reading requests and
+//! stepping raft; what must wait for durability (raft's persisted
+//! messages, its notion of what is persisted) waits for that report.
+//!
 //! # Compaction
 //!
 //! After a snapshot the whole log is rewritten ([`Disk::replace`]: a
@@ -251,8 +260,19 @@ pub trait Disk {
     fn append(&mut self, bytes: &[u8], sync: bool) -> io::Result<()>;
     /// Everything the log holds, for recovery.
     fn read_all(&mut self) -> io::Result<Vec<u8>>;
-    /// Makes everything appended so far durable.
+    /// Makes everything appended so far durable (after waiting for a sync
+    /// [`Disk::start_sync`] began).
     fn sync(&mut self) -> io::Result<()>;
+    /// Begins making everything appended so far durable without waiting;
+    /// [`Disk::poll_sync`] reports the outcome. The default syncs at once.
+    fn start_sync(&mut self) -> io::Result<()> {
+        self.sync()
+    }
+    /// The outcome of the sync [`Disk::start_sync`] began, once it is over
+    /// (`None` while it runs).
+    fn poll_sync(&mut self) -> Option<io::Result<()>> {
+        Some(Ok(()))
+    }
     /// Cuts the log to `len` bytes (a torn tail) and makes that durable.
     fn truncate(&mut self, len: u64) -> io::Result<()>;
     /// Atomically and durably replaces the whole log with `bytes`.
@@ -309,6 +329,8 @@ pub struct Wal<D: Disk> {
     must_sync: bool,
     /// Written records wait for a sync.
     sync_owed: bool,
+    /// An fsync begun by `start_sync` is not reported yet.
+    syncing: bool,
     log_bytes: u64,
     identity: Identity,
 }
@@ -369,6 +391,7 @@ impl<D: Disk> Wal<D> {
             staged: Vec::new(),
             must_sync: false,
             sync_owed: false,
+            syncing: false,
             log_bytes: pos as u64,
             identity: identity.clone(),
         };
@@ -486,11 +509,41 @@ impl<D: Disk> Wal<D> {
 
     /// The fsync owed by [`Wal::write`] (nothing when none is owed).
     pub fn sync(&mut self) -> io::Result<()> {
-        if self.sync_owed {
+        if self.sync_owed || self.syncing {
+            self.syncing = false;
             self.disk.sync()?;
             self.sync_owed = false;
         }
         Ok(())
+    }
+
+    /// Begins the fsync owed by [`Wal::write`] without waiting for it; it
+    /// covers everything written so far. [`Wal::poll_sync`] reports it.
+    pub fn start_sync(&mut self) -> io::Result<()> {
+        if !self.sync_owed || self.syncing {
+            return Ok(());
+        }
+        self.sync_owed = false;
+        self.syncing = true;
+        self.disk.start_sync()
+    }
+
+    /// The outcome of the fsync [`Wal::start_sync`] began: `None` while it
+    /// runs (or when none was begun).
+    pub fn poll_sync(&mut self) -> Option<io::Result<()>> {
+        if !self.syncing {
+            return None;
+        }
+        let r = self.disk.poll_sync()?;
+        self.syncing = false;
+        Some(r)
+    }
+
+    /// True while an fsync begun by [`Wal::start_sync`] has not been
+    /// reported by [`Wal::poll_sync`].
+    #[must_use]
+    pub fn syncing(&self) -> bool {
+        self.syncing
     }
 
     /// Rewrites the log as the compacted `store` plus `epoch`, atomically.
@@ -520,11 +573,14 @@ impl<D: Disk> Wal<D> {
             push_record(&mut buf, KIND_ENTRIES, &ents);
         }
         push_record(&mut buf, KIND_HARD_STATE, &pb_bytes(store.hard_state()));
+        // The replacement is durable and holds everything written: a sync in
+        // flight is waited for by `replace` and owes nothing more.
         self.disk.replace(&buf)?;
         self.log_bytes = buf.len() as u64;
         self.staged.clear();
         self.must_sync = false;
         self.sync_owed = false;
+        self.syncing = false;
         Ok(())
     }
 
@@ -593,11 +649,52 @@ fn apply_record(
     Ok(())
 }
 
-/// The WAL as one file, `DIR/wal`, written with `write` + `fdatasync`.
+/// The WAL as one file, `DIR/wal`, written with `write` + `fdatasync`. A
+/// started sync runs on a thread of its own (see the module docs).
 #[derive(Debug)]
 pub struct FileDisk {
     dir: PathBuf,
     file: File,
+    syncer: Option<Syncer>,
+    waker: Option<std::sync::Arc<mio::Waker>>,
+    /// A sync was handed to the syncer and its result not yet taken.
+    in_flight: bool,
+    /// Bytes were appended after the in-flight sync began, so a blocking
+    /// [`Disk::sync`] must not rely on it alone.
+    appended_since_start: bool,
+}
+
+/// The thread that runs `fdatasync` for [`FileDisk::start_sync`]. Each
+/// request carries a duplicate of the WAL's descriptor (compaction replaces
+/// the file) and the waker to call when done; the thread sends back the
+/// result and exits when the disk is dropped.
+#[derive(Debug)]
+struct Syncer {
+    requests: std::sync::mpsc::Sender<(File, Option<std::sync::Arc<mio::Waker>>)>,
+    results: std::sync::mpsc::Receiver<io::Result<()>>,
+}
+
+impl Syncer {
+    fn spawn() -> io::Result<Self> {
+        let (requests, rx) =
+            std::sync::mpsc::channel::<(File, Option<std::sync::Arc<mio::Waker>>)>();
+        let (tx, results) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("ticketd-fsync".into())
+            .spawn(move || {
+                for (file, waker) in rx {
+                    if tx.send(file.sync_data()).is_err() {
+                        break;
+                    }
+                    if let Some(w) = waker {
+                        // A failed wake only delays the report to the
+                        // loop's next turn.
+                        let _ = w.wake();
+                    }
+                }
+            })?;
+        Ok(Syncer { requests, results })
+    }
 }
 
 impl FileDisk {
@@ -612,21 +709,104 @@ impl FileDisk {
         Ok(FileDisk {
             dir: dir.to_path_buf(),
             file,
+            syncer: None,
+            waker: None,
+            in_flight: false,
+            appended_since_start: false,
         })
+    }
+
+    /// Has the sync thread wake the loop's poll when a sync it runs is
+    /// over. Without a waker, started syncs run inline (as a blocking
+    /// [`Disk::sync`]): nothing would tell the loop they finished.
+    pub fn set_waker(&mut self, waker: std::sync::Arc<mio::Waker>) {
+        self.waker = Some(waker);
+    }
+
+    /// Waits for the in-flight sync, if any, and returns its result.
+    fn wait_in_flight(&mut self) -> io::Result<()> {
+        if !self.in_flight {
+            return Ok(());
+        }
+        self.in_flight = false;
+        match self.syncer.as_ref().map(|s| s.results.recv()) {
+            Some(Ok(result)) => result,
+            // The thread is gone: sync here instead.
+            _ => {
+                self.syncer = None;
+                self.file.sync_data()
+            }
+        }
+    }
+}
+
+impl Drop for FileDisk {
+    fn drop(&mut self) {
+        // Let a running fdatasync finish before the descriptor goes away.
+        let _ = self.wait_in_flight();
     }
 }
 
 impl Disk for FileDisk {
     fn append(&mut self, bytes: &[u8], sync: bool) -> io::Result<()> {
+        self.appended_since_start |= self.in_flight;
         self.file.write_all(bytes)?;
         if sync {
-            self.file.sync_data()?;
+            self.sync()?;
         }
         Ok(())
     }
 
     fn sync(&mut self) -> io::Result<()> {
-        self.file.sync_data()
+        let started = self.in_flight;
+        self.wait_in_flight()?;
+        if !started || std::mem::take(&mut self.appended_since_start) {
+            self.file.sync_data()?;
+        }
+        Ok(())
+    }
+
+    fn start_sync(&mut self) -> io::Result<()> {
+        if self.in_flight {
+            // One at a time: the caller polls this one first.
+            self.appended_since_start = true;
+            return Ok(());
+        }
+        if self.waker.is_none() {
+            return self.file.sync_data();
+        }
+        if self.syncer.is_none() {
+            // Without a thread (none could be started), sync inline.
+            self.syncer = Syncer::spawn().ok();
+        }
+        let Some(syncer) = &self.syncer else {
+            return self.file.sync_data();
+        };
+        let dup = self.file.try_clone()?;
+        if syncer.requests.send((dup, self.waker.clone())).is_err() {
+            self.syncer = None;
+            return self.file.sync_data();
+        }
+        self.in_flight = true;
+        self.appended_since_start = false;
+        Ok(())
+    }
+
+    fn poll_sync(&mut self) -> Option<io::Result<()>> {
+        if !self.in_flight {
+            return Some(Ok(()));
+        }
+        let r = match self.syncer.as_ref().map(|s| s.results.try_recv()) {
+            Some(Ok(r)) => r,
+            Some(Err(std::sync::mpsc::TryRecvError::Empty)) => return None,
+            // The thread is gone: sync here instead.
+            _ => {
+                self.syncer = None;
+                self.file.sync_data()
+            }
+        };
+        self.in_flight = false;
+        Some(r)
     }
 
     fn read_all(&mut self) -> io::Result<Vec<u8>> {
@@ -637,11 +817,13 @@ impl Disk for FileDisk {
     }
 
     fn truncate(&mut self, len: u64) -> io::Result<()> {
+        self.wait_in_flight()?;
         self.file.set_len(len)?;
         self.file.sync_all()
     }
 
     fn replace(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.wait_in_flight()?;
         let tmp = self.dir.join("wal.tmp");
         {
             let mut f = File::create(&tmp)?;
@@ -672,6 +854,10 @@ struct MemDiskInner {
     synced: usize,
     fail_next_sync: bool,
     syncs: u64,
+    /// Length a started sync will make durable once polled.
+    sync_target: Option<usize>,
+    /// Started syncs stay unfinished while set (a slow disk).
+    hold_syncs: bool,
 }
 
 impl MemDisk {
@@ -689,6 +875,7 @@ impl MemDisk {
         d.data.truncate(keep);
         d.synced = keep;
         d.fail_next_sync = false;
+        d.sync_target = None;
     }
 
     /// Bytes written but not synced.
@@ -702,6 +889,12 @@ impl MemDisk {
     /// completes: the node dies at that fsync point.
     pub fn fail_next_sync(&self) {
         self.inner.borrow_mut().fail_next_sync = true;
+    }
+
+    /// While `hold`, a started sync does not finish ([`Disk::poll_sync`]
+    /// answers `None`): a slow disk.
+    pub fn hold_syncs(&self, hold: bool) {
+        self.inner.borrow_mut().hold_syncs = hold;
     }
 
     /// Cancels a pending [`MemDisk::fail_next_sync`].
@@ -757,7 +950,32 @@ impl Disk for MemDisk {
         }
         d.synced = d.data.len();
         d.syncs += 1;
+        d.sync_target = None;
         Ok(())
+    }
+
+    /// Records what the sync will cover; it completes when polled, so a
+    /// crash in between loses it, as a power cut during `fdatasync` would.
+    fn start_sync(&mut self) -> io::Result<()> {
+        let mut d = self.inner.borrow_mut();
+        d.sync_target = Some(d.data.len());
+        Ok(())
+    }
+
+    fn poll_sync(&mut self) -> Option<io::Result<()>> {
+        let mut d = self.inner.borrow_mut();
+        if d.hold_syncs && d.sync_target.is_some() {
+            return None;
+        }
+        let Some(target) = d.sync_target.take() else {
+            return Some(Ok(()));
+        };
+        if d.fail_next_sync {
+            return Some(Err(io::Error::other("simulated power cut")));
+        }
+        d.synced = d.synced.max(target.min(d.data.len()));
+        d.syncs += 1;
+        Some(Ok(()))
     }
 
     fn read_all(&mut self) -> io::Result<Vec<u8>> {
@@ -769,6 +987,7 @@ impl Disk for MemDisk {
         let len = usize::try_from(len).unwrap_or(usize::MAX).min(d.data.len());
         d.data.truncate(len);
         d.synced = len;
+        d.sync_target = None;
         Ok(())
     }
 
@@ -780,6 +999,7 @@ impl Disk for MemDisk {
         d.data = bytes.to_vec();
         d.synced = d.data.len();
         d.syncs += 1;
+        d.sync_target = None;
         Ok(())
     }
 }
@@ -788,6 +1008,72 @@ impl Disk for MemDisk {
 mod tests {
     use super::*;
     use raft::Storage as _;
+
+    #[test]
+    fn a_started_sync_counts_only_once_polled() {
+        let mut d = MemDisk::new();
+        let probe = d.clone();
+        d.append(b"abc", false).unwrap();
+        d.start_sync().unwrap();
+        probe.crash(0);
+        assert!(
+            probe.is_empty(),
+            "a power cut before the sync ended lost the bytes"
+        );
+        d.append(b"abc", false).unwrap();
+        d.start_sync().unwrap();
+        probe.hold_syncs(true);
+        assert!(d.poll_sync().is_none(), "a held sync is still running");
+        probe.hold_syncs(false);
+        assert!(matches!(d.poll_sync(), Some(Ok(()))));
+        d.append(b"de", false).unwrap();
+        probe.crash(0);
+        assert_eq!(
+            d.read_all().unwrap(),
+            b"abc",
+            "the polled sync kept its bytes only"
+        );
+    }
+
+    #[test]
+    fn a_file_disk_syncs_in_the_background_and_wakes_the_poll() {
+        let dir = std::env::temp_dir().join(format!("ticketd-bgsync-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let mut poll = mio::Poll::new().unwrap();
+        let waker = std::sync::Arc::new(mio::Waker::new(poll.registry(), mio::Token(7)).unwrap());
+        let mut d = FileDisk::open(&dir).unwrap();
+        d.set_waker(waker);
+        d.append(b"first", false).unwrap();
+        d.start_sync().unwrap();
+        // Written while that sync runs: a blocking sync must still cover it.
+        d.append(b"second", false).unwrap();
+        // The waker fires once the result is ready.
+        let mut events = mio::Events::with_capacity(4);
+        poll.poll(&mut events, Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        assert!(
+            events.iter().any(|e| e.token() == mio::Token(7)),
+            "the sync thread woke the poll"
+        );
+        assert!(
+            matches!(d.poll_sync(), Some(Ok(()))),
+            "and its result is in"
+        );
+        d.start_sync().unwrap();
+        d.sync().unwrap();
+        assert!(
+            matches!(d.poll_sync(), Some(Ok(()))),
+            "nothing left running"
+        );
+        // Replacing the file while a sync runs waits for it first.
+        d.append(b"third", false).unwrap();
+        d.start_sync().unwrap();
+        d.replace(b"whole").unwrap();
+        d.append(b"+", false).unwrap();
+        assert_eq!(d.read_all().unwrap(), b"whole+");
+        drop(d);
+        let _ = fs::remove_dir_all(&dir);
+    }
 
     fn entry(index: u64, term: u64, data: &[u8]) -> Entry {
         Entry {

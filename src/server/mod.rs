@@ -244,6 +244,7 @@ impl<S: Service> Server<S> {
             .register(&mut listener, LISTENER, Interest::READABLE)?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
         service.register(poll.registry(), SERVICE_TOKEN_BASE)?;
+        service.set_waker(Arc::clone(&waker));
         log::info!(
             "ticketd {} listening on {} {} {}",
             env!("CARGO_PKG_VERSION"),
