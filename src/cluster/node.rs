@@ -789,9 +789,7 @@ impl<D: Disk> Node<D> {
     /// wait for it: they answer applied entries, which raft hands out only
     /// once they are durable here.
     pub fn end_turn(&mut self, now: Millis, out: &mut Outbox) -> Result<(), NodeError> {
-        if let Some(why) = &self.failed {
-            return Err(NodeError::Io(io::Error::other(why.clone())));
-        }
+        self.check_failed()?;
         self.poll_sync();
         for _ in 0..8 {
             if self.failed.is_some() || !self.rn.has_ready() {
@@ -804,17 +802,13 @@ impl<D: Disk> Node<D> {
             // A Ready that needed no fsync may let raft go on at once.
             self.poll_sync();
         }
-        if let Some(why) = &self.failed {
-            return Err(NodeError::Io(io::Error::other(why.clone())));
-        }
+        self.check_failed()?;
         if let Err(e) = self.wal.write(false) {
             self.failed = Some(e.to_string());
             return Err(e.into());
         }
         self.start_sync();
-        if let Some(why) = &self.failed {
-            return Err(NodeError::Io(io::Error::other(why.clone())));
-        }
+        self.check_failed()?;
         if self.is_leader() && !self.timers_ready && self.rn.raft.apply_to_current_term() {
             self.rebuild_timers(now);
         }
@@ -823,6 +817,14 @@ impl<D: Disk> Node<D> {
             return Err(e);
         }
         Ok(())
+    }
+
+    /// The disk failure that stopped this node, as an error.
+    fn check_failed(&self) -> Result<(), NodeError> {
+        match &self.failed {
+            Some(why) => Err(NodeError::Io(io::Error::other(why.clone()))),
+            None => Ok(()),
+        }
     }
 
     /// Takes in the running fsync's end, if it is over, and lets out what

@@ -539,13 +539,6 @@ impl<D: Disk> Wal<D> {
         Some(r)
     }
 
-    /// True while an fsync begun by [`Wal::start_sync`] has not been
-    /// reported by [`Wal::poll_sync`].
-    #[must_use]
-    pub fn syncing(&self) -> bool {
-        self.syncing
-    }
-
     /// Rewrites the log as the compacted `store` plus `epoch`, atomically.
     pub fn rewrite(&mut self, store: &LogStore, epoch: u64) -> io::Result<()> {
         let mut buf = Vec::new();
@@ -768,8 +761,8 @@ impl Disk for FileDisk {
 
     fn start_sync(&mut self) -> io::Result<()> {
         if self.in_flight {
-            // One at a time: the caller polls this one first.
-            self.appended_since_start = true;
+            // One at a time: the caller polls this one first (`append`
+            // notes what it will not cover).
             return Ok(());
         }
         if self.waker.is_none() {
