@@ -26,7 +26,7 @@ use mio::{Events, Interest, Poll, Token};
 
 use super::backend::{Backend, Outcome};
 use super::hist::Histogram;
-use super::{make_read_room, READ_CHUNK_BYTES};
+use super::{make_read_room, set_write_interest, READ_CHUNK_BYTES};
 
 /// Every key the generator makes is this long (the 24-byte keys).
 pub const KEY_BYTES: usize = 24;
@@ -456,17 +456,13 @@ impl<B: Backend> Worker<'_, B> {
             conn.wbuf.clear();
             conn.wpos = 0;
         }
-        if leftover != conn.want_write {
-            conn.want_write = leftover;
-            let interest = if leftover {
-                Interest::READABLE | Interest::WRITABLE
-            } else {
-                Interest::READABLE
-            };
-            poll.registry()
-                .reregister(&mut conn.stream, Token(c), interest)?;
-        }
-        Ok(())
+        set_write_interest(
+            poll.registry(),
+            &mut conn.stream,
+            Token(c),
+            &mut conn.want_write,
+            leftover,
+        )
     }
 
     /// Reads until the socket is empty and handles every complete reply.

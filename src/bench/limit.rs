@@ -15,7 +15,7 @@ use std::time::Duration;
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
-use super::make_read_room;
+use super::{make_read_room, set_write_interest};
 use crate::limits::DEFAULT_MAX_KEY_BYTES;
 use crate::proto::{self, Decoded, Reply, Request};
 
@@ -231,16 +231,13 @@ pub fn serve(listener: TcpListener, stop: &AtomicBool) -> io::Result<LimitStats>
                 continue;
             }
             let want = conn.wpos < conn.wbuf.len();
-            if want != conn.want_write {
-                conn.want_write = want;
-                let interest = if want {
-                    Interest::READABLE | Interest::WRITABLE
-                } else {
-                    Interest::READABLE
-                };
-                poll.registry()
-                    .reregister(&mut conn.stream, Token(k), interest)?;
-            }
+            set_write_interest(
+                poll.registry(),
+                &mut conn.stream,
+                Token(k),
+                &mut conn.want_write,
+                want,
+            )?;
         }
         for k in to_close.drain(..) {
             let mut c = conns.remove(k);
@@ -255,13 +252,21 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
-    #[test]
-    fn answers_pipelined_frames_with_same_shaped_replies() {
+    type Running = std::thread::JoinHandle<io::Result<LimitStats>>;
+
+    /// Serves on a free loopback port in a thread; set the flag to stop it.
+    fn start() -> (std::net::SocketAddr, Arc<AtomicBool>, Running) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = Arc::clone(&stop);
         let server = std::thread::spawn(move || serve(listener, &stop2));
+        (addr, stop, server)
+    }
+
+    #[test]
+    fn answers_pipelined_frames_with_same_shaped_replies() {
+        let (addr, stop, server) = start();
 
         let mut s = std::net::TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -334,11 +339,7 @@ mod tests {
     /// raise one, so a frame sent a byte at a time is answered.
     #[test]
     fn a_frame_sent_byte_by_byte_is_answered() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = Arc::clone(&stop);
-        let server = std::thread::spawn(move || serve(listener, &stop2));
+        let (addr, stop, server) = start();
 
         let mut s = std::net::TcpStream::connect(addr).unwrap();
         s.set_nodelay(true).unwrap();

@@ -580,6 +580,28 @@ pub(crate) fn make_read_room(rbuf: &mut Vec<u8>, rstart: &mut usize, rend: &mut 
     }
 }
 
+/// Asks for writable events on `stream` only while it has unsent bytes
+/// (`want`); `registered` remembers what is asked now, so an unchanged
+/// interest costs no system call.
+pub(crate) fn set_write_interest(
+    registry: &mio::Registry,
+    stream: &mut mio::net::TcpStream,
+    token: mio::Token,
+    registered: &mut bool,
+    want: bool,
+) -> std::io::Result<()> {
+    if want == *registered {
+        return Ok(());
+    }
+    *registered = want;
+    let interest = if want {
+        mio::Interest::READABLE | mio::Interest::WRITABLE
+    } else {
+        mio::Interest::READABLE
+    };
+    registry.reregister(stream, token, interest)
+}
+
 /// Entry point of `ticket bench ARGS` (without the program and subcommand
 /// names). Returns the process exit code: 0 on success, 1 if the run failed
 /// or the FIFO check found a grant out of order, 2 for bad flags.
