@@ -14,7 +14,8 @@
 //!     cargo build --release && cargo run --release --example cluster_bench -- \
 //!         [--clients 50] [--seconds 10] [--etcd] [--no-single]
 //!
-//! Needs the release `ticketd` binary (target/release/ticketd) and, with
+//! Needs the release `ticketd` binary (target/release/ticketd, or the path
+//! in `$CB_BIN`, to compare two builds) and, with
 //! `--etcd`, `etcd` on the PATH. Everything runs on loopback; the processes
 //! it starts are killed when it ends.
 
@@ -130,6 +131,9 @@ fn start_ticketd(bin: &Path, args: &[String]) -> (Proc, SocketAddr) {
             std::thread::spawn(move || {
                 let mut sink = String::new();
                 while r.read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
+                    if sink.contains("leader is") {
+                        eprint!("{sink}");
+                    }
                     sink.clear();
                 }
             });
@@ -234,7 +238,11 @@ fn bench_cluster(bin: &Path, clients: usize, seconds: u64) -> f64 {
         .collect();
     wait_ready(nodes[0].1);
     let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.1).collect();
-    let (elapsed, all) = run_clients(&addrs, clients, seconds);
+    let only: Vec<SocketAddr> = match std::env::var("CB_ONLY") {
+        Ok(v) => vec![addrs[v.parse::<usize>().unwrap()]],
+        Err(_) => addrs.clone(),
+    };
+    let (elapsed, all) = run_clients(&only, clients, seconds);
     let rate = report("ticketd 3-node cluster (fsync on)", clients, elapsed, all);
     drop(nodes);
     for d in dirs {
@@ -450,7 +458,7 @@ fn main() {
         eprintln!("cluster_bench: unexpected {rest:?}\n{USAGE}");
         std::process::exit(2);
     }
-    let bin = PathBuf::from("target/release/ticketd");
+    let bin = PathBuf::from(std::env::var("CB_BIN").unwrap_or("target/release/ticketd".into()));
     // Rounds interleave the systems, so that a machine whose load drifts
     // weighs on each of them alike; each ratio is taken within its round.
     let (mut ours, mut ceiling, mut theirs) = (Vec::new(), Vec::new(), Vec::new());

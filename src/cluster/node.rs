@@ -958,6 +958,19 @@ impl<D: Disk> Node<D> {
 
     fn on_soft_state(&mut self, leader: u64) {
         if leader != self.leader {
+            if leader == 0 {
+                log::info!(
+                    "node {}: no leader known (term {})",
+                    self.cfg.id,
+                    self.term()
+                );
+            } else {
+                log::info!(
+                    "node {}: leader is node {leader} (term {})",
+                    self.cfg.id,
+                    self.term()
+                );
+            }
             self.leader = leader;
             self.next_repropose_check = Millis::ZERO;
             // A forwarded proposal may have died with the old leader.
