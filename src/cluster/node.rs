@@ -475,9 +475,13 @@ impl<D: Disk> Node<D> {
         std::mem::take(&mut self.trace)
     }
 
-    /// Messages for peers produced so far.
+    /// Messages for peers produced so far. Of the append acknowledgements
+    /// to one leader in one term only the highest goes: it says all the
+    /// others say (one fsync often releases the acks of several appends).
     pub fn take_messages(&mut self) -> Vec<Message> {
-        std::mem::take(&mut self.msgs)
+        let mut msgs = std::mem::take(&mut self.msgs);
+        coalesce_acks(&mut msgs);
+        msgs
     }
 
     /// A peer could not be reached: raft stops pipelining to it.
@@ -1254,6 +1258,38 @@ impl<D: Disk> Node<D> {
     }
 }
 
+/// Drops every accepting `MsgAppendResponse` that a later or higher one to
+/// the same peer in the same term supersedes (the leader only ever raises a
+/// follower's progress, so the highest index carries all the news; its
+/// commit index is the highest too). Rejections are kept.
+fn coalesce_acks(msgs: &mut Vec<Message>) {
+    let is_ack = |m: &Message| m.msg_type == MessageType::MsgAppendResponse && !m.reject;
+    if msgs.iter().filter(|m| is_ack(m)).count() < 2 {
+        return;
+    }
+    // (to, term) -> position of the ack kept so far.
+    let mut kept: Vec<(u64, u64, usize)> = Vec::new();
+    let mut dropped = vec![false; msgs.len()];
+    for (i, m) in msgs.iter().enumerate() {
+        if !is_ack(m) {
+            continue;
+        }
+        match kept.iter_mut().find(|k| k.0 == m.to && k.1 == m.term) {
+            None => kept.push((m.to, m.term, i)),
+            Some(k) if m.index >= msgs[k.2].index => {
+                dropped[k.2] = true;
+                k.2 = i;
+            }
+            Some(_) => dropped[i] = true,
+        }
+    }
+    let mut i = 0;
+    msgs.retain(|_| {
+        i += 1;
+        !dropped[i - 1]
+    });
+}
+
 /// When the leader proposes `Expire` for a grant of `lease_s` seconds it
 /// applied at `applied_at`: one millisecond after `applied_at + lease`, since
 /// the client's clock, truncated to whole milliseconds like ours, may have
@@ -1385,9 +1421,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_follower_acknowledges_entries_only_after_its_fsync_ends() {
-        let disks: Vec<MemDisk> = (0..3).map(|_| MemDisk::new()).collect();
+    /// Three nodes on `disks`, settled until one leads with its timers
+    /// rebuilt.
+    fn elected(disks: &[MemDisk], now: &mut Millis, out: &mut Outbox) -> Vec<Node<MemDisk>> {
         let mut nodes: Vec<Node<MemDisk>> = (1..=3)
             .map(|id| {
                 Node::open(
@@ -1398,15 +1434,110 @@ mod tests {
                 .expect("opens")
             })
             .collect();
-        let mut out = Outbox::new();
-        let mut now = Millis(0);
         for _ in 0..200 {
-            now = now.add_ms(100);
-            settle_net(&mut nodes, now, &mut out);
+            *now = now.add_ms(100);
+            settle_net(&mut nodes, *now, out);
             if nodes.iter().any(|n| n.is_leader() && n.timers_ready()) {
                 break;
             }
         }
+        nodes
+    }
+
+    #[test]
+    fn one_fsync_releases_one_ack_for_all_the_appends_it_covers() {
+        let disks: Vec<MemDisk> = (0..3).map(|_| MemDisk::new()).collect();
+        let mut out = Outbox::new();
+        let mut now = Millis(0);
+        let mut nodes = elected(&disks, &mut now, &mut out);
+        let leader = nodes.iter().position(Node::is_leader).expect("a leader");
+        let follower = (leader + 1) % 3;
+        disks[follower].hold_syncs(true);
+        // Three appends, each from its own leader turn, reach the follower
+        // while its fsync is held.
+        for (owner, key) in [(1, "a"), (2, "b"), (3, "c")] {
+            let req = Request::Acquire {
+                wait_s: 0,
+                lease_s: 5,
+                owner,
+                key,
+            };
+            nodes[leader].request(now, 9, req, &mut out);
+            nodes[leader].end_turn(now, &mut out).unwrap();
+            for m in nodes[leader].take_messages() {
+                if m.to == follower as u64 + 1 {
+                    nodes[follower].step(m);
+                }
+            }
+            nodes[follower].tick(now, &mut out);
+            nodes[follower].end_turn(now, &mut out).unwrap();
+        }
+        let last = nodes[leader].rn.raft.raft_log.last_index();
+        disks[follower].hold_syncs(false);
+        nodes[follower].tick(now, &mut out);
+        nodes[follower].end_turn(now, &mut out).unwrap();
+        let acks: Vec<Message> = nodes[follower]
+            .take_messages()
+            .into_iter()
+            .filter(|m| m.msg_type == MessageType::MsgAppendResponse)
+            .collect();
+        assert_eq!(acks.len(), 1, "one ack for three appends: {acks:?}");
+        assert_eq!(acks[0].index, last, "and it acknowledges the last entry");
+        for m in acks {
+            nodes[leader].step(m);
+        }
+        for _ in 0..5 {
+            nodes[leader].tick(now, &mut out);
+            nodes[leader].end_turn(now, &mut out).unwrap();
+        }
+        let granted = out
+            .iter()
+            .filter(|a| format!("{:?}", a.reply).starts_with("Acquired"))
+            .count();
+        assert_eq!(granted, 3, "that ack committed all three");
+    }
+
+    #[test]
+    fn acks_are_coalesced_per_peer_and_term_and_rejections_kept() {
+        let ack = |to: u64, term: u64, index: u64, reject: bool| {
+            let mut m = Message::default();
+            m.set_msg_type(MessageType::MsgAppendResponse);
+            m.to = to;
+            m.term = term;
+            m.index = index;
+            m.reject = reject;
+            m
+        };
+        let mut msgs = vec![
+            ack(1, 2, 10, false),
+            ack(1, 2, 9, true),
+            ack(3, 2, 11, false),
+            ack(1, 2, 12, false),
+            ack(1, 3, 5, false),
+            ack(1, 2, 11, false),
+        ];
+        coalesce_acks(&mut msgs);
+        let left: Vec<(u64, u64, u64, bool)> = msgs
+            .iter()
+            .map(|m| (m.to, m.term, m.index, m.reject))
+            .collect();
+        assert_eq!(
+            left,
+            vec![
+                (1, 2, 9, true),
+                (3, 2, 11, false),
+                (1, 2, 12, false),
+                (1, 3, 5, false)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_follower_acknowledges_entries_only_after_its_fsync_ends() {
+        let disks: Vec<MemDisk> = (0..3).map(|_| MemDisk::new()).collect();
+        let mut out = Outbox::new();
+        let mut now = Millis(0);
+        let mut nodes = elected(&disks, &mut now, &mut out);
         let leader = nodes.iter().position(Node::is_leader).expect("a leader");
         let follower = (leader + 1) % 3;
         disks[follower].hold_syncs(true);

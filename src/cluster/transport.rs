@@ -223,6 +223,8 @@ pub struct Transport {
     events: Vec<PeerEvent>,
     connect_timeout_ms: u64,
     user_timeout_ms: u64,
+    /// Where inbound reads land before their connection's buffer.
+    scratch: Box<[u8]>,
 }
 
 impl Transport {
@@ -264,6 +266,7 @@ impl Transport {
             events: Vec::new(),
             connect_timeout_ms: DEFAULT_ELECTION_TIMEOUT_MS,
             user_timeout_ms: 3 * DEFAULT_ELECTION_TIMEOUT_MS,
+            scratch: vec![0; READ_CHUNK].into_boxed_slice(),
         })
     }
 
@@ -409,16 +412,14 @@ impl Transport {
         let Some(p) = self.peers.get_mut(&id) else {
             return;
         };
-        let bytes = match m.write_to_bytes() {
-            Ok(b) if b.len() <= MAX_FRAME_BYTES => b,
-            _ => {
-                if snapshot {
-                    self.events.push(PeerEvent::Snapshot(id, false));
-                }
-                return;
+        let size = m.compute_size() as usize;
+        if size > MAX_FRAME_BYTES {
+            if snapshot {
+                self.events.push(PeerEvent::Snapshot(id, false));
             }
-        };
-        if p.stream.is_none() || p.buf.len() - p.cursor + bytes.len() + 4 > MAX_PEER_BUFFER_BYTES {
+            return;
+        }
+        if p.stream.is_none() || p.buf.len() - p.cursor + size + 4 > MAX_PEER_BUFFER_BYTES {
             if snapshot {
                 self.events.push(PeerEvent::Snapshot(id, false));
             }
@@ -431,9 +432,22 @@ impl Transport {
             p.cursor = 0;
             p.snaps.clear();
         }
+        // Encoded in place: sizes were computed (and cached) just above.
+        let start = p.buf.len();
         p.buf
-            .extend_from_slice(&u32::try_from(bytes.len()).expect("bounded").to_be_bytes());
-        p.buf.extend_from_slice(&bytes);
+            .extend_from_slice(&u32::try_from(size).expect("bounded").to_be_bytes());
+        let written = {
+            let mut os = protobuf::CodedOutputStream::vec(&mut p.buf);
+            m.write_to_with_cached_sizes(&mut os)
+                .and_then(|()| os.flush())
+        };
+        if written.is_err() || p.buf.len() != start + 4 + size {
+            p.buf.truncate(start);
+            if snapshot {
+                self.events.push(PeerEvent::Snapshot(id, false));
+            }
+            return;
+        }
         if snapshot {
             p.snaps.push(p.buf.len());
         }
@@ -616,18 +630,17 @@ impl Transport {
     }
 
     fn inbound_event(&mut self, key: usize, now: Millis, registry: &Registry) {
-        let mut chunk = vec![0u8; READ_CHUNK];
         loop {
             let Some(c) = self.inbound.get_mut(key) else {
                 return;
             };
-            match c.stream.read(&mut chunk) {
+            match c.stream.read(&mut self.scratch) {
                 Ok(0) => {
                     self.close_inbound(key, registry, "");
                     return;
                 }
                 Ok(n) => {
-                    c.rbuf.extend_from_slice(&chunk[..n]);
+                    c.rbuf.extend_from_slice(&self.scratch[..n]);
                     if let Err(why) = self.parse_frames(key) {
                         self.close_inbound(key, registry, &why);
                         return;
@@ -638,6 +651,11 @@ impl Transport {
                     }
                     for id in std::mem::take(&mut self.heard) {
                         self.reconnect_now(id, now, registry);
+                    }
+                    if n < self.scratch.len() {
+                        // A short read emptied the socket: the next byte to
+                        // arrive raises a new readiness event.
+                        return;
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -663,16 +681,16 @@ impl Transport {
                 Ok(None) => break Ok(()),
                 Ok(Some(len)) => len,
             };
-            let payload = rest[4..4 + len].to_vec();
+            let payload = &rest[4..4 + len];
             used += 4 + len;
-            let peer = c.peer;
-            match peer {
+            match c.peer {
                 None => {
-                    if let Err(e) = self.hello(key, &payload) {
+                    let hello = Hello::decode(payload);
+                    if let Err(e) = self.hello(key, hello) {
                         break Err(e);
                     }
                 }
-                Some(from) => match Message::parse_from_bytes(&payload) {
+                Some(from) => match Message::parse_from_bytes(payload) {
                     Ok(m) if m.from == from && m.to == self.local.id => {
                         self.events.push(PeerEvent::Message(m));
                     }
@@ -692,8 +710,8 @@ impl Transport {
         result
     }
 
-    fn hello(&mut self, key: usize, payload: &[u8]) -> Result<(), String> {
-        let h = Hello::decode(payload).map_err(str::to_owned)?;
+    fn hello(&mut self, key: usize, hello: Result<Hello, &str>) -> Result<(), String> {
+        let h = hello.map_err(str::to_owned)?;
         if h.cluster != self.local.cluster {
             return Err(format!("node {} belongs to another cluster", h.from));
         }
