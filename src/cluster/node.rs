@@ -1444,15 +1444,45 @@ mod tests {
         nodes
     }
 
-    #[test]
-    fn one_fsync_releases_one_ack_for_all_the_appends_it_covers() {
+    /// An elected 3-node group whose `follower`'s fsyncs do not finish
+    /// until its disk lets them.
+    struct Trio {
+        disks: Vec<MemDisk>,
+        out: Outbox,
+        now: Millis,
+        nodes: Vec<Node<MemDisk>>,
+        leader: usize,
+        follower: usize,
+    }
+
+    fn trio_with_a_slow_follower() -> Trio {
         let disks: Vec<MemDisk> = (0..3).map(|_| MemDisk::new()).collect();
         let mut out = Outbox::new();
         let mut now = Millis(0);
-        let mut nodes = elected(&disks, &mut now, &mut out);
+        let nodes = elected(&disks, &mut now, &mut out);
         let leader = nodes.iter().position(Node::is_leader).expect("a leader");
         let follower = (leader + 1) % 3;
         disks[follower].hold_syncs(true);
+        Trio {
+            disks,
+            out,
+            now,
+            nodes,
+            leader,
+            follower,
+        }
+    }
+
+    #[test]
+    fn one_fsync_releases_one_ack_for_all_the_appends_it_covers() {
+        let Trio {
+            disks,
+            mut out,
+            now,
+            mut nodes,
+            leader,
+            follower,
+        } = trio_with_a_slow_follower();
         // Three appends, each from its own leader turn, reach the follower
         // while its fsync is held.
         for (owner, key) in [(1, "a"), (2, "b"), (3, "c")] {
@@ -1534,13 +1564,14 @@ mod tests {
 
     #[test]
     fn a_follower_acknowledges_entries_only_after_its_fsync_ends() {
-        let disks: Vec<MemDisk> = (0..3).map(|_| MemDisk::new()).collect();
-        let mut out = Outbox::new();
-        let mut now = Millis(0);
-        let mut nodes = elected(&disks, &mut now, &mut out);
-        let leader = nodes.iter().position(Node::is_leader).expect("a leader");
-        let follower = (leader + 1) % 3;
-        disks[follower].hold_syncs(true);
+        let Trio {
+            disks,
+            mut out,
+            now,
+            mut nodes,
+            leader,
+            follower,
+        } = trio_with_a_slow_follower();
         nodes[leader].request(
             now,
             9,
