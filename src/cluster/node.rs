@@ -1259,9 +1259,11 @@ impl<D: Disk> Node<D> {
 }
 
 /// Drops every accepting `MsgAppendResponse` that a later or higher one to
-/// the same peer in the same term supersedes (the leader only ever raises a
-/// follower's progress, so the highest index carries all the news; its
-/// commit index is the highest too). Rejections are kept.
+/// the same peer in the same term supersedes: the leader only ever raises a
+/// follower's progress, so the highest index carries all the news. (The
+/// commit index a response reports matters only to raft's group commit,
+/// which is off.) Rejections are kept. A dropped ack is no worse than a
+/// lost one, which raft survives.
 fn coalesce_acks(msgs: &mut Vec<Message>) {
     let is_ack = |m: &Message| m.msg_type == MessageType::MsgAppendResponse && !m.reject;
     if msgs.iter().filter(|m| is_ack(m)).count() < 2 {

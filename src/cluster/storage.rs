@@ -373,7 +373,7 @@ impl<D: Disk> Wal<D> {
                 break;
             }
             let body = &bytes[pos + 8..pos + 8 + len];
-            if crc32fast::hash(body) != crc {
+            if crc32fast::hash(body) != crc || body[0] == 0 {
                 break;
             }
             let (kind, payload) = (body[0], &body[1..]);
@@ -1248,31 +1248,54 @@ mod tests {
     }
 
     #[test]
+    fn a_checked_record_of_kind_zero_is_a_torn_tail_not_corruption() {
+        let disk = MemDisk::new();
+        let (mut wal, _) = Wal::open(disk.clone()).unwrap();
+        wal.stage_epoch(2);
+        wal.flush(true).unwrap();
+        let log_bytes = wal.log_bytes();
+        // Kind 0 is never written: a length that reached the disk over
+        // zeros, whose checksum happens to match.
+        let mut bad = Vec::new();
+        push_record(&mut bad, 0, &[0, 0, 0]);
+        disk.clone().append(&bad, true).unwrap();
+        let (_, rec) = Wal::open(disk.clone()).unwrap();
+        assert_eq!(rec.epoch, 2);
+        assert_eq!(rec.log_bytes, log_bytes);
+        assert_eq!(disk.len() as u64, log_bytes, "cut off");
+    }
+
+    #[test]
     fn file_disk_roundtrips_and_truncates() {
         let dir = std::env::temp_dir().join(format!("ticketd-wal-test-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
-        {
+        let log_bytes = {
             let (mut wal, rec) = Wal::open(FileDisk::open(&dir).unwrap()).unwrap();
             assert!(rec.fresh);
             wal.stage_epoch(3);
             wal.stage_entries(&[entry(1, 1, b"a")]);
             wal.flush(true).unwrap();
-        }
-        // Zeros were written ahead of the log; they are not a torn tail.
+            wal.log_bytes()
+        };
         let wal_len = fs::metadata(dir.join("wal")).unwrap().len();
-        let (_, rec) = Wal::open(FileDisk::open(&dir).unwrap()).unwrap();
-        assert!(wal_len >= rec.log_bytes + PREALLOC_BYTES, "{wal_len}");
-        assert_eq!(rec.torn_bytes, 0);
-        assert_eq!(rec.store.last(), 1);
-        // A torn half-record at the log's end, zeros after it.
+        assert!(wal_len >= log_bytes + PREALLOC_BYTES, "zeros written ahead");
+        // A crash tore the next record inside the zeros: its length and
+        // part of its body reached the disk, its checksum did not.
         let f = OpenOptions::new()
             .write(true)
             .open(dir.join("wal"))
             .unwrap();
-        f.write_all_at(&[0, 0, 0, 50, 1, 2], rec.log_bytes).unwrap();
+        f.write_all_at(&[0, 0, 0, 50], log_bytes).unwrap();
+        f.write_all_at(&[1, 2], log_bytes + 8).unwrap();
         drop(f);
         let (_, rec) = Wal::open(FileDisk::open(&dir).unwrap()).unwrap();
-        assert_eq!(rec.torn_bytes, 6);
+        assert_eq!(rec.log_bytes, log_bytes);
+        assert_eq!(rec.torn_bytes, 10, "from its length to its last byte");
+        assert_eq!(
+            fs::metadata(dir.join("wal")).unwrap().len(),
+            log_bytes,
+            "cut at the log's end, zeros and all"
+        );
         assert_eq!(rec.epoch, 3);
         assert_eq!(rec.store.last(), 1);
         let (_, rec) = Wal::open(FileDisk::open(&dir).unwrap()).unwrap();

@@ -509,7 +509,10 @@ impl Transport {
             };
             self.outbound_event(id, now, registry, event);
         } else {
-            self.inbound_event(t - self.inbound_base(), now, registry);
+            // A close or error the event reports has no edge to come: read
+            // on to the EOF even after a short read.
+            let drain = event.is_read_closed() || event.is_error();
+            self.inbound_event(t - self.inbound_base(), now, registry, drain);
         }
     }
 
@@ -629,7 +632,7 @@ impl Transport {
         }
     }
 
-    fn inbound_event(&mut self, key: usize, now: Millis, registry: &Registry) {
+    fn inbound_event(&mut self, key: usize, now: Millis, registry: &Registry, drain: bool) {
         loop {
             let Some(c) = self.inbound.get_mut(key) else {
                 return;
@@ -641,10 +644,9 @@ impl Transport {
                 }
                 Ok(n) => {
                     c.rbuf.extend_from_slice(&self.scratch[..n]);
-                    if let Err(why) = self.parse_frames(key) {
-                        self.close_inbound(key, registry, &why);
-                        return;
-                    }
+                    let parsed = self.parse_frames(key);
+                    // Hellos parsed before an error still count: act on them
+                    // now, while the slab keys they name are still theirs.
                     for old in std::mem::take(&mut self.stale_inbound) {
                         log::debug!("peer connection {old} superseded by a newer one");
                         self.close_inbound(old, registry, "");
@@ -652,9 +654,13 @@ impl Transport {
                     for id in std::mem::take(&mut self.heard) {
                         self.reconnect_now(id, now, registry);
                     }
-                    if n < self.scratch.len() {
-                        // A short read emptied the socket: the next byte to
-                        // arrive raises a new readiness event.
+                    if let Err(why) = parsed {
+                        self.close_inbound(key, registry, &why);
+                        return;
+                    }
+                    if n < self.scratch.len() && !drain {
+                        // A short read emptied the socket: with edge-triggered
+                        // epoll the next byte to arrive raises a new event.
                         return;
                     }
                 }
@@ -972,6 +978,38 @@ mod tests {
             ev.iter()
                 .any(|e| matches!(e, PeerEvent::Message(m) if m.from == 2)),
             "{ev:?}"
+        );
+    }
+
+    #[test]
+    fn a_connection_closed_right_after_a_partial_frame_is_released() {
+        let mut poll = mio::Poll::new().unwrap();
+        let mut t = node1(&[(2, "127.0.0.1:9".parse().unwrap())]);
+        t.register(poll.registry(), 0).unwrap();
+        let at = t.local_addr().unwrap();
+        for _ in 0..3 {
+            // Half a hello and the close reach the node in one event.
+            let mut s = std::net::TcpStream::connect(at).unwrap();
+            s.write_all(
+                &Hello {
+                    cluster: 1,
+                    voters: 1,
+                    from: 2,
+                    from_uuid: 7,
+                    to: 1,
+                    to_uuid: 1,
+                }
+                .encode()[..10],
+            )
+            .unwrap();
+            drop(s);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        pump(&mut t, &mut poll, 5);
+        assert_eq!(
+            t.inbound.len(),
+            0,
+            "each short read was followed to its end of file"
         );
     }
 
