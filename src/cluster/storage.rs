@@ -661,7 +661,7 @@ pub const PREALLOC_BYTES: u64 = 1 << 20;
 /// belong to the file, so its `fdatasync` flushes data only, with no file
 /// size or block allocation to commit to the filesystem's journal (on ext4
 /// that makes each fsync cheaper and quicker). Recovery stops at the zeros
-/// (a record length of 0 is never written) and does not count them as a
+/// (no record has length 0 or kind 0) and does not count them as a
 /// torn tail. Failing to write the zeros (a full disk) only loses that
 /// saving.
 #[derive(Debug)]
