@@ -906,6 +906,19 @@ mod tests {
         Transport::bind(local, "127.0.0.1:0".parse().unwrap(), &peers).unwrap()
     }
 
+    /// Peer 2's hello frame to `node1` (data directory id 7).
+    fn hello_from_2() -> Vec<u8> {
+        Hello {
+            cluster: 1,
+            voters: 1,
+            from: 2,
+            from_uuid: 7,
+            to: 1,
+            to_uuid: 1,
+        }
+        .encode()
+    }
+
     fn pump(t: &mut Transport, poll: &mut mio::Poll, rounds: usize) {
         let mut events = mio::Events::with_capacity(16);
         for _ in 0..rounds {
@@ -937,15 +950,7 @@ mod tests {
         let mut t = node1(&[(2, "127.0.0.1:9".parse().unwrap())]);
         t.register(poll.registry(), 0).unwrap();
         let at = t.local_addr().unwrap();
-        let hello = Hello {
-            cluster: 1,
-            voters: 1,
-            from: 2,
-            from_uuid: 7,
-            to: 1,
-            to_uuid: 1,
-        }
-        .encode();
+        let hello = hello_from_2();
         let mut old = std::net::TcpStream::connect(at).unwrap();
         old.write_all(&hello).unwrap();
         pump(&mut t, &mut poll, 5);
@@ -990,18 +995,7 @@ mod tests {
         for _ in 0..3 {
             // Half a hello and the close reach the node in one event.
             let mut s = std::net::TcpStream::connect(at).unwrap();
-            s.write_all(
-                &Hello {
-                    cluster: 1,
-                    voters: 1,
-                    from: 2,
-                    from_uuid: 7,
-                    to: 1,
-                    to_uuid: 1,
-                }
-                .encode()[..10],
-            )
-            .unwrap();
+            s.write_all(&hello_from_2()[..10]).unwrap();
             drop(s);
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
@@ -1029,18 +1023,7 @@ mod tests {
         let _ = t.take_events();
         // Peer 2 reaches us: the link is back.
         let mut c = std::net::TcpStream::connect(t.local_addr().unwrap()).unwrap();
-        c.write_all(
-            &Hello {
-                cluster: 1,
-                voters: 1,
-                from: 2,
-                from_uuid: 7,
-                to: 1,
-                to_uuid: 1,
-            }
-            .encode(),
-        )
-        .unwrap();
+        c.write_all(&hello_from_2()).unwrap();
         pump(&mut t, &mut poll, 5);
         assert!(
             t.peers[&2].stream.is_none(),
