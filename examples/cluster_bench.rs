@@ -1,32 +1,35 @@
 //! Lock cycles per second of a 3-node ticketd cluster (fsync on), and of a
-//! single etcd node under the same lock workload, same number of clients.
+//! single etcd node under the same lock workload, same number of lockers.
 //!
-//! Each client locks its own key and unlocks it, in a loop, one request at a
-//! time: ticketd `A wait=5 lease=30` then `R`; etcd `/v3/lock/lock` with a
-//! 30 s lease then `/v3/lock/unlock` (the lock API etcd users call, through
-//! etcd's JSON gateway). Prints cycles/s and latency percentiles.
+//! Both are driven by the same load generator, the one behind `ticket
+//! bench` (`ticketd::bench`): one `mio` loop, one connection per locker,
+//! each locker locking a fresh key and unlocking it, in a loop, one request
+//! at a time. ticketd: `A` then `R`, the lockers spread over the three
+//! nodes; etcd: `/v3/lock/lock` with a lease then `/v3/lock/unlock` (the
+//! lock API etcd users call, through etcd's JSON gateway). Prints cycles/s,
+//! request latency percentiles and the servers' CPU time per request.
 //!
-//! The same clients then run against one single-mode ticketd (no
+//! The same lockers then run against one single-mode ticketd (no
 //! replication, no disk): no cluster can beat that on the same machine, so
 //! it is the ceiling the cluster's figure is read against (skip it with
 //! `--no-single`).
 //!
 //!     cargo build --release && cargo run --release --example cluster_bench -- \
-//!         [--clients 50] [--seconds 10] [--etcd] [--no-single]
+//!         [--clients 50] [--seconds 10] [--rounds 1] [--etcd] [--no-single]
 //!
 //! Needs the release `ticketd` binary (target/release/ticketd, or the path
-//! in `$CB_BIN`, to compare two builds) and, with
-//! `--etcd`, `etcd` on the PATH. Everything runs on loopback; the processes
-//! it starts are killed when it ends.
+//! in `$CB_BIN`, to compare two builds) and, with `--etcd`, `etcd` on the
+//! PATH. Data directories go under the system temporary directory
+//! (`$TMPDIR`). Everything runs on loopback; the processes it starts are
+//! killed when it ends.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ticketd::bench;
 use ticketd::proto::{self, Decoded, Reply, Request};
 
 struct Proc(Child);
@@ -52,28 +55,61 @@ fn temp_dir(name: &str) -> PathBuf {
     p
 }
 
-struct Stats {
-    cycles: u64,
-    lat_us: Vec<u64>,
-}
-
-fn report(name: &str, clients: usize, elapsed: Duration, all: Vec<Stats>) -> f64 {
-    let cycles: u64 = all.iter().map(|s| s.cycles).sum();
-    let mut lat: Vec<u64> = all.into_iter().flat_map(|s| s.lat_us).collect();
-    lat.sort_unstable();
-    let pct = |p: f64| {
-        lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or(0)
-    };
-    let rate = cycles as f64 / elapsed.as_secs_f64();
+/// One run of the load generator: `backend` at `servers`, `clients`
+/// lockers, `seconds` measured after a one-second warm-up. Prints one line
+/// and returns lock cycles per second.
+fn drive(
+    name: &str,
+    backend: &str,
+    servers: &[SocketAddr],
+    pids: &[u32],
+    clients: usize,
+    seconds: u64,
+) -> f64 {
+    let list = |v: Vec<String>| v.join(",");
+    let mut args = vec![
+        "--backend".to_string(),
+        backend.to_string(),
+        "--server".to_string(),
+        list(servers.iter().map(ToString::to_string).collect()),
+        "--connections".to_string(),
+        clients.to_string(),
+        "--mode".to_string(),
+        "cycle".to_string(),
+        "--lease".to_string(),
+        "30".to_string(),
+        "--duration".to_string(),
+        seconds.to_string(),
+        "--quiet".to_string(),
+    ];
+    if !pids.is_empty() {
+        args.push("--server-pid".to_string());
+        args.push(list(pids.iter().map(ToString::to_string).collect()));
+    }
+    let report = bench::parse_args(args)
+        .and_then(|a| bench::run(&a))
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let s = &report.stats;
+    let rate = report.grants_per_s();
+    let cpu = report
+        .server_cpu_us_per_request()
+        .map_or(String::new(), |us| {
+            format!(", server CPU {us:.1} us/request")
+        });
     println!(
-        "{name}: {clients} clients, {cycles} lock cycles in {:.1} s = {rate:.0} cycles/s; \
-         cycle latency p50 {} us, p99 {} us",
-        elapsed.as_secs_f64(),
-        pct(0.5),
-        pct(0.99)
+        "{name}: {clients} lockers, {} lock cycles in {:.1} s = {rate:.0} cycles/s; \
+         request latency p50 {:.0} us, p99 {:.0} us{cpu}",
+        s.grants,
+        report.elapsed_s,
+        s.latency.quantile(0.5) as f64 / 1000.0,
+        s.latency.quantile(0.99) as f64 / 1000.0,
     );
+    if s.busy + s.not_granted + s.not_released > 0 {
+        println!(
+            "  ({} busy, {} not granted, {} releases that found no lock)",
+            s.busy, s.not_granted, s.not_released
+        );
+    }
     rate
 }
 
@@ -169,52 +205,6 @@ fn wait_ready(addr: SocketAddr) {
     }
 }
 
-/// Runs `clients` threads for `seconds`, client `i` on `addrs[i % len]`,
-/// each locking and unlocking its own key one request at a time.
-fn run_clients(addrs: &[SocketAddr], clients: usize, seconds: u64) -> (Duration, Vec<Stats>) {
-    let stop = Arc::new(AtomicBool::new(false));
-    let start = Instant::now();
-    let handles: Vec<_> = (0..clients)
-        .map(|i| {
-            let addr = addrs[i % addrs.len()];
-            let stop = Arc::clone(&stop);
-            std::thread::spawn(move || {
-                let s = TcpStream::connect(addr).unwrap();
-                s.set_nodelay(true).unwrap();
-                let mut c = Conn { s, buf: Vec::new() };
-                let key = format!("bench-{i}");
-                let mut st = Stats {
-                    cycles: 0,
-                    lat_us: Vec::new(),
-                };
-                let mut owner = (i as u64) << 40;
-                while !stop.load(Ordering::Relaxed) {
-                    owner += 1;
-                    let t = Instant::now();
-                    let (k, token) = c.call(Request::Acquire {
-                        wait_s: 5,
-                        lease_s: 30,
-                        owner,
-                        key: &key,
-                    });
-                    if k != b'A' {
-                        continue;
-                    }
-                    let (k, _) = c.call(Request::Release { token, key: &key });
-                    assert_eq!(k, b'R');
-                    st.cycles += 1;
-                    st.lat_us.push(t.elapsed().as_micros() as u64);
-                }
-                st
-            })
-        })
-        .collect();
-    std::thread::sleep(Duration::from_secs(seconds));
-    stop.store(true, Ordering::Relaxed);
-    let all: Vec<Stats> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-    (start.elapsed(), all)
-}
-
 /// A 3-node cluster with fsync on; clients spread over the nodes.
 fn bench_cluster(bin: &Path, clients: usize, seconds: u64) -> f64 {
     let peers: Vec<String> = (1..=3)
@@ -238,12 +228,15 @@ fn bench_cluster(bin: &Path, clients: usize, seconds: u64) -> f64 {
         .collect();
     wait_ready(nodes[0].1);
     let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.1).collect();
-    let only: Vec<SocketAddr> = match std::env::var("CB_ONLY") {
-        Ok(v) => vec![addrs[v.parse::<usize>().unwrap()]],
-        Err(_) => addrs.clone(),
-    };
-    let (elapsed, all) = run_clients(&only, clients, seconds);
-    let rate = report("ticketd 3-node cluster (fsync on)", clients, elapsed, all);
+    let pids: Vec<u32> = nodes.iter().map(|n| n.0 .0.id()).collect();
+    let rate = drive(
+        "ticketd 3-node cluster (fsync on)",
+        "ticketd",
+        &addrs,
+        &pids,
+        clients,
+        seconds,
+    );
     drop(nodes);
     for d in dirs {
         let _ = std::fs::remove_dir_all(d);
@@ -256,94 +249,17 @@ fn bench_cluster(bin: &Path, clients: usize, seconds: u64) -> f64 {
 fn bench_single(bin: &Path, clients: usize, seconds: u64) -> f64 {
     let node = start_ticketd(bin, &[]);
     wait_ready(node.1);
-    let (elapsed, all) = run_clients(&[node.1], clients, seconds);
-    report(
+    drive(
         "ticketd single mode (ceiling: no replication, no disk)",
+        "ticketd",
+        &[node.1],
+        &[node.0 .0.id()],
         clients,
-        elapsed,
-        all,
+        seconds,
     )
 }
 
 // ---- etcd ---------------------------------------------------------------
-
-struct Http {
-    s: TcpStream,
-    buf: Vec<u8>,
-}
-
-impl Http {
-    fn post(&mut self, path: &str, body: &str) -> String {
-        let req = format!(
-            "POST {path} HTTP/1.1\r\nHost: etcd\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        self.s.write_all(req.as_bytes()).unwrap();
-        loop {
-            if let Some(end) = find(&self.buf, b"\r\n\r\n") {
-                let head = String::from_utf8_lossy(&self.buf[..end]).to_lowercase();
-                let body_start = end + 4;
-                if let Some(cl) = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length:"))
-                    .and_then(|v| v.trim().parse::<usize>().ok())
-                {
-                    if self.buf.len() >= body_start + cl {
-                        let body = String::from_utf8_lossy(&self.buf[body_start..body_start + cl])
-                            .into_owned();
-                        self.buf.drain(..body_start + cl);
-                        return body;
-                    }
-                } else if head.contains("transfer-encoding: chunked") {
-                    if let Some(done) = find(&self.buf[body_start..], b"0\r\n\r\n") {
-                        let body =
-                            String::from_utf8_lossy(&self.buf[body_start..body_start + done])
-                                .into_owned();
-                        self.buf.drain(..body_start + done + 5);
-                        return body;
-                    }
-                }
-            }
-            let mut chunk = [0u8; 8192];
-            let n = self.s.read(&mut chunk).unwrap();
-            assert!(n > 0, "etcd closed the connection");
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
-    }
-}
-
-fn find(h: &[u8], n: &[u8]) -> Option<usize> {
-    h.windows(n.len()).position(|w| w == n)
-}
-
-fn json_str(body: &str, field: &str) -> String {
-    let pat = format!("\"{field}\":\"");
-    let rest = &body[body
-        .find(&pat)
-        .unwrap_or_else(|| panic!("{field} in {body}"))
-        + pat.len()..];
-    rest[..rest.find('"').unwrap()].to_owned()
-}
-
-fn b64(s: &str) -> String {
-    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let b = s.as_bytes();
-    let mut o = String::new();
-    for c in b.chunks(3) {
-        let n = (u32::from(c[0]) << 16)
-            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
-            | u32::from(*c.get(2).unwrap_or(&0));
-        for i in 0..4 {
-            if i <= c.len() {
-                o.push(T[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                o.push('=');
-            }
-        }
-    }
-    o
-}
 
 fn bench_etcd(clients: usize, seconds: u64) -> f64 {
     let dir = temp_dir("etcd");
@@ -351,7 +267,7 @@ fn bench_etcd(clients: usize, seconds: u64) -> f64 {
     let pport = free_port();
     let curl = format!("http://127.0.0.1:{cport}");
     let purl = format!("http://127.0.0.1:{pport}");
-    let _etcd = Proc(
+    let etcd = Proc(
         Command::new("etcd")
             .args([
                 "--data-dir",
@@ -380,41 +296,16 @@ fn bench_etcd(clients: usize, seconds: u64) -> f64 {
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_millis(500));
-    let stop = Arc::new(AtomicBool::new(false));
-    let start = Instant::now();
-    let handles: Vec<_> = (0..clients)
-        .map(|i| {
-            let stop = Arc::clone(&stop);
-            std::thread::spawn(move || {
-                let s = TcpStream::connect(addr).unwrap();
-                s.set_nodelay(true).unwrap();
-                let mut h = Http { s, buf: Vec::new() };
-                let lease = h.post("/v3/lease/grant", "{\"TTL\":30}");
-                let id = json_str(&lease, "ID");
-                let name = b64(&format!("bench-{i}"));
-                let mut st = Stats {
-                    cycles: 0,
-                    lat_us: Vec::new(),
-                };
-                while !stop.load(Ordering::Relaxed) {
-                    let t = Instant::now();
-                    let r = h.post(
-                        "/v3/lock/lock",
-                        &format!("{{\"name\":\"{name}\",\"lease\":\"{id}\"}}"),
-                    );
-                    let key = json_str(&r, "key");
-                    h.post("/v3/lock/unlock", &format!("{{\"key\":\"{key}\"}}"));
-                    st.cycles += 1;
-                    st.lat_us.push(t.elapsed().as_micros() as u64);
-                }
-                st
-            })
-        })
-        .collect();
-    std::thread::sleep(Duration::from_secs(seconds));
-    stop.store(true, Ordering::Relaxed);
-    let all: Vec<Stats> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-    let rate = report("etcd single node (lock API)", clients, start.elapsed(), all);
+    let pids = [etcd.0.id()];
+    let rate = drive(
+        "etcd single node (lock API)",
+        "etcd",
+        &[addr],
+        &pids,
+        clients,
+        seconds,
+    );
+    drop(etcd);
     let _ = std::fs::remove_dir_all(dir);
     rate
 }

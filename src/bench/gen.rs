@@ -56,8 +56,9 @@ pub enum Keys {
 /// Everything a run needs.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// The server.
-    pub addr: SocketAddr,
+    /// The servers: connection `i` goes to `addrs[i % addrs.len()]` (one
+    /// address for a single server, every node's for a cluster). Never empty.
+    pub addrs: Vec<SocketAddr>,
     /// Connections, over all threads.
     pub connections: usize,
     /// Slots (requests in flight) per connection.
@@ -715,9 +716,10 @@ pub fn run_worker<B: Backend>(
     let result = poll.and_then(|mut poll| {
         let mut conns = Vec::with_capacity(ids.len());
         for (i, &id) in ids.iter().enumerate() {
+            let addr = cfg.addrs[id as usize % cfg.addrs.len()];
             let s = b
-                .connect(cfg.addr)
-                .map_err(|e| format!("connecting to {} ({}): {e}", cfg.addr, b.name()))?;
+                .connect(addr)
+                .map_err(|e| format!("connecting to {addr} ({}): {e}", b.name()))?;
             s.set_nonblocking(true).map_err(|e| e.to_string())?;
             let mut stream = TcpStream::from_std(s);
             poll.registry()

@@ -30,8 +30,10 @@ use gen::{Config, Keys, Mode, Shared, Stats};
 const USAGE: &str = "\
 usage: ticket bench [FLAGS]
 
-  --server ADDR         server address (default 127.0.0.1:7470 for ticketd,
-                        127.0.0.1:6379 for redis, 127.0.0.1:2379 for etcd)
+  --server ADDR[,ADDR]  server address (default 127.0.0.1:7470 for ticketd,
+                        127.0.0.1:6379 for redis, 127.0.0.1:2379 for etcd);
+                        ticketd takes a cluster's nodes separated by commas,
+                        connection i going to node i mod the count
   --backend NAME        ticketd | redis | etcd (default ticketd; etcd through
                         its v3 HTTP gateway, one locker per connection, depth 1)
   --connections N       connections (default 50)
@@ -48,7 +50,8 @@ usage: ticket bench [FLAGS]
   --requests N          instead of a duration: stop starting acquires after N
                         requests and end when all are answered
   --threads N           generator threads (default 1)
-  --server-pid PID      also report the server's CPU time per request
+  --server-pid PID[,PID]  also report the server's CPU time per request
+                        (a cluster's nodes together)
   --json                one JSON object on stdout instead of the text report
   --quiet               no progress line on stderr
   -h, --help            this text
@@ -69,8 +72,9 @@ pub struct Args {
     pub json: bool,
     /// No progress line.
     pub quiet: bool,
-    /// The server's pid, for CPU accounting.
-    pub server_pid: Option<u32>,
+    /// The server's processes (every node of a cluster), for CPU
+    /// accounting; empty when not asked for.
+    pub server_pids: Vec<u32>,
 }
 
 /// The services `ticket bench` can drive.
@@ -167,11 +171,12 @@ pub fn parse_args(args: Vec<String>) -> Result<Args, String> {
         BackendKind::Redis => "127.0.0.1:6379".into(),
         BackendKind::Etcd => "127.0.0.1:2379".into(),
     });
-    let addr: SocketAddr = server
-        .to_socket_addrs()
-        .map_err(|e| format!("--server: {server:?}: {e}"))?
-        .next()
-        .ok_or_else(|| format!("--server: {server:?} resolves to nothing"))?;
+    let addrs = server_addrs(&server)?;
+    if addrs.len() > 1 && backend != BackendKind::Ticketd {
+        return Err(format!(
+            "--server: {server:?}: several addresses (a cluster) are for ticketd only"
+        ));
+    }
     let connections = num(&mut p, "--connections", 1usize, 10_000)?.unwrap_or(50);
     let depth = num(&mut p, "--depth", 1usize, 256)?.unwrap_or(1);
     if backend == BackendKind::Etcd && depth != 1 {
@@ -188,7 +193,19 @@ pub fn parse_args(args: Vec<String>) -> Result<Args, String> {
     let warmup_s = num(&mut p, "--warmup", 0.0f64, 3_600.0)?;
     let requests = num(&mut p, "--requests", 1u64, 1 << 40)?;
     let threads = num(&mut p, "--threads", 1usize, 64)?.unwrap_or(1);
-    let server_pid = num(&mut p, "--server-pid", 1u32, u32::MAX)?;
+    let server_pids: Option<String> = p
+        .opt_value_from_str("--server-pid")
+        .map_err(|e| format!("--server-pid: {e}"))?;
+    let server_pids = match server_pids {
+        None => Vec::new(),
+        Some(list) => list
+            .split(',')
+            .map(|pid| match pid.trim().parse::<u32>() {
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err(format!("--server-pid: {pid:?} is not a process id")),
+            })
+            .collect::<Result<_, _>>()?,
+    };
     let json = p.contains("--json");
     let quiet = p.contains("--quiet");
     let rest = p.finish();
@@ -207,7 +224,7 @@ pub fn parse_args(args: Vec<String>) -> Result<Args, String> {
     };
     Ok(Args {
         cfg: Config {
-            addr,
+            addrs,
             connections,
             depth,
             keys,
@@ -223,8 +240,32 @@ pub fn parse_args(args: Vec<String>) -> Result<Args, String> {
         warmup: Duration::from_secs_f64(warmup_s),
         json,
         quiet,
-        server_pid,
+        server_pids,
     })
+}
+
+/// `--server`'s value: one address, or several separated by commas (the
+/// nodes of a cluster), each `HOST:PORT` resolved to its first address.
+fn server_addrs(server: &str) -> Result<Vec<SocketAddr>, String> {
+    server
+        .split(',')
+        .map(|one| {
+            one.trim()
+                .to_socket_addrs()
+                .map_err(|e| format!("--server: {one:?}: {e}"))?
+                .next()
+                .ok_or_else(|| format!("--server: {one:?} resolves to nothing"))
+        })
+        .collect()
+}
+
+/// CPU seconds used by all of `pids` together, or `None` when there are
+/// none or one cannot be read.
+fn servers_cpu_s(pids: &[u32]) -> Option<f64> {
+    if pids.is_empty() {
+        return None;
+    }
+    pids.iter().map(|&pid| process_cpu_s(pid)).sum()
 }
 
 /// CPU seconds (user + system) a process has used, from `/proc/PID/stat`.
@@ -262,7 +303,7 @@ fn run_backend<B: Backend>(b: Arc<B>, args: &Args) -> Result<Report, String> {
     // Without a warm-up, measuring starts before the first request is sent.
     let mut measure_start = if args.warmup.is_zero() {
         shared.measuring.store(true, Ordering::Relaxed);
-        Some((Instant::now(), args.server_pid.and_then(process_cpu_s)))
+        Some((Instant::now(), servers_cpu_s(&args.server_pids)))
     } else {
         None
     };
@@ -292,7 +333,7 @@ fn run_backend<B: Backend>(b: Arc<B>, args: &Args) -> Result<Report, String> {
             break;
         }
         if measure_start.is_none() && now >= warmup_end {
-            measure_start = Some((now, args.server_pid.and_then(process_cpu_s)));
+            measure_start = Some((now, servers_cpu_s(&args.server_pids)));
             shared.measuring.store(true, Ordering::Relaxed);
         }
         let next = (base + Duration::from_secs(tick)).min(end);
@@ -322,7 +363,7 @@ fn run_backend<B: Backend>(b: Arc<B>, args: &Args) -> Result<Report, String> {
         }
     }
     let stop_at = Instant::now();
-    let cpu_end = args.server_pid.and_then(process_cpu_s);
+    let cpu_end = servers_cpu_s(&args.server_pids);
     shared.stop.store(true, Ordering::Relaxed);
     let mut stats = Stats::default();
     let mut err = None;
@@ -356,13 +397,14 @@ pub fn run(args: &Args) -> Result<Report, String> {
     match args.backend {
         BackendKind::Ticketd => run_backend(Arc::new(Ticketd), args),
         BackendKind::Redis => {
-            let r = resp::Redis::new(args.cfg.addr)
-                .map_err(|e| format!("redis at {}: {e}", args.cfg.addr))?;
+            let addr = args.cfg.addrs[0];
+            let r = resp::Redis::new(addr).map_err(|e| format!("redis at {addr}: {e}"))?;
             run_backend(Arc::new(r), args)
         }
         BackendKind::Etcd => {
-            let e = etcd::Etcd::new(args.cfg.addr, args.cfg.connections)
-                .map_err(|e| format!("etcd at {}: {e}", args.cfg.addr))?;
+            let addr = args.cfg.addrs[0];
+            let e = etcd::Etcd::new(addr, args.cfg.connections)
+                .map_err(|e| format!("etcd at {addr}: {e}"))?;
             run_backend(Arc::new(e), args)
         }
     }
@@ -677,8 +719,65 @@ mod tests {
         assert_eq!(a.cfg.wait_s, 5);
         assert_eq!(a.cfg.connections, 50);
         let b = args(&["--backend", "redis", "--requests", "5"]).unwrap();
-        assert_eq!(b.cfg.addr.port(), 6379);
+        assert_eq!(b.cfg.addrs.len(), 1);
+        assert_eq!(b.cfg.addrs[0].port(), 6379);
         assert!(b.warmup.is_zero());
+    }
+
+    #[test]
+    fn a_cluster_is_several_servers_and_several_pids() {
+        let a = args(&[
+            "--server",
+            "127.0.0.1:1,127.0.0.1:2, 127.0.0.1:3",
+            "--server-pid",
+            "10,11,12",
+        ])
+        .unwrap();
+        let ports: Vec<u16> = a.cfg.addrs.iter().map(SocketAddr::port).collect();
+        assert_eq!(ports, [1, 2, 3]);
+        assert_eq!(a.server_pids, [10, 11, 12]);
+        for bad in [
+            vec!["--server", "127.0.0.1:1,"],
+            vec!["--server", "127.0.0.1:1,nowhere"],
+            vec!["--backend", "etcd", "--server", "127.0.0.1:1,127.0.0.1:2"],
+            vec!["--server-pid", "10,,12"],
+            vec!["--server-pid", "0"],
+        ] {
+            assert!(args(&bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn connections_are_spread_over_a_clusters_nodes() {
+        // Three limit servers stand in for three nodes: each must see a
+        // third of the connections' requests.
+        let mut servers = Vec::new();
+        let stop = Arc::new(AtomicBool::new(false));
+        for _ in 0..3 {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap().to_string();
+            let stop2 = Arc::clone(&stop);
+            servers.push((addr, std::thread::spawn(move || limit::serve(listener, &stop2))));
+        }
+        let list: Vec<&str> = servers.iter().map(|(a, _)| a.as_str()).collect();
+        let a = args(&[
+            "--server",
+            &list.join(","),
+            "--connections",
+            "6",
+            "--requests",
+            "600",
+            "--quiet",
+        ])
+        .unwrap();
+        let r = run(&a).unwrap();
+        stop.store(true, Ordering::Relaxed);
+        let served: Vec<u64> = servers
+            .into_iter()
+            .map(|(_, h)| h.join().unwrap().unwrap().requests)
+            .collect();
+        assert_eq!(served.iter().sum::<u64>(), r.stats.replies);
+        assert!(served.iter().all(|&n| n > 0), "{served:?}");
     }
 
     #[test]
