@@ -757,7 +757,10 @@ mod tests {
             let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             let addr = listener.local_addr().unwrap().to_string();
             let stop2 = Arc::clone(&stop);
-            servers.push((addr, std::thread::spawn(move || limit::serve(listener, &stop2))));
+            servers.push((
+                addr,
+                std::thread::spawn(move || limit::serve(listener, &stop2)),
+            ));
         }
         let list: Vec<&str> = servers.iter().map(|(a, _)| a.as_str()).collect();
         let a = args(&[
