@@ -8,6 +8,8 @@
 
 use std::fmt;
 
+use crate::proto::Request;
+
 /// A request id: the node that received the request, that node's boot epoch
 /// and a sequence number unique within the boot. A re-proposed command
 /// carries the same rid, so the state machine applies it at most once.
@@ -138,6 +140,10 @@ impl fmt::Display for DecodeError {
 
 impl std::error::Error for DecodeError {}
 
+/// The most bytes any command encodes besides its key's: tag, request id,
+/// floor, connection, owner, wait, lease and the key's length.
+const ENCODED_FIXED_MAX: usize = 1 + 24 + 8 + 8 + 8 + 1 + 1 + 4;
+
 /// Appends big-endian fields to a byte vector.
 #[derive(Debug, Default)]
 pub(crate) struct Writer {
@@ -163,6 +169,34 @@ impl Writer {
         self.u64(o.node);
         self.u64(o.epoch);
         self.u64(o.conn);
+    }
+    /// The `Acquire` or `Release` command client request `req` becomes.
+    fn request(&mut self, rid: Rid, floor: u64, conn: u64, req: &Request<'_>) {
+        match *req {
+            Request::Acquire {
+                wait_s,
+                lease_s,
+                owner,
+                key,
+            } => {
+                self.u8(TAG_ACQUIRE);
+                self.rid(rid);
+                self.u64(floor);
+                self.u64(conn);
+                self.u64(owner);
+                self.u8(wait_s);
+                self.u8(lease_s);
+                self.key(key);
+            }
+            Request::Release { token, key } => {
+                self.u8(TAG_RELEASE);
+                self.rid(rid);
+                self.u64(floor);
+                self.u64(conn);
+                self.u64(token);
+                self.key(key);
+            }
+        }
     }
     pub(crate) fn key(&mut self, k: &str) {
         // Keys are at most MAX_COMMAND_KEY_BYTES (64 KiB), so u32 always fits.
@@ -250,7 +284,17 @@ impl Command {
     /// The command's encoding, as proposed to Raft.
     #[must_use]
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = Writer::default();
+        // The fixed fields take at most 49 bytes; one allocation holds all.
+        let key_len = match self {
+            Command::Acquire { key, .. }
+            | Command::Release { key, .. }
+            | Command::Expire { key, .. }
+            | Command::WaitTimeout { key, .. } => key.len(),
+            Command::CancelWaiters { .. } => 0,
+        };
+        let mut w = Writer {
+            buf: Vec::with_capacity(ENCODED_FIXED_MAX + key_len),
+        };
         match self {
             Command::Acquire {
                 rid,
@@ -261,14 +305,13 @@ impl Command {
                 wait_s,
                 lease_s,
             } => {
-                w.u8(TAG_ACQUIRE);
-                w.rid(*rid);
-                w.u64(*floor);
-                w.u64(*conn);
-                w.u64(*owner);
-                w.u8(*wait_s);
-                w.u8(*lease_s);
-                w.key(key);
+                let req = Request::Acquire {
+                    wait_s: *wait_s,
+                    lease_s: *lease_s,
+                    owner: *owner,
+                    key,
+                };
+                w.request(*rid, *floor, *conn, &req);
             }
             Command::Release {
                 rid,
@@ -277,12 +320,8 @@ impl Command {
                 key,
                 token,
             } => {
-                w.u8(TAG_RELEASE);
-                w.rid(*rid);
-                w.u64(*floor);
-                w.u64(*conn);
-                w.u64(*token);
-                w.key(key);
+                let req = Request::Release { token: *token, key };
+                w.request(*rid, *floor, *conn, &req);
             }
             Command::Expire { key, token } => {
                 w.u8(TAG_EXPIRE);
@@ -299,6 +338,21 @@ impl Command {
                 w.origin(*origin);
             }
         }
+        w.buf
+    }
+
+    /// The encoding of the command client request `req` becomes (its
+    /// `Acquire` or `Release`, as [`Command::encode`] writes it), written
+    /// from the request's borrowed key.
+    #[must_use]
+    pub fn encode_request(rid: Rid, floor: u64, conn: u64, req: &Request<'_>) -> Vec<u8> {
+        let key = match *req {
+            Request::Acquire { key, .. } | Request::Release { key, .. } => key,
+        };
+        let mut w = Writer {
+            buf: Vec::with_capacity(ENCODED_FIXED_MAX + key.len()),
+        };
+        w.request(rid, floor, conn, req);
         w.buf
     }
 
@@ -417,6 +471,67 @@ mod tests {
     fn every_command_roundtrips() {
         for c in samples() {
             assert_eq!(Command::decode(&c.encode()), Ok(c.clone()), "{c:?}");
+        }
+    }
+
+    #[test]
+    fn encoding_takes_one_allocation_of_the_size_it_needs_at_most() {
+        for c in samples() {
+            let key_len = match &c {
+                Command::Acquire { key, .. }
+                | Command::Release { key, .. }
+                | Command::Expire { key, .. }
+                | Command::WaitTimeout { key, .. } => key.len(),
+                Command::CancelWaiters { .. } => 0,
+            };
+            let bytes = c.encode();
+            // A vector that grew past its first capacity would have more.
+            assert_eq!(bytes.capacity(), ENCODED_FIXED_MAX + key_len, "{c:?}");
+            assert!(bytes.len() <= bytes.capacity(), "{c:?}");
+        }
+        // The acquire is the largest command: it fills the bound exactly.
+        let acquire = &samples()[0];
+        let Command::Acquire { key, .. } = acquire else {
+            unreachable!()
+        };
+        assert_eq!(acquire.encode().len(), ENCODED_FIXED_MAX + key.len());
+    }
+
+    #[test]
+    fn a_client_request_encodes_as_its_command() {
+        for c in samples() {
+            let (rid, floor, conn, req) = match &c {
+                Command::Acquire {
+                    rid,
+                    floor,
+                    conn,
+                    key,
+                    owner,
+                    wait_s,
+                    lease_s,
+                } => (
+                    *rid,
+                    *floor,
+                    *conn,
+                    Request::Acquire {
+                        wait_s: *wait_s,
+                        lease_s: *lease_s,
+                        owner: *owner,
+                        key,
+                    },
+                ),
+                Command::Release {
+                    rid,
+                    floor,
+                    conn,
+                    key,
+                    token,
+                } => (*rid, *floor, *conn, Request::Release { token: *token, key }),
+                _ => continue,
+            };
+            let bytes = Command::encode_request(rid, floor, conn, &req);
+            assert_eq!(bytes, c.encode(), "{c:?}");
+            assert_eq!(Command::decode(&bytes), Ok(c.clone()));
         }
     }
 

@@ -570,30 +570,7 @@ impl<D: Disk> Node<D> {
         };
         self.unapplied.insert(seq);
         let floor = self.unapplied.first().copied().unwrap_or(seq);
-        let cmd = match req {
-            Request::Acquire {
-                wait_s,
-                lease_s,
-                owner,
-                key,
-            } => Command::Acquire {
-                rid,
-                floor,
-                conn,
-                key: key.to_owned(),
-                owner,
-                wait_s,
-                lease_s,
-            },
-            Request::Release { token, key } => Command::Release {
-                rid,
-                floor,
-                conn,
-                key: key.to_owned(),
-                token,
-            },
-        };
-        let data = cmd.encode();
+        let data = Command::encode_request(rid, floor, conn, &req);
         if !self.propose_data(Some(seq), &data) {
             self.unapplied.remove(&seq);
             self.refuse(conn, req, out);
@@ -1123,14 +1100,14 @@ impl<D: Disk> Node<D> {
                     self.unapplied.remove(&rid.seq);
                 }
             }
-            for eff in &res.effects {
+            for eff in res.effects {
                 match eff {
                     Effect::Queued {
                         key,
                         waiter,
                         wait_s,
                     } => {
-                        if mine(*waiter) {
+                        if mine(waiter) {
                             match self.pending.get_mut(&waiter.seq) {
                                 Some(p) => p.queued = true,
                                 None => {
@@ -1145,11 +1122,8 @@ impl<D: Disk> Node<D> {
                         }
                         if self.timers_ready {
                             self.push_timer(
-                                now.add_secs(u64::from(*wait_s)),
-                                Timer::Wait {
-                                    key: key.clone(),
-                                    waiter: *waiter,
-                                },
+                                now.add_secs(u64::from(wait_s)),
+                                Timer::Wait { key, waiter },
                             );
                         }
                     }
@@ -1160,11 +1134,8 @@ impl<D: Disk> Node<D> {
                     } => {
                         if self.timers_ready {
                             self.push_timer(
-                                lease_deadline(now, *lease_s),
-                                Timer::Expire {
-                                    key: key.clone(),
-                                    token: *token,
-                                },
+                                lease_deadline(now, lease_s),
+                                Timer::Expire { key, token },
                             );
                         }
                     }

@@ -349,6 +349,27 @@ fn push_record(buf: &mut Vec<u8>, kind: u8, payload: &[u8]) {
     buf.extend_from_slice(payload);
 }
 
+/// Appends one entries record to `buf`: each entry as its length (u32, big
+/// endian) and its protobuf bytes, encoded in place.
+fn push_entries_record(buf: &mut Vec<u8>, ents: &[Entry]) {
+    let start = buf.len();
+    // Length and checksum, filled in once the payload is there.
+    buf.extend_from_slice(&[0; 8]);
+    buf.push(KIND_ENTRIES);
+    for e in ents {
+        let size = e.compute_size();
+        buf.extend_from_slice(&size.to_be_bytes());
+        let mut os = protobuf::CodedOutputStream::vec(buf);
+        e.write_to_with_cached_sizes(&mut os)
+            .and_then(|()| os.flush())
+            .expect("raft entries always encode");
+    }
+    let len = u32::try_from(buf.len() - start - 8).expect("records are bounded");
+    let crc = crc32fast::hash(&buf[start + 8..]);
+    buf[start..start + 4].copy_from_slice(&len.to_be_bytes());
+    buf[start + 4..start + 8].copy_from_slice(&crc.to_be_bytes());
+}
+
 fn pb_bytes<M: protobuf::Message>(m: &M) -> Vec<u8> {
     m.write_to_bytes().expect("raft messages always encode")
 }
@@ -421,13 +442,7 @@ impl<D: Disk> Wal<D> {
         if ents.is_empty() {
             return;
         }
-        let mut payload = Vec::new();
-        for e in ents {
-            let b = pb_bytes(e);
-            payload.extend_from_slice(&u32::try_from(b.len()).expect("bounded").to_be_bytes());
-            payload.extend_from_slice(&b);
-        }
-        push_record(&mut self.staged, KIND_ENTRIES, &payload);
+        push_entries_record(&mut self.staged, ents);
         self.must_sync = true;
     }
 
@@ -564,14 +579,8 @@ impl<D: Disk> Wal<D> {
         }
         push_record(&mut buf, KIND_CONF_STATE, &pb_bytes(store.conf_state()));
         let all = store.entries_between(store.snap_index() + 1, store.last() + 1);
-        let mut ents = Vec::new();
-        for e in &all {
-            let b = pb_bytes(e);
-            ents.extend_from_slice(&u32::try_from(b.len()).expect("bounded").to_be_bytes());
-            ents.extend_from_slice(&b);
-        }
         if !all.is_empty() {
-            push_record(&mut buf, KIND_ENTRIES, &ents);
+            push_entries_record(&mut buf, &all);
         }
         push_record(&mut buf, KIND_HARD_STATE, &pb_bytes(store.hard_state()));
         // The replacement is durable and holds everything written: a sync in
@@ -1062,6 +1071,31 @@ impl Disk for MemDisk {
 mod tests {
     use super::*;
     use raft::Storage as _;
+
+    #[test]
+    fn an_entries_record_is_each_entry_length_prefixed_under_one_checksum() {
+        let ents: Vec<Entry> = (1..=3u64)
+            .map(|i| Entry {
+                index: i,
+                term: 2,
+                data: vec![i as u8; 40 * i as usize].into(),
+                ..Default::default()
+            })
+            .collect();
+        // The record spelled out: each entry's length and bytes, then the
+        // usual record header over them.
+        let mut payload = Vec::new();
+        for e in &ents {
+            let b = pb_bytes(e);
+            payload.extend_from_slice(&(b.len() as u32).to_be_bytes());
+            payload.extend_from_slice(&b);
+        }
+        let mut expected = b"before".to_vec();
+        push_record(&mut expected, KIND_ENTRIES, &payload);
+        let mut got = b"before".to_vec();
+        push_entries_record(&mut got, &ents);
+        assert_eq!(got, expected);
+    }
 
     #[test]
     fn a_started_sync_counts_only_once_polled() {
