@@ -64,6 +64,14 @@ fn five_nodes_fixed_seeds() {
 }
 
 #[test]
+fn a_forwarded_acquire_lost_again_and_again_after_the_heal_is_still_served() {
+    // In this run the random drops take node 3's liveness acquire, and its
+    // first two re-proposals, on the way to the leader: the check must wait
+    // for the re-proposal that gets through.
+    check(SimConfig::new(22726, 3));
+}
+
+#[test]
 fn a_seed_replays_exactly() {
     let a = check(SimConfig::new(42, 3));
     let b = check(SimConfig::new(42, 3));
