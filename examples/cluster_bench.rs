@@ -319,6 +319,9 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// The load generator's limit on connections.
+const MAX_CLIENTS: usize = 10_000;
+
 const USAGE: &str =
     "usage: cluster_bench [--clients N] [--seconds N] [--rounds N] [--etcd] [--no-single]";
 
@@ -340,6 +343,10 @@ fn number(args: &mut pico_args::Arguments, flag: &'static str, default: u64) -> 
 fn main() {
     let mut args = pico_args::Arguments::from_env();
     let clients = number(&mut args, "--clients", 50) as usize;
+    if clients > MAX_CLIENTS {
+        eprintln!("cluster_bench: --clients must be at most {MAX_CLIENTS}\n{USAGE}");
+        std::process::exit(2);
+    }
     let seconds = number(&mut args, "--seconds", 10);
     let rounds = number(&mut args, "--rounds", 1) as usize;
     let etcd = args.contains("--etcd");

@@ -284,7 +284,8 @@ impl Command {
     /// The command's encoding, as proposed to Raft.
     #[must_use]
     pub fn encode(&self) -> Vec<u8> {
-        // The fixed fields take at most 49 bytes; one allocation holds all.
+        // The fixed fields take at most ENCODED_FIXED_MAX bytes: one
+        // allocation holds all.
         let key_len = match self {
             Command::Acquire { key, .. }
             | Command::Release { key, .. }

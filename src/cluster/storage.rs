@@ -302,8 +302,14 @@ pub struct Identity {
     pub peers: std::collections::BTreeMap<u64, u64>,
 }
 
-/// Largest record accepted on recovery (snapshots travel inline).
-pub const MAX_RECORD_BYTES: usize = 256 << 20;
+/// Largest record accepted on recovery: any length the record's u32 field
+/// can say. Snapshots travel inline, so a big lock table makes a big
+/// record, and recovery must take back every record the log can write
+/// (cutting one as torn would lose the hard state after it). The file is
+/// read whole before the records are parsed, so a length costs no memory
+/// of its own: a record is a tear only when it does not fit in the file or
+/// fails its checksum.
+pub const MAX_RECORD_BYTES: usize = u32::MAX as usize;
 
 /// What recovery found on disk.
 #[derive(Debug)]
@@ -1279,6 +1285,35 @@ mod tests {
         assert_eq!(rec.store.latest_snapshot().data[..], b"table"[..]);
         assert_eq!(rec.store.conf_state().voters, vec![1, 2, 3]);
         assert_eq!(rec.store.hard_state().commit, 4);
+    }
+
+    #[test]
+    fn a_snapshot_bigger_than_256_mib_survives_compaction_and_restart() {
+        // A full table of long keys makes a snapshot this big. Recovery once
+        // cut records over 256 MiB as torn, and with it the conf state,
+        // entries and hard state the compacted log writes after it.
+        let disk = MemDisk::new();
+        let (mut wal, _) = Wal::open(disk.clone()).unwrap();
+        let mut s = LogStore::new();
+        s.set_conf_state(ConfState {
+            voters: vec![1, 2, 3],
+            ..ConfState::default()
+        });
+        let ents: Vec<Entry> = (1..=4).map(|i| entry(i, 3, b"e")).collect();
+        s.append(&ents).unwrap();
+        s.set_hard_state(hs(3, 2, 3));
+        let table = vec![0x5a; (256 << 20) + 1];
+        s.compact_to(3, table).unwrap();
+        wal.rewrite(&s, 9).unwrap();
+        drop(wal);
+        drop(s);
+        let (_, rec) = Wal::open(disk).unwrap();
+        assert_eq!(rec.torn_bytes, 0);
+        assert_eq!(rec.store.latest_snapshot().data.len(), (256 << 20) + 1);
+        assert_eq!(rec.store.conf_state().voters, vec![1, 2, 3]);
+        assert_eq!(rec.store.last(), 4);
+        let h = rec.store.hard_state();
+        assert_eq!((h.term, h.vote, h.commit), (3, 2, 3));
     }
 
     #[test]
