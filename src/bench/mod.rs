@@ -689,6 +689,22 @@ mod tests {
         parse_args(list.iter().map(|s| (*s).to_string()).collect())
     }
 
+    /// A limit server on a free loopback port, serving until `stop`.
+    fn limit_server(
+        stop: &Arc<AtomicBool>,
+    ) -> (
+        String,
+        std::thread::JoinHandle<std::io::Result<limit::LimitStats>>,
+    ) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let stop = Arc::clone(stop);
+        (
+            addr,
+            std::thread::spawn(move || limit::serve(listener, &stop)),
+        )
+    }
+
     #[test]
     fn bad_flags_are_named_and_exit_2() {
         for (bad, needle) in [
@@ -749,19 +765,10 @@ mod tests {
 
     #[test]
     fn connections_are_spread_over_a_clusters_nodes() {
-        // Three limit servers stand in for three nodes: each must see a
-        // third of the connections' requests.
-        let mut servers = Vec::new();
+        // Three limit servers stand in for three nodes: each must get some
+        // of the connections' requests.
         let stop = Arc::new(AtomicBool::new(false));
-        for _ in 0..3 {
-            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let addr = listener.local_addr().unwrap().to_string();
-            let stop2 = Arc::clone(&stop);
-            servers.push((
-                addr,
-                std::thread::spawn(move || limit::serve(listener, &stop2)),
-            ));
-        }
+        let servers: Vec<_> = (0..3).map(|_| limit_server(&stop)).collect();
         let list: Vec<&str> = servers.iter().map(|(a, _)| a.as_str()).collect();
         let a = args(&[
             "--server",
@@ -791,11 +798,8 @@ mod tests {
 
     #[test]
     fn a_count_bounded_cycle_run_against_the_limit_server_answers_every_request() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
         let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = Arc::clone(&stop);
-        let server = std::thread::spawn(move || limit::serve(listener, &stop2));
+        let (addr, server) = limit_server(&stop);
         let a = args(&[
             "--server",
             &addr,

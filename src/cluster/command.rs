@@ -286,13 +286,7 @@ impl Command {
     pub fn encode(&self) -> Vec<u8> {
         // The fixed fields take at most ENCODED_FIXED_MAX bytes: one
         // allocation holds all.
-        let key_len = match self {
-            Command::Acquire { key, .. }
-            | Command::Release { key, .. }
-            | Command::Expire { key, .. }
-            | Command::WaitTimeout { key, .. } => key.len(),
-            Command::CancelWaiters { .. } => 0,
-        };
+        let key_len = self.key().map_or(0, str::len);
         let mut w = Writer {
             buf: Vec::with_capacity(ENCODED_FIXED_MAX + key_len),
         };
@@ -347,11 +341,8 @@ impl Command {
     /// from the request's borrowed key.
     #[must_use]
     pub fn encode_request(rid: Rid, floor: u64, conn: u64, req: &Request<'_>) -> Vec<u8> {
-        let key = match *req {
-            Request::Acquire { key, .. } | Request::Release { key, .. } => key,
-        };
         let mut w = Writer {
-            buf: Vec::with_capacity(ENCODED_FIXED_MAX + key.len()),
+            buf: Vec::with_capacity(ENCODED_FIXED_MAX + req.key().len()),
         };
         w.request(rid, floor, conn, req);
         w.buf
@@ -417,6 +408,18 @@ impl Command {
         Ok(cmd)
     }
 
+    /// The lock name the command is about (none for `CancelWaiters`).
+    #[must_use]
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            Command::Acquire { key, .. }
+            | Command::Release { key, .. }
+            | Command::Expire { key, .. }
+            | Command::WaitTimeout { key, .. } => Some(key),
+            Command::CancelWaiters { .. } => None,
+        }
+    }
+
     /// The rid of a client command (acquire or release).
     #[must_use]
     pub fn rid(&self) -> Option<Rid> {
@@ -478,13 +481,7 @@ mod tests {
     #[test]
     fn encoding_takes_one_allocation_of_the_size_it_needs_at_most() {
         for c in samples() {
-            let key_len = match &c {
-                Command::Acquire { key, .. }
-                | Command::Release { key, .. }
-                | Command::Expire { key, .. }
-                | Command::WaitTimeout { key, .. } => key.len(),
-                Command::CancelWaiters { .. } => 0,
-            };
+            let key_len = c.key().map_or(0, str::len);
             let bytes = c.encode();
             // A vector that grew past its first capacity would have more.
             assert_eq!(bytes.capacity(), ENCODED_FIXED_MAX + key_len, "{c:?}");

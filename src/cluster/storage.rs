@@ -302,15 +302,6 @@ pub struct Identity {
     pub peers: std::collections::BTreeMap<u64, u64>,
 }
 
-/// Largest record accepted on recovery: any length the record's u32 field
-/// can say. Snapshots travel inline, so a big lock table makes a big
-/// record, and recovery must take back every record the log can write
-/// (cutting one as torn would lose the hard state after it). The file is
-/// read whole before the records are parsed, so a length costs no memory
-/// of its own: a record is a tear only when it does not fit in the file or
-/// fails its checksum.
-pub const MAX_RECORD_BYTES: usize = u32::MAX as usize;
-
 /// What recovery found on disk.
 #[derive(Debug)]
 pub struct Recovered {
@@ -396,7 +387,13 @@ impl<D: Disk> Wal<D> {
         while bytes.len() - pos >= 9 {
             let len = u32::from_be_bytes(bytes[pos..pos + 4].try_into().expect("4 bytes")) as usize;
             let crc = u32::from_be_bytes(bytes[pos + 4..pos + 8].try_into().expect("4 bytes"));
-            if len == 0 || len > MAX_RECORD_BYTES || bytes.len() - pos - 8 < len {
+            // Any length the u32 field says is taken: snapshots travel
+            // inline, so a big table makes a big record, and cutting one
+            // as torn would lose the hard state written after it. The
+            // file is already in memory, so a length costs nothing of its
+            // own: a record is a tear only when it does not fit in the
+            // file or fails its checksum.
+            if len == 0 || bytes.len() - pos - 8 < len {
                 break;
             }
             let body = &bytes[pos + 8..pos + 8 + len];
