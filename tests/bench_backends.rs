@@ -7,6 +7,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+mod common;
+
 use ticketd::bench::{self, gen::Mode, BackendKind, Report};
 use ticketd::config::Config;
 use ticketd::server::Server;
@@ -119,11 +121,7 @@ struct Redis {
 
 impl Redis {
     fn start() -> Redis {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = common::free_port();
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
@@ -201,4 +199,72 @@ fn redis_backend_locks_releases_and_polls_for_real() {
     );
     assert_eq!(c.stats.not_released, 0);
     assert!(c.fifo.is_none(), "Redis has no queue to check");
+}
+
+/// Forwards one connection to `upstream` until the first reply has been
+/// passed on, then closes it: replies are read short, and the close that
+/// follows them must still be seen.
+fn closing_proxy(upstream: SocketAddr) -> SocketAddr {
+    use std::io::{Read, Write};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let Ok((mut client, _)) = listener.accept() else {
+            return;
+        };
+        let mut server = TcpStream::connect(upstream).unwrap();
+        let mut from_client = client.try_clone().unwrap();
+        let mut to_server = server.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = from_client.read(&mut buf) {
+                if n == 0 || to_server.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut buf = [0u8; 4096];
+        // Corked, the reply and the close leave in one segment, so the
+        // client sees them in one readiness event.
+        let _ = socket2::SockRef::from(&client).set_cork(true);
+        if let Ok(n) = server.read(&mut buf) {
+            let _ = client.write_all(&buf[..n]);
+        }
+        // A shutdown, not a drop: the forwarding thread's clone would keep
+        // the socket open.
+        let _ = client.shutdown(std::net::Shutdown::Both);
+        let _ = server.shutdown(std::net::Shutdown::Both);
+    });
+    addr
+}
+
+#[test]
+fn a_server_that_closes_after_a_reply_ends_the_run_with_an_error() {
+    let server = InProcess::start();
+    let proxy = closing_proxy(server.addr).to_string();
+    let started = Instant::now();
+    let parsed = bench::parse_args(
+        [
+            "--server",
+            &proxy,
+            "--connections",
+            "1",
+            "--duration",
+            "30",
+            "--warmup",
+            "0",
+            "--quiet",
+        ]
+        .iter()
+        .map(|s| (*s).to_string())
+        .collect(),
+    )
+    .unwrap();
+    let err = bench::run(&parsed).expect_err("the close must fail the run");
+    assert!(err.contains("closed"), "unexpected error: {err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the close was noticed only after {:?}",
+        started.elapsed()
+    );
 }

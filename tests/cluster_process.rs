@@ -7,13 +7,12 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{run_ticketd, Client, NoReply, Reply, Ticketd};
+use common::{free_port, run_ticketd, Client, NoReply, Reply, Ticketd};
 
 struct Dir(PathBuf);
 
@@ -28,27 +27,6 @@ struct Cluster {
     peers: String,
     dirs: Vec<Dir>,
     nodes: Vec<Option<Ticketd>>,
-}
-
-/// A port for a node's peer listener: one that is free now, taken below
-/// the kernel's ephemeral range (32768 and up on Linux). A port the kernel
-/// hands out could be given to another test's outgoing connection between
-/// this pick and the node's bind (a node then fails with "Address already
-/// in use"); these never are. A counter keeps this process's picks apart,
-/// and the process id spreads concurrent test processes.
-fn free_port() -> u16 {
-    const FIRST: u32 = 20_000;
-    const SPAN: u32 = 12_000;
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let offset = (std::process::id() % 600) * 20;
-    for _ in 0..SPAN {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = u16::try_from(FIRST + (offset + n) % SPAN).expect("below 32000");
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port in {FIRST}..{}", FIRST + SPAN);
 }
 
 impl Cluster {
