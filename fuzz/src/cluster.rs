@@ -67,7 +67,7 @@ pub fn peer_decode(data: &[u8]) {
 fn peer_stream(mut buf: &[u8]) {
     let mut before_hello = true;
     loop {
-        let len = match frame_len(buf, before_hello) {
+        let len = match frame_len(buf, before_hello, MAX_FRAME_BYTES) {
             Err(_) => return,
             Ok(None) => {
                 if buf.len() >= 4 {
@@ -88,7 +88,7 @@ fn peer_stream(mut buf: &[u8]) {
             "first frame of {len} bytes is not hello-sized"
         );
         assert_eq!(
-            frame_len(&buf[..4 + len - 1], before_hello),
+            frame_len(&buf[..4 + len - 1], before_hello, MAX_FRAME_BYTES),
             Ok(None),
             "a strict prefix of a frame is not incomplete"
         );

@@ -83,6 +83,7 @@ pub fn parse(args: Vec<OsString>) -> Result<(Config, ClusterConfig), ConfigError
         data_dir,
         cluster_name,
         limits: config.engine.clone(),
+        max_key_bytes: config.max_key_bytes,
         tick_ms,
     };
     Ok((config, cluster))

@@ -13,6 +13,7 @@ use mio::event::Event;
 use mio::Registry;
 
 use crate::cluster::node::{raft_logger, Node, NodeConfig, NodeError};
+use crate::cluster::state::StateMachine;
 use crate::cluster::storage::FileDisk;
 use crate::cluster::transport::{hash64, LocalInfo, PeerEvent, Transport};
 use crate::engine::{ConnId, Outbox};
@@ -36,6 +37,10 @@ pub struct ClusterConfig {
     pub cluster_name: String,
     /// Lock table limits; must be equal on every node.
     pub limits: EngineLimits,
+    /// The longest key a client may send (`--max-key-bytes`); with
+    /// `limits` it sizes the largest snapshot, hence the peer frame limit.
+    /// Must be equal on every node.
+    pub max_key_bytes: usize,
     /// Milliseconds per Raft tick.
     pub tick_ms: u64,
 }
@@ -146,13 +151,16 @@ impl ClusterService {
         let mut transport =
             Transport::bind(local, listen, &cfg.peers).map_err(StartError::Listen)?;
         transport.set_election_timeout_ms(election_ms);
+        transport.set_max_frame_bytes(StateMachine::snapshot_bound(&cfg.limits, cfg.max_key_bytes));
         let describe = format!(
-            "cluster node {} of {:?}, peers on {}, data dir {}, boot epoch {}",
+            "cluster node {} of {:?}, peers on {}, data dir {}, boot epoch {}, \
+             peer frames up to {} MiB",
             cfg.id,
             voters,
             transport.local_addr().map_or(listen, |a| a),
             cfg.data_dir.display(),
-            node.epoch()
+            node.epoch(),
+            transport.max_frame_bytes().div_ceil(1 << 20)
         );
         Ok(ClusterService {
             node,

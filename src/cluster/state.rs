@@ -153,6 +153,10 @@ const NO_CONN: u64 = 0;
 /// Version 2 added each holder's request id; version 1 is still read.
 const SNAPSHOT_VERSION: u8 = 2;
 
+/// The room [`StateMachine::snapshot_bound`] leaves for the request ledger
+/// and the connection map (and a raft message's own fields around it).
+pub const SNAPSHOT_LEDGER_SLACK_BYTES: u64 = 64 << 20;
+
 /// The replicated lock table. See the module documentation.
 #[derive(Debug)]
 pub struct StateMachine {
@@ -521,6 +525,29 @@ impl StateMachine {
         }
     }
 
+    /// An upper bound on the length of [`StateMachine::snapshot`] for a
+    /// table within `limits` whose keys are at most `max_key_bytes` long:
+    /// every key registered with the longest key, every waiter queued, and
+    /// [`SNAPSHOT_LEDGER_SLACK_BYTES`] for the request ledger and the
+    /// connection map. Those two hold a few entries per node and per client
+    /// connection with requests in flight; the limits do not bound them,
+    /// but the slack covers four million entries.
+    #[must_use]
+    pub fn snapshot_bound(limits: &EngineLimits, max_key_bytes: usize) -> u64 {
+        // Header: version, next token, next engine connection and the
+        // three counts.
+        const HEADER: u64 = 1 + 8 + 8 + 4 + 4 + 4;
+        // Key length prefix, token, lease, holder's request id, waiter count.
+        const PER_KEY: u64 = 4 + 8 + 1 + 24 + 4;
+        // Request id, connection, owner, wait, lease.
+        const PER_WAITER: u64 = 24 + 8 + 8 + 1 + 1;
+        let key = PER_KEY.saturating_add(max_key_bytes as u64);
+        HEADER
+            .saturating_add((limits.max_keys as u64).saturating_mul(key))
+            .saturating_add((limits.max_waiters as u64).saturating_mul(PER_WAITER))
+            .saturating_add(SNAPSHOT_LEDGER_SLACK_BYTES)
+    }
+
     /// The table in a canonical byte form: equal states give equal bytes.
     #[must_use]
     pub fn snapshot(&self) -> Vec<u8> {
@@ -777,6 +804,51 @@ mod tests {
 
     fn kinds(a: &Applied) -> Vec<(Rid, AnswerKind)> {
         a.answers.iter().map(|x| (x.rid, x.kind)).collect()
+    }
+
+    #[test]
+    fn a_table_full_to_its_limits_snapshots_within_the_bound() {
+        let limits = EngineLimits {
+            max_keys: 40,
+            max_waiters: 80,
+            max_waiters_per_key: 2,
+            ..EngineLimits::default()
+        };
+        let max_key_bytes = 300;
+        let mut sm = StateMachine::new(limits.clone());
+        let mut index = 0;
+        let mut seq = 0;
+        let mut next = |node: u64| {
+            index += 1;
+            seq += 1;
+            (index, rid(node, seq))
+        };
+        // Every key registered with the longest key, every waiter queued,
+        // each from its own client connection.
+        for k in 0..limits.max_keys {
+            let key = format!("{k:0>300}");
+            let (i, r) = next(1);
+            let granted = sm.apply(i, &acq(r, 1_000 + k as u64, &key, 1, 0));
+            assert!(matches!(granted.answers[0].kind, AnswerKind::Acquired(_)));
+            for w in 0..limits.max_waiters_per_key {
+                let (i, r) = next(2);
+                let conn = 10_000 + (k * 10 + w) as u64;
+                assert!(sm.apply(i, &acq(r, conn, &key, 2, 9)).answers.is_empty());
+            }
+        }
+        assert_eq!(sm.key_count(), limits.max_keys);
+        assert_eq!(sm.engine.waiter_count(), limits.max_waiters);
+        sm.check();
+        let bytes = sm.snapshot().len() as u64;
+        let bound = StateMachine::snapshot_bound(&limits, max_key_bytes);
+        assert!(bytes <= bound, "{bytes} bytes over the bound {bound}");
+        // Without its slack the bound is tight: the keys and waiters alone
+        // fill it (the ledger and the connection map come on top).
+        let table = bound - SNAPSHOT_LEDGER_SLACK_BYTES;
+        assert!(bytes >= table, "{bytes} bytes, table bound {table}");
+        // Restored, it gives the same bytes.
+        let back = StateMachine::restore(limits, &sm.snapshot()).unwrap();
+        assert_eq!(back.snapshot().len() as u64, bytes);
     }
 
     #[test]

@@ -2,7 +2,11 @@
 //! mio poll loop.
 //!
 //! * **Framing**: a u32 big-endian length, then the protobuf bytes of one
-//!   raft `Message`. Frames above [`MAX_FRAME_BYTES`] close the connection.
+//!   raft `Message`. Frames above the frame limit close the connection. A
+//!   snapshot travels inline in one frame, so the service sets the limit
+//!   from the lock table's capacity ([`Transport::set_max_frame_bytes`]);
+//!   it is never below [`MAX_FRAME_BYTES`]. A frame's buffer grows only
+//!   with the bytes that arrive, never from the length a peer announces.
 //! * **Connections**: one outbound connection per peer, written only; the
 //!   connections peers open to us are read only. The first frame on every
 //!   connection is a [`Hello`] naming the cluster, the voter set, the sender
@@ -38,10 +42,14 @@ use raft::eraftpb::{Message, MessageType};
 
 use crate::time::Millis;
 
-/// Largest frame accepted or sent (snapshots travel inline).
+/// The frame limit until [`Transport::set_max_frame_bytes`] raises it, and
+/// the least it can be.
 pub const MAX_FRAME_BYTES: usize = 64 << 20;
-/// Outbound bytes buffered per peer before messages are dropped.
-pub const MAX_PEER_BUFFER_BYTES: usize = 80 << 20;
+/// Outbound bytes buffered per peer beyond one largest frame, before
+/// messages are dropped (so appends can queue behind a snapshot).
+pub const PEER_BUFFER_SLACK_BYTES: usize = 16 << 20;
+/// The largest frame length the u32 prefix can carry.
+const FRAME_LEN_CEILING: usize = u32::MAX as usize;
 /// Connections from peers accepted at once.
 pub const MAX_INBOUND: usize = 64;
 
@@ -118,12 +126,12 @@ impl Hello {
 
 /// The peer framing: the payload length of the first frame in `buf` once
 /// all of it has arrived (the frame is `buf[4..4 + len]`), `None` while it is
-/// incomplete, or why the connection must close. Before the hello
-/// (`before_hello`) only a hello-sized frame is accepted, so a stranger on
-/// the peer port cannot make us buffer a large frame. Public for the fuzz
-/// targets.
+/// incomplete, or why the connection must close (a frame over `max`). Before
+/// the hello (`before_hello`) only a hello-sized frame is accepted, so a
+/// stranger on the peer port cannot make us buffer a large frame. Public for
+/// the fuzz targets.
 #[doc(hidden)]
-pub fn frame_len(buf: &[u8], before_hello: bool) -> Result<Option<usize>, String> {
+pub fn frame_len(buf: &[u8], before_hello: bool, max: usize) -> Result<Option<usize>, String> {
     if buf.len() < 4 {
         return Ok(None);
     }
@@ -131,8 +139,8 @@ pub fn frame_len(buf: &[u8], before_hello: bool) -> Result<Option<usize>, String
     if before_hello && len != HELLO_LEN {
         return Err("the first frame is not a hello".into());
     }
-    if len > MAX_FRAME_BYTES {
-        return Err(format!("frame of {len} bytes is over the limit"));
+    if len > max {
+        return Err(format!("frame of {len} bytes is over the limit of {max}"));
     }
     if buf.len() - 4 < len {
         return Ok(None);
@@ -225,6 +233,10 @@ pub struct Transport {
     user_timeout_ms: u64,
     /// Where inbound reads land before their connection's buffer.
     scratch: Box<[u8]>,
+    /// Largest frame accepted or sent.
+    max_frame: usize,
+    /// Outbound bytes buffered per peer before messages are dropped.
+    max_peer_buffer: usize,
 }
 
 impl Transport {
@@ -267,6 +279,8 @@ impl Transport {
             connect_timeout_ms: DEFAULT_ELECTION_TIMEOUT_MS,
             user_timeout_ms: 3 * DEFAULT_ELECTION_TIMEOUT_MS,
             scratch: vec![0; READ_CHUNK].into_boxed_slice(),
+            max_frame: MAX_FRAME_BYTES,
+            max_peer_buffer: MAX_FRAME_BYTES + PEER_BUFFER_SLACK_BYTES,
         })
     }
 
@@ -276,6 +290,24 @@ impl Transport {
     pub fn set_election_timeout_ms(&mut self, ms: u64) {
         self.connect_timeout_ms = ms.max(1);
         self.user_timeout_ms = ms.max(1).saturating_mul(3);
+    }
+
+    /// Sets the largest frame sent or accepted to `bytes`, kept within
+    /// [`MAX_FRAME_BYTES`] and what the u32 length prefix can carry, and
+    /// the per-peer outbound buffer to that plus
+    /// [`PEER_BUFFER_SLACK_BYTES`]. The service passes the size of the
+    /// largest snapshot its lock table can have, so any snapshot it makes
+    /// can be shipped and any a peer with the same limits ships is taken.
+    pub fn set_max_frame_bytes(&mut self, bytes: u64) {
+        let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+        self.max_frame = bytes.clamp(MAX_FRAME_BYTES, FRAME_LEN_CEILING);
+        self.max_peer_buffer = self.max_frame.saturating_add(PEER_BUFFER_SLACK_BYTES);
+    }
+
+    /// The largest frame sent or accepted.
+    #[must_use]
+    pub fn max_frame_bytes(&self) -> usize {
+        self.max_frame
     }
 
     /// The address the peer listener is bound to.
@@ -413,13 +445,13 @@ impl Transport {
             return;
         };
         let size = m.compute_size() as usize;
-        if size > MAX_FRAME_BYTES {
+        if size > self.max_frame {
             if snapshot {
                 self.events.push(PeerEvent::Snapshot(id, false));
             }
             return;
         }
-        if p.stream.is_none() || p.buf.len() - p.cursor + size + 4 > MAX_PEER_BUFFER_BYTES {
+        if p.stream.is_none() || p.buf.len() - p.cursor + size + 4 > self.max_peer_buffer {
             if snapshot {
                 self.events.push(PeerEvent::Snapshot(id, false));
             }
@@ -682,7 +714,7 @@ impl Transport {
             if rest.len() < 4 {
                 break Ok(());
             }
-            let len = match frame_len(rest, c.peer.is_none()) {
+            let len = match frame_len(rest, c.peer.is_none(), self.max_frame) {
                 Err(e) => break Err(e),
                 Ok(None) => break Ok(()),
                 Ok(Some(len)) => len,
@@ -984,6 +1016,127 @@ mod tests {
                 .any(|e| matches!(e, PeerEvent::Message(m) if m.from == 2)),
             "{ev:?}"
         );
+    }
+
+    /// Node 2, listening, knowing node 1 (whose outbound side it never uses).
+    fn node2() -> Transport {
+        let local = LocalInfo {
+            id: 2,
+            cluster: 1,
+            voters: 1,
+            uuid: 7,
+            known: BTreeMap::new(),
+        };
+        let peers: BTreeMap<u64, SocketAddr> =
+            [(1, "127.0.0.1:9".parse().unwrap())].into_iter().collect();
+        Transport::bind(local, "127.0.0.1:0".parse().unwrap(), &peers).unwrap()
+    }
+
+    fn snapshot_msg(data_bytes: usize) -> Message {
+        let mut snap = raft::eraftpb::Snapshot {
+            data: vec![0x5a; data_bytes].into(),
+            ..Default::default()
+        };
+        snap.mut_metadata().index = 9;
+        Message {
+            snapshot: Some(snap).into(),
+            ..msg(MessageType::MsgSnapshot)
+        }
+    }
+
+    /// Sends `m` from a fresh node 1 to a fresh node 2, both with the frame
+    /// limit `limit` (None: the default), and pumps both until node 1
+    /// reports the snapshot's fate; returns that and what node 2 received.
+    fn ship(m: &Message, limit: Option<u64>) -> (Vec<PeerEvent>, Vec<PeerEvent>) {
+        let mut poll1 = mio::Poll::new().unwrap();
+        let mut poll2 = mio::Poll::new().unwrap();
+        let mut t2 = node2();
+        t2.register(poll2.registry(), 0).unwrap();
+        let mut t1 = node1(&[(2, t2.local_addr().unwrap())]);
+        t1.register(poll1.registry(), 0).unwrap();
+        if let Some(l) = limit {
+            t1.set_max_frame_bytes(l);
+            t2.set_max_frame_bytes(l);
+        }
+        t1.tick(Millis(0), poll1.registry());
+        t1.send(m);
+        let (mut ev1, mut ev2) = (Vec::new(), Vec::new());
+        let mut events = mio::Events::with_capacity(64);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
+            t1.flush(Millis(0), poll1.registry());
+            poll1
+                .poll(&mut events, Some(std::time::Duration::from_millis(1)))
+                .unwrap();
+            for e in &events {
+                t1.event(Millis(0), poll1.registry(), e);
+            }
+            poll2
+                .poll(&mut events, Some(std::time::Duration::from_millis(1)))
+                .unwrap();
+            for e in &events {
+                t2.event(Millis(0), poll2.registry(), e);
+            }
+            ev1.extend(t1.take_events());
+            ev2.extend(t2.take_events());
+            let refused = ev1
+                .iter()
+                .any(|e| matches!(e, PeerEvent::Snapshot(2, false)));
+            let written = ev1
+                .iter()
+                .any(|e| matches!(e, PeerEvent::Snapshot(2, true)));
+            let arrived = ev2.iter().any(|e| matches!(e, PeerEvent::Message(_)));
+            if refused || (written && arrived) {
+                break;
+            }
+        }
+        (ev1, ev2)
+    }
+
+    #[test]
+    fn a_snapshot_over_the_default_frame_limit_travels_once_the_limit_is_raised() {
+        let big = snapshot_msg(MAX_FRAME_BYTES + (1 << 20));
+        // Under the default limit it is refused at once, before any byte.
+        let (ev1, ev2) = ship(&big, None);
+        assert!(
+            matches!(ev1.as_slice(), [PeerEvent::Snapshot(2, false)]),
+            "{ev1:?}"
+        );
+        assert!(ev2.iter().all(|e| !matches!(e, PeerEvent::Message(_))));
+        // Sized for a table that big, both ends take it whole.
+        let (ev1, ev2) = ship(&big, Some(96 << 20));
+        assert!(
+            ev1.iter()
+                .any(|e| matches!(e, PeerEvent::Snapshot(2, true))),
+            "{ev1:?}"
+        );
+        let got = ev2
+            .iter()
+            .find_map(|e| match e {
+                PeerEvent::Message(m) => Some(m),
+                _ => None,
+            })
+            .expect("node 2 received the snapshot");
+        assert_eq!(got.get_snapshot().get_metadata().index, 9);
+        assert_eq!(got.get_snapshot().data.len(), MAX_FRAME_BYTES + (1 << 20));
+        assert!(got.get_snapshot().data.iter().all(|b| *b == 0x5a));
+    }
+
+    #[test]
+    fn the_frame_limit_stays_within_its_floor_and_the_length_prefix() {
+        let mut t = node2();
+        t.set_max_frame_bytes(1);
+        assert_eq!(t.max_frame_bytes(), MAX_FRAME_BYTES);
+        t.set_max_frame_bytes(u64::MAX);
+        assert_eq!(t.max_frame_bytes(), u32::MAX as usize);
+        t.set_max_frame_bytes(200 << 20);
+        assert_eq!(t.max_frame_bytes(), 200 << 20);
+        // Frames over the limit close the connection; the hello rule holds.
+        let mut frame = (100u32 << 20).to_be_bytes().to_vec();
+        frame.push(0);
+        assert!(frame_len(&frame, false, MAX_FRAME_BYTES).is_err());
+        assert_eq!(frame_len(&frame, false, 200 << 20), Ok(None));
+        assert!(frame_len(&frame, true, 200 << 20).is_err());
     }
 
     #[test]
