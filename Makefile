@@ -80,17 +80,20 @@ FIRST ?= 1
 sim: sim-single
 	SIM_SEEDS=$(SEEDS) SIM_FIRST=$(FIRST) $(CARGO) test --release --test cluster_sim many_seeds -- --nocapture
 
-# Lock cycles/s of a 3-node cluster (fsync on) against one etcd node and
-# one single-mode ticketd (the ceiling), same client count, rounds
-# interleaved: `make bench-cluster CLIENTS=50 BENCH_SECONDS=10 BENCH_ROUNDS=3`.
+# Lock cycles/s of a 3-node cluster (fsync on) against one etcd node (driven
+# through its JSON gateway and through its own gRPC client, bench/etcd-native,
+# which needs protoc: apt-get install protobuf-compiler) and one single-mode
+# ticketd (the ceiling), same client count, rounds interleaved:
+# `make bench-cluster CLIENTS=50 BENCH_SECONDS=10 BENCH_ROUNDS=3`.
 CLIENTS ?= 50
 BENCH_SECONDS ?= 10
 BENCH_ROUNDS ?= 3
 .PHONY: bench-cluster
 bench-cluster:
 	$(CARGO) build --release --bin ticketd --example cluster_bench
+	$(CARGO) build --release --manifest-path bench/etcd-native/Cargo.toml
 	./target/release/examples/cluster_bench --clients $(CLIENTS) --seconds $(BENCH_SECONDS) \
-	  --rounds $(BENCH_ROUNDS) --etcd
+	  --rounds $(BENCH_ROUNDS) --etcd --etcd-native bench/etcd-native/target/release/etcd-native-bench
 # Single-mode simulation over SEEDS seeds: from FIRST when given on the
 # command line, else from a seed taken from the clock (printed).
 .PHONY: sim-single

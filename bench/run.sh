@@ -54,6 +54,8 @@ need_apt=()
 command -v redis-server >/dev/null || need_apt+=(redis-server)
 command -v etcd >/dev/null || need_apt+=(etcd-server)
 command -v valgrind >/dev/null || need_apt+=(valgrind)
+# protoc builds etcd's gRPC client (bench/etcd-native) for the cluster part.
+[[ -n ${BENCH_SKIP_CLUSTER:-} ]] || command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
 if ((${#need_apt[@]})); then
     log "installing ${need_apt[*]}"
     apt-get update -qq
@@ -327,7 +329,11 @@ echo "raw results: $OUT/*.json"
 if [[ -z ${BENCH_SKIP_CLUSTER:-} ]]; then
     echo
     echo "cluster: 3 ticketd nodes (fsync on) vs one etcd node, ${BENCH_CLUSTER_CLIENTS:-50} lockers"
+    log "building etcd's native gRPC client driver (bench/etcd-native)"
+    cargo build --release --quiet --manifest-path bench/etcd-native/Cargo.toml
     ./target/release/examples/cluster_bench --clients "${BENCH_CLUSTER_CLIENTS:-50}" \
-        --seconds "$SECS" --rounds "$ROUNDS" --etcd | sed -n '/^-- median\|^-- one/,$p'
+        --seconds "$SECS" --rounds "$ROUNDS" --etcd \
+        --etcd-native bench/etcd-native/target/release/etcd-native-bench |
+        sed -n '/^-- median\|^-- one/,$p'
     echo "target: cluster / etcd >= 10"
 fi

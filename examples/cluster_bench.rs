@@ -9,13 +9,20 @@
 //! lock API etcd users call, through etcd's JSON gateway). Prints cycles/s,
 //! request latency percentiles and the servers' CPU time per request.
 //!
+//! With `--etcd-native DRIVER`, a fresh etcd is also driven through its own
+//! gRPC client (`bench/etcd-native`, a separate project: tokio, tonic and
+//! protoc stay out of ticketd): the same lock API, one client, connection
+//! and lease per locker, as etcd users lock. Its ratio is the one to quote.
+//!
 //! The same lockers then run against one single-mode ticketd (no
 //! replication, no disk): no cluster can beat that on the same machine, so
 //! it is the ceiling the cluster's figure is read against (skip it with
 //! `--no-single`).
 //!
 //!     cargo build --release && cargo run --release --example cluster_bench -- \
-//!         [--clients 50] [--seconds 10] [--rounds 1] [--etcd] [--no-single]
+//!         [--clients 50] [--seconds 10] [--rounds 1] [--etcd]
+//!         [--etcd-native bench/etcd-native/target/release/etcd-native-bench]
+//!         [--no-single]
 //!
 //! Needs the release `ticketd` binary (target/release/ticketd, or the path
 //! in `$CB_BIN`, to compare two builds) and, with `--etcd`, `etcd` on the
@@ -261,7 +268,9 @@ fn bench_single(bin: &Path, clients: usize, seconds: u64) -> f64 {
 
 // ---- etcd ---------------------------------------------------------------
 
-fn bench_etcd(clients: usize, seconds: u64) -> f64 {
+/// A fresh single etcd node on free loopback ports, fsync on (its
+/// default), and its data directory.
+fn start_etcd() -> (Proc, SocketAddr, PathBuf) {
     let dir = temp_dir("etcd");
     let cport = free_port();
     let pport = free_port();
@@ -296,9 +305,16 @@ fn bench_etcd(clients: usize, seconds: u64) -> f64 {
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_millis(500));
+    (etcd, addr, dir)
+}
+
+/// etcd's lock API through its JSON gateway, driven by the shared load
+/// generator.
+fn bench_etcd(clients: usize, seconds: u64) -> f64 {
+    let (etcd, addr, dir) = start_etcd();
     let pids = [etcd.0.id()];
     let rate = drive(
-        "etcd single node (lock API)",
+        "etcd single node (lock API, JSON gateway)",
         "etcd",
         &[addr],
         &pids,
@@ -307,6 +323,54 @@ fn bench_etcd(clients: usize, seconds: u64) -> f64 {
     );
     drop(etcd);
     let _ = std::fs::remove_dir_all(dir);
+    rate
+}
+
+/// A number field of the one-line JSON object `json`.
+fn json_number(json: &str, field: &str) -> Option<f64> {
+    let at = json.find(&format!("\"{field}\":"))? + field.len() + 3;
+    let rest = &json[at..];
+    let end = rest.find([',', '}']).unwrap_or(rest.len());
+    rest[..end].trim().parse().ok()
+}
+
+/// etcd's lock API through etcd's own gRPC client (`bench/etcd-native`,
+/// the binary at `driver`): one client, one connection and one lease per
+/// locker, as etcd users lock.
+fn bench_etcd_native(driver: &Path, clients: usize, seconds: u64) -> f64 {
+    let (etcd, addr, dir) = start_etcd();
+    let out = Command::new(driver)
+        .args(["--server", &addr.to_string()])
+        .args(["--lockers", &clients.to_string()])
+        .args(["--seconds", &seconds.to_string(), "--warmup", "1"])
+        .args(["--server-pid", &etcd.0.id().to_string()])
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", driver.display()));
+    drop(etcd);
+    let _ = std::fs::remove_dir_all(dir);
+    let json = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{} failed ({}): {json}",
+        driver.display(),
+        out.status
+    );
+    let field = |f: &str| {
+        json_number(&json, f).unwrap_or_else(|| panic!("no {f} in the driver's output: {json}"))
+    };
+    let rate = field("cycles_per_s");
+    let cpu = json_number(&json, "server_cpu_us_per_request").map_or(String::new(), |us| {
+        format!(", server CPU {us:.1} us/request")
+    });
+    println!(
+        "etcd single node (lock API, native gRPC client): {clients} lockers, {:.0} lock \
+         cycles in {seconds} s = {rate:.0} cycles/s; request latency p50 {:.0} us, \
+         p99 {:.0} us{cpu}",
+        field("cycles"),
+        field("p50_us"),
+        field("p99_us"),
+    );
     rate
 }
 
@@ -322,8 +386,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// The load generator's limit on connections.
 const MAX_CLIENTS: usize = 10_000;
 
-const USAGE: &str =
-    "usage: cluster_bench [--clients N] [--seconds N] [--rounds N] [--etcd] [--no-single]";
+const USAGE: &str = "usage: cluster_bench [--clients N] [--seconds N] [--rounds N] [--etcd] \
+                     [--etcd-native DRIVER] [--no-single]";
 
 /// A positive number flag, or exit 2 with a clear message.
 fn number(args: &mut pico_args::Arguments, flag: &'static str, default: u64) -> u64 {
@@ -350,6 +414,23 @@ fn main() {
     let seconds = number(&mut args, "--seconds", 10);
     let rounds = number(&mut args, "--rounds", 1) as usize;
     let etcd = args.contains("--etcd");
+    let native: Option<PathBuf> = match args.opt_value_from_str("--etcd-native") {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("cluster_bench: {e}\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    if let Some(d) = &native {
+        if !d.is_file() {
+            eprintln!(
+                "cluster_bench: --etcd-native {}: no such file (build it with \
+                 cargo build --release --manifest-path bench/etcd-native/Cargo.toml)",
+                d.display()
+            );
+            std::process::exit(2);
+        }
+    }
     let single = !args.contains("--no-single");
     let rest = args.finish();
     if !rest.is_empty() {
@@ -361,6 +442,7 @@ fn main() {
     // weighs on each of them alike; each ratio is taken within its round.
     let (mut ours, mut ceiling, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
     let (mut vs_single, mut vs_etcd, mut single_vs_etcd) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut theirs_native, mut vs_native) = (Vec::new(), Vec::new());
     for round in 1..=rounds {
         if rounds > 1 {
             println!("-- round {round} of {rounds}");
@@ -368,6 +450,11 @@ fn main() {
         let o = bench_cluster(&bin, clients, seconds);
         let c = single.then(|| bench_single(&bin, clients, seconds));
         let e = etcd.then(|| bench_etcd(clients, seconds));
+        if let Some(d) = &native {
+            let n = bench_etcd_native(d, clients, seconds);
+            theirs_native.push(n);
+            vs_native.push(o / n);
+        }
         ours.push(o);
         if let Some(c) = c {
             ceiling.push(c);
@@ -392,7 +479,13 @@ fn main() {
         println!("single-mode ticketd:      {:.0} cycles/s", median(ceiling));
     }
     if etcd {
-        println!("etcd single node:         {:.0} cycles/s", median(theirs));
+        println!("etcd, JSON gateway:       {:.0} cycles/s", median(theirs));
+    }
+    if native.is_some() {
+        println!(
+            "etcd, native gRPC client: {:.0} cycles/s",
+            median(theirs_native)
+        );
     }
     if single {
         println!(
@@ -400,8 +493,17 @@ fn main() {
             median(vs_single)
         );
     }
+    if native.is_some() {
+        println!(
+            "ratio: cluster / etcd (native gRPC client) = {:.1}x",
+            median(vs_native)
+        );
+    }
     if etcd {
-        println!("ratio: cluster / etcd = {:.1}x", median(vs_etcd));
+        println!(
+            "ratio: cluster / etcd (JSON gateway) = {:.1}x",
+            median(vs_etcd)
+        );
         if single {
             println!(
                 "ratio: single-mode ticketd / etcd = {:.1}x",

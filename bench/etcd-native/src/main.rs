@@ -1,0 +1,215 @@
+//! Lock cycles against etcd through its native gRPC API, the way etcd users
+//! lock: one client (one connection) and one lease per locker, then
+//! `Lock(name, lease)` and `Unlock(key)` on etcd's lock service, over and
+//! over, each locker on its own name (no contention: every cycle measures
+//! the two replicated writes, as ticketd's uncontended cycle does).
+//!
+//! Prints one JSON object: cycles/s, requests/s, request latency
+//! percentiles and, with `--server-pid`, etcd's CPU time per request.
+//!
+//!     etcd-native-bench [--server 127.0.0.1:2379] [--lockers 50]
+//!                       [--seconds 10] [--warmup 1] [--server-pid PID]
+//!     etcd-native-bench [--server 127.0.0.1:2379] --count-keys
+//!
+//! `--count-keys` prints how many keys etcd holds (a check that every lock
+//! was given back) and exits.
+
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, GetOptions, LockOptions};
+
+struct Args {
+    server: String,
+    lockers: usize,
+    seconds: u64,
+    warmup: u64,
+    server_pid: Option<u32>,
+    count_keys: bool,
+}
+
+const USAGE: &str = "usage: etcd-native-bench [--server HOST:PORT] [--lockers N] \
+                     [--seconds S] [--warmup S] [--server-pid PID] | [--count-keys]";
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        server: "127.0.0.1:2379".into(),
+        lockers: 50,
+        seconds: 10,
+        warmup: 1,
+        server_pid: None,
+        count_keys: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        let number = |v: String, flag: &str| -> Result<u64, String> {
+            v.parse::<u64>()
+                .map_err(|_| format!("{flag}: {v:?} is not a whole number"))
+        };
+        match flag.as_str() {
+            "--server" => a.server = value()?,
+            "--lockers" => a.lockers = number(value()?, "--lockers")? as usize,
+            "--seconds" => a.seconds = number(value()?, "--seconds")?,
+            "--warmup" => a.warmup = number(value()?, "--warmup")?,
+            "--server-pid" => a.server_pid = Some(number(value()?, "--server-pid")? as u32),
+            "--count-keys" => a.count_keys = true,
+            "-h" | "--help" => return Err(USAGE.into()),
+            other => return Err(format!("unknown flag {other}\n{USAGE}")),
+        }
+    }
+    if a.lockers == 0 || a.lockers > 10_000 {
+        return Err("--lockers must be 1..=10000".into());
+    }
+    if a.seconds == 0 || a.seconds > 3_600 {
+        return Err("--seconds must be 1..=3600".into());
+    }
+    Ok(a)
+}
+
+/// utime + stime of `pid`, in seconds.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which ends at the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+struct Tally {
+    cycles: u64,
+    latencies_us: Vec<u32>,
+}
+
+async fn locker(
+    server: String,
+    id: usize,
+    measure_from: Instant,
+    end: Instant,
+) -> Result<Tally, String> {
+    let mut client = Client::connect([server.as_str()], None)
+        .await
+        .map_err(|e| format!("locker {id}: connect: {e}"))?;
+    let lease = client
+        .lease_grant(600, None)
+        .await
+        .map_err(|e| format!("locker {id}: lease grant: {e}"))?
+        .id();
+    let name = format!("bench/{id:06}");
+    let mut tally = Tally {
+        cycles: 0,
+        latencies_us: Vec::new(),
+    };
+    while Instant::now() < end {
+        let t0 = Instant::now();
+        let held = client
+            .lock(name.as_str(), Some(LockOptions::new().with_lease(lease)))
+            .await
+            .map_err(|e| format!("locker {id}: lock: {e}"))?;
+        let t1 = Instant::now();
+        client
+            .unlock(held.key())
+            .await
+            .map_err(|e| format!("locker {id}: unlock: {e}"))?;
+        let t2 = Instant::now();
+        if t0 >= measure_from && t2 <= end {
+            tally.cycles += 1;
+            tally.latencies_us.push((t1 - t0).as_micros() as u32);
+            tally.latencies_us.push((t2 - t1).as_micros() as u32);
+        }
+    }
+    let _ = client.lease_revoke(lease).await;
+    Ok(tally)
+}
+
+fn percentile(sorted: &[u32], p: f64) -> u32 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    if args.count_keys {
+        let counted = rt.block_on(async {
+            let mut client = Client::connect([args.server.as_str()], None).await?;
+            let opts = GetOptions::new().with_all_keys().with_count_only();
+            Ok::<_, etcd_client::Error>(client.get("", Some(opts)).await?.count())
+        });
+        match counted {
+            Ok(n) => println!("{n}"),
+            Err(e) => {
+                eprintln!("etcd-native-bench: counting keys: {e}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
+    let result = rt.block_on(async {
+        let start = Instant::now();
+        let measure_from = start + Duration::from_secs(args.warmup) + Duration::from_millis(500);
+        let end = measure_from + Duration::from_secs(args.seconds);
+        let tasks: Vec<_> = (0..args.lockers)
+            .map(|id| tokio::spawn(locker(args.server.clone(), id, measure_from, end)))
+            .collect();
+        let cpu0 = async {
+            tokio::time::sleep_until(measure_from.into()).await;
+            args.server_pid.and_then(cpu_seconds)
+        }
+        .await;
+        let mut total = Tally {
+            cycles: 0,
+            latencies_us: Vec::new(),
+        };
+        for t in tasks {
+            let t = t.await.map_err(|e| format!("a locker failed: {e}"))??;
+            total.cycles += t.cycles;
+            total.latencies_us.extend(t.latencies_us);
+        }
+        let cpu1 = args.server_pid.and_then(cpu_seconds);
+        Ok::<_, String>((total, cpu0.zip(cpu1).map(|(a, b)| b - a)))
+    });
+    let (mut total, cpu) = match result {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("etcd-native-bench: {e}");
+            std::process::exit(1);
+        }
+    };
+    if total.cycles == 0 {
+        eprintln!("etcd-native-bench: no lock cycle completed");
+        std::process::exit(1);
+    }
+    total.latencies_us.sort_unstable();
+    let secs = args.seconds as f64;
+    let requests = 2 * total.cycles;
+    let cpu_us = cpu.map_or("null".to_string(), |c| {
+        format!("{:.1}", c * 1e6 / requests as f64)
+    });
+    println!(
+        "{{\"lockers\":{},\"seconds\":{},\"cycles\":{},\"cycles_per_s\":{:.1},\
+         \"requests_per_s\":{:.1},\"p50_us\":{},\"p99_us\":{},\"p999_us\":{},\
+         \"server_cpu_us_per_request\":{}}}",
+        args.lockers,
+        args.seconds,
+        total.cycles,
+        total.cycles as f64 / secs,
+        requests as f64 / secs,
+        percentile(&total.latencies_us, 0.5),
+        percentile(&total.latencies_us, 0.99),
+        percentile(&total.latencies_us, 0.999),
+        cpu_us
+    );
+}
