@@ -201,9 +201,10 @@ fn redis_backend_locks_releases_and_polls_for_real() {
     assert!(c.fifo.is_none(), "Redis has no queue to check");
 }
 
-/// Forwards one connection to `upstream` until the first reply has been
-/// passed on, then closes it: replies are read short, and the close that
-/// follows them must still be seen.
+/// Forwards one connection to `upstream`; after the first reply it closes
+/// its sending side, in the same segment as the reply, and goes on taking
+/// what the client sends (so the client's next request draws no reset: the
+/// close is the only sign, and it came with the reply's readiness event).
 fn closing_proxy(upstream: SocketAddr) -> SocketAddr {
     use std::io::{Read, Write};
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -230,10 +231,9 @@ fn closing_proxy(upstream: SocketAddr) -> SocketAddr {
         if let Ok(n) = server.read(&mut buf) {
             let _ = client.write_all(&buf[..n]);
         }
-        // A shutdown, not a drop: the forwarding thread's clone would keep
-        // the socket open.
-        let _ = client.shutdown(std::net::Shutdown::Both);
-        let _ = server.shutdown(std::net::Shutdown::Both);
+        // A shutdown, not a drop: the forwarding thread's clone keeps the
+        // socket open, and its reading side stays open.
+        let _ = client.shutdown(std::net::Shutdown::Write);
     });
     addr
 }

@@ -151,7 +151,17 @@ impl ClusterService {
         let mut transport =
             Transport::bind(local, listen, &cfg.peers).map_err(StartError::Listen)?;
         transport.set_election_timeout_ms(election_ms);
-        transport.set_max_frame_bytes(StateMachine::snapshot_bound(&cfg.limits, cfg.max_key_bytes));
+        let snapshot_bound = StateMachine::snapshot_bound(&cfg.limits, cfg.max_key_bytes);
+        transport.set_max_frame_bytes(snapshot_bound);
+        if snapshot_bound > transport.max_frame_bytes() as u64 {
+            log::warn!(
+                "these limits allow a lock table whose snapshot (up to {} MiB) is over the \
+                 {} MiB a peer frame can carry: a follower that needs such a snapshot \
+                 cannot catch up until the table shrinks",
+                snapshot_bound.div_ceil(1 << 20),
+                transport.max_frame_bytes().div_ceil(1 << 20)
+            );
+        }
         let describe = format!(
             "cluster node {} of {:?}, peers on {}, data dir {}, boot epoch {}, \
              peer frames up to {} MiB",

@@ -531,7 +531,8 @@ impl StateMachine {
     /// [`SNAPSHOT_LEDGER_SLACK_BYTES`] for the request ledger and the
     /// connection map. Those two hold a few entries per node and per client
     /// connection with requests in flight; the limits do not bound them,
-    /// but the slack covers four million entries.
+    /// but the slack covers two million connections or eight million
+    /// request ids.
     #[must_use]
     pub fn snapshot_bound(limits: &EngineLimits, max_key_bytes: usize) -> u64 {
         // Header: version, next token, next engine connection and the

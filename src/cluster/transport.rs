@@ -50,6 +50,18 @@ pub const MAX_FRAME_BYTES: usize = 64 << 20;
 pub const PEER_BUFFER_SLACK_BYTES: usize = 16 << 20;
 /// The largest frame length the u32 prefix can carry.
 const FRAME_LEN_CEILING: usize = u32::MAX as usize;
+/// A buffer emptied with more capacity than this gives it back, so that
+/// one snapshot does not pin its size for the life of the process.
+const KEEP_BUFFER_BYTES: usize = 4 << 20;
+
+/// Empties `buf`, giving its memory back when a large frame grew it.
+fn reset_buffer(buf: &mut Vec<u8>) {
+    if buf.capacity() > KEEP_BUFFER_BYTES {
+        *buf = Vec::new();
+    } else {
+        buf.clear();
+    }
+}
 /// Connections from peers accepted at once.
 pub const MAX_INBOUND: usize = 64;
 
@@ -429,7 +441,7 @@ impl Transport {
         for _ in p.snaps.drain(..) {
             self.events.push(PeerEvent::Snapshot(id, false));
         }
-        p.buf.clear();
+        reset_buffer(&mut p.buf);
         p.cursor = 0;
         p.connected = false;
         p.retry_at = now.add_ms(p.backoff_ms);
@@ -444,7 +456,14 @@ impl Transport {
         let Some(p) = self.peers.get_mut(&id) else {
             return;
         };
-        let size = m.compute_size() as usize;
+        // protobuf 2 counts sizes in a u32: a snapshot whose data alone is
+        // over the limit is refused before it could wrap that count.
+        let too_big = m.get_snapshot().get_data().len() > self.max_frame;
+        let size = if too_big {
+            usize::MAX
+        } else {
+            m.compute_size() as usize
+        };
         if size > self.max_frame {
             if snapshot {
                 self.events.push(PeerEvent::Snapshot(id, false));
@@ -460,7 +479,7 @@ impl Transport {
         }
         // Reclaim written bytes before growing.
         if p.cursor > 0 && p.cursor == p.buf.len() {
-            p.buf.clear();
+            reset_buffer(&mut p.buf);
             p.cursor = 0;
             p.snaps.clear();
         }
@@ -517,7 +536,7 @@ impl Transport {
             self.events.push(PeerEvent::Snapshot(id, true));
         }
         if p.cursor == p.buf.len() {
-            p.buf.clear();
+            reset_buffer(&mut p.buf);
             p.cursor = 0;
         } else if p.cursor > (1 << 20) && p.cursor * 2 > p.buf.len() {
             p.buf.drain(..p.cursor);
@@ -744,6 +763,9 @@ impl Transport {
         };
         if let Some(c) = self.inbound.get_mut(key) {
             c.rbuf.drain(..used);
+            if c.rbuf.is_empty() {
+                reset_buffer(&mut c.rbuf);
+            }
         }
         result
     }
@@ -1087,6 +1109,12 @@ mod tests {
                 .any(|e| matches!(e, PeerEvent::Snapshot(2, true)));
             let arrived = ev2.iter().any(|e| matches!(e, PeerEvent::Message(_)));
             if refused || (written && arrived) {
+                // Neither end keeps a snapshot-sized buffer once it is
+                // through.
+                assert!(t1.peers[&2].buf.capacity() <= KEEP_BUFFER_BYTES);
+                for (_, c) in &t2.inbound {
+                    assert!(c.rbuf.capacity() <= KEEP_BUFFER_BYTES);
+                }
                 break;
             }
         }
@@ -1095,6 +1123,16 @@ mod tests {
 
     #[test]
     fn a_snapshot_over_the_default_frame_limit_travels_once_the_limit_is_raised() {
+        // Refused by its data's length alone, whatever else it holds.
+        let mut t = node2();
+        t.send(&Message {
+            to: 1,
+            ..snapshot_msg(MAX_FRAME_BYTES + 1)
+        });
+        assert!(matches!(
+            t.take_events().as_slice(),
+            [PeerEvent::Snapshot(1, false)]
+        ));
         let big = snapshot_msg(MAX_FRAME_BYTES + (1 << 20));
         // Under the default limit it is refused at once, before any byte.
         let (ev1, ev2) = ship(&big, None);

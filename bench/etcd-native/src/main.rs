@@ -5,7 +5,10 @@
 //! the two replicated writes, as ticketd's uncontended cycle does).
 //!
 //! Prints one JSON object: cycles/s, requests/s, request latency
-//! percentiles and, with `--server-pid`, etcd's CPU time per request.
+//! percentiles, the lock keys left behind (counted before the leases are
+//! revoked, which would delete them: anything but 0 is an unlock that did
+//! not happen) and, with `--server-pid`, etcd's CPU time per request over
+//! the measured window.
 //!
 //!     etcd-native-bench [--server 127.0.0.1:2379] [--lockers 50]
 //!                       [--seconds 10] [--warmup 1] [--server-pid PID]
@@ -79,6 +82,7 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
 struct Tally {
     cycles: u64,
     latencies_us: Vec<u32>,
+    lease: i64,
 }
 
 async fn locker(
@@ -99,6 +103,7 @@ async fn locker(
     let mut tally = Tally {
         cycles: 0,
         latencies_us: Vec::new(),
+        lease,
     };
     while Instant::now() < end {
         let t0 = Instant::now();
@@ -118,7 +123,6 @@ async fn locker(
             tally.latencies_us.push((t2 - t1).as_micros() as u32);
         }
     }
-    let _ = client.lease_revoke(lease).await;
     Ok(tally)
 }
 
@@ -164,24 +168,46 @@ fn main() {
         let tasks: Vec<_> = (0..args.lockers)
             .map(|id| tokio::spawn(locker(args.server.clone(), id, measure_from, end)))
             .collect();
-        let cpu0 = async {
-            tokio::time::sleep_until(measure_from.into()).await;
-            args.server_pid.and_then(cpu_seconds)
-        }
-        .await;
+        // etcd's CPU time at both ends of the measured window.
+        let pid = args.server_pid;
+        let cpu_at = |at: Instant| {
+            tokio::spawn(async move {
+                tokio::time::sleep_until(at.into()).await;
+                pid.and_then(cpu_seconds)
+            })
+        };
+        let (cpu0, cpu1) = (cpu_at(measure_from), cpu_at(end));
         let mut total = Tally {
             cycles: 0,
             latencies_us: Vec::new(),
+            lease: 0,
         };
+        let mut leases = Vec::new();
         for t in tasks {
             let t = t.await.map_err(|e| format!("a locker failed: {e}"))??;
             total.cycles += t.cycles;
             total.latencies_us.extend(t.latencies_us);
+            leases.push(t.lease);
         }
-        let cpu1 = args.server_pid.and_then(cpu_seconds);
-        Ok::<_, String>((total, cpu0.zip(cpu1).map(|(a, b)| b - a)))
+        let joined = |r: Result<Option<f64>, _>| r.ok().flatten();
+        let cpu = joined(cpu0.await)
+            .zip(joined(cpu1.await))
+            .map(|(a, b)| b - a);
+        let mut client = Client::connect([args.server.as_str()], None)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        let opts = GetOptions::new().with_prefix().with_count_only();
+        let left = client
+            .get("bench/", Some(opts))
+            .await
+            .map_err(|e| format!("counting lock keys: {e}"))?
+            .count();
+        for lease in leases {
+            let _ = client.lease_revoke(lease).await;
+        }
+        Ok::<_, String>((total, cpu, left))
     });
-    let (mut total, cpu) = match result {
+    let (mut total, cpu, keys_left) = match result {
         Ok(r) => r,
         Err(e) => {
             eprintln!("etcd-native-bench: {e}");
@@ -201,7 +227,7 @@ fn main() {
     println!(
         "{{\"lockers\":{},\"seconds\":{},\"cycles\":{},\"cycles_per_s\":{:.1},\
          \"requests_per_s\":{:.1},\"p50_us\":{},\"p99_us\":{},\"p999_us\":{},\
-         \"server_cpu_us_per_request\":{}}}",
+         \"keys_left\":{},\"server_cpu_us_per_request\":{}}}",
         args.lockers,
         args.seconds,
         total.cycles,
@@ -210,6 +236,7 @@ fn main() {
         percentile(&total.latencies_us, 0.5),
         percentile(&total.latencies_us, 0.99),
         percentile(&total.latencies_us, 0.999),
+        keys_left,
         cpu_us
     );
 }
