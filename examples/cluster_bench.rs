@@ -48,12 +48,23 @@ impl Drop for Proc {
     }
 }
 
+/// A loopback port that is free now, below the kernel's ephemeral range
+/// (32768 and up on Linux): a port the kernel hands out could be taken by
+/// an outgoing connection between this pick and the server's bind.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 22_000;
+    const SPAN: u32 = 10_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let offset = std::process::id() % SPAN;
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = u16::try_from(FIRST + (offset + n) % SPAN).expect("below 32000");
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {FIRST}..{}", FIRST + SPAN);
 }
 
 fn temp_dir(name: &str) -> PathBuf {
