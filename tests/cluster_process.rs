@@ -420,3 +420,39 @@ fn garbage_on_the_peer_port_changes_nothing() {
     assert!(matches!(a.release_reply("g", t1), Reply::Released { .. }));
     assert!(cluster.node(0).log().contains("peer connection from"));
 }
+
+#[test]
+fn the_peer_frame_limit_follows_the_lock_table_limits() {
+    // (extra flags, what the start-up log must say)
+    let cases: [(&[&str], &str); 3] = [
+        (&[], "peer frames up to 1084 MiB"),
+        (
+            &["--max-keys", "1000", "--max-key-bytes", "64"],
+            "peer frames up to 69 MiB",
+        ),
+        // Over what the u32 frame length carries: capped, and said so.
+        (&["--max-keys", "5000000"], "peer frame can carry"),
+    ];
+    for (i, (extra, expect)) in cases.into_iter().enumerate() {
+        let dir =
+            Dir(std::env::temp_dir()
+                .join(format!("ticketd-cluster-frames-{}-{i}", std::process::id())));
+        let _ = std::fs::remove_dir_all(&dir.0);
+        let peers = format!(
+            "1=127.0.0.1:{},2=127.0.0.1:{},3=127.0.0.1:{}",
+            free_port(),
+            free_port(),
+            free_port()
+        );
+        let data_dir = dir.0.display().to_string();
+        let mut args = vec!["--cluster", "--id", "1", "--peers", &peers];
+        args.extend(["--data-dir", &data_dir, "--listen", "127.0.0.1:0"]);
+        args.extend(extra);
+        let node = Ticketd::start_raw(&[], &args);
+        assert!(
+            node.wait_for_log(expect, Duration::from_secs(10)),
+            "{extra:?}: no {expect:?} in:\n{}",
+            node.log()
+        );
+    }
+}
