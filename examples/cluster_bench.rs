@@ -31,7 +31,7 @@
 //! killed when it ends.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -48,23 +48,8 @@ impl Drop for Proc {
     }
 }
 
-/// A loopback port that is free now, below the kernel's ephemeral range
-/// (32768 and up on Linux): a port the kernel hands out could be taken by
-/// an outgoing connection between this pick and the server's bind.
 fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    const FIRST: u32 = 22_000;
-    const SPAN: u32 = 10_000;
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let offset = std::process::id() % SPAN;
-    for _ in 0..SPAN {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = u16::try_from(FIRST + (offset + n) % SPAN).expect("below 32000");
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port in {FIRST}..{}", FIRST + SPAN);
+    bench::free_loopback_port().expect("a free loopback port")
 }
 
 fn temp_dir(name: &str) -> PathBuf {

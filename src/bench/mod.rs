@@ -282,6 +282,31 @@ pub fn process_cpu_s(pid: u32) -> Option<f64> {
     Some((utime + stime) as f64 / 100.0)
 }
 
+/// A loopback port that is free now, for a server a benchmark or a test is
+/// about to start, taken below the kernel's ephemeral range (32768 and up
+/// on Linux): a port the kernel hands out could be given to an outgoing
+/// connection between this pick and the server's bind (which then fails
+/// with "Address already in use"); these never are. A counter keeps one
+/// process's picks apart, and the process id spreads concurrent processes.
+pub fn free_loopback_port() -> std::io::Result<u16> {
+    use std::sync::atomic::AtomicU32;
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let offset = (std::process::id() % 600) * 20;
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = u16::try_from(FIRST + (offset + n) % SPAN).unwrap_or(u16::MAX);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AddrInUse,
+        format!("no free loopback port in {FIRST}..{}", FIRST + SPAN),
+    ))
+}
+
 /// The outcome of one run.
 #[derive(Debug)]
 pub struct Report {

@@ -12,10 +12,9 @@
 #![allow(dead_code)] // each test file uses a different part of it
 
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -428,23 +427,8 @@ impl Client {
     }
 }
 
-/// A loopback port for a server the test starts: one that is free now,
-/// taken below the kernel's ephemeral range (32768 and up on Linux). A port
-/// the kernel hands out could be given to another test's outgoing
-/// connection between this pick and the server's bind (which then fails
-/// with "Address already in use"); these never are. A counter keeps this process's picks apart,
-/// and the process id spreads concurrent test processes.
+/// A loopback port for a server the test starts
+/// ([`ticketd::bench::free_loopback_port`]: below the ephemeral range).
 pub fn free_port() -> u16 {
-    const FIRST: u32 = 20_000;
-    const SPAN: u32 = 12_000;
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let offset = (std::process::id() % 600) * 20;
-    for _ in 0..SPAN {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = u16::try_from(FIRST + (offset + n) % SPAN).expect("below 32000");
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port in {FIRST}..{}", FIRST + SPAN);
+    ticketd::bench::free_loopback_port().expect("a free loopback port")
 }
