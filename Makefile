@@ -90,7 +90,7 @@ BENCH_SECONDS ?= 10
 BENCH_ROUNDS ?= 3
 .PHONY: bench-cluster
 bench-cluster:
-	$(CARGO) build --release --bin ticketd --example cluster_bench
+	$(CARGO) build --release --bin ticketd --example cluster_bench --example cluster_limit_server
 	$(CARGO) build --release --manifest-path bench/etcd-native/Cargo.toml
 	./target/release/examples/cluster_bench --clients $(CLIENTS) --seconds $(BENCH_SECONDS) \
 	  --rounds $(BENCH_ROUNDS) --etcd --etcd-native bench/etcd-native/target/release/etcd-native-bench

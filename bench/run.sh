@@ -63,7 +63,7 @@ if ((${#need_apt[@]})); then
 fi
 
 log "building release binaries"
-cargo build --release --quiet --bin ticketd --example ticket_bench --example limit_server --example cluster_bench
+cargo build --release --quiet --bin ticketd --example ticket_bench --example limit_server --example cluster_bench --example cluster_limit_server
 TICKETD=target/release/ticketd
 BENCH=target/release/examples/ticket_bench
 LIMIT=target/release/examples/limit_server

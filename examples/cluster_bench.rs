@@ -14,19 +14,33 @@
 //! protoc stay out of ticketd): the same lock API, one client, connection
 //! and lease per locker, as etcd users lock. Its ratio is the one to quote.
 //!
-//! The same lockers then run against one single-mode ticketd (no
-//! replication, no disk): no cluster can beat that on the same machine, so
-//! it is the ceiling the cluster's figure is read against (skip it with
-//! `--no-single`).
+//! The same lockers then run against two ceilings (skip them with
+//! `--no-single` and `--no-cluster-limit`):
 //!
-//!     cargo build --release && cargo run --release --example cluster_bench -- \
-//!         [--clients 50] [--seconds 10] [--rounds 1] [--etcd]
-//!         [--etcd-native bench/etcd-native/target/release/etcd-native-bench]
-//!         [--no-single]
+//! * one single-mode ticketd (no replication, no disk): no cluster can beat
+//!   that on the same machine;
+//! * the cluster limit (`examples/cluster_limit_server.rs`): three
+//!   processes that answer ticketd's protocol only once two of them hold
+//!   each request on disk, with no consensus and no lock table behind it,
+//!   every locker on its fixed leader. It is the most a three-node service
+//!   with fsync on does here, so its ratio to etcd bounds what any such
+//!   cluster can show against etcd on this machine.
+//!
+//! Build and run:
+//!
+//! ```text
+//! cargo build --release --bin ticketd --example cluster_bench \
+//!     --example cluster_limit_server
+//! target/release/examples/cluster_bench \
+//!     [--clients 50] [--seconds 10] [--rounds 1] [--etcd]
+//!     [--etcd-native bench/etcd-native/target/release/etcd-native-bench]
+//!     [--no-single] [--no-cluster-limit]
+//! ```
 //!
 //! Needs the release `ticketd` binary (target/release/ticketd, or the path
-//! in `$CB_BIN`, to compare two builds) and, with `--etcd`, `etcd` on the
-//! PATH. Data directories go under the system temporary directory
+//! in `$CB_BIN`, to compare two builds), `cluster_limit_server` next to
+//! this program unless `--no-cluster-limit` and, with `--etcd`, `etcd` on
+//! the PATH. Data directories go under the system temporary directory
 //! (`$TMPDIR`). Everything runs on loopback; the processes it starts are
 //! killed when it ends.
 
@@ -184,11 +198,17 @@ fn start_ticketd(bin: &Path, args: &[String]) -> (Proc, SocketAddr) {
 /// Waits until a lock can be taken through `addr` (a cluster has elected
 /// a leader and applied its first entry).
 fn wait_ready(addr: SocketAddr) {
-    let mut c = Conn {
-        s: TcpStream::connect(addr).unwrap(),
-        buf: Vec::new(),
-    };
     let t0 = Instant::now();
+    let s = loop {
+        match TcpStream::connect(addr) {
+            Ok(s) => break s,
+            Err(e) => {
+                assert!(t0.elapsed() < Duration::from_secs(20), "{addr}: {e}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    };
+    let mut c = Conn { s, buf: Vec::new() };
     loop {
         let (k, t) = c.call(Request::Acquire {
             wait_s: 0,
@@ -260,6 +280,55 @@ fn bench_single(bin: &Path, clients: usize, seconds: u64) -> f64 {
         clients,
         seconds,
     )
+}
+
+/// The cluster limit: two followers and a leader of
+/// `cluster_limit_server` (the binary at `limit`), every locker on the
+/// leader.
+fn bench_cluster_limit(limit: &Path, clients: usize, seconds: u64) -> f64 {
+    let dir = temp_dir("cluster-limit");
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        panic!("create {}: {e}", dir.display());
+    }
+    let spawn = |args: &[String]| {
+        Proc(
+            Command::new(limit)
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .unwrap_or_else(|e| panic!("run {}: {e}", limit.display())),
+        )
+    };
+    let log = |name: &str| dir.join(name).display().to_string();
+    let f: Vec<String> = (0..2)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let followers: Vec<Proc> = (0..2)
+        .map(|i| spawn(&["follower".into(), f[i].clone(), log(&format!("f{i}.log"))]))
+        .collect();
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let leader = spawn(&[
+        "leader".into(),
+        addr.to_string(),
+        log("leader.log"),
+        f.join(","),
+    ]);
+    wait_ready(addr);
+    let pids = [leader.0.id(), followers[0].0.id(), followers[1].0.id()];
+    let rate = drive(
+        "cluster limit (3 processes, fsync on, no consensus, no lock table)",
+        "ticketd",
+        &[addr],
+        &pids,
+        clients,
+        seconds,
+    );
+    drop(leader);
+    drop(followers);
+    let _ = std::fs::remove_dir_all(dir);
+    rate
 }
 
 // ---- etcd ---------------------------------------------------------------
@@ -383,7 +452,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 const MAX_CLIENTS: usize = 10_000;
 
 const USAGE: &str = "usage: cluster_bench [--clients N] [--seconds N] [--rounds N] [--etcd] \
-                     [--etcd-native DRIVER] [--no-single]";
+                     [--etcd-native DRIVER] [--no-single] [--no-cluster-limit]";
 
 /// A positive number flag, or exit 2 with a clear message.
 fn number(args: &mut pico_args::Arguments, flag: &'static str, default: u64) -> u64 {
@@ -428,6 +497,24 @@ fn main() {
         }
     }
     let single = !args.contains("--no-single");
+    let limit = if args.contains("--no-cluster-limit") {
+        None
+    } else {
+        let p = std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent().map(|d| d.join("cluster_limit_server")));
+        match p {
+            Some(p) if p.is_file() => Some(p),
+            _ => {
+                eprintln!(
+                    "cluster_bench: cluster_limit_server is not built next to this program \
+                     (cargo build --release --example cluster_limit_server), or pass \
+                     --no-cluster-limit"
+                );
+                std::process::exit(2);
+            }
+        }
+    };
     let rest = args.finish();
     if !rest.is_empty() {
         eprintln!("cluster_bench: unexpected {rest:?}\n{USAGE}");
@@ -439,17 +526,28 @@ fn main() {
     let (mut ours, mut ceiling, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
     let (mut vs_single, mut vs_etcd, mut single_vs_etcd) = (Vec::new(), Vec::new(), Vec::new());
     let (mut theirs_native, mut vs_native) = (Vec::new(), Vec::new());
+    let (mut limits, mut vs_limit, mut limit_vs_native) = (Vec::new(), Vec::new(), Vec::new());
     for round in 1..=rounds {
         if rounds > 1 {
             println!("-- round {round} of {rounds}");
         }
         let o = bench_cluster(&bin, clients, seconds);
         let c = single.then(|| bench_single(&bin, clients, seconds));
+        let l = limit
+            .as_ref()
+            .map(|p| bench_cluster_limit(p, clients, seconds));
+        if let Some(l) = l {
+            limits.push(l);
+            vs_limit.push(o / l);
+        }
         let e = etcd.then(|| bench_etcd(clients, seconds));
         if let Some(d) = &native {
             let n = bench_etcd_native(d, clients, seconds);
             theirs_native.push(n);
             vs_native.push(o / n);
+            if let Some(l) = l {
+                limit_vs_native.push(l / n);
+            }
         }
         ours.push(o);
         if let Some(c) = c {
@@ -474,6 +572,9 @@ fn main() {
     if single {
         println!("single-mode ticketd:      {:.0} cycles/s", median(ceiling));
     }
+    if limit.is_some() {
+        println!("cluster limit:            {:.0} cycles/s", median(limits));
+    }
     if etcd {
         println!("etcd, JSON gateway:       {:.0} cycles/s", median(theirs));
     }
@@ -489,11 +590,20 @@ fn main() {
             median(vs_single)
         );
     }
+    if limit.is_some() {
+        println!("ratio: cluster / cluster limit = {:.2}x", median(vs_limit));
+    }
     if native.is_some() {
         println!(
             "ratio: cluster / etcd (native gRPC client) = {:.1}x",
             median(vs_native)
         );
+        if limit.is_some() {
+            println!(
+                "ratio: cluster limit / etcd (native gRPC client) = {:.1}x",
+                median(limit_vs_native)
+            );
+        }
     }
     if etcd {
         println!(

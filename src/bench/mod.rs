@@ -12,6 +12,7 @@
 //! and leave the other core to the server under test.
 
 pub mod backend;
+pub mod cluster_limit;
 pub mod etcd;
 pub mod gen;
 pub mod hist;
