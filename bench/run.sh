@@ -323,9 +323,11 @@ row "stripped binary bytes" "$SIZE_DEFAULT" "" "" "" "" "" "without default feat
 echo "raw results: $OUT/*.json"
 
 # ---------------------------------------------------------------- cluster
-# A 3-node ticketd cluster (fsync on) against one etcd node, lock cycles/s
-# with the same lockers, and one single-mode ticketd (no replication, no
-# disk) as the ceiling; the three interleaved in each round.
+# A 3-node ticketd cluster (fsync on) against one etcd node (through its
+# JSON gateway and its own gRPC client), lock cycles/s with the same
+# lockers, with two ceilings: one single-mode ticketd (no replication, no
+# disk) and the cluster limit (three processes that answer once two of them
+# hold a request on disk, nothing more); the five interleaved in each round.
 if [[ -z ${BENCH_SKIP_CLUSTER:-} ]]; then
     echo
     echo "cluster: 3 ticketd nodes (fsync on) vs one etcd node, ${BENCH_CLUSTER_CLIENTS:-50} lockers"

@@ -22,9 +22,10 @@
 //! * the cluster limit (`examples/cluster_limit_server.rs`): three
 //!   processes that answer ticketd's protocol only once two of them hold
 //!   each request on disk, with no consensus and no lock table behind it,
-//!   every locker on its fixed leader. It is the most a three-node service
-//!   with fsync on does here, so its ratio to etcd bounds what any such
-//!   cluster can show against etcd on this machine.
+//!   every locker on its fixed leader. It is the most a three-node,
+//!   fsync-on service built like ticketd's cluster does here, so its ratio
+//!   to etcd bounds what such a cluster can show against etcd on this
+//!   machine.
 //!
 //! Build and run:
 //!
@@ -38,8 +39,9 @@
 //! ```
 //!
 //! Needs the release `ticketd` binary (target/release/ticketd, or the path
-//! in `$CB_BIN`, to compare two builds), `cluster_limit_server` next to
-//! this program unless `--no-cluster-limit` and, with `--etcd`, `etcd` on
+//! in `$CB_BIN`, to compare two builds), `cluster_limit_server` (next to
+//! this program, or the path in `$CB_LIMIT`) unless `--no-cluster-limit`
+//! and, with `--etcd`, `etcd` on
 //! the PATH. Data directories go under the system temporary directory
 //! (`$TMPDIR`). Everything runs on loopback; the processes it starts are
 //! killed when it ends.
@@ -208,6 +210,8 @@ fn wait_ready(addr: SocketAddr) {
             }
         }
     };
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("set a read timeout");
     let mut c = Conn { s, buf: Vec::new() };
     loop {
         let (k, t) = c.call(Request::Acquire {
@@ -284,7 +288,9 @@ fn bench_single(bin: &Path, clients: usize, seconds: u64) -> f64 {
 
 /// The cluster limit: two followers and a leader of
 /// `cluster_limit_server` (the binary at `limit`), every locker on the
-/// leader.
+/// leader. Afterwards the leader is stopped with SIGTERM (the followers end
+/// with its connection) and each node's `fdatasync` count and mean time
+/// are printed.
 fn bench_cluster_limit(limit: &Path, clients: usize, seconds: u64) -> f64 {
     let dir = temp_dir("cluster-limit");
     if let Err(e) = std::fs::create_dir_all(&dir) {
@@ -295,7 +301,7 @@ fn bench_cluster_limit(limit: &Path, clients: usize, seconds: u64) -> f64 {
             Command::new(limit)
                 .args(args)
                 .stdin(Stdio::null())
-                .stdout(Stdio::null())
+                .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
                 .spawn()
                 .unwrap_or_else(|e| panic!("run {}: {e}", limit.display())),
@@ -305,11 +311,11 @@ fn bench_cluster_limit(limit: &Path, clients: usize, seconds: u64) -> f64 {
     let f: Vec<String> = (0..2)
         .map(|_| format!("127.0.0.1:{}", free_port()))
         .collect();
-    let followers: Vec<Proc> = (0..2)
+    let mut followers: Vec<Proc> = (0..2)
         .map(|i| spawn(&["follower".into(), f[i].clone(), log(&format!("f{i}.log"))]))
         .collect();
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let leader = spawn(&[
+    let mut leader = spawn(&[
         "leader".into(),
         addr.to_string(),
         log("leader.log"),
@@ -325,6 +331,19 @@ fn bench_cluster_limit(limit: &Path, clients: usize, seconds: u64) -> f64 {
         clients,
         seconds,
     );
+    // SAFETY: kill(2) on a child's pid, which it cannot outlive unwaited.
+    let pid = i32::try_from(leader.0.id()).expect("a pid fits in i32");
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    for p in std::iter::once(&mut leader).chain(followers.iter_mut()) {
+        let mut out = String::new();
+        if let Some(mut o) = p.0.stdout.take() {
+            let _ = o.read_to_string(&mut out);
+        }
+        let _ = p.0.wait();
+        if let Some(line) = out.lines().find(|l| l.contains("fdatasync")) {
+            println!("  {line}");
+        }
+    }
     drop(leader);
     drop(followers);
     let _ = std::fs::remove_dir_all(dir);
@@ -497,29 +516,35 @@ fn main() {
         }
     }
     let single = !args.contains("--no-single");
-    let limit = if args.contains("--no-cluster-limit") {
-        None
-    } else {
-        let p = std::env::current_exe()
-            .ok()
-            .and_then(|e| e.parent().map(|d| d.join("cluster_limit_server")));
-        match p {
-            Some(p) if p.is_file() => Some(p),
-            _ => {
-                eprintln!(
-                    "cluster_bench: cluster_limit_server is not built next to this program \
-                     (cargo build --release --example cluster_limit_server), or pass \
-                     --no-cluster-limit"
-                );
-                std::process::exit(2);
-            }
-        }
-    };
+    let no_limit = args.contains("--no-cluster-limit");
     let rest = args.finish();
     if !rest.is_empty() {
         eprintln!("cluster_bench: unexpected {rest:?}\n{USAGE}");
         std::process::exit(2);
     }
+    // The cluster limit's server: `$CB_LIMIT`, or the one built next to
+    // this program.
+    let limit = if no_limit {
+        None
+    } else {
+        let p = std::env::var_os("CB_LIMIT").map(PathBuf::from).or_else(|| {
+            std::env::current_exe()
+                .ok()
+                .and_then(|e| e.parent().map(|d| d.join("cluster_limit_server")))
+        });
+        match p {
+            Some(p) if p.is_file() => Some(p),
+            p => {
+                eprintln!(
+                    "cluster_bench: no cluster limit server at {} (cargo build --release \
+                     --example cluster_limit_server, or set CB_LIMIT, or pass \
+                     --no-cluster-limit)",
+                    p.map_or("?".into(), |p| p.display().to_string())
+                );
+                std::process::exit(2);
+            }
+        }
+    };
     let bin = PathBuf::from(std::env::var("CB_BIN").unwrap_or("target/release/ticketd".into()));
     // Rounds interleave the systems, so that a machine whose load drifts
     // weighs on each of them alike; each ratio is taken within its round.
@@ -527,6 +552,7 @@ fn main() {
     let (mut vs_single, mut vs_etcd, mut single_vs_etcd) = (Vec::new(), Vec::new(), Vec::new());
     let (mut theirs_native, mut vs_native) = (Vec::new(), Vec::new());
     let (mut limits, mut vs_limit, mut limit_vs_native) = (Vec::new(), Vec::new(), Vec::new());
+    let mut limit_vs_etcd = Vec::new();
     for round in 1..=rounds {
         if rounds > 1 {
             println!("-- round {round} of {rounds}");
@@ -557,6 +583,9 @@ fn main() {
         if let Some(e) = e {
             theirs.push(e);
             vs_etcd.push(o / e);
+            if let Some(l) = l {
+                limit_vs_etcd.push(l / e);
+            }
             if let Some(c) = c {
                 single_vs_etcd.push(c / e);
             }
@@ -610,6 +639,12 @@ fn main() {
             "ratio: cluster / etcd (JSON gateway) = {:.1}x",
             median(vs_etcd)
         );
+        if limit.is_some() {
+            println!(
+                "ratio: cluster limit / etcd (JSON gateway) = {:.1}x",
+                median(limit_vs_etcd)
+            );
+        }
         if single {
             println!(
                 "ratio: single-mode ticketd / etcd = {:.1}x",

@@ -16,7 +16,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -26,7 +26,7 @@ use mio::{Events, Interest, Poll, Token};
 
 use super::backend::{Backend, Outcome};
 use super::hist::Histogram;
-use super::{make_read_room, set_write_interest, READ_CHUNK_BYTES};
+use super::{make_read_room, READ_CHUNK_BYTES};
 
 /// Every key the generator makes is this long (the 24-byte keys).
 pub const KEY_BYTES: usize = 24;
@@ -443,26 +443,13 @@ impl<B: Backend> Worker<'_, B> {
     /// Writes until the buffer is empty or the socket is full.
     fn flush(&mut self, c: usize, poll: &Poll) -> io::Result<()> {
         let conn = &mut self.conns[c];
-        while conn.wpos < conn.wbuf.len() {
-            match conn.stream.write(&conn.wbuf[conn.wpos..]) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => conn.wpos += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        let leftover = conn.wpos < conn.wbuf.len();
-        if !leftover {
-            conn.wbuf.clear();
-            conn.wpos = 0;
-        }
-        set_write_interest(
+        super::conn::flush_buffer(
             poll.registry(),
             &mut conn.stream,
             Token(c),
+            &mut conn.wbuf,
+            &mut conn.wpos,
             &mut conn.want_write,
-            leftover,
         )
     }
 

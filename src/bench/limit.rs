@@ -7,15 +7,14 @@
 //! most any server of this protocol can do here, so ticketd's distance to it
 //! is what the lock engine costs.
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
-use super::{make_read_room, set_write_interest};
+use super::conn::BufferedConn;
 use crate::limits::DEFAULT_MAX_KEY_BYTES;
 use crate::proto::{self, Decoded, Reply, Request};
 
@@ -24,25 +23,6 @@ const LISTENER: Token = Token(usize::MAX - 1);
 const MAX_PENDING_REPLY_BYTES: usize = 4 << 20;
 /// Read at most this much from one connection per turn, for fairness.
 const READ_PER_TURN_BYTES: usize = 256 * 1024;
-struct Conn {
-    stream: mio::net::TcpStream,
-    /// Read buffer, zeroed once when it grows; `rstart..rend` is unparsed.
-    rbuf: Vec<u8>,
-    rstart: usize,
-    rend: usize,
-    wbuf: Vec<u8>,
-    wpos: usize,
-    want_write: bool,
-    /// Unread input may remain in the socket (fairness cap or back-pressure).
-    more_to_read: bool,
-    /// A readiness event said there is input (or a close) not yet read.
-    readable: bool,
-    /// Read until `WouldBlock` even after a short read: set on accept and
-    /// when an event reported the peer's close or an error, whose edge has
-    /// then been consumed and will not come again (ticketd's rule).
-    drain: bool,
-}
-
 /// Counts what the limit server answered.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LimitStats {
@@ -57,88 +37,39 @@ enum Step {
     Close,
 }
 
-/// Reads and answers what `conn` has sent. Like ticketd, it stops after a
-/// short read: with edge-triggered epoll any byte that arrives later raises
-/// a new edge, so the read that would only say `WouldBlock` is skipped (one
-/// system call less per request at pipeline depth 1), unless `drain` says
-/// a close or error was reported whose edge will not come again.
-fn read_and_answer(conn: &mut Conn, next_token: &mut u64, stats: &mut LimitStats) -> Step {
-    let mut read_bytes = 0;
-    conn.more_to_read = false;
+/// Reads and answers what `conn` has sent (see [`BufferedConn::fill`] for
+/// when it stops reading).
+fn read_and_answer(conn: &mut BufferedConn, next_token: &mut u64, stats: &mut LimitStats) -> Step {
+    match conn.fill(READ_PER_TURN_BYTES, MAX_PENDING_REPLY_BYTES) {
+        Ok(true) => {}
+        Ok(false) | Err(_) => return Step::Close,
+    }
+    let mut at = conn.rstart;
     loop {
-        if !conn.readable {
-            return Step::Open;
-        }
-        if conn.wbuf.len() - conn.wpos > MAX_PENDING_REPLY_BYTES
-            || read_bytes >= READ_PER_TURN_BYTES
-        {
-            conn.more_to_read = true;
-            return Step::Open;
-        }
-        make_read_room(&mut conn.rbuf, &mut conn.rstart, &mut conn.rend);
-        let rend = conn.rend;
-        let offered = conn.rbuf.len() - rend;
-        match conn.stream.read(&mut conn.rbuf[rend..]) {
-            Ok(0) => return Step::Close,
-            Ok(n) => {
-                if n < offered && !conn.drain {
-                    conn.readable = false;
-                }
-                read_bytes += n;
-                conn.rend += n;
-                let mut at = conn.rstart;
-                loop {
-                    match proto::decode_request(&conn.rbuf[at..conn.rend], DEFAULT_MAX_KEY_BYTES) {
-                        Decoded::Incomplete => break,
-                        Decoded::Malformed(_) => return Step::Close,
-                        Decoded::Frame { frame, used } => {
-                            at += used;
-                            stats.requests += 1;
-                            let reply = match frame {
-                                Request::Acquire { owner, key, .. } => {
-                                    *next_token += 1;
-                                    Reply::Acquired {
-                                        token: *next_token,
-                                        owner,
-                                        key,
-                                    }
-                                }
-                                Request::Release { token, key } => Reply::Released { token, key },
-                            };
-                            proto::encode_reply(&reply, &mut conn.wbuf);
+        match proto::decode_request(&conn.rbuf[at..conn.rend], DEFAULT_MAX_KEY_BYTES) {
+            Decoded::Incomplete => break,
+            Decoded::Malformed(_) => return Step::Close,
+            Decoded::Frame { frame, used } => {
+                at += used;
+                stats.requests += 1;
+                let reply = match frame {
+                    Request::Acquire { owner, key, .. } => {
+                        *next_token += 1;
+                        Reply::Acquired {
+                            token: *next_token,
+                            owner,
+                            key,
                         }
                     }
-                }
-                conn.rstart = at;
-                if conn.rstart == conn.rend {
-                    conn.rstart = 0;
-                    conn.rend = 0;
-                }
+                    Request::Release { token, key } => Reply::Released { token, key },
+                };
+                proto::encode_reply(&reply, &mut conn.wbuf);
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                conn.readable = false;
-                conn.drain = false;
-                return Step::Open;
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => return Step::Close,
         }
     }
-}
-
-fn flush(conn: &mut Conn) -> io::Result<()> {
-    while conn.wpos < conn.wbuf.len() {
-        match conn.stream.write(&conn.wbuf[conn.wpos..]) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => conn.wpos += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    conn.wbuf.clear();
-    conn.wpos = 0;
-    Ok(())
+    let used = at - conn.rstart;
+    conn.consumed(used);
+    Step::Open
 }
 
 /// Serves `listener` until `stop` is set (checked at least every 100 ms, and
@@ -149,25 +80,16 @@ pub fn serve(listener: TcpListener, stop: &AtomicBool) -> io::Result<LimitStats>
     let mut poll = Poll::new()?;
     poll.registry()
         .register(&mut listener, LISTENER, Interest::READABLE)?;
-    let mut conns: Slab<Conn> = Slab::new();
+    let mut conns: Slab<BufferedConn> = Slab::new();
     let mut events = Events::with_capacity(1024);
     let mut stats = LimitStats::default();
     let mut next_token = 0u64;
     let mut touched: Vec<usize> = Vec::new();
     let mut to_close: Vec<usize> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
-        // A connection held back by the fairness cap is served again without
-        // waiting for a new edge.
         let backlog = conns.iter().any(|(_, c)| c.more_to_read);
-        let timeout = if backlog {
-            Duration::ZERO
-        } else {
-            Duration::from_millis(100)
-        };
-        match poll.poll(&mut events, Some(timeout)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
+        if !super::conn::wait(&mut poll, &mut events, backlog)? {
+            continue;
         }
         touched.clear();
         for ev in &events {
@@ -183,18 +105,7 @@ pub fn serve(listener: TcpListener, stop: &AtomicBool) -> io::Result<LimitStats>
                                 Token(key),
                                 Interest::READABLE,
                             )?;
-                            entry.insert(Conn {
-                                stream,
-                                rbuf: Vec::new(),
-                                rstart: 0,
-                                rend: 0,
-                                wbuf: Vec::new(),
-                                wpos: 0,
-                                want_write: false,
-                                more_to_read: false,
-                                readable: false,
-                                drain: true,
-                            });
+                            entry.insert(BufferedConn::new(stream));
                             stats.connections += 1;
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -204,12 +115,7 @@ pub fn serve(listener: TcpListener, stop: &AtomicBool) -> io::Result<LimitStats>
                     }
                 }
             } else if let Some(c) = conns.get_mut(ev.token().0) {
-                if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
-                    c.readable = true;
-                    if ev.is_read_closed() || ev.is_error() {
-                        c.drain = true;
-                    }
-                }
+                c.note_event(ev);
                 touched.push(ev.token().0);
             }
         }
@@ -226,18 +132,9 @@ pub fn serve(listener: TcpListener, stop: &AtomicBool) -> io::Result<LimitStats>
                 to_close.push(k);
                 continue;
             }
-            if flush(conn).is_err() {
+            if conn.flush(poll.registry(), Token(k)).is_err() {
                 to_close.push(k);
-                continue;
             }
-            let want = conn.wpos < conn.wbuf.len();
-            set_write_interest(
-                poll.registry(),
-                &mut conn.stream,
-                Token(k),
-                &mut conn.want_write,
-                want,
-            )?;
         }
         for k in to_close.drain(..) {
             let mut c = conns.remove(k);
@@ -250,7 +147,9 @@ pub fn serve(listener: TcpListener, stop: &AtomicBool) -> io::Result<LimitStats>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
     use std::sync::Arc;
+    use std::time::Duration;
 
     type Running = std::thread::JoinHandle<io::Result<LimitStats>>;
 

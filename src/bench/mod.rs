@@ -13,6 +13,7 @@
 
 pub mod backend;
 pub mod cluster_limit;
+mod conn;
 pub mod etcd;
 pub mod gen;
 pub mod hist;
