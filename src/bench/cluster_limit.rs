@@ -921,16 +921,26 @@ mod tests {
     /// after the batch was written is over.
     #[test]
     fn a_follower_acknowledges_only_what_a_finished_sync_covered() {
-        let delay = Duration::from_millis(300);
+        let delay = Duration::from_millis(600);
         let (addr, follower) = start_follower("slowfollower", delay);
         let mut leader = TcpStream::connect(addr).unwrap();
         leader
             .set_read_timeout(Some(Duration::from_secs(10)))
             .unwrap();
-        let sent = Instant::now();
         send_batch(&mut leader, 1, b"first");
-        // Batch 2 arrives while the sync for batch 1 is under way.
-        std::thread::sleep(Duration::from_millis(100));
+        // Once batch 1 is in the file, its sync is asked for; batch 2
+        // arrives while that sync is under way.
+        let path = log_path("slowfollower");
+        let t0 = Instant::now();
+        while !std::fs::read(&path).is_ok_and(|d| d.starts_with(b"first")) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "batch 1 never written"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let written = Instant::now();
+        std::thread::sleep(Duration::from_millis(200));
         send_batch(&mut leader, 2, b"second");
         assert_eq!(
             read_ack(&mut leader),
@@ -938,9 +948,9 @@ mod tests {
             "the first sync covers batch 1 only"
         );
         assert!(
-            sent.elapsed() >= Duration::from_millis(280),
-            "{:?}",
-            sent.elapsed()
+            written.elapsed() >= Duration::from_millis(550),
+            "acknowledged {:?} after the write, before its sync was over",
+            written.elapsed()
         );
         assert_eq!(read_ack(&mut leader), 2);
         drop(leader);
