@@ -331,12 +331,23 @@ fn ctrl_c_while_waiting_for_the_lock_ends_ticket_at_once() {
     let server = Ticketd::start(&[]);
     let addr = server.addr().to_string();
     assert_eq!(status(&ticket(&["acquire", "held", "--server", &addr])), 0);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ticket"))
-        .args([
-            "run", "held", "--wait", "30", "--server", &addr, "--", "true",
-        ])
-        .spawn()
-        .unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ticket"));
+    cmd.args([
+        "run", "held", "--wait", "30", "--server", &addr, "--", "true",
+    ]);
+    // A shell without job control starts background jobs with SIGINT
+    // ignored, and an ignored signal stays ignored across exec: give
+    // `ticket` the default disposition a terminal's Ctrl-C meets, however
+    // the tests were started.
+    // SAFETY: signal(2) is async-signal-safe, as pre_exec requires.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
     std::thread::sleep(Duration::from_millis(300));
     let start = Instant::now();
     signal(&child, libc::SIGINT);
