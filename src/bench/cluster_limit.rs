@@ -569,10 +569,8 @@ fn follow(
     let mut acked = 0u64;
     let mut batch: Vec<u8> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
-        match poll.poll(&mut events, Some(Duration::from_millis(100))) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
+        if !super::conn::wait(&mut poll, &mut events, false)? {
+            continue;
         }
         let mut durable_changed = false;
         let mut gone = false;
@@ -753,6 +751,20 @@ mod tests {
         s
     }
 
+    /// A leader whose two followers are stand-ins: its address, stop flag
+    /// and thread, and the test's ends of its links to followers a and b.
+    fn leader_with_fake_followers(
+        log: &str,
+        delay: Duration,
+    ) -> (SocketAddr, Arc<AtomicBool>, Running, TcpStream, TcpStream) {
+        let (fa, a_addr) = fake_follower();
+        let (fb, b_addr) = fake_follower();
+        let (addr, stop, leader) = start_leader(vec![a_addr, b_addr], log, delay);
+        let a = accept_leader(&fa);
+        let b = accept_leader(&fb);
+        (addr, stop, leader, a, b)
+    }
+
     fn acquire(key: &str) -> Vec<u8> {
         let mut out = Vec::new();
         proto::encode_request(
@@ -851,11 +863,8 @@ mod tests {
     /// `fdatasync` is not enough, one follower's acknowledgement is.
     #[test]
     fn a_request_is_answered_only_once_two_of_three_nodes_hold_it() {
-        let (fa, a_addr) = fake_follower();
-        let (fb, b_addr) = fake_follower();
-        let (addr, stop, leader) = start_leader(vec![a_addr, b_addr], "majority", Duration::ZERO);
-        let mut a = accept_leader(&fa);
-        let mut b = accept_leader(&fb);
+        let (addr, stop, leader, mut a, mut b) =
+            leader_with_fake_followers("majority", Duration::ZERO);
 
         let mut client = TcpStream::connect(addr).unwrap();
         let req = acquire("k");
@@ -892,12 +901,8 @@ mod tests {
     /// for the leader's sync.
     #[test]
     fn the_leader_counts_itself_only_once_its_own_sync_is_done() {
-        let (fa, a_addr) = fake_follower();
-        let (fb, b_addr) = fake_follower();
         let delay = Duration::from_millis(400);
-        let (addr, stop, leader) = start_leader(vec![a_addr, b_addr], "slowleader", delay);
-        let mut a = accept_leader(&fa);
-        let mut b = accept_leader(&fb);
+        let (addr, stop, leader, mut a, mut b) = leader_with_fake_followers("slowleader", delay);
         let mut client = TcpStream::connect(addr).unwrap();
         client
             .set_read_timeout(Some(Duration::from_secs(10)))
@@ -974,11 +979,8 @@ mod tests {
     /// connection that takes its slot.
     #[test]
     fn an_answer_for_a_closed_client_never_reaches_the_next_in_its_slot() {
-        let (fa, a_addr) = fake_follower();
-        let (fb, b_addr) = fake_follower();
-        let (addr, stop, leader) = start_leader(vec![a_addr, b_addr], "reuse", Duration::ZERO);
-        let mut a = accept_leader(&fa);
-        let mut b = accept_leader(&fb);
+        let (addr, stop, leader, mut a, mut b) =
+            leader_with_fake_followers("reuse", Duration::ZERO);
         let mut first = TcpStream::connect(addr).unwrap();
         first.write_all(&acquire("one")).unwrap();
         assert_eq!(read_batch(&mut a).0, 1);
@@ -1003,11 +1005,8 @@ mod tests {
     /// A follower that acknowledges a batch never sent stops the leader.
     #[test]
     fn an_acknowledgement_beyond_the_last_batch_is_an_error() {
-        let (fa, a_addr) = fake_follower();
-        let (fb, b_addr) = fake_follower();
-        let (_addr, _stop, leader) = start_leader(vec![a_addr, b_addr], "bogusack", Duration::ZERO);
-        let mut a = accept_leader(&fa);
-        let _b = accept_leader(&fb);
+        let (_addr, _stop, leader, mut a, _b) =
+            leader_with_fake_followers("bogusack", Duration::ZERO);
         a.write_all(&u64::MAX.to_le_bytes()).unwrap();
         let e = leader.join().unwrap().unwrap_err();
         assert!(e.to_string().contains("only 0 were sent"), "{e}");
