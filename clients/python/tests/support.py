@@ -51,8 +51,20 @@ def ticketd_binary() -> Path:
 
 
 def ticket_binary() -> Path:
-    """The Rust ``ticket`` command beside the server binary."""
-    return ticketd_binary().with_name("ticket")
+    """The Rust ``ticket`` command: ``$TICKET_BIN``, else the one beside the
+    server binary, else the newest under ``target/``, else built now."""
+    env = os.environ.get("TICKET_BIN")
+    if env:
+        return Path(env)
+    beside = ticketd_binary().with_name("ticket")
+    if beside.exists():
+        return beside
+    found = [REPO / "target" / p / "ticket" for p in ("debug", "release")]
+    found = [p for p in found if p.exists()]
+    if found:
+        return max(found, key=lambda p: p.stat().st_mtime)
+    subprocess.run(["cargo", "build", "--all-features", "--bin", "ticket"], cwd=REPO, check=True)
+    return REPO / "target" / "debug" / "ticket"
 
 
 class Ticketd:

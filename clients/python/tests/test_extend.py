@@ -4,6 +4,7 @@ rule needs a fault."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from typing import Callable
@@ -185,7 +186,7 @@ def test_the_keep_alive_reports_an_x_at_once(server: Ticketd, make_client: MakeC
     # The exit's release finds nothing to release, and raises nothing.
 
 
-def test_the_keep_alive_reports_lost_at_the_expiry_when_renewals_stall(
+def test_the_keep_alive_reports_lost_before_the_expiry_when_renewals_stall(
     server: Ticketd, make_proxy: MakeProxy, make_client: MakeClient
 ) -> None:
     px = make_proxy(server)
@@ -195,8 +196,57 @@ def test_the_keep_alive_reports_lost_at_the_expiry_when_renewals_stall(
         expiry = t.expires_at
         assert t.lost.wait(5)
         told = time.monotonic()
-        assert expiry <= told < expiry + 0.3, told - expiry
+        # At the renewal deadline, a tenth of the lease before the expiry.
+        assert expiry - 0.2 <= told < expiry, told - expiry
+        assert t.is_lost()
         assert len(px.forwarded_for("ka", "E")) >= 1
+
+
+def test_the_keep_alive_reports_lost_before_the_expiry_when_the_server_dies(
+    server: Ticketd, make_client: MakeClient
+) -> None:
+    c = make_client(server.addr)
+    with c.lock("ka", wait=1, lease=3) as t:
+        server.signal(signal.SIGKILL)
+        assert t.lost.wait(5)
+        told = time.monotonic()
+        assert told < t.expires_at, "told while the lease still runs"
+        assert t.expires_at - told <= 0.3 + 0.05
+
+
+def test_an_unanswered_extend_is_sent_again_after_the_transport_deadline(
+    server: Ticketd, make_proxy: MakeProxy, make_client: MakeClient
+) -> None:
+    px = make_proxy(server)
+    # Connection 1 swallows replies; the connection after it is healthy.
+    px.set_fault_for(1, STALL_REPLIES)
+    c = make_client(px.addr, pool_size=2)
+    t = c.acquire("slow-e", wait=1, lease=30).ticket
+    assert t is not None
+    start = time.monotonic()
+    assert t.extend(30) == "extended"
+    took = time.monotonic() - start
+    assert 4.95 <= took < 6, took
+    ext = px.forwarded_for("slow-e", "E")
+    assert [r.conn for r in ext][:1] == [1] and len(ext) == 2, ext
+    assert ext[0].token == ext[1].token == t.token
+    assert px.wait_until(1, lambda p: 1 in p.closed_by_client)
+    assert t.release() == "released"
+
+
+def test_extend_by_token_from_any_client(server: Ticketd, make_client: MakeClient) -> None:
+    holder = make_client(server.addr)
+    other = make_client(server.addr)
+    t = holder.acquire("tok", wait=1, lease=2).ticket
+    assert t is not None
+    assert other.extend("tok", t.token, 5) == "extended"
+    time.sleep(2.5)
+    assert server.holds("tok"), "the extension outlived the first lease"
+    assert other.extend("tok", t.token + 1, 5) == "not_held"
+    assert other.release("tok", t.token) == "released"
+    assert other.extend("tok", t.token, 5) == "not_held"
+    with pytest.raises(ValueError):
+        other.extend("tok", t.token, 0)
 
 
 def test_lock_raises_not_acquired_with_the_outcome(

@@ -518,3 +518,23 @@ def test_a_closed_client_refuses_new_calls(server: Ticketd) -> None:
     # Nothing can be sent any more: the lease ends the lock.
     assert t.release() == "indeterminate"
     assert server.holds("k")
+
+
+def test_a_client_dropped_without_close_ends_its_connections_and_threads(
+    server: Ticketd,
+) -> None:
+    def ours() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith("ticketd-")]
+
+    before = ours()
+    c = ticketd.Client(server.addr, pool_size=2)
+    for i in range(4):
+        t = c.acquire(f"k{i}", wait=1, lease=5).ticket
+        assert t is not None and t.release() == "released"
+    assert len(ours()) > len(before)
+    del c, t
+    gc.collect()
+    end = time.monotonic() + 2
+    while ours() != before:
+        assert time.monotonic() < end, ours()
+        time.sleep(0.01)

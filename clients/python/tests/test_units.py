@@ -71,11 +71,15 @@ def test_wait_zero_is_one_attempt_under_the_transport_deadline() -> None:
     assert plan.wire_wait_at(start + 5) is None
 
 
-def test_an_extend_attempt_ends_at_the_conservative_expiry() -> None:
-    plan = _plan.until_plan(42.0)
+def test_an_extend_attempt_ends_at_the_transport_deadline_or_the_expiry() -> None:
+    # The expiry comes first: everything ends there.
+    plan = _plan.extend_plan(40.0, 42.0)
     assert plan.wire_wait_at(41.9) == 0
     assert plan.wire_wait_at(42.0) is None
     assert plan.give_up == 42.0
+    # A long lease: one attempt lasts the transport deadline, then another.
+    plan = _plan.extend_plan(40.0, 100.0)
+    assert plan.send_deadline == plan.give_up == 45.0
 
 
 def test_lease_must_be_whole_seconds_from_1_to_255() -> None:

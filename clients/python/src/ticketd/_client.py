@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ from ._session import ACQUIRE, ANSWERED, EXTEND, LOST, NOT_SENT, RELEASE, Call
 AcquireOutcome = Literal["acquired", "timeout", "busy", "indeterminate"]
 ReleaseOutcome = Literal["released", "not_held", "indeterminate"]
 ExtendOutcome = Literal["extended", "lost"]
+ExtendTokenOutcome = Literal["extended", "not_held", "indeterminate"]
 
 #: Connections a client keeps by default.
 DEFAULT_POOL_SIZE = 2
@@ -100,6 +102,9 @@ class Ticket:
         self._token = token
         self._lease_s = lease_s
         self._expires_at = expires_at
+        #: When the request that set the expiry (the acquire, or the last
+        #: Extend answered E) was written.
+        self._renewed_at = expires_at - lease_s
         self._extend_lock = threading.Lock()
         self._armed = True
         self._released = False
@@ -117,7 +122,7 @@ class Ticket:
 
     @property
     def lease(self) -> int:
-        """The lease, in seconds, the grant was asked for."""
+        """The lease, in seconds, of the grant or of its last extension."""
         return self._lease_s
 
     @property
@@ -133,13 +138,39 @@ class Ticket:
         """Whether :attr:`expires_at` has passed."""
         return time.monotonic() >= self._expires_at
 
+    def is_lost(self) -> bool:
+        """Whether the token must not be used any more: :attr:`lost` is set
+        or :attr:`expires_at` has passed."""
+        return self.lost.is_set() or self.is_expired()
+
     def extend(self, lease: float | None = None) -> ExtendOutcome:
-        """Renews the grant for ``lease`` seconds (default: the ticket's own
-        lease) counted from when the Extend is written; needs a protocol 1.1
-        server. Returns ``"extended"`` or ``"lost"``; once lost, always lost.
-        Bad arguments raise before anything is sent."""
+        """Renews the grant for ``lease`` seconds (default: the current
+        :attr:`lease`); needs a protocol 1.1 server. Returns ``"extended"``
+        (the expiry is now the time the answered Extend was written plus
+        ``lease``) or ``"lost"`` (an ``X``, or no ``E`` before the current
+        expiry); once lost, always lost. Bad arguments raise before anything
+        is sent, and so does nothing once the local expiry has passed."""
         lease_s = self._lease_s if lease is None else _plan.lease_s(lease)
-        return self._client._extend(self, lease_s)
+        with self._extend_lock:
+            return self._extend_locked(lease_s, self._expires_at)
+
+    def _extend_locked(self, lease_s: int, until: float) -> ExtendOutcome:
+        if self._released:
+            # Released by its holder: not held, but nothing was lost.
+            return "lost"
+        if self.lost.is_set() or time.monotonic() >= self._expires_at:
+            # Expired locally or lost before: lost for good, nothing sent.
+            self._mark_lost()
+            return "lost"
+        got = self._client._extend_until(self._key_raw, self._token, lease_s, until)
+        if got is None:
+            self._mark_lost()
+            return "lost"
+        # Counted from the write, never from the reply.
+        self._renewed_at = got
+        self._expires_at = got + lease_s
+        self._lease_s = lease_s
+        return "extended"
 
     def release(self) -> ReleaseOutcome:
         """Releases the lock and waits for the outcome (at most the 5 s
@@ -210,6 +241,9 @@ class Client:
             addrs.extend(resolve(t))
         self._max_key_bytes = max_key_bytes
         self._pool = Pool(addrs, pool_size, float(connect_timeout), max_key_bytes)
+        # A client dropped without close() still ends its connections and
+        # their threads (tickets and background releases keep it alive).
+        weakref.finalize(self, self._pool.abandon)
         self._bg_lock = threading.Lock()
         self._bg_queue: deque[tuple[bytes, int, _plan.Plan]] = deque()
         self._bg_running = False
@@ -278,33 +312,63 @@ class Client:
         _check_token(token)
         return self._release_raw(raw, token)
 
+    def extend(self, key: str, token: int, lease: float) -> ExtendTokenOutcome:
+        """Extends the grant ``token`` of ``key`` to live ``lease`` seconds
+        from about now, from any process, under the 5 s transport deadline
+        (protocol 1.1). ``"extended"``, ``"not_held"`` (``X``: gone, not this
+        token, or capped) or ``"indeterminate"`` (no reply in time). A holder
+        of a :class:`Ticket` calls :meth:`Ticket.extend` instead, which keeps
+        the conservative expiry."""
+        raw = _plan.check_key(key, self._max_key_bytes)
+        _check_token(token)
+        lease_s = _plan.lease_s(lease)
+        until = time.monotonic() + _plan.TRANSPORT_DEADLINE_S
+        x = self._extend_attempts(raw, token, lease_s, until)
+        if isinstance(x, float):
+            return "extended"
+        return "not_held" if x == "x" else "indeterminate"
+
     @contextmanager
     def lock(
         self, key: str, wait: float = 10, lease: float = 30, renew_every: float | None = None
     ) -> Iterator[Ticket]:
         """Acquires ``key`` (raising :class:`NotAcquired` if not acquired),
         renews it in the background every ``renew_every`` seconds (default a
-        third of the lease; needs a protocol 1.1 server), and releases it on
-        exit. ``ticket.lost`` is set the moment the lock is lost."""
+        third of the lease; needs a protocol 1.1 server) and releases it on
+        exit, also when the body raises. ``ticket.lost`` is set the moment
+        the lock is lost: an ``X``, or no ``E`` by the renewal deadline, a
+        tenth of the lease before the conservative expiry."""
+        lease_s = _plan.lease_s(lease)
         if renew_every is not None:
             if isinstance(renew_every, bool) or not isinstance(renew_every, (int, float)):
                 raise TypeError("renew_every must be a number of seconds")
-            if not renew_every > 0:
-                raise ValueError("renew_every must be above zero")
-        res = self.acquire(key, wait, lease)
+            if not 0 < renew_every < 0.9 * lease_s:
+                raise ValueError(
+                    "renew_every must be above zero and below the renewal deadline "
+                    "(nine tenths of the lease)"
+                )
+        res = self.acquire(key, wait, lease_s)
         t = res.ticket
         if t is None:
             raise NotAcquired(key, res.outcome)
-        every = float(renew_every) if renew_every is not None else t.lease / 3.0
+        every = float(renew_every) if renew_every is not None else lease_s / 3.0
         stop = threading.Event()
         keeper = threading.Thread(
-            target=_keep_alive, args=(t, every, stop), name=f"ticketd-keep-{key[:16]}", daemon=True
+            target=_keep_alive, args=(t, every, stop), name=f"ticketd-keep-{t.token}", daemon=True
         )
-        keeper.start()
+        try:
+            keeper.start()
+        except RuntimeError:
+            # No thread, no renewals: the holder must know at once.
+            t._mark_lost()
         try:
             yield t
         finally:
+            # Stop renewing (an Extend in flight ends by its own deadline),
+            # then release.
             stop.set()
+            if keeper.is_alive():
+                keeper.join()
             t.release()
 
     def close(self) -> None:
@@ -351,43 +415,41 @@ class Client:
                 return "indeterminate"
             return "released" if call.reply_op == _proto.OP_RELEASE else "not_held"
 
-    def _extend(self, t: Ticket, lease_s: int) -> ExtendOutcome:
-        with t._extend_lock:
-            end = t._expires_at
-            if t._released:
-                # Released by its holder: not held, but nothing was lost.
-                return "lost"
-            if t.lost.is_set() or time.monotonic() >= end or self._pool.closed:
-                # Expired locally, released, or lost before: lost for good.
-                t._mark_lost()
-                return "lost"
-            backoff = _RetryPause(end)
-            while True:
-                # Every attempt ends at the current conservative expiry.
-                session = self._pool.get(end)
-                if session is None:
-                    t._mark_lost()
-                    return "lost"
-                call = Call(
-                    EXTEND, t._key_raw, _plan.until_plan(end), token=t._token, lease_s=lease_s
-                )
-                if not session.submit(call):
-                    backoff.pause()
-                    continue
-                outcome = session.await_call(call)
-                if outcome == ANSWERED:
-                    if call.reply_op == _proto.OP_EXTEND:
-                        # Counted from the write, never from the reply.
-                        t._expires_at = call.written_at + lease_s
-                        return "extended"
-                    t._mark_lost()
-                    return "lost"
-                # Not sent, or sent into a session that died: an Extend may be
-                # sent again (it only moves the caller's own expiry).
-                if time.monotonic() >= end:
-                    t._mark_lost()
-                    return "lost"
+    def _extend_until(self, raw: bytes, token: int, lease_s: int, until: float) -> float | None:
+        """Sends the Extend until an ``E`` or ``X`` matches or ``until``
+        passes; the write time of the attempt answered ``E``, else ``None``
+        (``X``, or no answer by ``until``). An attempt with no reply within
+        the transport deadline is given up (its connection closed) and sent
+        again elsewhere: applying it twice only moves the caller's own
+        expiry. An ``E`` matched at or after ``until`` counts for nothing."""
+        x = self._extend_attempts(raw, token, lease_s, until)
+        return x if isinstance(x, float) else None
+
+    def _extend_attempts(
+        self, raw: bytes, token: int, lease_s: int, until: float
+    ) -> float | Literal["x", "no_answer"]:
+        backoff = _RetryPause(until)
+        while True:
+            now = time.monotonic()
+            if now >= until or self._pool.closed:
+                return "no_answer"
+            plan = _plan.extend_plan(now, until)
+            session = self._pool.get(plan.send_deadline)
+            if session is None:
                 backoff.pause()
+                continue
+            call = Call(EXTEND, raw, plan, token=token, lease_s=lease_s)
+            if not session.submit(call):
+                backoff.pause()
+                continue
+            if session.await_call(call) == ANSWERED:
+                if call.reply_op == _proto.OP_NOT_EXTENDED:
+                    return "x"
+                if time.monotonic() < until:
+                    return call.written_at
+            # Not sent, sent into a connection that died, or no reply in
+            # time: the next round gives up or sends it again.
+            backoff.pause()
 
     def _release_in_background(self, raw: bytes, token: int) -> None:
         """Queues a release nobody waits for; a short-lived thread works the
@@ -430,20 +492,22 @@ def _check_token(token: int) -> None:
 
 
 def _keep_alive(t: Ticket, every: float, stop: threading.Event) -> None:
-    """Renews ``t`` every ``every`` seconds (counted from the write of the
-    grant or of the last successful Extend) until ``stop``; sets ``t.lost``
-    on an ``X`` or when the conservative expiry is reached without an ``E``."""
-    next_at = t.expires_at - t.lease + every
+    """Renews ``t`` every ``every`` seconds, counted from the write of the
+    grant or of the last extension answered ``E``, with its own lease, until
+    ``stop``. Each renewal must be answered by a tenth of the lease before
+    the conservative expiry; otherwise, or on an ``X``, ``t.lost`` is set
+    while the lease still runs, and the renewals end."""
     while True:
-        now = time.monotonic()
-        exp = t.expires_at
-        if now >= exp:
-            t._mark_lost()
+        wake = t._renewed_at + every
+        if stop.wait(max(0.0, wake - time.monotonic())):
             return
-        if stop.wait(max(0.0, min(next_at, exp) - now)):
-            return
-        if time.monotonic() < next_at:
-            continue
-        if t.extend() == "lost":
-            return
-        next_at = t.expires_at - t.lease + every
+        with t._extend_lock:
+            if stop.is_set():
+                return
+            until = t._expires_at - t._lease_s / 10.0
+            if time.monotonic() >= until:
+                t._mark_lost()
+                return
+            if t._extend_locked(t._lease_s, until) == "lost":
+                t._mark_lost()
+                return

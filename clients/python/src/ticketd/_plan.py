@@ -121,7 +121,9 @@ def transport_plan(start: float) -> Plan:
     return Plan(None, t, t, t)
 
 
-def until_plan(end: float) -> Plan:
-    """The plan of an extend attempt: everything ends at the ticket's
-    conservative expiry ``end``."""
-    return Plan(None, end, end, end)
+def extend_plan(start: float, until: float) -> Plan:
+    """The plan of one extend attempt made at ``start``: sent, and answered,
+    within the transport deadline and never after ``until`` (the ticket's
+    conservative expiry, or the keep-alive's renewal deadline)."""
+    t = min(start + TRANSPORT_DEADLINE_S, until)
+    return Plan(None, t, t, t)

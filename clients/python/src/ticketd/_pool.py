@@ -223,6 +223,16 @@ class Pool:
                 self._slots[i] = None
         return dead
 
+    def abandon(self) -> None:
+        """Shuts every session's socket down without taking any lock, for a
+        client garbage collected without :meth:`close`: the finaliser may
+        run on any thread, even one inside a session's critical section.
+        Each reader then sees the shutdown and closes its session itself."""
+        self.closed = True
+        for s in list(self._slots):
+            if isinstance(s, Session):
+                s.abort()
+
     def close(self) -> None:
         """Closes every session and joins its threads; later gets return None."""
         with self._lock:

@@ -203,6 +203,12 @@ class Session:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
 
+    def abort(self) -> None:
+        """Shuts the socket down without the session lock; the reader then
+        closes the session. For finalisers only."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
     def join(self) -> None:
         """Joins both threads and closes the socket; only after :meth:`close`."""
         me = threading.current_thread()
