@@ -194,7 +194,8 @@ STALL_REPLIES = "stall_replies"
 
 @dataclass(frozen=True)
 class CutAfter:
-    """Forward exactly this many client bytes, then close both sides."""
+    """Forward exactly this many client bytes, then close both sides; no
+    reply gets back to the client once the last of them is forwarded."""
 
     n: int
 
@@ -322,12 +323,22 @@ class Proxy:
                 continue
             with self.lock:
                 self._socks += [client, server]
+            cut = threading.Event()
             threading.Thread(
-                target=self._up, args=(conn, fault, client, server), daemon=True
+                target=self._up, args=(conn, fault, client, server, cut), daemon=True
             ).start()
-            threading.Thread(target=self._down, args=(fault, client, server), daemon=True).start()
+            threading.Thread(
+                target=self._down, args=(fault, client, server, cut), daemon=True
+            ).start()
 
-    def _up(self, conn: int, fault: Fault, client: socket.socket, server: socket.socket) -> None:
+    def _up(
+        self,
+        conn: int,
+        fault: Fault,
+        client: socket.socket,
+        server: socket.socket,
+        cut: threading.Event,
+    ) -> None:
         rbuf = bytearray()
         fbuf = bytearray()
         sent = 0
@@ -356,21 +367,28 @@ class Proxy:
                 time.sleep(fault.seconds)
             if isinstance(fault, CutAfter):
                 data = data[: max(0, fault.n - sent)]
+                if sent + len(data) >= fault.n:
+                    # No reply gets back once the last byte is forwarded.
+                    cut.set()
+            # Logged before it is sent, so that a reply can never reach the
+            # client before the log shows what the server could have seen.
+            with self.lock:
+                fbuf += data
+                parse_requests(fbuf, conn, self.forwarded)
             try:
                 server.sendall(data)
             except OSError:
                 _kill(client)
                 return
             sent += len(data)
-            with self.lock:
-                fbuf += data
-                parse_requests(fbuf, conn, self.forwarded)
             if isinstance(fault, CutAfter) and sent >= fault.n:
                 _kill(client)
                 _kill(server)
                 return
 
-    def _down(self, fault: Fault, client: socket.socket, server: socket.socket) -> None:
+    def _down(
+        self, fault: Fault, client: socket.socket, server: socket.socket, cut: threading.Event
+    ) -> None:
         while True:
             try:
                 data = server.recv(65536)
@@ -379,7 +397,7 @@ class Proxy:
             if not data:
                 _kill(client)
                 return
-            if fault == STALL_REPLIES:
+            if fault == STALL_REPLIES or cut.is_set():
                 continue
             try:
                 client.sendall(data)

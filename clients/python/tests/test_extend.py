@@ -45,9 +45,10 @@ def test_extend_moves_the_expiry_counted_from_the_write_and_keeps_the_token(
     # Past the first lease the server still holds the grant, same token.
     time.sleep(max(0.0, first_expiry + 0.5 - time.monotonic()))
     assert server.holds("e")
-    # The default extension is the ticket's own lease.
+    # The extension is now the ticket's lease, and the default of the next.
+    assert t.lease == 4
     assert t.extend() == "extended"
-    assert px.forwarded_for("e", "E")[-1].lease == 2
+    assert px.forwarded_for("e", "E")[-1].lease == 4
     assert t.release() == "released"
 
 

@@ -154,7 +154,9 @@ class Ticket:
         with self._extend_lock:
             return self._extend_locked(lease_s, self._expires_at)
 
-    def _extend_locked(self, lease_s: int, until: float) -> ExtendOutcome:
+    def _extend_locked(
+        self, lease_s: int, until: float, stop: threading.Event | None = None
+    ) -> ExtendOutcome:
         if self._released:
             # Released by its holder: not held, but nothing was lost.
             return "lost"
@@ -162,8 +164,12 @@ class Ticket:
             # Expired locally or lost before: lost for good, nothing sent.
             self._mark_lost()
             return "lost"
-        got = self._client._extend_until(self._key_raw, self._token, lease_s, until)
+        got = self._client._extend_until(self._key_raw, self._token, lease_s, until, stop)
         if got is None:
+            if stop is not None and stop.is_set():
+                # The keep-alive was stopped between attempts: its holder
+                # is releasing the lock, nothing was lost.
+                return "lost"
             self._mark_lost()
             return "lost"
         # Counted from the write, never from the reply.
@@ -364,8 +370,8 @@ class Client:
         try:
             yield t
         finally:
-            # Stop renewing (an Extend in flight ends by its own deadline),
-            # then release.
+            # Stop renewing (waiting for an attempt in flight, at most the
+            # transport deadline), then release.
             stop.set()
             if keeper.is_alive():
                 keeper.join()
@@ -415,23 +421,36 @@ class Client:
                 return "indeterminate"
             return "released" if call.reply_op == _proto.OP_RELEASE else "not_held"
 
-    def _extend_until(self, raw: bytes, token: int, lease_s: int, until: float) -> float | None:
+    def _extend_until(
+        self,
+        raw: bytes,
+        token: int,
+        lease_s: int,
+        until: float,
+        stop: threading.Event | None = None,
+    ) -> float | None:
         """Sends the Extend until an ``E`` or ``X`` matches or ``until``
         passes; the write time of the attempt answered ``E``, else ``None``
         (``X``, or no answer by ``until``). An attempt with no reply within
         the transport deadline is given up (its connection closed) and sent
         again elsewhere: applying it twice only moves the caller's own
-        expiry. An ``E`` matched at or after ``until`` counts for nothing."""
-        x = self._extend_attempts(raw, token, lease_s, until)
+        expiry. An ``E`` matched at or after ``until`` counts for nothing.
+        ``stop`` set ends the attempts before the next one."""
+        x = self._extend_attempts(raw, token, lease_s, until, stop)
         return x if isinstance(x, float) else None
 
     def _extend_attempts(
-        self, raw: bytes, token: int, lease_s: int, until: float
+        self,
+        raw: bytes,
+        token: int,
+        lease_s: int,
+        until: float,
+        stop: threading.Event | None = None,
     ) -> float | Literal["x", "no_answer"]:
         backoff = _RetryPause(until)
         while True:
             now = time.monotonic()
-            if now >= until or self._pool.closed:
+            if now >= until or self._pool.closed or (stop is not None and stop.is_set()):
                 return "no_answer"
             plan = _plan.extend_plan(now, until)
             session = self._pool.get(plan.send_deadline)
@@ -508,6 +527,5 @@ def _keep_alive(t: Ticket, every: float, stop: threading.Event) -> None:
             if time.monotonic() >= until:
                 t._mark_lost()
                 return
-            if t._extend_locked(t._lease_s, until) == "lost":
-                t._mark_lost()
+            if t._extend_locked(t._lease_s, until, stop) == "lost":
                 return
