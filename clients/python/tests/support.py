@@ -207,6 +207,14 @@ class DelayForward:
     seconds: float
 
 
+@dataclass(frozen=True)
+class Inject:
+    """Send these bytes to the client as soon as it connects, as if the
+    server had, then forward everything as usual."""
+
+    data: bytes
+
+
 Fault = object
 
 
@@ -324,6 +332,9 @@ class Proxy:
             with self.lock:
                 self._socks += [client, server]
             cut = threading.Event()
+            if isinstance(fault, Inject):
+                with contextlib.suppress(OSError):
+                    client.sendall(fault.data)
             threading.Thread(
                 target=self._up, args=(conn, fault, client, server, cut), daemon=True
             ).start()

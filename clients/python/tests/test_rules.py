@@ -20,6 +20,7 @@ from support import (
     Blackhole,
     CutAfter,
     DelayForward,
+    Inject,
     Proxy,
     Ticketd,
     refused_addr,
@@ -537,4 +538,49 @@ def test_a_client_dropped_without_close_ends_its_connections_and_threads(
     end = time.monotonic() + 2
     while ours() != before:
         assert time.monotonic() < end, ours()
+        time.sleep(0.01)
+
+
+def test_a_malformed_reply_closes_that_connection_only(
+    server: Ticketd, make_proxy: MakeProxy, make_client: MakeClient
+) -> None:
+    px = make_proxy(server)
+    # An unknown op byte, then a reply whose key never ends: both are
+    # malformed, the first at once, the second after max_key_bytes + 1.
+    px.set_fault_for(0, Inject(b"Z"))
+    px.set_fault_for(1, Inject(b"T" + bytes(8) + b"x" * 40))
+    c = make_client(px.addr, pool_size=1, max_key_bytes=32)
+    for i in range(2):
+        res = c.acquire(f"m{i}", wait=1, lease=5)
+        # Sent, or withdrawn unsent and retried elsewhere; never a grant
+        # made up from garbage.
+        assert res.outcome in ("indeterminate", "acquired"), res
+        if res.ticket is not None:
+            assert res.ticket.release() == "released"
+    assert px.wait_until(2, lambda p: p.accepted >= 2)
+    t = c.acquire("after", wait=1, lease=5).ticket
+    assert t is not None, "later calls go through a new connection"
+    assert t.release() == "released"
+    assert px.accepted >= 3
+
+
+def test_a_grant_for_an_owner_nobody_waits_for_is_released_at_once(
+    server: Ticketd, make_proxy: MakeProxy, make_client: MakeClient
+) -> None:
+    # A real grant, detached, and then a copy of its A reply for an owner
+    # the client never used: the client gives that exact token back.
+    direct = make_client(server.addr)
+    t = direct.acquire("orphan", wait=1, lease=30).ticket
+    assert t is not None
+    _, token = t.detach()
+    frame = b"A" + token.to_bytes(8, "big") + (0x5EED).to_bytes(8, "big") + b"orphan\n"
+    px = make_proxy(server)
+    px.set_fault_for(0, Inject(frame))
+    c = make_client(px.addr, pool_size=1)
+    assert c.acquire("other", wait=1, lease=5).outcome == "acquired"
+    assert px.wait_until(2, lambda p: len(p.forwarded_for("orphan", "R")) == 1)
+    assert px.forwarded_for("orphan", "R")[0].token == token
+    end = time.monotonic() + 2
+    while server.holds("orphan"):
+        assert time.monotonic() < end, "the orphan grant was not released"
         time.sleep(0.01)
