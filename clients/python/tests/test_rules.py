@@ -349,6 +349,9 @@ def test_a_late_grant_is_released_at_once_not_at_the_end_of_its_lease(
     rel = px.forwarded_for("late", "R")
     assert len(rel) == 1, "one compensating release"
     assert holder.token < rel[0].token < t.token
+    # The connection was kept: the release went out on it.
+    assert px.accepted == 1
+    assert px.closed_by_client == []
 
 
 def test_wait_zero_is_one_attempt_with_a_zero_wire_wait(
