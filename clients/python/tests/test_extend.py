@@ -193,12 +193,12 @@ def test_the_keep_alive_reports_lost_before_the_expiry_when_renewals_stall(
     px = make_proxy(server)
     px.set_fault_for(1, STALL_REPLIES)
     c = make_client(px.addr, pool_size=2)
-    with c.lock("ka", wait=1, lease=2, renew_every=0.5) as t:
+    with c.lock("ka", wait=1, lease=4, renew_every=0.5) as t:
         expiry = t.expires_at
-        assert t.lost.wait(5)
+        assert t.lost.wait(8)
         told = time.monotonic()
         # At the renewal deadline, a tenth of the lease before the expiry.
-        assert expiry - 0.2 <= told < expiry, told - expiry
+        assert expiry - 0.4 <= told < expiry, told - expiry
         assert t.is_lost()
         assert len(px.forwarded_for("ka", "E")) >= 1
 
@@ -207,12 +207,12 @@ def test_the_keep_alive_reports_lost_before_the_expiry_when_the_server_dies(
     server: Ticketd, make_client: MakeClient
 ) -> None:
     c = make_client(server.addr)
-    with c.lock("ka", wait=1, lease=3) as t:
+    with c.lock("ka", wait=1, lease=5) as t:
         server.signal(signal.SIGKILL)
-        assert t.lost.wait(5)
+        assert t.lost.wait(8)
         told = time.monotonic()
         assert told < t.expires_at, "told while the lease still runs"
-        assert t.expires_at - told <= 0.3 + 0.05
+        assert t.expires_at - told <= 0.5 + 0.05
 
 
 def test_an_unanswered_extend_is_sent_again_after_the_transport_deadline(
