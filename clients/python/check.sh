@@ -13,7 +13,8 @@ python3 -m venv "$VENV"
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
 "$VENV/bin/mypy" --strict src tests bench.py
-"$VENV/bin/python" -m pytest -q -rs "$@"
+# Bounded: a hung test fails the run instead of holding CI.
+timeout 900 "$VENV/bin/python" -m pytest -q -rs "$@"
 # The benchmark still runs (a fraction of a second per cell; redis-py
 # beside it where redis-server is installed).
-"$VENV/bin/python" bench.py --seconds 0.2 --rounds 1 ${TICKETD_BIN:+--ticketd-bin "$TICKETD_BIN"}
+timeout 120 "$VENV/bin/python" bench.py --seconds 0.2 --rounds 1 ${TICKETD_BIN:+--ticketd-bin "$TICKETD_BIN"}
