@@ -117,15 +117,6 @@ class Ticketd:
                 self.proc.kill()
                 self.proc.wait()
 
-    def speaks_extend(self) -> bool:
-        """Whether the server answers an Extend (protocol 1.1) at all."""
-        with self.raw() as r:
-            r.send(struct.pack(">cBQ", b"E", 1, 1) + b"protocol-probe\n")
-            try:
-                return r.recv()[0] == "X"
-            except ConnectionError:
-                return False
-
     def raw(self) -> Raw:
         return Raw(self.sockaddr)
 

@@ -18,13 +18,6 @@ MakeClient = Callable[..., ticketd.Client]
 MakeProxy = Callable[..., Proxy]
 
 
-@pytest.fixture(autouse=True)
-def _needs_protocol_1_1(server: Ticketd) -> None:
-    """A server that predates protocol 1.1 closes the connection on ``E``."""
-    if not server.speaks_extend():
-        pytest.skip("this ticketd predates protocol 1.1 (no Extend)")
-
-
 def test_extend_moves_the_expiry_counted_from_the_write_and_keeps_the_token(
     server: Ticketd, make_proxy: MakeProxy, make_client: MakeClient
 ) -> None:
@@ -271,3 +264,21 @@ def test_lock_releases_when_the_body_raises(server: Ticketd, make_client: MakeCl
         assert server.holds("boom")
         raise KeyError("inside")
     assert not server.holds("boom")
+
+
+def test_an_extend_past_the_max_hold_is_x_and_the_current_lease_stands(
+    start_server: Callable[..., Ticketd], make_client: MakeClient
+) -> None:
+    server = start_server("--max-hold", "4")
+    c = make_client(server.addr)
+    t = c.acquire("capped", wait=1, lease=2).ticket
+    assert t is not None
+    # Within the cap (grant + 4 s >= now + 2 s): extended.
+    assert t.extend(2) == "extended"
+    expiry = t.expires_at
+    # Past it: X, lost for good, and nothing changed on the server.
+    assert t.extend(10) == "lost"
+    assert t.lost.is_set()
+    assert t.expires_at == expiry
+    time.sleep(max(0.0, expiry - 0.3 - time.monotonic()))
+    assert server.holds("capped"), "the current lease stays as it was"
