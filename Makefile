@@ -1,7 +1,7 @@
 # ticketd developer targets. `make help` lists them.
 CARGO ?= cargo
 
-.PHONY: help build run test lint doc bench vendor-check example clean
+.PHONY: help build run test lint doc bench vendor-check example clean python-test
 
 help:
 	@echo "build         release build of ticketd and ticket"
@@ -16,6 +16,7 @@ help:
 	@echo "bench-cluster 3-node cluster vs one etcd node and single mode, lock cycles/s (CLIENTS=50)"
 	@echo "sim-single    single-mode simulation over SEEDS fresh seeds (FIRST= to choose); part of sim"
 	@echo "clean         remove build output"
+	@echo "python-test   the Python client (clients/python): ruff, mypy --strict, pytest against target/debug/ticketd"
 	@echo "fuzz          run every cargo-fuzz target for FUZZ_SECONDS each (default 60)"
 	@echo "faults        the real-process fault tests (kill, stop, clock jumps, fds, abuse, disk full, cluster partitions)"
 	@echo "engine-memory bytes per held key and per waiter, hot-path allocations (release)"
@@ -42,6 +43,12 @@ bench:
 
 vendor-check:
 	./.ci/vendor-check
+
+# The Python client's checks in a venv (clients/python/.venv), against the
+# debug server and the Rust `ticket` command built here.
+python-test:
+	$(CARGO) build --all-features --bin ticketd --bin ticket
+	TICKETD_BIN=$(CURDIR)/target/debug/ticketd clients/python/check.sh
 
 example:
 	$(CARGO) run --example step_server
