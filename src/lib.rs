@@ -28,6 +28,9 @@
 //! * [`single`]: single mode's service: the engine plus fencing tokens that
 //!   keep increasing across restarts.
 //! * [`config`]: every server setting with its default, and the command line.
+//! * `harness` (feature `harness`, for tests only): the real server loop on
+//!   in-memory connections and a manual clock, stepped by the caller, for
+//!   deterministic tests of code that uses ticketd.
 //!
 //! The server is one thread and one hand-written `mio` poll loop; there is no
 //! async runtime anywhere. Cluster mode adds one helper thread that does
@@ -42,6 +45,8 @@ pub mod client;
 pub mod cluster;
 pub mod config;
 pub mod engine;
+#[cfg(feature = "harness")]
+pub mod harness;
 pub mod hash;
 pub mod limits;
 pub mod proto;
