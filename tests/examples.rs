@@ -275,6 +275,25 @@ fn engine_memory_hot_path_allocates_only_the_stored_key_and_leaks_nothing() {
     );
 }
 
+#[cfg(feature = "harness")]
+#[test]
+fn deterministic_test_hands_the_crashed_holders_key_over_with_a_higher_token() {
+    let out = run("deterministic_test", &[], &[], Duration::from_secs(60));
+    assert_in_order(
+        &out,
+        &[
+            "0ms alice acquired db, token 1\n",
+            "0ms bob queued for db\n",
+            "0ms alice crashed holding db\n",
+            "5000ms bob still waiting\n",
+            "5001ms bob acquired db, token 2 (> 1), expires at 30000ms\n",
+            "5001ms a write fenced with alice's token 1 is refused: true\n",
+            "5001ms bob released db\n",
+            "two runs, identical transcripts\n",
+        ],
+    );
+}
+
 #[cfg(feature = "cluster")]
 #[test]
 fn cluster_bench_runs_the_cluster_single_mode_and_the_cluster_limit() {

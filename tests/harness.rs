@@ -18,8 +18,10 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 
+use ticketd::client::machine::{AcquireOutcome, Outcome};
+use ticketd::client::Release;
 use ticketd::config::Config;
-use ticketd::harness::{Harness, MemConn};
+use ticketd::harness::{Harness, HarnessClient, MemConn};
 use ticketd::proto::{self, Decoded, Reply, Request};
 use ticketd::server::{ManualClock, Server, Stats};
 use ticketd::single::SingleService;
@@ -716,4 +718,58 @@ fn run_until_idle_stops_when_nothing_is_due_and_advance_wakes_the_deadlines() {
         vec!["Acquired { token: 2, owner: 2, key: \"db\" }".to_string()]
     );
     assert_eq!(h.now(), Millis(1001));
+}
+
+#[test]
+fn official_client_rules_on_the_harness_clock_hand_over_time_out_and_release() {
+    const S: Duration = Duration::from_secs(1);
+    let mut h = Harness::new(Config::default()).unwrap();
+    let (mut holder, mut waiter, mut late) = (
+        HarnessClient::new(1),
+        HarnessClient::new(2),
+        HarnessClient::new(3),
+    );
+    let held = holder.acquire(&h, "db", Duration::ZERO, 30 * S).unwrap();
+    h.settle(&mut [&mut holder]);
+    let Some((id, Outcome::Acquire(AcquireOutcome::Acquired(t1)))) = holder.poll_outcome() else {
+        panic!("not acquired");
+    };
+    assert_eq!((id, t1.token, t1.expires_at), (held, 1, Millis(30_000)));
+    waiter.acquire(&h, "db", 10 * S, 5 * S).unwrap();
+    late.acquire(&h, "db", S, 5 * S).unwrap();
+    h.settle(&mut [&mut holder, &mut waiter, &mut late]);
+    assert!(waiter.poll_outcome().is_none() && late.poll_outcome().is_none());
+    // The late one's 1 s wait runs out on the server: a definitive Timeout.
+    h.advance(S);
+    h.settle(&mut [&mut holder, &mut waiter, &mut late]);
+    assert_eq!(
+        late.poll_outcome(),
+        Some((
+            ticketd::client::machine::CallId(1),
+            Outcome::Acquire(AcquireOutcome::Timeout)
+        ))
+    );
+    // The release hands the key to the head waiter at once, FIFO.
+    holder.release(&h, "db", t1.token).unwrap();
+    h.settle(&mut [&mut holder, &mut waiter, &mut late]);
+    assert_eq!(
+        holder.poll_outcome().map(|(_, o)| o),
+        Some(Outcome::Release(Release::Released))
+    );
+    let Some((_, Outcome::Acquire(AcquireOutcome::Acquired(t2)))) = waiter.poll_outcome() else {
+        panic!("not handed over");
+    };
+    assert_eq!(t2.token, 2);
+    // Released twice: the second is definitive NotHeld.
+    holder.release(&h, "db", t1.token).unwrap();
+    h.settle(&mut [&mut holder]);
+    assert_eq!(
+        holder.poll_outcome().map(|(_, o)| o),
+        Some(Outcome::Release(Release::NotHeld))
+    );
+    assert_eq!(
+        h.now(),
+        Millis(1_000),
+        "no time passed but what the test moved"
+    );
 }

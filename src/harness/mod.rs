@@ -35,7 +35,15 @@
 //! their frames handled, the service ticked at the clock's time, replies
 //! encoded and written into the pipes. [`Harness::run_until_idle`] steps
 //! until a turn would have nothing to do.
+//!
+//! [`HarnessClient`] is the official client's rules
+//! ([`crate::client::machine`]) on an in-memory connection, on the same
+//! clock; [`Harness::settle`] moves bytes between clients and the server
+//! until nothing moves. A test of "my code calls acquire, the holder's lease
+//! ends, my code is handed the key" then runs in one thread, in
+//! milliseconds, the same way every time (`examples/deterministic_test.rs`).
 
+mod client;
 pub(crate) mod pipe;
 
 use std::io;
@@ -49,6 +57,7 @@ use crate::service::Service;
 use crate::single::SingleService;
 use crate::time::Millis;
 
+pub use client::HarnessClient;
 pub use pipe::MemConn;
 
 /// Bytes each way an in-memory connection holds before writes are short or
