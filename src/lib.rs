@@ -19,7 +19,8 @@
 //! * [`checker`]: a safety checker for recorded client histories (mutual
 //!   exclusion, token order, FIFO hand-over, every request answered once).
 //! * [`client`]: the official blocking client (SPEC §3): a pool of
-//!   pipelined connections, one deadline per call, Indeterminate when unsure.
+//!   pipelined connections, one deadline per call, Indeterminate when unsure;
+//!   and the same rules as a sans-IO state machine ([`client::machine`]).
 //! * [`service`]: the trait between the event loop and what answers requests
 //!   (single mode: the engine; cluster mode: Raft in front of the engine).
 //! * [`server`]: the mio shell, the only code that touches sockets: one

@@ -290,7 +290,18 @@ impl Machine {
             _ => false,
         });
         let Some(i) = found else {
-            return; // nothing of ours: ignored
+            // Nothing of ours. A grant nobody waits for (a correct server
+            // never sends one) is given back at once; anything else is
+            // ignored.
+            if let OwnedReply::ToAcquire {
+                token: Some(token),
+                key,
+                ..
+            } = reply
+            {
+                self.push(Kind::Release { token }, &key, Plan::transport(now), true);
+            }
+            return;
         };
         let call = self.in_flight.remove(i);
         let outcome = match reply {
@@ -604,6 +615,24 @@ mod tests {
         );
         assert_eq!(m.poll_outcome(), None, "nobody waits for it");
         assert_eq!(m.pending(), 0);
+        // A grant for an owner nobody waits for is given back too.
+        m.receive(
+            Millis(2_003),
+            &reply(&Reply::Acquired {
+                token: 8,
+                owner: 12_345,
+                key: "db",
+            }),
+        );
+        let mut want = Vec::new();
+        proto::encode_request(
+            &Request::Release {
+                token: 8,
+                key: "db",
+            },
+            &mut want,
+        );
+        assert_eq!(sent(&mut m, Millis(2_003)), want);
     }
 
     #[test]
