@@ -220,3 +220,51 @@ impl Drop for MemConn {
         s.write_edge = true;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_and_writes_behave_as_a_non_blocking_socket() {
+        let (mut server, mut client) = pair(4);
+        let mut buf = [0u8; 8];
+        let would_block = server.read(&mut buf).unwrap_err();
+        assert_eq!(would_block.kind(), io::ErrorKind::WouldBlock);
+        assert_eq!(server.take_edges(), (false, false));
+        assert_eq!(client.write(b"abcdef"), 4, "short of room: a short write");
+        assert_eq!(server.take_edges(), (true, false), "a read edge");
+        assert_eq!(server.read(&mut buf[..3]).unwrap(), 3);
+        assert_eq!(server.read(&mut buf).unwrap(), 1);
+        assert_eq!(server.write(b"0123456").unwrap(), 4);
+        assert_eq!(
+            server.write(b"x").unwrap_err().kind(),
+            io::ErrorKind::WouldBlock,
+            "full"
+        );
+        assert_eq!(client.take(), b"0123");
+        assert_eq!(
+            server.take_edges(),
+            (false, true),
+            "room made: a write edge"
+        );
+        client.shutdown_write();
+        assert_eq!(server.read(&mut buf).unwrap(), 0, "EOF after a shutdown");
+        assert!(!client.is_closed_by_server());
+        server.shutdown_write();
+        assert!(client.is_closed_by_server());
+        drop(client);
+        assert_eq!(
+            server.write(b"x").unwrap_err().kind(),
+            io::ErrorKind::BrokenPipe
+        );
+    }
+
+    #[test]
+    fn a_closed_server_end_reads_as_gone_and_takes_no_more_bytes() {
+        let (server, mut client) = pair(16);
+        drop(server);
+        assert!(client.is_gone() && client.is_closed_by_server());
+        assert_eq!(client.write(b"late"), 0);
+    }
+}

@@ -24,6 +24,14 @@
 //!    only while bytes remain.
 //! 6. Reap the connections marked closing during the turn.
 //!
+//! # Connections over sockets or pipes
+//!
+//! A connection's state machine (buffers, decoding, limits, closing) works
+//! on a byte stream (`conn::Stream`): a mio socket, or, with the `harness`
+//! feature (tests only), the server end of an in-memory pipe. The loop turn
+//! is the same code for both; only readiness differs (epoll events for a
+//! socket, the pipe's own edges for a pipe: `ticketd::harness`).
+//!
 //! # Limits
 //!
 //! Over `max_conns`, a new connection is accepted and closed at once. A
