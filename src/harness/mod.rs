@@ -91,7 +91,9 @@ impl Harness<SingleService> {
 }
 
 impl<S: Service> Harness<S> {
-    /// The server with `config` around `service`, the clock at 0 ms.
+    /// The server with `config` around `service`, the clock at 0 ms. The
+    /// harness never polls: a service with event sources of its own
+    /// (cluster mode's peer sockets) does not run here.
     ///
     /// # Errors
     /// See [`Harness::new`].
