@@ -304,13 +304,15 @@ impl Machine {
             return;
         };
         let call = self.in_flight.remove(i);
+        // Found by kind above: a reply to an acquire is matched to an acquire.
+        let lease_s = match call.kind {
+            Kind::Acquire { lease_s, .. } => lease_s,
+            Kind::Release { .. } => 0,
+        };
         let outcome = match reply {
             OwnedReply::ToAcquire {
                 token: Some(token), ..
             } => {
-                let Kind::Acquire { lease_s, .. } = call.kind else {
-                    unreachable!("matched by kind above")
-                };
                 if now > call.plan.gate {
                     // Seen after D: not handed over; give it back.
                     self.push(
