@@ -340,6 +340,12 @@ enum Op {
         key: usize,
         token: u64,
     },
+    /// Several requests written at once on one connection (acquires with
+    /// wait 0 or releases): the server may read them in any split.
+    Pipelined {
+        conn: usize,
+        requests: Vec<(usize, Option<u64>)>,
+    },
     Advance(u64),
     Malformed(usize),
     Close(usize),
@@ -357,6 +363,8 @@ fn op() -> impl Strategy<Value = Op> {
             key,
             token
         }),
+        2 => (0..CONNS, prop::collection::vec((0..KEYS.len(), prop::option::of(1u64..12)), 2..6))
+            .prop_map(|(conn, requests)| Op::Pipelined { conn, requests }),
         3 => prop::sample::select(vec![1u64, 500, 999, 1000, 1001, 2500, 4000])
             .prop_map(Op::Advance),
         1 => (0..CONNS).prop_map(Op::Malformed),
@@ -402,6 +410,20 @@ fn play(w: &mut dyn Wire, ops: &[Op]) -> Vec<(Vec<u8>, bool)> {
                 w.send(conn, &release(KEYS[key], token));
                 settle_all(w, Some(conn), &open);
             }
+            Op::Pipelined { conn, ref requests } if open[conn] => {
+                let mut bytes = Vec::new();
+                for &(key, token) in requests {
+                    match token {
+                        Some(t) => bytes.extend(release(KEYS[key], t)),
+                        None => {
+                            owner += 1;
+                            bytes.extend(acquire(KEYS[key], owner, 0, 2));
+                        }
+                    }
+                }
+                w.send(conn, &bytes);
+                settle_all(w, Some(conn), &open);
+            }
             Op::Advance(ms) => {
                 w.advance(ms);
                 settle_all(w, None, &open);
@@ -437,7 +459,7 @@ fn assert_same(mem: &[(Vec<u8>, bool)], tcp: &[(Vec<u8>, bool)], ops: &[Op]) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
     #[test]
     fn the_harness_answers_as_the_real_server_does_over_tcp(ops in prop::collection::vec(op(), 1..30)) {
@@ -772,4 +794,27 @@ fn official_client_rules_on_the_harness_clock_hand_over_time_out_and_release() {
         Millis(1_000),
         "no time passed but what the test moved"
     );
+}
+
+#[test]
+fn a_frame_half_sent_for_the_frame_timeout_closes_the_connection_on_the_manual_clock() {
+    let config = Config {
+        frame_timeout: Some(Duration::from_secs(2)),
+        ..Config::default()
+    };
+    let mut h = Harness::new(config).unwrap();
+    let mut c = h.connect();
+    let frame = acquire("db", 1, 0, 5);
+    c.write(&frame[..6]);
+    h.run_until_idle();
+    h.advance(Duration::from_millis(1999));
+    h.run_until_idle();
+    assert!(!c.is_closed_by_server(), "not yet");
+    assert_eq!(h.stats().limit_closes, 0);
+    // The scan runs once a second: by 3 s it has seen 2 s of a half frame.
+    h.advance(Duration::from_millis(1001));
+    h.run_until_idle();
+    assert!(c.is_closed_by_server(), "closed for the half-sent frame");
+    assert_eq!(h.stats().limit_closes, 1);
+    assert_eq!(h.service().engine().key_count(), 0, "never handled");
 }
