@@ -818,3 +818,49 @@ fn a_frame_half_sent_for_the_frame_timeout_closes_the_connection_on_the_manual_c
     assert_eq!(h.stats().limit_closes, 1);
     assert_eq!(h.service().engine().key_count(), 0, "never handled");
 }
+
+#[test]
+fn a_call_that_was_never_sent_waits_for_a_connection_and_keeps_its_deadline() {
+    const S: Duration = Duration::from_secs(1);
+    let config = Config {
+        max_conns: 1,
+        ..Config::default()
+    };
+    let mut h = Harness::new(config).unwrap();
+    let other = h.connect(); // takes the only connection slot
+    let mut me = HarnessClient::new(1);
+    me.acquire(&h, "db", 3 * S, 5 * S).unwrap();
+    h.settle(&mut [&mut me]);
+    assert!(
+        me.poll_outcome().is_none(),
+        "refused connections sent nothing"
+    );
+    assert_eq!(me.bytes_moved(), (0, 0));
+    assert!(h.stats().refused >= 1);
+    // A slot frees up 2.5 s later: the same call goes out then, with the
+    // wait left until its deadline (0.5 s, rounded up to 1 s on the wire).
+    drop(other);
+    h.advance(Duration::from_millis(2500));
+    h.settle(&mut [&mut me]);
+    let Some((_, Outcome::Acquire(AcquireOutcome::Acquired(held)))) = me.poll_outcome() else {
+        panic!("not acquired once a connection was accepted");
+    };
+    assert_eq!(held.expires_at, Millis(7_500), "written at 2.5 s + 5 s");
+    // Refused until the deadline: Timeout, and the server never saw it.
+    let mut h = Harness::new(Config {
+        max_conns: 1,
+        ..Config::default()
+    })
+    .unwrap();
+    let _other = h.connect();
+    let mut me = HarnessClient::new(2);
+    me.acquire(&h, "db", 3 * S, 5 * S).unwrap();
+    h.settle(&mut [&mut me]);
+    h.advance(3 * S);
+    h.settle(&mut [&mut me]);
+    assert_eq!(
+        me.poll_outcome().map(|(_, o)| o),
+        Some(Outcome::Acquire(AcquireOutcome::Timeout))
+    );
+    assert_eq!(h.service().engine().key_count(), 0);
+}

@@ -100,6 +100,12 @@ impl HarnessClient {
             return false;
         }
         let conn = self.conn.get_or_insert_with(|| h.connect());
+        if conn.is_closed_by_server() {
+            // Refused (over max_conns) or closed: nothing queued goes out
+            // on it; the next pump tries a new connection.
+            self.drop_conn();
+            return false;
+        }
         self.machine.transmit(now, &mut self.unsent);
         let n = conn.write(&self.unsent);
         self.unsent.drain(..n);
