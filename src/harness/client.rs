@@ -18,6 +18,29 @@ const MAX_SETTLE_ROUNDS: usize = 10_000;
 /// until nothing moves any more. When the machine gives up on its
 /// connection, or the server closes it, the next pump opens a new one (and
 /// what was definitely not sent goes out there).
+///
+/// ```
+/// use std::time::Duration;
+/// use ticketd::client::machine::{AcquireOutcome, Outcome};
+/// use ticketd::config::Config;
+/// use ticketd::harness::{Harness, HarnessClient};
+///
+/// const S: Duration = Duration::from_secs(1);
+/// let mut h = Harness::new(Config::default())?; // tokens from 1, clock at 0 ms
+/// let (mut alice, mut bob) = (HarnessClient::new(1), HarnessClient::new(2));
+/// alice.acquire(&h, "db", 10 * S, 5 * S)?;
+/// h.settle(&mut [&mut alice, &mut bob]); // alice holds "db"
+/// bob.acquire(&h, "db", 30 * S, 30 * S)?;
+/// h.settle(&mut [&mut alice, &mut bob]); // bob is queued
+/// alice.crash(); // the holder dies, releasing nothing
+/// h.advance(5 * S + Duration::from_millis(1)); // just past its 5 s lease
+/// h.settle(&mut [&mut bob]);
+/// let Some((_, Outcome::Acquire(AcquireOutcome::Acquired(held)))) = bob.poll_outcome() else {
+///     panic!("bob was not handed the key");
+/// };
+/// assert_eq!(held.token, 2); // the fencing token rose
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct HarnessClient {
     machine: Machine,
