@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 
-use ticketd::client::machine::{AcquireOutcome, Outcome};
+use ticketd::client::machine::{AcquireOutcome, ExtendOutcome, Outcome};
 use ticketd::client::Release;
 use ticketd::config::Config;
 use ticketd::harness::{Harness, HarnessClient, MemConn};
@@ -41,6 +41,19 @@ fn acquire(key: &str, owner: u64, wait_s: u8, lease_s: u8) -> Vec<u8> {
             wait_s,
             lease_s,
             owner,
+            key,
+        },
+        &mut v,
+    );
+    v
+}
+
+fn extend(key: &str, token: u64, lease_s: u8) -> Vec<u8> {
+    let mut v = Vec::new();
+    proto::encode_request(
+        &Request::Extend {
+            lease_s,
+            token,
             key,
         },
         &mut v,
@@ -346,6 +359,12 @@ enum Op {
         conn: usize,
         requests: Vec<(usize, Option<u64>)>,
     },
+    Extend {
+        conn: usize,
+        key: usize,
+        token: u64,
+        lease_s: u8,
+    },
     Advance(u64),
     Malformed(usize),
     Close(usize),
@@ -365,6 +384,9 @@ fn op() -> impl Strategy<Value = Op> {
         }),
         2 => (0..CONNS, prop::collection::vec((0..KEYS.len(), prop::option::of(1u64..12)), 2..6))
             .prop_map(|(conn, requests)| Op::Pipelined { conn, requests }),
+        2 => (0..CONNS, 0..KEYS.len(), 1u64..12, 1u8..4).prop_map(|(conn, key, token, lease_s)| {
+            Op::Extend { conn, key, token, lease_s }
+        }),
         3 => prop::sample::select(vec![1u64, 500, 999, 1000, 1001, 2500, 4000])
             .prop_map(Op::Advance),
         1 => (0..CONNS).prop_map(Op::Malformed),
@@ -422,6 +444,15 @@ fn play(w: &mut dyn Wire, ops: &[Op]) -> Vec<(Vec<u8>, bool)> {
                     }
                 }
                 w.send(conn, &bytes);
+                settle_all(w, Some(conn), &open);
+            }
+            Op::Extend {
+                conn,
+                key,
+                token,
+                lease_s,
+            } if open[conn] => {
+                w.send(conn, &extend(KEYS[key], token, lease_s));
                 settle_all(w, Some(conn), &open);
             }
             Op::Advance(ms) => {
@@ -863,4 +894,43 @@ fn a_call_that_was_never_sent_waits_for_a_connection_and_keeps_its_deadline() {
         Some(Outcome::Acquire(AcquireOutcome::Timeout))
     );
     assert_eq!(h.service().engine().key_count(), 0);
+}
+
+#[test]
+fn an_extend_through_the_harness_keeps_the_key_past_the_first_lease() {
+    const S: Duration = Duration::from_secs(1);
+    let mut h = Harness::new(Config::default()).unwrap();
+    let (mut holder, mut waiter) = (HarnessClient::new(1), HarnessClient::new(2));
+    holder.acquire(&h, "db", Duration::ZERO, 5 * S).unwrap();
+    h.settle(&mut [&mut holder]);
+    let Some((_, Outcome::Acquire(AcquireOutcome::Acquired(t)))) = holder.poll_outcome() else {
+        panic!("not acquired");
+    };
+    waiter.acquire(&h, "db", 30 * S, 5 * S).unwrap();
+    h.advance(4 * S);
+    holder.extend(&h, &t, 10 * S).unwrap();
+    h.settle(&mut [&mut holder, &mut waiter]);
+    let Some((_, Outcome::Extend(ExtendOutcome::Extended(t2)))) = holder.poll_outcome() else {
+        panic!("not extended");
+    };
+    assert_eq!((t2.token, t2.expires_at), (t.token, Millis(14_000)));
+    // Past the first lease, the key is still the holder's.
+    h.advance(2 * S);
+    h.settle(&mut [&mut holder, &mut waiter]);
+    assert!(waiter.poll_outcome().is_none(), "still held after 6 s");
+    // The holder stops renewing: one millisecond past 4 s + 10 s it is over.
+    h.advance(8 * S + Duration::from_millis(1));
+    h.settle(&mut [&mut holder, &mut waiter]);
+    let Some((_, Outcome::Acquire(AcquireOutcome::Acquired(w)))) = waiter.poll_outcome() else {
+        panic!("not handed over");
+    };
+    assert!(w.token > t.token);
+    // Past its conservative expiry the ticket is lost for good: Lost,
+    // nothing sent.
+    holder.extend(&h, &t2, 10 * S).unwrap();
+    h.settle(&mut [&mut holder, &mut waiter]);
+    assert_eq!(
+        holder.poll_outcome().map(|(_, o)| o),
+        Some(Outcome::Extend(ExtendOutcome::Lost))
+    );
 }

@@ -139,6 +139,19 @@ impl<T: Moment> Plan<T> {
         }
     }
 
+    /// One extend attempt (SPEC §5.3): sent, and answered, before the
+    /// transport deadline and never after `until` (the ticket's expiry).
+    #[must_use]
+    pub fn until(start: T, until: T) -> Plan<T> {
+        let t = start.plus(TRANSPORT_DEADLINE).min(until);
+        Plan {
+            wait_deadline: None,
+            send_deadline: t,
+            gate: t,
+            give_up: t,
+        }
+    }
+
     /// The plan of a release (or a `wait = 0` acquire) started at `start`.
     #[must_use]
     pub fn transport(start: T) -> Plan<T> {

@@ -31,6 +31,12 @@
 //!    sent is Indeterminate; what was definitely not sent stays queued and
 //!    goes out on the next connection, with the same owner and the same `D`.
 //!
+//! [`Machine::extend`] renews a grant (SPEC §5.3): refused without sending
+//! once the grant's conservative expiry has passed; sent again on the next
+//! connection when an attempt got no reply, never past the expiry; an `E`
+//! moves the expiry to the time the answered attempt was written plus the
+//! new lease, an `X` (or the expiry) means the grant is lost.
+//!
 //! Outcomes come out of [`Machine::poll_outcome`], in the order they were
 //! decided. Owners come from the seed given to [`Machine::new`], so the same
 //! seed and the same calls give the same bytes.
@@ -87,6 +93,18 @@ pub enum AcquireOutcome {
     Indeterminate,
 }
 
+/// What an extend came to (SPEC §5.3).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExtendOutcome {
+    /// `E` before the grant's conservative expiry: the grant as it is now,
+    /// its expiry the time the answered attempt was written plus the new
+    /// lease. Replace the old [`Held`] with it.
+    Extended(Held),
+    /// `X` (the grant is gone or capped), or the conservative expiry came
+    /// with no `E`: stop using the token.
+    Lost,
+}
+
 /// The outcome of one call.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -94,12 +112,26 @@ pub enum Outcome {
     Acquire(AcquireOutcome),
     /// Of [`Machine::release`].
     Release(Release),
+    /// Of [`Machine::extend`].
+    Extend(ExtendOutcome),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
-    Acquire { owner: u64, lease_s: u8 },
-    Release { token: u64 },
+    Acquire {
+        owner: u64,
+        lease_s: u8,
+    },
+    Release {
+        token: u64,
+    },
+    /// Sent again after a lost session while `until` (the grant's
+    /// conservative expiry) has not passed.
+    Extend {
+        token: u64,
+        lease_s: u8,
+        until: Millis,
+    },
 }
 
 #[derive(Debug)]
@@ -206,6 +238,35 @@ impl Machine {
         Ok(self.push(Kind::Release { token }, key, Plan::transport(now), false))
     }
 
+    /// Extends `held` at `now` to live `lease` from then (SPEC §5.3). A
+    /// grant whose conservative expiry has passed is lost for good: the
+    /// outcome is [`ExtendOutcome::Lost`] and nothing is sent. An attempt
+    /// that gets no reply is sent again on the next connection, never past
+    /// the expiry; until an `E` is matched the old expiry stands.
+    ///
+    /// # Errors
+    /// A bad lease; nothing is queued.
+    pub fn extend(&mut self, now: Millis, held: &Held, lease: Duration) -> Result<CallId, Error> {
+        let lease_s = deadline::lease_s(lease)?;
+        let kind = Kind::Extend {
+            token: held.token,
+            lease_s,
+            until: held.expires_at,
+        };
+        // Queued, it may wait for a connection until the expiry; each
+        // attempt gets its transport deadline when it is written.
+        let mut plan = Plan::until(now, held.expires_at);
+        plan.send_deadline = held.expires_at;
+        plan.give_up = held.expires_at;
+        let id = self.push(kind, &held.key, plan, false);
+        if held.is_expired(now) {
+            if let Some(call) = self.queued.pop_back() {
+                self.report(&call, Outcome::Extend(ExtendOutcome::Lost));
+            }
+        }
+        Ok(id)
+    }
+
     /// Appends to `out` the bytes of every queued request that may still be
     /// sent at `now`, and returns how many bytes. Write all of them: from
     /// this call on they may have been sent. Requests past their send
@@ -232,6 +293,20 @@ impl Machine {
                     token,
                     key: &call.key,
                 },
+                Kind::Extend {
+                    token,
+                    lease_s,
+                    until,
+                } => {
+                    // Each attempt has its own transport deadline, never
+                    // past the grant's expiry.
+                    call.plan = Plan::until(now, until);
+                    Request::Extend {
+                        lease_s,
+                        token,
+                        key: &call.key,
+                    }
+                }
             };
             proto::encode_request(&req, out);
             call.written_at = Some(now);
@@ -244,6 +319,7 @@ impl Machine {
         let outcome = match call.kind {
             Kind::Acquire { .. } => Outcome::Acquire(AcquireOutcome::Timeout),
             Kind::Release { .. } => Outcome::Release(Release::NotSent),
+            Kind::Extend { .. } => Outcome::Extend(ExtendOutcome::Lost),
         };
         self.report(&call, outcome);
     }
@@ -281,10 +357,13 @@ impl Machine {
 
     fn matched(&mut self, now: Millis, reply: OwnedReply) {
         let found = self.in_flight.iter().position(|c| match (&reply, c.kind) {
-            (OwnedReply::ToAcquire { owner, key, .. }, Kind::Acquire { owner: o, .. }) => {
+            (OwnedReply::Acquire { owner, key, .. }, Kind::Acquire { owner: o, .. }) => {
                 *owner == o && *key == c.key
             }
-            (OwnedReply::ToRelease { token, key, .. }, Kind::Release { token: t }) => {
+            (OwnedReply::Release { token, key, .. }, Kind::Release { token: t }) => {
+                *token == t && *key == c.key
+            }
+            (OwnedReply::Extend { token, key, .. }, Kind::Extend { token: t, .. }) => {
                 *token == t && *key == c.key
             }
             _ => false,
@@ -293,7 +372,7 @@ impl Machine {
             // Nothing of ours. A grant nobody waits for (a correct server
             // never sends one) is given back at once; anything else is
             // ignored.
-            if let OwnedReply::ToAcquire {
+            if let OwnedReply::Acquire {
                 token: Some(token),
                 key,
                 ..
@@ -306,11 +385,11 @@ impl Machine {
         let call = self.in_flight.remove(i);
         // Found by kind above: a reply to an acquire is matched to an acquire.
         let lease_s = match call.kind {
-            Kind::Acquire { lease_s, .. } => lease_s,
+            Kind::Acquire { lease_s, .. } | Kind::Extend { lease_s, .. } => lease_s,
             Kind::Release { .. } => 0,
         };
         let outcome = match reply {
-            OwnedReply::ToAcquire {
+            OwnedReply::Acquire {
                 token: Some(token), ..
             } => {
                 if now > call.plan.gate {
@@ -333,15 +412,41 @@ impl Machine {
                     })
                 }
             }
-            OwnedReply::ToAcquire { busy: true, .. } => AcquireOutcome::Busy,
-            OwnedReply::ToAcquire { .. } => AcquireOutcome::Timeout,
-            OwnedReply::ToRelease { released, .. } => {
+            OwnedReply::Acquire { busy: true, .. } => AcquireOutcome::Busy,
+            OwnedReply::Acquire { .. } => AcquireOutcome::Timeout,
+            OwnedReply::Release { released, .. } => {
                 let r = if released {
                     Release::Released
                 } else {
                     Release::NotHeld
                 };
                 self.report(&call, Outcome::Release(r));
+                return;
+            }
+            OwnedReply::Extend { extended, .. } => {
+                let until = match call.kind {
+                    Kind::Extend { until, .. } => until,
+                    _ => now,
+                };
+                let outcome = if extended && now < until {
+                    let lease = Duration::from_secs(u64::from(lease_s));
+                    let written = call.written_at.unwrap_or(now);
+                    let token = match call.kind {
+                        Kind::Extend { token, .. } => token,
+                        _ => 0,
+                    };
+                    ExtendOutcome::Extended(Held {
+                        key: call.key.clone(),
+                        token,
+                        lease,
+                        expires_at: deadline::Moment::plus(written, lease),
+                    })
+                } else {
+                    // X, or an E that came after the expiry: whoever
+                    // watched the expiry has been told the grant is lost.
+                    ExtendOutcome::Lost
+                };
+                self.report(&call, Outcome::Extend(outcome));
                 return;
             }
         };
@@ -377,12 +482,25 @@ impl Machine {
 
     fn close_session(&mut self) {
         self.wants_close = true;
-        for call in std::mem::take(&mut self.in_flight) {
+        let mut again = Vec::new();
+        for mut call in std::mem::take(&mut self.in_flight) {
             let outcome = match call.kind {
                 Kind::Acquire { .. } => Outcome::Acquire(AcquireOutcome::Indeterminate),
                 Kind::Release { .. } => Outcome::Release(Release::Indeterminate),
+                Kind::Extend { until, .. } => {
+                    // Applying an extend twice only moves the caller's own
+                    // expiry: it goes out again, until the expiry.
+                    call.written_at = None;
+                    call.plan.send_deadline = until;
+                    call.plan.give_up = until;
+                    again.push(call);
+                    continue;
+                }
             };
             self.report(&call, outcome);
+        }
+        for call in again.into_iter().rev() {
+            self.queued.push_front(call);
         }
         self.rbuf.clear();
     }
@@ -418,48 +536,63 @@ impl Machine {
 
 /// A reply, owned, reduced to what matching needs.
 enum OwnedReply {
-    ToAcquire {
+    Acquire {
         owner: u64,
         key: String,
         token: Option<u64>,
         busy: bool,
     },
-    ToRelease {
+    Release {
         token: u64,
         key: String,
         released: bool,
+    },
+    Extend {
+        token: u64,
+        key: String,
+        extended: bool,
     },
 }
 
 fn owned(r: &Reply<'_>) -> OwnedReply {
     match *r {
-        Reply::Acquired { token, owner, key } => OwnedReply::ToAcquire {
+        Reply::Acquired { token, owner, key } => OwnedReply::Acquire {
             owner,
             key: key.to_owned(),
             token: Some(token),
             busy: false,
         },
-        Reply::Timeout { owner, key } => OwnedReply::ToAcquire {
+        Reply::Timeout { owner, key } => OwnedReply::Acquire {
             owner,
             key: key.to_owned(),
             token: None,
             busy: false,
         },
-        Reply::Busy { owner, key } => OwnedReply::ToAcquire {
+        Reply::Busy { owner, key } => OwnedReply::Acquire {
             owner,
             key: key.to_owned(),
             token: None,
             busy: true,
         },
-        Reply::Released { token, key } => OwnedReply::ToRelease {
+        Reply::Released { token, key } => OwnedReply::Release {
             token,
             key: key.to_owned(),
             released: true,
         },
-        Reply::NotReleased { token, key } => OwnedReply::ToRelease {
+        Reply::NotReleased { token, key } => OwnedReply::Release {
             token,
             key: key.to_owned(),
             released: false,
+        },
+        Reply::Extended { token, key } => OwnedReply::Extend {
+            token,
+            key: key.to_owned(),
+            extended: true,
+        },
+        Reply::NotExtended { token, key } => OwnedReply::Extend {
+            token,
+            key: key.to_owned(),
+            extended: false,
         },
     }
 }
@@ -725,6 +858,134 @@ mod tests {
         assert_eq!(
             m.poll_outcome(),
             Some((id, Outcome::Acquire(AcquireOutcome::Indeterminate)))
+        );
+    }
+
+    fn held(m: &mut Machine, now: Millis, lease: Duration) -> Held {
+        m.acquire(now, "db", Duration::ZERO, lease).unwrap();
+        let (_, _, owner) = acquire_sent(&sent(m, now));
+        m.receive(
+            now,
+            &reply(&Reply::Acquired {
+                token: 5,
+                owner,
+                key: "db",
+            }),
+        );
+        match m.poll_outcome() {
+            Some((_, Outcome::Acquire(AcquireOutcome::Acquired(h)))) => h,
+            other => panic!("not acquired: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_extend_moves_the_expiry_to_its_write_time_plus_the_lease() {
+        let mut m = Machine::new(1);
+        let h = held(&mut m, Millis(0), 10 * S);
+        assert_eq!(h.expires_at, Millis(10_000));
+        let id = m.extend(Millis(3_000), &h, 20 * S).unwrap();
+        let mut want = Vec::new();
+        proto::encode_request(
+            &Request::Extend {
+                lease_s: 20,
+                token: 5,
+                key: "db",
+            },
+            &mut want,
+        );
+        assert_eq!(sent(&mut m, Millis(4_000)), want);
+        m.receive(
+            Millis(4_500),
+            &reply(&Reply::Extended {
+                token: 5,
+                key: "db",
+            }),
+        );
+        let Some((got, Outcome::Extend(ExtendOutcome::Extended(h2)))) = m.poll_outcome() else {
+            panic!("not extended");
+        };
+        assert_eq!(got, id);
+        assert_eq!(
+            (h2.token, h2.expires_at),
+            (5, Millis(24_000)),
+            "written + lease"
+        );
+        // X is definitive.
+        m.extend(Millis(5_000), &h2, 20 * S).unwrap();
+        let _ = sent(&mut m, Millis(5_000));
+        m.receive(
+            Millis(5_001),
+            &reply(&Reply::NotExtended {
+                token: 5,
+                key: "db",
+            }),
+        );
+        assert_eq!(
+            m.poll_outcome().map(|(_, o)| o),
+            Some(Outcome::Extend(ExtendOutcome::Lost))
+        );
+    }
+
+    #[test]
+    fn an_expired_grant_is_not_extended_and_a_late_e_revives_nothing() {
+        let mut m = Machine::new(1);
+        let h = held(&mut m, Millis(0), 2 * S);
+        m.extend(Millis(2_000), &h, 5 * S).unwrap();
+        assert_eq!(
+            m.poll_outcome().map(|(_, o)| o),
+            Some(Outcome::Extend(ExtendOutcome::Lost))
+        );
+        assert!(sent(&mut m, Millis(2_000)).is_empty(), "nothing sent");
+        m.extend(Millis(1_000), &h, 5 * S).unwrap();
+        let _ = sent(&mut m, Millis(1_000));
+        m.receive(
+            Millis(2_000),
+            &reply(&Reply::Extended {
+                token: 5,
+                key: "db",
+            }),
+        );
+        assert_eq!(
+            m.poll_outcome().map(|(_, o)| o),
+            Some(Outcome::Extend(ExtendOutcome::Lost)),
+            "an E at the expiry counts for nothing"
+        );
+    }
+
+    #[test]
+    fn an_unanswered_extend_is_sent_again_on_the_next_connection_until_the_expiry() {
+        let mut m = Machine::new(1);
+        let h = held(&mut m, Millis(0), 30 * S);
+        let id = m.extend(Millis(1_000), &h, 30 * S).unwrap();
+        let first = sent(&mut m, Millis(1_000));
+        // No reply within the 5 s transport deadline: the session is given
+        // up, the extend is not.
+        m.handle_timeout(Millis(6_000));
+        assert!(m.wants_close());
+        assert_eq!(m.poll_outcome(), None);
+        m.connection_lost();
+        assert_eq!(sent(&mut m, Millis(6_100)), first, "the same extend again");
+        m.receive(
+            Millis(6_200),
+            &reply(&Reply::Extended {
+                token: 5,
+                key: "db",
+            }),
+        );
+        let Some((got, Outcome::Extend(ExtendOutcome::Extended(h2)))) = m.poll_outcome() else {
+            panic!("not extended");
+        };
+        assert_eq!((got, h2.expires_at), (id, Millis(36_100)));
+        // Never past the expiry: a connection that stays down loses it.
+        let id = m.extend(Millis(7_000), &h2, 30 * S).unwrap();
+        let _ = sent(&mut m, Millis(7_000));
+        m.connection_lost();
+        m.handle_timeout(Millis(36_099));
+        assert_eq!(m.poll_outcome(), None);
+        m.handle_timeout(Millis(36_100));
+        assert_eq!(
+            m.poll_outcome(),
+            Some((id, Outcome::Extend(ExtendOutcome::Lost)))
         );
     }
 

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::client::machine::{CallId, Machine, Outcome};
+use crate::client::machine::{CallId, Held, Machine, Outcome};
 use crate::client::Error;
 use crate::service::Service;
 
@@ -90,6 +90,20 @@ impl HarnessClient {
         token: u64,
     ) -> Result<CallId, Error> {
         self.machine.release(h.now(), key, token)
+    }
+
+    /// Queues an extend of `held` at the harness's time (see
+    /// [`Machine::extend`]).
+    ///
+    /// # Errors
+    /// A bad lease; nothing is queued.
+    pub fn extend<S: Service>(
+        &mut self,
+        h: &Harness<S>,
+        held: &Held,
+        lease: Duration,
+    ) -> Result<CallId, Error> {
+        self.machine.extend(h.now(), held, lease)
     }
 
     /// The next decided outcome (see [`Machine::poll_outcome`]).
