@@ -1,7 +1,7 @@
 # ticketd developer targets. `make help` lists them.
 CARGO ?= cargo
 
-.PHONY: help build run test lint doc bench vendor-check example clean python-test
+.PHONY: help build run test lint doc bench vendor-check example example-test clean python-test
 
 help:
 	@echo "build         release build of ticketd and ticket"
@@ -12,6 +12,7 @@ help:
 	@echo "bench         ticketd vs Redis vs the limit server vs etcd (BENCH_SECONDS=3 for a quick run)"
 	@echo "vendor-check  cargo vendor, then build offline from it (with and without default features)"
 	@echo "example       run examples/step_server (a server stepped turn by turn)"
+	@echo "example-test  run examples/deterministic_test (the in-memory harness, no sockets)"
 	@echo "sim           cluster simulation over SEEDS seeds from FIRST (make sim SEEDS=500)"
 	@echo "bench-cluster 3-node cluster vs one etcd node and single mode, lock cycles/s (CLIENTS=50)"
 	@echo "sim-single    single-mode simulation over SEEDS fresh seeds (FIRST= to choose); part of sim"
@@ -52,6 +53,9 @@ python-test:
 
 example:
 	$(CARGO) run --example step_server
+
+example-test:
+	$(CARGO) run --example deterministic_test --features harness
 
 clean:
 	$(CARGO) clean

@@ -19,7 +19,8 @@
 //! * [`checker`]: a safety checker for recorded client histories (mutual
 //!   exclusion, token order, FIFO hand-over, every request answered once).
 //! * [`client`]: the official blocking client (SPEC §3): a pool of
-//!   pipelined connections, one deadline per call, Indeterminate when unsure.
+//!   pipelined connections, one deadline per call, Indeterminate when unsure;
+//!   and the same rules as a sans-IO state machine ([`client::machine`]).
 //! * [`service`]: the trait between the event loop and what answers requests
 //!   (single mode: the engine; cluster mode: Raft in front of the engine).
 //! * [`server`]: the mio shell, the only code that touches sockets: one
@@ -28,6 +29,9 @@
 //! * [`single`]: single mode's service: the engine plus fencing tokens that
 //!   keep increasing across restarts.
 //! * [`config`]: every server setting with its default, and the command line.
+//! * `harness` (feature `harness`, for tests only): the real server loop on
+//!   in-memory connections and a manual clock, stepped by the caller, for
+//!   deterministic tests of code that uses ticketd.
 //!
 //! The server is one thread and one hand-written `mio` poll loop; there is no
 //! async runtime anywhere. Cluster mode adds one helper thread that does
@@ -42,6 +46,8 @@ pub mod client;
 pub mod cluster;
 pub mod config;
 pub mod engine;
+#[cfg(feature = "harness")]
+pub mod harness;
 pub mod hash;
 pub mod limits;
 pub mod proto;

@@ -47,10 +47,15 @@
 //!
 //! **Indeterminate** means the caller must not enter the critical section; a
 //! grant that may exist is taken back by its lease at the latest.
+//!
+//! The same rules as a sans-IO state machine that the caller drives (bytes
+//! in, bytes out, the clock passed in) are in [`machine`]: for programs with
+//! their own event loop, and for deterministic tests.
 
 mod deadline;
 mod error;
 mod extend;
+pub mod machine;
 mod owner;
 mod pool;
 mod session;
