@@ -41,6 +41,7 @@ pub mod client;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 pub mod config;
+pub mod datadir;
 pub mod engine;
 pub mod hash;
 pub mod limits;

@@ -13,6 +13,17 @@
 //!   the mark. A crash loses at most the unused rest of a block. The
 //!   directory is locked (`flock` on `DIR/lock`) while the service lives, so
 //!   two servers never share one mark.
+//!
+//!   The mark is a sealed record ([`crate::datadir`]: it carries its own
+//!   length and a CRC-32). Beside it, `DIR/token-floor` is the directory's
+//!   own sealed record of the lowest mark it may hold: written on first use
+//!   (before the first mark) and after every mark. A directory that has a
+//!   floor refuses to start when the mark is missing, short, corrupt or
+//!   lower than the floor, with a message naming the file and what to do;
+//!   a brand-new empty directory initialises. A mark in the format before
+//!   checksums (v1) is read and rewritten at once. Files are created
+//!   0600 and directories 0700 whatever the umask, temporary files with
+//!   `O_EXCL | O_NOFOLLOW`.
 //! * Without one, the first token is the wall clock in microseconds since the
 //!   Unix epoch. This is only restart-safe if the wall clock does not go
 //!   backwards across a restart, and if the server did not, on average since
@@ -26,11 +37,12 @@
 //! turn.
 
 use std::fs::{self, File};
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::config::Config;
+use crate::datadir;
 use crate::engine::{ConnId, Engine, Outbox};
 use crate::limits::EngineLimits;
 use crate::proto::Request;
@@ -47,7 +59,8 @@ pub const MARK_RETRY_MS: u64 = 100;
 /// Name of the high-water mark file inside the data directory.
 pub const MARK_FILE: &str = "token-mark";
 
-const MARK_HEADER: &str = "ticketd token high-water mark v1";
+const MARK_HEADER: &str = "ticketd token high-water mark v2";
+const MARK_HEADER_V1: &str = "ticketd token high-water mark v1";
 
 /// The engine with restart-safe tokens. See the module documentation.
 #[derive(Debug)]
@@ -76,7 +89,8 @@ impl SingleService {
     ///
     /// # Errors
     /// The data directory cannot be created, read or written, or its mark
-    /// file is corrupt (it is never silently replaced).
+    /// is missing, damaged or lower than the directory's floor record (it
+    /// is never silently replaced). Every message names the path.
     pub fn open(config: &Config) -> io::Result<Self> {
         match &config.data_dir {
             Some(dir) => Self::with_data_dir(config.engine.clone(), dir),
@@ -108,9 +122,21 @@ impl SingleService {
     /// # Errors
     /// See [`SingleService::open`].
     pub fn with_data_dir(limits: EngineLimits, dir: &Path) -> io::Result<Self> {
-        fs::create_dir_all(dir)?;
+        datadir::create_private_dir(dir)?;
         let lock = lock_dir(dir)?;
-        let mark = read_mark(dir)?;
+        let loaded = read_mark(dir)?;
+        let mark = loaded.mark;
+        if loaded.v1 {
+            log::info!(
+                "{} is in the format without a checksum; rewriting it with one",
+                dir.join(MARK_FILE).display()
+            );
+        }
+        if !loaded.initialised {
+            // First use: the floor goes first, so that a crash before the
+            // first mark leaves a directory that still starts.
+            write_floor(dir, mark)?;
+        }
         let first = mark.checked_add(1).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -119,7 +145,7 @@ impl SingleService {
         })?;
         let mut engine = Engine::new(limits, first);
         let reserved = first.saturating_add(TOKEN_BLOCK - 1);
-        write_mark(dir, reserved)?;
+        write_mark_and_floor(dir, reserved)?;
         engine.set_token_ceiling(reserved.saturating_add(1));
         Ok(SingleService {
             engine,
@@ -149,14 +175,16 @@ impl SingleService {
 /// Name of the lock file inside the data directory.
 pub const LOCK_FILE: &str = "lock";
 
+/// Name of the data directory's own record of the lowest mark it may hold.
+pub const FLOOR_FILE: &str = "token-floor";
+
+const FLOOR_HEADER: &str = "ticketd data directory v1";
+
 /// Takes the data directory's lock, or fails when another process has it.
 fn lock_dir(dir: &Path) -> io::Result<File> {
     use std::os::unix::io::AsRawFd;
-    let file = File::options()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(dir.join(LOCK_FILE))?;
+    let path = dir.join(LOCK_FILE);
+    let file = datadir::open_private(&path)?;
     // SAFETY: flock on a descriptor we own; no memory is passed.
     let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     if rc != 0 {
@@ -167,50 +195,153 @@ fn lock_dir(dir: &Path) -> io::Result<File> {
                 format!("{} is in use by another ticketd", dir.display()),
             ));
         }
-        return Err(e);
+        return Err(datadir::at(&path, &e));
     }
     Ok(file)
 }
 
-/// Reads the mark in `dir`; 0 when there is none yet.
-fn read_mark(dir: &Path) -> io::Result<u64> {
-    let path = dir.join(MARK_FILE);
-    let text = match fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => return Err(e),
-    };
-    let corrupt = || {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!(
-                "{} is not a token high-water mark; refusing to guess (move it away only if no \
-                 client relies on earlier tokens)",
-                path.display()
-            ),
-        )
-    };
-    let mut lines = text.lines();
-    if lines.next() != Some(MARK_HEADER) {
-        return Err(corrupt());
-    }
-    lines
-        .next()
-        .and_then(|l| l.trim().parse::<u64>().ok())
-        .ok_or_else(corrupt)
+/// What to do about a damaged or missing mark, for every such error.
+const MARK_ADVICE: &str = "refusing to start, since tokens could go back below ones already \
+     issued: restore the file from a backup, or, only if no client or resource relies on \
+     earlier tokens, start with a new empty --data-dir (docs/RELIABILITY.md, \"Tokens across \
+     restarts\")";
+
+fn refuse(message: String) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("{message}; {MARK_ADVICE}"),
+    )
 }
 
-/// Makes `mark` durable in `dir`: temporary file, fsync, rename over the old
-/// mark, fsync of the directory so the rename itself survives a crash.
-fn write_mark(dir: &Path, mark: u64) -> io::Result<()> {
-    let tmp = dir.join(format!("{MARK_FILE}.tmp"));
-    {
-        let mut f = File::create(&tmp)?;
-        writeln!(f, "{MARK_HEADER}\n{mark}")?;
-        f.sync_all()?;
+/// Reads a whole file; `None` when it does not exist.
+fn read_optional(path: &Path) -> io::Result<Option<Vec<u8>>> {
+    match fs::read(path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(datadir::at(path, &e)),
     }
-    fs::rename(&tmp, dir.join(MARK_FILE))?;
-    File::open(dir)?.sync_all()
+}
+
+/// The body line `name VALUE` of a record, parsed as a number.
+fn field(body: &str, name: &str) -> Option<u64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// The mark as read from the data directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Loaded {
+    /// Every token issued before is at or below this (0: none ever was).
+    mark: u64,
+    /// The directory has its floor record (it was initialised).
+    initialised: bool,
+    /// The mark was in the format of ticketd before checksums (v1).
+    v1: bool,
+}
+
+/// Reads the data directory's floor record: `None` when there is none.
+fn read_floor(dir: &Path) -> io::Result<Option<u64>> {
+    let path = dir.join(FLOOR_FILE);
+    let Some(bytes) = read_optional(&path)? else {
+        return Ok(None);
+    };
+    let body = datadir::unseal(&bytes)
+        .map_err(|why| refuse(format!("{} is damaged: {why}", path.display())))?;
+    if body.lines().next() != Some(FLOOR_HEADER) {
+        return Err(refuse(format!(
+            "{} is not a ticketd data directory record",
+            path.display()
+        )));
+    }
+    field(body, "token-floor")
+        .map(Some)
+        .ok_or_else(|| refuse(format!("{} has no token floor", path.display())))
+}
+
+/// Reads the mark in `dir` and checks it against the directory's floor
+/// record. A brand-new directory (neither file) reads as mark 0.
+fn read_mark(dir: &Path) -> io::Result<Loaded> {
+    let floor = read_floor(dir)?;
+    let path = dir.join(MARK_FILE);
+    let Some(bytes) = read_optional(&path)? else {
+        return match floor {
+            // Nothing was ever issued: the floor is written before the
+            // first mark, and no token goes out before the floor follows it.
+            None | Some(0) => Ok(Loaded {
+                mark: 0,
+                initialised: floor.is_some(),
+                v1: false,
+            }),
+            Some(f) => Err(refuse(format!(
+                "{} is missing, but {} records that tokens up to {f} were reserved",
+                path.display(),
+                dir.join(FLOOR_FILE).display()
+            ))),
+        };
+    };
+    let (mark, v1) = match parse_v1(&bytes) {
+        Some(mark) => (mark, true),
+        None => (parse_v2(&path, &bytes)?, false),
+    };
+    match floor {
+        Some(f) if mark < f => Err(refuse(format!(
+            "{} holds {mark}, lower than the {f} that {} records",
+            path.display(),
+            dir.join(FLOOR_FILE).display()
+        ))),
+        None if !v1 => Err(refuse(format!(
+            "{} is missing, so {} cannot be checked",
+            dir.join(FLOOR_FILE).display(),
+            path.display()
+        ))),
+        _ => Ok(Loaded {
+            mark,
+            initialised: floor.is_some(),
+            v1,
+        }),
+    }
+}
+
+/// A mark in the format without a checksum (ticketd before v2): read so
+/// that an upgrade starts, and rewritten in the new format at once.
+fn parse_v1(bytes: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let mut lines = text.lines();
+    if lines.next() != Some(MARK_HEADER_V1) {
+        return None;
+    }
+    lines.next()?.trim().parse().ok()
+}
+
+fn parse_v2(path: &Path, bytes: &[u8]) -> io::Result<u64> {
+    let body = datadir::unseal(bytes)
+        .map_err(|why| refuse(format!("{} is damaged: {why}", path.display())))?;
+    if body.lines().next() != Some(MARK_HEADER) {
+        return Err(refuse(format!(
+            "{} is not a token high-water mark",
+            path.display()
+        )));
+    }
+    field(body, "mark").ok_or_else(|| refuse(format!("{} has no mark line", path.display())))
+}
+
+/// Makes `mark` durable in `dir` (see [`datadir::replace_file`]).
+fn write_mark(dir: &Path, mark: u64) -> io::Result<()> {
+    let body = format!("{MARK_HEADER}\nmark {mark}\n");
+    datadir::replace_file(&dir.join(MARK_FILE), datadir::seal(&body).as_bytes())
+}
+
+/// Makes `floor` the directory's durable record of the lowest mark it may
+/// hold. Written after the mark it follows, so the mark is never below it.
+fn write_floor(dir: &Path, floor: u64) -> io::Result<()> {
+    let body = format!("{FLOOR_HEADER}\ntoken-floor {floor}\n");
+    datadir::replace_file(&dir.join(FLOOR_FILE), datadir::seal(&body).as_bytes())
+}
+
+/// The mark, then the floor that follows it.
+fn write_mark_and_floor(dir: &Path, mark: u64) -> io::Result<()> {
+    write_mark(dir, mark)?;
+    write_floor(dir, mark)
 }
 
 impl Service for SingleService {
@@ -250,7 +381,7 @@ impl Service for SingleService {
             return Ok(());
         }
         let mark = next.saturating_add(TOKEN_BLOCK - 1);
-        match write_mark(&store.dir, mark) {
+        match write_mark_and_floor(&store.dir, mark) {
             Ok(()) => {
                 store.durable_mark = mark;
                 self.engine.set_token_ceiling(mark.saturating_add(1));
@@ -348,7 +479,7 @@ mod tests {
         s.end_turn(Millis(0), &mut out).unwrap();
         let mark = s.durable_mark().unwrap();
         assert!(mark > first_mark);
-        assert_eq!(read_mark(&dir).unwrap(), mark);
+        assert_eq!(read_mark(&dir).unwrap().mark, mark);
         fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -400,7 +531,7 @@ mod tests {
         }
         s.end_turn(Millis(1_000 + MARK_RETRY_MS), &mut out).unwrap();
         assert!(s.durable_mark().unwrap() > mark);
-        assert_eq!(read_mark(&dir).unwrap(), s.durable_mark().unwrap());
+        assert_eq!(read_mark(&dir).unwrap().mark, s.durable_mark().unwrap());
         assert_eq!(s.next_deadline(), None, "nothing left to retry");
         fs::remove_dir_all(&dir).unwrap();
     }

@@ -808,8 +808,7 @@ fn a_data_dir_that_fills_up_while_serving_loses_no_grant() {
     let mark = std::fs::read_to_string(data.join("token-mark")).expect("mark");
     let mark_value: u64 = mark
         .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .next()
+        .find_map(|l| l.strip_prefix("mark ")?.trim().parse().ok())
         .unwrap_or_else(|| panic!("mark unreadable: {mark:?}"));
     assert!(
         mark_value >= last,
