@@ -121,8 +121,9 @@ fn create_temp(tmp: &Path) -> io::Result<File> {
 }
 
 /// Makes `bytes` the durable content of `path`: a temporary file beside it
-/// (created as [`create_temp`] says), fsync, rename over `path`, fsync of
-/// the directory so that the rename itself survives a crash.
+/// (`O_EXCL | O_NOFOLLOW`, see the module documentation), fsync, rename
+/// over `path`, fsync of the directory so that the rename itself survives
+/// a crash.
 ///
 /// # Errors
 /// Any step fails; the message names the file it failed on.

@@ -30,6 +30,27 @@
 //!   it started, issue more than one token per microsecond (it cannot come
 //!   near that rate in practice).
 //!
+//! # Restart grace
+//!
+//! With a data directory the service also keeps a *durable lease bound* in
+//! `DIR/lease-bound`: a moment after which no lease it granted can still
+//! run, on `CLOCK_BOOTTIME` (with the boot id) and on the wall clock. It is
+//! written ahead in steps like the mark: a grant whose lease would pass the
+//! bound moves it [`LEASE_BOUND_STEP_MS`] past that lease, in
+//! [`Service::end_turn`], before the turn's replies go out (one in-place
+//! write and `fdatasync`; none while leases stay within the bound). A clean
+//! stop ([`Service::stop`]) records exactly what is outstanding: nothing
+//! (the next start grants at once) or the latest lease end.
+//!
+//! On start, [`grace_for`] measures what is left of the bound: on
+//! `CLOCK_BOOTTIME` after a process restart on the same boot; on the wall
+//! clock after a reboot; the full longest lease after a reboot whose wall
+//! clock reads before the bound was written (set back, or no real-time
+//! clock), or when the file is damaged. While it lasts, the engine holds
+//! every key for an unknown holder ([`Engine::set_restart_grace`]); with
+//! `--restart-grace off` it is only reported. If the bound cannot be
+//! written, no grant is made (Busy) until it can.
+//!
 //! If writing the mark fails, the error is logged (rate-limited), the service
 //! keeps serving under the old ceiling (grants stop with Busy once it is
 //! reached) and the write is tried again [`MARK_RETRY_MS`] later: a failing
@@ -41,14 +62,14 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::config::Config;
+use crate::config::{Config, RestartGrace, DEFAULT_MAX_LEASE_S};
 use crate::datadir;
 use crate::engine::{ConnId, Engine, Outbox};
 use crate::limits::EngineLimits;
 use crate::proto::Request;
 use crate::server::ratelimit::LogLimit;
 use crate::service::Service;
-use crate::time::Millis;
+use crate::time::{utc, HostTime, Millis};
 
 /// Tokens reserved by one write of the high-water mark.
 pub const TOKEN_BLOCK: u64 = 1 << 20;
@@ -62,11 +83,164 @@ pub const MARK_FILE: &str = "token-mark";
 const MARK_HEADER: &str = "ticketd token high-water mark v2";
 const MARK_HEADER_V1: &str = "ticketd token high-water mark v1";
 
+/// How far past the latest lease end a write of the lease bound puts it:
+/// while grants keep coming with similar leases, the bound is written at
+/// most once per step, and a crash adds at most this to the grace.
+pub const LEASE_BOUND_STEP_MS: u64 = 1000;
+
+/// Name of the durable lease bound's file inside the data directory.
+pub const BOUND_FILE: &str = "lease-bound";
+
+const BOUND_HEADER: &str = "ticketd lease bound v1";
+
+/// The lease bound file's fixed size: each write overwrites it in place
+/// (one `pwrite` and one `fdatasync`, no new block), so it keeps working
+/// on a full disk; the unused tail is zeros.
+const BOUND_BYTES: usize = 512;
+
+/// The durable lease bound, as `DIR/lease-bound` records it: no lease
+/// granted before it was written runs past it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaseRecord {
+    /// No record: a new directory, or one from before lease bounds.
+    Unknown,
+    /// The file is there but damaged (a torn write): nothing is known.
+    Damaged,
+    /// A clean stop with no lease outstanding.
+    Nothing,
+    /// No lease runs past this moment, on each of the host's clocks.
+    Until {
+        /// The boot the record was written on (`/proc/sys/kernel/random/boot_id`).
+        boot_id: String,
+        /// The bound on `CLOCK_BOOTTIME` of that boot (0: not readable).
+        boottime_ms: u64,
+        /// The bound on the wall clock.
+        wall_ms: u64,
+        /// The wall clock when the record was written: a clock reading
+        /// before it after a reboot is not trusted.
+        written_wall_ms: u64,
+        /// The longest lease the writer could grant.
+        max_lease_s: u8,
+    },
+}
+
+impl LeaseRecord {
+    /// The record for a bound `bound` on the engine's timeline, where
+    /// `now` is the engine's present and `host` the host's clocks read
+    /// no earlier than `now` (so the record is never earlier than the bound).
+    #[must_use]
+    pub fn at(bound: Millis, now: Millis, host: &HostTime, max_lease_s: u8) -> LeaseRecord {
+        if bound <= now {
+            return LeaseRecord::Nothing;
+        }
+        let ahead = bound.since(now);
+        LeaseRecord::Until {
+            boot_id: host.boot_id.clone().unwrap_or_else(|| "unknown".into()),
+            boottime_ms: host.boottime_ms.map_or(0, |b| b.saturating_add(ahead)),
+            wall_ms: host.wall_ms.saturating_add(ahead),
+            written_wall_ms: host.wall_ms,
+            max_lease_s,
+        }
+    }
+
+    fn line(&self) -> String {
+        match self {
+            LeaseRecord::Unknown | LeaseRecord::Damaged => "leases unknown".into(),
+            LeaseRecord::Nothing => "leases none".into(),
+            LeaseRecord::Until {
+                boot_id,
+                boottime_ms,
+                wall_ms,
+                written_wall_ms,
+                max_lease_s,
+            } => format!(
+                "leases until boot_id={boot_id} boottime_ms={boottime_ms} wall_ms={wall_ms} \
+                 written_wall_ms={written_wall_ms} max_lease_s={max_lease_s}"
+            ),
+        }
+    }
+
+    fn parse(line: &str) -> Option<LeaseRecord> {
+        let rest = line.strip_prefix("leases ")?;
+        match rest {
+            "unknown" => return Some(LeaseRecord::Unknown),
+            "none" => return Some(LeaseRecord::Nothing),
+            _ => {}
+        }
+        let mut words = rest.strip_prefix("until ")?.split(' ');
+        let mut value = |name: &str| words.next()?.strip_prefix(name)?.strip_prefix('=');
+        let boot_id = value("boot_id")?.to_string();
+        let boottime_ms = value("boottime_ms")?.parse().ok()?;
+        let wall_ms = value("wall_ms")?.parse().ok()?;
+        let written_wall_ms = value("written_wall_ms")?.parse().ok()?;
+        let max_lease_s = value("max_lease_s")?.parse().ok()?;
+        Some(LeaseRecord::Until {
+            boot_id,
+            boottime_ms,
+            wall_ms,
+            written_wall_ms,
+            max_lease_s,
+        })
+    }
+}
+
+/// How long a start must hold every key for the leases of `record`, seen
+/// from `host`, and which clock said so.
+///
+/// * Same boot (the boot ids match): `CLOCK_BOOTTIME`, which a process
+///   restart does not reset and which counts suspend.
+/// * After a reboot: the wall clock, if it reads no earlier than when the
+///   record was written; the wait is then never longer than the record's
+///   own distance from its writing.
+/// * After a reboot with a wall clock before the record's writing (set
+///   back, or a host without a real-time clock that boots at a fixed
+///   date): the full longest lease of the writer.
+#[must_use]
+pub fn grace_for(record: &LeaseRecord, host: &HostTime) -> (u64, &'static str) {
+    let LeaseRecord::Until {
+        boot_id,
+        boottime_ms,
+        wall_ms,
+        written_wall_ms,
+        max_lease_s,
+    } = record
+    else {
+        return match record {
+            LeaseRecord::Nothing => (0, "nothing was outstanding at the last stop"),
+            LeaseRecord::Damaged => (
+                u64::from(u8::MAX) * 1000 + LEASE_BOUND_STEP_MS,
+                "the lease bound is damaged: the protocol's longest lease",
+            ),
+            _ => (0, "no lease bound was recorded"),
+        };
+    };
+    let longest = u64::from(*max_lease_s) * 1000 + LEASE_BOUND_STEP_MS;
+    match (host.boot_id.as_deref(), host.boottime_ms) {
+        (Some(id), Some(now)) if id == boot_id && *boottime_ms > 0 => (
+            boottime_ms.saturating_sub(now).min(longest),
+            "same boot: CLOCK_BOOTTIME",
+        ),
+        _ if host.wall_ms < *written_wall_ms => (
+            longest,
+            "after a reboot, the wall clock reads before the bound was written: the full longest lease",
+        ),
+        _ => (
+            wall_ms
+                .saturating_sub(host.wall_ms)
+                .min(wall_ms.saturating_sub(*written_wall_ms)),
+            "after a reboot: the wall clock",
+        ),
+    }
+}
+
 /// The engine with restart-safe tokens. See the module documentation.
 #[derive(Debug)]
 pub struct SingleService {
     engine: Engine,
     store: Option<MarkStore>,
+    /// What the start found about the earlier run's leases, for the
+    /// start-up line.
+    grace_note: String,
 }
 
 #[derive(Debug)]
@@ -77,6 +251,13 @@ struct MarkStore {
     _lock: File,
     /// Every token issued is at or below this, and it is on disk.
     durable_mark: u64,
+    /// No lease granted runs past this (engine timeline), and it is on disk.
+    durable_bound: Millis,
+    /// The longest lease recorded with the bound: this run's `--max-lease`,
+    /// or an earlier run's if longer and its leases may still run.
+    record_max_lease_s: u8,
+    /// `DIR/lease-bound`, open for writes in place.
+    bound_file: File,
     errors: LogLimit,
     /// No write is attempted before this, after a failed one.
     retry_at: Millis,
@@ -92,10 +273,17 @@ impl SingleService {
     /// is missing, damaged or lower than the directory's floor record (it
     /// is never silently replaced). Every message names the path.
     pub fn open(config: &Config) -> io::Result<Self> {
-        match &config.data_dir {
-            Some(dir) => Self::with_data_dir(config.engine.clone(), dir),
-            None => Ok(Self::with_wall_clock_seed(config.engine.clone())),
-        }
+        let mut service = match &config.data_dir {
+            Some(dir) => Self::with_data_dir_grace(
+                config.engine.clone(),
+                dir,
+                config.restart_grace,
+                config.max_lease_s,
+            )?,
+            None => Self::with_wall_clock_seed(config.engine.clone()),
+        };
+        service.engine.set_max_lease(config.max_lease_s);
+        Ok(service)
     }
 
     /// Tokens seeded from the wall clock in microseconds (no data directory).
@@ -114,14 +302,33 @@ impl SingleService {
         SingleService {
             engine: Engine::new(limits, first_token),
             store: None,
+            grace_note: String::new(),
         }
     }
 
-    /// Tokens above the high-water mark kept in `dir` (created if missing).
+    /// Tokens above the high-water mark kept in `dir` (created if missing),
+    /// with the default restart grace (`auto`) and longest lease (255 s).
     ///
     /// # Errors
     /// See [`SingleService::open`].
     pub fn with_data_dir(limits: EngineLimits, dir: &Path) -> io::Result<Self> {
+        Self::with_data_dir_grace(limits, dir, RestartGrace::Auto, DEFAULT_MAX_LEASE_S)
+    }
+
+    /// Tokens above the high-water mark kept in `dir`, and a durable lease
+    /// bound beside it: with `grace` `Auto`, a start while leases of an
+    /// earlier run may still run holds every key until they have ended
+    /// ([`Engine::set_restart_grace`]). `max_lease_s` is this run's
+    /// longest lease (recorded with the bound).
+    ///
+    /// # Errors
+    /// See [`SingleService::open`].
+    pub fn with_data_dir_grace(
+        limits: EngineLimits,
+        dir: &Path,
+        grace: RestartGrace,
+        max_lease_s: u8,
+    ) -> io::Result<Self> {
         datadir::create_private_dir(dir)?;
         let lock = lock_dir(dir)?;
         let loaded = read_mark(dir)?;
@@ -145,17 +352,68 @@ impl SingleService {
         })?;
         let mut engine = Engine::new(limits, first);
         let reserved = first.saturating_add(TOKEN_BLOCK - 1);
-        write_mark_and_floor(dir, reserved)?;
+        // The leases of the earlier run: measured now, and recorded again
+        // (for this boot) with the new mark, so that a crash during the
+        // grace leaves the same bound.
+        let host = HostTime::read();
+        let leases = read_bound(dir)?;
+        if leases == LeaseRecord::Damaged {
+            log::warn!(
+                "{} is damaged (a torn write?): holding every key for the longest lease",
+                dir.join(BOUND_FILE).display()
+            );
+        }
+        let (remaining_ms, why) = grace_for(&leases, &host);
+        let old_max = match leases {
+            LeaseRecord::Until { max_lease_s, .. } if remaining_ms > 0 => max_lease_s,
+            _ => 0,
+        };
+        let record_max_lease_s = max_lease_s.max(old_max);
+        // The engine's timeline starts at the server's clock, read after
+        // this: a bound measured from here ends no earlier on it.
+        let bound = Millis(remaining_ms);
+        let record = LeaseRecord::at(bound, Millis::ZERO, &host, record_max_lease_s);
+        let bound_path = dir.join(BOUND_FILE);
+        let bound_file = datadir::open_private(&bound_path)?;
+        write_bound(&bound_file, &bound_path, &record)?;
+        write_mark(dir, reserved)?;
+        write_floor(dir, reserved)?;
         engine.set_token_ceiling(reserved.saturating_add(1));
+        let grace_note = match (grace, remaining_ms) {
+            (RestartGrace::Off, 0) => format!("restart_grace=off (none was due: {why})"),
+            (RestartGrace::Off, ms) => {
+                format!("restart_grace=off (leases of the earlier run may run {ms} ms more: {why})")
+            }
+            (RestartGrace::Auto, 0) => format!("restart_grace=none ({why})"),
+            (RestartGrace::Auto, ms) => {
+                engine.set_restart_grace(bound);
+                format!(
+                    "restart_grace=in-force for {ms} ms, until {} ({why}): every key is held \
+                     until then",
+                    utc(host.wall_ms.saturating_add(ms))
+                )
+            }
+        };
+        if loaded.v1 && grace == RestartGrace::Auto {
+            log::warn!(
+                "{} is from a ticketd that kept no lease bound: leases it granted are not \
+                 known, so this start holds no key for them",
+                dir.join(MARK_FILE).display()
+            );
+        }
         Ok(SingleService {
             engine,
             store: Some(MarkStore {
                 dir: dir.to_path_buf(),
                 _lock: lock,
                 durable_mark: reserved,
+                durable_bound: bound,
+                record_max_lease_s,
+                bound_file,
                 errors: LogLimit::new(1, 10_000),
                 retry_at: Millis::ZERO,
             }),
+            grace_note,
         })
     }
 
@@ -169,6 +427,13 @@ impl SingleService {
     #[must_use]
     pub fn durable_mark(&self) -> Option<u64> {
         self.store.as_ref().map(|s| s.durable_mark)
+    }
+
+    /// The durable lease bound on the engine's timeline, when there is a
+    /// data directory: no lease granted runs past it.
+    #[must_use]
+    pub fn durable_lease_bound(&self) -> Option<Millis> {
+        self.store.as_ref().map(|s| s.durable_bound)
     }
 }
 
@@ -229,7 +494,7 @@ fn field(body: &str, name: &str) -> Option<u64> {
 }
 
 /// The mark as read from the data directory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Loaded {
     /// Every token issued before is at or below this (0: none ever was).
     mark: u64,
@@ -331,6 +596,50 @@ fn write_mark(dir: &Path, mark: u64) -> io::Result<()> {
     datadir::replace_file(&dir.join(MARK_FILE), datadir::seal(&body).as_bytes())
 }
 
+/// Reads `DIR/lease-bound`: [`LeaseRecord::Unknown`] when there is none,
+/// [`LeaseRecord::Damaged`] when it does not check.
+fn read_bound(dir: &Path) -> io::Result<LeaseRecord> {
+    let Some(bytes) = read_optional(&dir.join(BOUND_FILE))? else {
+        return Ok(LeaseRecord::Unknown);
+    };
+    let end = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    let Ok(body) = datadir::unseal(&bytes[..end]) else {
+        return Ok(LeaseRecord::Damaged);
+    };
+    let mut lines = body.lines();
+    if lines.next() != Some(BOUND_HEADER) {
+        return Ok(LeaseRecord::Damaged);
+    }
+    Ok(lines
+        .next()
+        .and_then(LeaseRecord::parse)
+        .unwrap_or(LeaseRecord::Damaged))
+}
+
+/// Makes `record` durable in the lease bound file, in place: one write of
+/// the whole fixed-size file and one `fdatasync`. A write torn by a crash
+/// reads back as [`LeaseRecord::Damaged`], which holds keys for the
+/// longest lease: never too short.
+fn write_bound(file: &File, path: &Path, record: &LeaseRecord) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let body = format!("{BOUND_HEADER}\n{}\n", record.line());
+    let mut bytes = datadir::seal(&body).into_bytes();
+    debug_assert!(bytes.len() <= BOUND_BYTES, "a lease bound fits its file");
+    bytes.resize(BOUND_BYTES, 0);
+    let fresh = file.metadata().map_err(|e| datadir::at(path, &e))?.len() == 0;
+    file.write_all_at(&bytes, 0)
+        .and_then(|()| file.sync_data())
+        .map_err(|e| datadir::at(path, &e))?;
+    if fresh {
+        // The new file's directory entry must survive a crash too.
+        let dir = path.parent().unwrap_or_else(|| Path::new("."));
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| datadir::at(dir, &e))?;
+    }
+    Ok(())
+}
+
 /// Makes `floor` the directory's durable record of the lowest mark it may
 /// hold. Written after the mark it follows, so the mark is never below it.
 fn write_floor(dir: &Path, floor: u64) -> io::Result<()> {
@@ -338,10 +647,22 @@ fn write_floor(dir: &Path, floor: u64) -> io::Result<()> {
     datadir::replace_file(&dir.join(FLOOR_FILE), datadir::seal(&body).as_bytes())
 }
 
-/// The mark, then the floor that follows it.
-fn write_mark_and_floor(dir: &Path, mark: u64) -> io::Result<()> {
-    write_mark(dir, mark)?;
-    write_floor(dir, mark)
+impl MarkStore {
+    /// The mark is needed when the next token comes within half a block.
+    fn mark_needed(&self, engine: &Engine) -> bool {
+        engine.next_token().saturating_add(TOKEN_BLOCK / 2) > self.durable_mark
+    }
+
+    /// The bound is needed when a grant's lease runs past it.
+    fn bound_needed(&self, engine: &Engine) -> bool {
+        engine.granted_until() > self.durable_bound
+    }
+
+    /// Writes the lease bound `bound` (engine timeline, seen at `now`).
+    fn write_bound(&self, now: Millis, bound: Millis) -> io::Result<()> {
+        let record = LeaseRecord::at(bound, now, &HostTime::read(), self.record_max_lease_s);
+        write_bound(&self.bound_file, &self.dir.join(BOUND_FILE), &record)
+    }
 }
 
 impl Service for SingleService {
@@ -362,8 +683,7 @@ impl Service for SingleService {
         // After a failed write of a mark still needed, wake for the retry
         // (every turn tries once due, and pushes this past its `now`).
         let retry = self.store.as_ref().and_then(|store| {
-            let needed =
-                self.engine.next_token().saturating_add(TOKEN_BLOCK / 2) > store.durable_mark;
+            let needed = store.mark_needed(&self.engine) || store.bound_needed(&self.engine);
             (needed && store.retry_at > Millis::ZERO).then_some(store.retry_at)
         });
         match (engine, retry) {
@@ -376,43 +696,95 @@ impl Service for SingleService {
         let Some(store) = self.store.as_mut() else {
             return Ok(());
         };
-        let next = self.engine.next_token();
-        if next.saturating_add(TOKEN_BLOCK / 2) <= store.durable_mark || now < store.retry_at {
+        let mark_needed = store.mark_needed(&self.engine);
+        let bound_needed = store.bound_needed(&self.engine);
+        if !(mark_needed || bound_needed) || now < store.retry_at {
             return Ok(());
         }
-        let mark = next.saturating_add(TOKEN_BLOCK - 1);
-        match write_mark_and_floor(&store.dir, mark) {
+        let mut failed = Vec::new();
+        if bound_needed {
+            // A grant past the bound moves it, a step ahead: written before
+            // the turn's replies go out, at most once per turn.
+            let bound = self.engine.granted_until().add_ms(LEASE_BOUND_STEP_MS);
+            match store.write_bound(now, bound) {
+                Ok(()) => store.durable_bound = bound,
+                Err(e) => failed.push(format!(
+                    "cannot persist the lease bound: {e}; no grant until it is written (a \
+                     restart must know every lease that may still run)"
+                )),
+            }
+        }
+        if mark_needed {
+            let mark = self.engine.next_token().saturating_add(TOKEN_BLOCK - 1);
+            match write_mark(&store.dir, mark).and_then(|()| write_floor(&store.dir, mark)) {
+                Ok(()) => store.durable_mark = mark,
+                Err(e) => failed.push(format!(
+                    "cannot persist the token high-water mark in {}: {e}; serving on under the \
+                     old mark {} (grants answer Busy once it is reached)",
+                    store.dir.display(),
+                    store.durable_mark
+                )),
+            }
+        }
+        let ceiling = if store.bound_needed(&self.engine) {
+            // No grant until the bound is on disk.
+            self.engine.next_token()
+        } else {
+            store.durable_mark.saturating_add(1)
+        };
+        self.engine.set_token_ceiling(ceiling);
+        if !failed.is_empty() {
+            store.retry_at = now.add_ms(MARK_RETRY_MS);
+            if let Some(suppressed) = store.errors.allow(now) {
+                log::error!(
+                    "{}; retrying every {MARK_RETRY_MS} ms ({suppressed} similar errors \
+                     suppressed)",
+                    failed.join("; ")
+                );
+            }
+        }
+        // Handled here: the server need not log it again.
+        Ok(())
+    }
+
+    fn stop(&mut self, now: Millis) {
+        let Some(store) = self.store.as_mut() else {
+            return;
+        };
+        // A clean stop records exactly what is outstanding: nothing, so
+        // that the next start grants at once, or the latest lease end.
+        let bound = self.engine.outstanding_until(now).unwrap_or(Millis::ZERO);
+        match store.write_bound(now, bound) {
             Ok(()) => {
-                store.durable_mark = mark;
-                self.engine.set_token_ceiling(mark.saturating_add(1));
-                Ok(())
-            }
-            Err(e) => {
-                store.retry_at = now.add_ms(MARK_RETRY_MS);
-                if let Some(suppressed) = store.errors.allow(now) {
-                    log::error!(
-                        "cannot persist the token high-water mark in {}: {e}; serving on under \
-                         the old mark {} (grants answer Busy once it is reached), retrying \
-                         every {MARK_RETRY_MS} ms ({suppressed} similar errors suppressed)",
-                        store.dir.display(),
-                        store.durable_mark
-                    );
+                store.durable_bound = bound;
+                match self.engine.outstanding_until(now) {
+                    None => log::info!("no lease outstanding: the next start grants at once"),
+                    Some(at) => log::info!(
+                        "leases outstanding for {} ms more: the next start holds every key \
+                         until they end",
+                        at.since(now)
+                    ),
                 }
-                // Handled here: the server need not log it again.
-                Ok(())
             }
+            Err(e) => log::error!(
+                "cannot record the outstanding leases in {}: {e}; the next start keeps the \
+                 earlier bound",
+                store.dir.display()
+            ),
         }
     }
 
     fn describe(&self) -> String {
         match &self.store {
             Some(s) => format!(
-                "mode=single data_dir={} next_token={}",
+                "mode=single data_dir={} next_token={} {}",
                 s.dir.display(),
-                self.engine.next_token()
+                self.engine.next_token(),
+                self.grace_note
             ),
             None => format!(
-                "mode=single data_dir=none next_token={} (wall-clock seed)",
+                "mode=single data_dir=none next_token={} (wall-clock seed) restart_grace=none \
+                 (no data directory: nothing to remember)",
                 self.engine.next_token()
             ),
         }
@@ -562,5 +934,175 @@ mod tests {
         let s = SingleService::with_wall_clock_seed(EngineLimits::default());
         // After 2020-01-01 in microseconds.
         assert!(s.engine().next_token() > 1_577_836_800_000_000);
+    }
+
+    fn acquire(
+        s: &mut SingleService,
+        now: u64,
+        key: &str,
+        lease_s: u8,
+        out: &mut Outbox,
+    ) -> String {
+        out.clear();
+        s.request(
+            Millis(now),
+            1,
+            Request::Acquire {
+                wait_s: 0,
+                lease_s,
+                owner: 1,
+                key,
+            },
+            out,
+        );
+        s.end_turn(Millis(now), out).unwrap();
+        format!("{:?}", out.iter().next().map(|a| a.reply))
+    }
+
+    fn host(boot: &str, boottime_ms: u64, wall_ms: u64) -> HostTime {
+        HostTime {
+            boot_id: Some(boot.into()),
+            boottime_ms: Some(boottime_ms),
+            wall_ms,
+        }
+    }
+
+    #[test]
+    fn the_grace_is_measured_on_the_clock_that_survived_the_restart() {
+        let written = host("boot-a", 10_000, 1_000_000);
+        let record = LeaseRecord::at(Millis(5_000), Millis(0), &written, 30);
+        assert_eq!(LeaseRecord::parse(&record.line()), Some(record.clone()));
+        // Same boot, 2 s later on CLOCK_BOOTTIME (whatever the wall clock says).
+        assert_eq!(
+            grace_for(&LeaseRecord::Damaged, &written).0,
+            255_000 + LEASE_BOUND_STEP_MS
+        );
+        let (ms, why) = grace_for(&record, &host("boot-a", 12_000, 0));
+        assert_eq!((ms, why), (3_000, "same boot: CLOCK_BOOTTIME"));
+        assert_eq!(grace_for(&record, &host("boot-a", 20_000, 0)).0, 0);
+        // Rebooted, the wall clock 1 s later than the writing.
+        let (ms, why) = grace_for(&record, &host("boot-b", 50, 1_001_000));
+        assert_eq!((ms, why), (4_000, "after a reboot: the wall clock"));
+        // Rebooted with a wall clock before the writing: the full longest
+        // lease of the writer.
+        let (ms, _) = grace_for(&record, &host("boot-b", 50, 999_999));
+        assert_eq!(ms, 30_000 + LEASE_BOUND_STEP_MS);
+        // No boot id or boot time readable now: the wall clock decides.
+        let blind = HostTime {
+            boot_id: None,
+            boottime_ms: None,
+            wall_ms: 1_002_000,
+        };
+        assert_eq!(grace_for(&record, &blind).0, 3_000);
+        assert_eq!(grace_for(&LeaseRecord::Nothing, &written).0, 0);
+        assert_eq!(grace_for(&LeaseRecord::Unknown, &written).0, 0);
+        assert_eq!(
+            LeaseRecord::at(Millis(5), Millis(5), &written, 30),
+            LeaseRecord::Nothing
+        );
+    }
+
+    #[test]
+    fn a_crash_with_a_lease_out_holds_every_key_after_the_restart() {
+        let dir = temp_dir("grace-crash");
+        let mut out = Outbox::new();
+        let mut s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
+        assert_eq!(s.engine().restart_grace(Millis(0)), None);
+        assert!(acquire(&mut s, 0, "a", 5, &mut out).contains("Acquired"));
+        let bound = s.durable_lease_bound().unwrap();
+        assert!(bound >= Millis(5_001), "the grant moved the bound: {bound}");
+        // A shorter lease within the bound writes nothing more.
+        assert!(acquire(&mut s, 10, "b", 2, &mut out).contains("Acquired"));
+        assert_eq!(s.durable_lease_bound(), Some(bound));
+        let text = fs::read_to_string(dir.join(BOUND_FILE)).unwrap();
+        assert!(text.contains("leases until boot_id="), "{text}");
+        drop(s); // a crash: no stop
+        let mut s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
+        let until = s.engine().restart_grace(Millis(0)).expect("a grace");
+        assert!(until >= Millis(4_000) && until <= Millis(6_001), "{until}");
+        assert!(
+            s.describe().contains("restart_grace=in-force"),
+            "{}",
+            s.describe()
+        );
+        for key in ["a", "other"] {
+            assert!(
+                acquire(&mut s, 0, key, 5, &mut out).contains("Timeout"),
+                "{key}"
+            );
+        }
+        let after = until.0;
+        assert!(acquire(&mut s, after, "a", 5, &mut out).contains("Acquired"));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_clean_stop_records_what_is_outstanding() {
+        let dir = temp_dir("grace-stop");
+        let mut out = Outbox::new();
+        let mut s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
+        assert!(acquire(&mut s, 0, "a", 30, &mut out).contains("Acquired"));
+        // Stopped with the key held: the next start holds keys.
+        s.stop(Millis(0));
+        drop(s);
+        let mut s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
+        assert!(s.engine().restart_grace(Millis(0)).is_some());
+        // Stopped with nothing held (the grace is over, nothing granted).
+        let over = s.engine().restart_grace(Millis(0)).unwrap();
+        s.stop(over);
+        drop(s);
+        let text = fs::read_to_string(dir.join(BOUND_FILE)).unwrap();
+        assert!(text.contains("leases none"), "{text}");
+        let mut s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
+        assert_eq!(s.engine().restart_grace(Millis(0)), None);
+        assert!(
+            s.describe().contains("restart_grace=none"),
+            "{}",
+            s.describe()
+        );
+        assert!(acquire(&mut s, 0, "a", 30, &mut out).contains("Acquired"));
+        // Off: no grace, but the bound is still kept for a later `auto`.
+        drop(s);
+        let mut s = SingleService::with_data_dir_grace(
+            EngineLimits::default(),
+            &dir,
+            RestartGrace::Off,
+            DEFAULT_MAX_LEASE_S,
+        )
+        .unwrap();
+        assert_eq!(s.engine().restart_grace(Millis(0)), None);
+        assert!(
+            s.describe().contains("restart_grace=off"),
+            "{}",
+            s.describe()
+        );
+        assert!(acquire(&mut s, 0, "a", 30, &mut out).contains("Acquired"));
+        drop(s);
+        let s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
+        assert!(s.engine().restart_grace(Millis(0)).is_some());
+        drop(s);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A grant past the durable bound whose write fails stops every grant
+    /// until the bound is on disk.
+    #[test]
+    fn no_grant_while_the_lease_bound_cannot_be_written() {
+        let dir = temp_dir("grace-fail");
+        let mut out = Outbox::new();
+        let mut s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
+        // A descriptor that refuses writes stands in for a failing disk.
+        let good = std::mem::replace(
+            &mut s.store.as_mut().unwrap().bound_file,
+            File::open("/dev/null").unwrap(),
+        );
+        assert!(acquire(&mut s, 0, "a", 5, &mut out).contains("Acquired"));
+        assert!(acquire(&mut s, 1, "b", 5, &mut out).contains("Busy"));
+        s.store.as_mut().unwrap().bound_file = good;
+        assert!(acquire(&mut s, MARK_RETRY_MS - 1, "b", 5, &mut out).contains("Busy"));
+        assert!(acquire(&mut s, MARK_RETRY_MS, "b", 5, &mut out).contains("Busy"));
+        assert!(s.durable_lease_bound().unwrap() >= Millis(5_001));
+        assert!(acquire(&mut s, MARK_RETRY_MS + 1, "b", 5, &mut out).contains("Acquired"));
+        fs::remove_dir_all(&dir).unwrap();
     }
 }

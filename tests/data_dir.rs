@@ -73,7 +73,7 @@ fn a_new_directory_is_created_private_even_under_umask_000() {
     assert_eq!(server.terminate().code(), Some(0));
     assert_eq!(mode(&dir), 0o700, "the data directory");
     assert_eq!(mode(&base.join("new")), 0o700, "its parent, created too");
-    for name in ["token-mark", "token-floor", "lock"] {
+    for name in ["token-mark", "token-floor", "lease-bound", "lock"] {
         assert_eq!(mode(&dir.join(name)), 0o600, "{name}");
     }
     assert!(!dir.join("token-mark.tmp").exists());
