@@ -469,6 +469,12 @@ pub struct Engine {
     grace_until: Millis,
     /// The latest lease end of every grant so far (single mode): what the
     /// service's durable lease bound must cover.
+    ///
+    /// HOOK(extend): an Extend that takes effect moves a lease end, so it
+    /// must raise this too (`self.granted_until.max(new expiry)`), or a
+    /// restart could begin its grace before an extended lease ends. It
+    /// must also answer X for token 0 (the unknown holder of a restart
+    /// grace: never a client's) and for a `lease` above `max_lease_s`.
     granted_until: Millis,
     /// The longest lease an acquire may ask for; longer is answered Busy.
     max_lease_s: u8,

@@ -26,7 +26,11 @@
 //!   thread, one poll loop, a slab of connections with explicit buffers,
 //!   limits on everything. Steppable turn by turn ([`server::Server::poll_once`]).
 //! * [`single`]: single mode's service: the engine plus fencing tokens that
-//!   keep increasing across restarts.
+//!   keep increasing across restarts, and a restart grace that holds every
+//!   key while a lease of the earlier run may still run.
+//! * [`datadir`]: files in a data directory: private (0600 / 0700), replaced
+//!   atomically without following symlinks, sealed with their length and a
+//!   checksum.
 //! * [`config`]: every server setting with its default, and the command line.
 //!
 //! The server is one thread and one hand-written `mio` poll loop; there is no
