@@ -356,8 +356,17 @@ impl SingleService {
         // (for this boot) with the new mark, so that a crash during the
         // grace leaves the same bound.
         let host = HostTime::read();
-        let leases = read_bound(dir)?;
-        if leases == LeaseRecord::Damaged {
+        let mut leases = read_bound(dir)?;
+        if leases == LeaseRecord::Unknown && loaded.initialised && !loaded.v1 && mark > 0 {
+            // Every start of this format writes the bound before the mark:
+            // a mark without one means the file was removed.
+            log::warn!(
+                "{} is missing beside {}: holding every key for the longest lease",
+                dir.join(BOUND_FILE).display(),
+                dir.join(MARK_FILE).display()
+            );
+            leases = LeaseRecord::Damaged;
+        } else if leases == LeaseRecord::Damaged {
             log::warn!(
                 "{} is damaged (a torn write?): holding every key for the longest lease",
                 dir.join(BOUND_FILE).display()
@@ -1080,6 +1089,27 @@ mod tests {
         drop(s);
         let s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
         assert!(s.engine().restart_grace(Millis(0)).is_some());
+        drop(s);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A lease bound that is damaged or was removed holds every key for the
+    /// protocol's longest lease: the start cannot know less.
+    #[test]
+    fn a_damaged_or_removed_lease_bound_holds_keys_for_the_longest_lease() {
+        let dir = temp_dir("grace-damaged");
+        drop(SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap());
+        let longest = Millis(255_000 + LEASE_BOUND_STEP_MS);
+        let path = dir.join(BOUND_FILE);
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[3] ^= 1;
+        fs::write(&path, &bytes).unwrap();
+        let s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
+        assert_eq!(s.engine().restart_grace(Millis(0)), Some(longest));
+        drop(s);
+        fs::remove_file(&path).unwrap();
+        let s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
+        assert_eq!(s.engine().restart_grace(Millis(0)), Some(longest));
         drop(s);
         fs::remove_dir_all(&dir).unwrap();
     }

@@ -175,3 +175,42 @@ fn a_mark_in_the_format_before_checksums_still_starts_and_is_rewritten() {
     refused(&dir);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A cluster node's data directory follows the same rules: created 0700
+/// with a 0600 `wal` under umask 000.
+#[cfg(feature = "cluster")]
+#[test]
+fn a_cluster_node_creates_its_data_dir_private_under_umask_000() {
+    let base = temp_dir("cluster-umask");
+    let dir = base.join("node1");
+    let peers = format!(
+        "1=127.0.0.1:{},2=127.0.0.1:{},3=127.0.0.1:{}",
+        common::free_port(),
+        common::free_port(),
+        common::free_port()
+    );
+    let dir_s = dir.to_str().unwrap();
+    let node = Ticketd::start_raw(
+        &["sh", "-c", "umask 000 && exec \"$0\" \"$@\""],
+        &[
+            "--cluster",
+            "--id",
+            "1",
+            "--peers",
+            &peers,
+            "--data-dir",
+            dir_s,
+            "--listen",
+            "127.0.0.1:0",
+        ],
+    );
+    assert_eq!(mode(&base), 0o700, "the parent the node created");
+    assert_eq!(mode(&dir), 0o700, "the data directory");
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        assert_eq!(mode(&path), 0o600, "{}", path.display());
+    }
+    assert!(dir.join("wal").exists());
+    drop(node);
+    std::fs::remove_dir_all(&base).unwrap();
+}
