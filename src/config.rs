@@ -79,8 +79,9 @@ pub struct Config {
     pub flush_timeout: Duration,
     /// `listen(2)` backlog.
     pub backlog: u32,
-    /// Where the token high-water mark is kept; `None` seeds tokens from the
-    /// wall clock instead.
+    /// Where the token high-water mark and the durable lease bound are
+    /// kept; `None` seeds tokens from the wall clock instead (and there is
+    /// no restart grace).
     pub data_dir: Option<PathBuf>,
     /// Whether a restart holds every key until the earlier run's leases
     /// have ended (with a data directory).
@@ -160,9 +161,10 @@ FLAGS (defaults in brackets):
                                [4194304, or the soft limit plus one reply if more]
     --frame-timeout SECS       close a connection whose half-sent frame or unread
                                replies make no progress for this long; 0 = never [30]
-    --data-dir DIR             keep the token high-water mark in DIR, so tokens
-                               keep increasing across restarts [none: seed from the
-                               wall clock in microseconds]
+    --data-dir DIR             keep the token high-water mark and the lease bound
+                               in DIR, so tokens keep increasing across restarts and
+                               a restart can wait for earlier leases [none: seed
+                               tokens from the wall clock in microseconds]
     --restart-grace auto|off   auto: with --data-dir, a restart holds every key
                                (acquires get T or queue, releases N) until every
                                lease the earlier run granted has ended; off: grant

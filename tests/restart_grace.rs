@@ -53,17 +53,26 @@ fn every_key_waits_for_the_lease(server: &Ticketd, written: Instant) {
     );
     let mut waiter = server.connect();
     waiter.acquire("held", 10, 30, LEASE_S);
+    // A 1 s wait that surely runs out inside the grace (on a machine so
+    // loaded that the restart took most of the lease, this part is skipped).
+    let room = Instant::now() + Duration::from_millis(2_500) < lease_end;
     let mut short = server.connect();
-    short.acquire("other", 11, 1, LEASE_S);
+    if room {
+        short.acquire("other", 11, 1, LEASE_S);
+    }
     let mut c = server.connect();
     assert!(matches!(
         c.release_reply("held", 1),
         Reply::NotReleased { .. }
     ));
     // A short wait runs out inside the grace: T, never the key.
-    match short.try_recv(Duration::from_secs(3)) {
-        Ok(Reply::Timeout { .. }) => assert!(Instant::now() < lease_end, "T came late"),
-        other => panic!("the short waiter got {other:?}"),
+    if room {
+        match short.try_recv(Duration::from_secs(3)) {
+            Ok(Reply::Timeout { .. }) => assert!(Instant::now() < lease_end, "T came late"),
+            other => panic!("the short waiter got {other:?}"),
+        }
+    } else {
+        eprintln!("the restart took most of the lease: the short wait is not checked");
     }
     // wait = 0 on the held key and on any other key: T until the lease
     // has passed, then A.
