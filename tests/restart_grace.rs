@@ -65,6 +65,14 @@ fn every_key_waits_for_the_lease(server: &Ticketd, written: Instant) {
         c.release_reply("held", 1),
         Reply::NotReleased { .. }
     ));
+    // Nobody can extend the unknown holder's lease, whatever the token.
+    for token in [0, 1] {
+        c.extend("held", token, LEASE_S);
+        assert!(
+            matches!(c.recv(), Reply::NotExtended { .. }),
+            "token {token}"
+        );
+    }
     // A short wait runs out inside the grace: T, never the key.
     if room {
         match short.try_recv(Duration::from_secs(3)) {
@@ -213,4 +221,13 @@ fn a_lease_above_max_lease_is_busy() {
         c.try_recv(Duration::from_millis(200)),
         Err(NoReply::TimedOut)
     );
+    // An extend past the maximum is X; within it, E.
+    let token = match c.acquire_reply("e", 4, 0, 10) {
+        Reply::Acquired { token, .. } => token,
+        other => panic!("{other:?}"),
+    };
+    c.extend("e", token, 11);
+    assert!(matches!(c.recv(), Reply::NotExtended { .. }));
+    c.extend("e", token, 10);
+    assert!(matches!(c.recv(), Reply::Extended { .. }));
 }
