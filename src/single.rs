@@ -49,7 +49,10 @@
 //! clock), or when the file is damaged. While it lasts, the engine holds
 //! every key for an unknown holder ([`Engine::set_restart_grace`]); with
 //! `--restart-grace off` it is only reported. If the bound cannot be
-//! written, no grant is made (Busy) until it can.
+//! written, no grant is made (Busy) until it can. Known limit: the grants
+//! of the one turn whose write fails have already been answered; a crash
+//! before the bound is written again could begin a grace too short for
+//! them.
 //!
 //! If writing the mark fails, the error is logged (rate-limited), the service
 //! keeps serving under the old ceiling (grants stop with Busy once it is

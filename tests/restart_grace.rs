@@ -231,3 +231,19 @@ fn a_lease_above_max_lease_is_busy() {
     c.extend("e", token, 10);
     assert!(matches!(c.recv(), Reply::Extended { .. }));
 }
+
+/// `ticket` says why when a lease above `--max-lease` gets B.
+#[test]
+fn ticket_names_max_lease_when_a_long_lease_is_busy() {
+    let server = Ticketd::start(&["--max-lease", "10"]);
+    let addr = server.addr().to_string();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ticket"))
+        .args([
+            "acquire", "k", "--lease", "30", "--wait", "0", "--server", &addr,
+        ])
+        .output()
+        .expect("run ticket");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(121), "busy: {err}");
+    assert!(err.contains("--max-lease"), "{err}");
+}
