@@ -255,6 +255,18 @@ impl Outbox {
         })
     }
 
+    /// Drops every grant (`A`) and extension (`E`) whose lease `keep`
+    /// refuses, keeping every other reply, in order; returns how many were
+    /// dropped. Single mode withholds the grants of a turn whose durable
+    /// lease bound could not be written: a client that never saw a grant
+    /// never acts on it, and its lease ends by itself.
+    pub fn retain_leases(&mut self, mut keep: impl FnMut(u8) -> bool) -> usize {
+        let before = self.msgs.len();
+        self.msgs
+            .retain(|m| !matches!(m.kind, Kind::Acquired | Kind::Extended) || keep(m.lease_s));
+        before - self.msgs.len()
+    }
+
     /// Appends a reply addressed to `conn`. Used by the engine, and by
     /// services (cluster mode) that answer without it.
     pub fn push(&mut self, conn: ConnId, reply: Reply<'_>, lease_s: u8) {

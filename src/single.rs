@@ -49,10 +49,10 @@
 //! clock), or when the file is damaged. While it lasts, the engine holds
 //! every key for an unknown holder ([`Engine::set_restart_grace`]); with
 //! `--restart-grace off` it is only reported. If the bound cannot be
-//! written, no grant is made (Busy) until it can. Known limit: the grants
-//! of the one turn whose write fails have already been answered; a crash
-//! before the bound is written again could begin a grace too short for
-//! them.
+//! written, the turn's grants and extensions past the old bound are
+//! withheld (their clients see no answer, so they never act on them, and
+//! their leases end by themselves) and no grant is made (Busy) until the
+//! bound is written.
 //!
 //! If writing the mark fails, the error is logged (rate-limited), the service
 //! keeps serving under the old ceiling (grants stop with Busy once it is
@@ -704,7 +704,7 @@ impl Service for SingleService {
         }
     }
 
-    fn end_turn(&mut self, now: Millis, _out: &mut Outbox) -> io::Result<()> {
+    fn end_turn(&mut self, now: Millis, out: &mut Outbox) -> io::Result<()> {
         let Some(store) = self.store.as_mut() else {
             return Ok(());
         };
@@ -720,10 +720,22 @@ impl Service for SingleService {
             let bound = self.engine.granted_until().add_ms(LEASE_BOUND_STEP_MS);
             match store.write_bound(now, bound) {
                 Ok(()) => store.durable_bound = bound,
-                Err(e) => failed.push(format!(
-                    "cannot persist the lease bound: {e}; no grant until it is written (a \
-                     restart must know every lease that may still run)"
-                )),
+                Err(e) => {
+                    // This turn's grants and extensions past the durable
+                    // bound are withheld: their clients never act on them
+                    // (they see no answer: Indeterminate), so a restart
+                    // that knows only the old bound overlaps no holder.
+                    let durable = store.durable_bound;
+                    let withheld = out.retain_leases(|lease_s| {
+                        now.add_secs(u64::from(lease_s)).add_ms(1) <= durable
+                    });
+                    failed.push(format!(
+                        "cannot persist the lease bound: {e}; {withheld} grants and \
+                         extensions of this turn withheld (unanswered: their leases end by \
+                         themselves), no grant until it is written (a restart must know \
+                         every lease that may still run)"
+                    ));
+                }
             }
         }
         if mark_needed {
@@ -1129,7 +1141,9 @@ mod tests {
             &mut s.store.as_mut().unwrap().bound_file,
             File::open("/dev/null").unwrap(),
         );
-        assert!(acquire(&mut s, 0, "a", 5, &mut out).contains("Acquired"));
+        // The grant of the failing turn is withheld: no reply at all.
+        assert_eq!(acquire(&mut s, 0, "a", 5, &mut out), "None");
+        assert!(s.engine().holder(Millis(0), "a").is_some());
         assert!(acquire(&mut s, 1, "b", 5, &mut out).contains("Busy"));
         s.store.as_mut().unwrap().bound_file = good;
         assert!(acquire(&mut s, MARK_RETRY_MS - 1, "b", 5, &mut out).contains("Busy"));
