@@ -29,14 +29,18 @@
 //!   release is answered exactly once, or its session was closed after it was
 //!   invoked; nothing is answered on a closed session.
 //!
-//! A single-mode server keeps its locks in memory only: after a crash or a
-//! restart every key is free, and what protects a resource from the holder
-//! of a grant made before the restart is the fencing token (SPEC §2.3). A
-//! history says so with [`History::server_restart`], naming the first token of
-//! the new incarnation (the server prints it at start-up). Mutual exclusion is
-//! then checked among grants of one incarnation, and token order gains a
-//! check: every grant received before the restart has a token below the new
-//! incarnation's first.
+//! A single-mode server keeps its locks in memory only. Without a restart
+//! grace, after a crash or a restart every key is free, and what protects a
+//! resource from the holder of a grant made before the restart is the
+//! fencing token (SPEC §2.3). A history says so with
+//! [`History::server_restart`], naming the first token of the new
+//! incarnation (the server prints it at start-up). Mutual exclusion is then
+//! checked among grants of one incarnation, and token order gains a check:
+//! every grant received before the restart has a token below the new
+//! incarnation's first. A restart with a grace (the new incarnation holds
+//! every key until every lease of the earlier ones has ended) is recorded
+//! with [`History::server_restart_with_grace`]: mutual exclusion is then
+//! checked *across* it, as if the server had never stopped.
 //!
 //! Every timestamp is in microseconds on one monotonic timeline shared by
 //! all clients: the simulation's virtual clock, or one [`RealClock`] in a test
@@ -197,6 +201,9 @@ pub enum Event {
         at_us: u64,
         /// The first token the new incarnation can issue.
         first_token: u64,
+        /// The new incarnation held every key until the leases of the
+        /// earlier ones had ended: exclusion holds across the restart.
+        graced: bool,
     },
     /// A session was closed (by its client, by a crash, or by the network).
     /// Its unanswered operations need no answer.
@@ -501,7 +508,22 @@ impl History {
     /// Records that the server lost its lock state by `at_us` and that its
     /// new incarnation issues tokens from `first_token` on.
     pub fn server_restart(&mut self, at_us: u64, first_token: u64) {
-        self.push(Event::ServerRestart { at_us, first_token });
+        self.push(Event::ServerRestart {
+            at_us,
+            first_token,
+            graced: false,
+        });
+    }
+
+    /// Like [`History::server_restart`], for a restart with a grace: the
+    /// new incarnation grants nothing while a lease of an earlier one may
+    /// still run, so mutual exclusion is checked across the restart.
+    pub fn server_restart_with_grace(&mut self, at_us: u64, first_token: u64) {
+        self.push(Event::ServerRestart {
+            at_us,
+            first_token,
+            graced: true,
+        });
     }
 
     /// Records that `session` was closed at `at_us`.
@@ -619,13 +641,18 @@ impl History {
         Ok(out)
     }
 
-    /// The restarts as (time, first token), in time order; both must grow.
-    fn restarts(&self) -> Result<Vec<(u64, u64)>, Violation> {
-        let mut r: Vec<(u64, u64)> = self
+    /// The restarts as (time, first token, graced), in time order; time
+    /// and token must both grow.
+    fn restarts(&self) -> Result<Vec<(u64, u64, bool)>, Violation> {
+        let mut r: Vec<(u64, u64, bool)> = self
             .events
             .iter()
             .filter_map(|e| match e {
-                Event::ServerRestart { at_us, first_token } => Some((*at_us, *first_token)),
+                Event::ServerRestart {
+                    at_us,
+                    first_token,
+                    graced,
+                } => Some((*at_us, *first_token, *graced)),
                 _ => None,
             })
             .collect();
@@ -942,12 +969,15 @@ fn check_tokens(acqs: &BTreeMap<OpId, AcqRec>) -> Result<(), Violation> {
 
 /// Every grant received before a restart carries a token below the first
 /// token of the incarnation that restart began.
-fn check_restarts(acqs: &BTreeMap<OpId, AcqRec>, restarts: &[(u64, u64)]) -> Result<(), Violation> {
+fn check_restarts(
+    acqs: &BTreeMap<OpId, AcqRec>,
+    restarts: &[(u64, u64, bool)],
+) -> Result<(), Violation> {
     for a in acqs.values() {
         let (Some(token), Some((_, received_us))) = (a.token(), a.answer) else {
             continue;
         };
-        for &(at_us, first_token) in restarts {
+        for &(at_us, first_token, _) in restarts {
             if received_us <= at_us && token >= first_token {
                 return Err(violation(
                     Property::TokenOrder,
@@ -1003,13 +1033,14 @@ fn check_exclusion(
     acqs: &BTreeMap<OpId, AcqRec>,
     releases: &BTreeMap<OpId, RelRec>,
     exts: &Extensions<'_>,
-    restarts: &[(u64, u64)],
+    restarts: &[(u64, u64, bool)],
     margin_us: u64,
 ) -> Result<(), Violation> {
     // Which incarnation issued a token: tokens only grow across restarts
     // (checked by check_restarts), so it is the number of restarts whose
-    // first token is at or below it.
-    let incarnation = |token: u64| restarts.iter().filter(|r| r.1 <= token).count();
+    // first token is at or below it. A restart with a grace does not begin
+    // a new one for this check: it kept exclusion across it.
+    let incarnation = |token: u64| restarts.iter().filter(|r| !r.2 && r.1 <= token).count();
     // The earliest release of each (key, token), whoever sent it.
     let mut first_release: HashMap<(&str, u64), u64> = HashMap::new();
     for r in releases.values() {

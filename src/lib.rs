@@ -27,7 +27,11 @@
 //!   thread, one poll loop, a slab of connections with explicit buffers,
 //!   limits on everything. Steppable turn by turn ([`server::Server::poll_once`]).
 //! * [`single`]: single mode's service: the engine plus fencing tokens that
-//!   keep increasing across restarts.
+//!   keep increasing across restarts, and a restart grace that holds every
+//!   key while a lease of the earlier run may still run.
+//! * [`datadir`]: files in a data directory: private (0600 / 0700), replaced
+//!   atomically without following symlinks, sealed with their length and a
+//!   checksum.
 //! * [`config`]: every server setting with its default, and the command line.
 //! * `harness` (feature `harness`, for tests only): the real server loop on
 //!   in-memory connections and a manual clock, stepped by the caller, for
@@ -45,6 +49,7 @@ pub mod client;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 pub mod config;
+pub mod datadir;
 pub mod engine;
 #[cfg(feature = "harness")]
 pub mod harness;

@@ -303,6 +303,28 @@ fn overlap_within_one_incarnation_still_fails_after_a_restart() {
     expect_violation(&h, Property::MutualExclusion, &["token 1000", "token 1001"]);
 }
 
+/// A restart with a grace claims exclusion across it: the grant inside
+/// client 1's lease is then an overlap; one after the lease is not.
+#[test]
+fn a_restart_with_a_grace_is_checked_for_overlap_across_it() {
+    let graced = |granted_us: u64| {
+        let mut h = History::new();
+        let a = h.acquire(1, 1, "k", 1, 0, 10, 0);
+        h.acquired(a, Outcome::Granted { token: 5 }, 100);
+        h.session_closed(1, 2 * S);
+        h.server_restart_with_grace(2 * S, 1000);
+        let b = h.acquire(2, 2, "k", 2, 10, 10, 3 * S);
+        h.acquired(b, Outcome::Granted { token: 1000 }, granted_us);
+        h
+    };
+    expect_violation(
+        &graced(3 * S + 100),
+        Property::MutualExclusion,
+        &["token 5", "token 1000"],
+    );
+    assert!(graced(10 * S).check().is_ok());
+}
+
 #[test]
 fn a_lease_margin_shortens_every_interval() {
     // Client 2 is granted 500us before client 1's conservative lease end.

@@ -16,15 +16,17 @@
 //! * **Server**: the engine, fed the same millisecond clock the daemon reads,
 //!   ticked at `next_deadline()`; it can pause (a SIGSTOP longer than any
 //!   lease), or crash and restart empty with its first token above every
-//!   token it issued (what the daemon's token high-water mark provides).
+//!   token it issued (what the daemon's token high-water mark provides) and
+//!   a restart grace until every lease it granted has ended (what the
+//!   daemon's durable lease bound provides).
 //! * **Clients**: each follows the official client's rules (SPEC §3): a fresh
 //!   owner per acquire, one deadline per call, never resend what may have been
 //!   sent, wire wait rounded up from the time left, Indeterminate after the
 //!   deadline plus 1 s grace, a late grant released and not used. Clients
 //!   crash and restart, and pause for longer than their leases.
 //!
-//! Every run's history goes through `ticketd::checker` (mutual exclusion per
-//! server incarnation, token order, FIFO hand-over, every request answered
+//! Every run's history goes through `ticketd::checker` (mutual exclusion
+//! across restarts, since each has a grace; token order, FIFO hand-over, every request answered
 //! once), and the engine's `check_invariants()` runs after every server step.
 //! A failure names the seed; `SIM_SEED=N cargo test --test sim_single` reruns
 //! it alone, and `make sim-single SEEDS=N` runs N fresh seeds (from a random
@@ -79,6 +81,9 @@ enum Bug {
     ReleaseOnDisconnect,
     /// An extend is answered `E` but the lease is not moved.
     ExtendIgnored,
+    /// A restart frees every key at once (`--restart-grace off`), while the
+    /// history still claims exclusion across it.
+    NoRestartGrace,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -266,6 +271,8 @@ struct Stats {
     resets: u64,
     extends: u64,
     extended: u64,
+    /// Restarts within a lease of the earlier incarnation: a grace held keys.
+    graces: u64,
 }
 
 impl Sim {
@@ -578,12 +585,26 @@ impl Sim {
                     _ => self.server.engine.next_token() + self.rng.below(1000),
                 };
                 let limits = self.server.engine.limits().clone();
+                // The durable lease bound the daemon keeps: at or past every
+                // lease granted, and past an unfinished grace (a crash
+                // during one). The daemon's is a step further still.
+                let old = &self.server.engine;
+                let now = self.server_ms();
+                let bound = old
+                    .granted_until()
+                    .max(old.restart_grace(now).unwrap_or(Millis::ZERO));
                 self.server.engine = Engine::new(limits, first);
+                if self.cfg.bug != Some(Bug::NoRestartGrace) {
+                    self.server.engine.set_restart_grace(bound);
+                    if bound > now {
+                        self.stats.graces += 1;
+                    }
+                }
                 self.server.epoch += 1;
                 self.server.up = true;
                 self.server.tick_at = u64::MAX;
                 self.server.granted_to.clear();
-                self.history.server_restart(self.now, first);
+                self.history.server_restart_with_grace(self.now, first);
             }
             Ev::ClientRestart { client } => {
                 let c = &mut self.clients[client];
@@ -1459,6 +1480,7 @@ fn every_seed_passes_the_checker_under_faults() {
         stats.resets += s.resets;
         stats.extends += s.extends;
         stats.extended += s.extended;
+        stats.graces += s.graces;
     }
     println!("sim: {} seeds passed: {total}", list.len());
     println!(
@@ -1467,14 +1489,15 @@ fn every_seed_passes_the_checker_under_faults() {
     );
     println!(
         "sim: {} events; faults: {} server crashes, {} server pauses, {} client crashes, \
-         {} client pauses, {} partitions, {} connection resets",
+         {} client pauses, {} partitions, {} connection resets, {} restart graces",
         stats.events,
         stats.server_crashes,
         stats.server_pauses,
         stats.client_crashes,
         stats.client_pauses,
         stats.partitions,
-        stats.resets
+        stats.resets,
+        stats.graces
     );
     if list.len() >= 20 {
         // The runs must have exercised what they claim to.
@@ -1491,6 +1514,7 @@ fn every_seed_passes_the_checker_under_faults() {
         );
         assert!(stats.partitions > 0 && stats.resets > 0, "{stats:?}");
         assert!(stats.extended > 20, "too few extensions: {stats:?}");
+        assert!(stats.graces > 0, "no restart within a lease: {stats:?}");
     }
 }
 
@@ -1521,6 +1545,14 @@ fn caught(bug: Bug) -> String {
 fn a_server_that_restarts_tokens_at_one_is_caught() {
     let e = caught(Bug::TokensRestartAtOne);
     assert!(e.starts_with("token order violated"), "{e}");
+}
+
+/// Exclusion is checked across restarts with a grace; a server that frees
+/// every key at a restart (`--restart-grace off`) gives two holders.
+#[test]
+fn a_server_that_restarts_without_a_grace_is_caught() {
+    let e = caught(Bug::NoRestartGrace);
+    assert!(e.starts_with("mutual exclusion violated"), "{e}");
 }
 
 #[test]

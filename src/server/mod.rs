@@ -530,7 +530,7 @@ impl<S: Service> Server<S> {
         self.reap(now);
         if let Some(deadline) = self.shutdown_deadline {
             if self.conns.is_empty() || now >= deadline {
-                self.finish_shutdown();
+                self.finish_shutdown(now);
             }
         }
     }
@@ -1047,12 +1047,13 @@ impl<S: Service> Server<S> {
         }
     }
 
-    fn finish_shutdown(&mut self) {
+    fn finish_shutdown(&mut self, now: Millis) {
         for mut c in self.conns.drain() {
             if let Some(tcp) = c.stream.tcp_mut() {
                 let _ = self.poll.registry().deregister(tcp);
             }
         }
+        self.service.stop(now);
         self.closing.clear();
         self.active.clear();
         self.active_next.clear();
