@@ -212,7 +212,9 @@ impl ClusterService {
                 PeerEvent::Unreachable(id) => self.node.report_unreachable(id),
                 PeerEvent::Snapshot(id, ok) => self.node.report_snapshot(id, ok),
                 PeerEvent::PeerSeen(id, uuid) => {
-                    log::info!("peer {id} seen with data directory id {uuid:016x}");
+                    // The id itself stays out of the log: in a plaintext
+                    // cluster it is part of what authenticates a peer.
+                    log::info!("peer {id} authenticated; its data directory id is pinned");
                     self.node.record_peer(id, uuid);
                 }
                 PeerEvent::Fatal(why) => {
