@@ -40,6 +40,7 @@ use mio::{Interest, Registry, Token};
 use protobuf::Message as _;
 use raft::eraftpb::{Message, MessageType};
 
+use crate::cluster::tls::PeerTls;
 use crate::server::ratelimit::LogLimit;
 use crate::time::Millis;
 
@@ -72,6 +73,9 @@ pub const AUTH_DEADLINE_MS: u64 = 2000;
 /// The largest frame taken on a connection that is not authenticated (its
 /// messages are dropped anyway): a stranger cannot make us buffer much.
 const UNTRUSTED_FRAME_BYTES: usize = 64 * 1024;
+/// Plaintext buffered inside a TLS connection before it takes no more; the
+/// per-peer output limit counts it as always full.
+const TLS_BUFFER_BYTES: usize = 256 * 1024;
 /// Refusal warnings: at most this many per window.
 const REFUSAL_LOG_BURST: u32 = 5;
 const REFUSAL_LOG_WINDOW_MS: u64 = 10_000;
@@ -216,6 +220,10 @@ struct Peer {
     connect_by: Millis,
     /// The receiver's data directory id our current hello to it carries.
     hello_to_uuid: u64,
+    /// Peer TLS: the session over `stream`.
+    tls: Option<Box<rustls::ClientConnection>>,
+    /// Peer TLS: when a handshake not done by then is given up.
+    auth_by: Option<Millis>,
 }
 
 #[derive(Debug)]
@@ -229,6 +237,8 @@ struct Inbound {
     addr: SocketAddr,
     /// When it was accepted (for [`AUTH_DEADLINE_MS`] and eviction).
     opened: Millis,
+    /// Peer TLS: the session over `stream`.
+    tls: Option<Box<rustls::ServerConnection>>,
 }
 
 /// Who we are, for hellos.
@@ -278,6 +288,8 @@ pub struct Transport {
     refusals: LogLimit,
     /// Dropped-message warnings, rate-limited.
     drops: LogLimit,
+    /// Peer TLS, when configured.
+    tls: Option<PeerTls>,
 }
 
 impl Transport {
@@ -305,6 +317,8 @@ impl Transport {
                         backoff_ms: BACKOFF_MIN_MS,
                         connect_by: Millis::ZERO,
                         hello_to_uuid: 0,
+                        tls: None,
+                        auth_by: None,
                     },
                 )
             })
@@ -327,7 +341,14 @@ impl Transport {
             dropped: 0,
             refusals: LogLimit::new(REFUSAL_LOG_BURST, REFUSAL_LOG_WINDOW_MS),
             drops: LogLimit::new(1, REFUSAL_LOG_WINDOW_MS),
+            tls: None,
         })
+    }
+
+    /// Speaks mutual TLS with every peer from now on (before the first
+    /// connection). See [`crate::cluster::tls`].
+    pub fn set_tls(&mut self, tls: PeerTls) {
+        self.tls = Some(tls);
     }
 
     /// Sets the election timeout the peer timeouts derive from: a connect
@@ -440,10 +461,11 @@ impl Transport {
         }
         let ids: Vec<u64> = self.peers.keys().copied().collect();
         for &id in &ids {
-            let stuck = self
-                .peers
-                .get(&id)
-                .is_some_and(|p| p.stream.is_some() && !p.connected && p.connect_by <= now);
+            let stuck = self.peers.get(&id).is_some_and(|p| {
+                p.stream.is_some()
+                    && ((!p.connected && p.connect_by <= now)
+                        || p.auth_by.is_some_and(|by| by <= now))
+            });
             if stuck {
                 // A SYN nobody answers (a dropped link, a full backlog)
                 // would keep messages queued here with raft none the wiser.
@@ -469,6 +491,16 @@ impl Transport {
                 to_uuid,
             }
             .encode();
+            let tls = match self.tls.as_ref().map(|t| t.client(id)) {
+                None => None,
+                Some(Ok(c)) => Some(Box::new(c)),
+                Some(Err(e)) => {
+                    self.refusal(now, format_args!("peer {id}: TLS: {e}"));
+                    let p = self.peers.get_mut(&id).expect("listed");
+                    p.retry_at = now.add_ms(BACKOFF_MAX_MS);
+                    continue;
+                }
+            };
             let p = self.peers.get_mut(&id).expect("listed");
             match TcpStream::connect(p.addr) {
                 Ok(mut s) => {
@@ -478,6 +510,11 @@ impl Transport {
                         .is_ok()
                     {
                         p.stream = Some(s);
+                        p.tls = tls.map(|mut c| {
+                            c.set_buffer_limit(Some(TLS_BUFFER_BYTES));
+                            c
+                        });
+                        p.auth_by = None;
                         p.connected = false;
                         p.connect_by = now.add_ms(self.connect_timeout_ms);
                         p.buf = hello;
@@ -510,7 +547,7 @@ impl Transport {
             .filter_map(|p| match (&p.stream, p.connected) {
                 (None, _) => Some(p.retry_at),
                 (Some(_), false) => Some(p.connect_by),
-                (Some(_), true) => None,
+                (Some(_), true) => p.auth_by,
             })
             .chain(auth)
             .min()
@@ -530,6 +567,8 @@ impl Transport {
         reset_buffer(&mut p.buf);
         p.cursor = 0;
         p.connected = false;
+        p.tls = None;
+        p.auth_by = None;
         p.retry_at = now.add_ms(p.backoff_ms);
         p.backoff_ms = (p.backoff_ms * 2).min(BACKOFF_MAX_MS);
         self.events.push(PeerEvent::Unreachable(id));
@@ -556,7 +595,8 @@ impl Transport {
             }
             return;
         }
-        if p.stream.is_none() || p.buf.len() - p.cursor + size + 4 > self.max_peer_buffer {
+        let in_tls = if p.tls.is_some() { TLS_BUFFER_BYTES } else { 0 };
+        if p.stream.is_none() || p.buf.len() - p.cursor + in_tls + size + 4 > self.max_peer_buffer {
             if snapshot {
                 self.events.push(PeerEvent::Snapshot(id, false));
             }
@@ -608,13 +648,41 @@ impl Transport {
         if !p.connected {
             return Ok(()); // wait for WRITABLE
         }
-        while p.cursor < p.buf.len() {
-            match s.write(&p.buf[p.cursor..]) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => p.cursor += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
+        if let Some(tls) = p.tls.as_mut() {
+            // Frames go into the session as far as its buffer takes them,
+            // records out to the socket as far as it takes them.
+            loop {
+                let mut moved = 0;
+                if p.cursor < p.buf.len() {
+                    moved = tls.writer().write(&p.buf[p.cursor..])?;
+                    p.cursor += moved;
+                }
+                let mut blocked = false;
+                while tls.wants_write() {
+                    match tls.write_tls(s) {
+                        Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                        Ok(_) => {}
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            blocked = true;
+                            break;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                if blocked || moved == 0 || p.cursor == p.buf.len() {
+                    break;
+                }
+            }
+        } else {
+            while p.cursor < p.buf.len() {
+                match s.write(&p.buf[p.cursor..]) {
+                    Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                    Ok(n) => p.cursor += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
             }
         }
         while p.snaps.first().is_some_and(|end| *end <= p.cursor) {
@@ -681,9 +749,26 @@ impl Transport {
                         );
                     }
                     let _ = s.set_nodelay(true);
+                    let tls = match self.tls.as_ref().map(PeerTls::server) {
+                        None => None,
+                        Some(Ok(c)) => Some(Box::new(c)),
+                        Some(Err(e)) => {
+                            self.refusal(
+                                now,
+                                format_args!("peer connection from {addr}: TLS: {e}"),
+                            );
+                            continue;
+                        }
+                    };
+                    // A TLS session writes its handshake back.
+                    let interest = if tls.is_some() {
+                        Interest::READABLE | Interest::WRITABLE
+                    } else {
+                        Interest::READABLE
+                    };
                     let entry = self.inbound.vacant_entry();
                     let token = Token(self.base + 1 + 64 + entry.key());
-                    if registry.register(&mut s, token, Interest::READABLE).is_ok() {
+                    if registry.register(&mut s, token, interest).is_ok() {
                         entry.insert(Inbound {
                             stream: s,
                             rbuf: Vec::new(),
@@ -691,6 +776,7 @@ impl Transport {
                             trusted: false,
                             addr,
                             opened: now,
+                            tls,
                         });
                     }
                 }
@@ -728,6 +814,9 @@ impl Transport {
                     p.connected = true;
                     p.backoff_ms = BACKOFF_MIN_MS;
                     let _ = s.set_nodelay(true);
+                    if p.tls.is_some() {
+                        p.auth_by = Some(now.add_ms(AUTH_DEADLINE_MS));
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotConnected => return,
                 Err(e) => {
@@ -736,7 +825,14 @@ impl Transport {
                 }
             }
         }
-        if event.is_readable() || event.is_read_closed() {
+        if p.tls.is_some() && (event.is_readable() || event.is_read_closed()) {
+            if let Err(why) = Self::read_outbound_tls(p) {
+                let addr = p.addr;
+                self.refusal(now, format_args!("peer {id} at {addr}: {why}"));
+                self.fail_peer(id, now, registry, &why);
+                return;
+            }
+        } else if event.is_readable() || event.is_read_closed() {
             // Peers never write on our outbound connection: data or EOF
             // here means the connection is over.
             let mut b = [0u8; 64];
@@ -755,6 +851,31 @@ impl Transport {
         if let Err(e) = self.write_peer(id) {
             self.fail_peer(id, now, registry, &e.to_string());
         }
+    }
+
+    /// Reads the handshake (and nothing else) a peer sends on our TLS
+    /// connection to it.
+    fn read_outbound_tls(p: &mut Peer) -> Result<(), String> {
+        let (Some(s), Some(tls)) = (p.stream.as_mut(), p.tls.as_mut()) else {
+            return Ok(());
+        };
+        loop {
+            match tls.read_tls(s) {
+                Ok(0) => return Err("closed by peer".into()),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.to_string()),
+            }
+            let state = tls.process_new_packets().map_err(|e| format!("TLS: {e}"))?;
+            if state.plaintext_bytes_to_read() > 0 || state.peer_has_closed() {
+                return Err("the peer wrote on a connection it only reads".into());
+            }
+        }
+        if !tls.is_handshaking() {
+            p.auth_by = None;
+        }
+        Ok(())
     }
 
     /// The peer reached us: if our connection to it is not up, (re)start
@@ -791,6 +912,12 @@ impl Transport {
     }
 
     fn inbound_event(&mut self, key: usize, now: Millis, registry: &Registry, drain: bool) {
+        if self.inbound.get(key).is_some_and(|c| c.tls.is_some()) {
+            if let Err(why) = self.inbound_tls(key, now, registry) {
+                self.close_inbound(key, now, registry, &why);
+            }
+            return;
+        }
         loop {
             let Some(c) = self.inbound.get_mut(key) else {
                 return;
@@ -831,6 +958,74 @@ impl Transport {
                 }
             }
         }
+    }
+
+    /// Reads TLS records from a peer's connection to the end of what the
+    /// socket has, parses the frames they carry, and writes the session's
+    /// own records (the handshake) back. `Ok` with the connection gone
+    /// means it ended.
+    fn inbound_tls(&mut self, key: usize, now: Millis, registry: &Registry) -> Result<(), String> {
+        loop {
+            let Some(c) = self.inbound.get_mut(key) else {
+                return Ok(());
+            };
+            let tls = c.tls.as_mut().expect("caller checked");
+            let eof = match tls.read_tls(&mut c.stream) {
+                Ok(0) => true,
+                Ok(_) => false,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    Self::write_inbound_tls(c)?;
+                    return Ok(());
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.to_string()),
+            };
+            if let Err(e) = tls.process_new_packets() {
+                // Tell the peer why (a bad certificate, say), if it listens.
+                let _ = Self::write_inbound_tls(c);
+                return Err(format!("TLS: {e}"));
+            }
+            loop {
+                match tls.reader().read(&mut self.scratch) {
+                    Ok(0) => break,
+                    Ok(n) => c.rbuf.extend_from_slice(&self.scratch[..n]),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => return Err(format!("TLS: {e}")),
+                }
+            }
+            Self::write_inbound_tls(c)?;
+            if !c.rbuf.is_empty() {
+                let parsed = self.parse_frames(key, now);
+                for old in std::mem::take(&mut self.stale_inbound) {
+                    log::debug!("peer connection {old} superseded by a newer one");
+                    self.close_inbound(old, now, registry, "");
+                }
+                for id in std::mem::take(&mut self.heard) {
+                    self.reconnect_now(id, now, registry);
+                }
+                parsed?;
+            }
+            if eof {
+                self.close_inbound(key, now, registry, "");
+                return Ok(());
+            }
+        }
+    }
+
+    fn write_inbound_tls(c: &mut Inbound) -> Result<(), String> {
+        let Some(tls) = c.tls.as_mut() else {
+            return Ok(());
+        };
+        while tls.wants_write() {
+            match tls.write_tls(&mut c.stream) {
+                Ok(0) => return Err("connection closed".into()),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        Ok(())
     }
 
     fn parse_frames(&mut self, key: usize, now: Millis) -> Result<(), String> {
@@ -918,6 +1113,26 @@ impl Transport {
                 h.from, h.to
             ));
         }
+        // Peer TLS: the certificate (verified against the CA in the
+        // handshake) must name the node the hello claims to be.
+        let by_cert = match &self.tls {
+            None => false,
+            Some(tls) => {
+                let cert = self
+                    .inbound
+                    .get(key)
+                    .and_then(|c| c.tls.as_ref())
+                    .and_then(|t| t.peer_certificates())
+                    .and_then(|c| c.first());
+                if !cert.is_some_and(|c| tls.names_node(c, h.from)) {
+                    return Err(format!(
+                        "the peer's certificate does not name node {} (its hello claims to be it)",
+                        h.from
+                    ));
+                }
+                true
+            }
+        };
         let pinned = self.local.known.get(&h.from).copied();
         if pinned.is_some_and(|u| u != h.from_uuid) {
             return Err(format!(
@@ -925,6 +1140,18 @@ impl Transport {
                  else claims to be it); refusing it",
                 h.from
             ));
+        }
+        if h.to_uuid != 0 && h.to_uuid != self.local.uuid && by_cert {
+            // An authenticated peer, itself as we know it, knows us with
+            // another data directory: ours was wiped or replaced.
+            self.events.push(PeerEvent::Fatal(format!(
+                "node {} (authenticated by its certificate) knows node {} with another data \
+                 directory: this node's data directory was wiped or replaced, and a node \
+                 cannot rejoin under its old id with an empty log; give it a new id \
+                 (membership change) or restore its data directory",
+                h.from, self.local.id
+            )));
+            return Err("this node's data directory was replaced".into());
         }
         if h.to_uuid != 0 && h.to_uuid != self.local.uuid {
             return Err(format!(
@@ -938,7 +1165,7 @@ impl Transport {
         // Plaintext: the sender shows it has seen our data directory id,
         // which only our own hellos to the address --peers gives for it
         // carry (and our files). Until then its messages are not taken.
-        let trusted = h.to_uuid == self.local.uuid;
+        let trusted = by_cert || h.to_uuid == self.local.uuid;
         let Some(c) = self.inbound.get_mut(key) else {
             return Ok(());
         };
@@ -968,6 +1195,9 @@ impl Transport {
     /// Restarts outbound connections whose hello carried less than we now
     /// know of the receiver, so that it can authenticate us.
     fn refresh_outbound(&mut self, now: Millis, registry: &Registry) {
+        if self.tls.is_some() {
+            return; // certificates authenticate; hellos need not
+        }
         let outdated: Vec<u64> = self
             .peers
             .iter()

@@ -196,3 +196,40 @@ pub fn assert_serves(c: &Cluster, i: usize, key: &str) {
         ),
     }
 }
+
+/// Runs `ticket certs init DIR --cluster-name NAME --nodes N`.
+pub fn certs_init(dir: &std::path::Path, name: &str, nodes: usize) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ticket"))
+        .args(["certs", "init"])
+        .arg(dir)
+        .args(["--cluster-name", name, "--nodes", &nodes.to_string()])
+        .output()
+        .expect("run ticket certs init");
+    assert!(
+        out.status.success(),
+        "ticket certs init: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The peer TLS flags of node `id` with the files `ticket certs init` wrote
+/// in `dir`.
+pub fn tls_args(dir: &std::path::Path, id: usize) -> Vec<String> {
+    vec![
+        "--peer-tls-cert".into(),
+        dir.join(format!("node{id}.pem")).display().to_string(),
+        "--peer-tls-key".into(),
+        dir.join(format!("node{id}-key.pem")).display().to_string(),
+        "--peer-tls-ca".into(),
+        dir.join("ca.pem").display().to_string(),
+    ]
+}
+
+impl Cluster {
+    /// Every node with the files of `dir` (as `ticket certs init` names them).
+    pub fn use_tls(&mut self, dir: &std::path::Path) {
+        for i in 0..self.nodes.len() {
+            self.extra[i] = tls_args(dir, i + 1);
+        }
+    }
+}
