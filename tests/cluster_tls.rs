@@ -406,3 +406,57 @@ fn certificates_made_by_openssl_are_accepted() {
     });
     c.assert_all_running();
 }
+
+#[test]
+fn peers_off_loopback_need_tls_or_insecure_peers_and_help_lists_the_flags() {
+    let data = temp_dir("tls-protected");
+    let port = common::free_port();
+    let peers = format!("1=127.0.0.1:{port},2=192.0.2.1:7001,3=192.0.2.2:7001");
+    let dir = data.0.join("d").display().to_string();
+    let base = [
+        "--cluster",
+        "--id",
+        "1",
+        "--peers",
+        &peers,
+        "--data-dir",
+        &dir,
+        "--listen",
+        "127.0.0.1:0",
+    ];
+    let out = common::run_ticketd(&base);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ticket certs init") && err.contains("--insecure-peers"),
+        "{err}"
+    );
+    assert!(
+        !data.0.join("d").exists(),
+        "refused before the data directory"
+    );
+    let mut args = base.to_vec();
+    args.push("--insecure-peers");
+    let node = common::Ticketd::start_raw(&[], &args);
+    assert!(
+        node.wait_for_log(
+            "--insecure-peers: peers speak plaintext",
+            Duration::from_secs(5)
+        ),
+        "{}",
+        node.log()
+    );
+    drop(node);
+    for help in [&["--help"][..], &["--cluster", "--help"][..]] {
+        let out = common::run_ticketd(help);
+        let text = String::from_utf8_lossy(&out.stdout);
+        for flag in [
+            "--peer-tls-cert",
+            "--peer-tls-key",
+            "--peer-tls-ca",
+            "--insecure-peers",
+        ] {
+            assert!(text.contains(flag), "{help:?} lacks {flag}:\n{text}");
+        }
+    }
+}
