@@ -11,8 +11,19 @@
 //!   connections peers open to us are read only. The first frame on every
 //!   connection is a [`Hello`] naming the cluster, the voter set, the sender
 //!   and its data directory id, and the data directory id the sender has on
-//!   record for the receiver; a mismatch closes the connection (or, when
-//!   the receiver learns its own directory was wiped, stops the node).
+//!   record for the receiver; a mismatch closes the connection (or, when an
+//!   authenticated peer says the receiver's own directory was wiped, stops
+//!   the node).
+//! * **Authentication** (docs/SECURITY.md): with peer TLS
+//!   ([`Transport::set_tls`]) a connection is authenticated by a
+//!   certificate from the cluster CA naming the node its hello claims; in
+//!   plaintext, by a fully checked hello that also carries the receiver's
+//!   own data directory id. Until then nothing the connection says is kept
+//!   or acted on (its messages are dropped and counted); a connection not
+//!   authenticated within [`AUTH_DEADLINE_MS`] is closed, and when the
+//!   [`MAX_INBOUND`] slots are full the oldest unauthenticated one makes
+//!   room. Every message's `from` and `to` must be the connection's peer
+//!   and this node. Refusal warnings are rate-limited.
 //! * **Failures**: each peer has a bounded outbound buffer. When a message
 //!   does not fit, or the connection fails, queued messages are dropped and
 //!   the service reports the peer unreachable to raft (and each dropped
@@ -969,10 +980,10 @@ impl Transport {
             let Some(c) = self.inbound.get_mut(key) else {
                 return Ok(());
             };
-            let tls = c.tls.as_mut().expect("caller checked");
-            let eof = match tls.read_tls(&mut c.stream) {
-                Ok(0) => true,
-                Ok(_) => false,
+            // One read of up to a chunk from the socket (rustls's own reads
+            // take 4 KiB each), then the session takes it from memory.
+            let n = match c.stream.read(&mut self.scratch) {
+                Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     Self::write_inbound_tls(c)?;
                     return Ok(());
@@ -980,17 +991,31 @@ impl Transport {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e.to_string()),
             };
-            if let Err(e) = tls.process_new_packets() {
-                // Tell the peer why (a bad certificate, say), if it listens.
-                let _ = Self::write_inbound_tls(c);
-                return Err(format!("TLS: {e}"));
-            }
-            loop {
-                match tls.reader().read(&mut self.scratch) {
-                    Ok(0) => break,
-                    Ok(n) => c.rbuf.extend_from_slice(&self.scratch[..n]),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) => return Err(format!("TLS: {e}")),
+            let mut input = &self.scratch[..n];
+            while !input.is_empty() {
+                let tls = c.tls.as_mut().expect("caller checked");
+                tls.read_tls(&mut input).map_err(|e| format!("TLS: {e}"))?;
+                if let Err(e) = tls.process_new_packets() {
+                    // Tell the peer why (a bad certificate, say), if it listens.
+                    let _ = Self::write_inbound_tls(c);
+                    return Err(format!("TLS: {e}"));
+                }
+                loop {
+                    let start = c.rbuf.len();
+                    c.rbuf.resize(start + 16 * 1024, 0);
+                    let got = tls.reader().read(&mut c.rbuf[start..]);
+                    let got = match got {
+                        Ok(k) => k,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+                        Err(e) => {
+                            c.rbuf.truncate(start);
+                            return Err(format!("TLS: {e}"));
+                        }
+                    };
+                    c.rbuf.truncate(start + got);
+                    if got == 0 {
+                        break;
+                    }
                 }
             }
             Self::write_inbound_tls(c)?;
@@ -1005,7 +1030,7 @@ impl Transport {
                 }
                 parsed?;
             }
-            if eof {
+            if n == 0 {
                 self.close_inbound(key, now, registry, "");
                 return Ok(());
             }
