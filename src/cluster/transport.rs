@@ -838,8 +838,11 @@ impl Transport {
         }
         if p.tls.is_some() && (event.is_readable() || event.is_read_closed()) {
             if let Err(why) = Self::read_outbound_tls(p) {
-                let addr = p.addr;
-                self.refusal(now, format_args!("peer {id} at {addr}: {why}"));
+                if why.starts_with("TLS") {
+                    // A certificate refused, either way: worth a warning.
+                    let addr = p.addr;
+                    self.refusal(now, format_args!("peer {id} at {addr}: {why}"));
+                }
                 self.fail_peer(id, now, registry, &why);
                 return;
             }
