@@ -58,6 +58,8 @@ fn describe(r: &Reply<'_>) -> String {
         Reply::Busy { owner, key } => format!("B owner={owner} {key}"),
         Reply::Released { token, key } => format!("R token={token} {key}"),
         Reply::NotReleased { token, key } => format!("N token={token} {key}"),
+        Reply::Extended { token, key } => format!("E token={token} {key}"),
+        Reply::NotExtended { token, key } => format!("X token={token} {key}"),
     }
 }
 

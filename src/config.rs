@@ -136,6 +136,8 @@ FLAGS (defaults in brackets):
     --max-waiters-per-key N    queued acquires on one key [1000]
     --max-key-bytes N          longest key in bytes, 1..=65536 [1024]
     --sweep-interval SECS      seconds between sweeps of expired keys [5]
+    --max-hold SECS            single mode: longest a grant may be held, extensions
+                               included; an extend past it gets X [0: no cap]
     --max-frames-per-turn N    requests handled per connection per loop turn [128]
     --out-soft-limit BYTES     unsent replies at which a connection is not read
                                [65536, or one reply with the longest key if more]
@@ -276,6 +278,9 @@ impl Config {
         if let Some(v) = flag(args, "--sweep-interval", seconds)? {
             c.engine.sweep_interval_ms = v.saturating_mul(1000);
         }
+        if let Some(v) = flag(args, "--max-hold", seconds)? {
+            c.engine.max_hold_ms = v.saturating_mul(1000);
+        }
         if let Some(v) = flag(args, "--max-frames-per-turn", count)? {
             c.max_frames_per_turn = v;
         }
@@ -357,14 +362,15 @@ impl Config {
         let frame_timeout_s = self.frame_timeout.map_or(0, |d| d.as_secs());
         format!(
             "max_conns={} max_keys={} max_waiters={} max_waiters_per_key={} max_key_bytes={} \
-             sweep_interval_s={} max_frames_per_turn={} out_soft_limit={} out_hard_limit={} \
-             frame_timeout_s={}",
+             sweep_interval_s={} max_hold_s={} max_frames_per_turn={} out_soft_limit={} \
+             out_hard_limit={} frame_timeout_s={}",
             self.max_conns,
             self.engine.max_keys,
             self.engine.max_waiters,
             self.engine.max_waiters_per_key,
             self.max_key_bytes,
             self.engine.sweep_interval_ms / 1000,
+            self.engine.max_hold_ms / 1000,
             self.max_frames_per_turn,
             self.out_soft_limit_bytes,
             self.out_hard_limit_bytes,
@@ -404,6 +410,8 @@ mod tests {
             "100",
             "--sweep-interval",
             "2",
+            "--max-hold",
+            "600",
             "--max-frames-per-turn",
             "9",
             "--out-soft-limit",
@@ -426,6 +434,7 @@ mod tests {
         assert_eq!(c.engine.max_waiters_per_key, 3);
         assert_eq!(c.max_key_bytes, 100);
         assert_eq!(c.engine.sweep_interval_ms, 2000);
+        assert_eq!(c.engine.max_hold_ms, 600_000);
         assert_eq!(c.max_frames_per_turn, 9);
         assert_eq!(
             (c.out_soft_limit_bytes, c.out_hard_limit_bytes),

@@ -37,12 +37,12 @@
 //! Measured by `make engine-memory` (`examples/engine_memory.rs`, a counting
 //! global allocator plus the change of RSS; release build, x86-64, glibc):
 //!
-//! * **Held key: 69 bytes beyond the key's own bytes** at 1,000,000 keys of
-//!   24 bytes (75 at the worst point of a table growth; 77 by RSS, which adds
-//!   malloc's own 8 bytes per key allocation). A key is one hash-table entry:
-//!   the boxed key (16) and a 16-byte slot (token, expiry), plus a control
-//!   byte, in a table kept at most 7/8 full. Keys without waiters have no
-//!   other allocation.
+//! * **Held key: about 78 bytes beyond the key's own bytes** at 1,000,000
+//!   keys of 24 bytes (69 before the grant time joined the slot for
+//!   `--max-hold`; `make engine-memory` prints today's figure). A key is
+//!   one hash-table entry: the boxed key (16) and a 24-byte slot (token,
+//!   expiry, grant time), plus a control byte, in a table kept at most 7/8
+//!   full. Keys without waiters have no other allocation.
 //! * **Waiter: 49 bytes** at 1,000 keys x 1,000 waiters from 1,000
 //!   connections: a waiter is 32 bytes in its key's `VecDeque` (the lease
 //!   shares a word with the waiter id; the connection is a 4-byte index)
@@ -71,13 +71,11 @@
 //!
 //! # Known caveats
 //!
-//! * The sweep scans every registered key, in one go, every
-//!   `sweep_interval_ms` (default 5 s) once some lease may have ended: a
-//!   lower bound of all lease ends lets it skip the scan (and the loop sleep)
-//!   while none can have. `make engine-memory` times it at 1,000,000 keys:
-//!   ~35 ms to scan and delete one, ~0.7 s to delete all of them (release
-//!   build on a busy 2-core machine). With many keys and short leases the
-//!   loop stalls that long every interval.
+//! * The sweep visits every registered key every `sweep_interval_ms`
+//!   (default 5 s) once some lease may have ended (a lower bound of all
+//!   lease ends lets it skip a pass, and the loop sleep, while none can
+//!   have), in steps of [`SWEEP_STEP_BUCKETS`] buckets per `tick`, so a
+//!   large table is swept over many loop turns instead of stalling one.
 //! * [`Engine::disconnect`] of a connection that has waiters is O(its
 //!   waiters + the length of the queues they are in); without waiters it is
 //!   O(1). `make engine-memory` times 10,000 disconnects of connections with
@@ -140,6 +138,8 @@ enum Kind {
     Busy,
     Released,
     NotReleased,
+    Extended,
+    NotExtended,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -160,8 +160,9 @@ pub struct Addressed<'a> {
     pub conn: ConnId,
     /// The reply.
     pub reply: Reply<'a>,
-    /// For an `Acquired` reply, the lease of the grant in seconds (cluster
-    /// leaders use it to schedule the Expire); 0 for every other reply.
+    /// For an `Acquired` or `Extended` reply, the lease of the grant in
+    /// seconds (cluster leaders use it to schedule the Expire); 0 for every
+    /// other reply.
     pub lease_s: u8,
 }
 
@@ -226,6 +227,14 @@ impl Outbox {
                     token: m.token,
                     key,
                 },
+                Kind::Extended => Reply::Extended {
+                    token: m.token,
+                    key,
+                },
+                Kind::NotExtended => Reply::NotExtended {
+                    token: m.token,
+                    key,
+                },
             };
             Addressed {
                 conn: m.conn,
@@ -244,6 +253,8 @@ impl Outbox {
             Reply::Busy { owner, .. } => (Kind::Busy, 0, owner),
             Reply::Released { token, .. } => (Kind::Released, token, 0),
             Reply::NotReleased { token, .. } => (Kind::NotReleased, token, 0),
+            Reply::Extended { token, .. } => (Kind::Extended, token, 0),
+            Reply::NotExtended { token, .. } => (Kind::NotExtended, token, 0),
         };
         let key_start = self.keys.len();
         self.keys.push_str(reply.key());
@@ -417,12 +428,15 @@ fn take_token(next_token: &mut u64) -> u64 {
     t
 }
 
-/// A registered key: 16 bytes beside the key in the hash table.
+/// A registered key: 24 bytes beside the key in the hash table.
 #[derive(Debug)]
 struct Slot {
     token: u64,
     /// The first millisecond at which the lease is over (see `lease_end`).
     expires_at: Millis,
+    /// When the grant began (single mode), for `max_hold_ms`; extensions
+    /// keep it.
+    granted_at: Millis,
 }
 
 /// The lock table. See the module documentation.
@@ -453,6 +467,27 @@ pub struct Engine {
     expiry_floor: Millis,
     /// Reused by `tick` for the keys due in one call.
     due_scratch: Vec<Arc<str>>,
+    /// The sweep in progress, if any: it visits the key table's buckets in
+    /// steps of [`SWEEP_STEP_BUCKETS`], one step per `tick`.
+    sweep: Option<SweepPass>,
+}
+
+/// Buckets of the key table one `tick` visits while a sweep is under way:
+/// about 0.3 ms at 1,000,000 keys (`make engine-memory` prints the figure),
+/// so no loop turn stalls on the sweep.
+pub const SWEEP_STEP_BUCKETS: usize = 16 * 1024;
+
+/// A sweep that has visited the key table's buckets below `cursor`.
+#[derive(Debug, Clone, Copy)]
+struct SweepPass {
+    cursor: usize,
+    /// A key was inserted while the pass ran: an insertion may grow or
+    /// rehash the table, which reorders its buckets, so the pass may have
+    /// missed keys and must not raise the floor.
+    inserted: bool,
+    /// The earliest lease end among the keys the pass kept, and among the
+    /// grants and extensions made while it ran.
+    floor: Millis,
 }
 
 impl Engine {
@@ -477,6 +512,7 @@ impl Engine {
             next_sweep,
             expiry_floor: Millis::NEVER,
             due_scratch: Vec::new(),
+            sweep: None,
         }
     }
 
@@ -604,7 +640,72 @@ impl Engine {
             Request::Release { token, key } => {
                 self.release(now, conn, token, key, out);
             }
+            Request::Extend {
+                lease_s,
+                token,
+                key,
+            } => {
+                self.extend(now, conn, key, token, lease_s, out);
+            }
         }
+    }
+
+    /// Records that some lease now ends at `at`, for the sweep's floor.
+    fn note_lease_end(&mut self, at: Millis) {
+        self.expiry_floor = self.expiry_floor.min(at);
+        if let Some(pass) = &mut self.sweep {
+            pass.floor = pass.floor.min(at);
+        }
+    }
+
+    /// SPEC §5.2: extends the grant of `key` whose token is `token` to end
+    /// `lease_s` seconds from `now` (possibly earlier than before). Returns
+    /// true and answers `E` when it took effect; answers `X` when the key is
+    /// not registered, holds another token, its lease already ended (single
+    /// mode: an ended lease is never revived), or the extension would carry
+    /// the grant past `max_hold_ms` from its start. The token and the
+    /// waiters' places do not change. `lease_s = 0` (rejected by the codec)
+    /// is treated as 1.
+    pub fn extend(
+        &mut self,
+        now: Millis,
+        conn: ConnId,
+        key: &str,
+        token: u64,
+        lease_s: u8,
+        out: &mut Outbox,
+    ) -> bool {
+        let lease_s = lease_s.max(1);
+        let expires_at = self.lease_end(now, lease_s);
+        let clocked = self.clocked;
+        let max_hold_ms = self.limits.max_hold_ms;
+        let extended = match self.keys.get_mut(key) {
+            Some(slot) if slot.token == token && !(clocked && slot.expires_at <= now) => {
+                let capped = clocked
+                    && max_hold_ms > 0
+                    && slot.granted_at.add_ms(max_hold_ms) < now.add_secs(u64::from(lease_s));
+                if !capped {
+                    slot.expires_at = expires_at;
+                }
+                !capped
+            }
+            _ => false,
+        };
+        if !extended {
+            out.push(conn, Reply::NotExtended { token, key }, 0);
+            return false;
+        }
+        self.note_lease_end(expires_at);
+        // A shorter lease may now end before the key's timer: move the timer
+        // up, so it is never late. A longer one leaves it early, which is
+        // allowed. Either way the key keeps exactly one index entry.
+        if let Some(q) = self.queues.get(key) {
+            if clocked && expires_at < q.timer_at {
+                self.set_timer(key, expires_at);
+            }
+        }
+        out.push(conn, Reply::Extended { token, key }, lease_s);
+        true
     }
 
     /// SPEC §2.1. `lease_s = 0` (rejected by the codec) is treated as 1.
@@ -634,8 +735,18 @@ impl Engine {
                     return AcquireOutcome::Busy;
                 }
                 let token = take_token(&mut self.next_token);
-                v.insert(key.into(), Slot { token, expires_at });
-                self.expiry_floor = self.expiry_floor.min(expires_at);
+                v.insert(
+                    key.into(),
+                    Slot {
+                        token,
+                        expires_at,
+                        granted_at: now,
+                    },
+                );
+                if let Some(pass) = &mut self.sweep {
+                    pass.inserted = true;
+                }
+                self.note_lease_end(expires_at);
                 out.push(conn, Reply::Acquired { token, owner, key }, lease_s);
                 return AcquireOutcome::Granted(token);
             }
@@ -653,7 +764,8 @@ impl Engine {
             let token = take_token(&mut self.next_token);
             slot.token = token;
             slot.expires_at = expires_at;
-            self.expiry_floor = self.expiry_floor.min(expires_at);
+            slot.granted_at = now;
+            self.note_lease_end(expires_at);
             out.push(conn, Reply::Acquired { token, owner, key }, lease_s);
             return AcquireOutcome::Granted(token);
         }
@@ -935,7 +1047,8 @@ impl Engine {
             .expect("a key with a queue is registered");
         slot.token = token;
         slot.expires_at = expires_at;
-        self.expiry_floor = self.expiry_floor.min(expires_at);
+        slot.granted_at = now;
+        self.note_lease_end(expires_at);
         out.push(
             conn,
             Reply::Acquired {
@@ -1021,23 +1134,56 @@ impl Engine {
             }
         }
         self.due_scratch = due;
-        if now >= self.next_sweep {
-            // When no lease can have ended, the scan would delete nothing.
-            if self.expiry_floor <= now {
-                let queues = &self.queues;
-                let mut floor = Millis::NEVER;
-                // Keep a key unless it expired and nobody waits for it.
-                self.keys.retain(|k, s| {
-                    let keep = s.expires_at > now || queues.contains_key(k);
-                    if keep {
-                        floor = floor.min(s.expires_at);
-                    }
-                    keep
-                });
-                self.expiry_floor = floor;
+        self.sweep_step(now);
+    }
+
+    /// One step of the sweep of expired keys without waiters: it starts
+    /// every `sweep_interval_ms` once some lease may have ended, and then
+    /// visits [`SWEEP_STEP_BUCKETS`] buckets of the key table per call, so
+    /// a table of any size is swept over several loop turns instead of
+    /// stalling one. Deleting never moves other entries; an insertion
+    /// during a pass may reorder the buckets, so that pass may miss keys
+    /// (they go in the next one) and does not raise the floor.
+    fn sweep_step(&mut self, now: Millis) {
+        let mut pass = match self.sweep {
+            Some(pass) => pass,
+            // When no lease can have ended, a pass would delete nothing.
+            None if now >= self.next_sweep && self.expiry_floor <= now => SweepPass {
+                cursor: 0,
+                inserted: false,
+                floor: Millis::NEVER,
+            },
+            None => {
+                if now >= self.next_sweep {
+                    self.next_sweep = now.add_ms(self.limits.sweep_interval_ms.max(1));
+                }
+                return;
             }
-            self.next_sweep = now.add_ms(self.limits.sweep_interval_ms.max(1));
+        };
+        let end = pass.cursor.saturating_add(SWEEP_STEP_BUCKETS);
+        let queues = &self.queues;
+        let mut floor = pass.floor;
+        // Keep a key unless it expired and nobody waits for it.
+        self.keys.retain_buckets(pass.cursor, end, |k, s| {
+            let keep = s.expires_at > now || queues.contains_key(k);
+            if keep {
+                floor = floor.min(s.expires_at);
+            }
+            keep
+        });
+        pass.floor = floor;
+        pass.cursor = end;
+        if pass.cursor < self.keys.num_buckets() {
+            self.sweep = Some(pass);
+            return;
         }
+        self.sweep = None;
+        self.expiry_floor = if pass.inserted {
+            pass.floor.min(self.expiry_floor)
+        } else {
+            pass.floor
+        };
+        self.next_sweep = now.add_ms(self.limits.sweep_interval_ms.max(1));
     }
 
     /// The next moment [`Engine::tick`] has work, for the poll timeout.
@@ -1047,8 +1193,13 @@ impl Engine {
             return None;
         }
         let timer = self.timers.first_key_value().map(|(&(at, _), _)| at);
-        // The sweep has work once it is due and some lease may have ended.
-        let sweep = (!self.keys.is_empty()).then_some(self.next_sweep.max(self.expiry_floor));
+        // The sweep has work once it is due and some lease may have ended,
+        // and at once while a pass is under way.
+        let sweep = if self.sweep.is_some() {
+            Some(Millis::ZERO)
+        } else {
+            (!self.keys.is_empty()).then_some(self.next_sweep.max(self.expiry_floor))
+        };
         match (timer, sweep) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -1246,8 +1397,8 @@ mod tests {
 
     /// The memory figures of the module doc rest on these sizes.
     #[test]
-    fn slots_are_16_bytes_and_waiters_32() {
-        assert_eq!(std::mem::size_of::<Slot>(), 16);
+    fn slots_are_24_bytes_and_waiters_32() {
+        assert_eq!(std::mem::size_of::<Slot>(), 24);
         assert_eq!(std::mem::size_of::<Waiter>(), 32);
         assert_eq!(std::mem::size_of::<ConnSlot>(), 16);
         let w = Waiter {

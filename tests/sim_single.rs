@@ -254,6 +254,7 @@ impl Sim {
             max_waiters: 8,
             max_waiters_per_key: 4,
             sweep_interval_ms: 2_000,
+            max_hold_ms: 0,
         };
         let clients = (0..cfg.clients)
             .map(|_| Client {
@@ -741,6 +742,20 @@ impl Sim {
                         .engine
                         .release(now, conn, token, &key, &mut self.server.out);
                 }
+                OwnedReq::Extend {
+                    lease_s,
+                    token,
+                    key,
+                } => {
+                    self.server.engine.extend(
+                        now,
+                        conn,
+                        &key,
+                        token,
+                        lease_s,
+                        &mut self.server.out,
+                    );
+                }
             }
         }
         self.server_flush()
@@ -1090,6 +1105,7 @@ impl Sim {
                 self.history.released(op, outcome, now);
                 self.finish_idle(client);
             }
+            (_, OwnedReply::Extend) => panic!("an extend reply to a client that sent none"),
             // Answers to compensating releases, or to requests of a call
             // this client already gave up on, are not matched to anything.
             _ => {}
@@ -1106,6 +1122,11 @@ enum OwnedReq {
         key: String,
     },
     Release {
+        token: u64,
+        key: String,
+    },
+    Extend {
+        lease_s: u8,
         token: u64,
         key: String,
     },
@@ -1129,6 +1150,15 @@ impl From<Request<'_>> for OwnedReq {
                 token,
                 key: key.to_string(),
             },
+            Request::Extend {
+                lease_s,
+                token,
+                key,
+            } => OwnedReq::Extend {
+                lease_s,
+                token,
+                key: key.to_string(),
+            },
         }
     }
 }
@@ -1143,6 +1173,8 @@ enum OwnedReply {
         token: u64,
         key: String,
     },
+    /// `E` or `X`: the simulated clients send no extends, so one is a bug.
+    Extend,
 }
 
 impl From<Reply<'_>> for OwnedReply {
@@ -1173,6 +1205,7 @@ impl From<Reply<'_>> for OwnedReply {
                 token,
                 key: key.to_string(),
             },
+            Reply::Extended { .. } | Reply::NotExtended { .. } => OwnedReply::Extend,
         }
     }
 }

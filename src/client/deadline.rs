@@ -109,6 +109,19 @@ impl Plan {
     }
 
     /// The plan of a release (or a `wait = 0` acquire) started at `start`.
+    /// One extend attempt (SPEC §5.3): sent, and answered, before the
+    /// transport deadline and never after `until` (the ticket's expiry).
+    #[must_use]
+    pub fn until(start: Instant, until: Instant) -> Plan {
+        let t = (start + TRANSPORT_DEADLINE).min(until);
+        Plan {
+            wait_deadline: None,
+            send_deadline: t,
+            gate: t,
+            give_up: t,
+        }
+    }
+
     #[must_use]
     pub fn transport(start: Instant) -> Plan {
         let t = start + TRANSPORT_DEADLINE;

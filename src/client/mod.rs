@@ -50,6 +50,7 @@
 
 mod deadline;
 mod error;
+mod extend;
 mod owner;
 mod pool;
 mod session;
@@ -66,6 +67,7 @@ use std::time::{Duration, Instant};
 
 pub use deadline::{MAX_LEASE, MAX_WAIT, RESPONSE_GRACE, TRANSPORT_DEADLINE};
 pub use error::Error;
+pub use extend::{Extend, ExtendToken, KeptTicket};
 pub use ticket::Ticket;
 
 use deadline::Plan;
@@ -376,7 +378,10 @@ impl Client {
                         Answer::Timeout => Acquire::Timeout,
                         Answer::Busy => Acquire::Busy,
                         // Acquires are matched only by A/T/B replies.
-                        Answer::Released | Answer::NotReleased => Acquire::Indeterminate,
+                        Answer::Released
+                        | Answer::NotReleased
+                        | Answer::Extended
+                        | Answer::NotExtended => Acquire::Indeterminate,
                     });
                 }
             }
