@@ -238,6 +238,23 @@ fn wait_ready(addr: SocketAddr) {
     }
 }
 
+/// The CA and three node certificates in `dir`, as `ticket certs init`
+/// makes them.
+#[cfg(feature = "cluster")]
+fn make_certs(dir: &Path) {
+    ticketd::cluster::certs::init(&ticketd::cluster::certs::InitOptions {
+        dir: dir.to_path_buf(),
+        cluster_name: "ticketd".into(),
+        nodes: 3,
+    })
+    .expect("make peer certificates");
+}
+
+#[cfg(not(feature = "cluster"))]
+fn make_certs(_dir: &Path) {
+    panic!("peer TLS needs ticketd built with the `cluster` feature (pass --no-peer-tls)");
+}
+
 /// A 3-node cluster with fsync on; clients spread over the nodes. With
 /// `tls`, its peers speak mutual TLS with certificates made there.
 fn bench_cluster(bin: &Path, clients: usize, seconds: u64, tls: bool) -> f64 {
@@ -248,12 +265,7 @@ fn bench_cluster(bin: &Path, clients: usize, seconds: u64, tls: bool) -> f64 {
     let dirs: Vec<PathBuf> = (1..=3).map(|i| temp_dir(&format!("node{i}"))).collect();
     let certs = temp_dir("certs");
     if tls {
-        ticketd::cluster::certs::init(&ticketd::cluster::certs::InitOptions {
-            dir: certs.clone(),
-            cluster_name: "ticketd".into(),
-            nodes: 3,
-        })
-        .expect("make peer certificates");
+        make_certs(&certs);
     }
     let nodes: Vec<(Proc, SocketAddr)> = (0..3)
         .map(|i| {
