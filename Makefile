@@ -1,7 +1,7 @@
 # ticketd developer targets. `make help` lists them.
 CARGO ?= cargo
 
-.PHONY: help build run test lint doc bench vendor-check cross-check cross-sizes example clean
+.PHONY: help build run test lint doc bench vendor-check cross-check cross-sizes example example-test clean python-test
 
 help:
 	@echo "build         release build of ticketd and ticket"
@@ -14,10 +14,12 @@ help:
 	@echo "cross-check   aarch64 and armv7 builds from vendored sources, tests under qemu (Debian toolchain)"
 	@echo "cross-sizes   stripped release binary sizes per target and feature set"
 	@echo "example       run examples/step_server (a server stepped turn by turn)"
+	@echo "example-test  run examples/deterministic_test (the in-memory harness, no sockets)"
 	@echo "sim           cluster simulation over SEEDS seeds from FIRST (make sim SEEDS=500)"
 	@echo "bench-cluster 3-node cluster vs one etcd node and single mode, lock cycles/s (CLIENTS=50)"
 	@echo "sim-single    single-mode simulation over SEEDS fresh seeds (FIRST= to choose); part of sim"
 	@echo "clean         remove build output"
+	@echo "python-test   the Python client (clients/python): ruff, mypy --strict, pytest against target/debug/ticketd"
 	@echo "fuzz          run every cargo-fuzz target for FUZZ_SECONDS each (default 60)"
 	@echo "faults        the real-process fault tests (kill, stop, clock jumps, fds, abuse, disk full, cluster partitions)"
 	@echo "engine-memory bytes per held key and per waiter, hot-path allocations (release)"
@@ -53,8 +55,17 @@ cross-check:
 cross-sizes:
 	./.ci/cross-check --sizes x86_64-unknown-linux-gnu aarch64-unknown-linux-gnu armv7-unknown-linux-gnueabihf
 
+# The Python client's checks in a venv (clients/python/.venv), against the
+# debug server and the Rust `ticket` command built here.
+python-test:
+	$(CARGO) build --all-features --bin ticketd --bin ticket
+	TICKETD_BIN=$(CURDIR)/target/debug/ticketd clients/python/check.sh
+
 example:
 	$(CARGO) run --example step_server
+
+example-test:
+	$(CARGO) run --example deterministic_test --features harness
 
 clean:
 	$(CARGO) clean

@@ -152,6 +152,8 @@ impl Conn {
                     Reply::Busy { .. } => (b'B', 0),
                     Reply::Released { token, .. } => (b'R', token),
                     Reply::NotReleased { token, .. } => (b'N', token),
+                    Reply::Extended { token, .. } => (b'E', token),
+                    Reply::NotExtended { token, .. } => (b'X', token),
                 };
                 self.buf.drain(..used);
                 return r;

@@ -18,6 +18,17 @@
 //!   operations [`Engine::expire`] and [`Engine::wait_timeout`], which a leader
 //!   proposes and every node applies; a stale one is a no-op.
 //!
+//! # Restart grace
+//!
+//! [`Engine::set_restart_grace`] (single mode, after a restart within the
+//! leases of the earlier run) makes every key held by an unknown holder
+//! until the given moment: a key first asked for during the grace is
+//! registered with token 0 (never a client's; a release of token 0 is
+//! always N) and that lease end, so the ordinary rules do the rest: T for
+//! `wait = 0`, a FIFO queue handed over by the deadline index at the end,
+//! N for releases. [`Engine::granted_until`] is the latest lease end of
+//! every grant, which the service keeps durable for the next restart.
+//!
 //! # The deadline index
 //!
 //! `BTreeMap<(deadline, seq), key>` holds exactly one entry per key that has
@@ -37,12 +48,12 @@
 //! Measured by `make engine-memory` (`examples/engine_memory.rs`, a counting
 //! global allocator plus the change of RSS; release build, x86-64, glibc):
 //!
-//! * **Held key: 69 bytes beyond the key's own bytes** at 1,000,000 keys of
-//!   24 bytes (75 at the worst point of a table growth; 77 by RSS, which adds
-//!   malloc's own 8 bytes per key allocation). A key is one hash-table entry:
-//!   the boxed key (16) and a 16-byte slot (token, expiry), plus a control
-//!   byte, in a table kept at most 7/8 full. Keys without waiters have no
-//!   other allocation.
+//! * **Held key: about 78 bytes beyond the key's own bytes** at 1,000,000
+//!   keys of 24 bytes (69 before the grant time joined the slot for
+//!   `--max-hold`; `make engine-memory` prints today's figure). A key is
+//!   one hash-table entry: the boxed key (16) and a 24-byte slot (token,
+//!   expiry, grant time), plus a control byte, in a table kept at most 7/8
+//!   full. Keys without waiters have no other allocation.
 //! * **Waiter: 49 bytes** at 1,000 keys x 1,000 waiters from 1,000
 //!   connections: a waiter is 32 bytes in its key's `VecDeque` (the lease
 //!   shares a word with the waiter id; the connection is a 4-byte index)
@@ -71,13 +82,11 @@
 //!
 //! # Known caveats
 //!
-//! * The sweep scans every registered key, in one go, every
-//!   `sweep_interval_ms` (default 5 s) once some lease may have ended: a
-//!   lower bound of all lease ends lets it skip the scan (and the loop sleep)
-//!   while none can have. `make engine-memory` times it at 1,000,000 keys:
-//!   ~35 ms to scan and delete one, ~0.7 s to delete all of them (release
-//!   build on a busy 2-core machine). With many keys and short leases the
-//!   loop stalls that long every interval.
+//! * The sweep visits every registered key every `sweep_interval_ms`
+//!   (default 5 s) once some lease may have ended (a lower bound of all
+//!   lease ends lets it skip a pass, and the loop sleep, while none can
+//!   have), in steps of [`SWEEP_STEP_BUCKETS`] buckets per `tick`, so a
+//!   large table is swept over many loop turns instead of stalling one.
 //! * [`Engine::disconnect`] of a connection that has waiters is O(its
 //!   waiters + the length of the queues they are in); without waiters it is
 //!   O(1). `make engine-memory` times 10,000 disconnects of connections with
@@ -140,6 +149,8 @@ enum Kind {
     Busy,
     Released,
     NotReleased,
+    Extended,
+    NotExtended,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -160,8 +171,9 @@ pub struct Addressed<'a> {
     pub conn: ConnId,
     /// The reply.
     pub reply: Reply<'a>,
-    /// For an `Acquired` reply, the lease of the grant in seconds (cluster
-    /// leaders use it to schedule the Expire); 0 for every other reply.
+    /// For an `Acquired` or `Extended` reply, the lease of the grant in
+    /// seconds (cluster leaders use it to schedule the Expire); 0 for every
+    /// other reply.
     pub lease_s: u8,
 }
 
@@ -226,6 +238,14 @@ impl Outbox {
                     token: m.token,
                     key,
                 },
+                Kind::Extended => Reply::Extended {
+                    token: m.token,
+                    key,
+                },
+                Kind::NotExtended => Reply::NotExtended {
+                    token: m.token,
+                    key,
+                },
             };
             Addressed {
                 conn: m.conn,
@@ -233,6 +253,18 @@ impl Outbox {
                 lease_s: m.lease_s,
             }
         })
+    }
+
+    /// Drops every grant (`A`) and extension (`E`) whose lease `keep`
+    /// refuses, keeping every other reply, in order; returns how many were
+    /// dropped. Single mode withholds the grants of a turn whose durable
+    /// lease bound could not be written: a client that never saw a grant
+    /// never acts on it, and its lease ends by itself.
+    pub fn retain_leases(&mut self, mut keep: impl FnMut(u8) -> bool) -> usize {
+        let before = self.msgs.len();
+        self.msgs
+            .retain(|m| !matches!(m.kind, Kind::Acquired | Kind::Extended) || keep(m.lease_s));
+        before - self.msgs.len()
     }
 
     /// Appends a reply addressed to `conn`. Used by the engine, and by
@@ -244,6 +276,8 @@ impl Outbox {
             Reply::Busy { owner, .. } => (Kind::Busy, 0, owner),
             Reply::Released { token, .. } => (Kind::Released, token, 0),
             Reply::NotReleased { token, .. } => (Kind::NotReleased, token, 0),
+            Reply::Extended { token, .. } => (Kind::Extended, token, 0),
+            Reply::NotExtended { token, .. } => (Kind::NotExtended, token, 0),
         };
         let key_start = self.keys.len();
         self.keys.push_str(reply.key());
@@ -417,12 +451,15 @@ fn take_token(next_token: &mut u64) -> u64 {
     t
 }
 
-/// A registered key: 16 bytes beside the key in the hash table.
+/// A registered key: 24 bytes beside the key in the hash table.
 #[derive(Debug)]
 struct Slot {
     token: u64,
     /// The first millisecond at which the lease is over (see `lease_end`).
     expires_at: Millis,
+    /// When the grant began (single mode), for `max_hold_ms`; extensions
+    /// keep it.
+    granted_at: Millis,
 }
 
 /// The lock table. See the module documentation.
@@ -453,6 +490,37 @@ pub struct Engine {
     expiry_floor: Millis,
     /// Reused by `tick` for the keys due in one call.
     due_scratch: Vec<Arc<str>>,
+    /// Restart grace (single mode): before this, every key is held by an
+    /// unknown holder of an earlier run whose lease ends here.
+    grace_until: Millis,
+    /// The latest lease end of every grant and extension so far (single
+    /// mode): what the service's durable lease bound must cover. Raised by
+    /// `note_lease_end`, which every grant and extension calls.
+    granted_until: Millis,
+    /// The longest lease an acquire or extend may ask for; longer is
+    /// answered Busy (acquire) or NotExtended (extend).
+    max_lease_s: u8,
+    /// The sweep in progress, if any: it visits the key table's buckets in
+    /// steps of [`SWEEP_STEP_BUCKETS`], one step per `tick`.
+    sweep: Option<SweepPass>,
+}
+
+/// Buckets of the key table one `tick` visits while a sweep is under way:
+/// about 0.3 ms at 1,000,000 keys (`make engine-memory` prints the figure),
+/// so no loop turn stalls on the sweep.
+pub const SWEEP_STEP_BUCKETS: usize = 16 * 1024;
+
+/// A sweep that has visited the key table's buckets below `cursor`.
+#[derive(Debug, Clone, Copy)]
+struct SweepPass {
+    cursor: usize,
+    /// A key was inserted while the pass ran: an insertion may grow or
+    /// rehash the table, which reorders its buckets, so the pass may have
+    /// missed keys and must not raise the floor.
+    inserted: bool,
+    /// The earliest lease end among the keys the pass kept, and among the
+    /// grants and extensions made while it ran.
+    floor: Millis,
 }
 
 impl Engine {
@@ -477,6 +545,10 @@ impl Engine {
             next_sweep,
             expiry_floor: Millis::NEVER,
             due_scratch: Vec::new(),
+            grace_until: Millis::ZERO,
+            granted_until: Millis::ZERO,
+            max_lease_s: u8::MAX,
+            sweep: None,
         }
     }
 
@@ -548,6 +620,58 @@ impl Engine {
         self.token_ceiling = ceiling;
     }
 
+    /// Restart grace (single mode): until `until`, every key is treated as
+    /// held by an unknown holder whose lease ends at `until`. An acquire
+    /// with `wait = 0` gets Timeout, one with `wait > 0` queues FIFO and is
+    /// granted at `until` (or gets Timeout when its wait runs out first), a
+    /// release gets NotReleased, an extend NotExtended. The unknown holder
+    /// of a key is registered
+    /// (token 0, which no client ever holds) when the key is first asked
+    /// for; a key nobody asks for stays unregistered. Does nothing in
+    /// replicated mode.
+    pub fn set_restart_grace(&mut self, until: Millis) {
+        if self.clocked {
+            self.grace_until = until;
+        }
+    }
+
+    /// The end of the restart grace, while it is in force at `now`.
+    #[must_use]
+    pub fn restart_grace(&self, now: Millis) -> Option<Millis> {
+        (self.grace_until > now).then_some(self.grace_until)
+    }
+
+    /// The latest lease end of every grant made so far (single mode): no
+    /// lease this engine granted runs past it.
+    #[must_use]
+    pub fn granted_until(&self) -> Millis {
+        self.granted_until
+    }
+
+    /// The latest moment at which a lease may still run, as seen at `now`:
+    /// of the registered keys and of the restart grace. `None` when no
+    /// lease can run past `now` (nothing is outstanding). O(keys).
+    #[must_use]
+    pub fn outstanding_until(&self, now: Millis) -> Option<Millis> {
+        let keys = self.keys.iter().map(|(_, s)| s.expires_at).max();
+        let latest = keys.unwrap_or(Millis::ZERO).max(self.grace_until);
+        (self.clocked && latest > now).then_some(latest)
+    }
+
+    /// The longest lease an acquire or extend may ask for (`--max-lease`):
+    /// an acquire asking for more is answered Busy and an extend
+    /// NotExtended (the protocol cannot carry a shorter lease back). 255,
+    /// the protocol's own maximum, by default.
+    pub fn set_max_lease(&mut self, max_lease_s: u8) {
+        self.max_lease_s = max_lease_s.max(1);
+    }
+
+    /// See [`Engine::set_max_lease`].
+    #[must_use]
+    pub fn max_lease_s(&self) -> u8 {
+        self.max_lease_s
+    }
+
     /// True when a grant now would exceed the token ceiling.
     #[must_use]
     pub fn tokens_exhausted(&self) -> bool {
@@ -604,7 +728,80 @@ impl Engine {
             Request::Release { token, key } => {
                 self.release(now, conn, token, key, out);
             }
+            Request::Extend {
+                lease_s,
+                token,
+                key,
+            } => {
+                self.extend(now, conn, key, token, lease_s, out);
+            }
         }
+    }
+
+    /// Records that some lease now ends at `at`, for the sweep's floor.
+    fn note_lease_end(&mut self, at: Millis) {
+        self.expiry_floor = self.expiry_floor.min(at);
+        if self.clocked {
+            self.granted_until = self.granted_until.max(at);
+        }
+        if let Some(pass) = &mut self.sweep {
+            pass.floor = pass.floor.min(at);
+        }
+    }
+
+    /// SPEC §5.2: extends the grant of `key` whose token is `token` to end
+    /// `lease_s` seconds from `now` (possibly earlier than before). Returns
+    /// true and answers `E` when it took effect; answers `X` when the key is
+    /// not registered, holds another token, its lease already ended (single
+    /// mode: an ended lease is never revived), or the extension would carry
+    /// the grant past `max_hold_ms` from its start. The token and the
+    /// waiters' places do not change. `lease_s = 0` (rejected by the codec)
+    /// is treated as 1.
+    pub fn extend(
+        &mut self,
+        now: Millis,
+        conn: ConnId,
+        key: &str,
+        token: u64,
+        lease_s: u8,
+        out: &mut Outbox,
+    ) -> bool {
+        let lease_s = lease_s.max(1);
+        let expires_at = self.lease_end(now, lease_s);
+        let clocked = self.clocked;
+        let max_hold_ms = self.limits.max_hold_ms;
+        // Token 0 is the unknown holder of a restart grace, never a
+        // client's; a lease above `--max-lease` is refused as for acquire.
+        let allowed = token != 0 && lease_s <= self.max_lease_s;
+        let extended = match self.keys.get_mut(key) {
+            Some(slot)
+                if allowed && slot.token == token && !(clocked && slot.expires_at <= now) =>
+            {
+                let capped = clocked
+                    && max_hold_ms > 0
+                    && slot.granted_at.add_ms(max_hold_ms) < now.add_secs(u64::from(lease_s));
+                if !capped {
+                    slot.expires_at = expires_at;
+                }
+                !capped
+            }
+            _ => false,
+        };
+        if !extended {
+            out.push(conn, Reply::NotExtended { token, key }, 0);
+            return false;
+        }
+        self.note_lease_end(expires_at);
+        // A shorter lease may now end before the key's timer: move the timer
+        // up, so it is never late. A longer one leaves it early, which is
+        // allowed. Either way the key keeps exactly one index entry.
+        if let Some(q) = self.queues.get(key) {
+            if clocked && expires_at < q.timer_at {
+                self.set_timer(key, expires_at);
+            }
+        }
+        out.push(conn, Reply::Extended { token, key }, lease_s);
+        true
     }
 
     /// SPEC §2.1. `lease_s = 0` (rejected by the codec) is treated as 1.
@@ -622,20 +819,57 @@ impl Engine {
             lease_s,
         } = req;
         let lease_s = lease_s.max(1);
+        if lease_s > self.max_lease_s {
+            out.push(conn, Reply::Busy { owner, key }, 0);
+            return AcquireOutcome::Busy;
+        }
         let expires_at = self.lease_end(now, lease_s);
         let full = self.keys.len() >= self.limits.max_keys;
         let exhausted = self.tokens_exhausted();
+        let in_grace = self.clocked && now < self.grace_until;
         // One hash of the key for the whole decision (the entry borrows
         // only the `keys` field, so the token is issued by field).
         let slot = match self.keys.entry(key) {
+            StrEntry::Vacant(_) if full => {
+                out.push(conn, Reply::Busy { owner, key }, 0);
+                return AcquireOutcome::Busy;
+            }
+            StrEntry::Vacant(v) if in_grace => {
+                // Restart grace: the key's holder is unknown; its lease
+                // ends with the grace. Token 0 is never a client's.
+                let grace_until = self.grace_until;
+                self.expiry_floor = self.expiry_floor.min(grace_until);
+                if let Some(pass) = &mut self.sweep {
+                    pass.inserted = true;
+                    pass.floor = pass.floor.min(grace_until);
+                }
+                v.insert(
+                    key.into(),
+                    Slot {
+                        token: 0,
+                        expires_at: grace_until,
+                        granted_at: now,
+                    },
+                )
+            }
             StrEntry::Vacant(v) => {
-                if full || exhausted {
+                if exhausted {
                     out.push(conn, Reply::Busy { owner, key }, 0);
                     return AcquireOutcome::Busy;
                 }
                 let token = take_token(&mut self.next_token);
-                v.insert(key.into(), Slot { token, expires_at });
-                self.expiry_floor = self.expiry_floor.min(expires_at);
+                v.insert(
+                    key.into(),
+                    Slot {
+                        token,
+                        expires_at,
+                        granted_at: now,
+                    },
+                );
+                if let Some(pass) = &mut self.sweep {
+                    pass.inserted = true;
+                }
+                self.note_lease_end(expires_at);
                 out.push(conn, Reply::Acquired { token, owner, key }, lease_s);
                 return AcquireOutcome::Granted(token);
             }
@@ -653,7 +887,8 @@ impl Engine {
             let token = take_token(&mut self.next_token);
             slot.token = token;
             slot.expires_at = expires_at;
-            self.expiry_floor = self.expiry_floor.min(expires_at);
+            slot.granted_at = now;
+            self.note_lease_end(expires_at);
             out.push(conn, Reply::Acquired { token, owner, key }, lease_s);
             return AcquireOutcome::Granted(token);
         }
@@ -745,6 +980,12 @@ impl Engine {
         key: &str,
         out: &mut Outbox,
     ) -> bool {
+        // No client holds token 0: it marks the unknown holder of a key
+        // during a restart grace.
+        if token == 0 {
+            out.push(conn, Reply::NotReleased { token, key }, 0);
+            return false;
+        }
         if let Some(o) = self.keys.find_entry(key) {
             // The common case, a key nobody waits for, costs one hash of
             // the key (none for the queue map while no key has waiters).
@@ -935,7 +1176,8 @@ impl Engine {
             .expect("a key with a queue is registered");
         slot.token = token;
         slot.expires_at = expires_at;
-        self.expiry_floor = self.expiry_floor.min(expires_at);
+        slot.granted_at = now;
+        self.note_lease_end(expires_at);
         out.push(
             conn,
             Reply::Acquired {
@@ -1021,23 +1263,56 @@ impl Engine {
             }
         }
         self.due_scratch = due;
-        if now >= self.next_sweep {
-            // When no lease can have ended, the scan would delete nothing.
-            if self.expiry_floor <= now {
-                let queues = &self.queues;
-                let mut floor = Millis::NEVER;
-                // Keep a key unless it expired and nobody waits for it.
-                self.keys.retain(|k, s| {
-                    let keep = s.expires_at > now || queues.contains_key(k);
-                    if keep {
-                        floor = floor.min(s.expires_at);
-                    }
-                    keep
-                });
-                self.expiry_floor = floor;
+        self.sweep_step(now);
+    }
+
+    /// One step of the sweep of expired keys without waiters: it starts
+    /// every `sweep_interval_ms` once some lease may have ended, and then
+    /// visits [`SWEEP_STEP_BUCKETS`] buckets of the key table per call, so
+    /// a table of any size is swept over several loop turns instead of
+    /// stalling one. Deleting never moves other entries; an insertion
+    /// during a pass may reorder the buckets, so that pass may miss keys
+    /// (they go in the next one) and does not raise the floor.
+    fn sweep_step(&mut self, now: Millis) {
+        let mut pass = match self.sweep {
+            Some(pass) => pass,
+            // When no lease can have ended, a pass would delete nothing.
+            None if now >= self.next_sweep && self.expiry_floor <= now => SweepPass {
+                cursor: 0,
+                inserted: false,
+                floor: Millis::NEVER,
+            },
+            None => {
+                if now >= self.next_sweep {
+                    self.next_sweep = now.add_ms(self.limits.sweep_interval_ms.max(1));
+                }
+                return;
             }
-            self.next_sweep = now.add_ms(self.limits.sweep_interval_ms.max(1));
+        };
+        let end = pass.cursor.saturating_add(SWEEP_STEP_BUCKETS);
+        let queues = &self.queues;
+        let mut floor = pass.floor;
+        // Keep a key unless it expired and nobody waits for it.
+        self.keys.retain_buckets(pass.cursor, end, |k, s| {
+            let keep = s.expires_at > now || queues.contains_key(k);
+            if keep {
+                floor = floor.min(s.expires_at);
+            }
+            keep
+        });
+        pass.floor = floor;
+        pass.cursor = end;
+        if pass.cursor < self.keys.num_buckets() {
+            self.sweep = Some(pass);
+            return;
         }
+        self.sweep = None;
+        self.expiry_floor = if pass.inserted {
+            pass.floor.min(self.expiry_floor)
+        } else {
+            pass.floor
+        };
+        self.next_sweep = now.add_ms(self.limits.sweep_interval_ms.max(1));
     }
 
     /// The next moment [`Engine::tick`] has work, for the poll timeout.
@@ -1047,8 +1322,13 @@ impl Engine {
             return None;
         }
         let timer = self.timers.first_key_value().map(|(&(at, _), _)| at);
-        // The sweep has work once it is due and some lease may have ended.
-        let sweep = (!self.keys.is_empty()).then_some(self.next_sweep.max(self.expiry_floor));
+        // The sweep has work once it is due and some lease may have ended,
+        // and at once while a pass is under way.
+        let sweep = if self.sweep.is_some() {
+            Some(Millis::ZERO)
+        } else {
+            (!self.keys.is_empty()).then_some(self.next_sweep.max(self.expiry_floor))
+        };
         match (timer, sweep) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -1068,7 +1348,10 @@ impl Engine {
                 slot.token,
                 self.next_token
             );
-            assert!(slot.token > 0, "token 0 on {key:?}");
+            assert!(
+                slot.token > 0 || slot.expires_at <= self.grace_until,
+                "token 0 on {key:?} outside the restart grace"
+            );
             assert!(
                 self.expiry_floor <= slot.expires_at,
                 "expiry floor {} above the lease end {} of {key:?}",
@@ -1246,8 +1529,8 @@ mod tests {
 
     /// The memory figures of the module doc rest on these sizes.
     #[test]
-    fn slots_are_16_bytes_and_waiters_32() {
-        assert_eq!(std::mem::size_of::<Slot>(), 16);
+    fn slots_are_24_bytes_and_waiters_32() {
+        assert_eq!(std::mem::size_of::<Slot>(), 24);
         assert_eq!(std::mem::size_of::<Waiter>(), 32);
         assert_eq!(std::mem::size_of::<ConnSlot>(), 16);
         let w = Waiter {
@@ -1298,5 +1581,112 @@ mod tests {
         assert_eq!(r[1], (2, "Timeout { owner: 2, key: \"k\" }".to_string()));
         assert_eq!(e.key_count(), 0);
         e.check_invariants();
+    }
+
+    /// After a restart within the leases of the previous run, every key
+    /// is held by an unknown holder until the grace ends: T at once, a
+    /// FIFO queue granted at the end, N for any release.
+    #[test]
+    fn a_restart_grace_holds_every_key_until_it_ends() {
+        let mut e = Engine::new(EngineLimits::default(), 100);
+        let mut out = Outbox::new();
+        let end = Millis(5_000);
+        e.set_restart_grace(end);
+        assert_eq!(e.restart_grace(Millis(1_000)), Some(end));
+        let t = Millis(1_000);
+        for key in ["held-before", "never-seen"] {
+            assert_eq!(
+                e.acquire(t, 1, acq(key, 1, 0, 5), &mut out),
+                AcquireOutcome::Timeout
+            );
+        }
+        assert!(matches!(
+            e.acquire(t, 2, acq("held-before", 2, 60, 5), &mut out),
+            AcquireOutcome::Queued(_)
+        ));
+        assert!(matches!(
+            e.acquire(t, 3, acq("held-before", 3, 60, 5), &mut out),
+            AcquireOutcome::Queued(_)
+        ));
+        assert!(matches!(
+            e.acquire(t, 4, acq("short", 4, 2, 5), &mut out),
+            AcquireOutcome::Queued(_)
+        ));
+        for token in [0, 1, 99, 100] {
+            assert!(!e.release(t, 5, token, "held-before", &mut out));
+            assert!(!e.extend(t, 5, "held-before", token, 5, &mut out));
+        }
+        e.check_invariants();
+        replies(&mut out);
+        // The short wait runs out inside the grace: Timeout, never the key.
+        e.tick(Millis(3_000), &mut out);
+        assert_eq!(
+            replies(&mut out),
+            vec![(4, "Timeout { owner: 4, key: \"short\" }".to_string())]
+        );
+        assert_eq!(e.next_deadline(), Some(end));
+        e.tick(Millis(4_999), &mut out);
+        assert!(out.is_empty());
+        // At the end the head waiter gets the key, FIFO.
+        e.tick(end, &mut out);
+        assert_eq!(
+            replies(&mut out),
+            vec![(
+                2,
+                "Acquired { token: 100, owner: 2, key: \"held-before\" }".to_string()
+            )]
+        );
+        assert_eq!(e.queued_owners("held-before"), vec![3]);
+        assert_eq!(e.restart_grace(end), None);
+        assert_eq!(
+            e.acquire(end, 1, acq("never-seen", 6, 0, 5), &mut out),
+            AcquireOutcome::Granted(101)
+        );
+        assert_eq!(
+            e.acquire(end, 1, acq("new", 7, 0, 5), &mut out),
+            AcquireOutcome::Granted(102)
+        );
+        e.check_invariants();
+    }
+
+    #[test]
+    fn a_lease_above_the_maximum_is_busy_and_grants_track_their_latest_end() {
+        let mut e = Engine::new(EngineLimits::default(), 1);
+        let mut out = Outbox::new();
+        e.set_max_lease(10);
+        assert_eq!(
+            e.acquire(Millis(0), 1, acq("k", 1, 0, 11), &mut out),
+            AcquireOutcome::Busy
+        );
+        assert_eq!(
+            e.acquire(Millis(0), 1, acq("k", 1, 9, 11), &mut out),
+            AcquireOutcome::Busy
+        );
+        assert_eq!(e.granted_until(), Millis::ZERO);
+        assert_eq!(e.outstanding_until(Millis(0)), None);
+        assert_eq!(
+            e.acquire(Millis(0), 1, acq("k", 1, 0, 10), &mut out),
+            AcquireOutcome::Granted(1)
+        );
+        assert_eq!(
+            e.acquire(Millis(0), 1, acq("j", 1, 0, 3), &mut out),
+            AcquireOutcome::Granted(2)
+        );
+        assert_eq!(e.granted_until(), Millis(10_001));
+        assert_eq!(e.outstanding_until(Millis(0)), Some(Millis(10_001)));
+        // An extend past the maximum is refused; one within it moves the
+        // latest lease end.
+        assert!(!e.extend(Millis(0), 1, "j", 2, 11, &mut out));
+        assert!(e.extend(Millis(2_000), 1, "j", 2, 10, &mut out));
+        assert_eq!(e.granted_until(), Millis(12_001));
+        assert!(e.extend(Millis(2_000), 1, "j", 2, 1, &mut out));
+        assert!(e.release(Millis(0), 1, 1, "k", &mut out));
+        assert_eq!(
+            e.granted_until(),
+            Millis(12_001),
+            "a release does not lower it"
+        );
+        assert_eq!(e.outstanding_until(Millis(0)), Some(Millis(3_001)));
+        assert_eq!(e.outstanding_until(Millis(3_001)), None, "the lease ended");
     }
 }

@@ -297,6 +297,33 @@ impl<K: Borrow<str>, V> StrMap<K, V> {
         self.table.retain(|(k, v)| keep(k, v));
     }
 
+    /// Buckets of the table: the range of bucket indices for
+    /// [`StrMap::retain_buckets`].
+    #[must_use]
+    pub fn num_buckets(&self) -> usize {
+        self.table.num_buckets()
+    }
+
+    /// Keeps the entries in buckets `from..to` (clamped to the table) for
+    /// which `keep` returns true: a scan in steps, by bucket index. A
+    /// removal never moves another entry, so the indices of the rest stay
+    /// put; an insertion may grow or rehash the table and reorder them.
+    pub fn retain_buckets(
+        &mut self,
+        from: usize,
+        to: usize,
+        mut keep: impl FnMut(&K, &mut V) -> bool,
+    ) {
+        for i in from..to.min(self.table.num_buckets()) {
+            if let Ok(mut entry) = self.table.get_bucket_entry(i) {
+                let (k, v) = entry.get_mut();
+                if !keep(k, v) {
+                    entry.remove();
+                }
+            }
+        }
+    }
+
     /// Every entry, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
         self.table.iter().map(|(k, v)| (k, v))

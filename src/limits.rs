@@ -22,7 +22,8 @@ pub const fn max_request_frame(max_key_bytes: usize) -> usize {
     12 + max_key_bytes
 }
 
-/// The longest reply frame: `'A' token owner` + key + `'\n'`.
+/// The longest reply frame: `'A' token owner` + key + `'\n'`. (Extend is
+/// one byte shorter than Acquire, its replies shorter than an Acquired.)
 #[must_use]
 pub const fn max_reply_frame(max_key_bytes: usize) -> usize {
     18 + max_key_bytes
@@ -51,6 +52,10 @@ pub struct EngineLimits {
     pub max_waiters_per_key: usize,
     /// Milliseconds between sweeps that delete expired keys without waiters.
     pub sweep_interval_ms: u64,
+    /// Single mode: the longest a grant may be held, extensions included,
+    /// in milliseconds from its grant (`--max-hold`); an Extend that would
+    /// carry it further is answered `X`. 0: no cap.
+    pub max_hold_ms: u64,
 }
 
 impl Default for EngineLimits {
@@ -60,6 +65,7 @@ impl Default for EngineLimits {
             max_waiters: DEFAULT_MAX_WAITERS,
             max_waiters_per_key: DEFAULT_MAX_WAITERS_PER_KEY,
             sweep_interval_ms: DEFAULT_SWEEP_INTERVAL_S * 1000,
+            max_hold_ms: 0,
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Wire codec for protocol version 1 (SPEC §1). No I/O.
+//! Wire codec for protocol version 1.1 (SPEC §1 and §5.1). No I/O.
 //!
 //! Every frame is a fixed binary header, a UTF-8 key and one `0x0A`. Because
 //! the header is binary and may itself contain `0x0A`, a decoder consumes the
@@ -22,6 +22,10 @@ pub const OP_TIMEOUT: u8 = b'T';
 pub const OP_BUSY: u8 = b'B';
 /// Op byte of a NotReleased reply.
 pub const OP_NOT_RELEASED: u8 = b'N';
+/// Op byte of an Extend request and of an Extended reply (protocol 1.1).
+pub const OP_EXTEND: u8 = b'E';
+/// Op byte of a NotExtended reply (protocol 1.1).
+pub const OP_NOT_EXTENDED: u8 = b'X';
 /// The frame terminator.
 pub const NEWLINE: u8 = b'\n';
 
@@ -46,6 +50,15 @@ pub enum Request<'a> {
         /// The lock name.
         key: &'a str,
     },
+    /// `'E' lease:u8 token:u64 key '\n'` (protocol 1.1, SPEC §5).
+    Extend {
+        /// Seconds the grant lives from now on; never 0 in a well-formed frame.
+        lease_s: u8,
+        /// The fencing token of the grant being extended.
+        token: u64,
+        /// The lock name.
+        key: &'a str,
+    },
 }
 
 impl Request<'_> {
@@ -53,7 +66,9 @@ impl Request<'_> {
     #[must_use]
     pub fn key(&self) -> &str {
         match self {
-            Request::Acquire { key, .. } | Request::Release { key, .. } => key,
+            Request::Acquire { key, .. }
+            | Request::Release { key, .. }
+            | Request::Extend { key, .. } => key,
         }
     }
 }
@@ -98,6 +113,21 @@ pub enum Reply<'a> {
         /// The lock name.
         key: &'a str,
     },
+    /// The extension took effect: `'E' token:u64 key '\n'` (protocol 1.1).
+    Extended {
+        /// The token that was extended.
+        token: u64,
+        /// The lock name.
+        key: &'a str,
+    },
+    /// Nothing changed, the grant is gone or capped: `'X' token:u64 key '\n'`
+    /// (protocol 1.1).
+    NotExtended {
+        /// The token of the extend being answered.
+        token: u64,
+        /// The lock name.
+        key: &'a str,
+    },
 }
 
 impl<'a> Reply<'a> {
@@ -109,7 +139,9 @@ impl<'a> Reply<'a> {
             | Reply::Timeout { key, .. }
             | Reply::Busy { key, .. }
             | Reply::Released { key, .. }
-            | Reply::NotReleased { key, .. } => key,
+            | Reply::NotReleased { key, .. }
+            | Reply::Extended { key, .. }
+            | Reply::NotExtended { key, .. } => key,
         }
     }
 }
@@ -120,7 +152,7 @@ impl<'a> Reply<'a> {
 pub enum Malformed {
     /// The first byte is not an op of this direction.
     UnknownOp(u8),
-    /// An Acquire with `lease = 0`.
+    /// An Acquire or Extend with `lease = 0`.
     ZeroLease,
     /// The newline follows the header directly.
     EmptyKey,
@@ -168,6 +200,7 @@ pub fn request_header_len(op: u8) -> Option<usize> {
     match op {
         OP_ACQUIRE => Some(11),
         OP_RELEASE => Some(9),
+        OP_EXTEND => Some(10),
         _ => None,
     }
 }
@@ -177,7 +210,9 @@ pub fn request_header_len(op: u8) -> Option<usize> {
 pub fn reply_header_len(op: u8) -> Option<usize> {
     match op {
         OP_ACQUIRE => Some(17),
-        OP_TIMEOUT | OP_BUSY | OP_RELEASE | OP_NOT_RELEASED => Some(9),
+        OP_TIMEOUT | OP_BUSY | OP_RELEASE | OP_NOT_RELEASED | OP_EXTEND | OP_NOT_EXTENDED => {
+            Some(9)
+        }
         _ => None,
     }
 }
@@ -244,25 +279,37 @@ pub fn decode_request(buf: &[u8], max_key_bytes: usize) -> Decoded<Request<'_>> 
     let Some(header) = request_header_len(op) else {
         return Decoded::Malformed(Malformed::UnknownOp(op));
     };
-    if op == OP_ACQUIRE && buf.len() >= 3 && buf[2] == 0 {
-        return Decoded::Malformed(Malformed::ZeroLease);
+    // The lease byte: third in an Acquire, second in an Extend.
+    let lease_at = match op {
+        OP_ACQUIRE => Some(2),
+        OP_EXTEND => Some(1),
+        _ => None,
+    };
+    if let Some(at) = lease_at {
+        if buf.len() > at && buf[at] == 0 {
+            return Decoded::Malformed(Malformed::ZeroLease);
+        }
     }
     match split_key(buf, header, max_key_bytes) {
         Decoded::Incomplete => Decoded::Incomplete,
         Decoded::Malformed(m) => Decoded::Malformed(m),
         Decoded::Frame { frame: key, used } => {
-            let frame = if op == OP_ACQUIRE {
-                Request::Acquire {
+            let frame = match op {
+                OP_ACQUIRE => Request::Acquire {
                     wait_s: buf[1],
                     lease_s: buf[2],
                     owner: be_u64(&buf[3..11]),
                     key,
-                }
-            } else {
-                Request::Release {
+                },
+                OP_EXTEND => Request::Extend {
+                    lease_s: buf[1],
+                    token: be_u64(&buf[2..10]),
+                    key,
+                },
+                _ => Request::Release {
                     token: be_u64(&buf[1..9]),
                     key,
-                }
+                },
             };
             Decoded::Frame { frame, used }
         }
@@ -292,6 +339,8 @@ pub fn decode_reply(buf: &[u8], max_key_bytes: usize) -> Decoded<Reply<'_>> {
                 OP_TIMEOUT => Reply::Timeout { owner: a, key },
                 OP_BUSY => Reply::Busy { owner: a, key },
                 OP_RELEASE => Reply::Released { token: a, key },
+                OP_EXTEND => Reply::Extended { token: a, key },
+                OP_NOT_EXTENDED => Reply::NotExtended { token: a, key },
                 _ => Reply::NotReleased { token: a, key },
             };
             Decoded::Frame { frame, used }
@@ -324,6 +373,17 @@ pub fn encode_request(req: &Request<'_>, out: &mut Vec<u8>) {
             out.extend_from_slice(&token.to_be_bytes());
             out.extend_from_slice(key.as_bytes());
         }
+        Request::Extend {
+            lease_s,
+            token,
+            key,
+        } => {
+            out.reserve(11 + key.len());
+            out.push(OP_EXTEND);
+            out.push(lease_s);
+            out.extend_from_slice(&token.to_be_bytes());
+            out.extend_from_slice(key.as_bytes());
+        }
     }
     out.push(NEWLINE);
 }
@@ -352,6 +412,14 @@ pub fn encode_reply(reply: &Reply<'_>, out: &mut Vec<u8>) {
         }
         Reply::NotReleased { token, .. } => {
             out.push(OP_NOT_RELEASED);
+            out.extend_from_slice(&token.to_be_bytes());
+        }
+        Reply::Extended { token, .. } => {
+            out.push(OP_EXTEND);
+            out.extend_from_slice(&token.to_be_bytes());
+        }
+        Reply::NotExtended { token, .. } => {
+            out.push(OP_NOT_EXTENDED);
             out.extend_from_slice(&token.to_be_bytes());
         }
     }
@@ -452,6 +520,86 @@ mod tests {
         );
     }
 
+    /// SPEC §5.1's example: extend `token=7 key="db"` by 30 s.
+    #[test]
+    fn spec_example_extend_frame() {
+        let bytes = [0x45, 0x1E, 0, 0, 0, 0, 0, 0, 0, 0x07, 0x64, 0x62, 0x0A];
+        let req = Request::Extend {
+            lease_s: 30,
+            token: 7,
+            key: "db",
+        };
+        assert_eq!(enc_req(&req), bytes);
+        assert_eq!(
+            decode_request(&bytes, MAX),
+            Decoded::Frame {
+                frame: req,
+                used: 13
+            }
+        );
+    }
+
+    /// An Extend whose lease and token are all newline bytes is read by
+    /// count, and decoding it split at every byte gives Incomplete until the
+    /// last byte arrives.
+    #[test]
+    fn extend_header_full_of_newlines_split_at_every_byte() {
+        let req = Request::Extend {
+            lease_s: 0x0A,
+            token: 0x0A0A_0A0A_0A0A_0A0A,
+            key: "k",
+        };
+        let bytes = enc_req(&req);
+        assert_eq!(bytes.len(), 12);
+        for cut in 0..bytes.len() {
+            assert_eq!(
+                decode_request(&bytes[..cut], MAX),
+                Decoded::Incomplete,
+                "cut {cut}"
+            );
+        }
+        assert_eq!(
+            decode_request(&bytes, MAX),
+            Decoded::Frame {
+                frame: req,
+                used: 12
+            }
+        );
+    }
+
+    #[test]
+    fn malformed_extends_are_named() {
+        // Lease 0 is known from the second byte on.
+        assert_eq!(
+            decode_request(&[b'E', 0], MAX),
+            Decoded::Malformed(Malformed::ZeroLease)
+        );
+        let frame = |key: &[u8]| {
+            let mut f = vec![b'E', 30];
+            f.extend_from_slice(&[0; 8]);
+            f.extend_from_slice(key);
+            f
+        };
+        assert_eq!(
+            decode_request(&frame(b"\n"), MAX),
+            Decoded::Malformed(Malformed::EmptyKey)
+        );
+        assert_eq!(
+            decode_request(&frame(b"\xff\n"), MAX),
+            Decoded::Malformed(Malformed::InvalidUtf8)
+        );
+        assert_eq!(decode_request(&frame(b"kkkk"), 4), Decoded::Incomplete);
+        assert_eq!(
+            decode_request(&frame(b"kkkkk"), 4),
+            Decoded::Malformed(Malformed::KeyTooLong)
+        );
+        // X is a reply op, never a request.
+        assert_eq!(
+            decode_request(b"X", MAX),
+            Decoded::Malformed(Malformed::UnknownOp(b'X'))
+        );
+    }
+
     #[test]
     fn every_malformed_case_is_named() {
         assert_eq!(
@@ -514,6 +662,14 @@ mod tests {
             Reply::Busy { owner: 8, key: "b" },
             Reply::Released { token: 9, key: "c" },
             Reply::NotReleased { token: 0, key: "d" },
+            Reply::Extended {
+                token: 0x0A0A,
+                key: "e",
+            },
+            Reply::NotExtended {
+                token: 11,
+                key: "f",
+            },
         ];
         for r in replies {
             let mut v = Vec::new();
@@ -532,15 +688,35 @@ mod tests {
         );
     }
 
-    fn arb_request() -> impl Strategy<Value = (u8, u8, u64, u64, String, bool)> {
+    /// (wait, lease, owner, token, key, op): op 0 = Acquire, 1 = Release, 2 = Extend.
+    fn arb_request() -> impl Strategy<Value = (u8, u8, u64, u64, String, u8)> {
         (
             any::<u8>(),
             1u8..,
             any::<u64>(),
             any::<u64>(),
             "[^\n]{1,12}",
-            any::<bool>(),
+            0u8..3,
         )
+    }
+
+    fn make_request<'a>(
+        (wait_s, lease_s, owner, token, key, op): &'a (u8, u8, u64, u64, String, u8),
+    ) -> Request<'a> {
+        match op {
+            0 => Request::Acquire {
+                wait_s: *wait_s,
+                lease_s: *lease_s,
+                owner: *owner,
+                key,
+            },
+            1 => Request::Release { token: *token, key },
+            _ => Request::Extend {
+                lease_s: *lease_s,
+                token: *token,
+                key,
+            },
+        }
     }
 
     proptest! {
@@ -550,13 +726,8 @@ mod tests {
             split in any::<prop::sample::Index>(),
         ) {
             let mut stream = Vec::new();
-            for (wait_s, lease_s, owner, token, key, acquire) in &reqs {
-                let r = if *acquire {
-                    Request::Acquire { wait_s: *wait_s, lease_s: *lease_s, owner: *owner, key }
-                } else {
-                    Request::Release { token: *token, key }
-                };
-                encode_request(&r, &mut stream);
+            for r in &reqs {
+                encode_request(&make_request(r), &mut stream);
             }
             // Feed in two pieces split at an arbitrary byte, like a reader would.
             let cut = split.index(stream.len() + 1);
@@ -566,18 +737,7 @@ mod tests {
             loop {
                 match decode_request(&buf, MAX) {
                     Decoded::Frame { frame, used } => {
-                        let (wait_s, lease_s, owner, token, key, acquire) = &reqs[decoded];
-                        prop_assert_eq!(frame.key(), key.as_str());
-                        match frame {
-                            Request::Acquire { wait_s: w, lease_s: l, owner: o, .. } => {
-                                prop_assert!(*acquire);
-                                prop_assert_eq!((w, l, o), (*wait_s, *lease_s, *owner));
-                            }
-                            Request::Release { token: t, .. } => {
-                                prop_assert!(!*acquire);
-                                prop_assert_eq!(t, *token);
-                            }
-                        }
+                        prop_assert_eq!(frame, make_request(&reqs[decoded]));
                         buf.drain(..used);
                         decoded += 1;
                     }

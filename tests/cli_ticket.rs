@@ -7,7 +7,7 @@ mod common;
 mod proxy;
 
 use std::net::TcpListener;
-use std::process::Output;
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::Ticketd;
@@ -119,6 +119,7 @@ fn run_stops_a_command_that_outlives_its_lease_and_frees_the_key() {
     let o = ticket(&[
         "run",
         "slow",
+        "--no-renew",
         "--lease",
         "3",
         "--kill-grace",
@@ -154,6 +155,7 @@ fn run_terminates_politely_first() {
     let o = ticket(&[
         "run",
         "polite",
+        "--no-renew",
         "--lease",
         "3",
         "--kill-grace",
@@ -441,4 +443,170 @@ fn bench_measures_a_real_server_and_rejects_bad_flags() {
     let o = ticket(&["help", "bench"]);
     assert_eq!(status(&o), 0);
     assert!(stdout(&o).contains("--backend"));
+}
+
+/// `ticket run` renews by default: a command that runs for several leases
+/// keeps the lock the whole time, exits 0, and the key is free afterwards.
+#[test]
+fn run_renews_the_lock_for_as_long_as_the_command_runs() {
+    let server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    let start = Instant::now();
+    let child = common::bin_command(env!("CARGO_BIN_EXE_ticket"))
+        .args([
+            "run",
+            "long",
+            "--lease",
+            "2",
+            "--kill-grace",
+            "0.2",
+            "--server",
+            &addr,
+            "--",
+            "sleep",
+            "5",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Well past the first 2 s lease, the key is still held.
+    std::thread::sleep(Duration::from_millis(3500));
+    let o = ticket(&["acquire", "long", "--wait", "0", "--server", &addr]);
+    assert_eq!(status(&o), 120, "held past its first lease: {}", stderr(&o));
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(start.elapsed() >= Duration::from_secs(5));
+    assert_eq!(
+        status(&ticket(&[
+            "acquire", "long", "--wait", "0", "--server", &addr
+        ])),
+        0,
+        "released when the command exited"
+    );
+}
+
+/// `--max-hold`: renewals stop after S seconds, and the command is then
+/// stopped before the last lease ends (exit 124).
+#[test]
+fn run_max_hold_stops_renewing_then_terminates() {
+    let server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    let start = Instant::now();
+    let o = ticket(&[
+        "run",
+        "capped",
+        "--lease",
+        "2",
+        "--kill-grace",
+        "0.2",
+        "--max-hold",
+        "2",
+        "--server",
+        &addr,
+        "--",
+        "sleep",
+        "30",
+    ]);
+    let took = start.elapsed();
+    assert_eq!(status(&o), LEASE_ENDED, "{}", stderr(&o));
+    assert!(
+        took >= Duration::from_secs(2),
+        "renewed until the max hold: {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "stopped within the last lease: {took:?}"
+    );
+}
+
+/// The server dies while `ticket run` holds a renewed lock: the renewal
+/// fails and the command is stopped before the conservative expiry (the
+/// final release then waits out its own 5 s transport deadline).
+#[test]
+fn run_stops_the_command_before_the_expiry_when_the_server_is_gone() {
+    let mut server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    let dir = std::env::temp_dir().join(format!("ticket-doomed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pidfile = dir.join("pid");
+    let script = format!("echo $$ > {}; exec sleep 30", pidfile.display());
+    let start = Instant::now();
+    let child = common::bin_command(env!("CARGO_BIN_EXE_ticket"))
+        .args([
+            "run",
+            "doomed",
+            "--lease",
+            "3",
+            "--kill-grace",
+            "0.3",
+            "--server",
+            &addr,
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = loop {
+        if let Ok(p) = std::fs::read_to_string(&pidfile) {
+            if let Ok(p) = p.trim().parse::<u32>() {
+                break p;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the command never started"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    server.signal(libc::SIGKILL);
+    let _ = server.wait_exit(Duration::from_secs(5));
+    let proc_dir = std::path::PathBuf::from(format!("/proc/{pid}"));
+    while proc_dir.exists() && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let stopped = start.elapsed();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(LEASE_ENDED), "{err}");
+    assert!(err.contains("terminated"), "{err}");
+    assert!(
+        stopped < Duration::from_secs(3),
+        "stopped before the 3 s expiry: {stopped:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `ticket extend KEY TOKEN`: 0 when extended, 123 for a token not held.
+#[test]
+fn extend_moves_a_lease_by_token() {
+    let server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    let o = ticket(&["acquire", "ext", "--lease", "2", "--server", &addr]);
+    assert_eq!(status(&o), 0);
+    let token = stdout(&o).trim().to_owned();
+    let o = ticket(&["extend", "ext", &token, "--lease", "6", "--server", &addr]);
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    std::thread::sleep(Duration::from_millis(2500));
+    // Past the first lease, still held.
+    assert_eq!(
+        status(&ticket(&[
+            "acquire", "ext", "--wait", "0", "--server", &addr
+        ])),
+        120
+    );
+    let wrong = (token.parse::<u64>().unwrap() + 1).to_string();
+    let o = ticket(&["extend", "ext", &wrong, "--server", &addr]);
+    assert_eq!(status(&o), 123, "{}", stderr(&o));
+    assert!(stderr(&o).contains("not held"), "{}", stderr(&o));
 }

@@ -45,7 +45,7 @@ fn owners(seen: &[proxy::Seen]) -> Vec<u64> {
     seen.iter()
         .filter_map(|s| match s.req {
             Req::Acquire { owner, .. } => Some(owner),
-            Req::Release { .. } => None,
+            Req::Release { .. } | Req::Extend { .. } => None,
         })
         .collect()
 }
@@ -298,7 +298,7 @@ fn a_late_grant_is_released_at_once_not_at_the_end_of_its_lease() {
             .iter()
             .filter_map(|s| match s.req {
                 Req::Release { token, .. } => Some(token),
-                Req::Acquire { .. } => None,
+                Req::Acquire { .. } | Req::Extend { .. } => None,
             })
             .collect()
     };

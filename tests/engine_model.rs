@@ -35,6 +35,7 @@ fn limits() -> EngineLimits {
         max_waiters: 5,
         max_waiters_per_key: 3,
         sweep_interval_ms: SWEEP_MS,
+        max_hold_ms: 0,
     }
 }
 
@@ -46,6 +47,8 @@ enum Rep {
     B(u64, String),
     R(u64, String),
     N(u64, String),
+    E(u64, String),
+    X(u64, String),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,6 +74,14 @@ enum Op {
         conn: usize,
         pick: u8,
         any: u64,
+    },
+    /// An extend (SPEC §5.2); `pick` as for `Release`.
+    Extend {
+        key: usize,
+        conn: usize,
+        pick: u8,
+        any: u64,
+        lease_s: u8,
     },
     Disconnect {
         conn: usize,
@@ -102,6 +113,9 @@ fn op() -> impl Strategy<Value = Op> {
         ),
         3 => (0..KEYS.len(), 0..CONN_SLOTS, 0..=4u8, any::<u64>())
             .prop_map(|(key, conn, pick, any)| Op::Release { key, conn, pick, any }),
+        2 => (0..KEYS.len(), 0..CONN_SLOTS, 0..=4u8, any::<u64>(), 1..=3u8).prop_map(
+            |(key, conn, pick, any, lease_s)| Op::Extend { key, conn, pick, any, lease_s }
+        ),
         1 => (0..CONN_SLOTS).prop_map(|conn| Op::Disconnect { conn }),
         4 => prop_oneof![0..1_200u64, Just(1_000u64), 0..4_000u64]
             .prop_map(|ms| Op::Step { ms }),
@@ -241,6 +255,29 @@ impl Model {
         }
     }
 
+    /// SPEC §5.2: a grant whose lease has not ended lives `lease_s` from
+    /// now, keeping its token and its queue; anything else is X.
+    fn extend(
+        &mut self,
+        conn: ConnId,
+        key: &str,
+        token: u64,
+        lease_s: u8,
+        out: &mut Vec<(ConnId, Rep)>,
+    ) {
+        let now = self.now_ms;
+        match self.find(key) {
+            Some(i)
+                if self.keys[i].token == token
+                    && (self.replicated || self.keys[i].expires_at_ms >= now) =>
+            {
+                self.keys[i].expires_at_ms = now + u64::from(lease_s) * 1000;
+                out.push((conn, Rep::E(token, key.into())));
+            }
+            _ => out.push((conn, Rep::X(token, key.into()))),
+        }
+    }
+
     /// Waiters whose wait ran out get T (in queue order), never the key.
     fn time_out_waiters(&mut self, i: usize, out: &mut Vec<(ConnId, Rep)>) {
         if self.replicated {
@@ -370,6 +407,8 @@ struct Checker {
     last_token: u64,
     /// Leases never run out by themselves (cluster mode's state machine).
     replicated: bool,
+    /// The lease of the extend in flight, by token.
+    extend_lease: HashMap<u64, u8>,
 }
 
 impl Checker {
@@ -425,6 +464,26 @@ impl Checker {
                         );
                     }
                 }
+                Rep::E(token, key) => {
+                    let live = self.live_grant.get_mut(key);
+                    let Some((held, exp)) = live else {
+                        panic!("E of {token} on {key:?}, which nobody holds");
+                    };
+                    assert_eq!(*held, *token, "E of a token not held");
+                    assert!(now_ms <= *exp, "E revived {token}, ended at {exp}");
+                    if !self.replicated {
+                        let lease_s = self.extend_lease.remove(token).unwrap_or(0);
+                        *exp = now_ms + u64::from(lease_s) * 1000;
+                    }
+                }
+                Rep::X(token, key) => {
+                    if let Some(&(held, exp)) = self.live_grant.get(key) {
+                        assert!(
+                            held != *token || exp < now_ms,
+                            "X for the valid holder's token {token} on {key:?}"
+                        );
+                    }
+                }
             }
         }
     }
@@ -442,6 +501,8 @@ fn owned(out: &mut Outbox) -> Vec<(ConnId, Rep)> {
                 Reply::Busy { owner, key } => Rep::B(owner, key.into()),
                 Reply::Released { token, key } => Rep::R(token, key.into()),
                 Reply::NotReleased { token, key } => Rep::N(token, key.into()),
+                Reply::Extended { token, key } => Rep::E(token, key.into()),
+                Reply::NotExtended { token, key } => Rep::X(token, key.into()),
             };
             (x.conn, r)
         })
@@ -549,6 +610,20 @@ fn run(ops: &[Op], replicated: bool) {
                 let took = e.release(now, conn, token, KEYS[key], &mut out);
                 m.release(conn, KEYS[key], token, &mut expect);
                 assert_eq!(took, matches!(expect[0].1, Rep::R(..)));
+            }
+            Op::Extend {
+                key,
+                conn,
+                pick,
+                any,
+                lease_s,
+            } => {
+                let conn = conn_id(&generation, conn);
+                let token = pick_token(&m, key, pick, any);
+                check.extend_lease.insert(token, lease_s);
+                let took = e.extend(now, conn, KEYS[key], token, lease_s, &mut out);
+                m.extend(conn, KEYS[key], token, lease_s, &mut expect);
+                assert_eq!(took, matches!(expect[0].1, Rep::E(..)));
             }
             Op::Disconnect { conn: slot } => {
                 let conn = conn_id(&generation, slot);

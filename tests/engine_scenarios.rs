@@ -1,7 +1,8 @@
 //! Scenarios of the lock engine that span several operations and time steps:
 //! expiry (lazy takeover, handover at lease expiry, sweep timing, R vs N
 //! around the sweep), FIFO order, capacity limits, disconnect, fencing
-//! tokens, the stale-waiter rule, replicated mode and the token ceiling.
+//! tokens, the stale-waiter rule, replicated mode, the token ceiling,
+//! extensions (SPEC §5.2) and the sweep in steps.
 //!
 //! Every scenario drives the sans-IO engine with explicit `now` values, so
 //! each one is exact to the millisecond and runs in microseconds.
@@ -19,6 +20,21 @@ enum R {
     B { owner: u64, key: String },
     Rel { token: u64, key: String },
     N { token: u64, key: String },
+    E { token: u64, key: String },
+    X { token: u64, key: String },
+}
+
+fn ext(token: u64, key: &str) -> R {
+    R::E {
+        token,
+        key: key.into(),
+    }
+}
+fn not_ext(token: u64, key: &str) -> R {
+    R::X {
+        token,
+        key: key.into(),
+    }
 }
 
 fn a(token: u64, owner: u64, key: &str) -> R {
@@ -63,6 +79,8 @@ fn drain(out: &mut Outbox) -> Vec<(ConnId, R)> {
                 Reply::Busy { owner, key } => b(owner, key),
                 Reply::Released { token, key } => rel(token, key),
                 Reply::NotReleased { token, key } => n(token, key),
+                Reply::Extended { token, key } => ext(token, key),
+                Reply::NotExtended { token, key } => not_ext(token, key),
             };
             (x.conn, r)
         })
@@ -687,4 +705,179 @@ fn an_owner_equal_to_the_holders_owner_gets_no_special_treatment() {
     e.tick(secs(5).add_ms(1), &mut out);
     assert_eq!(drain(&mut out), vec![(1, a(2, 77, "k"))]);
     e.check_invariants();
+}
+
+/// SPEC §5.2, first row: an extension of a live grant keeps the token and
+/// the waiters' places and moves the expiry, so the waiter is handed the
+/// key at the new end, not the old one.
+#[test]
+fn an_extension_moves_the_expiry_and_keeps_token_and_queue() {
+    let mut eng = Engine::new(EngineLimits::default(), 1);
+    let mut out = Outbox::new();
+    let t0 = Millis(10_000);
+    assert_eq!(
+        eng.acquire(t0, 1, acq("k", 1, 0, 5), &mut out),
+        AcquireOutcome::Granted(1)
+    );
+    assert!(matches!(
+        eng.acquire(t0, 2, acq("k", 2, 60, 7), &mut out),
+        AcquireOutcome::Queued(_)
+    ));
+    drain(&mut out);
+    // At t0 + 4 s, extend by 10 s: the lease now ends once t0 + 14 s is past.
+    let t1 = t0.add_secs(4);
+    assert!(eng.extend(t1, 1, "k", 1, 10, &mut out));
+    assert_eq!(drain(&mut out), vec![(1, ext(1, "k"))]);
+    assert_eq!(eng.queued_owners("k"), vec![2]);
+    eng.check_invariants();
+    // The old expiry passes: nothing happens.
+    eng.tick(t0.add_secs(5).add_ms(1), &mut out);
+    assert_eq!(drain(&mut out), vec![]);
+    assert_eq!(eng.holder(t0.add_secs(6), "k"), Some((1, false)));
+    eng.tick(t1.add_secs(10), &mut out);
+    assert_eq!(drain(&mut out), vec![], "not yet past t1 + 10 s");
+    eng.tick(t1.add_secs(10).add_ms(1), &mut out);
+    assert_eq!(drain(&mut out), vec![(2, a(2, 2, "k"))]);
+    eng.check_invariants();
+}
+
+/// An extension may shorten the lease; a waiter then gets the key at the
+/// shorter end (the key's timer is moved up, never left late).
+#[test]
+fn a_shorter_extension_hands_over_at_the_shorter_end() {
+    let mut eng = Engine::new(EngineLimits::default(), 1);
+    let mut out = Outbox::new();
+    let t0 = Millis(0);
+    eng.acquire(t0, 1, acq("k", 1, 0, 60), &mut out);
+    eng.acquire(t0, 2, acq("k", 2, 100, 5), &mut out);
+    drain(&mut out);
+    assert!(eng.extend(t0.add_secs(1), 1, "k", 1, 2, &mut out));
+    drain(&mut out);
+    let end = t0.add_secs(3).add_ms(1);
+    assert_eq!(eng.next_deadline(), Some(end));
+    eng.tick(end, &mut out);
+    assert_eq!(drain(&mut out), vec![(2, a(2, 2, "k"))]);
+    eng.check_invariants();
+}
+
+/// The other rows of SPEC §5.2: an ended lease is never revived (even
+/// before the sweep or a takeover), a wrong token or an unknown key
+/// changes nothing, and each gets X.
+#[test]
+fn ended_leases_wrong_tokens_and_unknown_keys_get_x() {
+    let mut eng = Engine::new(EngineLimits::default(), 1);
+    let mut out = Outbox::new();
+    eng.acquire(Millis(0), 1, acq("k", 1, 0, 2), &mut out);
+    drain(&mut out);
+    assert!(!eng.extend(Millis(100), 1, "k", 9, 30, &mut out));
+    assert!(!eng.extend(Millis(100), 1, "nope", 1, 30, &mut out));
+    assert_eq!(
+        drain(&mut out),
+        vec![(1, not_ext(9, "k")), (1, not_ext(1, "nope"))]
+    );
+    // Still exactly the 2 s lease: ends once 2000 ms are past.
+    assert_eq!(eng.holder(Millis(2000), "k"), Some((1, false)));
+    assert_eq!(eng.holder(Millis(2001), "k"), Some((1, true)));
+    // Ended, registered, not swept: X, and the key stays ended.
+    assert!(!eng.extend(Millis(2001), 1, "k", 1, 30, &mut out));
+    assert_eq!(drain(&mut out), vec![(1, not_ext(1, "k"))]);
+    assert_eq!(
+        eng.acquire(Millis(2002), 2, acq("k", 2, 0, 5), &mut out),
+        AcquireOutcome::Granted(2),
+        "the ended lease is taken over"
+    );
+    eng.check_invariants();
+}
+
+/// `--max-hold`: an extension that would carry the grant past grant time
+/// + max hold is refused with X and leaves the current lease as it was.
+#[test]
+fn max_hold_caps_extensions_from_the_grant() {
+    let limits = EngineLimits {
+        max_hold_ms: 20_000,
+        ..EngineLimits::default()
+    };
+    let mut eng = Engine::new(limits, 1);
+    let mut out = Outbox::new();
+    eng.acquire(Millis(0), 1, acq("k", 1, 0, 10), &mut out);
+    drain(&mut out);
+    // 5 s + 15 s = 20 s: exactly the cap, allowed.
+    assert!(eng.extend(Millis(5000), 1, "k", 1, 15, &mut out));
+    // 6 s + 15 s passes it.
+    assert!(!eng.extend(Millis(6000), 1, "k", 1, 15, &mut out));
+    assert_eq!(
+        drain(&mut out),
+        vec![(1, ext(1, "k")), (1, not_ext(1, "k"))]
+    );
+    // The lease from the accepted extension stands.
+    assert_eq!(eng.holder(Millis(20_000), "k"), Some((1, false)));
+    assert_eq!(eng.holder(Millis(20_001), "k"), Some((1, true)));
+    // A new grant starts a new hold.
+    eng.acquire(Millis(30_000), 2, acq("k", 2, 0, 10), &mut out);
+    assert!(eng.extend(Millis(35_000), 2, "k", 2, 15, &mut out));
+    eng.check_invariants();
+}
+
+/// A holder that extends every second for an hour, with a waiter queued,
+/// leaves the deadline index at one entry for the key throughout.
+#[test]
+fn an_hour_of_extensions_leaves_one_timer_entry() {
+    let mut eng = Engine::new(EngineLimits::default(), 1);
+    let mut out = Outbox::new();
+    eng.acquire(Millis(0), 1, acq("k", 1, 0, 3), &mut out);
+    eng.acquire(Millis(0), 2, acq("k", 2, 255, 3), &mut out);
+    let mut now = Millis(0);
+    for _ in 0..3600 {
+        now = now.add_secs(1);
+        assert!(eng.extend(now, 1, "k", 1, 3, &mut out));
+        eng.tick(now, &mut out);
+        out.clear();
+    }
+    // check_invariants asserts exactly one timer entry per key with waiters.
+    eng.check_invariants();
+    assert_eq!(eng.holder(now, "k"), Some((1, false)));
+    // The waiter's 255 s ran out long ago: it got T at its deadline.
+    assert_eq!(eng.waiter_count(), 0);
+}
+
+/// The sweep visits the table in steps: each tick deletes a bounded part
+/// of a large set of expired keys, next_deadline asks for the next step at
+/// once, and after enough ticks every expired key is gone while live ones
+/// stay.
+#[test]
+fn the_sweep_runs_in_steps() {
+    let limits = EngineLimits {
+        sweep_interval_ms: 1000,
+        ..EngineLimits::default()
+    };
+    let mut eng = Engine::new(limits, 1);
+    let mut out = Outbox::new();
+    let n = 200_000;
+    for i in 0..n {
+        let key = format!("k{i}");
+        let lease = if i % 10 == 0 { 100 } else { 1 };
+        eng.acquire(Millis(0), 1, acq(&key, 1, 0, lease), &mut out);
+        out.clear();
+    }
+    let now = Millis(5000);
+    eng.tick(now, &mut out);
+    let after_one = eng.key_count();
+    assert!(after_one > n / 10, "one step swept {} keys", n - after_one);
+    assert!(after_one < n, "the first step deleted nothing");
+    assert_eq!(
+        eng.next_deadline(),
+        Some(Millis::ZERO),
+        "more steps are due"
+    );
+    let mut steps = 1;
+    while eng.next_deadline() == Some(Millis::ZERO) {
+        eng.tick(now, &mut out);
+        steps += 1;
+        assert!(steps < 1000, "the sweep never ends");
+    }
+    assert!(steps > 2, "{steps} steps for {n} keys");
+    assert_eq!(eng.key_count(), n / 10);
+    eng.check_invariants();
+    // The floor now lets the sweep sleep until the live leases end.
+    assert_eq!(eng.next_deadline(), Some(Millis(100_001)));
 }

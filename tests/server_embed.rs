@@ -61,6 +61,8 @@ impl Client {
                     Reply::Busy { owner, .. } => ('B', owner),
                     Reply::Released { token, .. } => ('R', token),
                     Reply::NotReleased { token, .. } => ('N', token),
+                    Reply::Extended { token, .. } => ('E', token),
+                    Reply::NotExtended { token, .. } => ('X', token),
                 };
                 self.buf.drain(..used);
                 return Some(r);

@@ -332,3 +332,107 @@ fn closing_a_connection_cancels_its_waiters_but_keeps_its_locks() {
         Reply::Released { .. }
     ));
 }
+
+/// SPEC §5.2 over TCP: an extension keeps the token and moves the expiry,
+/// so the key stays held past its first lease and a waiter gets it only at
+/// the new end; an ended lease, a wrong token and an unknown key get X.
+#[test]
+fn extend_keeps_the_grant_past_its_first_lease() {
+    let server = Ticketd::start(&["--sweep-interval", "60"]);
+    let mut c = server.connect();
+    let mut other = server.connect();
+    let t = acquired(&c.acquire_reply("k", 1, 0, 1), 1, "k");
+    assert_eq!(
+        c.extend_reply("k", t, 3),
+        Reply::Extended {
+            token: t,
+            key: "k".into()
+        }
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    // Past the first lease, inside the extension.
+    assert_eq!(
+        other.acquire_reply("k", 2, 0, 5),
+        Reply::Timeout {
+            owner: 2,
+            key: "k".into()
+        }
+    );
+    assert_eq!(
+        c.extend_reply("k", t + 1, 3),
+        Reply::NotExtended {
+            token: t + 1,
+            key: "k".into()
+        }
+    );
+    assert_eq!(
+        c.extend_reply("nobody", t, 3),
+        Reply::NotExtended {
+            token: t,
+            key: "nobody".into()
+        }
+    );
+    std::thread::sleep(Duration::from_millis(2000));
+    // Ended (not swept: the sweep interval is long): never revived.
+    assert_eq!(
+        c.extend_reply("k", t, 30),
+        Reply::NotExtended {
+            token: t,
+            key: "k".into()
+        }
+    );
+    let t2 = acquired(&other.acquire_reply("k", 3, 0, 5), 3, "k");
+    assert!(t2 > t);
+}
+
+/// `--max-hold`: an extension past grant time + max hold is X, and the
+/// lease it would have replaced stands.
+#[test]
+fn max_hold_refuses_extensions_past_the_cap() {
+    let server = Ticketd::start(&["--max-hold", "4"]);
+    let mut c = server.connect();
+    let t = acquired(&c.acquire_reply("k", 1, 0, 2), 1, "k");
+    assert_eq!(
+        c.extend_reply("k", t, 3),
+        Reply::Extended {
+            token: t,
+            key: "k".into()
+        }
+    );
+    assert_eq!(
+        c.extend_reply("k", t, 10),
+        Reply::NotExtended {
+            token: t,
+            key: "k".into()
+        }
+    );
+    assert_eq!(
+        c.acquire_reply("k", 2, 0, 5),
+        Reply::Timeout {
+            owner: 2,
+            key: "k".into()
+        }
+    );
+}
+
+/// An Extend with lease 0 is malformed: the replies before it are flushed,
+/// then the connection closes, and nothing else changes.
+#[test]
+fn an_extend_with_lease_zero_closes_the_connection_after_earlier_replies() {
+    let server = Ticketd::start(&[]);
+    let mut c = server.connect();
+    let mut bytes = common::acquire_frame("k", 1, 0, 30);
+    bytes.extend_from_slice(&common::extend_frame("k", 1, 0));
+    c.send(&bytes);
+    let t = acquired(&c.recv(), 1, "k");
+    assert!(c.closed_within(Duration::from_secs(5)));
+    // The grant made before the bad frame still stands.
+    let mut d = server.connect();
+    assert_eq!(
+        d.extend_reply("k", t, 30),
+        Reply::Extended {
+            token: t,
+            key: "k".into()
+        }
+    );
+}

@@ -130,8 +130,11 @@ fn check_verdict(
                     assert!(header_len.is_none(), "{what}: known op reported unknown");
                 }
                 Malformed::ZeroLease => {
+                    // The lease byte: third in an Acquire, second in an Extend.
+                    let zero_at = |at: usize| data.len() > at && data[at] == 0;
                     assert!(
-                        data.len() >= 3 && data[0] == b'A' && data[2] == 0,
+                        (data.first() == Some(&b'A') && zero_at(2))
+                            || (data.first() == Some(&b'E') && zero_at(1)),
                         "{what}: zero lease without one"
                     );
                 }
@@ -260,6 +263,7 @@ const CONNS: u8 = 4;
 struct Holder {
     token: u64,
     expires_at: Millis,
+    granted_at: Millis,
 }
 
 /// A queued acquire the model expects an answer for.
@@ -308,6 +312,12 @@ enum Op {
         key: usize,
         conn: ConnId,
         token: u64,
+    },
+    Extend {
+        key: usize,
+        conn: ConnId,
+        token: u64,
+        lease_s: u8,
     },
     Expire,
     WaitTimeout {
@@ -371,7 +381,11 @@ impl Model {
         } else {
             Millis::NEVER
         };
-        self.holders[key] = Some(Holder { token, expires_at });
+        self.holders[key] = Some(Holder {
+            token,
+            expires_at,
+            granted_at: self.now,
+        });
     }
 
     /// A reply to a queued acquire: it must be queued, on this key and
@@ -518,6 +532,50 @@ impl Model {
                         self.fail(format!("valid holder token {token} not released"));
                     }
                 }
+                (
+                    Reply::Extended { token, .. } | Reply::NotExtended { token, .. },
+                    Op::Extend {
+                        key: k,
+                        conn,
+                        token: t,
+                        lease_s,
+                    },
+                ) => {
+                    immediate += 1;
+                    if k != key || t != token || a.conn != conn {
+                        self.fail("extend reply does not match the extend".into());
+                    }
+                    let lease_s = lease_s.max(1);
+                    let current = self.holders[key].filter(|h| h.token == token);
+                    let cap = self.limits.max_hold_ms;
+                    let capped = |h: Holder, now: Millis| {
+                        self.clocked
+                            && cap > 0
+                            && h.granted_at.add_ms(cap) < now.add_secs(u64::from(lease_s))
+                    };
+                    if matches!(a.reply, Reply::Extended { .. }) {
+                        let Some(h) = current else {
+                            self.fail(format!("token {token} extended but not held"));
+                        };
+                        if self.live_holder(key).is_none() {
+                            self.fail(format!("ended lease of token {token} revived"));
+                        }
+                        if capped(h, self.now) {
+                            self.fail(format!("token {token} extended past the max hold"));
+                        }
+                        if a.lease_s != lease_s {
+                            self.fail(format!("extend reports lease {}", a.lease_s));
+                        }
+                        if self.clocked {
+                            let expires_at = self.now.add_secs(u64::from(lease_s));
+                            self.holders[key] = Some(Holder { expires_at, ..h });
+                        }
+                    } else if let Some(h) = self.valid_holder(key).filter(|h| h.token == token) {
+                        if !capped(h, self.now) {
+                            self.fail(format!("valid holder token {token} not extended"));
+                        }
+                    }
+                }
                 (r, _) => self.fail(format!("unexpected reply {r:?} to {op:?}")),
             }
         }
@@ -529,7 +587,7 @@ impl Model {
                 };
                 usize::from(!queued)
             }
-            Op::Release { .. } => 1,
+            Op::Release { .. } | Op::Extend { .. } => 1,
             _ => 0,
         };
         if immediate != expected {
@@ -604,6 +662,10 @@ pub fn engine_ops(data: &[u8]) {
         max_waiters: usize::from(b.below(8)) + 1,
         max_waiters_per_key: usize::from(b.below(4)) + 1,
         sweep_interval_ms: u64::from(b.u16() % 8000) + 1,
+        max_hold_ms: match b.below(4) {
+            0 => u64::from(b.u16() % 20_000),
+            _ => 0,
+        },
     };
     let first_token = match b.below(4) {
         0 => 0,
@@ -710,16 +772,38 @@ pub fn engine_ops(data: &[u8]) {
                     2 => m.last_token.saturating_sub(u64::from(b.below(4))),
                     _ => u64::from(b.u16()),
                 };
-                let op = Op::Release { key, conn, token };
-                m.log.push(format!("{} {op:?}", m.now));
-                let took = engine.release(m.now, conn, token, KEYS[key], &mut out);
-                let said_r = out
-                    .iter()
-                    .any(|a| matches!(a.reply, Reply::Released { .. }));
-                if took != said_r {
-                    m.fail(format!("release returned {took} but replied otherwise"));
+                if b.below(3) == 0 {
+                    let lease_s = match b.below(4) {
+                        0 => b.u8(),
+                        _ => b.below(5), // 0 is treated as 1
+                    };
+                    let op = Op::Extend {
+                        key,
+                        conn,
+                        token,
+                        lease_s,
+                    };
+                    m.log.push(format!("{} {op:?}", m.now));
+                    let took = engine.extend(m.now, conn, KEYS[key], token, lease_s, &mut out);
+                    let said_e = out
+                        .iter()
+                        .any(|a| matches!(a.reply, Reply::Extended { .. }));
+                    if took != said_e {
+                        m.fail(format!("extend returned {took} but replied otherwise"));
+                    }
+                    op
+                } else {
+                    let op = Op::Release { key, conn, token };
+                    m.log.push(format!("{} {op:?}", m.now));
+                    let took = engine.release(m.now, conn, token, KEYS[key], &mut out);
+                    let said_r = out
+                        .iter()
+                        .any(|a| matches!(a.reply, Reply::Released { .. }));
+                    if took != said_r {
+                        m.fail(format!("release returned {took} but replied otherwise"));
+                    }
+                    op
                 }
-                op
             }
             3 => {
                 let step_ms = match b.below(4) {

@@ -43,6 +43,16 @@ pub enum Outcome {
         /// The token of the release, when the reply names it.
         token: Option<u64>,
     },
+    /// The extend took effect (ticketd `E`).
+    Extended {
+        /// The extended token, when the reply names it.
+        token: Option<u64>,
+    },
+    /// The extend changed nothing (ticketd `X`).
+    NotExtended {
+        /// The token of the extend, when the reply names it.
+        token: Option<u64>,
+    },
 }
 
 impl Outcome {
@@ -149,6 +159,8 @@ impl Backend for Ticketd {
                     Reply::Busy { owner, .. } => Outcome::Busy { owner: Some(owner) },
                     Reply::Released { token, .. } => Outcome::Released { token: Some(token) },
                     Reply::NotReleased { token, .. } => Outcome::NotReleased { token: Some(token) },
+                    Reply::Extended { token, .. } => Outcome::Extended { token: Some(token) },
+                    Reply::NotExtended { token, .. } => Outcome::NotExtended { token: Some(token) },
                 };
                 Ok(Some((o, used)))
             }

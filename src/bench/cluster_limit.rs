@@ -430,6 +430,7 @@ fn lead(
                                 }
                             }
                             Request::Release { token, key } => Reply::Released { token, key },
+                            Request::Extend { token, key, .. } => Reply::Extended { token, key },
                         };
                         proto::encode_reply(&reply, &mut open.replies);
                         open.spans.push((k, *generation, open.replies.len()));

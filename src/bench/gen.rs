@@ -517,6 +517,11 @@ impl<B: Backend> Worker<'_, B> {
             | Outcome::NotGranted { owner }
             | Outcome::Busy { owner } => owner,
             Outcome::Released { token } | Outcome::NotReleased { token } => token,
+            Outcome::Extended { .. } | Outcome::NotExtended { .. } => {
+                return Err(format!(
+                    "{outcome:?} answers no request this generator sends"
+                ));
+            }
         };
         let pos = match id {
             // Ordered backends name nothing: the oldest request is answered.
@@ -614,6 +619,9 @@ impl<B: Backend> Worker<'_, B> {
                     }
                 }
                 slot.state = SlotState::NeedAcquire { retry: false };
+            }
+            Outcome::Extended { .. } | Outcome::NotExtended { .. } => {
+                unreachable!("take_pending refuses the replies of extends")
             }
         }
         match sleep_until {

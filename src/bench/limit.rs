@@ -62,6 +62,7 @@ fn read_and_answer(conn: &mut BufferedConn, next_token: &mut u64, stats: &mut Li
                         }
                     }
                     Request::Release { token, key } => Reply::Released { token, key },
+                    Request::Extend { token, key, .. } => Reply::Extended { token, key },
                 };
                 proto::encode_reply(&reply, &mut conn.wbuf);
             }

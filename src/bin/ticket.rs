@@ -3,7 +3,9 @@
 //! ```text
 //! ticket acquire KEY [--wait S] [--lease S] [--server ADDR]...
 //! ticket release KEY TOKEN [--server ADDR]...
-//! ticket run KEY [--wait S] [--lease S] [--kill-grace S] [--server ADDR]... -- CMD [ARGS...]
+//! ticket extend KEY TOKEN [--lease S] [--server ADDR]...
+//! ticket run KEY [--wait S] [--lease S] [--kill-grace S] [--no-renew | --max-hold S]
+//!            [--server ADDR]... -- CMD [ARGS...]
 //! ```
 //!
 //! Built on `ticketd::client`, so every SPEC §3 rule holds here too: the CLI
@@ -18,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
-use ticketd::client::{Acquire, Client, Release, Ticket, DEFAULT_ADDRESS};
+use ticketd::client::{Acquire, Client, ExtendToken, KeptTicket, Release, Ticket, DEFAULT_ADDRESS};
 
 /// The exit statuses of `ticket`. `run` otherwise exits with its command's
 /// status (or 128 + the signal that ended it).
@@ -35,9 +37,11 @@ mod exit {
     /// Unknown outcome: the lock must be treated as not held; a grant that
     /// may exist ends with its lease.
     pub const INDETERMINATE: u8 = 122;
-    /// Release: the key is not held under that token.
+    /// Release or extend: the key is not held under that token.
     pub const NOT_HELD: u8 = 123;
-    /// Run: the lease was about to end, so the command was terminated.
+    /// Run: the lease was about to end, or the lock was lost (an extend
+    /// was refused, or no server answered in time), so the command was
+    /// terminated.
     pub const LEASE_ENDED: u8 = 124;
     /// `ticket` itself failed (e.g. could not print the token, which it
     /// then released).
@@ -63,7 +67,9 @@ ticket: take and release ticketd locks from the shell
 USAGE:
     ticket acquire KEY [--wait S] [--lease S] [--server ADDR]...
     ticket release KEY TOKEN [--server ADDR]...
-    ticket run KEY [--wait S] [--lease S] [--kill-grace S] [--server ADDR]... -- CMD [ARGS...]
+    ticket extend KEY TOKEN [--lease S] [--server ADDR]...
+    ticket run KEY [--wait S] [--lease S] [--kill-grace S] [--no-renew | --max-hold S]
+               [--server ADDR]... -- CMD [ARGS...]
     ticket bench [--backend ticketd|redis|etcd] [--mode acquire|cycle|contended] ...
     ticket help [SUBCOMMAND]
 
@@ -71,13 +77,13 @@ Each subcommand takes --help. The server defaults to 127.0.0.1:7470; give
 --server several times to list the nodes of a cluster.
 
 EXIT STATUS:
-    0    acquired (token printed) / released / run: the command exited 0
+    0    acquired (token printed) / released / extended / run: the command exited 0
     64   usage error
     120  timeout: not acquired (or no server reachable)
     121  busy: not acquired, a server capacity limit
     122  indeterminate: treat the lock as not held; its lease ends any grant
-    123  not held: the release found no such token on the key
-    124  run: the lease was about to end, the command was terminated
+    123  not held: the release or extend found no such token on the key
+    124  run: the lock was lost or its lease about to end; the command was terminated
     125  ticket itself failed (e.g. could not print the token; it released the lock)
     126  run: the command could not be started
     127  run: the command was not found
@@ -116,27 +122,55 @@ the lease already ended), 122 (indeterminate) or 120 (no server reachable,
 nothing sent).
 ";
 
+const HELP_EXTEND: &str = "\
+ticket extend: extend a lock's lease by its token, from any process
+
+USAGE:
+    ticket extend KEY TOKEN [--lease S] [--server ADDR]...
+
+The grant keeps its token and lives --lease seconds (1..=255, default 30)
+from about now. Needs a protocol 1.1 server. Exits 0 (extended), 123 (not
+held: wrong token, the lease already ended, or a --max-hold cap), 122
+(indeterminate: no answer within 5 s; the lease may or may not have moved).
+";
+
 const HELP_RUN: &str = "\
 ticket run: run a command while holding a lock
 
 USAGE:
-    ticket run KEY [--wait S] [--lease S] [--kill-grace S] [--server ADDR]... -- CMD [ARGS...]
+    ticket run KEY [--wait S] [--lease S] [--kill-grace S] [--no-renew | --max-hold S]
+               [--server ADDR]... -- CMD [ARGS...]
 
 Acquires KEY, runs CMD with these variables in its environment, releases
 the lock when CMD exits and exits with CMD's status:
     TICKET_KEY         the key
     TICKET_TOKEN       the fencing token (decimal); pass it to the resource
-    TICKET_EXPIRES_AT  when the lock must be considered lost, in whole unix
-                       seconds (rounded down, so conservative)
+    TICKET_EXPIRES_AT  when the first lease must be considered over, in whole
+                       unix seconds (rounded down, so conservative). With
+                       renewal the lock lives on past it for as long as CMD
+                       runs; CMD is stopped if the lock is ever lost, so it
+                       need not watch the clock itself.
 
-If CMD still runs when the lease is about to end, its process group gets
-SIGTERM, then SIGKILL --kill-grace seconds later (default 2) and half a
-second before the local expiry, and `ticket` exits 124. CMD runs in its own
-process group; SIGINT, SIGTERM and SIGHUP sent to `ticket` are passed on.
+By default the lock is renewed (extended by --lease) at a third of the lease
+for as long as CMD runs. If it is lost (the server refuses an extend, or no
+server answers before the renewal deadline, a tenth of the lease before the
+expiry), or with --no-renew when the one lease is about to end, CMD's
+process group gets SIGTERM, then SIGKILL --kill-grace seconds later (default
+2) and at the latest half a second before the local expiry, and `ticket`
+exits 124. With renewal, --kill-grace plus half a second must stay below two
+thirds of the lease, so a renewal always lands before a SIGTERM is due.
+
+CMD runs in its own process group; SIGINT, SIGTERM and SIGHUP sent to
+`ticket` are passed on. CMD gets SIGKILL if `ticket` itself dies
+(PR_SET_PDEATHSIG); a grandchild that leaves CMD's process group (setsid,
+a double fork) escapes both, and must watch the lock itself.
 
 OPTIONS:
     --wait S, --lease S, --server ADDR   as for `ticket acquire`
     --kill-grace S   seconds between SIGTERM and SIGKILL (default 2)
+    --no-renew       hold one lease only: CMD is stopped before it ends
+    --max-hold S     stop renewing S seconds after the grant (then as
+                     --no-renew: CMD is stopped before that lease ends)
 
 Exits 120, 121 or 122 without running CMD if the lock is not acquired.
 ";
@@ -186,6 +220,7 @@ fn dispatch(mut args: Vec<OsString>) -> Result<u8, Exit> {
     match sub.as_str() {
         "acquire" => acquire(args),
         "release" => release(args),
+        "extend" => extend(args),
         "run" => run(args),
         "bench" => bench(args),
         "help" | "--help" | "-h" => help(args),
@@ -218,6 +253,7 @@ fn help(args: Vec<OsString>) -> Result<u8, Exit> {
         None => HELP,
         Some("acquire") => HELP_ACQUIRE,
         Some("release") => HELP_RELEASE,
+        Some("extend") => HELP_EXTEND,
         Some("run") => HELP_RUN,
         Some("bench") => {
             let _ = ticketd::bench::main(vec!["--help".to_owned()]);
@@ -342,7 +378,11 @@ fn take(client: &Client, o: &AcquireOpts) -> Result<Ticket, Exit> {
         }
         Acquire::Busy => Err(Exit {
             status: exit::BUSY,
-            message: format!("busy: {:?} not acquired, the server is at a limit", o.key),
+            message: format!(
+                "busy: {:?} not acquired, the server is at a limit (a full queue, too many \
+                 keys, or a lease longer than the server's --max-lease)",
+                o.key
+            ),
         }),
         Acquire::Indeterminate => Err(Exit {
             status: exit::INDETERMINATE,
@@ -419,6 +459,59 @@ fn release(args: Vec<OsString>) -> Result<u8, Exit> {
     }
 }
 
+fn extend(args: Vec<OsString>) -> Result<u8, Exit> {
+    let mut args = pico_args::Arguments::from_vec(args);
+    if args.contains(["-h", "--help"]) {
+        print!("{HELP_EXTEND}");
+        return Ok(exit::OK);
+    }
+    let lease = args
+        .opt_value_from_fn("--lease", parse_lease)
+        .map_err(|e| Exit::usage(e.to_string()))?
+        .unwrap_or(Duration::from_secs(u64::from(DEFAULT_LEASE_S)));
+    let servers = servers(&mut args)?;
+    let key = free_string(&mut args, "KEY")?;
+    let token = free_string(&mut args, "TOKEN")?;
+    let token: u64 = token
+        .parse()
+        .map_err(|_| Exit::usage(format!("TOKEN {token:?} is not a decimal number")))?;
+    finish(args)?;
+    let client = client(&servers)?;
+    match client
+        .extend(&key, token, lease)
+        .map_err(|e| Exit::usage(e.to_string()))?
+    {
+        ExtendToken::Extended => Ok(exit::OK),
+        ExtendToken::NotHeld => Err(Exit {
+            status: exit::NOT_HELD,
+            message: format!(
+                "not held: {key:?} is not held under token {token} (or a --max-hold cap was reached)"
+            ),
+        }),
+        ExtendToken::Indeterminate => Err(Exit {
+            status: exit::INDETERMINATE,
+            message: format!(
+                "indeterminate: no answer; the lease of {key:?} may or may not have moved{}",
+                client
+                    .last_connect_error()
+                    .filter(|_| client.connected_sessions() == 0)
+                    .map(|e| format!(" (no server reachable: {e})"))
+                    .unwrap_or_default()
+            ),
+        }),
+    }
+}
+
+/// How `ticket run` keeps its lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Renew {
+    /// One lease only.
+    Never,
+    /// At a third of the lease, for as long as the command runs, or until
+    /// this long after the grant.
+    Until(Option<Duration>),
+}
+
 fn run(mut args: Vec<OsString>) -> Result<u8, Exit> {
     // Everything after the first `--` is the command, untouched.
     let command = match args.iter().position(|a| a == "--") {
@@ -439,7 +532,26 @@ fn run(mut args: Vec<OsString>) -> Result<u8, Exit> {
         .opt_value_from_fn("--kill-grace", parse_grace)
         .map_err(|e| Exit::usage(e.to_string()))?
         .unwrap_or(Duration::from_secs_f64(DEFAULT_KILL_GRACE_S));
+    let no_renew = args.contains("--no-renew");
+    let max_hold = args
+        .opt_value_from_fn("--max-hold", parse_max_hold)
+        .map_err(|e| Exit::usage(e.to_string()))?;
     finish(args)?;
+    let renew = match (no_renew, max_hold) {
+        (true, Some(_)) => return Err(Exit::usage("--no-renew and --max-hold exclude each other")),
+        (true, None) => Renew::Never,
+        (false, hold) => {
+            if (grace + KILL_MARGIN) * 3 >= o.lease * 2 {
+                return Err(Exit::usage(format!(
+                    "with renewal, --kill-grace ({grace:?}) plus 0.5 s must stay below two \
+                     thirds of --lease ({:?}): give a longer lease, a shorter --kill-grace, \
+                     or --no-renew",
+                    o.lease
+                )));
+            }
+            Renew::Until(hold)
+        }
+    };
     let Some((program, program_args)) = command.split_first() else {
         return Err(Exit::usage(
             "missing the command: ticket run KEY -- CMD [ARGS...]",
@@ -456,13 +568,96 @@ fn run(mut args: Vec<OsString>) -> Result<u8, Exit> {
             return Err(e);
         }
     };
-    let status = supervise(&ticket, program, program_args, grace, &signals);
-    match ticket.release() {
+    let first_expiry = ticket.expires_at_system();
+    let mut held = match renew {
+        Renew::Never => Held::Once(ticket),
+        Renew::Until(_) => Held::Kept(ticket.keep_alive()),
+    };
+    let hold_until = match renew {
+        Renew::Until(Some(h)) => Some(Instant::now() + h),
+        _ => None,
+    };
+    let status = supervise(
+        &mut held,
+        first_expiry,
+        hold_until,
+        program,
+        program_args,
+        grace,
+        &signals,
+    );
+    let key = held.key().to_owned();
+    match held.release() {
         Ok(Release::Released) => {}
-        Ok(r) => eprintln!("ticket: releasing {:?}: {r:?}", o.key),
-        Err(e) => eprintln!("ticket: releasing {:?}: {e}", o.key),
+        Ok(r) => eprintln!("ticket: releasing {key:?}: {r:?}"),
+        Err(e) => eprintln!("ticket: releasing {key:?}: {e}"),
     }
     status
+}
+
+fn parse_max_hold(s: &str) -> Result<Duration, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("--max-hold {s:?} is not a number of seconds"))?;
+    if !v.is_finite() || !(0.0..=1e9).contains(&v) {
+        return Err(format!("--max-hold {s:?} must be 0 or more seconds"));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+/// The lock `ticket run` holds: one lease, or renewed in the background.
+enum Held {
+    Once(Ticket),
+    Kept(KeptTicket),
+}
+
+impl Held {
+    fn key(&self) -> &str {
+        match self {
+            Held::Once(t) => t.key(),
+            Held::Kept(k) => k.key(),
+        }
+    }
+
+    fn token(&self) -> u64 {
+        match self {
+            Held::Once(t) => t.token(),
+            Held::Kept(k) => k.token(),
+        }
+    }
+
+    fn expires_at(&self) -> Instant {
+        match self {
+            Held::Once(t) => t.expires_at(),
+            Held::Kept(k) => k.expires_at(),
+        }
+    }
+
+    /// Lost for good: no renewal will move the expiry any more.
+    fn is_lost(&self) -> bool {
+        match self {
+            Held::Once(t) => t.is_expired(),
+            Held::Kept(k) => k.is_lost(),
+        }
+    }
+
+    /// Whether a background renewal may still move the expiry.
+    fn renewing(&self) -> bool {
+        matches!(self, Held::Kept(k) if !k.is_lost() && k.is_renewing())
+    }
+
+    fn stop_renewing(&mut self) {
+        if let Held::Kept(k) = self {
+            k.stop_renewing();
+        }
+    }
+
+    fn release(self) -> Result<Release, ticketd::client::Error> {
+        match self {
+            Held::Once(t) => t.release(),
+            Held::Kept(k) => k.release(),
+        }
+    }
 }
 
 /// Signals `ticket run` passes on to its command, flagged as they arrive.
@@ -505,9 +700,16 @@ fn signal_group(pid: u32, sig: i32) {
     }
 }
 
-/// Runs the command under the ticket and returns `ticket`'s exit status.
+/// Runs the command under the lock and returns `ticket`'s exit status.
+///
+/// The command is stopped (SIGTERM, then SIGKILL `grace` later) when the
+/// lock is lost, or when its lease is about to end and no renewal can move
+/// it any more; SIGKILL goes out at the latest [`KILL_MARGIN`] before the
+/// conservative expiry, whatever else happens.
 fn supervise(
-    ticket: &Ticket,
+    held: &mut Held,
+    first_expiry: std::time::SystemTime,
+    hold_until: Option<Instant>,
     program: &OsString,
     args: &[OsString],
     grace: Duration,
@@ -515,20 +717,37 @@ fn supervise(
 ) -> Result<u8, Exit> {
     use std::os::unix::process::CommandExt;
 
-    let expires_unix_s = ticket
-        .expires_at_system()
+    let expires_unix_s = first_expiry
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    let spawned = Command::new(program)
+    // SAFETY: getpid(2) has no preconditions.
+    let parent = unsafe { libc::getpid() };
+    let mut command = Command::new(program);
+    command
         .args(args)
-        .env("TICKET_KEY", ticket.key())
-        .env("TICKET_TOKEN", ticket.token().to_string())
+        .env("TICKET_KEY", held.key())
+        .env("TICKET_TOKEN", held.token().to_string())
         .env("TICKET_EXPIRES_AT", expires_unix_s.to_string())
         // Its own group, so the end of the lease stops its children too.
-        .process_group(0)
-        .spawn();
-    let mut child = match spawned {
+        .process_group(0);
+    // SAFETY: the closure runs in the child between fork and exec and calls
+    // only async-signal-safe functions (prctl, getppid, _exit).
+    unsafe {
+        command.pre_exec(move || {
+            // The command must not outlive `ticket` unnoticed: once the
+            // lock's keeper is gone, nobody would stop it before the lease.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                // `ticket` died before the death signal was armed.
+                libc::_exit(exit::LEASE_ENDED.into());
+            }
+            Ok(())
+        });
+    }
+    let mut child = match command.spawn() {
         Ok(c) => c,
         Err(e) => {
             let status = if e.kind() == std::io::ErrorKind::NotFound {
@@ -543,13 +762,7 @@ fn supervise(
         }
     };
     let pid = child.id();
-    let now = Instant::now();
-    let kill_at = ticket
-        .expires_at()
-        .checked_sub(KILL_MARGIN)
-        .unwrap_or(now)
-        .max(now);
-    let term_at = kill_at.checked_sub(grace).unwrap_or(now).max(now);
+    let mut term_at: Option<Instant> = None;
     let mut termed = false;
     let mut killed = false;
     let status: ExitStatus = loop {
@@ -569,10 +782,24 @@ fn supervise(
             signal_group(pid, sig);
         }
         let now = Instant::now();
-        if !killed && now >= kill_at {
+        if hold_until.is_some_and(|h| now >= h) {
+            held.stop_renewing();
+        }
+        let kill_at = held.expires_at().checked_sub(KILL_MARGIN).unwrap_or(now);
+        if term_at.is_none() {
+            if held.is_lost() {
+                term_at = Some(now);
+            } else if !held.renewing() {
+                term_at = Some(kill_at.checked_sub(grace).unwrap_or(now));
+            } else if now + grace >= kill_at {
+                // A renewal is overdue: stop the command in time anyway.
+                term_at = Some(now);
+            }
+        }
+        if !killed && (now >= kill_at || term_at.is_some_and(|t| now >= t + grace)) {
             signal_group(pid, libc::SIGKILL);
             killed = true;
-        } else if !termed && now >= term_at {
+        } else if !termed && term_at.is_some_and(|t| now >= t) {
             signal_group(pid, libc::SIGTERM);
             termed = true;
         }
@@ -581,12 +808,14 @@ fn supervise(
     if termed || killed {
         // Whatever is left of the group must not outlive the lease either.
         signal_group(pid, libc::SIGKILL);
+        let why = if held.is_lost() {
+            "the lock was lost"
+        } else {
+            "the lease was about to end"
+        };
         return Err(Exit {
             status: exit::LEASE_ENDED,
-            message: format!(
-                "the lease on {:?} was about to end: the command was terminated",
-                ticket.key()
-            ),
+            message: format!("{why} on {:?}: the command was terminated", held.key()),
         });
     }
     use std::os::unix::process::ExitStatusExt;
@@ -639,6 +868,19 @@ mod tests {
         assert_eq!(usage(&["release", "k", "-3"]), exit::USAGE);
         assert_eq!(usage(&["run", "k"]), exit::USAGE);
         assert_eq!(usage(&["run", "k", "--"]), exit::USAGE);
+        assert_eq!(usage(&["extend", "k"]), exit::USAGE);
+        assert_eq!(usage(&["extend", "k", "x"]), exit::USAGE);
+        assert_eq!(usage(&["extend", "k", "1", "--lease", "0"]), exit::USAGE);
+        // Renewal needs room between the renewal and the SIGTERM.
+        assert_eq!(
+            usage(&["run", "k", "--lease", "3", "--", "true"]),
+            exit::USAGE
+        );
+        assert_eq!(
+            usage(&["run", "k", "--no-renew", "--max-hold", "9", "--", "true"]),
+            exit::USAGE
+        );
+        assert_eq!(usage(&["help", "extend"]), exit::OK);
         assert_eq!(usage(&["acquire", "k", "--server", "nowhere"]), exit::USAGE);
         assert_eq!(usage(&["help", "acquire"]), exit::OK);
         assert_eq!(usage(&["run", "--help"]), exit::OK);

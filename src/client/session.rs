@@ -52,6 +52,13 @@ pub(crate) enum Kind {
         /// The token being released.
         token: u64,
     },
+    /// An extend of `token` (SPEC §5).
+    Extend {
+        /// The token being extended.
+        token: u64,
+        /// Lease byte, already checked.
+        lease_s: u8,
+    },
 }
 
 /// A matched reply, without its key.
@@ -62,6 +69,8 @@ pub(crate) enum Answer {
     Busy,
     Released,
     NotReleased,
+    Extended,
+    NotExtended,
 }
 
 /// How a call ended, as seen by the session.
@@ -154,6 +163,8 @@ struct State {
     /// By token; the list holds one entry per pending release of that token,
     /// usually one, checked against the key of the reply.
     releases: HashMap<u64, Vec<Arc<Call>>>,
+    /// Pending extends, matched by E/X as releases are by R/N.
+    extends: HashMap<u64, Vec<Arc<Call>>>,
     /// Tests hold the writer to observe queued calls.
     writer_paused: bool,
     /// Frames handed to `write`, for tests and diagnostics.
@@ -185,6 +196,7 @@ impl Session {
                 queue: VecDeque::new(),
                 acquires: HashMap::new(),
                 releases: HashMap::new(),
+                extends: HashMap::new(),
                 writer_paused: false,
                 frames_written: 0,
             }),
@@ -247,7 +259,7 @@ impl Session {
             .iter()
             .filter_map(|c| match c.kind {
                 Kind::Acquire { owner, .. } => Some(owner),
-                Kind::Release { .. } => None,
+                Kind::Release { .. } | Kind::Extend { .. } => None,
             })
             .collect()
     }
@@ -349,7 +361,7 @@ impl Session {
         for (_, call) in st.acquires.drain() {
             call.finish(Outcome::Lost);
         }
-        for (_, calls) in st.releases.drain() {
+        for (_, calls) in st.releases.drain().chain(st.extends.drain()) {
             for call in calls {
                 call.finish(Outcome::Lost);
             }
@@ -436,6 +448,17 @@ impl Session {
                                 .or_default()
                                 .push(Arc::clone(&call));
                         }
+                        Kind::Extend { token, lease_s } => {
+                            encode_request(
+                                &Request::Extend {
+                                    lease_s,
+                                    token,
+                                    key: &call.key,
+                                },
+                                &mut buf,
+                            );
+                            st.extends.entry(token).or_default().push(Arc::clone(&call));
+                        }
                     }
                     call.set_sent(now);
                     st.frames_written += 1;
@@ -521,23 +544,40 @@ impl Session {
                 });
             }
             Reply::Released { token, key } | Reply::NotReleased { token, key } => {
-                let Some(calls) = st.releases.get_mut(&token) else {
-                    return Ok(());
-                };
-                let Some(i) = calls.iter().position(|c| *c.key == *key) else {
-                    return Ok(());
-                };
-                let call = calls.remove(i);
-                if calls.is_empty() {
-                    st.releases.remove(&token);
+                if let Some(call) = take_by_token(&mut st.releases, token, key) {
+                    call.answer(if matches!(reply, Reply::Released { .. }) {
+                        Answer::Released
+                    } else {
+                        Answer::NotReleased
+                    });
                 }
-                call.answer(if matches!(reply, Reply::Released { .. }) {
-                    Answer::Released
-                } else {
-                    Answer::NotReleased
-                });
+            }
+            Reply::Extended { token, key } | Reply::NotExtended { token, key } => {
+                if let Some(call) = take_by_token(&mut st.extends, token, key) {
+                    call.answer(if matches!(reply, Reply::Extended { .. }) {
+                        Answer::Extended
+                    } else {
+                        Answer::NotExtended
+                    });
+                }
             }
         }
         Ok(())
     }
+}
+
+/// Takes the oldest pending call of `token` on `key` out of `pending`, if
+/// any; a reply nobody waits for (its call gave up) matches nothing.
+fn take_by_token(
+    pending: &mut HashMap<u64, Vec<Arc<Call>>>,
+    token: u64,
+    key: &str,
+) -> Option<Arc<Call>> {
+    let calls = pending.get_mut(&token)?;
+    let i = calls.iter().position(|c| *c.key == *key)?;
+    let call = calls.remove(i);
+    if calls.is_empty() {
+        pending.remove(&token);
+    }
+    Some(call)
 }

@@ -26,6 +26,11 @@ enum Seen {
         token: u64,
         key: String,
     },
+    Extend {
+        lease_s: u8,
+        token: u64,
+        key: String,
+    },
 }
 
 struct Fake {
@@ -85,6 +90,15 @@ impl Conn {
                         token,
                         key: key.to_owned(),
                     },
+                    Request::Extend {
+                        lease_s,
+                        token,
+                        key,
+                    } => Seen::Extend {
+                        lease_s,
+                        token,
+                        key: key.to_owned(),
+                    },
                 };
                 self.buf.drain(..used);
                 return Some(seen);
@@ -140,7 +154,7 @@ fn acquire_in_thread(
 fn owner_of(seen: &Seen) -> u64 {
     match seen {
         Seen::Acquire { owner, .. } => *owner,
-        Seen::Release { .. } => panic!("expected an acquire, got {seen:?}"),
+        _ => panic!("expected an acquire, got {seen:?}"),
     }
 }
 
@@ -605,4 +619,228 @@ fn releases_of_dropped_tickets_with_no_server_are_given_up_together() {
         thread::sleep(Duration::from_millis(20));
     }
     assert!(start.elapsed() >= TRANSPORT_DEADLINE - Duration::from_millis(100));
+}
+
+/// Acquires `key` through the fake server with `lease`, answering with
+/// `token`; returns the ticket and the connection.
+fn ticket_from(
+    fake: &Fake,
+    c: &Client,
+    key: &'static str,
+    lease: Duration,
+    token: u64,
+) -> (Ticket, Conn) {
+    let c2 = c.clone();
+    let h = thread::spawn(move || c2.acquire(key, S, lease).unwrap());
+    let mut conn = fake.accept(5 * S).unwrap();
+    let seen = conn.read(5 * S).unwrap();
+    conn.reply(Reply::Acquired {
+        token,
+        owner: owner_of(&seen),
+        key,
+    });
+    (h.join().unwrap().ticket().expect("acquired"), conn)
+}
+
+/// SPEC §5.3: on E the expiry becomes the time the extend was written plus
+/// the new lease, not the time the reply came; until then the old expiry
+/// stands. The token does not change.
+#[test]
+fn an_extension_counts_from_its_write_not_its_reply() {
+    let fake = Fake::new();
+    let c = client(&fake.addr());
+    let (mut t, mut conn) = ticket_from(&fake, &c, "k", 10 * S, 5);
+    let before = t.expires_at();
+    let sent = Instant::now();
+    let h = thread::spawn(move || {
+        let r = t.extend(20 * S).unwrap();
+        (r, t)
+    });
+    assert_eq!(
+        conn.read(5 * S),
+        Some(Seen::Extend {
+            lease_s: 20,
+            token: 5,
+            key: "k".into()
+        })
+    );
+    thread::sleep(Duration::from_millis(300));
+    conn.reply(Reply::Extended { token: 5, key: "k" });
+    let (r, t) = h.join().unwrap();
+    assert_eq!(r, Extend::Extended);
+    assert_eq!(t.token(), 5);
+    assert!(t.expires_at() > before + 9 * S, "moved by about 10 s");
+    assert!(
+        t.expires_at() < Instant::now() + 20 * S - Duration::from_millis(250),
+        "counted from the write, before the 300 ms the reply took"
+    );
+    assert!(t.expires_at() >= sent + 20 * S);
+    let _ = t.detach();
+}
+
+/// X is definitive: the ticket is lost, and no later extend is sent.
+#[test]
+fn x_loses_the_ticket_for_good() {
+    let fake = Fake::new();
+    let c = client(&fake.addr());
+    let (mut t, mut conn) = ticket_from(&fake, &c, "k", 10 * S, 6);
+    let h = thread::spawn(move || {
+        let r = t.extend(10 * S).unwrap();
+        (r, t)
+    });
+    assert!(matches!(
+        conn.read(5 * S),
+        Some(Seen::Extend { token: 6, .. })
+    ));
+    conn.reply(Reply::NotExtended { token: 6, key: "k" });
+    let (r, mut t) = h.join().unwrap();
+    assert_eq!(r, Extend::Lost);
+    assert!(t.is_lost());
+    assert_eq!(t.extend(10 * S).unwrap(), Extend::Lost);
+    assert_eq!(conn.read(Duration::from_millis(300)), None, "nothing sent");
+    let _ = t.detach();
+}
+
+/// An expired ticket is not extended, and nothing is sent; a late E for
+/// an extend that was still in flight at the expiry revives nothing.
+#[test]
+fn an_expired_ticket_stays_lost_even_if_a_late_e_arrives() {
+    let fake = Fake::new();
+    let c = client(&fake.addr());
+    let (mut t, mut conn) = ticket_from(&fake, &c, "k", S, 7);
+    let h = thread::spawn(move || {
+        let r = t.extend(30 * S).unwrap();
+        (r, t)
+    });
+    assert!(matches!(
+        conn.read(5 * S),
+        Some(Seen::Extend { token: 7, .. })
+    ));
+    // Answer only after the 1 s lease is over.
+    thread::sleep(Duration::from_millis(1200));
+    conn.reply(Reply::Extended { token: 7, key: "k" });
+    let (r, mut t) = h.join().unwrap();
+    assert_eq!(r, Extend::Lost);
+    assert!(t.is_expired());
+    assert_eq!(t.extend(30 * S).unwrap(), Extend::Lost);
+    let _ = t.detach();
+}
+
+/// An extend may be sent again after no reply: a stalled attempt is given
+/// up after the transport deadline (its connection closed) and the same
+/// extend goes out on a new connection, before the expiry.
+#[test]
+fn an_unanswered_extend_is_sent_again_on_another_connection() {
+    let fake = Fake::new();
+    let c = client(&fake.addr());
+    let (mut t, mut conn) = ticket_from(&fake, &c, "k", 12 * S, 8);
+    let h = thread::spawn(move || {
+        let r = t.extend(12 * S).unwrap();
+        (r, t)
+    });
+    let first = conn.read(5 * S);
+    assert!(matches!(first, Some(Seen::Extend { token: 8, .. })));
+    // No answer: within the transport deadline plus a little, the client
+    // closes this connection and connects again.
+    assert!(conn.closed_within(7 * S));
+    let mut again = fake.accept(5 * S).expect("a second connection");
+    assert_eq!(again.read(5 * S), first);
+    again.reply(Reply::Extended { token: 8, key: "k" });
+    let (r, t) = h.join().unwrap();
+    assert_eq!(r, Extend::Extended);
+    let _ = t.detach();
+}
+
+/// Keep-alive: renews at a third of the lease; reports lost at once on X,
+/// and its thread ends; dropping it afterwards releases the lock.
+#[test]
+fn keep_alive_renews_and_reports_x_as_lost() {
+    let fake = Fake::new();
+    let c = client(&fake.addr());
+    let (t, mut conn) = ticket_from(&fake, &c, "k", 3 * S, 9);
+    let start = Instant::now();
+    let kept = t.keep_alive();
+    assert_eq!((kept.key(), kept.token()), ("k", 9));
+    for _ in 0..2 {
+        let seen = conn.read(5 * S);
+        assert_eq!(
+            seen,
+            Some(Seen::Extend {
+                lease_s: 3,
+                token: 9,
+                key: "k".into()
+            })
+        );
+        conn.reply(Reply::Extended { token: 9, key: "k" });
+    }
+    let renewed = start.elapsed();
+    assert!(
+        renewed >= Duration::from_millis(1900),
+        "two renewals at a third of the lease: {renewed:?}"
+    );
+    assert!(!kept.is_lost());
+    // The second E is being matched as this runs: give it a moment.
+    let moved_by = Instant::now() + S;
+    while kept.expires_at() <= start + 4 * S && Instant::now() < moved_by {
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert!(kept.expires_at() > start + 4 * S, "the expiry moved");
+    assert!(matches!(
+        conn.read(5 * S),
+        Some(Seen::Extend { token: 9, .. })
+    ));
+    conn.reply(Reply::NotExtended { token: 9, key: "k" });
+    assert!(kept.wait_lost(2 * S));
+    assert!(kept.is_lost());
+    assert!(!kept.is_renewing(), "the thread ends once lost");
+    drop(kept);
+    assert_eq!(
+        conn.read(5 * S),
+        Some(Seen::Release {
+            token: 9,
+            key: "k".into()
+        })
+    );
+}
+
+/// Keep-alive with a silent server: lost before the conservative expiry.
+#[test]
+fn keep_alive_reports_a_silent_server_before_the_expiry() {
+    let fake = Fake::new();
+    let c = client(&fake.addr());
+    let (t, mut conn) = ticket_from(&fake, &c, "k", 3 * S, 10);
+    let kept = t.keep_alive();
+    let expiry = kept.expires_at();
+    assert!(matches!(
+        conn.read(5 * S),
+        Some(Seen::Extend { token: 10, .. })
+    ));
+    assert!(kept.wait_lost(5 * S));
+    assert!(Instant::now() < expiry, "lost reported before the expiry");
+    assert!(kept.expires_at() == expiry, "no E, no move");
+    drop(kept);
+}
+
+/// Releasing a kept ticket stops its renewals and releases by token.
+#[test]
+fn releasing_a_kept_ticket_stops_renewing() {
+    let fake = Fake::new();
+    let c = client(&fake.addr());
+    let (t, mut conn) = ticket_from(&fake, &c, "k", 30 * S, 11);
+    let kept = t.keep_alive();
+    assert!(kept.is_renewing());
+    let h = thread::spawn(move || kept.release().unwrap());
+    assert_eq!(
+        conn.read(5 * S),
+        Some(Seen::Release {
+            token: 11,
+            key: "k".into()
+        })
+    );
+    conn.reply(Reply::Released {
+        token: 11,
+        key: "k",
+    });
+    assert_eq!(h.join().unwrap(), Release::Released);
+    assert_eq!(conn.read(Duration::from_millis(300)), None);
 }

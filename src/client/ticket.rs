@@ -1,9 +1,11 @@
 //! A held lock: key, fencing token and a conservative local expiry.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::{Client, Error, Release};
+use super::extend::Extended;
+use super::{deadline, Client, Error, Extend, KeptTicket, Release};
 
 /// A lock this process holds, as granted by the server.
 ///
@@ -23,6 +25,8 @@ pub struct Ticket {
     token: u64,
     lease: Duration,
     expires_at: Instant,
+    /// An `X` or a passed expiry: no extend will ever be sent again.
+    lost: bool,
     armed: bool,
 }
 
@@ -40,6 +44,7 @@ impl Ticket {
             token,
             lease,
             expires_at,
+            lost: false,
             armed: true,
         }
     }
@@ -56,14 +61,15 @@ impl Ticket {
         self.token
     }
 
-    /// The lease the grant was asked for.
+    /// The lease the grant was asked for, or its latest extension's.
     #[must_use]
     pub fn lease(&self) -> Duration {
         self.lease
     }
 
-    /// When the lock must be considered lost: the time the acquire was
-    /// written plus the lease. Leave the critical section before it.
+    /// When the lock must be considered lost: the time the acquire (or the
+    /// latest extend answered `E`) was written plus its lease. Leave the
+    /// critical section before it.
     #[must_use]
     pub fn expires_at(&self) -> Instant {
         self.expires_at
@@ -88,6 +94,59 @@ impl Ticket {
         let left =
             Duration::from_millis(u64::try_from(self.remaining().as_millis()).unwrap_or(u64::MAX));
         SystemTime::now() + left
+    }
+
+    /// Extends the grant to live `lease` from now (SPEC §5.3), keeping the
+    /// token. Retried on another connection while no reply has come, until
+    /// [`Ticket::expires_at`]; on `E` the expiry becomes the time the
+    /// answered attempt was written plus `lease` (this may shorten it).
+    /// Returns [`Extend::Lost`] on `X`, when the expiry passes first, and
+    /// at once, sending nothing, once the ticket is lost or expired: an
+    /// ended lease is never revived.
+    ///
+    /// # Errors
+    /// `lease` is not whole seconds within 1..=255; nothing was sent.
+    pub fn extend(&mut self, lease: Duration) -> Result<Extend, Error> {
+        let lease_s = deadline::lease_s(lease)?;
+        if self.lost || self.is_expired() {
+            self.lost = true;
+            return Ok(Extend::Lost);
+        }
+        let key: Arc<str> = Arc::from(self.key.as_str());
+        match self
+            .client
+            .extend_until(key, self.token, lease_s, self.expires_at)
+        {
+            Extended::Yes { written_at } => {
+                self.expires_at = written_at + lease;
+                self.lease = lease;
+                Ok(Extend::Extended)
+            }
+            Extended::No | Extended::NoAnswer => {
+                self.lost = true;
+                Ok(Extend::Lost)
+            }
+        }
+    }
+
+    /// Whether the ticket is lost: an extend got `X`, or the expiry passed.
+    #[must_use]
+    pub fn is_lost(&self) -> bool {
+        self.lost || self.is_expired()
+    }
+
+    /// Renews the ticket in the background at a third of its lease, for
+    /// as long as the returned [`KeptTicket`] lives (see there).
+    #[must_use = "dropping the kept ticket releases the lock"]
+    pub fn keep_alive(mut self) -> KeptTicket {
+        self.armed = false;
+        let key = std::mem::take(&mut self.key);
+        let expires_at = if self.lost {
+            Instant::now().min(self.expires_at)
+        } else {
+            self.expires_at
+        };
+        KeptTicket::start(self.client.clone(), key, self.token, self.lease, expires_at)
     }
 
     /// Releases the lock and waits for the outcome (at most the 5 s

@@ -70,6 +70,13 @@ pub fn parse(args: Vec<OsString>) -> Result<(Config, ClusterConfig), ConfigError
     }
     let config = Config::take_flags(&mut args)?;
     reject_leftovers(args)?;
+    if config.engine.max_hold_ms > 0 {
+        // The replicated state machine reads no clock, so it cannot tell
+        // how long a grant has been held.
+        return Err(ConfigError(
+            "--max-hold is a single-mode flag; cluster mode has no hold cap".into(),
+        ));
+    }
     if !peers.contains_key(&id) {
         return Err(ConfigError(format!(
             "--id {id} is not among the ids of --peers ({:?})",

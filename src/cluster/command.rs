@@ -81,12 +81,32 @@ pub enum Command {
         /// The token being released.
         token: u64,
     },
-    /// The leader's lease timer: end the grant `token` of `key`, if current.
+    /// A client's extend (SPEC §5.2).
+    Extend {
+        /// Request id.
+        rid: Rid,
+        /// As for `Acquire`.
+        floor: u64,
+        /// The client connection on the origin node.
+        conn: u64,
+        /// The lock name.
+        key: String,
+        /// The token being extended.
+        token: u64,
+        /// Seconds the grant lives from the leader's apply on.
+        lease_s: u8,
+    },
+    /// The leader's lease timer: end the grant `token` of `key`, if it is
+    /// still current and still in lease generation `generation` (no Extend
+    /// of it applied since the timer was set).
     Expire {
         /// The lock name.
         key: String,
         /// The grant the timer was set for.
         token: u64,
+        /// The grant's lease generation when the timer was set: 0 for the
+        /// grant itself, one more for each Extend that took effect.
+        generation: u64,
     },
     /// The leader's wait timer: answer the queued acquire `waiter` with T.
     WaitTimeout {
@@ -107,6 +127,10 @@ const TAG_RELEASE: u8 = 2;
 const TAG_EXPIRE: u8 = 3;
 const TAG_WAIT_TIMEOUT: u8 = 4;
 const TAG_CANCEL: u8 = 5;
+const TAG_EXTEND: u8 = 6;
+/// An Expire of a generation above 0. Generation 0 keeps [`TAG_EXPIRE`]'s
+/// layout, so logs written before Extend existed read the same.
+const TAG_EXPIRE_GENERATION: u8 = 7;
 
 /// Longest key a command may carry (the wire protocol's hard ceiling).
 pub const MAX_COMMAND_KEY_BYTES: usize = crate::limits::MAX_KEY_BYTES_CEILING;
@@ -141,7 +165,8 @@ impl fmt::Display for DecodeError {
 impl std::error::Error for DecodeError {}
 
 /// The most bytes any command encodes besides its key's: tag, request id,
-/// floor, connection, owner, wait, lease and the key's length.
+/// floor, connection, owner, wait, lease and the key's length (an Extend's
+/// token and lease take no more than an Acquire's owner, wait and lease).
 const ENCODED_FIXED_MAX: usize = 1 + 24 + 8 + 8 + 8 + 1 + 1 + 4;
 
 /// Appends big-endian fields to a byte vector.
@@ -170,7 +195,8 @@ impl Writer {
         self.u64(o.epoch);
         self.u64(o.conn);
     }
-    /// The `Acquire` or `Release` command client request `req` becomes.
+    /// The `Acquire`, `Release` or `Extend` command client request `req`
+    /// becomes.
     fn request(&mut self, rid: Rid, floor: u64, conn: u64, req: &Request<'_>) {
         match *req {
             Request::Acquire {
@@ -194,6 +220,19 @@ impl Writer {
                 self.u64(floor);
                 self.u64(conn);
                 self.u64(token);
+                self.key(key);
+            }
+            Request::Extend {
+                lease_s,
+                token,
+                key,
+            } => {
+                self.u8(TAG_EXTEND);
+                self.rid(rid);
+                self.u64(floor);
+                self.u64(conn);
+                self.u64(token);
+                self.u8(lease_s);
                 self.key(key);
             }
         }
@@ -318,9 +357,38 @@ impl Command {
                 let req = Request::Release { token: *token, key };
                 w.request(*rid, *floor, *conn, &req);
             }
-            Command::Expire { key, token } => {
+            Command::Extend {
+                rid,
+                floor,
+                conn,
+                key,
+                token,
+                lease_s,
+            } => {
+                let req = Request::Extend {
+                    lease_s: *lease_s,
+                    token: *token,
+                    key,
+                };
+                w.request(*rid, *floor, *conn, &req);
+            }
+            Command::Expire {
+                key,
+                token,
+                generation: 0,
+            } => {
                 w.u8(TAG_EXPIRE);
                 w.u64(*token);
+                w.key(key);
+            }
+            Command::Expire {
+                key,
+                token,
+                generation,
+            } => {
+                w.u8(TAG_EXPIRE_GENERATION);
+                w.u64(*token);
+                w.u64(*generation);
                 w.key(key);
             }
             Command::WaitTimeout { key, waiter } => {
@@ -385,11 +453,45 @@ impl Command {
                     token,
                 }
             }
+            TAG_EXTEND => {
+                let rid = r.rid()?;
+                let floor = r.u64()?;
+                let conn = r.u64()?;
+                let token = r.u64()?;
+                let lease_s = r.u8()?;
+                if lease_s == 0 {
+                    return Err(DecodeError::Invalid("lease of 0"));
+                }
+                Command::Extend {
+                    rid,
+                    floor,
+                    conn,
+                    key: r.key()?,
+                    token,
+                    lease_s,
+                }
+            }
             TAG_EXPIRE => {
                 let token = r.u64()?;
                 Command::Expire {
                     key: r.key()?,
                     token,
+                    generation: 0,
+                }
+            }
+            TAG_EXPIRE_GENERATION => {
+                let token = r.u64()?;
+                let generation = r.u64()?;
+                if generation == 0 {
+                    // Generation 0 has one encoding only: TAG_EXPIRE.
+                    return Err(DecodeError::Invalid(
+                        "generation 0 under the generation tag",
+                    ));
+                }
+                Command::Expire {
+                    key: r.key()?,
+                    token,
+                    generation,
                 }
             }
             TAG_WAIT_TIMEOUT => {
@@ -414,17 +516,20 @@ impl Command {
         match self {
             Command::Acquire { key, .. }
             | Command::Release { key, .. }
+            | Command::Extend { key, .. }
             | Command::Expire { key, .. }
             | Command::WaitTimeout { key, .. } => Some(key),
             Command::CancelWaiters { .. } => None,
         }
     }
 
-    /// The rid of a client command (acquire or release).
+    /// The rid of a client command (acquire, release or extend).
     #[must_use]
     pub fn rid(&self) -> Option<Rid> {
         match self {
-            Command::Acquire { rid, .. } | Command::Release { rid, .. } => Some(*rid),
+            Command::Acquire { rid, .. }
+            | Command::Release { rid, .. }
+            | Command::Extend { rid, .. } => Some(*rid),
             _ => None,
         }
     }
@@ -460,6 +565,20 @@ mod tests {
             Command::Expire {
                 key: "k".into(),
                 token: u64::MAX,
+                generation: 0,
+            },
+            Command::Expire {
+                key: "k".into(),
+                token: 12,
+                generation: 0x0A0A,
+            },
+            Command::Extend {
+                rid,
+                floor: 4,
+                conn: 12,
+                key: "e".into(),
+                token: 0x0A0A_0A0A,
+                lease_s: 10,
             },
             Command::WaitTimeout {
                 key: "k".into(),

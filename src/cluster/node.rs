@@ -180,8 +180,15 @@ struct Pending {
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Timer {
-    Expire { key: String, token: u64 },
-    Wait { key: String, waiter: Rid },
+    Expire {
+        key: String,
+        token: u64,
+        generation: u64,
+    },
+    Wait {
+        key: String,
+        waiter: Rid,
+    },
 }
 
 /// Counters for logs, tests and benchmarks.
@@ -535,6 +542,10 @@ impl<D: Disk> Node<D> {
             Request::Release { token, key } => {
                 out.push(conn, Reply::NotReleased { token, key }, 0);
             }
+            // Never X: that would say the grant is gone, and a node that
+            // cannot propose does not know (SPEC §5.3). Unanswered, the
+            // client gives this attempt up and tries another node.
+            Request::Extend { .. } => {}
         }
     }
 
@@ -715,12 +726,15 @@ impl<D: Disk> Node<D> {
                 break;
             };
             let cmd = match &timer {
-                Timer::Expire { key, token } if self.sm.holder(key) == Some(*token) => {
-                    Command::Expire {
-                        key: key.clone(),
-                        token: *token,
-                    }
-                }
+                Timer::Expire {
+                    key,
+                    token,
+                    generation,
+                } if self.sm.lease_of(key) == Some((*token, *generation)) => Command::Expire {
+                    key: key.clone(),
+                    token: *token,
+                    generation: *generation,
+                },
                 Timer::Wait { key, waiter } if self.sm.is_waiting(key, *waiter) => {
                     Command::WaitTimeout {
                         key: key.clone(),
@@ -1004,12 +1018,15 @@ impl<D: Disk> Node<D> {
     fn rebuild_timers(&mut self, now: Millis) {
         self.timers.clear();
         let mut list = Vec::new();
-        for (key, token, lease_s) in self.sm.holders() {
+        // The latest lease of each grant, in full from now: late, never
+        // early (SPEC §2.4, §5.2).
+        for (key, token, lease_s, generation) in self.sm.holders() {
             list.push((
                 lease_deadline(now, lease_s),
                 Timer::Expire {
                     key: key.to_owned(),
                     token,
+                    generation,
                 },
             ));
         }
@@ -1135,7 +1152,31 @@ impl<D: Disk> Node<D> {
                         if self.timers_ready {
                             self.push_timer(
                                 lease_deadline(now, lease_s),
-                                Timer::Expire { key, token },
+                                Timer::Expire {
+                                    key,
+                                    token,
+                                    generation: 0,
+                                },
+                            );
+                        }
+                    }
+                    // The leader's deadline for an extended grant is set
+                    // when it applies the Extend; the earlier generation's
+                    // timer is now stale and proposes nothing.
+                    Effect::Extended {
+                        key,
+                        token,
+                        generation,
+                        lease_s,
+                    } => {
+                        if self.timers_ready {
+                            self.push_timer(
+                                lease_deadline(now, lease_s),
+                                Timer::Expire {
+                                    key,
+                                    token,
+                                    generation,
+                                },
                             );
                         }
                     }

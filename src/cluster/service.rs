@@ -234,6 +234,9 @@ impl Service for ClusterService {
                 Request::Release { token, key } => {
                     out.push(conn, crate::proto::Reply::NotReleased { token, key }, 0);
                 }
+                // X would say the grant is gone, which this node cannot
+                // know (SPEC §5.3): no answer, the client tries elsewhere.
+                Request::Extend { .. } => {}
             }
             return;
         }

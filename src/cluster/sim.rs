@@ -1056,6 +1056,8 @@ fn owned(r: Reply<'_>) -> Reply<'static> {
         Reply::Busy { owner, .. } => Reply::Busy { owner, key },
         Reply::Released { token, .. } => Reply::Released { token, key },
         Reply::NotReleased { token, .. } => Reply::NotReleased { token, key },
+        Reply::Extended { token, .. } => Reply::Extended { token, key },
+        Reply::NotExtended { token, .. } => Reply::NotExtended { token, key },
     }
 }
 

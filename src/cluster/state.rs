@@ -39,6 +39,10 @@ pub enum AnswerKind {
     Released(u64),
     /// NotReleased, with the token.
     NotReleased(u64),
+    /// Extended, with the token.
+    Extended(u64),
+    /// NotExtended, with the token.
+    NotExtended(u64),
 }
 
 /// One answer produced by applying a command, for the request `rid`. Only the
@@ -49,7 +53,7 @@ pub struct Answer {
     pub rid: Rid,
     /// The client connection on the origin node.
     pub conn: u64,
-    /// The acquire's owner (0 for releases).
+    /// The acquire's owner (0 for releases and extends).
     pub owner: u64,
     /// The lock name.
     pub key: String,
@@ -69,6 +73,8 @@ impl Answer {
             AnswerKind::Busy => Reply::Busy { owner, key },
             AnswerKind::Released(token) => Reply::Released { token, key },
             AnswerKind::NotReleased(token) => Reply::NotReleased { token, key },
+            AnswerKind::Extended(token) => Reply::Extended { token, key },
+            AnswerKind::NotExtended(token) => Reply::NotExtended { token, key },
         }
     }
 }
@@ -84,6 +90,18 @@ pub enum Effect {
         /// The new token.
         token: u64,
         /// The lease.
+        lease_s: u8,
+    },
+    /// The grant `token` of `key` was extended: it is now in lease
+    /// generation `generation`, for `lease_s` seconds from this apply.
+    Extended {
+        /// The lock name.
+        key: String,
+        /// The grant's token (unchanged).
+        token: u64,
+        /// Its new lease generation.
+        generation: u64,
+        /// The new lease.
         lease_s: u8,
     },
     /// An acquire queued on `key` for at most `wait_s` seconds.
@@ -124,7 +142,11 @@ struct WaiterRec {
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct KeyRec {
     token: u64,
+    /// The latest lease: the grant's own, or its latest extension's.
     lease_s: u8,
+    /// Extensions that took effect on this grant (SPEC §5.2): an `Expire`
+    /// set for an earlier generation does nothing.
+    generation: u64,
     /// The request granted `token`: its origin can answer it from a
     /// snapshot that covers the granting entry. All zero when unknown (a
     /// grant restored from a version-1 snapshot).
@@ -150,8 +172,9 @@ struct ConnRec {
 /// allocated to an origin.
 const NO_CONN: u64 = 0;
 
-/// Version 2 added each holder's request id; version 1 is still read.
-const SNAPSHOT_VERSION: u8 = 2;
+/// Version 2 added each holder's request id, version 3 each grant's lease
+/// generation; versions 1 and 2 are still read (generation 0).
+const SNAPSHOT_VERSION: u8 = 3;
 
 /// The room [`StateMachine::snapshot_bound`] leaves for the request ledger
 /// and the connection map (and a raft message's own fields around it).
@@ -198,6 +221,12 @@ impl StateMachine {
         self.keys.get(key).map(|k| k.token)
     }
 
+    /// The grant currently held on `key` as (token, lease generation).
+    #[must_use]
+    pub fn lease_of(&self, key: &str) -> Option<(u64, u64)> {
+        self.keys.get(key).map(|k| (k.token, k.generation))
+    }
+
     /// The token of `key` when it is held by the grant of request `rid`.
     /// A request whose granting entry this node never applied itself (it
     /// came inside a snapshot) can still be answered with it.
@@ -230,11 +259,12 @@ impl StateMachine {
         self.keys.len()
     }
 
-    /// Every holder as (key, token, lease_s), sorted by key.
-    pub fn holders(&self) -> impl Iterator<Item = (&str, u64, u8)> + '_ {
+    /// Every holder as (key, token, latest lease_s, lease generation),
+    /// sorted by key.
+    pub fn holders(&self) -> impl Iterator<Item = (&str, u64, u8, u64)> + '_ {
         self.keys
             .iter()
-            .map(|(k, r)| (k.as_str(), r.token, r.lease_s))
+            .map(|(k, r)| (k.as_str(), r.token, r.lease_s, r.generation))
     }
 
     /// Every waiter as (key, rid, wait_s), sorted by key then queue order.
@@ -253,7 +283,9 @@ impl StateMachine {
         let mut res = Applied::default();
         if let Some(rid) = cmd.rid() {
             let floor = match cmd {
-                Command::Acquire { floor, .. } | Command::Release { floor, .. } => *floor,
+                Command::Acquire { floor, .. }
+                | Command::Release { floor, .. }
+                | Command::Extend { floor, .. } => *floor,
                 _ => 0,
             };
             if !self.first_time(rid, floor) {
@@ -308,8 +340,23 @@ impl StateMachine {
                     self.hand_over(key, &mut res);
                 }
             }
-            Command::Expire { key, token } => {
-                if self.engine.expire(Millis::ZERO, key, *token, &mut self.out) {
+            Command::Extend {
+                rid,
+                conn,
+                key,
+                token,
+                lease_s,
+                ..
+            } => self.extend(*rid, *conn, key, *token, *lease_s, &mut res),
+            Command::Expire {
+                key,
+                token,
+                generation,
+            } => {
+                // An Extend applied after this timer was set moved the
+                // grant to a later generation: the lease did not end.
+                let current = self.lease_of(key) == Some((*token, *generation));
+                if current && self.engine.expire(Millis::ZERO, key, *token, &mut self.out) {
                     self.hand_over(key, &mut res);
                 }
             }
@@ -378,6 +425,7 @@ impl StateMachine {
                     KeyRec {
                         token,
                         lease_s,
+                        generation: 0,
                         rid,
                         waiters: VecDeque::new(),
                     },
@@ -432,6 +480,45 @@ impl StateMachine {
         });
     }
 
+    /// SPEC §5.2 in the log's order: the grant is extended when its token
+    /// is current, that is when no Expire of it (and no release) applied
+    /// before; it then starts a new lease generation.
+    fn extend(
+        &mut self,
+        rid: Rid,
+        conn: u64,
+        key: &str,
+        token: u64,
+        lease_s: u8,
+        res: &mut Applied,
+    ) {
+        let ok = self
+            .engine
+            .extend(Millis::ZERO, NO_CONN, key, token, lease_s, &mut self.out);
+        let kind = if ok {
+            let rec = self.keys.get_mut(key).expect("ledger mirrors the engine");
+            debug_assert_eq!(rec.token, token, "the engine extended another grant");
+            rec.generation += 1;
+            rec.lease_s = lease_s;
+            res.effects.push(Effect::Extended {
+                key: key.to_owned(),
+                token,
+                generation: rec.generation,
+                lease_s,
+            });
+            AnswerKind::Extended(token)
+        } else {
+            AnswerKind::NotExtended(token)
+        };
+        res.answers.push(Answer {
+            rid,
+            conn,
+            owner: 0,
+            key: key.to_owned(),
+            kind,
+        });
+    }
+
     /// The engine ended the grant of `key` (release or expire): mirror its
     /// hand-over to the head waiter, or the key's deletion.
     fn hand_over(&mut self, key: &str, res: &mut Applied) {
@@ -449,6 +536,7 @@ impl StateMachine {
         debug_assert_eq!(owner, w.owner);
         rec.token = token;
         rec.lease_s = w.lease_s;
+        rec.generation = 0;
         rec.rid = w.rid;
         if rec.waiters.is_empty() {
             self.contended.remove(key);
@@ -538,8 +626,9 @@ impl StateMachine {
         // Header: version, next token, next engine connection and the
         // three counts.
         const HEADER: u64 = 1 + 8 + 8 + 4 + 4 + 4;
-        // Key length prefix, token, lease, holder's request id, waiter count.
-        const PER_KEY: u64 = 4 + 8 + 1 + 24 + 4;
+        // Key length prefix, token, lease, generation, holder's request
+        // id, waiter count.
+        const PER_KEY: u64 = 4 + 8 + 1 + 8 + 24 + 4;
         // Request id, connection, owner, wait, lease.
         const PER_WAITER: u64 = 24 + 8 + 8 + 1 + 1;
         let key = PER_KEY.saturating_add(max_key_bytes as u64);
@@ -607,6 +696,7 @@ impl StateMachine {
             w.key(key);
             w.u64(rec.token);
             w.u8(rec.lease_s);
+            w.u64(rec.generation);
             w.rid(rec.rid);
             w.u32(len32(rec.waiters.len()));
             for wr in &rec.waiters {
@@ -642,7 +732,7 @@ impl StateMachine {
         let mut sm = StateMachine::new(limits);
         let mut r = Reader::new(bytes);
         let v = r.u8()?;
-        if v != SNAPSHOT_VERSION && v != 1 {
+        if !(1..=SNAPSHOT_VERSION).contains(&v) {
             return Err(DecodeError::BadTag(v));
         }
         let next_token = r.u64()?;
@@ -652,6 +742,7 @@ impl StateMachine {
             let key = r.key()?;
             let token = r.u64()?;
             let lease_s = r.u8()?;
+            let generation = if v >= 3 { r.u64()? } else { 0 };
             let rid = if v == 1 { Rid::default() } else { r.rid()? };
             let nw = r.count(24 + 8 + 8 + 2)?;
             let mut waiters = VecDeque::with_capacity(nw);
@@ -678,6 +769,7 @@ impl StateMachine {
                     KeyRec {
                         token,
                         lease_s,
+                        generation,
                         rid,
                         waiters,
                     },
@@ -981,7 +1073,8 @@ mod tests {
                 14,
                 &Command::Expire {
                     key: "k".into(),
-                    token: 5
+                    token: 5,
+                    generation: 0,
                 }
             ),
             Applied::default()
@@ -991,6 +1084,7 @@ mod tests {
             &Command::Expire {
                 key: "k".into(),
                 token: 12,
+                generation: 0,
             },
         );
         assert_eq!(kinds(&a), vec![(rid(3, 1), AnswerKind::Acquired(15))]);
@@ -999,6 +1093,7 @@ mod tests {
             &Command::Expire {
                 key: "k".into(),
                 token: 15,
+                generation: 0,
             },
         );
         assert!(a.answers.is_empty());
@@ -1149,6 +1244,7 @@ mod tests {
             Command::Expire {
                 key: "b".into(),
                 token: 6,
+                generation: 0,
             },
             acq(rid(1, 5), 7, "c", 6, 0),
             Command::CancelWaiters {

@@ -279,6 +279,20 @@ pub enum Reply {
         /// Key.
         key: String,
     },
+    /// `E token key`
+    Extended {
+        /// Token.
+        token: u64,
+        /// Key.
+        key: String,
+    },
+    /// `X token key`
+    NotExtended {
+        /// Token.
+        token: u64,
+        /// Key.
+        key: String,
+    },
 }
 
 impl Reply {
@@ -316,6 +330,14 @@ impl From<proto::Reply<'_>> for Reply {
                 token,
                 key: key.into(),
             },
+            proto::Reply::Extended { token, key } => Reply::Extended {
+                token,
+                key: key.into(),
+            },
+            proto::Reply::NotExtended { token, key } => Reply::NotExtended {
+                token,
+                key: key.into(),
+            },
         }
     }
 }
@@ -341,6 +363,21 @@ pub fn acquire_frame(key: &str, owner: u64, wait_s: u8, lease_s: u8) -> Vec<u8> 
 pub fn release_frame(key: &str, token: u64) -> Vec<u8> {
     let mut v = Vec::new();
     proto::encode_request(&Request::Release { token, key }, &mut v);
+    v
+}
+
+/// The bytes of an extend frame.
+#[must_use]
+pub fn extend_frame(key: &str, token: u64, lease_s: u8) -> Vec<u8> {
+    let mut v = Vec::new();
+    proto::encode_request(
+        &Request::Extend {
+            lease_s,
+            token,
+            key,
+        },
+        &mut v,
+    );
     v
 }
 
@@ -388,6 +425,17 @@ impl Client {
     /// Sends a release.
     pub fn release(&mut self, key: &str, token: u64) {
         self.send(&release_frame(key, token));
+    }
+
+    /// Sends an extend.
+    pub fn extend(&mut self, key: &str, token: u64, lease_s: u8) {
+        self.send(&extend_frame(key, token, lease_s));
+    }
+
+    /// Sends an extend and reads one reply.
+    pub fn extend_reply(&mut self, key: &str, token: u64, lease_s: u8) -> Reply {
+        self.extend(key, token, lease_s);
+        self.recv()
     }
 
     /// Reads one reply within 5 s; panics otherwise.

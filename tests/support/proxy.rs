@@ -67,13 +67,22 @@ pub enum Req {
         /// Key.
         key: String,
     },
+    /// An extend.
+    Extend {
+        /// Lease byte.
+        lease_s: u8,
+        /// Token.
+        token: u64,
+        /// Key.
+        key: String,
+    },
 }
 
 impl Req {
     /// The key of the request.
     pub fn key(&self) -> &str {
         match self {
-            Req::Acquire { key, .. } | Req::Release { key, .. } => key,
+            Req::Acquire { key, .. } | Req::Release { key, .. } | Req::Extend { key, .. } => key,
         }
     }
 }
@@ -276,6 +285,15 @@ fn to_req(r: Request<'_>) -> Req {
             key: key.to_owned(),
         },
         Request::Release { token, key } => Req::Release {
+            token,
+            key: key.to_owned(),
+        },
+        Request::Extend {
+            lease_s,
+            token,
+            key,
+        } => Req::Extend {
+            lease_s,
             token,
             key: key.to_owned(),
         },

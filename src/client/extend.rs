@@ -1,0 +1,389 @@
+//! Lease renewal (SPEC §5.3): extending a ticket, and keeping it alive in
+//! the background.
+//!
+//! An extend is retried, unlike an acquire: applying it twice only moves
+//! the expiry of the caller's own grant. Every attempt ends at the ticket's
+//! conservative expiry, and only an `E` matched before it moves that expiry,
+//! to the time the matched attempt was written plus the new lease. Until
+//! then the old expiry stands: an extend in flight extends nothing.
+
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::deadline::{self, Plan, TRANSPORT_DEADLINE};
+use super::session::{lock, Answer, Call, Kind, Waited};
+use super::{Client, Error, Release, RetryPause};
+
+/// The outcome of [`crate::client::Ticket::extend`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a lost ticket's token must not be used any more"]
+pub enum Extend {
+    /// The server extended the grant: [`crate::client::Ticket::expires_at`]
+    /// is now the time this extend was written plus the new lease.
+    Extended,
+    /// The grant is gone (`X`: it expired, was released or taken over, or a
+    /// `--max-hold` cap was reached), or the ticket's conservative expiry
+    /// passed without an `E`. Stop using the token: the lock may already
+    /// be someone else's.
+    Lost,
+}
+
+/// The outcome of [`Client::extend`], an extend by key and token with no
+/// ticket (and so no expiry) to bound it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "an extend can fail"]
+pub enum ExtendToken {
+    /// `E`: the grant lives `lease` from about when the call was made.
+    Extended,
+    /// `X`: the grant is gone or capped; nothing changed.
+    NotHeld,
+    /// No reply within the 5 s transport deadline: the extend may or may
+    /// not have applied.
+    Indeterminate,
+}
+
+/// How one extend call ended, inside the client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Extended {
+    /// `E` matched for the attempt written at this time.
+    Yes { written_at: Instant },
+    /// `X`.
+    No,
+    /// `until` passed with no `E` or `X`.
+    NoAnswer,
+}
+
+impl Client {
+    /// Extends the grant `token` of `key` to live `lease` from now (SPEC
+    /// §5), under the 5 s transport deadline, retrying on another
+    /// connection while no reply has come. This is what `ticket extend`
+    /// does; a program that holds a [`crate::client::Ticket`] should call
+    /// its [`crate::client::Ticket::extend`] instead, which keeps the
+    /// conservative expiry.
+    ///
+    /// # Errors
+    /// The key or lease is invalid; nothing was sent.
+    pub fn extend(&self, key: &str, token: u64, lease: Duration) -> Result<ExtendToken, Error> {
+        deadline::check_key(key, self.inner.max_key_bytes)?;
+        let lease_s = deadline::lease_s(lease)?;
+        let until = Instant::now() + TRANSPORT_DEADLINE;
+        Ok(
+            match self.extend_until(Arc::from(key), token, lease_s, until) {
+                Extended::Yes { .. } => ExtendToken::Extended,
+                Extended::No => ExtendToken::NotHeld,
+                Extended::NoAnswer => ExtendToken::Indeterminate,
+            },
+        )
+    }
+
+    /// Sends the extend until an `E` or `X` matches or `until` passes. An
+    /// attempt that got no reply is given up after the transport deadline
+    /// (its session is closed) and sent again elsewhere, never past `until`.
+    /// An `E` matched at or after `until` counts for nothing: whoever waits
+    /// for `until` has been told the ticket is lost.
+    pub(crate) fn extend_until(
+        &self,
+        key: Arc<str>,
+        token: u64,
+        lease_s: u8,
+        until: Instant,
+    ) -> Extended {
+        let mut backoff = RetryPause::new(until);
+        loop {
+            let now = Instant::now();
+            if now >= until {
+                return Extended::NoAnswer;
+            }
+            let plan = Plan::until(now, until);
+            let Some(session) = self.inner.pool.get(plan.send_deadline) else {
+                backoff.pause();
+                continue;
+            };
+            let call = Call::new(Kind::Extend { token, lease_s }, Arc::clone(&key), plan);
+            if !session.enqueue(Arc::clone(&call)) {
+                backoff.pause();
+                continue;
+            }
+            match session.await_call(&call) {
+                Waited::Answered {
+                    answer: Answer::Extended,
+                    written_at,
+                } if Instant::now() < until => return Extended::Yes { written_at },
+                Waited::Answered {
+                    answer: Answer::NotExtended,
+                    ..
+                } => return Extended::No,
+                // Sent, but no reply in time (or after `until`): the next
+                // round gives up or sends it again.
+                Waited::Answered { .. } | Waited::Indeterminate | Waited::NotSent => {
+                    backoff.pause();
+                }
+            }
+        }
+    }
+}
+
+/// What the keep-alive thread and the holder share.
+#[derive(Debug)]
+struct KeptState {
+    expires_at: Instant,
+    lease: Duration,
+    lost: bool,
+    /// Set by release or drop: the thread ends after its current attempt.
+    stop: bool,
+    /// Set by drop: the thread releases the lock as it ends.
+    release_on_stop: bool,
+    /// The thread has ended (or never started); set under the lock, so
+    /// drop knows whether the thread will release or it must.
+    exited: bool,
+}
+
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<KeptState>,
+    cv: Condvar,
+}
+
+/// A ticket renewed in the background by [`crate::client::Ticket::keep_alive`].
+///
+/// A thread of its own extends the grant at a third of the lease, for the
+/// same lease, for as long as the holder keeps this value. The moment the
+/// ticket is lost (an `X`, or no `E` before the renewal deadline) it is
+/// marked lost and the thread ends; [`KeptTicket::wait_lost`] wakes then.
+/// The renewal deadline is a tenth of the lease before the conservative
+/// expiry, so a holder that watches [`KeptTicket::is_lost`] hears of a
+/// dead or cut-off server while the lease still runs.
+///
+/// Dropping it stops the renewals and releases the lock in the background;
+/// [`KeptTicket::release`] does the same and reports the outcome. Neither
+/// leaves a thread or a connection behind.
+#[derive(Debug)]
+pub struct KeptTicket {
+    client: Client,
+    key: Arc<str>,
+    token: u64,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    /// `release` has run: drop has nothing left to do.
+    released: bool,
+}
+
+impl KeptTicket {
+    pub(crate) fn start(
+        client: Client,
+        key: String,
+        token: u64,
+        lease: Duration,
+        expires_at: Instant,
+    ) -> KeptTicket {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(KeptState {
+                expires_at,
+                lease,
+                lost: Instant::now() >= expires_at,
+                stop: false,
+                release_on_stop: false,
+                exited: true,
+            }),
+            cv: Condvar::new(),
+        });
+        let key: Arc<str> = Arc::from(key);
+        let mut kept = KeptTicket {
+            client,
+            key,
+            token,
+            shared,
+            thread: None,
+            released: false,
+        };
+        if !kept.is_lost() {
+            lock(&kept.shared.state).exited = false;
+            let (client, key, shared) = (
+                kept.client.clone(),
+                Arc::clone(&kept.key),
+                Arc::clone(&kept.shared),
+            );
+            let spawned = std::thread::Builder::new()
+                .name("ticket-keepalive".into())
+                .spawn(move || renew_loop(&client, &key, token, &shared));
+            match spawned {
+                Ok(h) => kept.thread = Some(h),
+                // No thread, no renewals: the holder must know at once.
+                Err(_) => {
+                    lock(&kept.shared.state).exited = true;
+                    kept.mark_lost();
+                }
+            }
+        }
+        kept
+    }
+
+    fn mark_lost(&self) {
+        lock(&self.shared.state).lost = true;
+        self.shared.cv.notify_all();
+    }
+
+    /// The key held.
+    #[must_use]
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The fencing token of the grant (an extension keeps it).
+    #[must_use]
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// The conservative expiry as of the latest matched `E`: leave the
+    /// critical section before it, and as soon as [`KeptTicket::is_lost`].
+    #[must_use]
+    pub fn expires_at(&self) -> Instant {
+        lock(&self.shared.state).expires_at
+    }
+
+    /// Whether the ticket is lost: stop using the token.
+    #[must_use]
+    pub fn is_lost(&self) -> bool {
+        let st = lock(&self.shared.state);
+        st.lost || Instant::now() >= st.expires_at
+    }
+
+    /// Waits up to `timeout` for the ticket to be lost; true once it is.
+    #[must_use]
+    pub fn wait_lost(&self, timeout: Duration) -> bool {
+        let end = Instant::now() + timeout;
+        let mut st = lock(&self.shared.state);
+        loop {
+            let now = Instant::now();
+            if st.lost || now >= st.expires_at {
+                return true;
+            }
+            if now >= end {
+                return false;
+            }
+            let limit = end.min(st.expires_at);
+            st = self
+                .shared
+                .cv
+                .wait_timeout(st, limit - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// Stops the renewals (waiting for one in flight, at most the 5 s
+    /// transport deadline), then releases the lock and reports how.
+    ///
+    /// # Errors
+    /// Never in practice: the key was checked when the lock was acquired.
+    pub fn release(mut self) -> Result<Release, Error> {
+        self.stop(false);
+        self.released = true;
+        self.client.release(&self.key, self.token)
+    }
+
+    /// Stops the renewals and keeps the lock until its current lease ends
+    /// (or it is released): waits for a renewal in flight, at most the 5 s
+    /// transport deadline, so [`KeptTicket::expires_at`] is final after it.
+    pub fn stop_renewing(&mut self) {
+        self.stop(false);
+    }
+
+    /// Whether renewals still run (not stopped, not lost).
+    #[must_use]
+    pub fn is_renewing(&self) -> bool {
+        let st = lock(&self.shared.state);
+        !st.exited && !st.stop && !st.lost
+    }
+
+    fn stop(&mut self, release_on_stop: bool) {
+        {
+            let mut st = lock(&self.shared.state);
+            st.stop = true;
+            st.release_on_stop = release_on_stop && !st.exited;
+        }
+        self.shared.cv.notify_all();
+        if let Some(h) = self.thread.take() {
+            if release_on_stop {
+                // Not joined: it ends after its current attempt and
+                // releases the lock itself.
+                drop(h);
+            } else {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+impl Drop for KeptTicket {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        // Decided under the lock: either the thread is still to end and
+        // releases as it does, or it has ended and the release is ours.
+        let thread_releases = {
+            let mut st = lock(&self.shared.state);
+            st.stop = true;
+            st.release_on_stop = !st.exited;
+            !st.exited
+        };
+        self.shared.cv.notify_all();
+        // Never joined here: a renewal in flight must not block a drop.
+        drop(self.thread.take());
+        if !thread_releases {
+            self.client
+                .release_in_background(self.key.to_string(), self.token);
+        }
+    }
+}
+
+/// The keep-alive thread: renew at a third of the lease until stopped or
+/// lost. It records its end under the state lock and, if drop asked for
+/// it, releases the lock on the way out.
+fn renew_loop(client: &Client, key: &Arc<str>, token: u64, shared: &Shared) {
+    let finish = |mut st: std::sync::MutexGuard<'_, KeptState>| {
+        st.exited = true;
+        let release = st.stop && st.release_on_stop;
+        drop(st);
+        shared.cv.notify_all();
+        if release {
+            client.release_in_background(key.to_string(), token);
+        }
+    };
+    loop {
+        let (until, lease) = {
+            let mut st = lock(&shared.state);
+            let renew_at = st.expires_at - st.lease + st.lease / 3;
+            loop {
+                if st.stop {
+                    return finish(st);
+                }
+                let now = Instant::now();
+                if now >= renew_at {
+                    break;
+                }
+                st = shared
+                    .cv
+                    .wait_timeout(st, renew_at - now)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+            }
+            (st.expires_at - st.lease / 10, st.lease)
+        };
+        let lease_s = u8::try_from(lease.as_secs()).unwrap_or(u8::MAX);
+        let got = client.extend_until(Arc::clone(key), token, lease_s, until);
+        let mut st = lock(&shared.state);
+        match got {
+            Extended::Yes { written_at } => st.expires_at = written_at + lease,
+            Extended::No | Extended::NoAnswer => {
+                st.lost = true;
+                return finish(st);
+            }
+        }
+        drop(st);
+        shared.cv.notify_all();
+    }
+}
