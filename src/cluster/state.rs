@@ -643,7 +643,7 @@ impl StateMachine {
     /// snapshot of the fullest table `limits` allow: the snapshot is one
     /// buffer grown by doubling, so its bound must be within half of one
     /// allocation. Only a 32-bit build meets this (at 1,024 MiB, below the
-    /// 1,084 MiB of the default limits); it must refuse such limits at
+    /// 1,092 MiB of the default limits); it must refuse such limits at
     /// start-up rather than fail when the table fills. Returns the bound.
     ///
     /// # Errors
@@ -995,7 +995,7 @@ mod tests {
         let defaults = EngineLimits::default();
         let key_bytes = crate::limits::DEFAULT_MAX_KEY_BYTES;
         let bound = StateMachine::snapshot_bound(&defaults, key_bytes);
-        assert_eq!(bound.div_ceil(1 << 20), 1084);
+        assert_eq!(bound.div_ceil(1 << 20), 1092);
         // 64-bit: the default table fits, and so does a much larger one.
         let wide = i64::MAX as u64;
         assert_eq!(
@@ -1012,7 +1012,7 @@ mod tests {
         let narrow = i32::MAX as u64;
         let err = StateMachine::check_snapshot_fits(&defaults, key_bytes, narrow).unwrap_err();
         assert!(
-            err.contains("--max-keys 1000000") && err.contains("1084 MiB"),
+            err.contains("--max-keys 1000000") && err.contains("1092 MiB"),
             "{err}"
         );
         assert!(err.contains(&format!("{}-bit", usize::BITS)), "{err}");
@@ -1022,7 +1022,7 @@ mod tests {
             .and_then(|r| r.split_whitespace().next())
             .and_then(|n| n.parse().ok())
             .unwrap_or_else(|| panic!("no --max-keys hint in {err}"));
-        assert_eq!(fit, 941_251, "the figure docs/CLUSTER.md gives");
+        assert_eq!(fit, 934_233, "the figure docs/CLUSTER.md gives");
         let at = |max_keys| EngineLimits {
             max_keys,
             ..defaults.clone()
