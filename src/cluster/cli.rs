@@ -10,8 +10,10 @@ use std::ffi::OsString;
 use std::process::ExitCode;
 
 use crate::cluster::service::{ClusterConfig, ClusterService};
+use crate::cluster::state::StateMachine;
 use crate::cluster::tls::TlsFiles;
 use crate::config::{reject_leftovers, Config, ConfigError};
+use crate::limits::MAX_ALLOC_BYTES;
 use crate::server::Server;
 
 /// Default for `--cluster-name`.
@@ -129,6 +131,10 @@ pub fn parse(args: Vec<OsString>) -> Result<(Config, ClusterConfig), ConfigError
     let Some(data_dir) = config.data_dir.clone() else {
         return Err(ConfigError("cluster mode needs --data-dir DIR".into()));
     };
+    // A 32-bit build cannot hold the snapshot of the fullest table the
+    // default limits allow: refuse such limits now, not when it fills.
+    StateMachine::check_snapshot_fits(&config.engine, config.max_key_bytes, MAX_ALLOC_BYTES)
+        .map_err(ConfigError)?;
     let cluster = ClusterConfig {
         id,
         peers,
@@ -241,6 +247,28 @@ mod tests {
         assert_eq!(k.limits.max_keys, 50);
         assert_eq!(c.listen.port(), 0);
         assert_eq!(k.tick_ms, DEFAULT_TICK_MS);
+    }
+
+    #[test]
+    fn limits_whose_snapshot_this_build_cannot_hold_are_a_command_line_error() {
+        let line = "--cluster --id 1 --peers 1=127.0.0.1:7001 --data-dir /tmp/x";
+        // The defaults: accepted on a 64-bit build, refused on a 32-bit one.
+        let defaults = parse(args(line));
+        if usize::BITS == 64 {
+            assert!(defaults.is_ok());
+        } else {
+            let e = defaults.unwrap_err().0;
+            assert!(e.contains("--max-keys") && e.contains("32-bit"), "{e}");
+        }
+        // A table no build can snapshot in one allocation is refused anywhere.
+        let huge = format!("{line} --max-keys 100000000000000000 --max-key-bytes 65536");
+        if let Err(e) = parse(args(&huge)) {
+            assert!(e.0.contains("--max-keys"), "{}", e.0);
+        } else {
+            panic!("a table of 6.5 ZB was accepted");
+        }
+        // A small table is fine everywhere.
+        assert!(parse(args(&format!("{line} --max-keys 100000"))).is_ok());
     }
 
     #[test]

@@ -52,6 +52,7 @@ use protobuf::Message as _;
 use raft::eraftpb::{Message, MessageType};
 
 use crate::cluster::tls::PeerTls;
+use crate::limits::MAX_ALLOC_BYTES;
 use crate::server::ratelimit::LogLimit;
 use crate::time::Millis;
 
@@ -62,7 +63,7 @@ pub const MAX_FRAME_BYTES: usize = 64 << 20;
 /// messages are dropped (so appends can queue behind a snapshot).
 pub const PEER_BUFFER_SLACK_BYTES: usize = 16 << 20;
 /// The largest frame length the u32 prefix can carry.
-const FRAME_LEN_CEILING: usize = u32::MAX as usize;
+const FRAME_LEN_CEILING: u64 = u32::MAX as u64;
 /// A buffer emptied with more capacity than this gives it back, so that
 /// one snapshot does not pin its size for the life of the process.
 const KEEP_BUFFER_BYTES: usize = 4 << 20;
@@ -75,6 +76,33 @@ fn reset_buffer(buf: &mut Vec<u8>) {
         buf.clear();
     }
 }
+/// The largest frame limit a build whose allocations hold at most
+/// `max_alloc` bytes can serve: what the u32 length prefix carries, and no
+/// more than lets a peer's outbound buffer (one frame plus
+/// [`PEER_BUFFER_SLACK_BYTES`]) and a connection's receive buffer (one
+/// frame plus a read) grow by doubling within one allocation. On a 64-bit
+/// build that is the length prefix's 4 GiB; on a 32-bit one, 1,007 MiB.
+#[must_use]
+pub const fn frame_ceiling(max_alloc: u64) -> u64 {
+    let around = PEER_BUFFER_SLACK_BYTES as u64 + READ_CHUNK as u64 + 4;
+    let fits = (max_alloc / 2).saturating_sub(around);
+    if fits < FRAME_LEN_CEILING {
+        fits
+    } else {
+        FRAME_LEN_CEILING
+    }
+}
+
+/// The frame limit for a lock table whose snapshot is at most `wanted`
+/// bytes: `wanted`, raised to [`MAX_FRAME_BYTES`] and capped to
+/// [`frame_ceiling`]`(max_alloc)`.
+#[must_use]
+pub fn frame_limit(wanted: u64, max_alloc: u64) -> u64 {
+    wanted
+        .max(MAX_FRAME_BYTES as u64)
+        .min(frame_ceiling(max_alloc))
+}
+
 /// Connections from peers accepted at once. When all are taken, the oldest
 /// connection not yet authenticated makes room for a new one.
 pub const MAX_INBOUND: usize = 64;
@@ -371,14 +399,16 @@ impl Transport {
     }
 
     /// Sets the largest frame sent or accepted to `bytes`, kept within
-    /// [`MAX_FRAME_BYTES`] and what the u32 length prefix can carry, and
-    /// the per-peer outbound buffer to that plus
-    /// [`PEER_BUFFER_SLACK_BYTES`]. The service passes the size of the
-    /// largest snapshot its lock table can have, so any snapshot it makes
-    /// can be shipped and any a peer with the same limits ships is taken.
+    /// [`MAX_FRAME_BYTES`] and [`frame_ceiling`] (what the u32 length
+    /// prefix carries and this build's address space allows), and the
+    /// per-peer outbound buffer to that plus [`PEER_BUFFER_SLACK_BYTES`].
+    /// The service passes the size of the largest snapshot its lock table
+    /// can have, so any snapshot it makes can be shipped and any a peer
+    /// with the same limits ships is taken.
     pub fn set_max_frame_bytes(&mut self, bytes: u64) {
-        let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
-        self.max_frame = bytes.clamp(MAX_FRAME_BYTES, FRAME_LEN_CEILING);
+        let limit = frame_limit(bytes, MAX_ALLOC_BYTES);
+        // Within the length prefix and half of one allocation: a usize.
+        self.max_frame = usize::try_from(limit).expect("frame limit fits the address space");
         self.max_peer_buffer = self.max_frame.saturating_add(PEER_BUFFER_SLACK_BYTES);
     }
 
@@ -607,7 +637,11 @@ impl Transport {
             return;
         }
         let in_tls = if p.tls.is_some() { TLS_BUFFER_BYTES } else { 0 };
-        if p.stream.is_none() || p.buf.len() - p.cursor + in_tls + size + 4 > self.max_peer_buffer {
+        let queued = (p.buf.len() - p.cursor)
+            .saturating_add(in_tls)
+            .saturating_add(size)
+            .saturating_add(4);
+        if p.stream.is_none() || queued > self.max_peer_buffer {
             if snapshot {
                 self.events.push(PeerEvent::Snapshot(id, false));
             }
@@ -619,6 +653,17 @@ impl Transport {
             reset_buffer(&mut p.buf);
             p.cursor = 0;
             p.snaps.clear();
+        }
+        // Room first, without the abort a failed allocation would be: on a
+        // 32-bit build a buffer near a snapshot's size can be more than
+        // the address space gives. The message is dropped as if the
+        // buffer were full.
+        if p.buf.try_reserve(size + 4).is_err() {
+            if snapshot {
+                self.events.push(PeerEvent::Snapshot(id, false));
+            }
+            self.events.push(PeerEvent::Unreachable(id));
+            return;
         }
         // Encoded in place: sizes were computed (and cached) just above.
         let start = p.buf.len();
@@ -942,6 +987,13 @@ impl Transport {
                     return;
                 }
                 Ok(n) => {
+                    // Fallible: a frame near the limit on a 32-bit build
+                    // may find no room, which closes this connection only.
+                    if c.rbuf.try_reserve(n).is_err() {
+                        let why = format!("no memory to buffer a {} byte frame", c.rbuf.len());
+                        self.close_inbound(key, now, registry, &why);
+                        return;
+                    }
                     c.rbuf.extend_from_slice(&self.scratch[..n]);
                     let parsed = self.parse_frames(key, now);
                     // Hellos parsed before an error still count: act on them
@@ -1586,12 +1638,45 @@ mod tests {
     }
 
     #[test]
+    fn the_frame_ceiling_is_the_length_prefix_on_64_bit_and_fits_a_32_bit_allocation() {
+        // 64-bit: the u32 length prefix is the bound.
+        assert_eq!(frame_ceiling(i64::MAX as u64), u64::from(u32::MAX));
+        // 32-bit: both buffers of a peer, grown by doubling, stay within
+        // one allocation of at most i32::MAX bytes.
+        let max_alloc = i32::MAX as u64;
+        let c = frame_ceiling(max_alloc);
+        assert_eq!(c / (1 << 20), 1007, "{c}");
+        let outbound = c + PEER_BUFFER_SLACK_BYTES as u64;
+        let inbound = c + 4 + READ_CHUNK as u64;
+        assert!(2 * outbound <= max_alloc && 2 * inbound <= max_alloc);
+        let around = (PEER_BUFFER_SLACK_BYTES + READ_CHUNK + 4) as u64;
+        assert!(
+            2 * (c + 1 + around) > max_alloc,
+            "not the largest that fits"
+        );
+        // The limit for the default table (1,092 MiB) is capped on 32-bit,
+        // kept on 64-bit; small tables get the floor on both.
+        let default_bound = 1092 << 20;
+        assert_eq!(frame_limit(default_bound, max_alloc), c);
+        assert_eq!(frame_limit(default_bound, i64::MAX as u64), default_bound);
+        assert_eq!(frame_limit(1, max_alloc), MAX_FRAME_BYTES as u64);
+        assert_eq!(frame_limit(u64::MAX, max_alloc), c);
+        // The running build's limit is its own ceiling at most.
+        let mut t = node2();
+        t.set_max_frame_bytes(u64::MAX);
+        assert!(t.max_frame_bytes() as u64 <= frame_ceiling(MAX_ALLOC_BYTES));
+        assert!(
+            2 * (t.max_frame_bytes() as u64 + PEER_BUFFER_SLACK_BYTES as u64) <= MAX_ALLOC_BYTES
+        );
+    }
+
+    #[test]
     fn the_frame_limit_stays_within_its_floor_and_the_length_prefix() {
         let mut t = node2();
         t.set_max_frame_bytes(1);
         assert_eq!(t.max_frame_bytes(), MAX_FRAME_BYTES);
         t.set_max_frame_bytes(u64::MAX);
-        assert_eq!(t.max_frame_bytes(), u32::MAX as usize);
+        assert_eq!(t.max_frame_bytes() as u64, frame_ceiling(MAX_ALLOC_BYTES));
         t.set_max_frame_bytes(200 << 20);
         assert_eq!(t.max_frame_bytes(), 200 << 20);
         // Frames over the limit close the connection; the hello rule holds.
