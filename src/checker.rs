@@ -10,11 +10,11 @@
 //!   grant intervals overlap. A grant's interval runs from the moment the
 //!   client received it to the earlier of its release (the moment the release
 //!   was invoked) and the client's conservative lease end (the moment the
-//!   acquire was invoked plus the lease, moved by every extension the client
-//!   saw answered `E` before the lease end it had then: to the moment that
-//!   extension was invoked plus its lease, SPEC §5.3). A client never uses a
-//!   grant outside that interval, so an overlap means two clients could act
-//!   on one lock.
+//!   acquire was invoked plus the lease, as the grant's extensions moved it:
+//!   lowered to an extension's invocation plus its lease the moment it is
+//!   invoked, if that is earlier, and set to it when its `E` comes back in
+//!   time; SPEC §5.3). A client never uses a grant outside that interval, so
+//!   an overlap means two clients could act on one lock.
 //! * **Token order** ([`Property::TokenOrder`]): fencing tokens are unique,
 //!   never 0, and if one grant was received before another acquire was even
 //!   invoked, the earlier grant's token is the smaller. This holds across
@@ -579,9 +579,8 @@ impl History {
         Ok(report)
     }
 
-    /// The extensions answered `E`, per (key, token), as (invoked, lease,
-    /// answered) in answer order; checks each is answered at most once,
-    /// after it was invoked.
+    /// Every extension per (key, token), in invocation order; checks each is
+    /// answered at most once, after it was invoked.
     fn extensions(&self) -> Result<Extensions<'_>, Violation> {
         let mut invoked: HashMap<OpId, (&str, u64, u8, u64)> = HashMap::new();
         for e in &self.events {
@@ -605,13 +604,12 @@ impl History {
                 }
             }
         }
-        let mut answered: HashMap<OpId, u64> = HashMap::new();
-        let mut out: Extensions<'_> = HashMap::new();
+        let mut answered: HashMap<OpId, (ExtendOutcome, u64)> = HashMap::new();
         for e in &self.events {
             let Event::Extended { op, outcome, at_us } = e else {
                 continue;
             };
-            let Some(&(key, token, lease_s, inv)) = invoked.get(op) else {
+            let Some(&(key, token, _, inv)) = invoked.get(op) else {
                 return Err(violation(
                     Property::Malformed,
                     format!("answer {outcome:?} to unknown extension op {op}"),
@@ -623,20 +621,23 @@ impl History {
                     format!("extension op {op} answered at {at_us}us, before it was invoked"),
                 ));
             }
-            if answered.insert(*op, *at_us).is_some() {
+            if answered.insert(*op, (*outcome, *at_us)).is_some() {
                 return Err(violation(
                     Property::AnsweredOnce,
                     format!("extension op {op} of {key:?} token {token} answered twice"),
                 ));
             }
-            if *outcome == ExtendOutcome::Extended {
-                out.entry((key, token))
-                    .or_default()
-                    .push((inv, lease_s, *at_us));
-            }
+        }
+        let mut out: Extensions<'_> = HashMap::new();
+        for (op, &(key, token, lease_s, inv)) in &invoked {
+            out.entry((key, token)).or_default().push(ExtRec {
+                invoked_us: inv,
+                lease_s,
+                answer: answered.get(op).copied(),
+            });
         }
         for v in out.values_mut() {
-            v.sort_unstable_by_key(|&(inv, _, ans)| (ans, inv));
+            v.sort_unstable_by_key(|x| (x.invoked_us, x.lease_s));
         }
         Ok(out)
     }
@@ -994,14 +995,76 @@ fn check_restarts(
     Ok(())
 }
 
-/// Extensions answered `E` per (key, token): (invoked, lease, answered).
-type Extensions<'a> = HashMap<(&'a str, u64), Vec<(u64, u8, u64)>>;
+/// One extension of a grant.
+#[derive(Clone, Copy, Debug)]
+struct ExtRec {
+    invoked_us: u64,
+    lease_s: u8,
+    answer: Option<(ExtendOutcome, u64)>,
+}
+
+impl ExtRec {
+    /// When its lease would end if the server applied it at once.
+    fn ends_us(&self) -> u64 {
+        self.invoked_us
+            .saturating_add(u64::from(self.lease_s.max(1)) * 1_000_000)
+    }
+
+    /// It may have moved the server's lease: not refused with X.
+    fn may_apply(&self) -> bool {
+        !matches!(self.answer, Some((ExtendOutcome::NotExtended, _)))
+    }
+}
+
+/// Every extension per (key, token), in invocation order.
+type Extensions<'a> = HashMap<(&'a str, u64), Vec<ExtRec>>;
+
+/// The conservative lease end of a grant invoked at `invoked_us` for
+/// `lease_s`, as its extensions move it (SPEC §5.3), walked in time order:
+///
+/// * an extension invoked before the end lowers it at once to its own
+///   invocation plus its lease if that is earlier: a shorter lease may take
+///   effect on the server before any answer comes back;
+/// * an `E` answered before the end sets it to that extension's invocation
+///   plus its lease, but no later than the same bound of every other
+///   extension that may still apply after it (invoked before that answer,
+///   and not answered before this one was invoked, nor refused);
+/// * a late `E`, an `X` or no answer moves nothing else.
+fn lease_end_us(invoked_us: u64, lease_s: u8, exts: &[ExtRec]) -> u64 {
+    let mut end = invoked_us.saturating_add(u64::from(lease_s.max(1)) * 1_000_000);
+    // (time, is an answer, index): invocations before answers at one time.
+    let mut steps: Vec<(u64, bool, usize)> = Vec::new();
+    for (i, x) in exts.iter().enumerate() {
+        steps.push((x.invoked_us, false, i));
+        if let Some((ExtendOutcome::Extended, at)) = x.answer {
+            steps.push((at, true, i));
+        }
+    }
+    steps.sort_unstable();
+    for (at, is_answer, i) in steps {
+        if at >= end {
+            continue;
+        }
+        let x = &exts[i];
+        if !is_answer {
+            end = end.min(x.ends_us());
+            continue;
+        }
+        let mut new_end = x.ends_us();
+        for (j, y) in exts.iter().enumerate() {
+            let settled_before = y.answer.is_some_and(|(_, ans)| ans < x.invoked_us);
+            if j != i && y.invoked_us <= at && !settled_before && y.may_apply() {
+                new_end = new_end.min(y.ends_us());
+            }
+        }
+        end = new_end;
+    }
+    end
+}
 
 /// The interval during which a client may act on a grant: from receipt to
-/// the earlier of its first release and its conservative lease end, as its
-/// extensions moved it: an `E` answered before the lease end the client had
-/// then moves it to the extension's invocation plus its lease (SPEC §5.3;
-/// this may shorten it), a later one moves nothing.
+/// the earlier of its first release and its conservative lease end as its
+/// extensions moved it ([`lease_end_us`]).
 fn interval(
     a: &AcqRec,
     rels: &HashMap<(&str, u64), u64>,
@@ -1011,14 +1074,10 @@ fn interval(
     let (Outcome::Granted { token }, received_us) = a.answer? else {
         return None;
     };
-    let secs = |s: u8| u64::from(s.max(1)) * 1_000_000;
-    let mut lease_end = a.invoked_us.saturating_add(secs(a.lease_s));
-    for &(inv, lease_s, ans) in exts.get(&(a.key.as_str(), token)).into_iter().flatten() {
-        if ans < lease_end {
-            lease_end = inv.saturating_add(secs(lease_s));
-        }
-    }
-    let lease_end = lease_end.saturating_sub(margin_us);
+    let grant_exts = exts
+        .get(&(a.key.as_str(), token))
+        .map_or(&[][..], Vec::as_slice);
+    let lease_end = lease_end_us(a.invoked_us, a.lease_s, grant_exts).saturating_sub(margin_us);
     let end = rels
         .get(&(a.key.as_str(), token))
         .map_or(lease_end, |&r| r.min(lease_end));

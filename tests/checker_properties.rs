@@ -407,3 +407,46 @@ fn an_extension_answered_twice_or_unknown_is_refused() {
     h.extended(999, ExtendOutcome::Extended, 9 * S);
     assert_eq!(h.check().unwrap_err().property, Property::Malformed);
 }
+
+/// An extension to a shorter lease may take effect before its answer
+/// comes back: from its invocation the interval ends no later than its
+/// invocation plus its lease. Client 1 (lease 10 s from 0) extends by 2 s
+/// at 3 s and hears nothing back; a grant to client 2 at 6 s is no overlap,
+/// one at 4 s is.
+#[test]
+fn an_unanswered_shorter_extension_shortens_the_interval() {
+    let build = |second_at: u64| {
+        let mut h = History::new();
+        let a = h.acquire(1, 1, "k", 11, 0, 10, 0);
+        h.acquired(a, Outcome::Granted { token: 1 }, 100);
+        let _ = h.extend(1, 1, "k", 1, 2, 3 * S);
+        let b = h.acquire(2, 2, "k", 22, 5, 30, second_at - S);
+        h.acquired(b, Outcome::Granted { token: 2 }, second_at);
+        h
+    };
+    assert!(build(6 * S).check().is_ok());
+    expect_violation(
+        &build(4 * S),
+        Property::MutualExclusion,
+        &["[100us, 5000000us)"],
+    );
+}
+
+/// An E cannot lift the bound of another extension that may still apply
+/// after it: a 1 s extension invoked at 5 s, in flight when the 20 s one
+/// invoked at 5.1 s is answered, keeps the end at 6 s.
+#[test]
+fn an_e_does_not_outrun_a_shorter_extension_still_in_flight() {
+    let build = |second_at: u64| {
+        let mut h = History::new();
+        let a = h.acquire(1, 1, "k", 11, 0, 10, 0);
+        h.acquired(a, Outcome::Granted { token: 1 }, 100);
+        let _short = h.extend(1, 1, "k", 1, 1, 5 * S);
+        let long = h.extend(1, 1, "k", 1, 20, 5 * S + 100_000);
+        h.extended(long, ExtendOutcome::Extended, 5 * S + 200_000);
+        let b = h.acquire(2, 2, "k", 22, 5, 30, second_at - S);
+        h.acquired(b, Outcome::Granted { token: 2 }, second_at);
+        h
+    };
+    assert!(build(7 * S).check().is_ok());
+}

@@ -1058,6 +1058,9 @@ impl Sim {
                     let op = self
                         .history
                         .extend(client as u64, conn, &key, token, lease_s, now);
+                    // A shorter lease may take effect unanswered (SPEC §5.2
+                    // allows shortening): stop using the grant by then.
+                    let expires_us = expires_us.min(now + u64::from(lease_s) * S);
                     self.stats.extends += 1;
                     let mut bytes = Vec::new();
                     encode_request(

@@ -5,7 +5,10 @@
 //! the expiry of the caller's own grant. Every attempt ends at the ticket's
 //! conservative expiry, and only an `E` matched before it moves that expiry,
 //! to the time the matched attempt was written plus the new lease. Until
-//! then the old expiry stands: an extend in flight extends nothing.
+//! then the old expiry stands: an extend in flight extends nothing. An
+//! extend may also shorten a lease, and that can take effect before any
+//! answer: so from the moment it is sent, the expiry is no later than the
+//! send plus its lease.
 
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;

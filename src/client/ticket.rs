@@ -99,7 +99,9 @@ impl Ticket {
     /// Extends the grant to live `lease` from now (SPEC §5.3), keeping the
     /// token. Retried on another connection while no reply has come, until
     /// [`Ticket::expires_at`]; on `E` the expiry becomes the time the
-    /// answered attempt was written plus `lease` (this may shorten it).
+    /// answered attempt was written plus `lease`. A lease shorter than the
+    /// time left takes effect at once, answered or not: from the call on,
+    /// [`Ticket::expires_at`] is no later than the call's start plus `lease`.
     /// Returns [`Extend::Lost`] on `X`, when the expiry passes first, and
     /// at once, sending nothing, once the ticket is lost or expired: an
     /// ended lease is never revived.
@@ -112,6 +114,9 @@ impl Ticket {
             self.lost = true;
             return Ok(Extend::Lost);
         }
+        // A shorter lease may take effect on the server before its answer
+        // comes back: from now on the expiry is no later than now + lease.
+        self.expires_at = self.expires_at.min(Instant::now() + lease);
         let key: Arc<str> = Arc::from(self.key.as_str());
         match self
             .client
