@@ -670,9 +670,10 @@ impl Sim {
                 self.history
                     .released(op, ReleaseOutcome::Indeterminate, now_us);
             }
+            // The attempt is given up unanswered: it moves nothing (the
+            // Extend goes out again on the new connection).
             (ClientState::Extending { .. } | ClientState::ExtendingUnknown { .. }, Some(op)) => {
-                self.history
-                    .extended(op, ExtendOutcome::Indeterminate, now_us);
+                self.history.extended(op, ExtendOutcome::Lost, now_us);
             }
             _ => {}
         }
