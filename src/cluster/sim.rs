@@ -904,7 +904,16 @@ impl Sim {
                     extend_at,
                     first_until,
                 } if extend_at <= self.now && extend_at < release_at => {
-                    let lease_s = [1u8, 2, 3][self.rng.range(0, 3) as usize];
+                    // Never a lease that would end before the current
+                    // expiry: an Extend in flight may take effect unanswered,
+                    // and one that shortens the lease would then end it
+                    // before the expiry the client still counts on.
+                    let need = until
+                        .0
+                        .saturating_sub(self.now.0)
+                        .div_ceil(1000)
+                        .clamp(1, 3);
+                    let lease_s = self.rng.range(need, 4) as u8;
                     self.clients[c].state = ClientState::Extending {
                         key,
                         token,
@@ -1084,6 +1093,12 @@ impl Sim {
             ));
         };
         let state = self.clients[c].state.clone();
+        if self.debug {
+            eprintln!(
+                "{} node {node} conn {conn} client {c}: {reply:?} {key} in {state:?}",
+                self.now
+            );
+        }
         let idle_after = self.now.add_ms(self.rng.range(0, 1500));
         match (state, reply) {
             (
