@@ -229,9 +229,9 @@ struct Client {
     /// The history's id of the request in flight (acquire, extend or
     /// release).
     op: Option<OpId>,
-    /// An extend whose grant expired while it was in flight: its late
-    /// answer may still come on this connection (token, history op).
-    stale: Option<(u64, OpId)>,
+    /// Extends whose grant expired while they were in flight: their late
+    /// answers may still come on this connection (token, history op).
+    stale: Vec<(u64, OpId)>,
 }
 
 /// A message in flight: (deliver at, sequence, destination, bytes).
@@ -313,7 +313,7 @@ impl Sim {
                 state: ClientState::Idle,
                 next_at: Millis(rng.range(0, 3000)),
                 op: None,
-                stale: None,
+                stale: Vec::new(),
             });
         }
         let next_fault = Millis(rng.range(cfg.fault_every_ms / 2, cfg.fault_every_ms * 3 / 2));
@@ -678,7 +678,7 @@ impl Sim {
             _ => {}
         }
         // A late answer to an expired extend can no longer come.
-        self.clients[c].stale = None;
+        self.clients[c].stale.clear();
         self.history.session_closed(old.1, now_us);
         match self.clients[c].state {
             ClientState::Acquiring { .. }
@@ -815,7 +815,9 @@ impl Sim {
                     // revives nothing.
                     self.report.extend_lost += 1;
                     self.drop_belief(c, key);
-                    self.clients[c].stale = self.clients[c].op.take().map(|op| (token, op));
+                    if let Some(op) = self.clients[c].op.take() {
+                        self.clients[c].stale.push((token, op));
+                    }
                     self.clients[c].state = ClientState::Idle;
                     self.clients[c].next_at = self.now;
                 }
@@ -1280,7 +1282,7 @@ impl Sim {
                 self.clients[c].next_at = idle_after;
             }
             (_, Reply::Extended { token: t, .. } | Reply::NotExtended { token: t, .. })
-                if self.clients[c].stale.is_some_and(|s| s.0 == t) =>
+                if self.clients[c].stale.iter().any(|s| s.0 == t) =>
             {
                 // The answer to an extend whose grant expired in flight:
                 // recorded, and it revives nothing.
@@ -1290,7 +1292,9 @@ impl Sim {
                 } else {
                     ExtendOutcome::NotExtended
                 };
-                if let Some((_, op)) = self.clients[c].stale.take() {
+                let stale = &mut self.clients[c].stale;
+                if let Some(i) = stale.iter().position(|s| s.0 == t) {
+                    let (_, op) = stale.swap_remove(i);
                     self.history.extended(op, outcome, us(self.now));
                 }
             }
