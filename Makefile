@@ -1,7 +1,7 @@
 # ticketd developer targets. `make help` lists them.
 CARGO ?= cargo
 
-.PHONY: help build run test lint doc bench vendor-check example example-test clean python-test
+.PHONY: help build run test lint doc bench vendor-check cross-check cross-sizes example example-test clean python-test
 
 help:
 	@echo "build         release build of ticketd and ticket"
@@ -11,6 +11,8 @@ help:
 	@echo "doc           cargo doc with warnings as errors"
 	@echo "bench         ticketd vs Redis vs the limit server vs etcd (BENCH_SECONDS=3 for a quick run)"
 	@echo "vendor-check  cargo vendor, then build offline from it (with and without default features)"
+	@echo "cross-check   aarch64 and armv7 builds from vendored sources, tests under qemu (Debian toolchain)"
+	@echo "cross-sizes   stripped release binary sizes per target and feature set"
 	@echo "example       run examples/step_server (a server stepped turn by turn)"
 	@echo "example-test  run examples/deterministic_test (the in-memory harness, no sockets)"
 	@echo "sim           cluster simulation over SEEDS seeds from FIRST (make sim SEEDS=500)"
@@ -44,6 +46,14 @@ bench:
 
 vendor-check:
 	./.ci/vendor-check
+
+# ARM builds with Debian's toolchain (installed when missing; never rustup),
+# offline from vendored sources, tests under qemu-user: .ci/cross-check.
+cross-check:
+	./.ci/cross-check
+
+cross-sizes:
+	./.ci/cross-check --sizes x86_64-unknown-linux-gnu aarch64-unknown-linux-gnu armv7-unknown-linux-gnueabihf
 
 # The Python client's checks in a venv (clients/python/.venv), against the
 # debug server and the Rust `ticket` command built here.

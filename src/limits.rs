@@ -29,6 +29,14 @@ pub const fn max_reply_frame(max_key_bytes: usize) -> usize {
     18 + max_key_bytes
 }
 
+/// The most bytes one allocation can hold in this build. Rust refuses any
+/// allocation over `isize::MAX` bytes: 8 EiB on a 64-bit target, but 2 GiB
+/// less one byte on a 32-bit one (armv7), where sizes derived from the
+/// limits (a cluster node's snapshot and peer frames) can reach it. Sizes
+/// are computed in `u64` and checked against this (or against a smaller
+/// bound that tests pass in, to play a 32-bit build on a 64-bit one).
+pub const MAX_ALLOC_BYTES: u64 = isize::MAX as u64;
+
 const _: () = assert!(DEFAULT_MAX_KEY_BYTES <= MAX_KEY_BYTES_CEILING);
 const _: () = assert!(DEFAULT_MAX_WAITERS_PER_KEY <= DEFAULT_MAX_WAITERS);
 const _: () = assert!(DEFAULT_SWEEP_INTERVAL_S > 0);

@@ -7,7 +7,7 @@ mod common;
 mod proxy;
 
 use std::net::TcpListener;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::Ticketd;
@@ -22,7 +22,7 @@ const LEASE_ENDED: i32 = 124;
 const NOT_FOUND: i32 = 127;
 
 fn ticket(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ticket"))
+    common::bin_command(env!("CARGO_BIN_EXE_ticket"))
         .args(args)
         .output()
         .expect("run ticket")
@@ -288,7 +288,7 @@ fn run_passes_sigterm_to_the_command_then_releases() {
     let addr = server.addr().to_string();
     let marker = std::env::temp_dir().join(format!("ticket-cli-test-{}", std::process::id()));
     let _ = std::fs::remove_file(&marker);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ticket"))
+    let mut child = common::bin_command(env!("CARGO_BIN_EXE_ticket"))
         .args([
             "run",
             "svc",
@@ -333,7 +333,7 @@ fn ctrl_c_while_waiting_for_the_lock_ends_ticket_at_once() {
     let server = Ticketd::start(&[]);
     let addr = server.addr().to_string();
     assert_eq!(status(&ticket(&["acquire", "held", "--server", &addr])), 0);
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ticket"));
+    let mut cmd = common::bin_command(env!("CARGO_BIN_EXE_ticket"));
     cmd.args([
         "run", "held", "--wait", "30", "--server", &addr, "--", "true",
     ]);
@@ -365,15 +365,18 @@ fn a_token_that_cannot_be_printed_is_released_again() {
     let addr = server.addr().to_string();
     // A stdout pipe nobody reads: writing the token fails with EPIPE.
     let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: pipe(2) fills the two-element array we pass.
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // Close-on-exec, so that a process another test starts meanwhile does
+    // not inherit the read end and keep the pipe open (the spawn below
+    // gives `ticket` the write end as its stdout, without the flag).
+    // SAFETY: pipe2(2) fills the two-element array we pass.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
     // SAFETY: both descriptors were just created and are owned only here.
     let (read_end, write_end) = unsafe {
         use std::os::fd::{FromRawFd, OwnedFd};
         (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
     };
     drop(read_end);
-    let o = Command::new(env!("CARGO_BIN_EXE_ticket"))
+    let o = common::bin_command(env!("CARGO_BIN_EXE_ticket"))
         .args(["acquire", "unprinted", "--server", &addr])
         .stdout(write_end)
         .stderr(std::process::Stdio::piped())
@@ -449,7 +452,7 @@ fn run_renews_the_lock_for_as_long_as_the_command_runs() {
     let server = Ticketd::start(&[]);
     let addr = server.addr().to_string();
     let start = Instant::now();
-    let child = Command::new(env!("CARGO_BIN_EXE_ticket"))
+    let child = common::bin_command(env!("CARGO_BIN_EXE_ticket"))
         .args([
             "run",
             "long",
@@ -534,7 +537,7 @@ fn run_stops_the_command_before_the_expiry_when_the_server_is_gone() {
     let pidfile = dir.join("pid");
     let script = format!("echo $$ > {}; exec sleep 30", pidfile.display());
     let start = Instant::now();
-    let child = Command::new(env!("CARGO_BIN_EXE_ticket"))
+    let child = common::bin_command(env!("CARGO_BIN_EXE_ticket"))
         .args([
             "run",
             "doomed",

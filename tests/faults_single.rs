@@ -715,7 +715,7 @@ fn a_full_data_dir_stops_start_up_cleanly_and_loses_nothing() {
     let mark_before = std::fs::read(&mark_path).expect("mark written");
 
     let filler = fs.fill();
-    let out = Command::new(common::ticketd_bin())
+    let out = common::bin_command(common::ticketd_bin())
         .args(args)
         .stdin(std::process::Stdio::null())
         .output()

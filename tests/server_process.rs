@@ -291,8 +291,8 @@ fn info_logging_has_no_line_per_request() {
 #[test]
 fn a_closed_stderr_does_not_take_the_server_down() {
     use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
-    let mut child = Command::new(common::ticketd_bin())
+    use std::process::Stdio;
+    let mut child = common::bin_command(common::ticketd_bin())
         .args(["--listen", "127.0.0.1:0"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())

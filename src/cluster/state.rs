@@ -638,6 +638,52 @@ impl StateMachine {
             .saturating_add(SNAPSHOT_LEDGER_SLACK_BYTES)
     }
 
+    /// Checks that a node whose allocations hold at most `max_alloc` bytes
+    /// ([`crate::limits::MAX_ALLOC_BYTES`] for this build) can make the
+    /// snapshot of the fullest table `limits` allow: the snapshot is one
+    /// buffer grown by doubling, so its bound must be within half of one
+    /// allocation. Only a 32-bit build meets this (at 1,024 MiB, below the
+    /// 1,092 MiB of the default limits); it must refuse such limits at
+    /// start-up rather than fail when the table fills. Returns the bound.
+    ///
+    /// # Errors
+    /// A message naming the flags and the largest `--max-keys` that fits.
+    pub fn check_snapshot_fits(
+        limits: &EngineLimits,
+        max_key_bytes: usize,
+        max_alloc: u64,
+    ) -> Result<u64, String> {
+        let bound = Self::snapshot_bound(limits, max_key_bytes);
+        let room = max_alloc / 2;
+        if bound <= room {
+            return Ok(bound);
+        }
+        // Largest key count whose bound fits, the rest kept as given.
+        let with_keys = |max_keys| {
+            let l = EngineLimits {
+                max_keys,
+                ..limits.clone()
+            };
+            Self::snapshot_bound(&l, max_key_bytes)
+        };
+        let without_keys = with_keys(0);
+        let one_key = with_keys(1) - without_keys;
+        let hint = match room.checked_sub(without_keys) {
+            Some(left) if left >= one_key => format!("--max-keys {} or less", left / one_key),
+            _ => "a smaller --max-waiters".to_owned(),
+        };
+        Err(format!(
+            "--max-keys {}, --max-key-bytes {max_key_bytes} and --max-waiters {} allow a lock \
+             table whose snapshot (up to {} MiB) is more than this {}-bit build can hold in \
+             memory at once ({} MiB); use {hint}",
+            limits.max_keys,
+            limits.max_waiters,
+            bound.div_ceil(1 << 20),
+            usize::BITS,
+            room >> 20,
+        ))
+    }
+
     /// The table in a canonical byte form: equal states give equal bytes.
     #[must_use]
     pub fn snapshot(&self) -> Vec<u8> {
@@ -942,6 +988,55 @@ mod tests {
         // Restored, it gives the same bytes.
         let back = StateMachine::restore(limits, &sm.snapshot()).unwrap();
         assert_eq!(back.snapshot().len() as u64, bytes);
+    }
+
+    #[test]
+    fn a_32_bit_build_refuses_limits_whose_snapshot_it_could_not_hold() {
+        let defaults = EngineLimits::default();
+        let key_bytes = crate::limits::DEFAULT_MAX_KEY_BYTES;
+        let bound = StateMachine::snapshot_bound(&defaults, key_bytes);
+        assert_eq!(bound.div_ceil(1 << 20), 1092);
+        // 64-bit: the default table fits, and so does a much larger one.
+        let wide = i64::MAX as u64;
+        assert_eq!(
+            StateMachine::check_snapshot_fits(&defaults, key_bytes, wide),
+            Ok(bound)
+        );
+        let big = EngineLimits {
+            max_keys: 100_000_000,
+            ..defaults.clone()
+        };
+        assert!(StateMachine::check_snapshot_fits(&big, key_bytes, wide).is_ok());
+        // 32-bit: the default table does not; the message names the flags
+        // and the largest --max-keys that does, which is exact.
+        let narrow = i32::MAX as u64;
+        let err = StateMachine::check_snapshot_fits(&defaults, key_bytes, narrow).unwrap_err();
+        assert!(
+            err.contains("--max-keys 1000000") && err.contains("1092 MiB"),
+            "{err}"
+        );
+        assert!(err.contains(&format!("{}-bit", usize::BITS)), "{err}");
+        let fit: usize = err
+            .split("use --max-keys ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no --max-keys hint in {err}"));
+        assert_eq!(fit, 934_233, "the figure docs/CLUSTER.md gives");
+        let at = |max_keys| EngineLimits {
+            max_keys,
+            ..defaults.clone()
+        };
+        let ok = StateMachine::check_snapshot_fits(&at(fit), key_bytes, narrow).unwrap();
+        assert!(ok <= narrow / 2);
+        assert!(StateMachine::check_snapshot_fits(&at(fit + 1), key_bytes, narrow).is_err());
+        // Waiters alone over the room: the hint says so.
+        let waiters = EngineLimits {
+            max_waiters: 30_000_000,
+            ..defaults
+        };
+        let err = StateMachine::check_snapshot_fits(&waiters, key_bytes, narrow).unwrap_err();
+        assert!(err.contains("a smaller --max-waiters"), "{err}");
     }
 
     #[test]

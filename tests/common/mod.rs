@@ -7,6 +7,10 @@
 //!   [`Client::acquire`] / [`Client::release`] send, [`Client::recv`] reads
 //!   one reply decoded with `ticketd::proto`.
 //! * [`free_port`] picks a loopback port for a server a test starts itself.
+//! * [`bin_command`] is how every test starts a binary Cargo built, so that
+//!   a cross-built test run (`make cross-check`) starts it under the same
+//!   emulator as the tests: `TICKETD_TEST_RUNNER="qemu-aarch64-static"` puts
+//!   that command (split at spaces) in front of the binary.
 //!
 //! Use it from a test file with `mod common;`.
 #![allow(dead_code)] // each test file uses a different part of it
@@ -26,10 +30,29 @@ pub fn ticketd_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_ticketd"))
 }
 
+/// A `Command` that starts the binary at `bin`: directly, or behind the
+/// runner named by `TICKETD_TEST_RUNNER` when the tests were built for
+/// another architecture and run under an emulator (`qemu-aarch64-static`).
+/// Cargo's own `CARGO_TARGET_<TRIPLE>_RUNNER` only wraps the test binary;
+/// the binaries a test starts need the same wrapper.
+#[must_use]
+pub fn bin_command(bin: impl AsRef<std::ffi::OsStr>) -> Command {
+    let runner = std::env::var("TICKETD_TEST_RUNNER").unwrap_or_default();
+    let mut words = runner.split_whitespace();
+    match words.next() {
+        Some(prog) => {
+            let mut c = Command::new(prog);
+            c.args(words).arg(bin.as_ref());
+            c
+        }
+        None => Command::new(bin.as_ref()),
+    }
+}
+
 /// Runs `ticketd ARGS...` to completion (for `--help`, bad flags...).
 #[must_use]
 pub fn run_ticketd(args: &[&str]) -> Output {
-    Command::new(ticketd_bin())
+    bin_command(ticketd_bin())
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -62,11 +85,14 @@ impl Ticketd {
         let bin = ticketd_bin();
         let mut cmd = match wrapper.split_first() {
             Some((prog, rest)) => {
+                // The wrapper execs what follows: the runner, if any, then
+                // the binary.
+                let inner = bin_command(&bin);
                 let mut c = Command::new(prog);
-                c.args(rest).arg(&bin);
+                c.args(rest).arg(inner.get_program()).args(inner.get_args());
                 c
             }
-            None => Command::new(&bin),
+            None => bin_command(&bin),
         };
         cmd.args(args)
             .stdin(Stdio::null())
