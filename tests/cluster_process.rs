@@ -1,7 +1,10 @@
 //! Cluster mode with real processes on loopback: three `ticketd --cluster`
 //! nodes, clients on any node, a leader killed with SIGKILL under load, a
 //! lease ended by a committed Expire, a restarted node catching up, a
-//! minority down (the majority serves) and a majority down (no grant).
+//! minority down (the majority serves) and a majority down (no grant), and
+//! lease renewal: a grant extended past its first lease through a follower
+//! and the leader, ended late (never early) by a new leader, and a node
+//! without a quorum that never answers an Extend with X.
 #![cfg(feature = "cluster")]
 
 mod common;
@@ -468,4 +471,233 @@ fn the_peer_frame_limit_follows_the_lock_table_limits() {
             node.log()
         );
     }
+}
+
+/// Probes `key` with wait-0 acquires from `c` every 100 ms until one is
+/// granted, and returns when that answer arrived. Every probe answered
+/// before `held_until` must be `T` (the extended grant still holds); a
+/// grant must come within `within` of `held_until`. `B` (no leader yet)
+/// and silence (a node between leaders) are retried.
+fn probe_until_granted(
+    c: &mut Client,
+    key: &str,
+    owner: u64,
+    held_until: Instant,
+    within: Duration,
+    logs: &dyn Fn() -> String,
+) -> (Instant, u64) {
+    let give_up = held_until + within;
+    let mut timeouts = 0;
+    loop {
+        assert!(
+            Instant::now() < give_up,
+            "{key}: not granted within {within:?} of the lease end ({timeouts} T):\n{}",
+            logs()
+        );
+        c.acquire(key, owner, 0, 3);
+        match c.try_recv(Duration::from_secs(10)) {
+            Ok(Reply::Timeout { .. }) => timeouts += 1,
+            Ok(Reply::Busy { .. }) | Err(NoReply::TimedOut) => {}
+            Ok(Reply::Acquired { token, .. }) => {
+                let at = Instant::now();
+                assert!(
+                    at >= held_until,
+                    "{key}: granted {:?} before the extended lease ended:\n{}",
+                    held_until - at,
+                    logs()
+                );
+                return (at, token);
+            }
+            other => panic!("{key}: probe got {other:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Extends `token` of `key` on `c` as the client library does (SPEC
+/// §5.3): an attempt without an answer in 2 s (a node that knows no leader
+/// leaves an Extend unanswered) is sent again on a new connection to the
+/// same node, until `within` has passed. Returns when the answered attempt
+/// was written, and its answer.
+fn extend_once(c: &mut Client, key: &str, token: u64, lease_s: u8) -> (Instant, Reply) {
+    extend_within(
+        c,
+        key,
+        token,
+        lease_s,
+        Duration::from_secs(u64::from(lease_s)),
+    )
+}
+
+fn extend_within(
+    c: &mut Client,
+    key: &str,
+    token: u64,
+    lease_s: u8,
+    within: Duration,
+) -> (Instant, Reply) {
+    let addr = c.stream.peer_addr().expect("connected");
+    let give_up = Instant::now() + within;
+    loop {
+        let sent = Instant::now();
+        c.extend(key, token, lease_s);
+        let left = give_up.saturating_duration_since(sent);
+        match c.try_recv(left.min(Duration::from_secs(2))) {
+            Ok(r) => return (sent, r),
+            Err(e) if Instant::now() >= give_up => {
+                panic!("no answer to the extend of {key}/{token} in {within:?}: {e:?}")
+            }
+            Err(_) => *c = Client::connect(addr),
+        }
+    }
+}
+
+#[test]
+fn an_extended_lease_outlives_its_first_and_a_leader_change_ends_it_late_never_early() {
+    let mut cluster = Cluster::start("extend", 3);
+    let _ = acquire_retrying(&mut cluster.client(0), "warmup", 1, 0, 1);
+    let leader = wait_leader(&cluster);
+    let f = (leader + 1) % 3;
+    let other = (leader + 2) % 3;
+    let mut holder = cluster.client(f);
+    let mut via_leader = cluster.client(leader);
+    let mut rival = cluster.client(other);
+    let logs = || cluster.logs();
+
+    // 1. A 3 s grant extended every second, alternately through the
+    //    follower it was granted on and through the leader, until well
+    //    past its first lease; a rival's wait-0 acquire gets T throughout.
+    let sent = Instant::now();
+    let t = acquire_retrying(&mut holder, "job", 10, 0, 3).token();
+    let first_end = sent + Duration::from_secs(3);
+    let mut held_until = first_end;
+    for round in 0..6 {
+        std::thread::sleep(Duration::from_millis(1000));
+        let c = if round % 2 == 0 {
+            &mut holder
+        } else {
+            &mut via_leader
+        };
+        let (at, r) = extend_once(c, "job", t, 3);
+        assert_eq!(
+            r,
+            Reply::Extended {
+                token: t,
+                key: "job".into()
+            },
+            "round {round}"
+        );
+        assert!(Instant::now() < held_until, "E after the expiry");
+        held_until = at + Duration::from_secs(3);
+        let probe_at = Instant::now();
+        let r = rival.acquire_reply("job", 20 + round, 0, 3);
+        assert!(
+            matches!(r, Reply::Timeout { .. }),
+            "round {round}: {r:?} while held ({:?} past the first lease)",
+            probe_at.saturating_duration_since(first_end)
+        );
+    }
+    assert!(
+        Instant::now() > first_end + Duration::from_secs(2),
+        "the extends did not take the grant past its first lease"
+    );
+    // A wrong token is refused with X, through either node, and changes
+    // nothing.
+    for c in [&mut holder, &mut via_leader] {
+        let (_, r) = extend_once(c, "job", t + 1000, 3);
+        assert_eq!(
+            r,
+            Reply::NotExtended {
+                token: t + 1000,
+                key: "job".into()
+            }
+        );
+    }
+    // No more extends: the rival gets T until the last extended lease
+    // ends, then the key, with a higher token; the old grant is gone.
+    let (_, t2) = probe_until_granted(
+        &mut rival,
+        "job",
+        30,
+        held_until,
+        Duration::from_secs(5),
+        &logs,
+    );
+    assert!(t2 > t, "{t2} after {t}");
+    let (_, r) = extend_once(&mut holder, "job", t, 3);
+    assert!(
+        matches!(r, Reply::NotExtended { token, .. } if token == t),
+        "{r:?}"
+    );
+
+    // 2. A 3 s grant extended through the leader to 6 s; the leader is
+    //    killed right after its E. The new leader ends the grant no
+    //    earlier than 6 s after that extend was written (it rebuilds the
+    //    deadline with the full latest lease: late, never early).
+    let t3 = acquire_retrying(&mut holder, "fail", 40, 0, 3).token();
+    let (at, r) = extend_once(&mut via_leader, "fail", t3, 6);
+    assert_eq!(
+        r,
+        Reply::Extended {
+            token: t3,
+            key: "fail".into()
+        }
+    );
+    let latest_end = at + Duration::from_secs(6);
+    cluster.kill(leader);
+    let logs = || cluster.logs();
+    let (granted_at, t4) = probe_until_granted(
+        &mut rival,
+        "fail",
+        50,
+        latest_end,
+        Duration::from_secs(15),
+        &logs,
+    );
+    assert!(t4 > t3, "{t4} after {t3}");
+    assert!(granted_at >= latest_end);
+
+    // 3. A node without a quorum never answers an Extend with X, even for
+    //    a token it has never heard of: it cannot know the grant is gone.
+    //    Once a quorum is back, the live grant's extend is E or nothing.
+    let new_leader = wait_leader(&cluster);
+    let lone = (0..3)
+        .find(|&i| i != leader && i != new_leader)
+        .expect("a third node");
+    let mut on_lone = cluster.client(lone);
+    let t5 = acquire_retrying(&mut on_lone, "solo", 60, 0, 30).token();
+    cluster.kill(new_leader);
+    on_lone.extend("solo", t5, 30);
+    on_lone.extend("solo", t5 + 1000, 30);
+    for _ in 0..2 {
+        match on_lone.try_recv(Duration::from_secs(3)) {
+            Err(NoReply::TimedOut) => {}
+            other => panic!("a node without a quorum answered an extend: {other:?}"),
+        }
+    }
+    cluster.start_node(leader);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline {
+        match on_lone.try_recv(Duration::from_millis(500)) {
+            Err(NoReply::TimedOut) => {}
+            Ok(Reply::Extended { token, .. }) if token == t5 => {}
+            // The unknown token: X is right once a leader decides it.
+            Ok(Reply::NotExtended { token, .. }) if token == t5 + 1000 => {}
+            other => panic!(
+                "extend of the live grant answered {other:?}:\n{}",
+                cluster.logs()
+            ),
+        }
+    }
+    // The grant is still held: the quorum serves it, and only its holder.
+    let (_, r) = extend_within(&mut on_lone, "solo", t5, 30, Duration::from_secs(20));
+    assert_eq!(
+        r,
+        Reply::Extended {
+            token: t5,
+            key: "solo".into()
+        },
+        "{}",
+        cluster.logs()
+    );
 }

@@ -96,6 +96,11 @@ pub struct NodeConfig {
     /// Entropy for the data directory id drawn on first start (the server
     /// passes the time and process id; the simulator a seed).
     pub uuid_entropy: u64,
+    /// A deliberate bug, for the simulation's self-test only (never set by
+    /// the server): a leader's Expire timer of an earlier lease generation
+    /// still fires, and the Expire it proposes ends the grant on apply as
+    /// if no Extend had happened since.
+    pub bug_stale_expire: bool,
 }
 
 impl NodeConfig {
@@ -116,6 +121,7 @@ impl NodeConfig {
             seed: id,
             trace_applied: false,
             uuid_entropy: id,
+            bug_stale_expire: false,
         }
     }
 }
@@ -730,11 +736,15 @@ impl<D: Disk> Node<D> {
                     key,
                     token,
                     generation,
-                } if self.sm.lease_of(key) == Some((*token, *generation)) => Command::Expire {
-                    key: key.clone(),
-                    token: *token,
-                    generation: *generation,
-                },
+                } if self.sm.lease_of(key) == Some((*token, *generation))
+                    || (self.cfg.bug_stale_expire && self.sm.holder(key) == Some(*token)) =>
+                {
+                    Command::Expire {
+                        key: key.clone(),
+                        token: *token,
+                        generation: *generation,
+                    }
+                }
                 Timer::Wait { key, waiter } if self.sm.is_waiting(key, *waiter) => {
                     Command::WaitTimeout {
                         key: key.clone(),
@@ -1084,6 +1094,21 @@ impl<D: Disk> Node<D> {
                 }
             };
             self.mark_lost(lost_here, cmd.rid());
+            let cmd = match cmd {
+                // The deliberate bug: the generation is not looked at.
+                Command::Expire { key, token, .. } if self.cfg.bug_stale_expire => {
+                    let generation = match self.sm.lease_of(&key) {
+                        Some((t, g)) if t == token => g,
+                        _ => 0,
+                    };
+                    Command::Expire {
+                        key,
+                        token,
+                        generation,
+                    }
+                }
+                cmd => cmd,
+            };
             let res = self.sm.apply(e.index, &cmd);
             if !res.duplicate {
                 if let Some(t) = self.trace.last_mut().filter(|t| t.index == e.index) {

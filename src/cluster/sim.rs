@@ -3,14 +3,16 @@
 //! N [`Node`]s on [`MemDisk`]s, a virtual millisecond clock, a network that
 //! delays, reorders, duplicates and drops messages and cuts links (both ways
 //! or one way), crashes that lose what was not synced (sometimes right at an
-//! fsync), restarts, and clients that acquire, hold, release and give up.
+//! fsync), restarts, and clients that acquire, hold, extend, release and
+//! give up.
 //! Everything random comes from one seed, and raft's election timeouts are
 //! drawn from the nodes' seeded generators, so a seed replays exactly.
 //!
 //! After every step the checker asserts:
 //! * **one holder per key**: when a client receives a grant, no other client
-//!   still believes it holds that key (a belief ends at release or at
-//!   `request sent + lease`, the client library's conservative expiry);
+//!   still believes it holds that key (a belief ends at release or at the
+//!   client library's conservative expiry: `request sent + lease`, moved by
+//!   each extension as below);
 //! * **tokens increase**: a grant received while its belief is valid carries
 //!   a token above every token received before for that key; all tokens are
 //!   distinct;
@@ -20,14 +22,24 @@
 //! * **at most one answer** per request, and none after its client gave up;
 //! * **at most one application** per request id, however often re-proposed.
 //!
+//! Holders sometimes extend their grant (by token, SPEC §5), following the
+//! client rules of §5.3: the conservative expiry moves only on a matched
+//! `E`, to the moment that attempt was written plus its lease; an `E` that
+//! arrives at or after the current expiry revives nothing; `X` ends the
+//! holding; an attempt without an answer is given up after a while and the
+//! same Extend is sent again on a new connection to another node, until the
+//! expiry passes (then the grant is lost). One extend is in flight at a time
+//! per client.
+//!
 //! The simulation also records what its clients did and saw as a
 //! [`History`] on the virtual clock (milliseconds as microseconds): every
-//! acquire and release invoked, every answer, every give-up (Indeterminate)
+//! acquire, extend and release invoked, every answer, every give-up
+//! (Indeterminate)
 //! and every connection dropped (a session closed, by a give-up, a hang-up or
 //! the node's crash; all remaining sessions close at the end of the run). At
 //! the end [`History::check`] runs the shared checker on it: mutual exclusion
-//! of grant intervals, token order across keys and leader changes, and every
-//! acquire answered once or its session closed. FIFO is not checked here: a
+//! of grant intervals (as extended), token order across keys and leader
+//! changes, and every acquire answered once or its session closed. FIFO is not checked here: a
 //! client cannot see when a follower's forwarded request was queued.
 //!
 //! At the end the network heals and every node restarts; the cluster must
@@ -39,7 +51,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use protobuf::Message as _;
 use raft::eraftpb::{Message, MessageType};
 
-use crate::checker::{History, OpId, Outcome, ReleaseOutcome};
+use crate::checker::{ExtendOutcome, History, OpId, Outcome, ReleaseOutcome};
 use crate::cluster::command::Rid;
 use crate::cluster::node::{quiet_logger, Node, NodeConfig, Traced};
 use crate::cluster::rng::SplitMix64;
@@ -74,6 +86,22 @@ pub struct SimConfig {
     pub fault_every_ms: u64,
     /// Applied entries between snapshots on each node.
     pub snapshot_every: u64,
+    /// Probability that a client extends a grant it just received (and
+    /// again after each `E`); 0 turns extends off.
+    pub extend_p: f64,
+    /// A deliberate bug in the nodes, to show the checks catch it.
+    pub bug: Option<SimBug>,
+}
+
+/// A deliberate bug, for tests that the simulation's checks catch it. With
+/// a bug set, the simulation's own step-by-step holder check is off, so
+/// that the history checker is what has to find the violation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SimBug {
+    /// A leader's `Expire` timer of an earlier lease generation still ends
+    /// the grant when it fires and is applied, as if no Extend had
+    /// happened since (see [`NodeConfig::bug_stale_expire`]).
+    StaleExpireEndsExtendedGrant,
 }
 
 impl SimConfig {
@@ -92,6 +120,8 @@ impl SimConfig {
             delay_ms: (1, 30),
             fault_every_ms: 3_000,
             snapshot_every: 64,
+            extend_p: 0.4,
+            bug: None,
         }
     }
 }
@@ -103,6 +133,22 @@ pub struct SimReport {
     pub grants: u64,
     /// Releases answered R.
     pub releases: u64,
+    /// Extend attempts sent (re-sends on a new connection included).
+    pub extends: u64,
+    /// Extend attempts sent again after no answer.
+    pub extend_resends: u64,
+    /// Extends answered E in time (each moved a conservative expiry).
+    pub extended: u64,
+    /// Extends answered X.
+    pub not_extended: u64,
+    /// Extended grants lost because no E came before the expiry.
+    pub extend_lost: u64,
+    /// E or X that arrived after the expiry (nothing revived).
+    pub late_extend_answers: u64,
+    /// Holds that lasted past their first lease thanks to extends.
+    pub held_past_first_lease: u64,
+    /// Extends of a token no grant had, answered X (as they must be).
+    pub unknown_token_x: u64,
     /// Timeouts (T) received.
     pub timeouts: u64,
     /// Busy (B) received.
@@ -144,8 +190,31 @@ enum ClientState {
         token: u64,
         until: Millis,
         release_at: Millis,
+        extend_at: Millis,
+        /// The first lease's conservative end.
+        first_until: Millis,
+    },
+    /// An Extend of the held grant is in flight (the holding goes on: its
+    /// expiry is still `until` until an `E` is matched).
+    Extending {
+        key: usize,
+        token: u64,
+        until: Millis,
+        release_at: Millis,
+        first_until: Millis,
+        /// When this attempt was written.
+        sent: Millis,
+        lease_s: u8,
+        /// When this attempt is given up and sent again elsewhere.
+        retry_at: Millis,
     },
     Releasing {
+        token: u64,
+        give_up: Millis,
+    },
+    /// An Extend of a token no grant ever had (SPEC §5.2 "not registered"
+    /// or "token does not match"): it must be answered `X`, never `E`.
+    ExtendingUnknown {
         token: u64,
         give_up: Millis,
     },
@@ -157,8 +226,12 @@ struct Client {
     conn: ConnId,
     state: ClientState,
     next_at: Millis,
-    /// The history's id of the request in flight (acquire or release).
+    /// The history's id of the request in flight (acquire, extend or
+    /// release).
     op: Option<OpId>,
+    /// Extends whose grant expired while they were in flight: their late
+    /// answers may still come on this connection (token, history op).
+    stale: Vec<(u64, OpId)>,
 }
 
 /// A message in flight: (deliver at, sequence, destination, bytes).
@@ -197,8 +270,10 @@ pub struct Sim {
     out: Outbox,
 }
 
-fn node_config(id: u64, n: usize, seed: u64, snapshot_every: u64) -> NodeConfig {
+fn node_config(id: u64, cfg: &SimConfig) -> NodeConfig {
+    let (n, seed, snapshot_every) = (cfg.nodes, cfg.seed, cfg.snapshot_every);
     let mut c = NodeConfig::new(id, (1..=n as u64).collect());
+    c.bug_stale_expire = cfg.bug == Some(SimBug::StaleExpireEndsExtendedGrant);
     c.seed = seed.wrapping_mul(31).wrapping_add(id);
     c.snapshot_every = snapshot_every;
     c.trace_applied = true;
@@ -221,12 +296,8 @@ impl Sim {
         let mut disks = Vec::new();
         for id in 1..=cfg.nodes as u64 {
             let disk = MemDisk::new();
-            let node = Node::open(
-                node_config(id, cfg.nodes, cfg.seed, cfg.snapshot_every),
-                disk.clone(),
-                &logger,
-            )
-            .map_err(|e| format!("open node {id}: {e}"))?;
+            let node = Node::open(node_config(id, &cfg), disk.clone(), &logger)
+                .map_err(|e| format!("open node {id}: {e}"))?;
             nodes.push(Some(node));
             disks.push(disk);
         }
@@ -242,6 +313,7 @@ impl Sim {
                 state: ClientState::Idle,
                 next_at: Millis(rng.range(0, 3000)),
                 op: None,
+                stale: Vec::new(),
             });
         }
         let next_fault = Millis(rng.range(cfg.fault_every_ms / 2, cfg.fault_every_ms * 3 / 2));
@@ -598,14 +670,31 @@ impl Sim {
                 self.history
                     .released(op, ReleaseOutcome::Indeterminate, now_us);
             }
+            // The attempt is given up unanswered: it moves nothing (the
+            // Extend goes out again on the new connection).
+            (ClientState::Extending { .. } | ClientState::ExtendingUnknown { .. }, Some(op)) => {
+                self.history.extended(op, ExtendOutcome::Lost, now_us);
+            }
             _ => {}
         }
+        // A late answer to an expired extend can no longer come.
+        self.clients[c].stale.clear();
         self.history.session_closed(old.1, now_us);
         match self.clients[c].state {
-            ClientState::Acquiring { .. } | ClientState::Releasing { .. } => {
+            ClientState::Acquiring { .. }
+            | ClientState::Releasing { .. }
+            | ClientState::ExtendingUnknown { .. } => {
                 self.report.given_up += 1;
                 self.clients[c].state = ClientState::Idle;
                 self.clients[c].next_at = self.now.add_ms(self.rng.range(0, 1000));
+            }
+            ClientState::Extending {
+                ref mut retry_at, ..
+            } => {
+                // The holding goes on; the same Extend goes out again on
+                // the new connection (SPEC §5.3).
+                *retry_at = self.now;
+                self.clients[c].next_at = self.now;
             }
             _ => {}
         }
@@ -627,7 +716,7 @@ impl Sim {
                 continue;
             }
             let id = i as u64 + 1;
-            let cfg = node_config(id, self.cfg.nodes, self.cfg.seed, self.cfg.snapshot_every);
+            let cfg = node_config(id, &self.cfg);
             match Node::open(cfg, self.disks[i].clone(), &self.logger) {
                 Ok(n) => {
                     self.last_applied[i] = n.applied();
@@ -689,9 +778,9 @@ impl Sim {
             // A request that got no answer in time is given up: the client
             // closes that connection (SPEC §3: Indeterminate).
             let give_up = match self.clients[c].state {
-                ClientState::Acquiring { give_up, .. } | ClientState::Releasing { give_up, .. } => {
-                    give_up <= self.now
-                }
+                ClientState::Acquiring { give_up, .. }
+                | ClientState::Releasing { give_up, .. }
+                | ClientState::ExtendingUnknown { give_up, .. } => give_up <= self.now,
                 _ => false,
             };
             // Now and then a waiting client hangs up (its queued acquire
@@ -702,11 +791,37 @@ impl Sim {
                 self.reconnect(c);
                 continue;
             }
-            if let ClientState::Holding { key, until, .. } = self.clients[c].state {
-                if until <= self.now {
+            match self.clients[c].state {
+                ClientState::Holding {
+                    key,
+                    until,
+                    first_until,
+                    ..
+                } if until <= self.now => {
+                    self.hold_ended(first_until);
                     self.drop_belief(c, key);
                     self.clients[c].state = ClientState::Idle;
                 }
+                ClientState::Extending {
+                    key,
+                    until,
+                    token,
+                    first_until,
+                    ..
+                } if until <= self.now => {
+                    self.hold_ended(first_until);
+                    // No E before the expiry: the grant is lost. The
+                    // attempt stays on its connection; an answer to it now
+                    // revives nothing.
+                    self.report.extend_lost += 1;
+                    self.drop_belief(c, key);
+                    if let Some(op) = self.clients[c].op.take() {
+                        self.clients[c].stale.push((token, op));
+                    }
+                    self.clients[c].state = ClientState::Idle;
+                    self.clients[c].next_at = self.now;
+                }
+                _ => {}
             }
             if self.clients[c].next_at > self.now {
                 continue;
@@ -717,6 +832,36 @@ impl Sim {
                 continue;
             }
             match self.clients[c].state.clone() {
+                ClientState::Idle if self.rng.chance(0.03) => {
+                    // Now and then, an extend of a token nobody was given
+                    // (tokens stay far below 2^60 in a run).
+                    let key = self.rng.range(0, self.cfg.keys as u64) as usize;
+                    let token = (1 << 60) + self.rng.range(0, 1 << 20);
+                    let lease_s = [1u8, 2, 3][self.rng.range(0, 3) as usize];
+                    self.clients[c].state = ClientState::ExtendingUnknown {
+                        token,
+                        give_up: self.now.add_secs(8),
+                    };
+                    self.clients[c].next_at = Millis::NEVER;
+                    let k = format!("key{key}");
+                    let op = self.history.extend(
+                        c as u64,
+                        self.clients[c].conn,
+                        &k,
+                        token,
+                        lease_s,
+                        us(self.now),
+                    );
+                    self.clients[c].op = Some(op);
+                    self.request(
+                        c,
+                        Request::Extend {
+                            lease_s,
+                            token,
+                            key: &k,
+                        },
+                    )?;
+                }
                 ClientState::Idle => {
                     let key = self.rng.range(0, self.cfg.keys as u64) as usize;
                     let wait_s = [0u8, 1, 2, 4][self.rng.range(0, 4) as usize];
@@ -756,9 +901,59 @@ impl Sim {
                 ClientState::Holding {
                     key,
                     token,
+                    until,
                     release_at,
+                    extend_at,
+                    first_until,
+                } if extend_at <= self.now && extend_at < release_at => {
+                    // Never a lease that would end before the current
+                    // expiry: an Extend in flight may take effect unanswered,
+                    // and one that shortens the lease would then end it
+                    // before the expiry the client still counts on.
+                    let need = until
+                        .0
+                        .saturating_sub(self.now.0)
+                        .div_ceil(1000)
+                        .clamp(1, 3);
+                    let lease_s = self.rng.range(need, 4) as u8;
+                    self.clients[c].state = ClientState::Extending {
+                        key,
+                        token,
+                        until,
+                        release_at,
+                        first_until,
+                        sent: self.now,
+                        lease_s,
+                        retry_at: Millis::NEVER,
+                    };
+                    self.send_extend(c)?;
+                }
+                ClientState::Extending { retry_at, .. } if retry_at <= self.now => {
+                    // No answer in time: give this attempt up and send the
+                    // same Extend again on a new connection (SPEC §5.3).
+                    if self.clients[c].op.is_some() {
+                        self.report.extend_resends += 1;
+                        self.reconnect(c);
+                    }
+                    let node = self.clients[c].node;
+                    if self.nodes[node as usize - 1].is_none() {
+                        // Try another node at the next step.
+                        self.reconnect(c);
+                        continue;
+                    }
+                    if let ClientState::Extending { ref mut sent, .. } = self.clients[c].state {
+                        *sent = self.now;
+                    }
+                    self.send_extend(c)?;
+                }
+                ClientState::Holding {
+                    key,
+                    token,
+                    release_at,
+                    first_until,
                     ..
                 } if release_at <= self.now => {
+                    self.hold_ended(first_until);
                     self.drop_belief(c, key);
                     self.clients[c].state = ClientState::Releasing {
                         token,
@@ -780,6 +975,74 @@ impl Sim {
             }
         }
         Ok(())
+    }
+
+    /// Sends the Extend of the client's current `Extending` state (its
+    /// `sent` is now).
+    fn send_extend(&mut self, c: usize) -> Result<(), String> {
+        let ClientState::Extending {
+            key,
+            token,
+            until,
+            lease_s,
+            ..
+        } = self.clients[c].state
+        else {
+            return Ok(());
+        };
+        let retry = self.now.add_ms(self.rng.range(300, 1500));
+        if let ClientState::Extending {
+            ref mut retry_at, ..
+        } = self.clients[c].state
+        {
+            *retry_at = retry;
+        }
+        // The attempt ends at the expiry at the latest.
+        self.clients[c].next_at = retry.min(until);
+        self.report.extends += 1;
+        let k = format!("key{key}");
+        let op = self.history.extend(
+            c as u64,
+            self.clients[c].conn,
+            &k,
+            token,
+            lease_s,
+            us(self.now),
+        );
+        self.clients[c].op = Some(op);
+        self.request(
+            c,
+            Request::Extend {
+                lease_s,
+                token,
+                key: &k,
+            },
+        )
+    }
+
+    /// Plans a holder's next extend and release: with `extend_p`, an
+    /// extend within the first two thirds of what is left of the lease.
+    fn plan_extend(&mut self, until: Millis) -> Millis {
+        let left = until.0.saturating_sub(self.now.0);
+        if left > 0 && self.rng.chance(self.cfg.extend_p) {
+            self.now.add_ms(self.rng.range(left / 4, left * 2 / 3 + 1))
+        } else {
+            Millis::NEVER
+        }
+    }
+
+    /// A holding ends now (released, expired or lost): count it when it
+    /// lasted past its first lease.
+    fn hold_ended(&mut self, first_until: Millis) {
+        if self.now > first_until {
+            self.report.held_past_first_lease += 1;
+        }
+    }
+
+    fn answer_extend(&mut self, c: usize, outcome: ExtendOutcome) {
+        if let Some(op) = self.clients[c].op.take() {
+            self.history.extended(op, outcome, us(self.now));
+        }
     }
 
     fn request(&mut self, c: usize, req: Request<'_>) -> Result<(), String> {
@@ -832,6 +1095,12 @@ impl Sim {
             ));
         };
         let state = self.clients[c].state.clone();
+        if self.debug {
+            eprintln!(
+                "{} node {node} conn {conn} client {c}: {reply:?} {key} in {state:?}",
+                self.now
+            );
+        }
         let idle_after = self.now.add_ms(self.rng.range(0, 1500));
         match (state, reply) {
             (
@@ -862,9 +1131,11 @@ impl Sim {
                 let until = sent.add_secs(u64::from(lease_s));
                 if until > self.now {
                     let now = self.now;
+                    let holder_check = self.cfg.bug.is_none();
                     if let Some(other) = self
                         .beliefs
                         .get(&k)
+                        .filter(|_| holder_check)
                         .and_then(|v| v.iter().find(|b| b.0 != c && b.2 > now))
                     {
                         return self.fail(format!(
@@ -880,9 +1151,17 @@ impl Sim {
                     }
                     self.beliefs.entry(k).or_default().push((c, token, until));
                     // Mostly release within the lease; sometimes let it expire.
+                    // Mostly release within the lease; sometimes let it expire.
+                    // A holder that extends holds for up to four leases.
                     let lease_ms = u64::from(lease_s) * 1000;
+                    let extend_at = self.plan_extend(until);
+                    let hold_ms = if extend_at == Millis::NEVER {
+                        lease_ms / 2
+                    } else {
+                        lease_ms * 4
+                    };
                     let release_at = if self.rng.chance(0.8) {
-                        self.now.add_ms(self.rng.range(0, lease_ms / 2 + 1))
+                        self.now.add_ms(self.rng.range(0, hold_ms + 1))
                     } else {
                         Millis::NEVER
                     };
@@ -891,8 +1170,10 @@ impl Sim {
                         token,
                         until,
                         release_at,
+                        extend_at,
+                        first_until: until,
                     };
-                    self.clients[c].next_at = release_at.min(until);
+                    self.clients[c].next_at = release_at.min(until).min(extend_at);
                 } else {
                     // Arrived after its lease: unusable.
                     self.clients[c].state = ClientState::Idle;
@@ -930,6 +1211,92 @@ impl Sim {
                 self.answer_release(c, ReleaseOutcome::NotReleased);
                 self.clients[c].state = ClientState::Idle;
                 self.clients[c].next_at = idle_after;
+            }
+            (
+                ClientState::Extending {
+                    key: k,
+                    token,
+                    until,
+                    release_at,
+                    first_until,
+                    sent,
+                    lease_s,
+                    ..
+                },
+                Reply::Extended { token: t, .. },
+            ) if t == token && self.clients[c].op.is_some() => {
+                self.answer_extend(c, ExtendOutcome::Extended);
+                if until <= self.now {
+                    // At or after the expiry: lost, nothing revived.
+                    self.hold_ended(first_until);
+                    self.report.late_extend_answers += 1;
+                    self.drop_belief(c, k);
+                    self.clients[c].state = ClientState::Idle;
+                    self.clients[c].next_at = idle_after;
+                    return Ok(());
+                }
+                self.report.extended += 1;
+                // Counted from this attempt's write, never from the reply.
+                let until = sent.add_secs(u64::from(lease_s));
+                if let Some(b) = self
+                    .beliefs
+                    .get_mut(&k)
+                    .and_then(|v| v.iter_mut().find(|b| b.0 == c && b.1 == token))
+                {
+                    b.2 = until;
+                }
+                let extend_at = self.plan_extend(until);
+                self.clients[c].state = ClientState::Holding {
+                    key: k,
+                    token,
+                    until,
+                    release_at,
+                    extend_at,
+                    first_until,
+                };
+                self.clients[c].next_at = release_at.min(until).min(extend_at);
+            }
+            (
+                ClientState::Extending {
+                    key: k,
+                    token,
+                    first_until,
+                    ..
+                },
+                Reply::NotExtended { token: t, .. },
+            ) if t == token && self.clients[c].op.is_some() => {
+                self.hold_ended(first_until);
+                // X is definitive: the grant is gone.
+                self.report.not_extended += 1;
+                self.answer_extend(c, ExtendOutcome::NotExtended);
+                self.drop_belief(c, k);
+                self.clients[c].state = ClientState::Idle;
+                self.clients[c].next_at = idle_after;
+            }
+            (ClientState::ExtendingUnknown { token, .. }, Reply::NotExtended { token: t, .. })
+                if t == token =>
+            {
+                self.report.unknown_token_x += 1;
+                self.answer_extend(c, ExtendOutcome::NotExtended);
+                self.clients[c].state = ClientState::Idle;
+                self.clients[c].next_at = idle_after;
+            }
+            (_, Reply::Extended { token: t, .. } | Reply::NotExtended { token: t, .. })
+                if self.clients[c].stale.iter().any(|s| s.0 == t) =>
+            {
+                // The answer to an extend whose grant expired in flight:
+                // recorded, and it revives nothing.
+                self.report.late_extend_answers += 1;
+                let outcome = if matches!(reply, Reply::Extended { .. }) {
+                    ExtendOutcome::Extended
+                } else {
+                    ExtendOutcome::NotExtended
+                };
+                let stale = &mut self.clients[c].stale;
+                if let Some(i) = stale.iter().position(|s| s.0 == t) {
+                    let (_, op) = stale.swap_remove(i);
+                    self.history.extended(op, outcome, us(self.now));
+                }
             }
             (state, reply) => {
                 return self.fail(format!(
