@@ -1,7 +1,7 @@
 # ticketd developer targets. `make help` lists them.
 CARGO ?= cargo
 
-.PHONY: help build run test lint doc bench vendor-check example clean
+.PHONY: help build run test lint doc bench vendor-check example example-test clean python-test
 
 help:
 	@echo "build         release build of ticketd and ticket"
@@ -12,10 +12,12 @@ help:
 	@echo "bench         ticketd vs Redis vs the limit server vs etcd (BENCH_SECONDS=3 for a quick run)"
 	@echo "vendor-check  cargo vendor, then build offline from it (with and without default features)"
 	@echo "example       run examples/step_server (a server stepped turn by turn)"
+	@echo "example-test  run examples/deterministic_test (the in-memory harness, no sockets)"
 	@echo "sim           cluster simulation over SEEDS seeds from FIRST (make sim SEEDS=500)"
 	@echo "bench-cluster 3-node cluster vs one etcd node and single mode, lock cycles/s (CLIENTS=50)"
 	@echo "sim-single    single-mode simulation over SEEDS fresh seeds (FIRST= to choose); part of sim"
 	@echo "clean         remove build output"
+	@echo "python-test   the Python client (clients/python): ruff, mypy --strict, pytest against target/debug/ticketd"
 	@echo "fuzz          run every cargo-fuzz target for FUZZ_SECONDS each (default 60)"
 	@echo "faults        the real-process fault tests (kill, stop, clock jumps, fds, abuse, disk full, cluster partitions)"
 	@echo "engine-memory bytes per held key and per waiter, hot-path allocations (release)"
@@ -43,8 +45,17 @@ bench:
 vendor-check:
 	./.ci/vendor-check
 
+# The Python client's checks in a venv (clients/python/.venv), against the
+# debug server and the Rust `ticket` command built here.
+python-test:
+	$(CARGO) build --all-features --bin ticketd --bin ticket
+	TICKETD_BIN=$(CURDIR)/target/debug/ticketd clients/python/check.sh
+
 example:
 	$(CARGO) run --example step_server
+
+example-test:
+	$(CARGO) run --example deterministic_test --features harness
 
 clean:
 	$(CARGO) clean

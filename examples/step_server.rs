@@ -2,9 +2,11 @@
 //! thread, with a clock the program moves by hand: the shape of a
 //! deterministic test of code that uses ticketd.
 //!
-//! A holder takes a lock with a 5 s lease, a second client queues for it, and
-//! the clock jumps 5 s: on the next turn the lease expires and the waiter gets
-//! the key with a new fencing token. No sleeping, no threads.
+//! A holder takes a lock with a 5 s lease and a second client queues for it.
+//! The clock jumps 5,000 ms: the lease is not over yet (it ends one
+//! millisecond past grant + lease), so the waiter still waits. One more
+//! millisecond: on the next turn the lease expires and the waiter gets the
+//! key with a new, higher fencing token. No sleeping, no threads.
 //!
 //! Run it with `cargo run --example step_server`.
 
@@ -125,8 +127,22 @@ fn main() -> io::Result<()> {
         step_until_reply(&mut server, &mut waiter, 10)?
     );
 
+    // A lease granted at `t` ends at `t + lease + 1 ms`, the first
+    // millisecond *past* `t + lease` (SPEC §2.4: "a key past its expiry").
+    // The server reads its clock in whole milliseconds, truncated, so `t`
+    // may be up to 1 ms before the moment the holder wrote its request;
+    // ending the lease only once `t + lease` is past keeps it from ending
+    // before the holder's own conservative expiry (written + lease). So at
+    // exactly 5,000 ms the holder still has the key.
     clock.advance_ms(5_000);
-    println!("clock moved 5 s: the holder's lease is over");
+    println!("clock moved 5,000 ms: the lease ends 1 ms later, the waiter waits");
+    println!(
+        "waiter  <- {:?} (still queued)",
+        step_until_reply(&mut server, &mut waiter, 10)?
+    );
+
+    clock.advance_ms(1);
+    println!("clock moved 1 ms more: the holder's lease is over");
     println!(
         "waiter  <- {:?}",
         step_until_reply(&mut server, &mut waiter, 100)?

@@ -10,8 +10,11 @@
 //!   grant intervals overlap. A grant's interval runs from the moment the
 //!   client received it to the earlier of its release (the moment the release
 //!   was invoked) and the client's conservative lease end (the moment the
-//!   acquire was invoked plus the lease). A client never uses a grant outside
-//!   that interval, so an overlap means two clients could act on one lock.
+//!   acquire was invoked plus the lease, moved by every extension the client
+//!   saw answered `E` before the lease end it had then: to the moment that
+//!   extension was invoked plus its lease, SPEC §5.3). A client never uses a
+//!   grant outside that interval, so an overlap means two clients could act
+//!   on one lock.
 //! * **Token order** ([`Property::TokenOrder`]): fencing tokens are unique,
 //!   never 0, and if one grant was received before another acquire was even
 //!   invoked, the earlier grant's token is the smaller. This holds across
@@ -26,14 +29,18 @@
 //!   release is answered exactly once, or its session was closed after it was
 //!   invoked; nothing is answered on a closed session.
 //!
-//! A single-mode server keeps its locks in memory only: after a crash or a
-//! restart every key is free, and what protects a resource from the holder
-//! of a grant made before the restart is the fencing token (SPEC §2.3). A
-//! history says so with [`History::server_restart`], naming the first token of
-//! the new incarnation (the server prints it at start-up). Mutual exclusion is
-//! then checked among grants of one incarnation, and token order gains a
-//! check: every grant received before the restart has a token below the new
-//! incarnation's first.
+//! A single-mode server keeps its locks in memory only. Without a restart
+//! grace, after a crash or a restart every key is free, and what protects a
+//! resource from the holder of a grant made before the restart is the
+//! fencing token (SPEC §2.3). A history says so with
+//! [`History::server_restart`], naming the first token of the new
+//! incarnation (the server prints it at start-up). Mutual exclusion is then
+//! checked among grants of one incarnation, and token order gains a check:
+//! every grant received before the restart has a token below the new
+//! incarnation's first. A restart with a grace (the new incarnation holds
+//! every key until every lease of the earlier ones has ended) is recorded
+//! with [`History::server_restart_with_grace`]: mutual exclusion is then
+//! checked *across* it, as if the server had never stopped.
 //!
 //! Every timestamp is in microseconds on one monotonic timeline shared by
 //! all clients: the simulation's virtual clock, or one [`RealClock`] in a test
@@ -73,6 +80,17 @@ pub enum Outcome {
     Busy,
     /// The client gave up without an answer (SPEC §3): it does not enter.
     Indeterminate,
+}
+
+/// How an extension completed, as its client saw it (SPEC §5.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExtendOutcome {
+    /// `E`: the grant's lease was extended.
+    Extended,
+    /// `X`: the grant is gone; the client stops using it.
+    NotExtended,
+    /// No answer before the client's lease end: the ticket is lost.
+    Lost,
 }
 
 /// How a release completed, as its client saw it.
@@ -140,6 +158,32 @@ pub enum Event {
         /// When, in microseconds.
         at_us: u64,
     },
+    /// An extension was invoked (at or before its first byte was written).
+    Extend {
+        /// The operation.
+        op: OpId,
+        /// Who asked.
+        client: ClientId,
+        /// On which session.
+        session: SessionId,
+        /// The lock name.
+        key: String,
+        /// The token being extended.
+        token: u64,
+        /// The lease sent on the wire, in seconds.
+        lease_s: u8,
+        /// When, in microseconds.
+        at_us: u64,
+    },
+    /// An extension completed.
+    Extended {
+        /// The extension.
+        op: OpId,
+        /// How.
+        outcome: ExtendOutcome,
+        /// When, in microseconds.
+        at_us: u64,
+    },
     /// A release completed.
     Released {
         /// The release.
@@ -157,6 +201,9 @@ pub enum Event {
         at_us: u64,
         /// The first token the new incarnation can issue.
         first_token: u64,
+        /// The new incarnation held every key until the leases of the
+        /// earlier ones had ended: exclusion holds across the restart.
+        graced: bool,
     },
     /// A session was closed (by its client, by a crash, or by the network).
     /// Its unanswered operations need no answer.
@@ -340,7 +387,9 @@ impl History {
 
     /// Appends an event as it is (its `op` must be unique for invocations).
     pub fn push(&mut self, event: Event) {
-        if let Event::Acquire { op, .. } | Event::Release { op, .. } = event {
+        if let Event::Acquire { op, .. } | Event::Release { op, .. } | Event::Extend { op, .. } =
+            event
+        {
             self.next_op = self.next_op.max(op + 1);
         }
         self.events.push(event);
@@ -356,7 +405,9 @@ impl History {
                 | Event::Queued { op, .. }
                 | Event::Acquired { op, .. }
                 | Event::Release { op, .. }
-                | Event::Released { op, .. } => *op += base,
+                | Event::Released { op, .. }
+                | Event::Extend { op, .. }
+                | Event::Extended { op, .. } => *op += base,
                 Event::SessionClosed { .. } | Event::ServerRestart { .. } => {}
             }
             self.push(e);
@@ -426,10 +477,53 @@ impl History {
         self.push(Event::Released { op, outcome, at_us });
     }
 
+    /// Records an extension invocation and returns its operation id.
+    pub fn extend(
+        &mut self,
+        client: ClientId,
+        session: SessionId,
+        key: &str,
+        token: u64,
+        lease_s: u8,
+        at_us: u64,
+    ) -> OpId {
+        let op = self.next_op;
+        self.push(Event::Extend {
+            op,
+            client,
+            session,
+            key: key.to_string(),
+            token,
+            lease_s,
+            at_us,
+        });
+        op
+    }
+
+    /// Records how extension `op` completed.
+    pub fn extended(&mut self, op: OpId, outcome: ExtendOutcome, at_us: u64) {
+        self.push(Event::Extended { op, outcome, at_us });
+    }
+
     /// Records that the server lost its lock state by `at_us` and that its
     /// new incarnation issues tokens from `first_token` on.
     pub fn server_restart(&mut self, at_us: u64, first_token: u64) {
-        self.push(Event::ServerRestart { at_us, first_token });
+        self.push(Event::ServerRestart {
+            at_us,
+            first_token,
+            graced: false,
+        });
+    }
+
+    /// Like [`History::server_restart`], for a restart with a grace: the
+    /// new incarnation grants nothing while a lease of an earlier one may
+    /// still run, so mutual exclusion is checked across the restart.
+    pub fn server_restart_with_grace(&mut self, at_us: u64, first_token: u64) {
+        self.push(Event::ServerRestart {
+            at_us,
+            first_token,
+            graced: true,
+        });
     }
 
     /// Records that `session` was closed at `at_us`.
@@ -457,10 +551,11 @@ impl History {
     pub fn check_with_lease_margin(&self, margin_us: u64) -> Result<Report, Violation> {
         let (acqs, releases, closed) = self.gather()?;
         let restarts = self.restarts()?;
+        let extensions = self.extensions()?;
         check_answered(&acqs, &releases, &closed)?;
         check_tokens(&acqs)?;
         check_restarts(&acqs, &restarts)?;
-        check_exclusion(&acqs, &releases, &restarts, margin_us)?;
+        check_exclusion(&acqs, &releases, &extensions, &restarts, margin_us)?;
         check_fifo(&acqs, &closed)?;
         let mut report = Report {
             acquires: acqs.len(),
@@ -484,13 +579,80 @@ impl History {
         Ok(report)
     }
 
-    /// The restarts as (time, first token), in time order; both must grow.
-    fn restarts(&self) -> Result<Vec<(u64, u64)>, Violation> {
-        let mut r: Vec<(u64, u64)> = self
+    /// The extensions answered `E`, per (key, token), as (invoked, lease,
+    /// answered) in answer order; checks each is answered at most once,
+    /// after it was invoked.
+    fn extensions(&self) -> Result<Extensions<'_>, Violation> {
+        let mut invoked: HashMap<OpId, (&str, u64, u8, u64)> = HashMap::new();
+        for e in &self.events {
+            if let Event::Extend {
+                op,
+                key,
+                token,
+                lease_s,
+                at_us,
+                ..
+            } = e
+            {
+                if invoked
+                    .insert(*op, (key.as_str(), *token, *lease_s, *at_us))
+                    .is_some()
+                {
+                    return Err(violation(
+                        Property::Malformed,
+                        format!("extension op {op} invoked twice"),
+                    ));
+                }
+            }
+        }
+        let mut answered: HashMap<OpId, u64> = HashMap::new();
+        let mut out: Extensions<'_> = HashMap::new();
+        for e in &self.events {
+            let Event::Extended { op, outcome, at_us } = e else {
+                continue;
+            };
+            let Some(&(key, token, lease_s, inv)) = invoked.get(op) else {
+                return Err(violation(
+                    Property::Malformed,
+                    format!("answer {outcome:?} to unknown extension op {op}"),
+                ));
+            };
+            if *at_us < inv {
+                return Err(violation(
+                    Property::Malformed,
+                    format!("extension op {op} answered at {at_us}us, before it was invoked"),
+                ));
+            }
+            if answered.insert(*op, *at_us).is_some() {
+                return Err(violation(
+                    Property::AnsweredOnce,
+                    format!("extension op {op} of {key:?} token {token} answered twice"),
+                ));
+            }
+            if *outcome == ExtendOutcome::Extended {
+                out.entry((key, token))
+                    .or_default()
+                    .push((inv, lease_s, *at_us));
+            }
+        }
+        for v in out.values_mut() {
+            v.sort_unstable_by_key(|&(inv, _, ans)| (ans, inv));
+        }
+        Ok(out)
+    }
+
+    /// The restarts as (time, first token, graced), in time order; time
+    /// and token must both grow.
+    fn restarts(&self) -> Result<Vec<(u64, u64, bool)>, Violation> {
+        let mut r: Vec<(u64, u64, bool)> = self
             .events
             .iter()
             .filter_map(|e| match e {
-                Event::ServerRestart { at_us, first_token } => Some((*at_us, *first_token)),
+                Event::ServerRestart {
+                    at_us,
+                    first_token,
+                    graced,
+                } => Some((*at_us, *first_token, *graced)),
                 _ => None,
             })
             .collect();
@@ -586,7 +748,9 @@ impl History {
                 Event::Queued { .. }
                 | Event::Acquired { .. }
                 | Event::Released { .. }
-                | Event::ServerRestart { .. } => {}
+                | Event::ServerRestart { .. }
+                | Event::Extend { .. }
+                | Event::Extended { .. } => {}
             }
         }
         for e in &self.events {
@@ -805,12 +969,15 @@ fn check_tokens(acqs: &BTreeMap<OpId, AcqRec>) -> Result<(), Violation> {
 
 /// Every grant received before a restart carries a token below the first
 /// token of the incarnation that restart began.
-fn check_restarts(acqs: &BTreeMap<OpId, AcqRec>, restarts: &[(u64, u64)]) -> Result<(), Violation> {
+fn check_restarts(
+    acqs: &BTreeMap<OpId, AcqRec>,
+    restarts: &[(u64, u64, bool)],
+) -> Result<(), Violation> {
     for a in acqs.values() {
         let (Some(token), Some((_, received_us))) = (a.token(), a.answer) else {
             continue;
         };
-        for &(at_us, first_token) in restarts {
+        for &(at_us, first_token, _) in restarts {
             if received_us <= at_us && token >= first_token {
                 return Err(violation(
                     Property::TokenOrder,
@@ -827,20 +994,31 @@ fn check_restarts(acqs: &BTreeMap<OpId, AcqRec>, restarts: &[(u64, u64)]) -> Res
     Ok(())
 }
 
+/// Extensions answered `E` per (key, token): (invoked, lease, answered).
+type Extensions<'a> = HashMap<(&'a str, u64), Vec<(u64, u8, u64)>>;
+
 /// The interval during which a client may act on a grant: from receipt to
-/// the earlier of its first release and its conservative lease end.
+/// the earlier of its first release and its conservative lease end, as its
+/// extensions moved it: an `E` answered before the lease end the client had
+/// then moves it to the extension's invocation plus its lease (SPEC §5.3;
+/// this may shorten it), a later one moves nothing.
 fn interval(
     a: &AcqRec,
     rels: &HashMap<(&str, u64), u64>,
+    exts: &Extensions<'_>,
     margin_us: u64,
 ) -> Option<(u64, u64, u64)> {
     let (Outcome::Granted { token }, received_us) = a.answer? else {
         return None;
     };
-    let lease_end = a
-        .invoked_us
-        .saturating_add(u64::from(a.lease_s.max(1)) * 1_000_000)
-        .saturating_sub(margin_us);
+    let secs = |s: u8| u64::from(s.max(1)) * 1_000_000;
+    let mut lease_end = a.invoked_us.saturating_add(secs(a.lease_s));
+    for &(inv, lease_s, ans) in exts.get(&(a.key.as_str(), token)).into_iter().flatten() {
+        if ans < lease_end {
+            lease_end = inv.saturating_add(secs(lease_s));
+        }
+    }
+    let lease_end = lease_end.saturating_sub(margin_us);
     let end = rels
         .get(&(a.key.as_str(), token))
         .map_or(lease_end, |&r| r.min(lease_end));
@@ -854,13 +1032,15 @@ type Interval<'a> = (u64, u64, u64, &'a AcqRec);
 fn check_exclusion(
     acqs: &BTreeMap<OpId, AcqRec>,
     releases: &BTreeMap<OpId, RelRec>,
-    restarts: &[(u64, u64)],
+    exts: &Extensions<'_>,
+    restarts: &[(u64, u64, bool)],
     margin_us: u64,
 ) -> Result<(), Violation> {
     // Which incarnation issued a token: tokens only grow across restarts
     // (checked by check_restarts), so it is the number of restarts whose
-    // first token is at or below it.
-    let incarnation = |token: u64| restarts.iter().filter(|r| r.1 <= token).count();
+    // first token is at or below it. A restart with a grace does not begin
+    // a new one for this check: it kept exclusion across it.
+    let incarnation = |token: u64| restarts.iter().filter(|r| !r.2 && r.1 <= token).count();
     // The earliest release of each (key, token), whoever sent it.
     let mut first_release: HashMap<(&str, u64), u64> = HashMap::new();
     for r in releases.values() {
@@ -871,7 +1051,7 @@ fn check_exclusion(
     }
     let mut per_key: HashMap<(&str, usize), Vec<Interval<'_>>> = HashMap::new();
     for a in acqs.values() {
-        if let Some((start, end, token)) = interval(a, &first_release, margin_us) {
+        if let Some((start, end, token)) = interval(a, &first_release, exts, margin_us) {
             if start < end {
                 per_key
                     .entry((a.key.as_str(), incarnation(token)))

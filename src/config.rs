@@ -41,6 +41,20 @@ pub const DEFAULT_FLUSH_TIMEOUT_MS: u64 = 1000;
 /// Default `listen(2)` backlog.
 pub const DEFAULT_BACKLOG: u32 = 1024;
 
+/// Default for `--max-lease`: the protocol's own longest lease, in seconds.
+pub const DEFAULT_MAX_LEASE_S: u8 = u8::MAX;
+
+/// `--restart-grace`: what a start does about leases an earlier run of
+/// the server may have granted and that may still run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RestartGrace {
+    /// With a data directory, hold every key until the durable lease
+    /// bound of the earlier run has passed (nothing without one).
+    Auto,
+    /// Grant at once after a restart, whatever may still be held.
+    Off,
+}
+
 /// Everything the server and the single-mode service need to start.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -65,9 +79,16 @@ pub struct Config {
     pub flush_timeout: Duration,
     /// `listen(2)` backlog.
     pub backlog: u32,
-    /// Where the token high-water mark is kept; `None` seeds tokens from the
-    /// wall clock instead.
+    /// Where the token high-water mark and the durable lease bound are
+    /// kept; `None` seeds tokens from the wall clock instead (and there is
+    /// no restart grace).
     pub data_dir: Option<PathBuf>,
+    /// Whether a restart holds every key until the earlier run's leases
+    /// have ended (with a data directory).
+    pub restart_grace: RestartGrace,
+    /// The longest lease an acquire may ask for, 1..=255 s; longer is
+    /// answered Busy. Also the longest restart grace.
+    pub max_lease_s: u8,
     /// Log verbosity.
     pub log_level: LevelFilter,
 }
@@ -86,6 +107,8 @@ impl Default for Config {
             flush_timeout: Duration::from_millis(DEFAULT_FLUSH_TIMEOUT_MS),
             backlog: DEFAULT_BACKLOG,
             data_dir: None,
+            restart_grace: RestartGrace::Auto,
+            max_lease_s: DEFAULT_MAX_LEASE_S,
             log_level: LevelFilter::Info,
         }
     }
@@ -140,9 +163,18 @@ FLAGS (defaults in brackets):
                                [4194304, or the soft limit plus one reply if more]
     --frame-timeout SECS       close a connection whose half-sent frame or unread
                                replies make no progress for this long; 0 = never [30]
-    --data-dir DIR             keep the token high-water mark in DIR, so tokens
-                               keep increasing across restarts [none: seed from the
-                               wall clock in microseconds]
+    --data-dir DIR             keep the token high-water mark and the lease bound
+                               in DIR, so tokens keep increasing across restarts and
+                               a restart can wait for earlier leases [none: seed
+                               tokens from the wall clock in microseconds]
+    --restart-grace auto|off   auto: with --data-dir, a restart holds every key
+                               (acquires get T or queue, releases N) until every
+                               lease the earlier run granted has ended; off: grant
+                               at once. Without --data-dir there is nothing to
+                               remember and no grace [auto]
+    --max-lease SECS           longest lease an acquire or extend may ask for,
+                               1..=255; a longer acquire is answered B, a longer
+                               extend X. Also bounds the restart grace [255]
     --log-level LEVEL          off, error, warn, info, debug or trace [info]
     -h, --help                 print this help and exit
     -V, --version              print the version and exit
@@ -239,6 +271,21 @@ fn directory(s: &str) -> Result<PathBuf, String> {
     Ok(PathBuf::from(s))
 }
 
+fn grace(s: &str) -> Result<RestartGrace, String> {
+    match s {
+        "auto" => Ok(RestartGrace::Auto),
+        "off" => Ok(RestartGrace::Off),
+        _ => Err("expected auto or off".into()),
+    }
+}
+
+fn lease_seconds(s: &str) -> Result<u8, String> {
+    match s.parse::<u8>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err("expected a whole number of seconds, 1..=255".into()),
+    }
+}
+
 fn level(s: &str) -> Result<LevelFilter, String> {
     s.parse()
         .map_err(|_| "expected off, error, warn, info, debug or trace".to_string())
@@ -300,6 +347,12 @@ impl Config {
         if let Some(v) = flag(args, "--data-dir", directory)? {
             c.data_dir = Some(v);
         }
+        if let Some(v) = flag(args, "--restart-grace", grace)? {
+            c.restart_grace = v;
+        }
+        if let Some(v) = flag(args, "--max-lease", lease_seconds)? {
+            c.max_lease_s = v;
+        }
         if let Some(v) = flag(args, "--log-level", level)? {
             c.log_level = v;
         }
@@ -333,6 +386,9 @@ impl Config {
                 "--max-keys, --max-waiters and --max-waiters-per-key must be at least 1".into(),
             );
         }
+        if self.max_lease_s == 0 {
+            return fail("--max-lease must be 1..=255 seconds".into());
+        }
         if self.max_frames_per_turn == 0 {
             return fail("--max-frames-per-turn must be at least 1".into());
         }
@@ -358,7 +414,7 @@ impl Config {
         format!(
             "max_conns={} max_keys={} max_waiters={} max_waiters_per_key={} max_key_bytes={} \
              sweep_interval_s={} max_hold_s={} max_frames_per_turn={} out_soft_limit={} \
-             out_hard_limit={} frame_timeout_s={}",
+             out_hard_limit={} frame_timeout_s={} max_lease_s={}",
             self.max_conns,
             self.engine.max_keys,
             self.engine.max_waiters,
@@ -370,6 +426,7 @@ impl Config {
             self.out_soft_limit_bytes,
             self.out_hard_limit_bytes,
             frame_timeout_s,
+            self.max_lease_s,
         )
     }
 }
@@ -419,6 +476,10 @@ mod tests {
             "/tmp/x",
             "--log-level",
             "debug",
+            "--restart-grace",
+            "off",
+            "--max-lease",
+            "30",
         ]) else {
             panic!("flags should parse")
         };
@@ -438,6 +499,8 @@ mod tests {
         assert_eq!(c.frame_timeout, None);
         assert_eq!(c.data_dir, Some(PathBuf::from("/tmp/x")));
         assert_eq!(c.log_level, LevelFilter::Debug);
+        assert_eq!(c.restart_grace, RestartGrace::Off);
+        assert_eq!(c.max_lease_s, 30);
     }
 
     #[test]
@@ -452,6 +515,12 @@ mod tests {
         assert!(e.0.contains("--listen"), "{e}");
         let e = parse(&["--out-soft-limit", "10"]).unwrap_err();
         assert!(e.0.contains("--out-soft-limit"), "{e}");
+        for bad in ["0", "256", "x"] {
+            let e = parse(&["--max-lease", bad]).unwrap_err();
+            assert!(e.0.contains("--max-lease"), "{e}");
+        }
+        let e = parse(&["--restart-grace", "sometimes"]).unwrap_err();
+        assert!(e.0.contains("--restart-grace"), "{e}");
         let e = parse(&["--log-level", "loud"]).unwrap_err();
         assert!(e.0.contains("--log-level"), "{e}");
     }

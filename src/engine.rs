@@ -18,6 +18,17 @@
 //!   operations [`Engine::expire`] and [`Engine::wait_timeout`], which a leader
 //!   proposes and every node applies; a stale one is a no-op.
 //!
+//! # Restart grace
+//!
+//! [`Engine::set_restart_grace`] (single mode, after a restart within the
+//! leases of the earlier run) makes every key held by an unknown holder
+//! until the given moment: a key first asked for during the grace is
+//! registered with token 0 (never a client's; a release of token 0 is
+//! always N) and that lease end, so the ordinary rules do the rest: T for
+//! `wait = 0`, a FIFO queue handed over by the deadline index at the end,
+//! N for releases. [`Engine::granted_until`] is the latest lease end of
+//! every grant, which the service keeps durable for the next restart.
+//!
 //! # The deadline index
 //!
 //! `BTreeMap<(deadline, seq), key>` holds exactly one entry per key that has
@@ -244,6 +255,18 @@ impl Outbox {
         })
     }
 
+    /// Drops every grant (`A`) and extension (`E`) whose lease `keep`
+    /// refuses, keeping every other reply, in order; returns how many were
+    /// dropped. Single mode withholds the grants of a turn whose durable
+    /// lease bound could not be written: a client that never saw a grant
+    /// never acts on it, and its lease ends by itself.
+    pub fn retain_leases(&mut self, mut keep: impl FnMut(u8) -> bool) -> usize {
+        let before = self.msgs.len();
+        self.msgs
+            .retain(|m| !matches!(m.kind, Kind::Acquired | Kind::Extended) || keep(m.lease_s));
+        before - self.msgs.len()
+    }
+
     /// Appends a reply addressed to `conn`. Used by the engine, and by
     /// services (cluster mode) that answer without it.
     pub fn push(&mut self, conn: ConnId, reply: Reply<'_>, lease_s: u8) {
@@ -467,6 +490,16 @@ pub struct Engine {
     expiry_floor: Millis,
     /// Reused by `tick` for the keys due in one call.
     due_scratch: Vec<Arc<str>>,
+    /// Restart grace (single mode): before this, every key is held by an
+    /// unknown holder of an earlier run whose lease ends here.
+    grace_until: Millis,
+    /// The latest lease end of every grant and extension so far (single
+    /// mode): what the service's durable lease bound must cover. Raised by
+    /// `note_lease_end`, which every grant and extension calls.
+    granted_until: Millis,
+    /// The longest lease an acquire or extend may ask for; longer is
+    /// answered Busy (acquire) or NotExtended (extend).
+    max_lease_s: u8,
     /// The sweep in progress, if any: it visits the key table's buckets in
     /// steps of [`SWEEP_STEP_BUCKETS`], one step per `tick`.
     sweep: Option<SweepPass>,
@@ -512,6 +545,9 @@ impl Engine {
             next_sweep,
             expiry_floor: Millis::NEVER,
             due_scratch: Vec::new(),
+            grace_until: Millis::ZERO,
+            granted_until: Millis::ZERO,
+            max_lease_s: u8::MAX,
             sweep: None,
         }
     }
@@ -584,6 +620,58 @@ impl Engine {
         self.token_ceiling = ceiling;
     }
 
+    /// Restart grace (single mode): until `until`, every key is treated as
+    /// held by an unknown holder whose lease ends at `until`. An acquire
+    /// with `wait = 0` gets Timeout, one with `wait > 0` queues FIFO and is
+    /// granted at `until` (or gets Timeout when its wait runs out first), a
+    /// release gets NotReleased, an extend NotExtended. The unknown holder
+    /// of a key is registered
+    /// (token 0, which no client ever holds) when the key is first asked
+    /// for; a key nobody asks for stays unregistered. Does nothing in
+    /// replicated mode.
+    pub fn set_restart_grace(&mut self, until: Millis) {
+        if self.clocked {
+            self.grace_until = until;
+        }
+    }
+
+    /// The end of the restart grace, while it is in force at `now`.
+    #[must_use]
+    pub fn restart_grace(&self, now: Millis) -> Option<Millis> {
+        (self.grace_until > now).then_some(self.grace_until)
+    }
+
+    /// The latest lease end of every grant made so far (single mode): no
+    /// lease this engine granted runs past it.
+    #[must_use]
+    pub fn granted_until(&self) -> Millis {
+        self.granted_until
+    }
+
+    /// The latest moment at which a lease may still run, as seen at `now`:
+    /// of the registered keys and of the restart grace. `None` when no
+    /// lease can run past `now` (nothing is outstanding). O(keys).
+    #[must_use]
+    pub fn outstanding_until(&self, now: Millis) -> Option<Millis> {
+        let keys = self.keys.iter().map(|(_, s)| s.expires_at).max();
+        let latest = keys.unwrap_or(Millis::ZERO).max(self.grace_until);
+        (self.clocked && latest > now).then_some(latest)
+    }
+
+    /// The longest lease an acquire or extend may ask for (`--max-lease`):
+    /// an acquire asking for more is answered Busy and an extend
+    /// NotExtended (the protocol cannot carry a shorter lease back). 255,
+    /// the protocol's own maximum, by default.
+    pub fn set_max_lease(&mut self, max_lease_s: u8) {
+        self.max_lease_s = max_lease_s.max(1);
+    }
+
+    /// See [`Engine::set_max_lease`].
+    #[must_use]
+    pub fn max_lease_s(&self) -> u8 {
+        self.max_lease_s
+    }
+
     /// True when a grant now would exceed the token ceiling.
     #[must_use]
     pub fn tokens_exhausted(&self) -> bool {
@@ -653,6 +741,9 @@ impl Engine {
     /// Records that some lease now ends at `at`, for the sweep's floor.
     fn note_lease_end(&mut self, at: Millis) {
         self.expiry_floor = self.expiry_floor.min(at);
+        if self.clocked {
+            self.granted_until = self.granted_until.max(at);
+        }
         if let Some(pass) = &mut self.sweep {
             pass.floor = pass.floor.min(at);
         }
@@ -679,8 +770,13 @@ impl Engine {
         let expires_at = self.lease_end(now, lease_s);
         let clocked = self.clocked;
         let max_hold_ms = self.limits.max_hold_ms;
+        // Token 0 is the unknown holder of a restart grace, never a
+        // client's; a lease above `--max-lease` is refused as for acquire.
+        let allowed = token != 0 && lease_s <= self.max_lease_s;
         let extended = match self.keys.get_mut(key) {
-            Some(slot) if slot.token == token && !(clocked && slot.expires_at <= now) => {
+            Some(slot)
+                if allowed && slot.token == token && !(clocked && slot.expires_at <= now) =>
+            {
                 let capped = clocked
                     && max_hold_ms > 0
                     && slot.granted_at.add_ms(max_hold_ms) < now.add_secs(u64::from(lease_s));
@@ -723,14 +819,41 @@ impl Engine {
             lease_s,
         } = req;
         let lease_s = lease_s.max(1);
+        if lease_s > self.max_lease_s {
+            out.push(conn, Reply::Busy { owner, key }, 0);
+            return AcquireOutcome::Busy;
+        }
         let expires_at = self.lease_end(now, lease_s);
         let full = self.keys.len() >= self.limits.max_keys;
         let exhausted = self.tokens_exhausted();
+        let in_grace = self.clocked && now < self.grace_until;
         // One hash of the key for the whole decision (the entry borrows
         // only the `keys` field, so the token is issued by field).
         let slot = match self.keys.entry(key) {
+            StrEntry::Vacant(_) if full => {
+                out.push(conn, Reply::Busy { owner, key }, 0);
+                return AcquireOutcome::Busy;
+            }
+            StrEntry::Vacant(v) if in_grace => {
+                // Restart grace: the key's holder is unknown; its lease
+                // ends with the grace. Token 0 is never a client's.
+                let grace_until = self.grace_until;
+                self.expiry_floor = self.expiry_floor.min(grace_until);
+                if let Some(pass) = &mut self.sweep {
+                    pass.inserted = true;
+                    pass.floor = pass.floor.min(grace_until);
+                }
+                v.insert(
+                    key.into(),
+                    Slot {
+                        token: 0,
+                        expires_at: grace_until,
+                        granted_at: now,
+                    },
+                )
+            }
             StrEntry::Vacant(v) => {
-                if full || exhausted {
+                if exhausted {
                     out.push(conn, Reply::Busy { owner, key }, 0);
                     return AcquireOutcome::Busy;
                 }
@@ -857,6 +980,12 @@ impl Engine {
         key: &str,
         out: &mut Outbox,
     ) -> bool {
+        // No client holds token 0: it marks the unknown holder of a key
+        // during a restart grace.
+        if token == 0 {
+            out.push(conn, Reply::NotReleased { token, key }, 0);
+            return false;
+        }
         if let Some(o) = self.keys.find_entry(key) {
             // The common case, a key nobody waits for, costs one hash of
             // the key (none for the queue map while no key has waiters).
@@ -1219,7 +1348,10 @@ impl Engine {
                 slot.token,
                 self.next_token
             );
-            assert!(slot.token > 0, "token 0 on {key:?}");
+            assert!(
+                slot.token > 0 || slot.expires_at <= self.grace_until,
+                "token 0 on {key:?} outside the restart grace"
+            );
             assert!(
                 self.expiry_floor <= slot.expires_at,
                 "expiry floor {} above the lease end {} of {key:?}",
@@ -1449,5 +1581,112 @@ mod tests {
         assert_eq!(r[1], (2, "Timeout { owner: 2, key: \"k\" }".to_string()));
         assert_eq!(e.key_count(), 0);
         e.check_invariants();
+    }
+
+    /// After a restart within the leases of the previous run, every key
+    /// is held by an unknown holder until the grace ends: T at once, a
+    /// FIFO queue granted at the end, N for any release.
+    #[test]
+    fn a_restart_grace_holds_every_key_until_it_ends() {
+        let mut e = Engine::new(EngineLimits::default(), 100);
+        let mut out = Outbox::new();
+        let end = Millis(5_000);
+        e.set_restart_grace(end);
+        assert_eq!(e.restart_grace(Millis(1_000)), Some(end));
+        let t = Millis(1_000);
+        for key in ["held-before", "never-seen"] {
+            assert_eq!(
+                e.acquire(t, 1, acq(key, 1, 0, 5), &mut out),
+                AcquireOutcome::Timeout
+            );
+        }
+        assert!(matches!(
+            e.acquire(t, 2, acq("held-before", 2, 60, 5), &mut out),
+            AcquireOutcome::Queued(_)
+        ));
+        assert!(matches!(
+            e.acquire(t, 3, acq("held-before", 3, 60, 5), &mut out),
+            AcquireOutcome::Queued(_)
+        ));
+        assert!(matches!(
+            e.acquire(t, 4, acq("short", 4, 2, 5), &mut out),
+            AcquireOutcome::Queued(_)
+        ));
+        for token in [0, 1, 99, 100] {
+            assert!(!e.release(t, 5, token, "held-before", &mut out));
+            assert!(!e.extend(t, 5, "held-before", token, 5, &mut out));
+        }
+        e.check_invariants();
+        replies(&mut out);
+        // The short wait runs out inside the grace: Timeout, never the key.
+        e.tick(Millis(3_000), &mut out);
+        assert_eq!(
+            replies(&mut out),
+            vec![(4, "Timeout { owner: 4, key: \"short\" }".to_string())]
+        );
+        assert_eq!(e.next_deadline(), Some(end));
+        e.tick(Millis(4_999), &mut out);
+        assert!(out.is_empty());
+        // At the end the head waiter gets the key, FIFO.
+        e.tick(end, &mut out);
+        assert_eq!(
+            replies(&mut out),
+            vec![(
+                2,
+                "Acquired { token: 100, owner: 2, key: \"held-before\" }".to_string()
+            )]
+        );
+        assert_eq!(e.queued_owners("held-before"), vec![3]);
+        assert_eq!(e.restart_grace(end), None);
+        assert_eq!(
+            e.acquire(end, 1, acq("never-seen", 6, 0, 5), &mut out),
+            AcquireOutcome::Granted(101)
+        );
+        assert_eq!(
+            e.acquire(end, 1, acq("new", 7, 0, 5), &mut out),
+            AcquireOutcome::Granted(102)
+        );
+        e.check_invariants();
+    }
+
+    #[test]
+    fn a_lease_above_the_maximum_is_busy_and_grants_track_their_latest_end() {
+        let mut e = Engine::new(EngineLimits::default(), 1);
+        let mut out = Outbox::new();
+        e.set_max_lease(10);
+        assert_eq!(
+            e.acquire(Millis(0), 1, acq("k", 1, 0, 11), &mut out),
+            AcquireOutcome::Busy
+        );
+        assert_eq!(
+            e.acquire(Millis(0), 1, acq("k", 1, 9, 11), &mut out),
+            AcquireOutcome::Busy
+        );
+        assert_eq!(e.granted_until(), Millis::ZERO);
+        assert_eq!(e.outstanding_until(Millis(0)), None);
+        assert_eq!(
+            e.acquire(Millis(0), 1, acq("k", 1, 0, 10), &mut out),
+            AcquireOutcome::Granted(1)
+        );
+        assert_eq!(
+            e.acquire(Millis(0), 1, acq("j", 1, 0, 3), &mut out),
+            AcquireOutcome::Granted(2)
+        );
+        assert_eq!(e.granted_until(), Millis(10_001));
+        assert_eq!(e.outstanding_until(Millis(0)), Some(Millis(10_001)));
+        // An extend past the maximum is refused; one within it moves the
+        // latest lease end.
+        assert!(!e.extend(Millis(0), 1, "j", 2, 11, &mut out));
+        assert!(e.extend(Millis(2_000), 1, "j", 2, 10, &mut out));
+        assert_eq!(e.granted_until(), Millis(12_001));
+        assert!(e.extend(Millis(2_000), 1, "j", 2, 1, &mut out));
+        assert!(e.release(Millis(0), 1, 1, "k", &mut out));
+        assert_eq!(
+            e.granted_until(),
+            Millis(12_001),
+            "a release does not lower it"
+        );
+        assert_eq!(e.outstanding_until(Millis(0)), Some(Millis(3_001)));
+        assert_eq!(e.outstanding_until(Millis(3_001)), None, "the lease ended");
     }
 }

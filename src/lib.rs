@@ -19,15 +19,23 @@
 //! * [`checker`]: a safety checker for recorded client histories (mutual
 //!   exclusion, token order, FIFO hand-over, every request answered once).
 //! * [`client`]: the official blocking client (SPEC §3): a pool of
-//!   pipelined connections, one deadline per call, Indeterminate when unsure.
+//!   pipelined connections, one deadline per call, Indeterminate when unsure;
+//!   and the same rules as a sans-IO state machine ([`client::machine`]).
 //! * [`service`]: the trait between the event loop and what answers requests
 //!   (single mode: the engine; cluster mode: Raft in front of the engine).
 //! * [`server`]: the mio shell, the only code that touches sockets: one
 //!   thread, one poll loop, a slab of connections with explicit buffers,
 //!   limits on everything. Steppable turn by turn ([`server::Server::poll_once`]).
 //! * [`single`]: single mode's service: the engine plus fencing tokens that
-//!   keep increasing across restarts.
+//!   keep increasing across restarts, and a restart grace that holds every
+//!   key while a lease of the earlier run may still run.
+//! * [`datadir`]: files in a data directory: private (0600 / 0700), replaced
+//!   atomically without following symlinks, sealed with their length and a
+//!   checksum.
 //! * [`config`]: every server setting with its default, and the command line.
+//! * `harness` (feature `harness`, for tests only): the real server loop on
+//!   in-memory connections and a manual clock, stepped by the caller, for
+//!   deterministic tests of code that uses ticketd.
 //!
 //! The server is one thread and one hand-written `mio` poll loop; there is no
 //! async runtime anywhere. Cluster mode adds one helper thread that does
@@ -41,7 +49,10 @@ pub mod client;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 pub mod config;
+pub mod datadir;
 pub mod engine;
+#[cfg(feature = "harness")]
+pub mod harness;
 pub mod hash;
 pub mod limits;
 pub mod proto;

@@ -40,6 +40,14 @@ pub trait Service {
         Ok(())
     }
 
+    /// The server is stopping cleanly (SIGTERM, SIGINT, a shutdown
+    /// handle): every connection is closed and no request follows. Single
+    /// mode records here which leases are still outstanding, so that the
+    /// next start holds keys only as long as it must.
+    fn stop(&mut self, now: Millis) {
+        let _ = now;
+    }
+
     /// Registers the service's own event sources (cluster peers) with mio
     /// tokens at or above `token_base`. The server never uses those tokens.
     fn register(&mut self, registry: &Registry, token_base: usize) -> io::Result<()> {

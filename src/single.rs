@@ -13,11 +13,46 @@
 //!   the mark. A crash loses at most the unused rest of a block. The
 //!   directory is locked (`flock` on `DIR/lock`) while the service lives, so
 //!   two servers never share one mark.
+//!
+//!   The mark is a sealed record ([`crate::datadir`]: it carries its own
+//!   length and a CRC-32). Beside it, `DIR/token-floor` is the directory's
+//!   own sealed record of the lowest mark it may hold: written on first use
+//!   (before the first mark) and after every mark. A directory that has a
+//!   floor refuses to start when the mark is missing, short, corrupt or
+//!   lower than the floor, with a message naming the file and what to do;
+//!   a brand-new empty directory initialises. A mark in the format before
+//!   checksums (v1) is read and rewritten at once. Files are created
+//!   0600 and directories 0700 whatever the umask, temporary files with
+//!   `O_EXCL | O_NOFOLLOW`.
 //! * Without one, the first token is the wall clock in microseconds since the
 //!   Unix epoch. This is only restart-safe if the wall clock does not go
 //!   backwards across a restart, and if the server did not, on average since
 //!   it started, issue more than one token per microsecond (it cannot come
 //!   near that rate in practice).
+//!
+//! # Restart grace
+//!
+//! With a data directory the service also keeps a *durable lease bound* in
+//! `DIR/lease-bound`: a moment after which no lease it granted can still
+//! run, on `CLOCK_BOOTTIME` (with the boot id) and on the wall clock. It is
+//! written ahead in steps like the mark: a grant whose lease would pass the
+//! bound moves it [`LEASE_BOUND_STEP_MS`] past that lease, in
+//! [`Service::end_turn`], before the turn's replies go out (one in-place
+//! write and `fdatasync`; none while leases stay within the bound). A clean
+//! stop ([`Service::stop`]) records exactly what is outstanding: nothing
+//! (the next start grants at once) or the latest lease end.
+//!
+//! On start, [`grace_for`] measures what is left of the bound: on
+//! `CLOCK_BOOTTIME` after a process restart on the same boot; on the wall
+//! clock after a reboot; the full longest lease after a reboot whose wall
+//! clock reads before the bound was written (set back, or no real-time
+//! clock), or when the file is damaged. While it lasts, the engine holds
+//! every key for an unknown holder ([`Engine::set_restart_grace`]); with
+//! `--restart-grace off` it is only reported. If the bound cannot be
+//! written, the turn's grants and extensions past the old bound are
+//! withheld (their clients see no answer, so they never act on them, and
+//! their leases end by themselves) and no grant is made (Busy) until the
+//! bound is written.
 //!
 //! If writing the mark fails, the error is logged (rate-limited), the service
 //! keeps serving under the old ceiling (grants stop with Busy once it is
@@ -26,17 +61,18 @@
 //! turn.
 
 use std::fs::{self, File};
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::config::Config;
+use crate::config::{Config, RestartGrace, DEFAULT_MAX_LEASE_S};
+use crate::datadir;
 use crate::engine::{ConnId, Engine, Outbox};
 use crate::limits::EngineLimits;
 use crate::proto::Request;
 use crate::server::ratelimit::LogLimit;
 use crate::service::Service;
-use crate::time::Millis;
+use crate::time::{utc, HostTime, Millis};
 
 /// Tokens reserved by one write of the high-water mark.
 pub const TOKEN_BLOCK: u64 = 1 << 20;
@@ -47,13 +83,167 @@ pub const MARK_RETRY_MS: u64 = 100;
 /// Name of the high-water mark file inside the data directory.
 pub const MARK_FILE: &str = "token-mark";
 
-const MARK_HEADER: &str = "ticketd token high-water mark v1";
+const MARK_HEADER: &str = "ticketd token high-water mark v2";
+const MARK_HEADER_V1: &str = "ticketd token high-water mark v1";
+
+/// How far past the latest lease end a write of the lease bound puts it:
+/// while grants keep coming with similar leases, the bound is written at
+/// most once per step, and a crash adds at most this to the grace.
+pub const LEASE_BOUND_STEP_MS: u64 = 1000;
+
+/// Name of the durable lease bound's file inside the data directory.
+pub const BOUND_FILE: &str = "lease-bound";
+
+const BOUND_HEADER: &str = "ticketd lease bound v1";
+
+/// The lease bound file's fixed size: each write overwrites it in place
+/// (one `pwrite` and one `fdatasync`, no new block), so it keeps working
+/// on a full disk; the unused tail is zeros.
+const BOUND_BYTES: usize = 512;
+
+/// The durable lease bound, as `DIR/lease-bound` records it: no lease
+/// granted before it was written runs past it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaseRecord {
+    /// No record: a new directory, or one from before lease bounds.
+    Unknown,
+    /// The file is there but damaged (a torn write): nothing is known.
+    Damaged,
+    /// A clean stop with no lease outstanding.
+    Nothing,
+    /// No lease runs past this moment, on each of the host's clocks.
+    Until {
+        /// The boot the record was written on (`/proc/sys/kernel/random/boot_id`).
+        boot_id: String,
+        /// The bound on `CLOCK_BOOTTIME` of that boot (0: not readable).
+        boottime_ms: u64,
+        /// The bound on the wall clock.
+        wall_ms: u64,
+        /// The wall clock when the record was written: a clock reading
+        /// before it after a reboot is not trusted.
+        written_wall_ms: u64,
+        /// The longest lease the writer could grant.
+        max_lease_s: u8,
+    },
+}
+
+impl LeaseRecord {
+    /// The record for a bound `bound` on the engine's timeline, where
+    /// `now` is the engine's present and `host` the host's clocks read
+    /// no earlier than `now` (so the record is never earlier than the bound).
+    #[must_use]
+    pub fn at(bound: Millis, now: Millis, host: &HostTime, max_lease_s: u8) -> LeaseRecord {
+        if bound <= now {
+            return LeaseRecord::Nothing;
+        }
+        let ahead = bound.since(now);
+        LeaseRecord::Until {
+            boot_id: host.boot_id.clone().unwrap_or_else(|| "unknown".into()),
+            boottime_ms: host.boottime_ms.map_or(0, |b| b.saturating_add(ahead)),
+            wall_ms: host.wall_ms.saturating_add(ahead),
+            written_wall_ms: host.wall_ms,
+            max_lease_s,
+        }
+    }
+
+    fn line(&self) -> String {
+        match self {
+            LeaseRecord::Unknown | LeaseRecord::Damaged => "leases unknown".into(),
+            LeaseRecord::Nothing => "leases none".into(),
+            LeaseRecord::Until {
+                boot_id,
+                boottime_ms,
+                wall_ms,
+                written_wall_ms,
+                max_lease_s,
+            } => format!(
+                "leases until boot_id={boot_id} boottime_ms={boottime_ms} wall_ms={wall_ms} \
+                 written_wall_ms={written_wall_ms} max_lease_s={max_lease_s}"
+            ),
+        }
+    }
+
+    fn parse(line: &str) -> Option<LeaseRecord> {
+        let rest = line.strip_prefix("leases ")?;
+        match rest {
+            "unknown" => return Some(LeaseRecord::Unknown),
+            "none" => return Some(LeaseRecord::Nothing),
+            _ => {}
+        }
+        let mut words = rest.strip_prefix("until ")?.split(' ');
+        let mut value = |name: &str| words.next()?.strip_prefix(name)?.strip_prefix('=');
+        let boot_id = value("boot_id")?.to_string();
+        let boottime_ms = value("boottime_ms")?.parse().ok()?;
+        let wall_ms = value("wall_ms")?.parse().ok()?;
+        let written_wall_ms = value("written_wall_ms")?.parse().ok()?;
+        let max_lease_s = value("max_lease_s")?.parse().ok()?;
+        Some(LeaseRecord::Until {
+            boot_id,
+            boottime_ms,
+            wall_ms,
+            written_wall_ms,
+            max_lease_s,
+        })
+    }
+}
+
+/// How long a start must hold every key for the leases of `record`, seen
+/// from `host`, and which clock said so.
+///
+/// * Same boot (the boot ids match): `CLOCK_BOOTTIME`, which a process
+///   restart does not reset and which counts suspend.
+/// * After a reboot: the wall clock, if it reads no earlier than when the
+///   record was written; the wait is then never longer than the record's
+///   own distance from its writing.
+/// * After a reboot with a wall clock before the record's writing (set
+///   back, or a host without a real-time clock that boots at a fixed
+///   date): the full longest lease of the writer.
+#[must_use]
+pub fn grace_for(record: &LeaseRecord, host: &HostTime) -> (u64, &'static str) {
+    let LeaseRecord::Until {
+        boot_id,
+        boottime_ms,
+        wall_ms,
+        written_wall_ms,
+        max_lease_s,
+    } = record
+    else {
+        return match record {
+            LeaseRecord::Nothing => (0, "nothing was outstanding at the last stop"),
+            LeaseRecord::Damaged => (
+                u64::from(u8::MAX) * 1000 + LEASE_BOUND_STEP_MS,
+                "the lease bound is damaged: the protocol's longest lease",
+            ),
+            _ => (0, "no lease bound was recorded"),
+        };
+    };
+    let longest = u64::from(*max_lease_s) * 1000 + LEASE_BOUND_STEP_MS;
+    match (host.boot_id.as_deref(), host.boottime_ms) {
+        (Some(id), Some(now)) if id == boot_id && *boottime_ms > 0 => (
+            boottime_ms.saturating_sub(now).min(longest),
+            "same boot: CLOCK_BOOTTIME",
+        ),
+        _ if host.wall_ms < *written_wall_ms => (
+            longest,
+            "after a reboot, the wall clock reads before the bound was written: the full longest lease",
+        ),
+        _ => (
+            wall_ms
+                .saturating_sub(host.wall_ms)
+                .min(wall_ms.saturating_sub(*written_wall_ms)),
+            "after a reboot: the wall clock",
+        ),
+    }
+}
 
 /// The engine with restart-safe tokens. See the module documentation.
 #[derive(Debug)]
 pub struct SingleService {
     engine: Engine,
     store: Option<MarkStore>,
+    /// What the start found about the earlier run's leases, for the
+    /// start-up line.
+    grace_note: String,
 }
 
 #[derive(Debug)]
@@ -64,6 +254,13 @@ struct MarkStore {
     _lock: File,
     /// Every token issued is at or below this, and it is on disk.
     durable_mark: u64,
+    /// No lease granted runs past this (engine timeline), and it is on disk.
+    durable_bound: Millis,
+    /// The longest lease recorded with the bound: this run's `--max-lease`,
+    /// or an earlier run's if longer and its leases may still run.
+    record_max_lease_s: u8,
+    /// `DIR/lease-bound`, open for writes in place.
+    bound_file: File,
     errors: LogLimit,
     /// No write is attempted before this, after a failed one.
     retry_at: Millis,
@@ -76,12 +273,20 @@ impl SingleService {
     ///
     /// # Errors
     /// The data directory cannot be created, read or written, or its mark
-    /// file is corrupt (it is never silently replaced).
+    /// is missing, damaged or lower than the directory's floor record (it
+    /// is never silently replaced). Every message names the path.
     pub fn open(config: &Config) -> io::Result<Self> {
-        match &config.data_dir {
-            Some(dir) => Self::with_data_dir(config.engine.clone(), dir),
-            None => Ok(Self::with_wall_clock_seed(config.engine.clone())),
-        }
+        let mut service = match &config.data_dir {
+            Some(dir) => Self::with_data_dir_grace(
+                config.engine.clone(),
+                dir,
+                config.restart_grace,
+                config.max_lease_s,
+            )?,
+            None => Self::with_wall_clock_seed(config.engine.clone()),
+        };
+        service.engine.set_max_lease(config.max_lease_s);
+        Ok(service)
     }
 
     /// Tokens seeded from the wall clock in microseconds (no data directory).
@@ -100,17 +305,48 @@ impl SingleService {
         SingleService {
             engine: Engine::new(limits, first_token),
             store: None,
+            grace_note: String::new(),
         }
     }
 
-    /// Tokens above the high-water mark kept in `dir` (created if missing).
+    /// Tokens above the high-water mark kept in `dir` (created if missing),
+    /// with the default restart grace (`auto`) and longest lease (255 s).
     ///
     /// # Errors
     /// See [`SingleService::open`].
     pub fn with_data_dir(limits: EngineLimits, dir: &Path) -> io::Result<Self> {
-        fs::create_dir_all(dir)?;
+        Self::with_data_dir_grace(limits, dir, RestartGrace::Auto, DEFAULT_MAX_LEASE_S)
+    }
+
+    /// Tokens above the high-water mark kept in `dir`, and a durable lease
+    /// bound beside it: with `grace` `Auto`, a start while leases of an
+    /// earlier run may still run holds every key until they have ended
+    /// ([`Engine::set_restart_grace`]). `max_lease_s` is this run's
+    /// longest lease (recorded with the bound).
+    ///
+    /// # Errors
+    /// See [`SingleService::open`].
+    pub fn with_data_dir_grace(
+        limits: EngineLimits,
+        dir: &Path,
+        grace: RestartGrace,
+        max_lease_s: u8,
+    ) -> io::Result<Self> {
+        datadir::create_private_dir(dir)?;
         let lock = lock_dir(dir)?;
-        let mark = read_mark(dir)?;
+        let loaded = read_mark(dir)?;
+        let mark = loaded.mark;
+        if loaded.v1 {
+            log::info!(
+                "{} is in the format without a checksum; rewriting it with one",
+                dir.join(MARK_FILE).display()
+            );
+        }
+        if !loaded.initialised {
+            // First use: the floor goes first, so that a crash before the
+            // first mark leaves a directory that still starts.
+            write_floor(dir, mark)?;
+        }
         let first = mark.checked_add(1).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -119,17 +355,77 @@ impl SingleService {
         })?;
         let mut engine = Engine::new(limits, first);
         let reserved = first.saturating_add(TOKEN_BLOCK - 1);
+        // The leases of the earlier run: measured now, and recorded again
+        // (for this boot) with the new mark, so that a crash during the
+        // grace leaves the same bound.
+        let host = HostTime::read();
+        let mut leases = read_bound(dir)?;
+        if leases == LeaseRecord::Unknown && loaded.initialised && !loaded.v1 && mark > 0 {
+            // Every start of this format writes the bound before the mark:
+            // a mark without one means the file was removed.
+            log::warn!(
+                "{} is missing beside {}: holding every key for the longest lease",
+                dir.join(BOUND_FILE).display(),
+                dir.join(MARK_FILE).display()
+            );
+            leases = LeaseRecord::Damaged;
+        } else if leases == LeaseRecord::Damaged {
+            log::warn!(
+                "{} is damaged (a torn write?): holding every key for the longest lease",
+                dir.join(BOUND_FILE).display()
+            );
+        }
+        let (remaining_ms, why) = grace_for(&leases, &host);
+        let old_max = match leases {
+            LeaseRecord::Until { max_lease_s, .. } if remaining_ms > 0 => max_lease_s,
+            _ => 0,
+        };
+        let record_max_lease_s = max_lease_s.max(old_max);
+        // The engine's timeline starts at the server's clock, read after
+        // this: a bound measured from here ends no earlier on it.
+        let bound = Millis(remaining_ms);
+        let record = LeaseRecord::at(bound, Millis::ZERO, &host, record_max_lease_s);
+        let bound_path = dir.join(BOUND_FILE);
+        let bound_file = datadir::open_private(&bound_path)?;
+        write_bound(&bound_file, &bound_path, &record)?;
         write_mark(dir, reserved)?;
+        write_floor(dir, reserved)?;
         engine.set_token_ceiling(reserved.saturating_add(1));
+        let grace_note = match (grace, remaining_ms) {
+            (RestartGrace::Off, 0) => format!("restart_grace=off (none was due: {why})"),
+            (RestartGrace::Off, ms) => {
+                format!("restart_grace=off (leases of the earlier run may run {ms} ms more: {why})")
+            }
+            (RestartGrace::Auto, 0) => format!("restart_grace=none ({why})"),
+            (RestartGrace::Auto, ms) => {
+                engine.set_restart_grace(bound);
+                format!(
+                    "restart_grace=in-force for {ms} ms, until {} ({why}): every key is held \
+                     until then",
+                    utc(host.wall_ms.saturating_add(ms))
+                )
+            }
+        };
+        if loaded.v1 && grace == RestartGrace::Auto {
+            log::warn!(
+                "{} is from a ticketd that kept no lease bound: leases it granted are not \
+                 known, so this start holds no key for them",
+                dir.join(MARK_FILE).display()
+            );
+        }
         Ok(SingleService {
             engine,
             store: Some(MarkStore {
                 dir: dir.to_path_buf(),
                 _lock: lock,
                 durable_mark: reserved,
+                durable_bound: bound,
+                record_max_lease_s,
+                bound_file,
                 errors: LogLimit::new(1, 10_000),
                 retry_at: Millis::ZERO,
             }),
+            grace_note,
         })
     }
 
@@ -144,19 +440,28 @@ impl SingleService {
     pub fn durable_mark(&self) -> Option<u64> {
         self.store.as_ref().map(|s| s.durable_mark)
     }
+
+    /// The durable lease bound on the engine's timeline, when there is a
+    /// data directory: no lease granted runs past it.
+    #[must_use]
+    pub fn durable_lease_bound(&self) -> Option<Millis> {
+        self.store.as_ref().map(|s| s.durable_bound)
+    }
 }
 
 /// Name of the lock file inside the data directory.
 pub const LOCK_FILE: &str = "lock";
 
+/// Name of the data directory's own record of the lowest mark it may hold.
+pub const FLOOR_FILE: &str = "token-floor";
+
+const FLOOR_HEADER: &str = "ticketd data directory v1";
+
 /// Takes the data directory's lock, or fails when another process has it.
 fn lock_dir(dir: &Path) -> io::Result<File> {
     use std::os::unix::io::AsRawFd;
-    let file = File::options()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(dir.join(LOCK_FILE))?;
+    let path = dir.join(LOCK_FILE);
+    let file = datadir::open_private(&path)?;
     // SAFETY: flock on a descriptor we own; no memory is passed.
     let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     if rc != 0 {
@@ -167,50 +472,209 @@ fn lock_dir(dir: &Path) -> io::Result<File> {
                 format!("{} is in use by another ticketd", dir.display()),
             ));
         }
-        return Err(e);
+        return Err(datadir::at(&path, &e));
     }
     Ok(file)
 }
 
-/// Reads the mark in `dir`; 0 when there is none yet.
-fn read_mark(dir: &Path) -> io::Result<u64> {
-    let path = dir.join(MARK_FILE);
-    let text = match fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => return Err(e),
-    };
-    let corrupt = || {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!(
-                "{} is not a token high-water mark; refusing to guess (move it away only if no \
-                 client relies on earlier tokens)",
-                path.display()
-            ),
-        )
-    };
-    let mut lines = text.lines();
-    if lines.next() != Some(MARK_HEADER) {
-        return Err(corrupt());
-    }
-    lines
-        .next()
-        .and_then(|l| l.trim().parse::<u64>().ok())
-        .ok_or_else(corrupt)
+/// What to do about a damaged or missing mark, for every such error.
+const MARK_ADVICE: &str = "refusing to start, since tokens could go back below ones already \
+     issued: restore the file from a backup, or, only if no client or resource relies on \
+     earlier tokens, start with a new empty --data-dir (docs/RELIABILITY.md, \"Tokens across \
+     restarts\")";
+
+fn refuse(message: String) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("{message}; {MARK_ADVICE}"),
+    )
 }
 
-/// Makes `mark` durable in `dir`: temporary file, fsync, rename over the old
-/// mark, fsync of the directory so the rename itself survives a crash.
-fn write_mark(dir: &Path, mark: u64) -> io::Result<()> {
-    let tmp = dir.join(format!("{MARK_FILE}.tmp"));
-    {
-        let mut f = File::create(&tmp)?;
-        writeln!(f, "{MARK_HEADER}\n{mark}")?;
-        f.sync_all()?;
+/// Reads a whole file; `None` when it does not exist.
+fn read_optional(path: &Path) -> io::Result<Option<Vec<u8>>> {
+    match fs::read(path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(datadir::at(path, &e)),
     }
-    fs::rename(&tmp, dir.join(MARK_FILE))?;
-    File::open(dir)?.sync_all()
+}
+
+/// The body line `name VALUE` of a record, parsed as a number.
+fn field(body: &str, name: &str) -> Option<u64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// The mark as read from the data directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Loaded {
+    /// Every token issued before is at or below this (0: none ever was).
+    mark: u64,
+    /// The directory has its floor record (it was initialised).
+    initialised: bool,
+    /// The mark was in the format of ticketd before checksums (v1).
+    v1: bool,
+}
+
+/// Reads the data directory's floor record: `None` when there is none.
+fn read_floor(dir: &Path) -> io::Result<Option<u64>> {
+    let path = dir.join(FLOOR_FILE);
+    let Some(bytes) = read_optional(&path)? else {
+        return Ok(None);
+    };
+    let body = datadir::unseal(&bytes)
+        .map_err(|why| refuse(format!("{} is damaged: {why}", path.display())))?;
+    if body.lines().next() != Some(FLOOR_HEADER) {
+        return Err(refuse(format!(
+            "{} is not a ticketd data directory record",
+            path.display()
+        )));
+    }
+    field(body, "token-floor")
+        .map(Some)
+        .ok_or_else(|| refuse(format!("{} has no token floor", path.display())))
+}
+
+/// Reads the mark in `dir` and checks it against the directory's floor
+/// record. A brand-new directory (neither file) reads as mark 0.
+fn read_mark(dir: &Path) -> io::Result<Loaded> {
+    let floor = read_floor(dir)?;
+    let path = dir.join(MARK_FILE);
+    let Some(bytes) = read_optional(&path)? else {
+        return match floor {
+            // Nothing was ever issued: the floor is written before the
+            // first mark, and no token goes out before the floor follows it.
+            None | Some(0) => Ok(Loaded {
+                mark: 0,
+                initialised: floor.is_some(),
+                v1: false,
+            }),
+            Some(f) => Err(refuse(format!(
+                "{} is missing, but {} records that tokens up to {f} were reserved",
+                path.display(),
+                dir.join(FLOOR_FILE).display()
+            ))),
+        };
+    };
+    let (mark, v1) = match parse_v1(&bytes) {
+        Some(mark) => (mark, true),
+        None => (parse_v2(&path, &bytes)?, false),
+    };
+    match floor {
+        Some(f) if mark < f => Err(refuse(format!(
+            "{} holds {mark}, lower than the {f} that {} records",
+            path.display(),
+            dir.join(FLOOR_FILE).display()
+        ))),
+        None if !v1 => Err(refuse(format!(
+            "{} is missing, so {} cannot be checked",
+            dir.join(FLOOR_FILE).display(),
+            path.display()
+        ))),
+        _ => Ok(Loaded {
+            mark,
+            initialised: floor.is_some(),
+            v1,
+        }),
+    }
+}
+
+/// A mark in the format without a checksum (ticketd before v2): read so
+/// that an upgrade starts, and rewritten in the new format at once.
+fn parse_v1(bytes: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let mut lines = text.lines();
+    if lines.next() != Some(MARK_HEADER_V1) {
+        return None;
+    }
+    lines.next()?.trim().parse().ok()
+}
+
+fn parse_v2(path: &Path, bytes: &[u8]) -> io::Result<u64> {
+    let body = datadir::unseal(bytes)
+        .map_err(|why| refuse(format!("{} is damaged: {why}", path.display())))?;
+    if body.lines().next() != Some(MARK_HEADER) {
+        return Err(refuse(format!(
+            "{} is not a token high-water mark",
+            path.display()
+        )));
+    }
+    field(body, "mark").ok_or_else(|| refuse(format!("{} has no mark line", path.display())))
+}
+
+/// Makes `mark` durable in `dir` (see [`datadir::replace_file`]).
+fn write_mark(dir: &Path, mark: u64) -> io::Result<()> {
+    let body = format!("{MARK_HEADER}\nmark {mark}\n");
+    datadir::replace_file(&dir.join(MARK_FILE), datadir::seal(&body).as_bytes())
+}
+
+/// Reads `DIR/lease-bound`: [`LeaseRecord::Unknown`] when there is none,
+/// [`LeaseRecord::Damaged`] when it does not check.
+fn read_bound(dir: &Path) -> io::Result<LeaseRecord> {
+    let Some(bytes) = read_optional(&dir.join(BOUND_FILE))? else {
+        return Ok(LeaseRecord::Unknown);
+    };
+    let end = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    let Ok(body) = datadir::unseal(&bytes[..end]) else {
+        return Ok(LeaseRecord::Damaged);
+    };
+    let mut lines = body.lines();
+    if lines.next() != Some(BOUND_HEADER) {
+        return Ok(LeaseRecord::Damaged);
+    }
+    Ok(lines
+        .next()
+        .and_then(LeaseRecord::parse)
+        .unwrap_or(LeaseRecord::Damaged))
+}
+
+/// Makes `record` durable in the lease bound file, in place: one write of
+/// the whole fixed-size file and one `fdatasync`. A write torn by a crash
+/// reads back as [`LeaseRecord::Damaged`], which holds keys for the
+/// longest lease: never too short.
+fn write_bound(file: &File, path: &Path, record: &LeaseRecord) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let body = format!("{BOUND_HEADER}\n{}\n", record.line());
+    let mut bytes = datadir::seal(&body).into_bytes();
+    debug_assert!(bytes.len() <= BOUND_BYTES, "a lease bound fits its file");
+    bytes.resize(BOUND_BYTES, 0);
+    let fresh = file.metadata().map_err(|e| datadir::at(path, &e))?.len() == 0;
+    file.write_all_at(&bytes, 0)
+        .and_then(|()| file.sync_data())
+        .map_err(|e| datadir::at(path, &e))?;
+    if fresh {
+        // The new file's directory entry must survive a crash too.
+        let dir = path.parent().unwrap_or_else(|| Path::new("."));
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| datadir::at(dir, &e))?;
+    }
+    Ok(())
+}
+
+/// Makes `floor` the directory's durable record of the lowest mark it may
+/// hold. Written after the mark it follows, so the mark is never below it.
+fn write_floor(dir: &Path, floor: u64) -> io::Result<()> {
+    let body = format!("{FLOOR_HEADER}\ntoken-floor {floor}\n");
+    datadir::replace_file(&dir.join(FLOOR_FILE), datadir::seal(&body).as_bytes())
+}
+
+impl MarkStore {
+    /// The mark is needed when the next token comes within half a block.
+    fn mark_needed(&self, engine: &Engine) -> bool {
+        engine.next_token().saturating_add(TOKEN_BLOCK / 2) > self.durable_mark
+    }
+
+    /// The bound is needed when a grant's lease runs past it.
+    fn bound_needed(&self, engine: &Engine) -> bool {
+        engine.granted_until() > self.durable_bound
+    }
+
+    /// Writes the lease bound `bound` (engine timeline, seen at `now`).
+    fn write_bound(&self, now: Millis, bound: Millis) -> io::Result<()> {
+        let record = LeaseRecord::at(bound, now, &HostTime::read(), self.record_max_lease_s);
+        write_bound(&self.bound_file, &self.dir.join(BOUND_FILE), &record)
+    }
 }
 
 impl Service for SingleService {
@@ -231,8 +695,7 @@ impl Service for SingleService {
         // After a failed write of a mark still needed, wake for the retry
         // (every turn tries once due, and pushes this past its `now`).
         let retry = self.store.as_ref().and_then(|store| {
-            let needed =
-                self.engine.next_token().saturating_add(TOKEN_BLOCK / 2) > store.durable_mark;
+            let needed = store.mark_needed(&self.engine) || store.bound_needed(&self.engine);
             (needed && store.retry_at > Millis::ZERO).then_some(store.retry_at)
         });
         match (engine, retry) {
@@ -241,47 +704,111 @@ impl Service for SingleService {
         }
     }
 
-    fn end_turn(&mut self, now: Millis, _out: &mut Outbox) -> io::Result<()> {
+    fn end_turn(&mut self, now: Millis, out: &mut Outbox) -> io::Result<()> {
         let Some(store) = self.store.as_mut() else {
             return Ok(());
         };
-        let next = self.engine.next_token();
-        if next.saturating_add(TOKEN_BLOCK / 2) <= store.durable_mark || now < store.retry_at {
+        let mark_needed = store.mark_needed(&self.engine);
+        let bound_needed = store.bound_needed(&self.engine);
+        if !(mark_needed || bound_needed) || now < store.retry_at {
             return Ok(());
         }
-        let mark = next.saturating_add(TOKEN_BLOCK - 1);
-        match write_mark(&store.dir, mark) {
-            Ok(()) => {
-                store.durable_mark = mark;
-                self.engine.set_token_ceiling(mark.saturating_add(1));
-                Ok(())
-            }
-            Err(e) => {
-                store.retry_at = now.add_ms(MARK_RETRY_MS);
-                if let Some(suppressed) = store.errors.allow(now) {
-                    log::error!(
-                        "cannot persist the token high-water mark in {}: {e}; serving on under \
-                         the old mark {} (grants answer Busy once it is reached), retrying \
-                         every {MARK_RETRY_MS} ms ({suppressed} similar errors suppressed)",
-                        store.dir.display(),
-                        store.durable_mark
-                    );
+        let mut failed = Vec::new();
+        if bound_needed {
+            // A grant past the bound moves it, a step ahead: written before
+            // the turn's replies go out, at most once per turn.
+            let bound = self.engine.granted_until().add_ms(LEASE_BOUND_STEP_MS);
+            match store.write_bound(now, bound) {
+                Ok(()) => store.durable_bound = bound,
+                Err(e) => {
+                    // This turn's grants and extensions past the durable
+                    // bound are withheld: their clients never act on them
+                    // (they see no answer: Indeterminate), so a restart
+                    // that knows only the old bound overlaps no holder.
+                    let durable = store.durable_bound;
+                    let withheld = out.retain_leases(|lease_s| {
+                        now.add_secs(u64::from(lease_s)).add_ms(1) <= durable
+                    });
+                    failed.push(format!(
+                        "cannot persist the lease bound: {e}; {withheld} grants and \
+                         extensions of this turn withheld (unanswered: their leases end by \
+                         themselves), no grant until it is written (a restart must know \
+                         every lease that may still run)"
+                    ));
                 }
-                // Handled here: the server need not log it again.
-                Ok(())
             }
+        }
+        if mark_needed {
+            let mark = self.engine.next_token().saturating_add(TOKEN_BLOCK - 1);
+            match write_mark(&store.dir, mark).and_then(|()| write_floor(&store.dir, mark)) {
+                Ok(()) => store.durable_mark = mark,
+                Err(e) => failed.push(format!(
+                    "cannot persist the token high-water mark in {}: {e}; serving on under the \
+                     old mark {} (grants answer Busy once it is reached)",
+                    store.dir.display(),
+                    store.durable_mark
+                )),
+            }
+        }
+        let ceiling = if store.bound_needed(&self.engine) {
+            // No grant until the bound is on disk.
+            self.engine.next_token()
+        } else {
+            store.durable_mark.saturating_add(1)
+        };
+        self.engine.set_token_ceiling(ceiling);
+        if !failed.is_empty() {
+            store.retry_at = now.add_ms(MARK_RETRY_MS);
+            if let Some(suppressed) = store.errors.allow(now) {
+                log::error!(
+                    "{}; retrying every {MARK_RETRY_MS} ms ({suppressed} similar errors \
+                     suppressed)",
+                    failed.join("; ")
+                );
+            }
+        }
+        // Handled here: the server need not log it again.
+        Ok(())
+    }
+
+    fn stop(&mut self, now: Millis) {
+        let Some(store) = self.store.as_mut() else {
+            return;
+        };
+        // A clean stop records exactly what is outstanding: nothing, so
+        // that the next start grants at once, or the latest lease end.
+        let bound = self.engine.outstanding_until(now).unwrap_or(Millis::ZERO);
+        match store.write_bound(now, bound) {
+            Ok(()) => {
+                store.durable_bound = bound;
+                match self.engine.outstanding_until(now) {
+                    None => log::info!("no lease outstanding: the next start grants at once"),
+                    Some(at) => log::info!(
+                        "leases outstanding for {} ms more: the next start holds every key \
+                         until they end",
+                        at.since(now)
+                    ),
+                }
+            }
+            Err(e) => log::error!(
+                "cannot record the outstanding leases in {}: {e}; the next start keeps the \
+                 earlier bound",
+                store.dir.display()
+            ),
         }
     }
 
     fn describe(&self) -> String {
         match &self.store {
             Some(s) => format!(
-                "mode=single data_dir={} next_token={}",
+                "mode=single data_dir={} next_token={} {}",
                 s.dir.display(),
-                self.engine.next_token()
+                self.engine.next_token(),
+                self.grace_note
             ),
             None => format!(
-                "mode=single data_dir=none next_token={} (wall-clock seed)",
+                "mode=single data_dir=none next_token={} (wall-clock seed) restart_grace=none \
+                 (no data directory: nothing to remember)",
                 self.engine.next_token()
             ),
         }
@@ -348,7 +875,7 @@ mod tests {
         s.end_turn(Millis(0), &mut out).unwrap();
         let mark = s.durable_mark().unwrap();
         assert!(mark > first_mark);
-        assert_eq!(read_mark(&dir).unwrap(), mark);
+        assert_eq!(read_mark(&dir).unwrap().mark, mark);
         fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -400,7 +927,7 @@ mod tests {
         }
         s.end_turn(Millis(1_000 + MARK_RETRY_MS), &mut out).unwrap();
         assert!(s.durable_mark().unwrap() > mark);
-        assert_eq!(read_mark(&dir).unwrap(), s.durable_mark().unwrap());
+        assert_eq!(read_mark(&dir).unwrap().mark, s.durable_mark().unwrap());
         assert_eq!(s.next_deadline(), None, "nothing left to retry");
         fs::remove_dir_all(&dir).unwrap();
     }
@@ -431,5 +958,198 @@ mod tests {
         let s = SingleService::with_wall_clock_seed(EngineLimits::default());
         // After 2020-01-01 in microseconds.
         assert!(s.engine().next_token() > 1_577_836_800_000_000);
+    }
+
+    fn acquire(
+        s: &mut SingleService,
+        now: u64,
+        key: &str,
+        lease_s: u8,
+        out: &mut Outbox,
+    ) -> String {
+        out.clear();
+        s.request(
+            Millis(now),
+            1,
+            Request::Acquire {
+                wait_s: 0,
+                lease_s,
+                owner: 1,
+                key,
+            },
+            out,
+        );
+        s.end_turn(Millis(now), out).unwrap();
+        format!("{:?}", out.iter().next().map(|a| a.reply))
+    }
+
+    fn host(boot: &str, boottime_ms: u64, wall_ms: u64) -> HostTime {
+        HostTime {
+            boot_id: Some(boot.into()),
+            boottime_ms: Some(boottime_ms),
+            wall_ms,
+        }
+    }
+
+    #[test]
+    fn the_grace_is_measured_on_the_clock_that_survived_the_restart() {
+        let written = host("boot-a", 10_000, 1_000_000);
+        let record = LeaseRecord::at(Millis(5_000), Millis(0), &written, 30);
+        assert_eq!(LeaseRecord::parse(&record.line()), Some(record.clone()));
+        // Same boot, 2 s later on CLOCK_BOOTTIME (whatever the wall clock says).
+        assert_eq!(
+            grace_for(&LeaseRecord::Damaged, &written).0,
+            255_000 + LEASE_BOUND_STEP_MS
+        );
+        let (ms, why) = grace_for(&record, &host("boot-a", 12_000, 0));
+        assert_eq!((ms, why), (3_000, "same boot: CLOCK_BOOTTIME"));
+        assert_eq!(grace_for(&record, &host("boot-a", 20_000, 0)).0, 0);
+        // Rebooted, the wall clock 1 s later than the writing.
+        let (ms, why) = grace_for(&record, &host("boot-b", 50, 1_001_000));
+        assert_eq!((ms, why), (4_000, "after a reboot: the wall clock"));
+        // Rebooted with a wall clock before the writing: the full longest
+        // lease of the writer.
+        let (ms, _) = grace_for(&record, &host("boot-b", 50, 999_999));
+        assert_eq!(ms, 30_000 + LEASE_BOUND_STEP_MS);
+        // No boot id or boot time readable now: the wall clock decides.
+        let blind = HostTime {
+            boot_id: None,
+            boottime_ms: None,
+            wall_ms: 1_002_000,
+        };
+        assert_eq!(grace_for(&record, &blind).0, 3_000);
+        assert_eq!(grace_for(&LeaseRecord::Nothing, &written).0, 0);
+        assert_eq!(grace_for(&LeaseRecord::Unknown, &written).0, 0);
+        assert_eq!(
+            LeaseRecord::at(Millis(5), Millis(5), &written, 30),
+            LeaseRecord::Nothing
+        );
+    }
+
+    #[test]
+    fn a_crash_with_a_lease_out_holds_every_key_after_the_restart() {
+        let dir = temp_dir("grace-crash");
+        let mut out = Outbox::new();
+        let mut s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
+        assert_eq!(s.engine().restart_grace(Millis(0)), None);
+        assert!(acquire(&mut s, 0, "a", 5, &mut out).contains("Acquired"));
+        let bound = s.durable_lease_bound().unwrap();
+        assert!(bound >= Millis(5_001), "the grant moved the bound: {bound}");
+        // A shorter lease within the bound writes nothing more.
+        assert!(acquire(&mut s, 10, "b", 2, &mut out).contains("Acquired"));
+        assert_eq!(s.durable_lease_bound(), Some(bound));
+        let text = fs::read_to_string(dir.join(BOUND_FILE)).unwrap();
+        assert!(text.contains("leases until boot_id="), "{text}");
+        drop(s); // a crash: no stop
+        let mut s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
+        let until = s.engine().restart_grace(Millis(0)).expect("a grace");
+        assert!(until >= Millis(4_000) && until <= Millis(6_001), "{until}");
+        assert!(
+            s.describe().contains("restart_grace=in-force"),
+            "{}",
+            s.describe()
+        );
+        for key in ["a", "other"] {
+            assert!(
+                acquire(&mut s, 0, key, 5, &mut out).contains("Timeout"),
+                "{key}"
+            );
+        }
+        let after = until.0;
+        assert!(acquire(&mut s, after, "a", 5, &mut out).contains("Acquired"));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_clean_stop_records_what_is_outstanding() {
+        let dir = temp_dir("grace-stop");
+        let mut out = Outbox::new();
+        let mut s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
+        assert!(acquire(&mut s, 0, "a", 30, &mut out).contains("Acquired"));
+        // Stopped with the key held: the next start holds keys.
+        s.stop(Millis(0));
+        drop(s);
+        let mut s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
+        assert!(s.engine().restart_grace(Millis(0)).is_some());
+        // Stopped with nothing held (the grace is over, nothing granted).
+        let over = s.engine().restart_grace(Millis(0)).unwrap();
+        s.stop(over);
+        drop(s);
+        let text = fs::read_to_string(dir.join(BOUND_FILE)).unwrap();
+        assert!(text.contains("leases none"), "{text}");
+        let mut s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
+        assert_eq!(s.engine().restart_grace(Millis(0)), None);
+        assert!(
+            s.describe().contains("restart_grace=none"),
+            "{}",
+            s.describe()
+        );
+        assert!(acquire(&mut s, 0, "a", 30, &mut out).contains("Acquired"));
+        // Off: no grace, but the bound is still kept for a later `auto`.
+        drop(s);
+        let mut s = SingleService::with_data_dir_grace(
+            EngineLimits::default(),
+            &dir,
+            RestartGrace::Off,
+            DEFAULT_MAX_LEASE_S,
+        )
+        .unwrap();
+        assert_eq!(s.engine().restart_grace(Millis(0)), None);
+        assert!(
+            s.describe().contains("restart_grace=off"),
+            "{}",
+            s.describe()
+        );
+        assert!(acquire(&mut s, 0, "a", 30, &mut out).contains("Acquired"));
+        drop(s);
+        let s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
+        assert!(s.engine().restart_grace(Millis(0)).is_some());
+        drop(s);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A lease bound that is damaged or was removed holds every key for the
+    /// protocol's longest lease: the start cannot know less.
+    #[test]
+    fn a_damaged_or_removed_lease_bound_holds_keys_for_the_longest_lease() {
+        let dir = temp_dir("grace-damaged");
+        drop(SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap());
+        let longest = Millis(255_000 + LEASE_BOUND_STEP_MS);
+        let path = dir.join(BOUND_FILE);
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[3] ^= 1;
+        fs::write(&path, &bytes).unwrap();
+        let s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
+        assert_eq!(s.engine().restart_grace(Millis(0)), Some(longest));
+        drop(s);
+        fs::remove_file(&path).unwrap();
+        let s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
+        assert_eq!(s.engine().restart_grace(Millis(0)), Some(longest));
+        drop(s);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A grant past the durable bound whose write fails stops every grant
+    /// until the bound is on disk.
+    #[test]
+    fn no_grant_while_the_lease_bound_cannot_be_written() {
+        let dir = temp_dir("grace-fail");
+        let mut out = Outbox::new();
+        let mut s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
+        // A descriptor that refuses writes stands in for a failing disk.
+        let good = std::mem::replace(
+            &mut s.store.as_mut().unwrap().bound_file,
+            File::open("/dev/null").unwrap(),
+        );
+        // The grant of the failing turn is withheld: no reply at all.
+        assert_eq!(acquire(&mut s, 0, "a", 5, &mut out), "None");
+        assert!(s.engine().holder(Millis(0), "a").is_some());
+        assert!(acquire(&mut s, 1, "b", 5, &mut out).contains("Busy"));
+        s.store.as_mut().unwrap().bound_file = good;
+        assert!(acquire(&mut s, MARK_RETRY_MS - 1, "b", 5, &mut out).contains("Busy"));
+        assert!(acquire(&mut s, MARK_RETRY_MS, "b", 5, &mut out).contains("Busy"));
+        assert!(s.durable_lease_bound().unwrap() >= Millis(5_001));
+        assert!(acquire(&mut s, MARK_RETRY_MS + 1, "b", 5, &mut out).contains("Acquired"));
+        fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -86,8 +86,97 @@ impl Default for MonotonicClock {
     }
 }
 
+/// The host's clocks as a restart sees them: what a durable lease bound
+/// is measured on (single mode's restart grace). Read by
+/// [`HostTime::read`]; plain data, so the rules built on it are testable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostTime {
+    /// `/proc/sys/kernel/random/boot_id`: tells a process restart on the
+    /// same boot from a reboot. `None` where it cannot be read.
+    pub boot_id: Option<String>,
+    /// `CLOCK_BOOTTIME` in milliseconds: monotonic, counts suspend, and
+    /// survives a process restart (not a reboot). `None` where unreadable.
+    pub boottime_ms: Option<u64>,
+    /// The wall clock in milliseconds since the Unix epoch (0 before it).
+    pub wall_ms: u64,
+}
+
+impl HostTime {
+    /// Reads the boot id and both clocks.
+    #[must_use]
+    pub fn read() -> HostTime {
+        let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty() && !s.contains(char::is_whitespace));
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes one timespec we own.
+        let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+        let boottime_ms = (rc == 0)
+            .then(|| {
+                let secs = u64::try_from(ts.tv_sec).ok()?;
+                let ms = u64::try_from(ts.tv_nsec / 1_000_000).ok()?;
+                secs.checked_mul(1000)?.checked_add(ms)
+            })
+            .flatten();
+        let wall_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        HostTime {
+            boot_id,
+            boottime_ms,
+            wall_ms,
+        }
+    }
+}
+
+/// `ms` since the Unix epoch as `YYYY-MM-DDTHH:MM:SS.mmmZ` (UTC), for logs.
+#[must_use]
+pub fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = secs / 86_400;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (proleptic Gregorian): count
+    // 400-year eras from 0000-03-01, so that leap days end each year.
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn utc_formats_known_instants() {
+        assert_eq!(utc(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(utc(951_782_400_123), "2000-02-29T00:00:00.123Z");
+        assert_eq!(utc(1_795_996_799_999), "2026-11-29T23:59:59.999Z");
+    }
+
+    #[test]
+    fn host_time_reads_both_clocks_on_linux() {
+        let a = HostTime::read();
+        let b = HostTime::read();
+        assert!(a.wall_ms > 1_577_836_800_000, "after 2020");
+        assert!(b.boottime_ms >= a.boottime_ms);
+        assert!(a.boottime_ms.is_some() && a.boot_id.is_some(), "{a:?}");
+    }
+
     use super::*;
 
     #[test]

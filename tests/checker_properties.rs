@@ -2,7 +2,7 @@
 //! break it, with a message naming what broke it, and passes on the correct
 //! history next to it.
 
-use ticketd::checker::{History, Outcome, Property, ReleaseOutcome, Violation};
+use ticketd::checker::{ExtendOutcome, History, Outcome, Property, ReleaseOutcome, Violation};
 
 const S: u64 = 1_000_000; // one second in microseconds
 
@@ -303,10 +303,107 @@ fn overlap_within_one_incarnation_still_fails_after_a_restart() {
     expect_violation(&h, Property::MutualExclusion, &["token 1000", "token 1001"]);
 }
 
+/// A restart with a grace claims exclusion across it: the grant inside
+/// client 1's lease is then an overlap; one after the lease is not.
+#[test]
+fn a_restart_with_a_grace_is_checked_for_overlap_across_it() {
+    let graced = |granted_us: u64| {
+        let mut h = History::new();
+        let a = h.acquire(1, 1, "k", 1, 0, 10, 0);
+        h.acquired(a, Outcome::Granted { token: 5 }, 100);
+        h.session_closed(1, 2 * S);
+        h.server_restart_with_grace(2 * S, 1000);
+        let b = h.acquire(2, 2, "k", 2, 10, 10, 3 * S);
+        h.acquired(b, Outcome::Granted { token: 1000 }, granted_us);
+        h
+    };
+    expect_violation(
+        &graced(3 * S + 100),
+        Property::MutualExclusion,
+        &["token 5", "token 1000"],
+    );
+    assert!(graced(10 * S).check().is_ok());
+}
+
 #[test]
 fn a_lease_margin_shortens_every_interval() {
     // Client 2 is granted 500us before client 1's conservative lease end.
     let h = two_clients(None, 10 * S - 500);
     expect_violation(&h, Property::MutualExclusion, &["token 1", "token 2"]);
     assert!(h.check_with_lease_margin(1_000).is_ok());
+}
+
+/// Client 1 holds "k" (token 1, lease 10 s, invoked at 0) and extends it by
+/// 20 s at 8 s; `answer` is when (and how) the extension was answered.
+/// Client 2 is granted "k" at `second_at`.
+fn extended(answer: Option<(ExtendOutcome, u64)>, second_at: u64) -> History {
+    let mut h = History::new();
+    let a = h.acquire(1, 1, "k", 11, 0, 10, 0);
+    h.acquired(a, Outcome::Granted { token: 1 }, 100);
+    let e = h.extend(1, 1, "k", 1, 20, 8 * S);
+    if let Some((outcome, at)) = answer {
+        h.extended(e, outcome, at);
+    }
+    let b = h.acquire(2, 2, "k", 22, 5, 30, second_at - S);
+    h.acquired(b, Outcome::Granted { token: 2 }, second_at);
+    h
+}
+
+/// The operation id `extended` gives its extension.
+const EXT_OP: u64 = 1;
+
+/// An E answered before the lease end moves the interval's end to the
+/// extension's invocation plus its lease (28 s): a grant to another client
+/// at 20 s is an overlap, one at 28 s is not.
+#[test]
+fn an_extension_answered_in_time_lengthens_the_interval() {
+    let h = extended(Some((ExtendOutcome::Extended, 9 * S)), 20 * S);
+    expect_violation(
+        &h,
+        Property::MutualExclusion,
+        &["token 1", "[100us, 28000000us)", "token 2"],
+    );
+    assert!(extended(Some((ExtendOutcome::Extended, 9 * S)), 28 * S)
+        .check()
+        .is_ok());
+}
+
+/// An E answered after the lease end (10 s) revives nothing, and X or no
+/// answer moves nothing: the interval ends at 10 s, so a grant at 12 s is
+/// fine.
+#[test]
+fn late_refused_or_unanswered_extensions_do_not_lengthen_the_interval() {
+    for answer in [
+        Some((ExtendOutcome::Extended, 11 * S)),
+        Some((ExtendOutcome::NotExtended, 9 * S)),
+        Some((ExtendOutcome::Lost, 10 * S)),
+        None,
+    ] {
+        assert!(
+            extended(answer, 12 * S).check().is_ok(),
+            "answer {answer:?}"
+        );
+    }
+}
+
+/// A second E may shorten the lease: the interval ends at the latest
+/// extension's invocation plus its lease.
+#[test]
+fn the_latest_extension_in_time_decides_the_end() {
+    let mut h = extended(Some((ExtendOutcome::Extended, 9 * S)), 16 * S);
+    // At 12 s the holder extends again, by 2 s only: its lease now ends at 14 s.
+    let e2 = h.extend(1, 1, "k", 1, 2, 12 * S);
+    h.extended(e2, ExtendOutcome::Extended, 12 * S + 100);
+    assert!(h.check().is_ok());
+}
+
+/// Malformed extension records are refused.
+#[test]
+fn an_extension_answered_twice_or_unknown_is_refused() {
+    let mut h = extended(Some((ExtendOutcome::Extended, 9 * S)), 30 * S);
+    h.extended(EXT_OP, ExtendOutcome::Extended, 9 * S + 1);
+    assert_eq!(h.check().unwrap_err().property, Property::AnsweredOnce);
+    let mut h = extended(None, 30 * S);
+    h.extended(999, ExtendOutcome::Extended, 9 * S);
+    assert_eq!(h.check().unwrap_err().property, Property::Malformed);
 }

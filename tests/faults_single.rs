@@ -3,7 +3,8 @@
 //!
 //! * SIGKILL and restart in a loop under load, with and without `--data-dir`:
 //!   every client history passes the checker (tokens after each restart
-//!   exceed all earlier ones; exclusion within each incarnation).
+//!   exceed all earlier ones; exclusion within each incarnation, and with
+//!   `--data-dir` across restarts too, thanks to the restart grace).
 //! * SIGSTOP past every lease and wait, then SIGCONT: no double grant, no
 //!   grant to a waiter whose wait ran out during the stop.
 //! * Wall-clock jumps forward and back under libfaketime (monotonic clock
@@ -142,6 +143,13 @@ fn load_client(
     h
 }
 
+/// The restart grace the start-up line reports, in milliseconds (0: none).
+fn grace_in_force_ms(log: &str) -> u64 {
+    log.split_once("restart_grace=in-force for ")
+        .and_then(|(_, rest)| rest.split(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Four rounds of: start, load from four clients on two keys, SIGKILL.
 fn kill_and_restart_under_load(data_dir: Option<&Path>) -> Report {
     let clock = RealClock::new();
@@ -160,7 +168,13 @@ fn kill_and_restart_under_load(data_dir: Option<&Path>) -> Report {
                 first > highest,
                 "round {round}: restarted at token {first}, not above {highest}"
             );
-            history.server_restart(clock.now_us(), first);
+            if data_dir.is_some() {
+                // The restart grace holds every key until the leases of
+                // the killed server have ended: exclusion holds across it.
+                history.server_restart_with_grace(clock.now_us(), first);
+            } else {
+                history.server_restart(clock.now_us(), first);
+            }
         }
         let addr = server.addr();
         let until = Instant::now() + Duration::from_secs(5);
@@ -171,7 +185,10 @@ fn kill_and_restart_under_load(data_dir: Option<&Path>) -> Report {
                 })
             })
             .collect();
-        std::thread::sleep(Duration::from_millis(400));
+        // With a data dir, the restart grace holds every key for what is
+        // left of the killed server's leases: load past it before the kill.
+        let grace_ms = grace_in_force_ms(&server.log());
+        std::thread::sleep(Duration::from_millis(400 + grace_ms));
         server.signal(libc::SIGKILL);
         server
             .wait_exit(Duration::from_secs(5))
@@ -183,6 +200,7 @@ fn kill_and_restart_under_load(data_dir: Option<&Path>) -> Report {
         if let Err(v) = history.check() {
             panic!("round {round}: {v}");
         }
+        let before = highest;
         highest = history
             .events()
             .iter()
@@ -195,6 +213,7 @@ fn kill_and_restart_under_load(data_dir: Option<&Path>) -> Report {
             })
             .max()
             .unwrap_or(highest);
+        assert!(highest > before, "round {round} granted nothing");
     }
     let report = history.check().unwrap_or_else(|v| panic!("{v}"));
     assert!(
@@ -672,7 +691,17 @@ fn a_full_data_dir_stops_start_up_cleanly_and_loses_nothing() {
     };
     let data = fs.dir.join("data");
     let data_s = data.to_str().unwrap().to_string();
-    let args = ["--listen", "127.0.0.1:0", "--data-dir", &data_s];
+    // The keys stay held across the kill; without a restart grace the
+    // restarted server grants them again at once (this test is about the
+    // mark; tests/restart_grace.rs is about the grace).
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        &data_s,
+        "--restart-grace",
+        "off",
+    ];
     let mut server = Ticketd::start_raw(&[], &args);
     let mut c = server.connect();
     let mut issued = Vec::new();
@@ -808,8 +837,7 @@ fn a_data_dir_that_fills_up_while_serving_loses_no_grant() {
     let mark = std::fs::read_to_string(data.join("token-mark")).expect("mark");
     let mark_value: u64 = mark
         .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .next()
+        .find_map(|l| l.strip_prefix("mark ")?.trim().parse().ok())
         .unwrap_or_else(|| panic!("mark unreadable: {mark:?}"));
     assert!(
         mark_value >= last,
@@ -843,7 +871,16 @@ fn with_a_data_dir_a_clock_set_back_across_a_restart_keeps_tokens_growing() {
         "FAKETIME_NO_CACHE=1",
         "DONT_FAKE_MONOTONIC=1",
     ];
-    let args = ["--listen", "127.0.0.1:0", "--data-dir", data_s.as_str()];
+    // "k" stays held across the kill: no restart grace, so that the
+    // restarted server grants it at once (the tokens are what is checked).
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data_s.as_str(),
+        "--restart-grace",
+        "off",
+    ];
     std::fs::write(&offset_file, "+0\n").unwrap();
     let mut server = Ticketd::start_raw(&wrapper, &args);
     let before = server.connect().acquire_reply("k", 1, 0, 30).token();

@@ -37,6 +37,8 @@ fn help_lists_every_flag_and_exits_0() {
         "--out-soft-limit",
         "--out-hard-limit",
         "--max-frames-per-turn",
+        "--restart-grace",
+        "--max-lease",
         "--version",
     ] {
         assert!(text.contains(flag), "--help does not mention {flag}");
@@ -74,6 +76,8 @@ fn bad_flags_exit_2_with_a_message_naming_the_flag() {
         (&["--data-dir", ""][..], "--data-dir"),
         (&["--max-conns=5"][..], "--max-conns 5"),
         (&["--max-conns", "2000000"][..], "--max-conns"),
+        (&["--max-lease", "256"][..], "--max-lease"),
+        (&["--restart-grace", "on"][..], "--restart-grace"),
     ] {
         let out = run_ticketd(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
@@ -196,17 +200,20 @@ fn sigint_exits_0() {
 fn tokens_after_a_restart_exceed_those_before_it_with_a_data_dir() {
     let dir = temp_dir("restart");
     let d = dir.to_str().unwrap();
-    let mut server = Ticketd::start(&["--data-dir", d]);
+    // The keys stay held across each restart: without a restart grace the
+    // next start grants them at once (tests/restart_grace.rs has the grace).
+    let args = ["--data-dir", d, "--restart-grace", "off"];
+    let mut server = Ticketd::start(&args);
     let before = grant(&server, "a");
     assert_eq!(server.terminate().code(), Some(0));
-    let server = Ticketd::start(&["--data-dir", d]);
+    let server = Ticketd::start(&args);
     let after = grant(&server, "a");
     assert!(after > before, "{after} after {before}");
     // A crash (SIGKILL, no clean shutdown) is no different: the mark was
     // durable before the grant was sent.
     let last = grant(&server, "b");
     drop(server); // SIGKILL
-    let server = Ticketd::start(&["--data-dir", d]);
+    let server = Ticketd::start(&args);
     let again = grant(&server, "a");
     assert!(again > last, "{again} after {last}");
     drop(server);

@@ -16,15 +16,17 @@
 //! * **Server**: the engine, fed the same millisecond clock the daemon reads,
 //!   ticked at `next_deadline()`; it can pause (a SIGSTOP longer than any
 //!   lease), or crash and restart empty with its first token above every
-//!   token it issued (what the daemon's token high-water mark provides).
+//!   token it issued (what the daemon's token high-water mark provides) and
+//!   a restart grace until every lease it granted has ended (what the
+//!   daemon's durable lease bound provides).
 //! * **Clients**: each follows the official client's rules (SPEC §3): a fresh
 //!   owner per acquire, one deadline per call, never resend what may have been
 //!   sent, wire wait rounded up from the time left, Indeterminate after the
 //!   deadline plus 1 s grace, a late grant released and not used. Clients
 //!   crash and restart, and pause for longer than their leases.
 //!
-//! Every run's history goes through `ticketd::checker` (mutual exclusion per
-//! server incarnation, token order, FIFO hand-over, every request answered
+//! Every run's history goes through `ticketd::checker` (mutual exclusion
+//! across restarts, since each has a grace; token order, FIFO hand-over, every request answered
 //! once), and the engine's `check_invariants()` runs after every server step.
 //! A failure names the seed; `SIM_SEED=N cargo test --test sim_single` reruns
 //! it alone, and `make sim-single SEEDS=N` runs N fresh seeds (from a random
@@ -32,7 +34,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use ticketd::checker::{History, OpId, Outcome, ReleaseOutcome, Report};
+use ticketd::checker::{ExtendOutcome, History, OpId, Outcome, ReleaseOutcome, Report};
 use ticketd::engine::{Acquire, AcquireOutcome, ConnId, Engine, Outbox};
 use ticketd::limits::EngineLimits;
 use ticketd::proto::{
@@ -77,6 +79,11 @@ enum Bug {
     TokensRestartAtOne,
     /// A closed connection releases the keys it holds (SPEC §2.5 says no).
     ReleaseOnDisconnect,
+    /// An extend is answered `E` but the lease is not moved.
+    ExtendIgnored,
+    /// A restart frees every key at once (`--restart-grace off`), while the
+    /// history still claims exclusion across it.
+    NoRestartGrace,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -167,6 +174,21 @@ enum Phase {
     Holding {
         key: String,
         token: u64,
+        /// The conservative expiry (SPEC §3, §5.3).
+        expires_us: u64,
+        /// When the client means to release.
+        hold_end_us: u64,
+    },
+    /// An extend of the held grant (SPEC §5.3): resent on a new session
+    /// after the old one died, never past `expires_us`.
+    Extending {
+        /// Recorded when sent: the op, its session and when it was written.
+        sent: Option<(OpId, ConnId, u64)>,
+        key: String,
+        token: u64,
+        lease_s: u8,
+        expires_us: u64,
+        hold_end_us: u64,
     },
     Releasing {
         /// Recorded when sent, with the session it went out on.
@@ -185,6 +207,8 @@ struct Pending {
     wait_s: u8,
     lease_s: u8,
     start_us: u64,
+    /// When the request was written (once sent): the lease counts from it.
+    sent_us: u64,
     /// The call's deadline D (SPEC §3); for wait 0 the transport deadline.
     deadline_us: u64,
     /// When an unanswered sent request makes the call Indeterminate.
@@ -245,6 +269,10 @@ struct Stats {
     client_pauses: u64,
     partitions: u64,
     resets: u64,
+    extends: u64,
+    extended: u64,
+    /// Restarts within a lease of the earlier incarnation: a grace held keys.
+    graces: u64,
 }
 
 impl Sim {
@@ -557,12 +585,26 @@ impl Sim {
                     _ => self.server.engine.next_token() + self.rng.below(1000),
                 };
                 let limits = self.server.engine.limits().clone();
+                // The durable lease bound the daemon keeps: at or past every
+                // lease granted, and past an unfinished grace (a crash
+                // during one). The daemon's is a step further still.
+                let old = &self.server.engine;
+                let now = self.server_ms();
+                let bound = old
+                    .granted_until()
+                    .max(old.restart_grace(now).unwrap_or(Millis::ZERO));
                 self.server.engine = Engine::new(limits, first);
+                if self.cfg.bug != Some(Bug::NoRestartGrace) {
+                    self.server.engine.set_restart_grace(bound);
+                    if bound > now {
+                        self.stats.graces += 1;
+                    }
+                }
                 self.server.epoch += 1;
                 self.server.up = true;
                 self.server.tick_at = u64::MAX;
                 self.server.granted_to.clear();
-                self.history.server_restart(self.now, first);
+                self.history.server_restart_with_grace(self.now, first);
             }
             Ev::ClientRestart { client } => {
                 let c = &mut self.clients[client];
@@ -747,14 +789,19 @@ impl Sim {
                     token,
                     key,
                 } => {
-                    self.server.engine.extend(
-                        now,
-                        conn,
-                        &key,
-                        token,
-                        lease_s,
-                        &mut self.server.out,
-                    );
+                    if self.cfg.bug == Some(Bug::ExtendIgnored) {
+                        let reply = Reply::Extended { token, key: &key };
+                        self.server.out.push(conn, reply, lease_s);
+                    } else {
+                        self.server.engine.extend(
+                            now,
+                            conn,
+                            &key,
+                            token,
+                            lease_s,
+                            &mut self.server.out,
+                        );
+                    }
                 }
             }
         }
@@ -875,6 +922,7 @@ impl Sim {
                     wait_s,
                     lease_s,
                     start_us: now,
+                    sent_us: 0,
                     deadline_us,
                     give_up_us,
                 });
@@ -935,7 +983,11 @@ impl Sim {
                 );
                 self.send(conn, true, &bytes);
                 let give_up = p.give_up_us;
-                self.clients[client].phase = Phase::Acquiring(Pending { op: Some(op), ..p });
+                self.clients[client].phase = Phase::Acquiring(Pending {
+                    op: Some(op),
+                    sent_us: now,
+                    ..p
+                });
                 self.wake(client, give_up);
             }
             Phase::Acquiring(p) => {
@@ -949,8 +1001,27 @@ impl Sim {
                     self.wake(client, p.give_up_us);
                 }
             }
-            Phase::Holding { key, token } => {
+            Phase::Holding {
+                key,
+                token,
+                expires_us,
+                hold_end_us,
+            } => {
                 if self.clients[client].wake_at > now {
+                    return;
+                }
+                if now < hold_end_us && now < expires_us {
+                    // Still working: extend before the lease runs out.
+                    let lease_s = self.rng.range(1, 4) as u8;
+                    self.clients[client].phase = Phase::Extending {
+                        sent: None,
+                        key,
+                        token,
+                        lease_s,
+                        expires_us,
+                        hold_end_us,
+                    };
+                    self.client_step(client);
                     return;
                 }
                 let give_up_us = now + 3 * S;
@@ -961,6 +1032,53 @@ impl Sim {
                     give_up_us,
                 };
                 self.client_step(client);
+            }
+            Phase::Extending {
+                sent,
+                key,
+                token,
+                lease_s,
+                expires_us,
+                hold_end_us,
+            } => {
+                if now >= expires_us {
+                    // No E by the expiry: lost for good; stop using it.
+                    if let Some((op, _, _)) = sent {
+                        self.history.extended(op, ExtendOutcome::Lost, now);
+                    }
+                    self.finish_idle(client);
+                    return;
+                }
+                if sent.is_none() {
+                    let Some(conn) = self.clients[client].session else {
+                        self.connect(client);
+                        self.wake(client, expires_us);
+                        return;
+                    };
+                    let op = self
+                        .history
+                        .extend(client as u64, conn, &key, token, lease_s, now);
+                    self.stats.extends += 1;
+                    let mut bytes = Vec::new();
+                    encode_request(
+                        &Request::Extend {
+                            lease_s,
+                            token,
+                            key: &key,
+                        },
+                        &mut bytes,
+                    );
+                    self.send(conn, true, &bytes);
+                    self.clients[client].phase = Phase::Extending {
+                        sent: Some((op, conn, now)),
+                        key,
+                        token,
+                        lease_s,
+                        expires_us,
+                        hold_end_us,
+                    };
+                }
+                self.wake(client, expires_us);
             }
             Phase::Releasing {
                 sent,
@@ -1002,6 +1120,28 @@ impl Sim {
         }
     }
 
+    /// The client holds `key` until `hold_end_us` (extending it on the way
+    /// if that is past its expiry), waking at some point before both.
+    fn hold(&mut self, client: usize, key: String, token: u64, expires_us: u64, hold_end_us: u64) {
+        let now = self.now;
+        // Wake at the hold's end, or somewhere in the first two thirds of
+        // the lease left, to extend.
+        let wake = if hold_end_us <= expires_us {
+            hold_end_us
+        } else {
+            let left = expires_us.saturating_sub(now);
+            now + self.rng.range(0, (left * 2 / 3).max(1))
+        };
+        self.clients[client].phase = Phase::Holding {
+            key,
+            token,
+            expires_us,
+            hold_end_us,
+        };
+        self.clients[client].wake_at = 0;
+        self.wake(client, wake);
+    }
+
     fn finish_idle(&mut self, client: usize) {
         self.clients[client].phase = Phase::Idle;
         let think = self.rng.range(0, 300 * MS);
@@ -1026,6 +1166,26 @@ impl Sim {
                 self.history
                     .released(op, ReleaseOutcome::Indeterminate, now);
                 self.finish_idle(client);
+            }
+            Phase::Extending {
+                sent: Some(_),
+                key,
+                token,
+                lease_s,
+                expires_us,
+                hold_end_us,
+            } => {
+                // An extend may be sent again (SPEC §5.3): same token, key
+                // and lease, on a new session, until the expiry.
+                self.clients[client].phase = Phase::Extending {
+                    sent: None,
+                    key,
+                    token,
+                    lease_s,
+                    expires_us,
+                    hold_end_us,
+                };
+                self.client_step(client);
             }
             _ => self.client_step(client),
         }
@@ -1058,14 +1218,12 @@ impl Sim {
                         self.history.acquired(acq, Outcome::Granted { token }, now);
                         let hold = match self.rng.below(8) {
                             0 => self.rng.range(0, u64::from(p.lease_s) * 2 * S),
+                            // Held for several leases, extended on the way.
+                            1 => self.rng.range(0, u64::from(p.lease_s) * 4 * S),
                             _ => self.rng.range(0, 500 * MS),
                         };
-                        self.clients[client].phase = Phase::Holding {
-                            key: p.key.clone(),
-                            token,
-                        };
-                        self.clients[client].wake_at = 0;
-                        self.wake(client, now + hold);
+                        let expires_us = p.sent_us + u64::from(p.lease_s) * S;
+                        self.hold(client, p.key.clone(), token, expires_us, now + hold);
                     }
                     b'A' => {
                         // Matched after D: not used, released, Indeterminate.
@@ -1082,6 +1240,37 @@ impl Sim {
                         self.history.acquired(acq, Outcome::Busy, now);
                         self.finish_idle(client);
                     }
+                }
+            }
+            (
+                Phase::Extending {
+                    sent: Some((op, sent_on, sent_at)),
+                    key,
+                    token,
+                    lease_s,
+                    expires_us,
+                    hold_end_us,
+                },
+                OwnedReply::Extend {
+                    extended,
+                    token: t,
+                    key: k,
+                },
+            ) if t == token && k == key && sent_on == conn => {
+                if extended && now < expires_us {
+                    self.history.extended(op, ExtendOutcome::Extended, now);
+                    self.stats.extended += 1;
+                    let expires_us = sent_at + u64::from(lease_s) * S;
+                    self.hold(client, key, token, expires_us, hold_end_us);
+                } else {
+                    // X, or an E after the expiry: lost, never revived.
+                    let outcome = if extended {
+                        ExtendOutcome::Lost
+                    } else {
+                        ExtendOutcome::NotExtended
+                    };
+                    self.history.extended(op, outcome, now);
+                    self.finish_idle(client);
                 }
             }
             (
@@ -1105,7 +1294,6 @@ impl Sim {
                 self.history.released(op, outcome, now);
                 self.finish_idle(client);
             }
-            (_, OwnedReply::Extend) => panic!("an extend reply to a client that sent none"),
             // Answers to compensating releases, or to requests of a call
             // this client already gave up on, are not matched to anything.
             _ => {}
@@ -1173,8 +1361,12 @@ enum OwnedReply {
         token: u64,
         key: String,
     },
-    /// `E` or `X`: the simulated clients send no extends, so one is a bug.
-    Extend,
+    /// `E` or `X`, matched by token and key.
+    Extend {
+        extended: bool,
+        token: u64,
+        key: String,
+    },
 }
 
 impl From<Reply<'_>> for OwnedReply {
@@ -1205,7 +1397,16 @@ impl From<Reply<'_>> for OwnedReply {
                 token,
                 key: key.to_string(),
             },
-            Reply::Extended { .. } | Reply::NotExtended { .. } => OwnedReply::Extend,
+            Reply::Extended { token, key } => OwnedReply::Extend {
+                extended: true,
+                token,
+                key: key.to_string(),
+            },
+            Reply::NotExtended { token, key } => OwnedReply::Extend {
+                extended: false,
+                token,
+                key: key.to_string(),
+            },
         }
     }
 }
@@ -1277,18 +1478,26 @@ fn every_seed_passes_the_checker_under_faults() {
         stats.client_pauses += s.client_pauses;
         stats.partitions += s.partitions;
         stats.resets += s.resets;
+        stats.extends += s.extends;
+        stats.extended += s.extended;
+        stats.graces += s.graces;
     }
     println!("sim: {} seeds passed: {total}", list.len());
     println!(
+        "sim: {} extends sent, {} answered E in time",
+        stats.extends, stats.extended
+    );
+    println!(
         "sim: {} events; faults: {} server crashes, {} server pauses, {} client crashes, \
-         {} client pauses, {} partitions, {} connection resets",
+         {} client pauses, {} partitions, {} connection resets, {} restart graces",
         stats.events,
         stats.server_crashes,
         stats.server_pauses,
         stats.client_crashes,
         stats.client_pauses,
         stats.partitions,
-        stats.resets
+        stats.resets,
+        stats.graces
     );
     if list.len() >= 20 {
         // The runs must have exercised what they claim to.
@@ -1304,6 +1513,8 @@ fn every_seed_passes_the_checker_under_faults() {
             "{stats:?}"
         );
         assert!(stats.partitions > 0 && stats.resets > 0, "{stats:?}");
+        assert!(stats.extended > 20, "too few extensions: {stats:?}");
+        assert!(stats.graces > 0, "no restart within a lease: {stats:?}");
     }
 }
 
@@ -1336,9 +1547,25 @@ fn a_server_that_restarts_tokens_at_one_is_caught() {
     assert!(e.starts_with("token order violated"), "{e}");
 }
 
+/// Exclusion is checked across restarts with a grace; a server that frees
+/// every key at a restart (`--restart-grace off`) gives two holders.
+#[test]
+fn a_server_that_restarts_without_a_grace_is_caught() {
+    let e = caught(Bug::NoRestartGrace);
+    assert!(e.starts_with("mutual exclusion violated"), "{e}");
+}
+
 #[test]
 fn a_server_that_releases_on_disconnect_is_caught() {
     let e = caught(Bug::ReleaseOnDisconnect);
+    assert!(e.starts_with("mutual exclusion violated"), "{e}");
+}
+
+/// A server that answers `E` without moving the lease hands the key to
+/// someone else while the holder, told it was extended, still uses it.
+#[test]
+fn a_server_that_ignores_extends_is_caught() {
+    let e = caught(Bug::ExtendIgnored);
     assert!(e.starts_with("mutual exclusion violated"), "{e}");
 }
 

@@ -378,7 +378,11 @@ fn take(client: &Client, o: &AcquireOpts) -> Result<Ticket, Exit> {
         }
         Acquire::Busy => Err(Exit {
             status: exit::BUSY,
-            message: format!("busy: {:?} not acquired, the server is at a limit", o.key),
+            message: format!(
+                "busy: {:?} not acquired, the server is at a limit (a full queue, too many \
+                 keys, or a lease longer than the server's --max-lease)",
+                o.key
+            ),
         }),
         Acquire::Indeterminate => Err(Exit {
             status: exit::INDETERMINATE,

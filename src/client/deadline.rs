@@ -11,6 +11,37 @@
 use std::time::{Duration, Instant};
 
 use super::error::Error;
+use crate::time::Millis;
+
+/// A point in time a plan can be made on: the blocking client's `Instant`,
+/// or the [`Millis`] of a caller-driven clock (the sans-IO client,
+/// [`super::machine`]). The rules are the same on both.
+pub trait Moment: Copy + Ord {
+    /// `self` plus `d`.
+    #[must_use]
+    fn plus(self, d: Duration) -> Self;
+    /// The time from `self` until `later`, zero if `later` is not after it.
+    #[must_use]
+    fn until(self, later: Self) -> Duration;
+}
+
+impl Moment for Instant {
+    fn plus(self, d: Duration) -> Self {
+        self + d
+    }
+    fn until(self, later: Self) -> Duration {
+        later.saturating_duration_since(self)
+    }
+}
+
+impl Moment for Millis {
+    fn plus(self, d: Duration) -> Self {
+        self.add_ms(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+    fn until(self, later: Self) -> Duration {
+        Millis::until(self, later)
+    }
+}
 
 /// The longest wait the wire carries; longer waits are clamped to it.
 pub const MAX_WAIT: Duration = Duration::from_secs(255);
@@ -75,45 +106,44 @@ pub fn check_key(key: &str, max_key_bytes: usize) -> Result<(), Error> {
 
 /// Every instant that governs one call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Plan {
+pub struct Plan<T: Moment = Instant> {
     /// `D` of an acquire with `wait > 0`: the wire wait counts down to it.
     /// `None` for `wait = 0` and for releases, which carry no wait.
-    pub wait_deadline: Option<Instant>,
+    pub wait_deadline: Option<T>,
     /// The request is written only before this instant; still queued then,
     /// it is dropped unsent and the call is a definite "not done".
-    pub send_deadline: Instant,
+    pub send_deadline: T,
     /// An `A` observed by the caller after this instant is not handed over.
-    pub gate: Instant,
+    pub gate: T,
     /// A request that may have been sent and still has no reply at this
     /// instant is given up: its session is closed, the call is Indeterminate.
-    pub give_up: Instant,
+    pub give_up: T,
 }
 
-impl Plan {
+impl<T: Moment> Plan<T> {
     /// The plan of an acquire that started at `start` with the caller's `wait`.
     #[must_use]
-    pub fn acquire(start: Instant, wait: Duration) -> Plan {
+    pub fn acquire(start: T, wait: Duration) -> Plan<T> {
         let wait = normalise_wait(wait);
         if wait.is_zero() {
             // One direct attempt under the transport deadline: there is no
             // rounded-up wire wait, so no grace either.
             return Plan::transport(start);
         }
-        let d = start + wait;
+        let d = start.plus(wait);
         Plan {
             wait_deadline: Some(d),
             send_deadline: d,
             gate: d,
-            give_up: d + RESPONSE_GRACE,
+            give_up: d.plus(RESPONSE_GRACE),
         }
     }
 
-    /// The plan of a release (or a `wait = 0` acquire) started at `start`.
     /// One extend attempt (SPEC §5.3): sent, and answered, before the
     /// transport deadline and never after `until` (the ticket's expiry).
     #[must_use]
-    pub fn until(start: Instant, until: Instant) -> Plan {
-        let t = (start + TRANSPORT_DEADLINE).min(until);
+    pub fn until(start: T, until: T) -> Plan<T> {
+        let t = start.plus(TRANSPORT_DEADLINE).min(until);
         Plan {
             wait_deadline: None,
             send_deadline: t,
@@ -122,9 +152,10 @@ impl Plan {
         }
     }
 
+    /// The plan of a release (or a `wait = 0` acquire) started at `start`.
     #[must_use]
-    pub fn transport(start: Instant) -> Plan {
-        let t = start + TRANSPORT_DEADLINE;
+    pub fn transport(start: T) -> Plan<T> {
+        let t = start.plus(TRANSPORT_DEADLINE);
         Plan {
             wait_deadline: None,
             send_deadline: t,
@@ -136,13 +167,13 @@ impl Plan {
     /// The wait byte to write at `now`, or `None` if the request must not be
     /// sent any more.
     #[must_use]
-    pub fn wire_wait_at(&self, now: Instant) -> Option<u8> {
+    pub fn wire_wait_at(&self, now: T) -> Option<u8> {
         if now >= self.send_deadline {
             return None;
         }
         match self.wait_deadline {
             None => Some(0),
-            Some(d) => wire_wait_s(d.saturating_duration_since(now)),
+            Some(d) => wire_wait_s(now.until(d)),
         }
     }
 }

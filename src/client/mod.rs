@@ -47,10 +47,15 @@
 //!
 //! **Indeterminate** means the caller must not enter the critical section; a
 //! grant that may exist is taken back by its lease at the latest.
+//!
+//! The same rules as a sans-IO state machine that the caller drives (bytes
+//! in, bytes out, the clock passed in) are in [`machine`]: for programs with
+//! their own event loop, and for deterministic tests.
 
 mod deadline;
 mod error;
 mod extend;
+pub mod machine;
 mod owner;
 mod pool;
 mod session;
@@ -119,7 +124,11 @@ pub enum Acquire {
     /// Definitely not acquired: the key stayed held for the whole wait, or the
     /// request was never sent before the deadline.
     Timeout,
-    /// Definitely not acquired and not queued: a server capacity limit.
+    /// Definitely not acquired and not queued: a server limit. A queue or
+    /// the key table is full, or the lease asked for is longer than the
+    /// server's `--max-lease` (the protocol cannot carry a shorter lease
+    /// back, so the server refuses it): asking again with the same lease
+    /// gets Busy again.
     Busy,
     /// Unknown. Do not enter the critical section; a grant that may exist is
     /// released by the client if it arrives late, and by its lease anyway.

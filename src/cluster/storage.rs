@@ -32,8 +32,8 @@
 //! snapshot (with the state machine's bytes), conf state, hard state, and the
 //! entries after the snapshot.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::fs::File;
+use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -729,15 +729,16 @@ impl Syncer {
 impl FileDisk {
     /// Opens (creating if needed) the log in `dir`.
     pub fn open(dir: &Path) -> io::Result<Self> {
-        fs::create_dir_all(dir)?;
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(dir.join("wal"))?;
+        // Private (0700 / 0600 whatever the umask), never through a
+        // symlink, and every error names its path.
+        crate::datadir::create_private_dir(dir)?;
+        let path = dir.join("wal");
+        let file = crate::datadir::open_private(&path)?;
         // Until recovery cuts it (`truncate`) the whole file counts as log.
-        let len = file.metadata()?.len();
+        let len = file
+            .metadata()
+            .map_err(|e| crate::datadir::at(&path, &e))?
+            .len();
         Ok(FileDisk {
             dir: dir.to_path_buf(),
             file: Arc::new(file),
@@ -870,9 +871,11 @@ impl Disk for FileDisk {
     }
 
     fn read_all(&mut self) -> io::Result<Vec<u8>> {
-        let mut f = File::open(self.dir.join("wal"))?;
+        let path = self.dir.join("wal");
+        let mut f = File::open(&path).map_err(|e| crate::datadir::at(&path, &e))?;
         let mut buf = Vec::new();
-        f.read_to_end(&mut buf)?;
+        f.read_to_end(&mut buf)
+            .map_err(|e| crate::datadir::at(&path, &e))?;
         Ok(buf)
     }
 
@@ -886,20 +889,10 @@ impl Disk for FileDisk {
 
     fn replace(&mut self, bytes: &[u8]) -> io::Result<()> {
         self.wait_in_flight()?;
-        let tmp = self.dir.join("wal.tmp");
-        {
-            let mut f = File::create(&tmp)?;
-            f.write_all(bytes)?;
-            f.sync_all()?;
-        }
-        fs::rename(&tmp, self.dir.join("wal"))?;
-        File::open(&self.dir)?.sync_all()?;
-        self.file = Arc::new(
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(self.dir.join("wal"))?,
-        );
+        // `wal.tmp` is created exclusively and never through a symlink.
+        let path = self.dir.join("wal");
+        crate::datadir::replace_file(&path, bytes)?;
+        self.file = Arc::new(crate::datadir::open_private(&path)?);
         self.end = bytes.len() as u64;
         self.len = self.end;
         Ok(())
@@ -1074,6 +1067,7 @@ impl Disk for MemDisk {
 mod tests {
     use super::*;
     use raft::Storage as _;
+    use std::fs::{self, OpenOptions};
 
     #[test]
     fn an_entries_record_is_each_entry_length_prefixed_under_one_checksum() {
@@ -1367,5 +1361,28 @@ mod tests {
         let (_, rec) = Wal::open(FileDisk::open(&dir).unwrap()).unwrap();
         assert_eq!(rec.torn_bytes, 0);
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The log and its replacement are private and never written through
+    /// a planted `wal.tmp` symlink.
+    #[test]
+    fn file_disk_files_are_private_and_a_planted_temp_link_is_not_followed() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!("ticketd-wal-mode-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        let dir = base.join("node");
+        let mut disk = FileDisk::open(&dir).unwrap();
+        let mode = |p: &Path| fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&dir.join("wal")), 0o600);
+        let victim = base.join("victim");
+        fs::write(&victim, "keep").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.join("wal.tmp")).unwrap();
+        disk.replace(b"compacted").unwrap();
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "keep");
+        assert_eq!(fs::read(dir.join("wal")).unwrap(), b"compacted");
+        assert_eq!(mode(&dir.join("wal")), 0o600);
+        drop(disk);
+        fs::remove_dir_all(&base).unwrap();
     }
 }

@@ -24,6 +24,14 @@
 //!    only while bytes remain.
 //! 6. Reap the connections marked closing during the turn.
 //!
+//! # Connections over sockets or pipes
+//!
+//! A connection's state machine (buffers, decoding, limits, closing) works
+//! on a byte stream (`conn::Stream`): a mio socket, or, with the `harness`
+//! feature (tests only), the server end of an in-memory pipe. The loop turn
+//! is the same code for both; only readiness differs (epoll events for a
+//! socket, the pipe's own edges for a pipe: `ticketd::harness`).
+//!
 //! # Limits
 //!
 //! Over `max_conns`, a new connection is accepted and closed at once. A
@@ -35,6 +43,8 @@
 //! resumes by itself.
 
 mod conn;
+#[cfg(feature = "harness")]
+mod mem;
 pub mod ratelimit;
 
 use std::io;
@@ -52,13 +62,13 @@ use slab::Slab;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::config::{Config, MAX_CONNS_CEILING};
-use crate::engine::Outbox;
+use crate::engine::{ConnId, Outbox};
 use crate::limits::{max_reply_frame, max_request_frame};
 use crate::proto::{decode_request, encode_reply, Decoded, Malformed};
 use crate::service::Service;
 use crate::time::{Millis, MonotonicClock};
 
-use conn::{Closing, Conn};
+use conn::{Closing, Conn, Stream};
 use ratelimit::LogLimit;
 
 const LISTENER: Token = Token(0);
@@ -252,16 +262,37 @@ impl<S: Service> Server<S> {
             service.describe(),
             config.describe_limits()
         );
-        Ok(Server {
+        Ok(Server::assemble(
+            config,
+            service,
+            poll,
+            waker,
+            Some(listener),
+            local_addr,
+            Clock::Monotonic(MonotonicClock::new()),
+        ))
+    }
+
+    /// The server around its parts; nothing is polled yet.
+    fn assemble(
+        config: Config,
+        service: S,
+        poll: Poll,
+        waker: Arc<Waker>,
+        listener: Option<TcpListener>,
+        local_addr: SocketAddr,
+        clock: Clock,
+    ) -> Self {
+        Server {
             poll,
             events: Some(Events::with_capacity(1024)),
-            listener: Some(listener),
+            listener,
             local_addr,
             signals: None,
             waker,
             stop_flag: Arc::new(AtomicBool::new(false)),
             service,
-            clock: Clock::Monotonic(MonotonicClock::new()),
+            clock,
             conns: Slab::new(),
             next_conn_seq: 1,
             active: Vec::new(),
@@ -283,7 +314,7 @@ impl<S: Service> Server<S> {
                 service: LogLimit::new(1, 10_000),
             },
             config,
-        })
+        }
     }
 
     /// The address actually bound (the real port when 0 was asked).
@@ -499,7 +530,7 @@ impl<S: Service> Server<S> {
         self.reap(now);
         if let Some(deadline) = self.shutdown_deadline {
             if self.conns.is_empty() || now >= deadline {
-                self.finish_shutdown();
+                self.finish_shutdown(now);
             }
         }
     }
@@ -576,8 +607,7 @@ impl<S: Service> Server<S> {
         if let Err(e) = stream.set_nodelay(true) {
             log::debug!("{peer}: cannot set TCP_NODELAY: {e}");
         }
-        let entry = self.conns.vacant_entry();
-        let key = entry.key();
+        let key = self.conns.vacant_key();
         if let Err(e) =
             self.poll
                 .registry()
@@ -586,6 +616,14 @@ impl<S: Service> Server<S> {
             log::warn!("{peer}: cannot register the connection: {e}");
             return;
         }
+        self.insert_conn(Stream::Tcp(stream), peer);
+    }
+
+    /// Adds an accepted (and, for a socket, registered) connection to the
+    /// slab, ready to be read on this turn.
+    fn insert_conn(&mut self, stream: Stream, peer: SocketAddr) -> ConnId {
+        let entry = self.conns.vacant_entry();
+        let key = entry.key();
         let id = (self.next_conn_seq << CONN_KEY_BITS) | key as u64;
         self.next_conn_seq += 1;
         self.stats.accepted += 1;
@@ -596,6 +634,7 @@ impl<S: Service> Server<S> {
         c.active = true;
         entry.insert(c);
         self.active.push(key);
+        id
     }
 
     /// Handles the input of every active connection; returns `now` as it
@@ -910,11 +949,13 @@ impl<S: Service> Server<S> {
                 Interest::READABLE
             };
             if want != c.interest {
-                match self
-                    .poll
-                    .registry()
-                    .reregister(&mut c.stream, conn_token(key), want)
-                {
+                let registered = match c.stream.tcp_mut() {
+                    Some(tcp) => self.poll.registry().reregister(tcp, conn_token(key), want),
+                    // A pipe needs no registration: the harness reads its
+                    // readiness from the pipe itself.
+                    None => Ok(()),
+                };
+                match registered {
                     Ok(()) => c.interest = want,
                     Err(e) => {
                         log::debug!("{}: reregister failed: {e}", c.peer);
@@ -938,8 +979,10 @@ impl<S: Service> Server<S> {
             if self.closing_done(now, key) {
                 self.closing.swap_remove(i);
                 if let Some(mut c) = self.conns.try_remove(key) {
-                    if let Err(e) = self.poll.registry().deregister(&mut c.stream) {
-                        log::debug!("{}: deregister failed: {e}", c.peer);
+                    if let Some(tcp) = c.stream.tcp_mut() {
+                        if let Err(e) = self.poll.registry().deregister(tcp) {
+                            log::debug!("{}: deregister failed: {e}", c.peer);
+                        }
                     }
                     log::debug!("{}: closed", c.peer);
                 }
@@ -969,7 +1012,7 @@ impl<S: Service> Server<S> {
         }
         if !c.shut_write {
             c.shut_write = true;
-            if c.stream.shutdown(std::net::Shutdown::Write).is_err() {
+            if c.stream.shutdown_write().is_err() {
                 return true;
             }
         }
@@ -1004,10 +1047,13 @@ impl<S: Service> Server<S> {
         }
     }
 
-    fn finish_shutdown(&mut self) {
+    fn finish_shutdown(&mut self, now: Millis) {
         for mut c in self.conns.drain() {
-            let _ = self.poll.registry().deregister(&mut c.stream);
+            if let Some(tcp) = c.stream.tcp_mut() {
+                let _ = self.poll.registry().deregister(tcp);
+            }
         }
+        self.service.stop(now);
         self.closing.clear();
         self.active.clear();
         self.active_next.clear();

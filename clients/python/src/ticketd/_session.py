@@ -1,0 +1,339 @@
+"""One connection to a server: a writer thread, a reader thread, and the
+table that matches pipelined replies to the calls waiting for them.
+
+A call is *queued* while it sits in the session's queue: not one byte of it
+has been handed to the socket, so it can still be withdrawn and retried
+elsewhere. The writer marks it *sent* before its bytes go to ``sendall``,
+which is the conservative reading of "may have been sent": from then on it
+is never sent again (an Extend may be sent again as a new call, SPEC §5.3;
+an Acquire or a Release never). The reader matches A/T/B by owner, R/N and
+E/X by token and key, in any order.
+
+One lock per session guards the queue, the tables and every call's phase,
+so "is it still queued?" has one answer for the writer, the reader and the
+waiting caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import socket
+import threading
+import time
+from collections import deque
+
+from . import _proto
+from ._plan import Plan, transport_plan
+
+#: Most bytes the writer hands to one ``sendall``: bounds how many queued
+#: requests one stalled write turns from "unsent" into "may have been sent".
+BATCH_BYTES = 16 * 1024
+#: Bytes the reader asks for per ``recv``.
+READ_CHUNK = 8 * 1024
+
+ACQUIRE = "A"
+RELEASE = "R"
+EXTEND = "E"
+
+QUEUED = 0
+SENT = 1
+DONE = 2
+
+#: How a call ended: a reply matched it.
+ANSWERED = "answered"
+#: Withdrawn before any byte of it reached a socket: safe to retry.
+NOT_SENT = "not_sent"
+#: It may have been sent and no reply can come any more.
+LOST = "lost"
+
+_session_ids = itertools.count(1)
+
+Sock = socket.socket
+
+
+class Call:
+    """One request and the caller (if any) waiting for it, on one session."""
+
+    __slots__ = (
+        "kind",
+        "key",
+        "key_str",
+        "owner",
+        "token",
+        "lease_s",
+        "plan",
+        "phase",
+        "written_at",
+        "outcome",
+        "reply_op",
+        "reply_token",
+        "cv",
+    )
+
+    def __init__(
+        self,
+        kind: str,
+        key: bytes,
+        plan: Plan,
+        *,
+        owner: int = 0,
+        token: int = 0,
+        lease_s: int = 0,
+    ) -> None:
+        self.kind = kind
+        self.key = key
+        self.key_str = key.decode("utf-8")
+        self.owner = owner
+        self.token = token
+        self.lease_s = lease_s
+        self.plan = plan
+        self.phase = QUEUED
+        self.written_at = 0.0
+        self.outcome: str | None = None
+        self.reply_op = 0
+        self.reply_token = 0
+        self.cv: threading.Condition | None = None
+
+    def _finish(self, outcome: str) -> None:
+        if self.phase != DONE:
+            self.phase = DONE
+            self.outcome = outcome
+            if self.cv is not None:
+                self.cv.notify_all()
+
+    def _answer(self, op: int, token: int) -> None:
+        if self.phase == SENT:
+            self.reply_op = op
+            self.reply_token = token
+            self._finish(ANSWERED)
+
+
+class Session:
+    """A connected socket with its writer and reader threads."""
+
+    def __init__(self, sock: Sock, max_key_bytes: int, peer: str) -> None:
+        self.id = next(_session_ids)
+        self.peer = peer
+        self._sock = sock
+        self._max_key_bytes = max_key_bytes
+        self._lock = threading.Lock()
+        self._writer_cv = threading.Condition(self._lock)
+        self._dead = False
+        self.why: str | None = None
+        self._queue: deque[Call] = deque()
+        self._acquires: dict[int, Call] = {}
+        self._by_token: dict[tuple[str, int], list[Call]] = {}
+        self.frames_written = 0
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        """Starts both threads (daemons: they never keep a process alive)."""
+        for name, target in (("w", self._writer_loop), ("r", self._reader_loop)):
+            t = threading.Thread(target=target, name=f"ticketd-{name}{self.id}", daemon=True)
+            self._threads.append(t)
+            t.start()
+
+    @property
+    def dead(self) -> bool:
+        with self._lock:
+            return self._dead
+
+    def submit(self, call: Call) -> bool:
+        """Queues ``call`` for the writer; ``False`` if the session is already
+        dead (the call is untouched and can go elsewhere)."""
+        with self._lock:
+            if self._dead:
+                return False
+            call.cv = threading.Condition(self._lock)
+            self._queue.append(call)
+            self._writer_cv.notify()
+            return True
+
+    def await_call(self, call: Call) -> str:
+        """Waits for ``call`` (queued here) to end, enforcing its plan:
+        withdrawn unsent at its send deadline; given up, with this session
+        closed, at its give-up instant if it may have been sent and has no
+        reply. Returns the outcome."""
+        cv = call.cv
+        assert cv is not None, "await_call on a call that was never submitted"
+        with self._lock:
+            while True:
+                if call.phase == DONE:
+                    assert call.outcome is not None
+                    return call.outcome
+                now = time.monotonic()
+                limit = call.plan.send_deadline if call.phase == QUEUED else call.plan.give_up
+                if now < limit:
+                    cv.wait(limit - now)
+                    continue
+                if call.phase == QUEUED:
+                    self._queue.remove(call)
+                    call._finish(NOT_SENT)
+                    return NOT_SENT
+                # Sent and unanswered at the give-up instant. Close exactly
+                # this session: a reply can no longer be told apart from a
+                # late one, and the server must not keep a queued acquire for
+                # a caller that has gone.
+                self._close_locked("no reply by the call's deadline")
+                return call.outcome or LOST
+
+    def close(self, why: str) -> None:
+        """Closes the session: queued calls end NOT_SENT, calls that may have
+        been sent end LOST, both threads stop."""
+        with self._lock:
+            self._close_locked(why)
+
+    def _close_locked(self, why: str) -> None:
+        if self._dead:
+            return
+        self._dead = True
+        self.why = why
+        while self._queue:
+            self._queue.popleft()._finish(NOT_SENT)
+        for call in self._acquires.values():
+            call._finish(LOST)
+        self._acquires.clear()
+        for calls in self._by_token.values():
+            for call in calls:
+                call._finish(LOST)
+        self._by_token.clear()
+        self._writer_cv.notify_all()
+        # Wakes the reader (recv returns b"") and a writer blocked in sendall.
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    def abort(self) -> None:
+        """Shuts the socket down without the session lock; the reader then
+        closes the session. For finalisers only."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    def join(self) -> None:
+        """Joins both threads and closes the socket; only after :meth:`close`."""
+        me = threading.current_thread()
+        for t in self._threads:
+            if t is not me:
+                t.join()
+        self._sock.close()
+
+    # -- writer ----------------------------------------------------------
+
+    def _writer_loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._dead and not self._queue:
+                    self._writer_cv.wait()
+                if self._dead:
+                    return
+                buf = self._take_batch_locked()
+            if not buf:
+                continue
+            try:
+                self._sock.sendall(buf)
+            except OSError as e:
+                self.close(f"write failed: {e}")
+                return
+
+    def _take_batch_locked(self) -> bytes:
+        # The wire wait is computed here, just before the write.
+        now = time.monotonic()
+        parts: list[bytes] = []
+        size = 0
+        while self._queue and size < BATCH_BYTES:
+            call = self._queue.popleft()
+            wait_s = call.plan.wire_wait_at(now)
+            if wait_s is None:
+                # Reached its deadline unsent: never sent at all.
+                call._finish(NOT_SENT)
+                continue
+            if call.kind == ACQUIRE:
+                frame = _proto.encode_acquire(wait_s, call.lease_s, call.owner, call.key)
+                old = self._acquires.get(call.owner)
+                if old is not None:
+                    # Owners are fresh per call; should one ever repeat, the
+                    # older call can no longer be told apart.
+                    old._finish(LOST)
+                self._acquires[call.owner] = call
+            elif call.kind == RELEASE:
+                frame = _proto.encode_release(call.token, call.key)
+                self._by_token.setdefault((RELEASE, call.token), []).append(call)
+            else:
+                frame = _proto.encode_extend(call.lease_s, call.token, call.key)
+                self._by_token.setdefault((EXTEND, call.token), []).append(call)
+            call.phase = SENT
+            call.written_at = now
+            self.frames_written += 1
+            parts.append(frame)
+            size += len(frame)
+        return b"".join(parts)
+
+    # -- reader ----------------------------------------------------------
+
+    def _reader_loop(self) -> None:
+        buf = bytearray()
+        while True:
+            try:
+                chunk = self._sock.recv(READ_CHUNK)
+            except InterruptedError:
+                continue
+            except OSError as e:
+                self.close(f"read failed: {e}")
+                return
+            if not chunk:
+                self.close("connection closed by the server")
+                return
+            buf += chunk
+            pos = 0
+            while True:
+                d = _proto.decode_reply(buf, pos, self._max_key_bytes)
+                if d is None:
+                    break
+                if isinstance(d, _proto.Malformed):
+                    self.close(f"malformed reply from the server: {d.reason}")
+                    return
+                pos += d.used
+                why = self._deliver(d.reply)
+                if why is not None:
+                    self.close(why)
+                    return
+            # Bounded: what stays is at most one incomplete, maximal reply.
+            del buf[:pos]
+
+    def _deliver(self, r: _proto.Reply) -> str | None:
+        with self._lock:
+            if self._dead:
+                return None
+            if r.op in (_proto.OP_ACQUIRE, _proto.OP_TIMEOUT, _proto.OP_BUSY):
+                owner = r.owner if r.op == _proto.OP_ACQUIRE else r.a
+                call = self._acquires.pop(owner, None)
+                if call is None:
+                    if r.op == _proto.OP_ACQUIRE:
+                        # A grant nobody waits for: give it back at once
+                        # rather than leave the key held for a lease.
+                        self._enqueue_orphan_release_locked(r.key, r.a)
+                    return None
+                if call.key_str != r.key:
+                    call._finish(LOST)
+                    return "reply key does not match the request"
+                call._answer(r.op, r.a)
+                return None
+            kind: str | None
+            kind = RELEASE if r.op in (_proto.OP_RELEASE, _proto.OP_NOT_RELEASED) else EXTEND
+            calls = self._by_token.get((kind, r.a))
+            if not calls:
+                return None
+            for i, c in enumerate(calls):
+                if c.key_str == r.key:
+                    del calls[i]
+                    if not calls:
+                        del self._by_token[(kind, r.a)]
+                    c._answer(r.op, r.a)
+                    break
+            return None
+
+    def _enqueue_orphan_release_locked(self, key: str, token: int) -> None:
+        call = Call(RELEASE, key.encode("utf-8"), transport_plan(time.monotonic()), token=token)
+        call.cv = threading.Condition(self._lock)
+        self._queue.append(call)
+        self._writer_cv.notify()

@@ -1,0 +1,348 @@
+//! Every program in `examples/` runs, and does what its doc comment says.
+//!
+//! Each test starts the example as a real process (and, for the examples
+//! that talk to a server, a real `ticketd` beside it) and asserts on what it
+//! prints. The benchmark drivers run with short flags.
+//!
+//! `cargo test` builds the examples next to the test binaries; a test run
+//! restricted to this file (`cargo test --test examples`) does not, so a
+//! missing example is built first with `cargo build --example`.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Ticketd;
+
+/// The path of example `name`, built first if this test run did not build it.
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("path of the test binary");
+    // target/<profile>/deps/examples-<hash> -> target/<profile>/examples/<name>
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target profile directory")
+        .join("examples");
+    let path = dir.join(name);
+    if !path.is_file() {
+        let mut features = Vec::new();
+        if cfg!(feature = "cluster") {
+            features.push("cluster");
+        }
+        if cfg!(feature = "harness") {
+            features.push("harness");
+        }
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "--example", name, "--no-default-features"]);
+        if !features.is_empty() {
+            cmd.args(["--features", &features.join(",")]);
+        }
+        if !cfg!(debug_assertions) {
+            cmd.arg("--release");
+        }
+        let status = cmd
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("run cargo build --example");
+        assert!(status.success(), "cargo build --example {name}: {status}");
+    }
+    path
+}
+
+/// Waits for `child` at most `limit`, killing it past that; its output.
+fn finish(mut child: Child, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    loop {
+        if child.try_wait().expect("wait for the example").is_some() {
+            return child.wait_with_output().expect("example output");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("example output");
+            panic!(
+                "example ran past {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs example `name` with `args` to its end (at most `limit`) and returns
+/// its standard output; panics with both streams if it fails.
+fn run(name: &str, args: &[&str], envs: &[(&str, String)], limit: Duration) -> String {
+    let mut cmd = Command::new(example(name));
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = finish(cmd.spawn().expect("start the example"), limit);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "example {name} failed: {}\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The number right after `prefix` in the line that contains it.
+fn number_after(text: &str, prefix: &str) -> u64 {
+    let at = text
+        .find(prefix)
+        .unwrap_or_else(|| panic!("{prefix:?} not in:\n{text}"));
+    let digits: String = text[at + prefix.len()..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits
+        .parse()
+        .unwrap_or_else(|_| panic!("no number after {prefix:?} in:\n{text}"))
+}
+
+/// `needles` occur in `text` in this order.
+fn assert_in_order(text: &str, needles: &[&str]) {
+    let mut from = 0;
+    for n in needles {
+        match text[from..].find(n) {
+            Some(i) => from += i + n.len(),
+            None => panic!("{n:?} missing (or out of order) in:\n{text}"),
+        }
+    }
+}
+
+#[test]
+fn step_server_hands_the_key_to_the_waiter_one_millisecond_past_the_lease() {
+    let out = run("step_server", &[], &[], Duration::from_secs(60));
+    assert_in_order(
+        &out,
+        &[
+            "holder  <- Some(\"A token=1 owner=1 db\")",
+            "waiter  <- None (queued)",
+            "clock moved 5,000 ms",
+            "waiter  <- None (still queued)",
+            "clock moved 1 ms more",
+            "waiter  <- Some(\"A token=2 owner=2 db\")",
+            "stopped after",
+        ],
+    );
+}
+
+#[test]
+fn acquire_release_takes_works_under_and_releases_the_lock() {
+    let server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    let out = run("acquire_release", &[&addr], &[], Duration::from_secs(60));
+    assert_in_order(
+        &out,
+        &[
+            "acquired \"db-migration\" with fencing token ",
+            "step 1",
+            "step 2",
+            "step 3",
+            "released",
+        ],
+    );
+    assert!(number_after(&out, "fencing token ") > 0, "{out}");
+}
+
+#[test]
+fn fenced_write_refuses_the_stale_holder_after_its_lease_ends() {
+    let server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    let out = run("fenced_write", &[&addr], &[], Duration::from_secs(60));
+    let a = number_after(&out, "A wrote with token ");
+    let b = number_after(&out, "B wrote with token ");
+    assert!(b > a, "the next holder's token is higher: {out}");
+    assert_in_order(
+        &out,
+        &[
+            &format!("A's write refused: stale token {a}: {b} has been seen"),
+            "stored value: \"B: final\"",
+        ],
+    );
+}
+
+#[test]
+fn shared_client_counts_every_increment_under_one_lock() {
+    let server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    let out = run("shared_client", &[&addr], &[], Duration::from_secs(120));
+    assert_eq!(
+        number_after(&out, "8 threads x 50 increments under one lock = "),
+        400,
+        "{out}"
+    );
+}
+
+/// A request and its reply over a fresh connection to `addr`.
+fn one_acquire(addr: SocketAddr) -> common::Reply {
+    let mut c = common::Client::connect(addr);
+    c.acquire_reply("k", 7, 0, 5)
+}
+
+/// Reads lines of `child`'s stdout until one starts with `prefix`; returns
+/// the address at its end.
+fn listening_addr(
+    child: &mut Child,
+    prefix: &str,
+) -> (SocketAddr, BufReader<std::process::ChildStdout>) {
+    let mut out = BufReader::new(child.stdout.take().expect("piped stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("first line");
+    let addr = line
+        .trim()
+        .strip_prefix(prefix)
+        .unwrap_or_else(|| panic!("{prefix:?} not at the start of {line:?}"));
+    (addr.parse().expect("an address"), out)
+}
+
+fn sigterm(child: &Child) {
+    let pid = i32::try_from(child.id()).expect("a pid fits in i32");
+    // SAFETY: kill(2) on our own child, not yet waited for.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+}
+
+#[test]
+fn limit_server_answers_every_acquire_and_counts_on_sigterm() {
+    let mut child = Command::new(example("limit_server"))
+        .arg("127.0.0.1:0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start limit_server");
+    let (addr, mut out) = listening_addr(&mut child, "limit_server listening on ");
+    let reply = one_acquire(addr);
+    assert!(
+        matches!(reply, common::Reply::Acquired { owner: 7, .. }),
+        "{reply:?}"
+    );
+    sigterm(&child);
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).expect("the rest of stdout");
+    let status = finish(child, Duration::from_secs(30)).status;
+    assert!(status.success(), "{status}");
+    assert!(
+        rest.contains("limit_server: 1 requests on 1 connections"),
+        "{rest}"
+    );
+}
+
+#[test]
+fn ticket_bench_drives_a_real_server_for_a_fixed_number_of_requests() {
+    let server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    let out = run(
+        "ticket_bench",
+        &[
+            "--server",
+            &addr,
+            "--mode",
+            "cycle",
+            "--connections",
+            "2",
+            "--requests",
+            "400",
+            "--json",
+        ],
+        &[],
+        Duration::from_secs(60),
+    );
+    assert!(number_after(&out, "\"requests\":") >= 400, "{out}");
+}
+
+#[test]
+fn engine_memory_hot_path_allocates_only_the_stored_key_and_leaks_nothing() {
+    let out = run(
+        "engine_memory",
+        &["hot-path"],
+        &[],
+        Duration::from_secs(120),
+    );
+    assert!(
+        out.contains("1.000 allocations per cycle (1 = the stored key), 0 bytes left behind"),
+        "{out}"
+    );
+}
+
+#[cfg(feature = "harness")]
+#[test]
+fn deterministic_test_hands_the_crashed_holders_key_over_with_a_higher_token() {
+    let out = run("deterministic_test", &[], &[], Duration::from_secs(60));
+    assert_in_order(
+        &out,
+        &[
+            "0ms alice acquired db, token 1\n",
+            "0ms bob queued for db\n",
+            "0ms alice crashed holding db\n",
+            "5000ms bob still waiting\n",
+            "5001ms bob acquired db, token 2 (> 1), expires at 30000ms\n",
+            "5001ms a write fenced with alice's token 1 is refused: true\n",
+            "5001ms bob released db\n",
+            "two runs, identical transcripts\n",
+        ],
+    );
+}
+
+#[cfg(feature = "cluster")]
+#[test]
+fn cluster_bench_runs_the_cluster_single_mode_and_the_cluster_limit() {
+    let out = run(
+        "cluster_bench",
+        &["--clients", "2", "--seconds", "1"],
+        &[
+            ("CB_BIN", common::ticketd_bin().display().to_string()),
+            (
+                "CB_LIMIT",
+                example("cluster_limit_server").display().to_string(),
+            ),
+        ],
+        Duration::from_secs(180),
+    );
+    assert_in_order(
+        &out,
+        &[
+            "ticketd 3-node cluster:",
+            "single-mode ticketd:",
+            "cluster limit:",
+            "ratio: cluster / single-mode ticketd = ",
+        ],
+    );
+    assert!(
+        number_after(&out, "ticketd 3-node cluster:   ") > 0,
+        "{out}"
+    );
+    assert!(
+        number_after(&out, "cluster limit:            ") > 0,
+        "{out}"
+    );
+    // The cluster limit's leader and followers report their syncs.
+    assert!(out.contains("fdatasync calls"), "{out}");
+}
+
+#[test]
+fn examples_directory_has_a_test_for_every_example() {
+    let me = include_str!("examples.rs");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    for entry in std::fs::read_dir(dir).expect("examples/") {
+        let path = entry.expect("entry").path();
+        if path.extension().and_then(|e| e.to_str()) != Some("rs") {
+            continue;
+        }
+        let name = path.file_stem().and_then(|s| s.to_str()).expect("a name");
+        assert!(
+            me.contains(&format!("\"{name}\"")),
+            "examples/{name}.rs is run by no test in tests/examples.rs"
+        );
+    }
+}
