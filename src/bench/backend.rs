@@ -236,10 +236,25 @@ mod tests {
         assert!(b.supports_extend());
         let mut ext = Vec::new();
         b.encode_extend(&mut ext, "db", 7, 30);
-        assert_eq!(ext, [0x45, 0x1E, 0, 0, 0, 0, 0, 0, 0, 0x07, 0x64, 0x62, 0x0A]);
+        assert_eq!(
+            ext,
+            [0x45, 0x1E, 0, 0, 0, 0, 0, 0, 0, 0x07, 0x64, 0x62, 0x0A]
+        );
         let mut v = Vec::new();
-        proto::encode_reply(&Reply::Extended { token: 7, key: "db" }, &mut v);
-        proto::encode_reply(&Reply::NotExtended { token: 8, key: "db" }, &mut v);
+        proto::encode_reply(
+            &Reply::Extended {
+                token: 7,
+                key: "db",
+            },
+            &mut v,
+        );
+        proto::encode_reply(
+            &Reply::NotExtended {
+                token: 8,
+                key: "db",
+            },
+            &mut v,
+        );
         let (o, used) = b.decode(&v).unwrap().unwrap();
         assert_eq!(o, Outcome::Extended { token: Some(7) });
         let (o2, _) = b.decode(&v[used..]).unwrap().unwrap();

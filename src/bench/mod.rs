@@ -68,6 +68,9 @@ usage: ticket bench [FLAGS]
   -h, --help            this text
 ";
 
+/// The values of `--mode`.
+const MODES: &str = "acquire | cycle | contended | extend | extend-flood";
+
 /// A parsed command line.
 #[derive(Clone, Debug)]
 pub struct Args {
@@ -151,11 +154,7 @@ pub fn parse_args(args: Vec<String>) -> Result<Args, String> {
         Some("contended") => Mode::Contended,
         Some("extend") => Mode::Extend,
         Some("extend-flood") => Mode::ExtendFlood,
-        Some(other) => {
-            return Err(format!(
-                "--mode: unknown mode {other:?} (acquire | cycle | contended | extend | extend-flood)"
-            ))
-        }
+        Some(other) => return Err(format!("--mode: unknown mode {other:?} ({MODES})")),
     };
     if mode.extends() && backend != BackendKind::Ticketd {
         return Err(format!(
@@ -913,15 +912,31 @@ mod tests {
             ),
             (&["--mode", "contended", "--wait", "0"][..], "--wait"),
             (&["--lease", "0"][..], "--lease"),
-            (&["--mode", "extend", "--backend", "redis"][..], "ticketd only"),
-            (&["--mode", "extend-flood", "--backend", "etcd"][..], "ticketd only"),
+            (
+                &["--mode", "extend", "--backend", "redis"][..],
+                "ticketd only",
+            ),
+            (
+                &["--mode", "extend-flood", "--backend", "etcd"][..],
+                "ticketd only",
+            ),
             (&["--mode", "extend", "--depth", "4"][..], "extend-flood"),
-            (&["--mode", "extend", "--keys", "hot:3"][..], "uncontended only"),
+            (
+                &["--mode", "extend", "--keys", "hot:3"][..],
+                "uncontended only",
+            ),
             (&["--mode", "extend", "--requests", "9"][..], "--duration"),
             (&["--mode", "extend", "--locks", "0"][..], "--locks"),
             (&["--locks", "10"][..], "only for --mode extend"),
             (
-                &["--mode", "extend", "--locks", "1000000", "--connections", "2"][..],
+                &[
+                    "--mode",
+                    "extend",
+                    "--locks",
+                    "1000000",
+                    "--connections",
+                    "2",
+                ][..],
                 "per connection",
             ),
             (&["--backend", "etcd", "--depth", "2"][..], "depth is 1"),
