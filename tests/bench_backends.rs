@@ -342,6 +342,19 @@ fn extend_flood_extends_back_to_back_and_counts_every_x_as_a_failure() {
     assert!(r.stats.extended > 32 * 10, "{:?}", r.stats);
     assert_eq!(bench::main(flood(&addr)), 0);
 
+    // Bounded by a count (as callgrind runs it): the 32 acquires and then
+    // extends until the budget is spent, every one answered.
+    let mut bounded = flood(&addr);
+    let at = bounded.iter().position(|a| a == "--duration").unwrap();
+    bounded.splice(at..at + 4, ["--requests".to_string(), "3000".to_string()]);
+    let r = bench::run(&bench::parse_args(bounded).unwrap()).unwrap();
+    assert_eq!(r.stats.grants, 32, "{:?}", r.stats);
+    assert_eq!(r.stats.replies, 3000, "{:?}", r.stats);
+    assert_eq!(r.stats.extended, 3000 - 32, "{:?}", r.stats);
+    // Fresh keys of its own, though earlier runs of this process on this
+    // server still hold theirs.
+    assert_eq!(r.stats.not_granted + r.stats.busy, 0, "{:?}", r.stats);
+
     // A server that caps a hold at 1 s answers every extend of a 2 s lease
     // with X: the run counts them and fails.
     let capped = common::Ticketd::start(&["--max-hold", "1"]);

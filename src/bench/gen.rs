@@ -839,6 +839,11 @@ pub fn run_worker<B: Backend>(
 ) -> Result<Stats, String> {
     let poll = Poll::new().map_err(|e| format!("poll: {e}"));
     let result = poll.and_then(|mut poll| {
+        // Runs in one process share the nonce: each takes its own block of
+        // the sequence, so a run never meets keys an earlier run of the same
+        // process still holds (extend runs leave theirs held).
+        static RUNS: AtomicU64 = AtomicU64::new(0);
+        let key_seq = run_nonce() + RUNS.fetch_add(1, Ordering::Relaxed) * 1_000_000_000;
         let mut conns = Vec::with_capacity(ids.len());
         for (i, &id) in ids.iter().enumerate() {
             let addr = cfg.addrs[id as usize % cfg.addrs.len()];
@@ -874,7 +879,7 @@ pub fn run_worker<B: Backend>(
                 slots: vec![slot; slots],
                 ready: (0..slots as u16).rev().collect(),
                 owner_seq: 0,
-                key_seq: run_nonce(),
+                key_seq,
             });
         }
         let n = conns.len();
