@@ -14,6 +14,10 @@
 //! protoc stay out of ticketd): the same lock API, one client, connection
 //! and lease per locker, as etcd users lock. Its ratio is the one to quote.
 //!
+//! The cluster runs twice per round, with peer TLS (mutual TLS 1.3,
+//! certificates from `ticketd::cluster::certs`) and plaintext, side by
+//! side; `--no-peer-tls` skips the TLS run.
+//!
 //! The same lockers then run against two ceilings (skip them with
 //! `--no-single` and `--no-cluster-limit`):
 //!
@@ -35,7 +39,7 @@
 //! target/release/examples/cluster_bench \
 //!     [--clients 50] [--seconds 10] [--rounds 1] [--etcd]
 //!     [--etcd-native bench/etcd-native/target/release/etcd-native-bench]
-//!     [--no-single] [--no-cluster-limit]
+//!     [--no-single] [--no-cluster-limit] [--no-peer-tls]
 //! ```
 //!
 //! Needs the release `ticketd` binary (target/release/ticketd, or the path
@@ -234,16 +238,38 @@ fn wait_ready(addr: SocketAddr) {
     }
 }
 
-/// A 3-node cluster with fsync on; clients spread over the nodes.
-fn bench_cluster(bin: &Path, clients: usize, seconds: u64) -> f64 {
+/// The CA and three node certificates in `dir`, as `ticket certs init`
+/// makes them.
+#[cfg(feature = "cluster")]
+fn make_certs(dir: &Path) {
+    ticketd::cluster::certs::init(&ticketd::cluster::certs::InitOptions {
+        dir: dir.to_path_buf(),
+        cluster_name: "ticketd".into(),
+        nodes: 3,
+    })
+    .expect("make peer certificates");
+}
+
+#[cfg(not(feature = "cluster"))]
+fn make_certs(_dir: &Path) {
+    panic!("peer TLS needs ticketd built with the `cluster` feature (pass --no-peer-tls)");
+}
+
+/// A 3-node cluster with fsync on; clients spread over the nodes. With
+/// `tls`, its peers speak mutual TLS with certificates made there.
+fn bench_cluster(bin: &Path, clients: usize, seconds: u64, tls: bool) -> f64 {
     let peers: Vec<String> = (1..=3)
         .map(|i| format!("{i}=127.0.0.1:{}", free_port()))
         .collect();
     let peers = peers.join(",");
     let dirs: Vec<PathBuf> = (1..=3).map(|i| temp_dir(&format!("node{i}"))).collect();
+    let certs = temp_dir("certs");
+    if tls {
+        make_certs(&certs);
+    }
     let nodes: Vec<(Proc, SocketAddr)> = (0..3)
         .map(|i| {
-            let args = [
+            let mut args = vec![
                 "--cluster".to_string(),
                 "--id".to_string(),
                 (i + 1).to_string(),
@@ -252,6 +278,17 @@ fn bench_cluster(bin: &Path, clients: usize, seconds: u64) -> f64 {
                 "--data-dir".to_string(),
                 dirs[i].display().to_string(),
             ];
+            if tls {
+                let f = |n: String| certs.join(n).display().to_string();
+                args.extend([
+                    "--peer-tls-cert".to_string(),
+                    f(format!("node{}.pem", i + 1)),
+                    "--peer-tls-key".to_string(),
+                    f(format!("node{}-key.pem", i + 1)),
+                    "--peer-tls-ca".to_string(),
+                    f("ca.pem".to_string()),
+                ]);
+            }
             start_ticketd(bin, &args)
         })
         .collect();
@@ -259,7 +296,11 @@ fn bench_cluster(bin: &Path, clients: usize, seconds: u64) -> f64 {
     let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.1).collect();
     let pids: Vec<u32> = nodes.iter().map(|n| n.0 .0.id()).collect();
     let rate = drive(
-        "ticketd 3-node cluster (fsync on)",
+        if tls {
+            "ticketd 3-node cluster (fsync on, peer TLS)"
+        } else {
+            "ticketd 3-node cluster (fsync on)"
+        },
         "ticketd",
         &addrs,
         &pids,
@@ -270,6 +311,7 @@ fn bench_cluster(bin: &Path, clients: usize, seconds: u64) -> f64 {
     for d in dirs {
         let _ = std::fs::remove_dir_all(d);
     }
+    let _ = std::fs::remove_dir_all(certs);
     rate
 }
 
@@ -473,7 +515,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 const MAX_CLIENTS: usize = 10_000;
 
 const USAGE: &str = "usage: cluster_bench [--clients N] [--seconds N] [--rounds N] [--etcd] \
-                     [--etcd-native DRIVER] [--no-single] [--no-cluster-limit]";
+                     [--etcd-native DRIVER] [--no-single] [--no-cluster-limit] [--no-peer-tls]";
 
 /// A positive number flag, or exit 2 with a clear message.
 fn number(args: &mut pico_args::Arguments, flag: &'static str, default: u64) -> u64 {
@@ -519,6 +561,7 @@ fn main() {
     }
     let single = !args.contains("--no-single");
     let no_limit = args.contains("--no-cluster-limit");
+    let peer_tls = !args.contains("--no-peer-tls");
     let rest = args.finish();
     if !rest.is_empty() {
         eprintln!("cluster_bench: unexpected {rest:?}\n{USAGE}");
@@ -555,11 +598,17 @@ fn main() {
     let (mut theirs_native, mut vs_native) = (Vec::new(), Vec::new());
     let (mut limits, mut vs_limit, mut limit_vs_native) = (Vec::new(), Vec::new(), Vec::new());
     let mut limit_vs_etcd = Vec::new();
+    let (mut ours_tls, mut tls_vs_plain) = (Vec::new(), Vec::new());
     for round in 1..=rounds {
         if rounds > 1 {
             println!("-- round {round} of {rounds}");
         }
-        let o = bench_cluster(&bin, clients, seconds);
+        let o = bench_cluster(&bin, clients, seconds, false);
+        if peer_tls {
+            let t = bench_cluster(&bin, clients, seconds, true);
+            ours_tls.push(t);
+            tls_vs_plain.push(t / o);
+        }
         let c = single.then(|| bench_single(&bin, clients, seconds));
         let l = limit
             .as_ref()
@@ -600,6 +649,13 @@ fn main() {
     };
     println!("-- {what}, {clients} clients, {seconds} s per run");
     println!("ticketd 3-node cluster:   {:.0} cycles/s", median(ours));
+    if peer_tls {
+        println!("  same, peer TLS:         {:.0} cycles/s", median(ours_tls));
+        println!(
+            "ratio: cluster with peer TLS / plaintext = {:.2}x",
+            median(tls_vs_plain)
+        );
+    }
     if single {
         println!("single-mode ticketd:      {:.0} cycles/s", median(ceiling));
     }

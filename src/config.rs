@@ -145,6 +145,11 @@ USAGE:
     ticketd [FLAGS]
     ticketd --cluster --id N --peers 1=HOST:PORT,... --data-dir DIR [FLAGS]
                                cluster mode; `ticketd --cluster --help` for its flags
+    ticketd --cluster ... --peer-tls-cert FILE --peer-tls-key FILE --peer-tls-ca FILE
+                               peers speak mutual TLS (certificates: `ticket certs
+                               init DIR`); --cluster-name NAME [ticketd] is part of
+                               each node's certificate name; --insecure-peers allows
+                               plaintext peers off loopback (docs/SECURITY.md)
 
 FLAGS (defaults in brackets):
     --listen ADDR              address to listen on; port 0 picks a free port [127.0.0.1:7470]

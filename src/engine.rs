@@ -48,12 +48,14 @@
 //! Measured by `make engine-memory` (`examples/engine_memory.rs`, a counting
 //! global allocator plus the change of RSS; release build, x86-64, glibc):
 //!
-//! * **Held key: about 78 bytes beyond the key's own bytes** at 1,000,000
-//!   keys of 24 bytes (69 before the grant time joined the slot for
-//!   `--max-hold`; `make engine-memory` prints today's figure). A key is
-//!   one hash-table entry: the boxed key (16) and a 24-byte slot (token,
-//!   expiry, grant time), plus a control byte, in a table kept at most 7/8
-//!   full. Keys without waiters have no other allocation.
+//! * **Held key: 86 bytes beyond the key's own bytes** at 1,000,000 keys
+//!   of 24 bytes (94 by RSS, which adds malloc's own 8 bytes per key
+//!   allocation; 69 and 77 before the grant time joined the slot for
+//!   `--max-hold`). A key is one hash-table entry: the boxed key (16) and a
+//!   24-byte slot (token, expiry, grant time), plus a control byte, in a
+//!   table kept at most 7/8 full (at 1,000,000 keys it has just doubled to
+//!   2^21 buckets, the worst point). Keys without waiters have no other
+//!   allocation.
 //! * **Waiter: 49 bytes** at 1,000 keys x 1,000 waiters from 1,000
 //!   connections: a waiter is 32 bytes in its key's `VecDeque` (the lease
 //!   shares a word with the waiter id; the connection is a 4-byte index)
@@ -505,10 +507,13 @@ pub struct Engine {
     sweep: Option<SweepPass>,
 }
 
-/// Buckets of the key table one `tick` visits while a sweep is under way:
-/// about 0.3 ms at 1,000,000 keys (`make engine-memory` prints the figure),
-/// so no loop turn stalls on the sweep.
+/// Buckets of the key table one `tick` visits while a sweep is under way,
+/// and the most keys it deletes: each step costs well under a millisecond
+/// (`make engine-memory` prints the longest), so no loop turn stalls on
+/// the sweep however large the table.
 pub const SWEEP_STEP_BUCKETS: usize = 16 * 1024;
+/// See [`SWEEP_STEP_BUCKETS`].
+pub const SWEEP_STEP_DELETES: usize = 1024;
 
 /// A sweep that has visited the key table's buckets below `cursor`.
 #[derive(Debug, Clone, Copy)]
@@ -1268,7 +1273,8 @@ impl Engine {
 
     /// One step of the sweep of expired keys without waiters: it starts
     /// every `sweep_interval_ms` once some lease may have ended, and then
-    /// visits [`SWEEP_STEP_BUCKETS`] buckets of the key table per call, so
+    /// visits [`SWEEP_STEP_BUCKETS`] buckets of the key table per call (or
+    /// fewer, once [`SWEEP_STEP_DELETES`] keys are deleted), so
     /// a table of any size is swept over several loop turns instead of
     /// stalling one. Deleting never moves other entries; an insertion
     /// during a pass may reorder the buckets, so that pass may miss keys
@@ -1293,15 +1299,17 @@ impl Engine {
         let queues = &self.queues;
         let mut floor = pass.floor;
         // Keep a key unless it expired and nobody waits for it.
-        self.keys.retain_buckets(pass.cursor, end, |k, s| {
-            let keep = s.expires_at > now || queues.contains_key(k);
-            if keep {
-                floor = floor.min(s.expires_at);
-            }
-            keep
-        });
+        let reached = self
+            .keys
+            .retain_buckets(pass.cursor, end, SWEEP_STEP_DELETES, |k, s| {
+                let keep = s.expires_at > now || queues.contains_key(k);
+                if keep {
+                    floor = floor.min(s.expires_at);
+                }
+                keep
+            });
         pass.floor = floor;
-        pass.cursor = end;
+        pass.cursor = reached;
         if pass.cursor < self.keys.num_buckets() {
             self.sweep = Some(pass);
             return;

@@ -305,23 +305,33 @@ impl<K: Borrow<str>, V> StrMap<K, V> {
     }
 
     /// Keeps the entries in buckets `from..to` (clamped to the table) for
-    /// which `keep` returns true: a scan in steps, by bucket index. A
-    /// removal never moves another entry, so the indices of the rest stay
-    /// put; an insertion may grow or rehash the table and reorder them.
+    /// which `keep` returns true, stopping early once `max_removed` entries
+    /// are gone: a scan in steps, by bucket index. Returns the index of the
+    /// first bucket not visited. A removal never moves another entry, so
+    /// the indices of the rest stay put; an insertion may grow or rehash the
+    /// table and reorder them.
     pub fn retain_buckets(
         &mut self,
         from: usize,
         to: usize,
+        max_removed: usize,
         mut keep: impl FnMut(&K, &mut V) -> bool,
-    ) {
-        for i in from..to.min(self.table.num_buckets()) {
+    ) -> usize {
+        let end = to.min(self.table.num_buckets());
+        let mut removed = 0;
+        for i in from..end {
+            if removed >= max_removed {
+                return i;
+            }
             if let Ok(mut entry) = self.table.get_bucket_entry(i) {
                 let (k, v) = entry.get_mut();
                 if !keep(k, v) {
                     entry.remove();
+                    removed += 1;
                 }
             }
         }
+        end.max(from)
     }
 
     /// Every entry, in no particular order.

@@ -10,6 +10,7 @@ use std::ffi::OsString;
 use std::process::ExitCode;
 
 use crate::cluster::service::{ClusterConfig, ClusterService};
+use crate::cluster::tls::TlsFiles;
 use crate::config::{reject_leftovers, Config, ConfigError};
 use crate::server::Server;
 
@@ -33,6 +34,19 @@ CLUSTER FLAGS:
     --data-dir DIR         write-ahead log and snapshots (required)
     --cluster-name NAME    peers with another name are refused [ticketd]
     --tick-ms MS           Raft tick; elections after 10-20 ticks [100]
+
+PEER SECURITY (docs/SECURITY.md):
+    --peer-tls-cert FILE   this node's certificate (PEM), naming
+                           node<ID>.<cluster-name> in its subjectAltName
+    --peer-tls-key FILE    its private key (PEM)
+    --peer-tls-ca FILE     the cluster CA (PEM); peers must chain to it
+                           and name the node id they claim. The three go
+                           together; `ticket certs init DIR --nodes 3`
+                           makes them all.
+    --insecure-peers       allow plaintext peers on non-loopback --peers
+                           (anyone who reaches a peer port can then pose
+                           as a node); without it such a cluster needs
+                           peer TLS
 
 Every single-mode flag (--listen, --max-conns, limits, --log-level, ...) is
 accepted too; see `ticketd --help`. Lock limits must be equal on every node.
@@ -66,6 +80,37 @@ pub fn parse(args: Vec<OsString>) -> Result<(Config, ClusterConfig), ConfigError
     if !(10..=10_000).contains(&tick_ms) {
         return Err(ConfigError("--tick-ms must be 10..=10000".into()));
     }
+    let mut tls_file = |flag: &'static str| -> Result<Option<std::path::PathBuf>, ConfigError> {
+        args.opt_value_from_os_str(flag, |s| {
+            Ok::<_, std::convert::Infallible>(std::path::PathBuf::from(s))
+        })
+        .map_err(|e| ConfigError(format!("{flag}: {e}")))
+    };
+    let cert = tls_file("--peer-tls-cert")?;
+    let key = tls_file("--peer-tls-key")?;
+    let ca = tls_file("--peer-tls-ca")?;
+    let tls = match (cert, key, ca) {
+        (None, None, None) => None,
+        (Some(cert), Some(key), Some(ca)) => Some(TlsFiles { cert, key, ca }),
+        _ => {
+            return Err(ConfigError(
+                "--peer-tls-cert, --peer-tls-key and --peer-tls-ca go together: give all \
+                 three (`ticket certs init DIR` makes them)"
+                    .into(),
+            ))
+        }
+    };
+    let insecure_peers = args.contains("--insecure-peers");
+    if cluster_name.is_empty()
+        || !cluster_name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+    {
+        return Err(ConfigError(format!(
+            "--cluster-name {cluster_name:?}: letters, digits, '-' and '.' only (it is part \
+             of the DNS names in peer certificates)"
+        )));
+    }
     let config = Config::take_flags(&mut args)?;
     reject_leftovers(args)?;
     if config.engine.max_hold_ms > 0 {
@@ -92,7 +137,10 @@ pub fn parse(args: Vec<OsString>) -> Result<(Config, ClusterConfig), ConfigError
         limits: config.engine.clone(),
         max_key_bytes: config.max_key_bytes,
         tick_ms,
+        tls,
+        insecure_peers,
     };
+    cluster.check_protected().map_err(ConfigError)?;
     Ok((config, cluster))
 }
 
@@ -126,6 +174,12 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
         }
     };
     service.set_exit_on_fatal(true);
+    if cluster.tls.is_none() && cluster.insecure_peers && !cluster.peers_all_loopback() {
+        log::warn!(
+            "--insecure-peers: peers speak plaintext over the network; anyone who can reach \
+             a peer port can pose as a node (docs/SECURITY.md)"
+        );
+    }
     let listen = config.listen;
     let mut server = match Server::bind(config, service) {
         Ok(s) => s,
@@ -150,6 +204,26 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn peers_off_loopback_need_tls_or_insecure_peers() {
+        let base = "--cluster --id 1 --peers 1=10.0.0.1:7001,2=127.0.0.1:7002 --data-dir /tmp/x";
+        let e = parse(args(base)).unwrap_err().to_string();
+        assert!(e.contains("ticket certs init"), "{e}");
+        assert!(e.contains("--insecure-peers"), "{e}");
+        let (_, k) = parse(args(&format!("{base} --insecure-peers"))).unwrap();
+        assert!(k.insecure_peers && k.tls.is_none());
+        let (_, k) = parse(args(&format!(
+            "{base} --peer-tls-cert c.pem --peer-tls-key k.pem --peer-tls-ca ca.pem"
+        )))
+        .unwrap();
+        assert_eq!(k.tls.unwrap().ca, std::path::PathBuf::from("ca.pem"));
+        let (_, k) = parse(args(
+            "--cluster --id 1 --peers 1=127.0.0.1:7001,2=[::1]:7002 --data-dir /tmp/x",
+        ))
+        .unwrap();
+        assert!(k.peers_all_loopback());
+    }
 
     fn args(s: &str) -> Vec<OsString> {
         s.split_whitespace().map(OsString::from).collect()
@@ -178,6 +252,9 @@ mod tests {
             "--cluster --id 4 --peers 1=127.0.0.1:7001 --data-dir /tmp/x",
             "--cluster --id 1 --peers 1=127.0.0.1:7001 --data-dir /tmp/x --bogus",
             "--cluster --id 1 --peers 1=127.0.0.1:7001 --data-dir /tmp/x --tick-ms 1",
+            "--cluster --id 1 --peers 1=127.0.0.1:7001 --data-dir /tmp/x --peer-tls-cert c",
+            "--cluster --id 1 --peers 1=127.0.0.1:7001 --data-dir /tmp/x --cluster-name a/b",
+            "--cluster --id 1 --peers 1=127.0.0.1:7001 --data-dir /tmp/x --cluster-name ''",
         ] {
             assert!(parse(args(bad)).is_err(), "{bad}");
         }

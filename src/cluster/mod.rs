@@ -6,12 +6,15 @@
 //! * [`node`]: one node, sans-IO: Ready handling, proposals, leader timers.
 //! * [`sim`]: a deterministic simulation of a whole cluster in one process.
 //! * [`transport`]: peer connections in the mio loop.
+//! * [`tls`]: mutual TLS between peers.
+//! * [`certs`]: `ticket certs init`, the CA and node certificates.
 //! * [`service`]: [`service::ClusterService`], the server loop's view.
 //! * [`cli`]: `ticketd --cluster` flags and daemon.
 //! * [`rng`]: the seeded PRNG both use.
 //!
 //! `docs/CLUSTER.md` describes the design.
 
+pub mod certs;
 pub mod cli;
 pub mod command;
 pub mod node;
@@ -20,4 +23,5 @@ pub mod service;
 pub mod sim;
 pub mod state;
 pub mod storage;
+pub mod tls;
 pub mod transport;

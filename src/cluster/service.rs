@@ -15,6 +15,7 @@ use mio::Registry;
 use crate::cluster::node::{raft_logger, Node, NodeConfig, NodeError};
 use crate::cluster::state::StateMachine;
 use crate::cluster::storage::FileDisk;
+use crate::cluster::tls::{PeerTls, TlsFiles};
 use crate::cluster::transport::{hash64, LocalInfo, PeerEvent, Transport};
 use crate::engine::{ConnId, Outbox};
 use crate::limits::EngineLimits;
@@ -43,9 +44,46 @@ pub struct ClusterConfig {
     pub max_key_bytes: usize,
     /// Milliseconds per Raft tick.
     pub tick_ms: u64,
+    /// Peer TLS files; `None`: plaintext peers.
+    pub tls: Option<TlsFiles>,
+    /// Plaintext peers allowed on addresses that are not loopback.
+    pub insecure_peers: bool,
 }
 
 impl ClusterConfig {
+    /// Whether every peer address is a loopback address.
+    #[must_use]
+    pub fn peers_all_loopback(&self) -> bool {
+        self.peers.values().all(|a| a.ip().is_loopback())
+    }
+
+    /// Protected mode: peers off loopback speak TLS, unless
+    /// `insecure_peers` says otherwise.
+    ///
+    /// # Errors
+    /// What to do, when the configuration is refused.
+    pub fn check_protected(&self) -> Result<(), String> {
+        if self.tls.is_some() || self.insecure_peers || self.peers_all_loopback() {
+            return Ok(());
+        }
+        Err(format!(
+            "--peers names addresses that are not loopback ({}), and peers would speak \
+             plaintext: anyone who reaches a peer port could pose as a node. Set up peer \
+             TLS: `ticket certs init DIR --cluster-name {} --nodes {}` makes a CA and one \
+             certificate per node; give each node --peer-tls-cert DIR/nodeN.pem \
+             --peer-tls-key DIR/nodeN-key.pem --peer-tls-ca DIR/ca.pem (docs/CLUSTER.md). \
+             Or pass --insecure-peers to run without it on a network you trust",
+            self.peers
+                .values()
+                .filter(|a| !a.ip().is_loopback())
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            self.cluster_name,
+            self.peers.len()
+        ))
+    }
+
     /// Parses `1=HOST:PORT,2=HOST:PORT,...`.
     pub fn parse_peers(s: &str) -> Result<BTreeMap<u64, SocketAddr>, String> {
         let mut peers = BTreeMap::new();
@@ -126,6 +164,14 @@ impl ClusterService {
                 cfg.peers.keys().collect::<Vec<_>>()
             )));
         };
+        // Refused before the data directory is touched.
+        cfg.check_protected().map_err(StartError::Config)?;
+        let tls = match &cfg.tls {
+            None => None,
+            Some(files) => {
+                Some(PeerTls::load(files, cfg.id, &cfg.cluster_name).map_err(StartError::Config)?)
+            }
+        };
         let voters: Vec<u64> = cfg.peers.keys().copied().collect();
         let mut ncfg = NodeConfig::new(cfg.id, voters.clone());
         ncfg.limits = cfg.limits.clone();
@@ -150,6 +196,9 @@ impl ClusterService {
         };
         let mut transport =
             Transport::bind(local, listen, &cfg.peers).map_err(StartError::Listen)?;
+        if let Some(tls) = tls {
+            transport.set_tls(tls);
+        }
         transport.set_election_timeout_ms(election_ms);
         let snapshot_bound = StateMachine::snapshot_bound(&cfg.limits, cfg.max_key_bytes);
         transport.set_max_frame_bytes(snapshot_bound);
@@ -163,11 +212,16 @@ impl ClusterService {
             );
         }
         let describe = format!(
-            "cluster node {} of {:?}, peers on {}, data dir {}, boot epoch {}, \
+            "cluster node {} of {:?}, peers on {} ({}), data dir {}, boot epoch {}, \
              peer frames up to {} MiB",
             cfg.id,
             voters,
             transport.local_addr().map_or(listen, |a| a),
+            if cfg.tls.is_some() {
+                "mutual TLS"
+            } else {
+                "plaintext"
+            },
             cfg.data_dir.display(),
             node.epoch(),
             transport.max_frame_bytes().div_ceil(1 << 20)
@@ -212,7 +266,9 @@ impl ClusterService {
                 PeerEvent::Unreachable(id) => self.node.report_unreachable(id),
                 PeerEvent::Snapshot(id, ok) => self.node.report_snapshot(id, ok),
                 PeerEvent::PeerSeen(id, uuid) => {
-                    log::info!("peer {id} seen with data directory id {uuid:016x}");
+                    // The id itself stays out of the log: in a plaintext
+                    // cluster it is part of what authenticates a peer.
+                    log::info!("peer {id} authenticated; its data directory id is pinned");
                     self.node.record_peer(id, uuid);
                 }
                 PeerEvent::Fatal(why) => {

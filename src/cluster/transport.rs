@@ -11,8 +11,19 @@
 //!   connections peers open to us are read only. The first frame on every
 //!   connection is a [`Hello`] naming the cluster, the voter set, the sender
 //!   and its data directory id, and the data directory id the sender has on
-//!   record for the receiver; a mismatch closes the connection (or, when
-//!   the receiver learns its own directory was wiped, stops the node).
+//!   record for the receiver; a mismatch closes the connection (or, when an
+//!   authenticated peer says the receiver's own directory was wiped, stops
+//!   the node).
+//! * **Authentication** (docs/SECURITY.md): with peer TLS
+//!   ([`Transport::set_tls`]) a connection is authenticated by a
+//!   certificate from the cluster CA naming the node its hello claims; in
+//!   plaintext, by a fully checked hello that also carries the receiver's
+//!   own data directory id. Until then nothing the connection says is kept
+//!   or acted on (its messages are dropped and counted); a connection not
+//!   authenticated within [`AUTH_DEADLINE_MS`] is closed, and when the
+//!   [`MAX_INBOUND`] slots are full the oldest unauthenticated one makes
+//!   room. Every message's `from` and `to` must be the connection's peer
+//!   and this node. Refusal warnings are rate-limited.
 //! * **Failures**: each peer has a bounded outbound buffer. When a message
 //!   does not fit, or the connection fails, queued messages are dropped and
 //!   the service reports the peer unreachable to raft (and each dropped
@@ -40,6 +51,8 @@ use mio::{Interest, Registry, Token};
 use protobuf::Message as _;
 use raft::eraftpb::{Message, MessageType};
 
+use crate::cluster::tls::PeerTls;
+use crate::server::ratelimit::LogLimit;
 use crate::time::Millis;
 
 /// The frame limit until [`Transport::set_max_frame_bytes`] raises it, and
@@ -62,8 +75,21 @@ fn reset_buffer(buf: &mut Vec<u8>) {
         buf.clear();
     }
 }
-/// Connections from peers accepted at once.
+/// Connections from peers accepted at once. When all are taken, the oldest
+/// connection not yet authenticated makes room for a new one.
 pub const MAX_INBOUND: usize = 64;
+/// How long a connection a peer opened has to authenticate (a complete,
+/// fully checked hello; with TLS, the handshake too) before it is closed.
+pub const AUTH_DEADLINE_MS: u64 = 2000;
+/// The largest frame taken on a connection that is not authenticated (its
+/// messages are dropped anyway): a stranger cannot make us buffer much.
+const UNTRUSTED_FRAME_BYTES: usize = 64 * 1024;
+/// Plaintext buffered inside a TLS connection before it takes no more; the
+/// per-peer output limit counts it as always full.
+const TLS_BUFFER_BYTES: usize = 256 * 1024;
+/// Refusal warnings: at most this many per window.
+const REFUSAL_LOG_BURST: u32 = 5;
+const REFUSAL_LOG_WINDOW_MS: u64 = 10_000;
 
 const HELLO_MAGIC: &[u8; 4] = b"TKTD";
 const HELLO_VERSION: u8 = 1;
@@ -203,14 +229,27 @@ struct Peer {
     backoff_ms: u64,
     /// While connecting: when the attempt is given up.
     connect_by: Millis,
+    /// The receiver's data directory id our current hello to it carries.
+    hello_to_uuid: u64,
+    /// Peer TLS: the session over `stream`.
+    tls: Option<Box<rustls::ClientConnection>>,
+    /// Peer TLS: when a handshake not done by then is given up.
+    auth_by: Option<Millis>,
 }
 
 #[derive(Debug)]
 struct Inbound {
     stream: TcpStream,
     rbuf: Vec<u8>,
+    /// The sender of a hello that passed every check.
     peer: Option<u64>,
+    /// The peer is authenticated: its messages are taken.
+    trusted: bool,
     addr: SocketAddr,
+    /// When it was accepted (for [`AUTH_DEADLINE_MS`] and eviction).
+    opened: Millis,
+    /// Peer TLS: the session over `stream`.
+    tls: Option<Box<rustls::ServerConnection>>,
 }
 
 /// Who we are, for hellos.
@@ -249,6 +288,19 @@ pub struct Transport {
     max_frame: usize,
     /// Outbound bytes buffered per peer before messages are dropped.
     max_peer_buffer: usize,
+    /// Plaintext: the data directory id in the latest checked hello of a
+    /// peer not yet pinned, echoed in our hello to it (never persisted,
+    /// never acted on).
+    unconfirmed: BTreeMap<u64, u64>,
+    /// Raft messages dropped: not from an authenticated connection, or not
+    /// from its peer to this node.
+    dropped: u64,
+    /// Refusal warnings, rate-limited.
+    refusals: LogLimit,
+    /// Dropped-message warnings, rate-limited.
+    drops: LogLimit,
+    /// Peer TLS, when configured.
+    tls: Option<PeerTls>,
 }
 
 impl Transport {
@@ -275,6 +327,9 @@ impl Transport {
                         retry_at: Millis::ZERO,
                         backoff_ms: BACKOFF_MIN_MS,
                         connect_by: Millis::ZERO,
+                        hello_to_uuid: 0,
+                        tls: None,
+                        auth_by: None,
                     },
                 )
             })
@@ -293,7 +348,18 @@ impl Transport {
             scratch: vec![0; READ_CHUNK].into_boxed_slice(),
             max_frame: MAX_FRAME_BYTES,
             max_peer_buffer: MAX_FRAME_BYTES + PEER_BUFFER_SLACK_BYTES,
+            unconfirmed: BTreeMap::new(),
+            dropped: 0,
+            refusals: LogLimit::new(REFUSAL_LOG_BURST, REFUSAL_LOG_WINDOW_MS),
+            drops: LogLimit::new(1, REFUSAL_LOG_WINDOW_MS),
+            tls: None,
         })
+    }
+
+    /// Speaks mutual TLS with every peer from now on (before the first
+    /// connection). See [`crate::cluster::tls`].
+    pub fn set_tls(&mut self, tls: PeerTls) {
+        self.tls = Some(tls);
     }
 
     /// Sets the election timeout the peer timeouts derive from: a connect
@@ -358,15 +424,59 @@ impl Transport {
         self.local.known.insert(id, uuid);
     }
 
+    /// Raft messages dropped so far: they came on a connection not (yet)
+    /// authenticated, or named another sender or receiver than it.
+    #[must_use]
+    pub fn dropped_messages(&self) -> u64 {
+        self.dropped
+    }
+
+    /// Connections peers opened to us that are authenticated.
+    #[must_use]
+    pub fn authenticated_inbound(&self) -> usize {
+        self.inbound.iter().filter(|(_, c)| c.trusted).count()
+    }
+
+    /// What we know of peer `id`'s data directory id (0: nothing).
+    fn knowledge(&self, id: u64) -> u64 {
+        self.local
+            .known
+            .get(&id)
+            .or_else(|| self.unconfirmed.get(&id))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// A rate-limited refusal warning.
+    fn refusal(&mut self, now: Millis, what: std::fmt::Arguments<'_>) {
+        if let Some(n) = self.refusals.allow(now) {
+            if n > 0 {
+                log::warn!("{what} ({n} similar refusals not logged)");
+            } else {
+                log::warn!("{what}");
+            }
+        }
+    }
+
     /// Gives up connection attempts past their timeout and opens
     /// connections whose backoff has passed.
     pub fn tick(&mut self, now: Millis, registry: &Registry) {
+        let late: Vec<usize> = self
+            .inbound
+            .iter()
+            .filter(|(_, c)| !c.trusted && c.opened.add_ms(AUTH_DEADLINE_MS) <= now)
+            .map(|(k, _)| k)
+            .collect();
+        for key in late {
+            self.close_inbound(key, now, registry, "not authenticated in time");
+        }
         let ids: Vec<u64> = self.peers.keys().copied().collect();
         for &id in &ids {
-            let stuck = self
-                .peers
-                .get(&id)
-                .is_some_and(|p| p.stream.is_some() && !p.connected && p.connect_by <= now);
+            let stuck = self.peers.get(&id).is_some_and(|p| {
+                p.stream.is_some()
+                    && ((!p.connected && p.connect_by <= now)
+                        || p.auth_by.is_some_and(|by| by <= now))
+            });
             if stuck {
                 // A SYN nobody answers (a dropped link, a full backlog)
                 // would keep messages queued here with raft none the wiser.
@@ -382,15 +492,26 @@ impl Transport {
                 continue;
             }
             let token = self.peer_token(id);
+            let to_uuid = self.knowledge(id);
             let hello = Hello {
                 cluster: self.local.cluster,
                 voters: self.local.voters,
                 from: self.local.id,
                 from_uuid: self.local.uuid,
                 to: id,
-                to_uuid: self.local.known.get(&id).copied().unwrap_or(0),
+                to_uuid,
             }
             .encode();
+            let tls = match self.tls.as_ref().map(|t| t.client(id)) {
+                None => None,
+                Some(Ok(c)) => Some(Box::new(c)),
+                Some(Err(e)) => {
+                    self.refusal(now, format_args!("peer {id}: TLS: {e}"));
+                    let p = self.peers.get_mut(&id).expect("listed");
+                    p.retry_at = now.add_ms(BACKOFF_MAX_MS);
+                    continue;
+                }
+            };
             let p = self.peers.get_mut(&id).expect("listed");
             match TcpStream::connect(p.addr) {
                 Ok(mut s) => {
@@ -400,9 +521,15 @@ impl Transport {
                         .is_ok()
                     {
                         p.stream = Some(s);
+                        p.tls = tls.map(|mut c| {
+                            c.set_buffer_limit(Some(TLS_BUFFER_BYTES));
+                            c
+                        });
+                        p.auth_by = None;
                         p.connected = false;
                         p.connect_by = now.add_ms(self.connect_timeout_ms);
                         p.buf = hello;
+                        p.hello_to_uuid = to_uuid;
                         p.cursor = 0;
                         p.snaps.clear();
                     } else {
@@ -420,13 +547,20 @@ impl Transport {
     /// The next reconnect attempt or connect timeout.
     #[must_use]
     pub fn next_deadline(&self) -> Option<Millis> {
+        let auth = self
+            .inbound
+            .iter()
+            .filter(|(_, c)| !c.trusted)
+            .map(|(_, c)| c.opened.add_ms(AUTH_DEADLINE_MS))
+            .min();
         self.peers
             .values()
             .filter_map(|p| match (&p.stream, p.connected) {
                 (None, _) => Some(p.retry_at),
                 (Some(_), false) => Some(p.connect_by),
-                (Some(_), true) => None,
+                (Some(_), true) => p.auth_by,
             })
+            .chain(auth)
             .min()
     }
 
@@ -444,6 +578,8 @@ impl Transport {
         reset_buffer(&mut p.buf);
         p.cursor = 0;
         p.connected = false;
+        p.tls = None;
+        p.auth_by = None;
         p.retry_at = now.add_ms(p.backoff_ms);
         p.backoff_ms = (p.backoff_ms * 2).min(BACKOFF_MAX_MS);
         self.events.push(PeerEvent::Unreachable(id));
@@ -470,7 +606,8 @@ impl Transport {
             }
             return;
         }
-        if p.stream.is_none() || p.buf.len() - p.cursor + size + 4 > self.max_peer_buffer {
+        let in_tls = if p.tls.is_some() { TLS_BUFFER_BYTES } else { 0 };
+        if p.stream.is_none() || p.buf.len() - p.cursor + in_tls + size + 4 > self.max_peer_buffer {
             if snapshot {
                 self.events.push(PeerEvent::Snapshot(id, false));
             }
@@ -522,13 +659,41 @@ impl Transport {
         if !p.connected {
             return Ok(()); // wait for WRITABLE
         }
-        while p.cursor < p.buf.len() {
-            match s.write(&p.buf[p.cursor..]) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => p.cursor += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
+        if let Some(tls) = p.tls.as_mut() {
+            // Frames go into the session as far as its buffer takes them,
+            // records out to the socket as far as it takes them.
+            loop {
+                let mut moved = 0;
+                if p.cursor < p.buf.len() {
+                    moved = tls.writer().write(&p.buf[p.cursor..])?;
+                    p.cursor += moved;
+                }
+                let mut blocked = false;
+                while tls.wants_write() {
+                    match tls.write_tls(s) {
+                        Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                        Ok(_) => {}
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            blocked = true;
+                            break;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                if blocked || moved == 0 || p.cursor == p.buf.len() {
+                    break;
+                }
+            }
+        } else {
+            while p.cursor < p.buf.len() {
+                match s.write(&p.buf[p.cursor..]) {
+                    Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                    Ok(n) => p.cursor += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
             }
         }
         while p.snaps.first().is_some_and(|end| *end <= p.cursor) {
@@ -552,7 +717,7 @@ impl Transport {
     pub fn event(&mut self, now: Millis, registry: &Registry, event: &mio::event::Event) {
         let t = event.token().0;
         if t == self.base {
-            self.accept(registry);
+            self.accept(now, registry);
         } else if t < self.inbound_base() {
             let idx = t - self.base - 1;
             let Some(id) = self.peers.keys().nth(idx).copied() else {
@@ -567,30 +732,69 @@ impl Transport {
         }
     }
 
-    fn accept(&mut self, registry: &Registry) {
+    fn accept(&mut self, now: Millis, registry: &Registry) {
         loop {
             match self.listener.accept() {
                 Ok((mut s, addr)) => {
                     if self.inbound.len() >= MAX_INBOUND {
-                        log::warn!("peer connection from {addr} refused: too many");
-                        continue;
+                        // The oldest connection not authenticated makes
+                        // room: idle strangers cannot hold every slot.
+                        let oldest = self
+                            .inbound
+                            .iter()
+                            .filter(|(_, c)| !c.trusted)
+                            .min_by_key(|(_, c)| c.opened)
+                            .map(|(k, _)| k);
+                        let Some(old) = oldest else {
+                            self.refusal(
+                                now,
+                                format_args!("peer connection from {addr} refused: too many"),
+                            );
+                            continue;
+                        };
+                        self.close_inbound(
+                            old,
+                            now,
+                            registry,
+                            "closed to make room: not authenticated",
+                        );
                     }
                     let _ = s.set_nodelay(true);
+                    let tls = match self.tls.as_ref().map(PeerTls::server) {
+                        None => None,
+                        Some(Ok(c)) => Some(Box::new(c)),
+                        Some(Err(e)) => {
+                            self.refusal(
+                                now,
+                                format_args!("peer connection from {addr}: TLS: {e}"),
+                            );
+                            continue;
+                        }
+                    };
+                    // A TLS session writes its handshake back.
+                    let interest = if tls.is_some() {
+                        Interest::READABLE | Interest::WRITABLE
+                    } else {
+                        Interest::READABLE
+                    };
                     let entry = self.inbound.vacant_entry();
                     let token = Token(self.base + 1 + 64 + entry.key());
-                    if registry.register(&mut s, token, Interest::READABLE).is_ok() {
+                    if registry.register(&mut s, token, interest).is_ok() {
                         entry.insert(Inbound {
                             stream: s,
                             rbuf: Vec::new(),
                             peer: None,
+                            trusted: false,
                             addr,
+                            opened: now,
+                            tls,
                         });
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    log::warn!("peer listener: {e}");
+                    self.refusal(now, format_args!("peer listener: {e}"));
                     return;
                 }
             }
@@ -621,6 +825,9 @@ impl Transport {
                     p.connected = true;
                     p.backoff_ms = BACKOFF_MIN_MS;
                     let _ = s.set_nodelay(true);
+                    if p.tls.is_some() {
+                        p.auth_by = Some(now.add_ms(AUTH_DEADLINE_MS));
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotConnected => return,
                 Err(e) => {
@@ -629,7 +836,17 @@ impl Transport {
                 }
             }
         }
-        if event.is_readable() || event.is_read_closed() {
+        if p.tls.is_some() && (event.is_readable() || event.is_read_closed()) {
+            if let Err(why) = Self::read_outbound_tls(p) {
+                if why.starts_with("TLS") {
+                    // A certificate refused, either way: worth a warning.
+                    let addr = p.addr;
+                    self.refusal(now, format_args!("peer {id} at {addr}: {why}"));
+                }
+                self.fail_peer(id, now, registry, &why);
+                return;
+            }
+        } else if event.is_readable() || event.is_read_closed() {
             // Peers never write on our outbound connection: data or EOF
             // here means the connection is over.
             let mut b = [0u8; 64];
@@ -648,6 +865,31 @@ impl Transport {
         if let Err(e) = self.write_peer(id) {
             self.fail_peer(id, now, registry, &e.to_string());
         }
+    }
+
+    /// Reads the handshake (and nothing else) a peer sends on our TLS
+    /// connection to it.
+    fn read_outbound_tls(p: &mut Peer) -> Result<(), String> {
+        let (Some(s), Some(tls)) = (p.stream.as_mut(), p.tls.as_mut()) else {
+            return Ok(());
+        };
+        loop {
+            match tls.read_tls(s) {
+                Ok(0) => return Err("closed by peer".into()),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.to_string()),
+            }
+            let state = tls.process_new_packets().map_err(|e| format!("TLS: {e}"))?;
+            if state.plaintext_bytes_to_read() > 0 || state.peer_has_closed() {
+                return Err("the peer wrote on a connection it only reads".into());
+            }
+        }
+        if !tls.is_handshaking() {
+            p.auth_by = None;
+        }
+        Ok(())
     }
 
     /// The peer reached us: if our connection to it is not up, (re)start
@@ -674,39 +916,46 @@ impl Transport {
         }
     }
 
-    fn close_inbound(&mut self, key: usize, registry: &Registry, why: &str) {
+    fn close_inbound(&mut self, key: usize, now: Millis, registry: &Registry, why: &str) {
         if let Some(mut c) = self.inbound.try_remove(key) {
             let _ = registry.deregister(&mut c.stream);
             if !why.is_empty() {
-                log::warn!("peer connection from {}: {why}", c.addr);
+                self.refusal(now, format_args!("peer connection from {}: {why}", c.addr));
             }
         }
     }
 
     fn inbound_event(&mut self, key: usize, now: Millis, registry: &Registry, drain: bool) {
+        if self.inbound.get(key).is_some_and(|c| c.tls.is_some()) {
+            if let Err(why) = self.inbound_tls(key, now, registry) {
+                self.close_inbound(key, now, registry, &why);
+            }
+            return;
+        }
         loop {
             let Some(c) = self.inbound.get_mut(key) else {
                 return;
             };
             match c.stream.read(&mut self.scratch) {
                 Ok(0) => {
-                    self.close_inbound(key, registry, "");
+                    self.close_inbound(key, now, registry, "");
                     return;
                 }
                 Ok(n) => {
                     c.rbuf.extend_from_slice(&self.scratch[..n]);
-                    let parsed = self.parse_frames(key);
+                    let parsed = self.parse_frames(key, now);
                     // Hellos parsed before an error still count: act on them
                     // now, while the slab keys they name are still theirs.
                     for old in std::mem::take(&mut self.stale_inbound) {
                         log::debug!("peer connection {old} superseded by a newer one");
-                        self.close_inbound(old, registry, "");
+                        self.close_inbound(old, now, registry, "");
                     }
                     for id in std::mem::take(&mut self.heard) {
                         self.reconnect_now(id, now, registry);
                     }
+                    self.refresh_outbound(now, registry);
                     if let Err(why) = parsed {
-                        self.close_inbound(key, registry, &why);
+                        self.close_inbound(key, now, registry, &why);
                         return;
                     }
                     if n < self.scratch.len() && !drain {
@@ -718,14 +967,96 @@ impl Transport {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    self.close_inbound(key, registry, &e.to_string());
+                    self.close_inbound(key, now, registry, &e.to_string());
                     return;
                 }
             }
         }
     }
 
-    fn parse_frames(&mut self, key: usize) -> Result<(), String> {
+    /// Reads TLS records from a peer's connection to the end of what the
+    /// socket has, parses the frames they carry, and writes the session's
+    /// own records (the handshake) back. `Ok` with the connection gone
+    /// means it ended.
+    fn inbound_tls(&mut self, key: usize, now: Millis, registry: &Registry) -> Result<(), String> {
+        loop {
+            let Some(c) = self.inbound.get_mut(key) else {
+                return Ok(());
+            };
+            // One read of up to a chunk from the socket (rustls's own reads
+            // take 4 KiB each), then the session takes it from memory.
+            let n = match c.stream.read(&mut self.scratch) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    Self::write_inbound_tls(c)?;
+                    return Ok(());
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.to_string()),
+            };
+            let mut input = &self.scratch[..n];
+            while !input.is_empty() {
+                let tls = c.tls.as_mut().expect("caller checked");
+                tls.read_tls(&mut input).map_err(|e| format!("TLS: {e}"))?;
+                if let Err(e) = tls.process_new_packets() {
+                    // Tell the peer why (a bad certificate, say), if it listens.
+                    let _ = Self::write_inbound_tls(c);
+                    return Err(format!("TLS: {e}"));
+                }
+                loop {
+                    let start = c.rbuf.len();
+                    c.rbuf.resize(start + 16 * 1024, 0);
+                    let got = tls.reader().read(&mut c.rbuf[start..]);
+                    let got = match got {
+                        Ok(k) => k,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+                        Err(e) => {
+                            c.rbuf.truncate(start);
+                            return Err(format!("TLS: {e}"));
+                        }
+                    };
+                    c.rbuf.truncate(start + got);
+                    if got == 0 {
+                        break;
+                    }
+                }
+            }
+            Self::write_inbound_tls(c)?;
+            if !c.rbuf.is_empty() {
+                let parsed = self.parse_frames(key, now);
+                for old in std::mem::take(&mut self.stale_inbound) {
+                    log::debug!("peer connection {old} superseded by a newer one");
+                    self.close_inbound(old, now, registry, "");
+                }
+                for id in std::mem::take(&mut self.heard) {
+                    self.reconnect_now(id, now, registry);
+                }
+                parsed?;
+            }
+            if n == 0 {
+                self.close_inbound(key, now, registry, "");
+                return Ok(());
+            }
+        }
+    }
+
+    fn write_inbound_tls(c: &mut Inbound) -> Result<(), String> {
+        let Some(tls) = c.tls.as_mut() else {
+            return Ok(());
+        };
+        while tls.wants_write() {
+            match tls.write_tls(&mut c.stream) {
+                Ok(0) => return Err("connection closed".into()),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        Ok(())
+    }
+
+    fn parse_frames(&mut self, key: usize, now: Millis) -> Result<(), String> {
         let mut used = 0;
         let result = loop {
             let c = self.inbound.get(key).expect("caller checked");
@@ -733,32 +1064,43 @@ impl Transport {
             if rest.len() < 4 {
                 break Ok(());
             }
-            let len = match frame_len(rest, c.peer.is_none(), self.max_frame) {
+            let max = if c.trusted {
+                self.max_frame
+            } else {
+                UNTRUSTED_FRAME_BYTES
+            };
+            let len = match frame_len(rest, c.peer.is_none(), max) {
                 Err(e) => break Err(e),
                 Ok(None) => break Ok(()),
                 Ok(Some(len)) => len,
             };
             let payload = &rest[4..4 + len];
             used += 4 + len;
-            match c.peer {
-                None => {
+            match (c.peer, c.trusted) {
+                (None, _) => {
                     let hello = Hello::decode(payload);
                     if let Err(e) = self.hello(key, hello) {
                         break Err(e);
                     }
                 }
-                Some(from) => match Message::parse_from_bytes(payload) {
+                (Some(from), true) => match Message::parse_from_bytes(payload) {
                     Ok(m) if m.from == from && m.to == self.local.id => {
                         self.events.push(PeerEvent::Message(m));
                     }
                     Ok(m) => {
-                        break Err(format!(
+                        let why = format!(
                             "message from {} to {} on the connection of peer {from}",
                             m.from, m.to
-                        ))
+                        );
+                        self.drop_message(now, &why);
                     }
                     Err(e) => break Err(format!("undecodable message: {e}")),
                 },
+                (Some(from), false) => {
+                    let why =
+                        format!("message on a connection of peer {from} that is not authenticated");
+                    self.drop_message(now, &why);
+                }
             }
         };
         if let Some(c) = self.inbound.get_mut(key) {
@@ -770,6 +1112,18 @@ impl Transport {
         result
     }
 
+    fn drop_message(&mut self, now: Millis, why: &str) {
+        self.dropped += 1;
+        if self.drops.allow(now).is_some() {
+            log::warn!(
+                "peer message dropped: {why} ({} dropped so far)",
+                self.dropped
+            );
+        }
+    }
+
+    /// Checks a hello in full before anything it says is kept. See
+    /// docs/SECURITY.md for what authenticates a peer.
     fn hello(&mut self, key: usize, hello: Result<Hello, &str>) -> Result<(), String> {
         let h = hello.map_err(str::to_owned)?;
         if h.cluster != self.local.cluster {
@@ -787,31 +1141,74 @@ impl Transport {
                 h.from, h.to
             ));
         }
-        if h.to_uuid != 0 && h.to_uuid != self.local.uuid {
+        // Peer TLS: the certificate (verified against the CA in the
+        // handshake) must name the node the hello claims to be.
+        let by_cert = match &self.tls {
+            None => false,
+            Some(tls) => {
+                let cert = self
+                    .inbound
+                    .get(key)
+                    .and_then(|c| c.tls.as_ref())
+                    .and_then(|t| t.peer_certificates())
+                    .and_then(|c| c.first());
+                if !cert.is_some_and(|c| tls.names_node(c, h.from)) {
+                    return Err(format!(
+                        "the peer's certificate does not name node {} (its hello claims to be it)",
+                        h.from
+                    ));
+                }
+                true
+            }
+        };
+        let pinned = self.local.known.get(&h.from).copied();
+        if pinned.is_some_and(|u| u != h.from_uuid) {
+            return Err(format!(
+                "node {} came back with a wiped or replaced data directory (or someone \
+                 else claims to be it); refusing it",
+                h.from
+            ));
+        }
+        if h.to_uuid != 0 && h.to_uuid != self.local.uuid && by_cert {
+            // An authenticated peer, itself as we know it, knows us with
+            // another data directory: ours was wiped or replaced.
             self.events.push(PeerEvent::Fatal(format!(
-                "node {} knows node {} with another data directory: this node's data \
-                 directory was wiped or replaced, and a node cannot rejoin under its old \
-                 id with an empty log; give it a new id (membership change) or restore \
-                 its data directory",
+                "node {} (authenticated by its certificate) knows node {} with another data \
+                 directory: this node's data directory was wiped or replaced, and a node \
+                 cannot rejoin under its old id with an empty log; give it a new id \
+                 (membership change) or restore its data directory",
                 h.from, self.local.id
             )));
             return Err("this node's data directory was replaced".into());
         }
-        match self.local.known.get(&h.from) {
-            Some(&u) if u != h.from_uuid => {
-                return Err(format!(
-                    "node {} came back with a wiped or replaced data directory; refusing it",
-                    h.from
-                ));
-            }
-            Some(_) => {}
-            None => {
-                self.local.known.insert(h.from, h.from_uuid);
-                self.events.push(PeerEvent::PeerSeen(h.from, h.from_uuid));
-            }
+        if h.to_uuid != 0 && h.to_uuid != self.local.uuid {
+            return Err(format!(
+                "node {} knows node {} with another data directory: if this node's data \
+                 directory was wiped or replaced, it cannot rejoin under its old id with an \
+                 empty log (give it a new id or restore its data directory); a plaintext \
+                 peer's word is not enough to stop this node",
+                h.from, self.local.id
+            ));
         }
-        if let Some(c) = self.inbound.get_mut(key) {
-            c.peer = Some(h.from);
+        // Plaintext: the sender shows it has seen our data directory id,
+        // which only our own hellos to the address --peers gives for it
+        // carry (and our files). Until then its messages are not taken.
+        let trusted = by_cert || h.to_uuid == self.local.uuid;
+        let Some(c) = self.inbound.get_mut(key) else {
+            return Ok(());
+        };
+        c.peer = Some(h.from);
+        if !trusted {
+            if pinned.is_none() {
+                self.unconfirmed.insert(h.from, h.from_uuid);
+            }
+            return Ok(());
+        }
+        c.trusted = true;
+        if pinned.is_none() {
+            self.unconfirmed.remove(&h.from);
+            self.local.known.insert(h.from, h.from_uuid);
+            self.events.push(PeerEvent::PeerSeen(h.from, h.from_uuid));
         }
         self.stale_inbound.extend(
             self.inbound
@@ -821,6 +1218,32 @@ impl Transport {
         );
         self.heard.push(h.from);
         Ok(())
+    }
+
+    /// Restarts outbound connections whose hello carried less than we now
+    /// know of the receiver, so that it can authenticate us.
+    fn refresh_outbound(&mut self, now: Millis, registry: &Registry) {
+        if self.tls.is_some() {
+            return; // certificates authenticate; hellos need not
+        }
+        let outdated: Vec<u64> = self
+            .peers
+            .iter()
+            .filter(|(id, p)| p.stream.is_some() && p.hello_to_uuid != self.knowledge(**id))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in outdated {
+            self.fail_peer(
+                id,
+                now,
+                registry,
+                "restarting with what we now know of the peer",
+            );
+            if let Some(p) = self.peers.get_mut(&id) {
+                p.retry_at = now;
+                p.backoff_ms = BACKOFF_MIN_MS;
+            }
+        }
     }
 }
 
@@ -1075,6 +1498,8 @@ mod tests {
         let mut t2 = node2();
         t2.register(poll2.registry(), 0).unwrap();
         let mut t1 = node1(&[(2, t2.local_addr().unwrap())]);
+        // Node 1 has seen node 2 before: its hello authenticates it.
+        t1.set_known(2, 7);
         t1.register(poll1.registry(), 0).unwrap();
         if let Some(l) = limit {
             t1.set_max_frame_bytes(l);
@@ -1227,6 +1652,55 @@ mod tests {
             ev.iter().any(|e| matches!(e, PeerEvent::Unreachable(2))),
             "{ev:?}"
         );
+    }
+
+    #[test]
+    fn unauthenticated_connections_close_at_the_deadline_and_make_room() {
+        let mut poll = mio::Poll::new().unwrap();
+        let mut t = node1(&[(2, "127.0.0.1:9".parse().unwrap())]);
+        t.register(poll.registry(), 0).unwrap();
+        let at = t.local_addr().unwrap();
+        // Idle strangers fill every slot...
+        let idle: Vec<_> = (0..MAX_INBOUND + 5)
+            .map(|_| std::net::TcpStream::connect(at).unwrap())
+            .collect();
+        pump(&mut t, &mut poll, 5);
+        assert_eq!(t.inbound.len(), MAX_INBOUND);
+        // ...and the real peer still gets in, evicting the oldest.
+        let mut real = std::net::TcpStream::connect(at).unwrap();
+        real.write_all(&hello_from_2()).unwrap();
+        pump(&mut t, &mut poll, 5);
+        assert_eq!(t.authenticated_inbound(), 1);
+        t.tick(Millis(AUTH_DEADLINE_MS - 1), poll.registry());
+        assert_eq!(t.inbound.len(), MAX_INBOUND, "not yet at the deadline");
+        // A hello with no knowledge of us is not enough: its messages drop.
+        let mut unknown = std::net::TcpStream::connect(at).unwrap();
+        let h = Hello {
+            to_uuid: 0,
+            ..Hello::decode(&hello_from_2()[4..]).unwrap()
+        };
+        unknown.write_all(&h.encode()).unwrap();
+        let m = Message {
+            from: 2,
+            to: 1,
+            ..msg(MessageType::MsgHeartbeat)
+        };
+        let b = m.write_to_bytes().unwrap();
+        unknown
+            .write_all(&u32::try_from(b.len()).unwrap().to_be_bytes())
+            .unwrap();
+        unknown.write_all(&b).unwrap();
+        pump(&mut t, &mut poll, 5);
+        assert_eq!(t.dropped_messages(), 1);
+        assert!(t
+            .take_events()
+            .iter()
+            .all(|e| !matches!(e, PeerEvent::Message(_))));
+        // At the deadline every connection but the real peer's closes.
+        t.tick(Millis(AUTH_DEADLINE_MS), poll.registry());
+        assert_eq!(t.inbound.len(), 1);
+        assert_eq!(t.authenticated_inbound(), 1);
+        drop(idle);
     }
 
     #[test]

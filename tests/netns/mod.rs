@@ -239,7 +239,9 @@ impl Drop for Dir {
     }
 }
 
-/// Three or more `ticketd --cluster` processes, node `i` on `127.0.0.1i`.
+/// Three or more `ticketd --cluster` processes, node `i` on `127.0.0.1i`,
+/// speaking peer TLS with certificates from `ticket certs init`
+/// (`TICKETD_NETFAULTS_PLAINTEXT=1`: plaintext peers).
 pub struct Cluster {
     /// The nodes, index 0 is node 1.
     pub nodes: Vec<Ticketd>,
@@ -255,6 +257,26 @@ impl Cluster {
             .collect();
         let peers = peers.join(",");
         let mut dirs = Vec::new();
+        let certs = std::env::temp_dir().join(format!(
+            "ticketd-netfaults-{name}-{}-certs",
+            std::process::id()
+        ));
+        let tls = std::env::var_os("TICKETD_NETFAULTS_PLAINTEXT").is_none_or(|v| v.is_empty());
+        if tls {
+            let _ = std::fs::remove_dir_all(&certs);
+            let out = Command::new(env!("CARGO_BIN_EXE_ticket"))
+                .args(["certs", "init"])
+                .arg(&certs)
+                .args(["--cluster-name", name, "--nodes", &n.to_string()])
+                .output()
+                .expect("run ticket certs init");
+            assert!(
+                out.status.success(),
+                "ticket certs init: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            dirs.push(Dir(certs.clone()));
+        }
         let mut nodes = Vec::new();
         for i in 1..=n {
             let dir = std::env::temp_dir().join(format!(
@@ -263,7 +285,7 @@ impl Cluster {
             ));
             let _ = std::fs::remove_dir_all(&dir);
             let gid = format!("--regid={}", GID_BASE + u32::try_from(i).unwrap() - 1);
-            let args = [
+            let mut args = vec![
                 "--cluster".to_owned(),
                 "--id".to_owned(),
                 i.to_string(),
@@ -278,6 +300,17 @@ impl Cluster {
                 "--cluster-name".to_owned(),
                 name.to_owned(),
             ];
+            if tls {
+                let file = |f: String| certs.join(f).display().to_string();
+                args.extend([
+                    "--peer-tls-cert".to_owned(),
+                    file(format!("node{i}.pem")),
+                    "--peer-tls-key".to_owned(),
+                    file(format!("node{i}-key.pem")),
+                    "--peer-tls-ca".to_owned(),
+                    file("ca.pem".to_owned()),
+                ]);
+            }
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             nodes.push(Ticketd::start_raw(
                 &["setpriv", &gid, "--clear-groups"],

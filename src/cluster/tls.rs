@@ -1,0 +1,182 @@
+//! Peer TLS: mutual TLS 1.3 between cluster nodes (rustls, ring provider).
+//!
+//! Every node holds a certificate signed by the cluster CA whose
+//! subjectAltName carries the DNS name `node<ID>.<cluster-name>`. A node
+//! connecting to peer N checks that the server's certificate chains to the
+//! CA and names `nodeN.<cluster-name>`; a node accepting a connection
+//! requires a client certificate that chains to the CA, and once the hello
+//! says which node is talking, checks that the certificate names that
+//! node ([`PeerTls::names_node`]). docs/SECURITY.md has the threat model.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::client::ClientConfig;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::server::{ServerConfig, WebPkiClientVerifier};
+use rustls::RootCertStore;
+
+/// The DNS name a node's certificate must carry.
+#[must_use]
+pub fn node_name(id: u64, cluster_name: &str) -> String {
+    format!("node{id}.{cluster_name}")
+}
+
+/// The files peer TLS is made from (`--peer-tls-cert`, `--peer-tls-key`,
+/// `--peer-tls-ca`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// This node's certificate (PEM; the chain up to, not including, the CA).
+    pub cert: PathBuf,
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// The cluster CA's certificate(s) (PEM).
+    pub ca: PathBuf,
+}
+
+/// Client and server configurations for one node.
+#[derive(Clone)]
+pub struct PeerTls {
+    client: Arc<ClientConfig>,
+    server: Arc<ServerConfig>,
+    cluster_name: String,
+}
+
+impl std::fmt::Debug for PeerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerTls")
+            .field("cluster_name", &self.cluster_name)
+            .finish_non_exhaustive()
+    }
+}
+
+fn read_certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let bytes = read_pem_file(path, what)?;
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(&bytes)
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{what} {}: not a PEM certificate file: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "{what} {}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it",
+            path.display()
+        ));
+    }
+    Ok(certs)
+}
+
+/// The largest PEM file read: certificates and keys are a few KiB.
+const MAX_PEM_BYTES: u64 = 1 << 20;
+
+fn read_pem_file(path: &Path, what: &str) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let f = std::fs::File::open(path).map_err(|e| format!("{what} {}: {e}", path.display()))?;
+    let mut bytes = Vec::new();
+    f.take(MAX_PEM_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("{what} {}: {e}", path.display()))?;
+    if bytes.len() as u64 > MAX_PEM_BYTES {
+        return Err(format!(
+            "{what} {}: over {MAX_PEM_BYTES} bytes, not a PEM file",
+            path.display()
+        ));
+    }
+    Ok(bytes)
+}
+
+impl PeerTls {
+    /// Loads the files and builds both configurations. Every error names
+    /// the file and what is wrong with it.
+    pub fn load(files: &TlsFiles, id: u64, cluster_name: &str) -> Result<PeerTls, String> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let chain = read_certs(&files.cert, "--peer-tls-cert")?;
+        let key_bytes = read_pem_file(&files.key, "--peer-tls-key")?;
+        let key = PrivateKeyDer::from_pem_slice(&key_bytes).map_err(|e| {
+            format!(
+                "--peer-tls-key {}: no PEM private key in it: {e}",
+                files.key.display()
+            )
+        })?;
+        let mut roots = RootCertStore::empty();
+        for c in read_certs(&files.ca, "--peer-tls-ca")? {
+            roots.add(c).map_err(|e| {
+                format!(
+                    "--peer-tls-ca {}: not a usable CA certificate: {e}",
+                    files.ca.display()
+                )
+            })?;
+        }
+        let roots = Arc::new(roots);
+        let ours = node_name(id, cluster_name);
+        if !names(&chain[0], &ours) {
+            return Err(format!(
+                "--peer-tls-cert {}: the certificate does not name {ours} in its \
+                 subjectAltName; make one with `ticket certs init`",
+                files.cert.display()
+            ));
+        }
+        let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
+            .build()
+            .map_err(|e| format!("--peer-tls-ca {}: {e}", files.ca.display()))?;
+        let mut server = ServerConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| e.to_string())?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain.clone(), key.clone_key())
+            .map_err(|e| {
+                format!(
+                    "--peer-tls-key {}: does not go with --peer-tls-cert {}: {e}",
+                    files.key.display(),
+                    files.cert.display()
+                )
+            })?;
+        // Peers never resume: no tickets to send or keep.
+        server.send_tls13_tickets = 0;
+        let client = ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)
+            .map_err(|e| {
+                format!(
+                    "--peer-tls-key {}: does not go with --peer-tls-cert {}: {e}",
+                    files.key.display(),
+                    files.cert.display()
+                )
+            })?;
+        Ok(PeerTls {
+            client: Arc::new(client),
+            server: Arc::new(server),
+            cluster_name: cluster_name.to_owned(),
+        })
+    }
+
+    /// A client connection to peer `id` (which must prove it is
+    /// `node<id>.<cluster-name>`).
+    pub fn client(&self, id: u64) -> Result<rustls::ClientConnection, String> {
+        let name = ServerName::try_from(node_name(id, &self.cluster_name))
+            .map_err(|e| format!("peer name for node {id}: {e}"))?;
+        rustls::ClientConnection::new(self.client.clone(), name).map_err(|e| e.to_string())
+    }
+
+    /// A server connection for a peer that connected to us.
+    pub fn server(&self) -> Result<rustls::ServerConnection, String> {
+        rustls::ServerConnection::new(self.server.clone()).map_err(|e| e.to_string())
+    }
+
+    /// Whether `cert` (already verified to chain to the CA) names node `id`.
+    #[must_use]
+    pub fn names_node(&self, cert: &CertificateDer<'_>, id: u64) -> bool {
+        names(cert, &node_name(id, &self.cluster_name))
+    }
+}
+
+fn names(cert: &CertificateDer<'_>, dns: &str) -> bool {
+    let Ok(ee) = webpki::EndEntityCert::try_from(cert) else {
+        return false;
+    };
+    let Ok(name) = ServerName::try_from(dns) else {
+        return false;
+    };
+    ee.verify_is_valid_for_subject_name(&name).is_ok()
+}

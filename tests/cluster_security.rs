@@ -1,0 +1,174 @@
+//! Peer security with real processes: every attack on a plaintext loopback
+//! cluster described in docs/SECURITY.md (forged hellos, a stolen first
+//! contact, forged Raft messages, a flood of idle connections) leaves every
+//! node running, the real peers connected and the cluster granting.
+#![cfg(feature = "cluster")]
+
+#[path = "support/cluster.rs"]
+mod cluster;
+mod common;
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use cluster::{assert_serves, Cluster};
+use protobuf::Message as _;
+use raft::eraftpb::{Message, MessageType};
+use ticketd::cluster::transport::{hash64, Hello};
+
+/// The hello a node of `c` would send, with the given fields.
+fn hello(c: &Cluster, from: u64, from_uuid: u64, to: u64, to_uuid: u64) -> Vec<u8> {
+    let n = c.nodes.len() as u64;
+    let ids: Vec<u8> = (1..=n).flat_map(|v| v.to_be_bytes()).collect();
+    Hello {
+        cluster: hash64(&[c.name.as_bytes()]),
+        voters: hash64(&[&ids]),
+        from,
+        from_uuid,
+        to,
+        to_uuid,
+    }
+    .encode()
+}
+
+fn frame(m: &Message) -> Vec<u8> {
+    let b = m.write_to_bytes().unwrap();
+    let mut v = u32::try_from(b.len()).unwrap().to_be_bytes().to_vec();
+    v.extend_from_slice(&b);
+    v
+}
+
+fn wait_for(what: &str, c: &Cluster, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out waiting for {what}:\n{}", c.logs());
+}
+
+#[test]
+fn a_forged_hello_with_a_made_up_to_uuid_stops_no_node() {
+    let mut c = Cluster::new("forged", 3);
+    c.start_all();
+    assert_serves(&c, 0, "before");
+    for i in 0..3 {
+        let to = i as u64 + 1;
+        let from = to % 3 + 1;
+        let mut s = TcpStream::connect(c.peer_addr(i)).unwrap();
+        s.write_all(&hello(&c, from, 0x1234, to, 0xdead_beef))
+            .unwrap();
+    }
+    wait_for("the refusals", &c, || {
+        c.logs().matches("refusing it").count() >= 3
+    });
+    c.assert_all_running();
+    for i in 0..3 {
+        assert_serves(&c, i, &format!("after{i}"));
+    }
+    c.assert_all_running();
+}
+
+#[test]
+fn a_stolen_first_contact_does_not_lock_the_real_node_out() {
+    let mut c = Cluster::new("theft", 3);
+    // Node 2 starts alone; a stranger claims to be node 1 before node 1
+    // ever connects, with and without a guess of node 2's directory id.
+    c.start_node(1);
+    let mut s = TcpStream::connect(c.peer_addr(1)).unwrap();
+    s.write_all(&hello(&c, 1, 0x5151, 2, 0)).unwrap();
+    let mut s2 = TcpStream::connect(c.peer_addr(1)).unwrap();
+    s2.write_all(&hello(&c, 1, 0x5151, 2, 0x9999)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // The real node 1 joins: nodes 1 and 2 are a majority.
+    c.start_node(0);
+    assert_serves(&c, 0, "theft");
+    wait_for("node 2 pinning the real node 1", &c, || {
+        c.node(1).log().contains("peer 1 authenticated")
+    });
+    // Node 1 restarts and is still welcome; nobody stopped.
+    c.kill(0);
+    c.start_node(0);
+    assert_serves(&c, 0, "theft-again");
+    c.assert_all_running();
+    assert!(!c.node(0).log().contains("refusing it"), "{}", c.logs());
+}
+
+#[test]
+fn forged_raft_messages_from_an_unauthenticated_connection_are_dropped() {
+    let mut c = Cluster::new("heartbeat", 3);
+    // Nodes 1 and 2 run; node 3 never started, so nothing is pinned for
+    // it and a stranger can present a hello in its name.
+    c.start_node(0);
+    c.start_node(1);
+    assert_serves(&c, 0, "hb");
+    let (term, _) = c.leader_term().expect("a leader");
+    for i in 0..2 {
+        let to = i as u64 + 1;
+        let mut s = TcpStream::connect(c.peer_addr(i)).unwrap();
+        s.write_all(&hello(&c, 3, 0x3333, to, 0)).unwrap();
+        for t in [
+            MessageType::MsgHeartbeat,
+            MessageType::MsgAppend,
+            MessageType::MsgRequestVote,
+        ] {
+            let m = Message {
+                msg_type: t,
+                from: 3,
+                to,
+                term: 1000,
+                ..Default::default()
+            };
+            s.write_all(&frame(&m)).unwrap();
+        }
+        // And a message in another node's name on the same connection.
+        let m = Message {
+            msg_type: MessageType::MsgHeartbeat,
+            from: 2,
+            to,
+            term: 1000,
+            ..Default::default()
+        };
+        s.write_all(&frame(&m)).unwrap();
+    }
+    wait_for("the drops", &c, || {
+        c.logs().matches("peer message dropped").count() >= 2
+    });
+    assert_serves(&c, 1, "hb-after");
+    let (after, _) = c.leader_term().expect("a leader");
+    assert_eq!(after, term, "no new term:\n{}", c.logs());
+    assert!(!c.logs().contains("term 100"), "{}", c.logs());
+    c.assert_all_running();
+}
+
+#[test]
+fn a_hundred_idle_peer_connections_do_not_stop_an_election() {
+    let mut c = Cluster::new("flood", 3);
+    c.start_all();
+    assert_serves(&c, 0, "flood");
+    let mut idle = Vec::new();
+    for i in 0..3 {
+        for _ in 0..100 {
+            idle.push(TcpStream::connect(c.peer_addr(i)).unwrap());
+        }
+    }
+    let (term, leader) = c.leader_term().expect("a leader");
+    c.kill(leader);
+    // Keep the flood up while the others elect, and the killed node
+    // comes back into full slots.
+    wait_for("a new leader", &c, || {
+        c.leader_term().is_some_and(|(t, _)| t > term)
+    });
+    let other = (leader + 1) % 3;
+    assert_serves(&c, other, "flood-after");
+    c.start_node(leader);
+    for _ in 0..100 {
+        idle.push(TcpStream::connect(c.peer_addr(other)).unwrap());
+    }
+    assert_serves(&c, leader, "flood-back");
+    c.assert_all_running();
+    drop(idle);
+}
