@@ -12,6 +12,8 @@
 #   BENCH_SKIP_MINIMAL=1   skip the --no-default-features size build
 #   BENCH_SKIP_CLUSTER=1   skip the 3-node cluster vs etcd part
 #   BENCH_CLUSTER_CLIENTS=50  lockers in the cluster part
+#   BENCH_KEEPALIVE_LOCKS=100000   kept-alive locks (--mode extend, 30 s lease)
+#   BENCH_KEEPALIVE_SECONDS=25     measured seconds of that run (several renewals)
 #
 # Everything it starts listens on loopback only and is stopped on exit.
 set -euo pipefail
@@ -29,6 +31,9 @@ REDIS_PORT=17379
 ETCD_CLIENT_PORT=17390
 ETCD_PEER_PORT=17391
 CG_PORT=17490
+KEEPALIVE_PORT=17471
+KEEPALIVE_LOCKS=${BENCH_KEEPALIVE_LOCKS:-100000}
+KEEPALIVE_SECS=${BENCH_KEEPALIVE_SECONDS:-25}
 
 mkdir -p "$OUT"
 TMP=$(mktemp -d /tmp/ticketd-bench.XXXXXX)
@@ -101,6 +106,15 @@ start_ticketd() {
     wait_port "$TICKETD_PORT" 10
 }
 
+# A second ticketd for the keep-alive run: its 100,000 locks outlive the run
+# by a lease, and must not sit in the server the other cells measure.
+start_keepalive_ticketd() {
+    "$TICKETD" --listen "127.0.0.1:$KEEPALIVE_PORT" --log-level warn &
+    PID=$!
+    PIDS+=("$PID")
+    wait_port "$KEEPALIVE_PORT" 10
+}
+
 start_redis() {
     redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
         --daemonize no --loglevel warning --dir "$TMP" "$@" >"$TMP/redis.log" 2>&1 &
@@ -145,6 +159,18 @@ bench() {
     printf '   %-22s round %s: %10s req/s  p99 %9s us  wait p99 %9s us  server %6s us/req\n' \
         "$name" "$round" "$(jget "$j" requests_per_s)" "$(jget "$j" p99_us)" \
         "$(jget "$j" wait_p99_us)" "$(jget "$j" server_cpu_us_per_request)" >&2
+}
+
+# bench_extend NAME ROUND PID ARGS...: like bench, for the extend modes. A
+# run with any X (not extended) exits 1 and stops make bench.
+bench_extend() {
+    local name=$1 round=$2 pid=$3 j
+    shift 3
+    "$BENCH" --json --quiet --server-pid "$pid" "$@" >"$OUT/$name.r$round.json"
+    j=$(cat "$OUT/$name.r$round.json")
+    printf '   %-22s round %s: %10s extends/s  X %s  p99 %9s us  server %6s us/extend  %6s %% of a core\n' \
+        "$name" "$round" "$(jget "$j" extends_per_s)" "$(jget "$j" not_extended)" "$(jget "$j" p99_us)" \
+        "$(jget "$j" server_cpu_us_per_extend)" "$(jget "$j" server_cpu_core_pct)" >&2
 }
 
 # median NAME FIELD: $OUT/NAME.json becomes the round with the median FIELD.
@@ -218,6 +244,19 @@ for ((round = 1; round <= ROUNDS; round++)); do
         bench "cycle-d$d-limit" "$round" "$LPID" --server "127.0.0.1:$LIMIT_PORT" "${common[@]}" --depth "$d"
         bench "cycle-d$d-redis" "$round" "$RPID" --backend redis --server "127.0.0.1:$REDIS_PORT" "${common[@]}" --depth "$d"
     done
+    # Extend flood beside cycle: the same connections and depth, one lock per
+    # slot extended back to back, to compare an extend's server CPU with a
+    # cycle's (an acquire and a release).
+    bench_extend "extend-flood-d16" "$round" "$TPID" --server "127.0.0.1:$TICKETD_PORT" \
+        --duration "$SECS" --warmup "$WARM" --connections 50 --depth 16 --mode extend-flood --lease 30
+    # Kept-alive locks at a 30 s lease, each extended every 10 s, on a fresh
+    # server; the warm-up covers the acquires.
+    start_keepalive_ticketd
+    KPID=$PID
+    bench_extend keepalive "$round" "$KPID" --server "127.0.0.1:$KEEPALIVE_PORT" \
+        --duration "$KEEPALIVE_SECS" --warmup "$WARM" --connections 50 --mode extend \
+        --locks "$KEEPALIVE_LOCKS" --lease 30
+    stop "$KPID"
     # The FIFO check makes the tool exit 1 on a violation; the table reports it.
     bench contended-ticketd "$round" "$TPID" --server "127.0.0.1:$TICKETD_PORT" "${contended[@]}" || true
     # Redis clients poll: every 10 ms (generous), and every 100 ms (redis-py's default).
@@ -241,6 +280,8 @@ for d in 1 16 64; do
     for s in ticketd limit redis; do median "cycle-d$d-$s" requests_per_s; done
 done
 median cycle-d1-etcd requests_per_s
+median extend-flood-d16 server_cpu_us_per_extend
+median keepalive server_cpu_core_pct
 for s in ticketd redis redis-poll100 etcd; do median "contended-$s" wait_p99_us; done
 stop "$TPID"
 stop "$RPID"
@@ -248,13 +289,13 @@ stop "$LPID"
 stop "$EPID"
 
 # ---------------------------------------------------------------- callgrind
-# cg VAR NAME PORT CMD...: sets VAR to the instructions per request of a
-# server under callgrind. A run with no load is subtracted, so start-up and
+# cg VAR NAME PORT MODE CMD...: sets VAR to the instructions per request of
+# a server under callgrind, MODE cycle or extend-flood. A run with no load is subtracted, so start-up and
 # idle cost do not count. (No command substitution: the servers it starts
 # must stay in this shell's PIDS so the exit trap can stop them.)
 cg() {
-    local var=$1 name=$2 port=$3 n
-    shift 3
+    local var=$1 name=$2 port=$3 mode=$4 n
+    shift 4
     local ir=()
     for n in 0 "$CG_REQUESTS"; do
         valgrind --tool=callgrind --callgrind-out-file="$OUT/callgrind.$name.$n.out" \
@@ -265,7 +306,7 @@ cg() {
         if ((n > 0)); then
             local backend=ticketd
             [[ $name == redis ]] && backend=redis
-            "$BENCH" --backend "$backend" --server "127.0.0.1:$port" --mode cycle --depth 16 \
+            "$BENCH" --backend "$backend" --server "127.0.0.1:$port" --mode "$mode" --depth 16 \
                 --connections 50 --requests "$n" --quiet --json >"$OUT/cg-$name.json"
         fi
         stop "$pid"
@@ -275,12 +316,14 @@ cg() {
     answered=$(jget "$(cat "$OUT/cg-$name.json")" requests)
     printf -v "$var" '%s' "$(awk -v a="${ir[0]}" -v b="${ir[1]}" -v n="$answered" 'BEGIN { printf "%.0f", (b - a) / n }')"
 }
-IR_T=- IR_L=- IR_R=-
+IR_T=- IR_L=- IR_R=- IR_X=-
 if ((CG_REQUESTS > 0)); then
-    log "callgrind: $CG_REQUESTS requests, cycle, depth 16, 50 connections"
-    cg IR_T ticketd "$CG_PORT" "$TICKETD" --listen "127.0.0.1:$CG_PORT" --log-level warn
-    cg IR_L limit "$CG_PORT" "$LIMIT" "127.0.0.1:$CG_PORT"
-    cg IR_R redis "$CG_PORT" redis-server --port "$CG_PORT" --bind 127.0.0.1 --save '' \
+    log "callgrind: $CG_REQUESTS requests, cycle and extend-flood, depth 16, 50 connections"
+    cg IR_T ticketd "$CG_PORT" cycle "$TICKETD" --listen "127.0.0.1:$CG_PORT" --log-level warn
+    # 800 acquires (one lock per slot) are among the extend run's requests.
+    cg IR_X ticketd-extend "$CG_PORT" extend-flood "$TICKETD" --listen "127.0.0.1:$CG_PORT" --log-level warn
+    cg IR_L limit "$CG_PORT" cycle "$LIMIT" "127.0.0.1:$CG_PORT"
+    cg IR_R redis "$CG_PORT" cycle redis-server --port "$CG_PORT" --bind 127.0.0.1 --save '' \
         --appendonly no --daemonize no --loglevel warning --dir "$TMP"
 fi
 
@@ -319,6 +362,15 @@ fifo="$(jget "$ct" fifo_violations) of $(jget "$ct" fifo_checked) grants out of 
 row "contended: FIFO check (ticketd)" "" "" "" "" "" "" "$fifo (must be 0)"
 row "bytes per held lock ($T_LOCKS / $R_LOCKS)" "$T_BPL" "$R_BPL" "" "" "$(ratio "$T_BPL" "$R_BPL")" "" "t/redis <= 0.7"
 row "idle RSS KiB" "$T_IDLE" "$R_IDLE" "" "$E_IDLE" "$(ratio "$T_IDLE" "$R_IDLE")" "" "ticketd <= 3072"
+# Renewal: a cycle is an acquire and a release, so its per-request figure
+# is their mean; an extend must cost no more than that release.
+xf=$(J extend-flood-d16) ka=$(J keepalive)
+t=$(cpu cycle-d16-ticketd) x=$(jget "$xf" server_cpu_us_per_extend)
+row "extend flood d16, extends/s" "$(jget "$xf" extends_per_s)" "" "" "" "" "" "cycle d16: $(rps cycle-d16-ticketd) req/s"
+row "server CPU us per extend vs per cycle request" "$x" "" "" "" "" "" "per cycle request (acquire+release)/2: $t, extend/that $(ratio "$x" "$t") (target <= 1)"
+row "instructions per extend vs per cycle request" "$IR_X" "" "" "" "" "" "per cycle request: $IR_T, extend/that $(ratio "$IR_X" "$IR_T")"
+row "$KEEPALIVE_LOCKS kept-alive locks, 30 s lease: % of one core" "$(jget "$ka" server_cpu_core_pct)" "" "" "" "" "" "$(jget "$ka" extends_per_s) extends/s, $(jget "$ka" server_cpu_us_per_extend) us each (target < 2 %)"
+row "extend runs: X (not extended)" "$(jget "$xf" not_extended) + $(jget "$ka" not_extended)" "" "" "" "" "" "must be 0"
 row "stripped binary bytes" "$SIZE_DEFAULT" "" "" "" "" "" "without default features: $SIZE_MINIMAL"
 echo "raw results: $OUT/*.json"
 

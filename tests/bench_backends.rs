@@ -268,3 +268,99 @@ fn a_server_that_closes_after_a_reply_ends_the_run_with_an_error() {
         started.elapsed()
     );
 }
+
+#[test]
+fn extend_mode_keeps_real_ticketd_locks_alive_at_lease_over_three() {
+    let server = common::Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    let pid = server.pid().to_string();
+    // 2 s leases, extended every 0.67 s: over 1.5 s every lock is extended
+    // at least once (its first extend is due within 0.67 s) and, paced, at
+    // most three times.
+    let locks = 120;
+    let r = run(&[
+        "--server",
+        &addr,
+        "--server-pid",
+        &pid,
+        "--mode",
+        "extend",
+        "--locks",
+        &locks.to_string(),
+        "--connections",
+        "4",
+        "--lease",
+        "2",
+        "--duration",
+        "1.5",
+        "--warmup",
+        "0",
+        "--quiet",
+    ]);
+    assert_eq!(r.args.cfg.mode, Mode::Extend);
+    assert_eq!(r.stats.grants, locks, "{:?}", r.stats);
+    assert_eq!(r.stats.not_extended, 0, "{:?}", r.stats);
+    assert!(r.stats.extended >= locks, "{:?}", r.stats);
+    assert!(r.stats.extended <= locks * 4, "not paced: {:?}", r.stats);
+    assert_eq!(r.stats.latency.count(), r.stats.extended);
+    assert!(r.server_cpu_us_per_extend().is_some());
+    let j = r.to_json();
+    assert!(j.contains("\"mode\":\"extend\"") && j.contains("\"not_extended\":0"));
+    assert!(j.contains("\"server_cpu_core_pct\":"), "{j}");
+}
+
+#[test]
+fn extend_flood_extends_back_to_back_and_counts_every_x_as_a_failure() {
+    let server = common::Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    let flood = |addr: &str| {
+        [
+            "--server",
+            addr,
+            "--mode",
+            "extend-flood",
+            "--connections",
+            "4",
+            "--depth",
+            "8",
+            "--lease",
+            "2",
+            "--duration",
+            "1",
+            "--warmup",
+            "0",
+            "--quiet",
+        ]
+        .iter()
+        .map(|s| (*s).to_string())
+        .collect::<Vec<_>>()
+    };
+    let r = bench::run(&bench::parse_args(flood(&addr)).unwrap()).unwrap();
+    assert_eq!(r.stats.grants, 32, "{:?}", r.stats);
+    assert_eq!(r.stats.not_extended, 0, "{:?}", r.stats);
+    // Back to back, far more than one extend per lock and second.
+    assert!(r.stats.extended > 32 * 10, "{:?}", r.stats);
+    assert_eq!(bench::main(flood(&addr)), 0);
+
+    // Bounded by a count (as callgrind runs it): the 32 acquires and then
+    // extends until the budget is spent, every one answered.
+    let mut bounded = flood(&addr);
+    let at = bounded.iter().position(|a| a == "--duration").unwrap();
+    bounded.splice(at..at + 4, ["--requests".to_string(), "3000".to_string()]);
+    let r = bench::run(&bench::parse_args(bounded).unwrap()).unwrap();
+    assert_eq!(r.stats.grants, 32, "{:?}", r.stats);
+    assert_eq!(r.stats.replies, 3000, "{:?}", r.stats);
+    assert_eq!(r.stats.extended, 3000 - 32, "{:?}", r.stats);
+    // Fresh keys of its own, though earlier runs of this process on this
+    // server still hold theirs.
+    assert_eq!(r.stats.not_granted + r.stats.busy, 0, "{:?}", r.stats);
+
+    // A server that caps a hold at 1 s answers every extend of a 2 s lease
+    // with X: the run counts them and fails.
+    let capped = common::Ticketd::start(&["--max-hold", "1"]);
+    let capped_addr = capped.addr().to_string();
+    let r = bench::run(&bench::parse_args(flood(&capped_addr)).unwrap()).unwrap();
+    assert!(r.stats.not_extended > 0, "{:?}", r.stats);
+    assert_eq!(r.stats.extended, 0, "{:?}", r.stats);
+    assert_eq!(bench::main(flood(&capped_addr)), 1);
+}

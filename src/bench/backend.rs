@@ -99,6 +99,17 @@ pub trait Backend: Send + Sync + 'static {
     /// Appends a release of `key`; `token` is what [`Outcome::Granted`] gave.
     fn encode_release(&self, out: &mut Vec<u8>, key: &str, token: u64);
 
+    /// True if the service renews a grant by its token ([`Backend::encode_extend`]).
+    fn supports_extend(&self) -> bool {
+        false
+    }
+
+    /// Appends an extend of the grant `token` of `key` by `lease_s`. Only
+    /// called when [`Backend::supports_extend`]; the default appends nothing.
+    fn encode_extend(&self, out: &mut Vec<u8>, key: &str, token: u64, lease_s: u8) {
+        let _ = (out, key, token, lease_s);
+    }
+
     /// Decodes one reply from the front of `buf`: `Ok(None)` if incomplete,
     /// `Ok(Some((outcome, used)))`, or `Err` for bytes that are no reply.
     fn decode(&self, buf: &[u8]) -> Result<Option<(Outcome, usize)>, String>;
@@ -143,6 +154,21 @@ impl Backend for Ticketd {
 
     fn encode_release(&self, out: &mut Vec<u8>, key: &str, token: u64) {
         proto::encode_request(&Request::Release { token, key }, out);
+    }
+
+    fn supports_extend(&self) -> bool {
+        true
+    }
+
+    fn encode_extend(&self, out: &mut Vec<u8>, key: &str, token: u64, lease_s: u8) {
+        proto::encode_request(
+            &Request::Extend {
+                lease_s,
+                token,
+                key,
+            },
+            out,
+        );
     }
 
     fn decode(&self, buf: &[u8]) -> Result<Option<(Outcome, usize)>, String> {
@@ -205,5 +231,33 @@ mod tests {
             req,
             [0x41, 0x05, 0x1E, 0, 0, 0, 0, 0, 0, 0x0A, 0x0B, 0x64, 0x62, 0x0A]
         );
+
+        // SPEC §5.1's example: extend token 7 of "db" by 30 s.
+        assert!(b.supports_extend());
+        let mut ext = Vec::new();
+        b.encode_extend(&mut ext, "db", 7, 30);
+        assert_eq!(
+            ext,
+            [0x45, 0x1E, 0, 0, 0, 0, 0, 0, 0, 0x07, 0x64, 0x62, 0x0A]
+        );
+        let mut v = Vec::new();
+        proto::encode_reply(
+            &Reply::Extended {
+                token: 7,
+                key: "db",
+            },
+            &mut v,
+        );
+        proto::encode_reply(
+            &Reply::NotExtended {
+                token: 8,
+                key: "db",
+            },
+            &mut v,
+        );
+        let (o, used) = b.decode(&v).unwrap().unwrap();
+        assert_eq!(o, Outcome::Extended { token: Some(7) });
+        let (o2, _) = b.decode(&v[used..]).unwrap().unwrap();
+        assert_eq!(o2, Outcome::NotExtended { token: Some(8) });
     }
 }

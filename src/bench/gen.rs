@@ -9,6 +9,13 @@
 //! * `contended`: like `cycle` on a few hot keys with a wait > 0. ticketd
 //!   queues the waiter and answers when it is granted; Redis has no queue,
 //!   so the slot polls (`SET NX` again every `poll_ms`) until its wait runs out.
+//! * `extend` (ticketd only): a slot is one held lock. It acquires its own
+//!   key once, then extends it every `lease / 3` (the client's keep-alive
+//!   pace), the first extend at a random point of that interval so that the
+//!   locks' renewals are spread evenly, as independent clients' are. A
+//!   connection carries `locks / connections` slots.
+//! * `extend-flood` (ticketd only): acquire a key once, then extend it again
+//!   as soon as each extend is answered, `depth` slots per connection.
 //!
 //! Requests are written once per loop turn per connection (pipelined), and
 //! time is read once per loop turn: latencies have the resolution of a turn,
@@ -40,6 +47,18 @@ pub enum Mode {
     Cycle,
     /// Acquire with a wait on hot keys, release, repeat.
     Contended,
+    /// Hold one key per slot and extend it every `lease / 3`.
+    Extend,
+    /// Hold one key per slot and extend it back to back.
+    ExtendFlood,
+}
+
+impl Mode {
+    /// True for the modes that hold their keys and extend them.
+    #[must_use]
+    pub fn extends(self) -> bool {
+        matches!(self, Mode::Extend | Mode::ExtendFlood)
+    }
 }
 
 /// Which keys the slots use.
@@ -61,8 +80,11 @@ pub struct Config {
     pub addrs: Vec<SocketAddr>,
     /// Connections, over all threads.
     pub connections: usize,
-    /// Slots (requests in flight) per connection.
+    /// Slots (requests in flight) per connection; in `extend` mode each
+    /// connection has its share of `locks` instead.
     pub depth: usize,
+    /// Held locks in `extend` mode, spread evenly over the connections.
+    pub locks: usize,
     /// Key space.
     pub keys: Keys,
     /// What slots do.
@@ -147,6 +169,11 @@ pub struct Stats {
     pub polls: u64,
     /// FIFO probes answered (contended ticketd runs; not counted as requests).
     pub probes: u64,
+    /// Extends answered `E` (extend modes).
+    pub extended: u64,
+    /// Extends answered `X`: the generator only extends grants it holds
+    /// within their lease, so any of these is a failure.
+    pub not_extended: u64,
     /// Request to reply, nanoseconds.
     pub latency: Histogram,
     /// First attempt of an acquire to its grant, nanoseconds (contended).
@@ -166,6 +193,8 @@ impl Stats {
         self.not_released += other.not_released;
         self.polls += other.polls;
         self.probes += other.probes;
+        self.extended += other.extended;
+        self.not_extended += other.not_extended;
         self.latency.merge(&other.latency);
         self.wait_to_grant.merge(&other.wait_to_grant);
         self.grant_log.append(&mut other.grant_log);
@@ -220,7 +249,11 @@ enum SlotState {
     NeedRelease,
     /// Release in flight.
     Releasing,
-    /// Waiting for the timer heap (a Redis poll).
+    /// Wants to send an extend of `token`.
+    NeedExtend,
+    /// Extend in flight.
+    Extending,
+    /// Waiting for the timer heap (a Redis poll, or the next extend).
     Sleeping,
     /// Out of request budget.
     Idle,
@@ -239,12 +272,32 @@ struct Slot {
     queued_ns: u64,
 }
 
+/// What a request in flight asked for, and so which replies answer it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Acquire,
+    Release,
+    Extend,
+}
+
+impl Kind {
+    fn of(outcome: &Outcome) -> Kind {
+        match outcome {
+            Outcome::Granted { .. } | Outcome::NotGranted { .. } | Outcome::Busy { .. } => {
+                Kind::Acquire
+            }
+            Outcome::Released { .. } | Outcome::NotReleased { .. } => Kind::Release,
+            Outcome::Extended { .. } | Outcome::NotExtended { .. } => Kind::Extend,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Pending {
     slot: u16,
-    acquire: bool,
+    kind: Kind,
     /// Owner of an acquire (and of the acquire a probe follows), token of
-    /// a release: what the reply names.
+    /// a release or an extend: what the reply names.
     id: u64,
     sent_ns: u64,
     /// A FIFO probe: a release of token 0, which never matches (tokens are
@@ -402,7 +455,7 @@ impl<B: Backend> Worker<'_, B> {
                     slot.state = SlotState::Acquiring;
                     conn.outstanding.push_back(Pending {
                         slot: s,
-                        acquire: true,
+                        kind: Kind::Acquire,
                         id: slot.owner,
                         sent_ns: now,
                         probe: false,
@@ -411,7 +464,7 @@ impl<B: Backend> Worker<'_, B> {
                         b.encode_release(&mut conn.wbuf, &slot.key, 0);
                         conn.outstanding.push_back(Pending {
                             slot: s,
-                            acquire: false,
+                            kind: Kind::Release,
                             id: slot.owner,
                             sent_ns: now,
                             probe: true,
@@ -427,7 +480,23 @@ impl<B: Backend> Worker<'_, B> {
                     slot.state = SlotState::Releasing;
                     conn.outstanding.push_back(Pending {
                         slot: s,
-                        acquire: false,
+                        kind: Kind::Release,
+                        id: slot.token,
+                        sent_ns: now,
+                        probe: false,
+                    });
+                }
+                SlotState::NeedExtend => {
+                    if self.shared.budget.fetch_sub(1, Ordering::Relaxed) <= 0 {
+                        slot.state = SlotState::Idle;
+                        continue;
+                    }
+                    b.encode_extend(&mut conn.wbuf, &slot.key, slot.token, cfg.lease_s);
+                    slot.state = SlotState::Extending;
+                    slot.sent_ns = now;
+                    conn.outstanding.push_back(Pending {
+                        slot: s,
+                        kind: Kind::Extend,
                         id: slot.token,
                         sent_ns: now,
                         probe: false,
@@ -511,32 +580,30 @@ impl<B: Backend> Worker<'_, B> {
 
     fn take_pending(&mut self, c: usize, outcome: &Outcome) -> Result<Pending, String> {
         let conn = &mut self.conns[c];
-        let acquire = outcome.answers_acquire();
+        let kind = Kind::of(outcome);
         let id = match *outcome {
             Outcome::Granted { owner, .. }
             | Outcome::NotGranted { owner }
             | Outcome::Busy { owner } => owner,
-            Outcome::Released { token } | Outcome::NotReleased { token } => token,
-            Outcome::Extended { .. } | Outcome::NotExtended { .. } => {
-                return Err(format!(
-                    "{outcome:?} answers no request this generator sends"
-                ));
-            }
+            Outcome::Released { token }
+            | Outcome::NotReleased { token }
+            | Outcome::Extended { token }
+            | Outcome::NotExtended { token } => token,
         };
         let pos = match id {
             // Ordered backends name nothing: the oldest request is answered.
             None => (!conn.outstanding.is_empty()).then_some(0),
             // Probes are all alike and answered at once, so in order.
-            Some(0) if !acquire => conn.outstanding.iter().position(|p| p.probe),
+            Some(0) if kind == Kind::Release => conn.outstanding.iter().position(|p| p.probe),
             Some(id) => conn
                 .outstanding
                 .iter()
-                .position(|p| p.acquire == acquire && !p.probe && p.id == id),
+                .position(|p| p.kind == kind && !p.probe && p.id == id),
         };
         let Some(p) = pos.and_then(|i| conn.outstanding.remove(i)) else {
             return Err(format!("a reply matches no request in flight: {outcome:?}"));
         };
-        if p.acquire != acquire {
+        if p.kind != kind {
             return Err(format!("reply {outcome:?} to the wrong kind of request"));
         }
         self.outstanding -= 1;
@@ -558,7 +625,11 @@ impl<B: Backend> Worker<'_, B> {
         let queues = self.b.queues_waiters();
         if m {
             self.stats.replies += 1;
-            self.stats.latency.record(now.saturating_sub(p.sent_ns));
+            // An extend run reports the latency of its extends only: its
+            // acquires are a one-off set-up.
+            if !cfg.mode.extends() || p.kind == Kind::Extend {
+                self.stats.latency.record(now.saturating_sub(p.sent_ns));
+            }
         }
         let slot = &mut self.conns[c].slots[p.slot as usize];
         let mut sleep_until = None;
@@ -585,10 +656,18 @@ impl<B: Backend> Worker<'_, B> {
                         });
                     }
                 }
-                slot.state = if cfg.mode == Mode::Acquire {
-                    SlotState::NeedAcquire { retry: false }
-                } else {
-                    SlotState::NeedRelease
+                slot.state = match cfg.mode {
+                    Mode::Acquire => SlotState::NeedAcquire { retry: false },
+                    Mode::Cycle | Mode::Contended => SlotState::NeedRelease,
+                    Mode::ExtendFlood => SlotState::NeedExtend,
+                    Mode::Extend => {
+                        // The first extend at a random point of the first
+                        // interval, so the renewals of locks acquired together
+                        // spread out evenly instead of arriving as one burst.
+                        let interval = extend_interval_ns(cfg.lease_s);
+                        sleep_until = Some(now + next_rand(&mut self.rng) % interval);
+                        SlotState::Sleeping
+                    }
                 };
             }
             Outcome::NotGranted { .. } => {
@@ -620,8 +699,25 @@ impl<B: Backend> Worker<'_, B> {
                 }
                 slot.state = SlotState::NeedAcquire { retry: false };
             }
-            Outcome::Extended { .. } | Outcome::NotExtended { .. } => {
-                unreachable!("take_pending refuses the replies of extends")
+            Outcome::Extended { .. } => {
+                if m {
+                    self.stats.extended += 1;
+                }
+                if cfg.mode == Mode::Extend {
+                    // Paced like the client's keep-alive: lease / 3 after the
+                    // previous extend was written.
+                    slot.state = SlotState::Sleeping;
+                    sleep_until = Some(p.sent_ns + extend_interval_ns(cfg.lease_s));
+                } else {
+                    slot.state = SlotState::NeedExtend;
+                }
+            }
+            Outcome::NotExtended { .. } => {
+                // The lock is gone (counted as a failure): take a fresh one.
+                if m {
+                    self.stats.not_extended += 1;
+                }
+                slot.state = SlotState::NeedAcquire { retry: false };
             }
         }
         match sleep_until {
@@ -669,7 +765,11 @@ impl<B: Backend> Worker<'_, B> {
                 }
                 self.sleepers.pop();
                 let slot = &mut self.conns[c as usize].slots[s as usize];
-                slot.state = SlotState::NeedAcquire { retry: true };
+                slot.state = if self.cfg.mode.extends() {
+                    SlotState::NeedExtend
+                } else {
+                    SlotState::NeedAcquire { retry: true }
+                };
                 self.conns[c as usize].ready.push(s);
                 self.mark(c as usize);
             }
@@ -709,6 +809,25 @@ impl<B: Backend> Worker<'_, B> {
     }
 }
 
+/// The pace of `extend` mode: a third of the lease, as the client's
+/// keep-alive renews.
+fn extend_interval_ns(lease_s: u8) -> u64 {
+    (u64::from(lease_s) * 1_000_000_000 / 3).max(1)
+}
+
+/// Slots of connection `id` of `connections`: `depth`, or in `extend` mode
+/// its share of `locks` (the first `locks % connections` connections carry
+/// one more).
+#[must_use]
+pub fn slots_of(cfg: &Config, id: u64) -> usize {
+    if cfg.mode == Mode::Extend {
+        let n = cfg.connections.max(1);
+        cfg.locks / n + usize::from((id as usize) < cfg.locks % n)
+    } else {
+        cfg.depth
+    }
+}
+
 /// Opens connections `ids` and drives them until `shared.stop`, or until
 /// the request budget is spent and answered. Returns what it measured.
 pub fn run_worker<B: Backend>(
@@ -720,6 +839,11 @@ pub fn run_worker<B: Backend>(
 ) -> Result<Stats, String> {
     let poll = Poll::new().map_err(|e| format!("poll: {e}"));
     let result = poll.and_then(|mut poll| {
+        // Runs in one process share the nonce: each takes its own block of
+        // the sequence, so a run never meets keys an earlier run of the same
+        // process still holds (extend runs leave theirs held).
+        static RUNS: AtomicU64 = AtomicU64::new(0);
+        let key_seq = run_nonce() + RUNS.fetch_add(1, Ordering::Relaxed) * 1_000_000_000;
         let mut conns = Vec::with_capacity(ids.len());
         for (i, &id) in ids.iter().enumerate() {
             let addr = cfg.addrs[id as usize % cfg.addrs.len()];
@@ -741,6 +865,7 @@ pub fn run_worker<B: Backend>(
                 sent_ns: 0,
                 queued_ns: u64::MAX,
             };
+            let slots = slots_of(cfg, id);
             conns.push(Conn {
                 stream,
                 id,
@@ -750,11 +875,11 @@ pub fn run_worker<B: Backend>(
                 wbuf: Vec::with_capacity(16 * 1024),
                 wpos: 0,
                 want_write: false,
-                outstanding: VecDeque::with_capacity(cfg.depth * 2),
-                slots: vec![slot; cfg.depth],
-                ready: (0..cfg.depth as u16).rev().collect(),
+                outstanding: VecDeque::with_capacity(slots * 2),
+                slots: vec![slot; slots],
+                ready: (0..slots as u16).rev().collect(),
                 owner_seq: 0,
-                key_seq: run_nonce(),
+                key_seq,
             });
         }
         let n = conns.len();

@@ -39,18 +39,27 @@ usage: ticket bench [FLAGS]
   --backend NAME        ticketd | redis | etcd (default ticketd; etcd through
                         its v3 HTTP gateway, one locker per connection, depth 1)
   --connections N       connections (default 50)
-  --depth N             requests in flight per connection, 1..=256 (default 1)
+  --depth N             requests in flight per connection, 1..=256 (default 1;
+                        not for extend, which has --locks)
   --keys SPEC           uncontended | hot:N (default uncontended;
                         hot:10 for --mode contended)
-  --mode MODE           acquire | cycle | contended (default cycle)
+  --mode MODE           acquire | cycle | contended | extend | extend-flood
+                        (default cycle). extend (ticketd only): --locks held
+                        locks, one key each, acquired once, then each extended
+                        every lease/3; extend-flood: one lock per slot
+                        (connections x depth), extended again as soon as each
+                        extend is answered. Any X (not extended) fails the run
+  --locks N             extend only: held locks, 1..=1000000, spread over the
+                        connections (default 1000)
   --wait S              seconds an acquire may wait, 0..=255 (default 0;
                         5 for contended; Redis clients poll that long)
   --lease S             lease of each grant, 1..=255 (default 30)
   --poll-ms MS          Redis only: pause between two polls of a waiter (default 10)
   --duration S          seconds measured (default 10)
   --warmup S            seconds run before measuring (default 1)
-  --requests N          instead of a duration: stop starting acquires after N
-                        requests and end when all are answered
+  --requests N          instead of a duration: stop starting acquires (and
+                        extend-flood's extends) after N requests and end when
+                        all are answered (not for extend)
   --threads N           generator threads (default 1)
   --server-pid PID[,PID]  also report the server's CPU time per request
                         (a cluster's nodes together)
@@ -58,6 +67,9 @@ usage: ticket bench [FLAGS]
   --quiet               no progress line on stderr
   -h, --help            this text
 ";
+
+/// The values of `--mode`.
+const MODES: &str = "acquire | cycle | contended | extend | extend-flood";
 
 /// A parsed command line.
 #[derive(Clone, Debug)]
@@ -140,12 +152,16 @@ pub fn parse_args(args: Vec<String>) -> Result<Args, String> {
         None | Some("cycle") => Mode::Cycle,
         Some("acquire") => Mode::Acquire,
         Some("contended") => Mode::Contended,
-        Some(other) => {
-            return Err(format!(
-                "--mode: unknown mode {other:?} (acquire | cycle | contended)"
-            ))
-        }
+        Some("extend") => Mode::Extend,
+        Some("extend-flood") => Mode::ExtendFlood,
+        Some(other) => return Err(format!("--mode: unknown mode {other:?} ({MODES})")),
     };
+    if mode.extends() && backend != BackendKind::Ticketd {
+        return Err(format!(
+            "--mode {}: ticketd only (Redis and etcd locks have no extend by fencing token here)",
+            mode_name(mode)
+        ));
+    }
     let keys = match p
         .opt_value_from_str::<_, String>("--keys")
         .map_err(|e| format!("--keys: {e}"))?
@@ -162,6 +178,12 @@ pub fn parse_args(args: Vec<String>) -> Result<Args, String> {
             }
         },
     };
+    if mode.extends() && keys != Keys::Uncontended {
+        return Err(format!(
+            "--keys: --mode {} holds one key per lock (uncontended only)",
+            mode_name(mode)
+        ));
+    }
     if mode == Mode::Contended && keys == Keys::Uncontended {
         return Err("--mode contended needs --keys hot:N".into());
     }
@@ -179,8 +201,30 @@ pub fn parse_args(args: Vec<String>) -> Result<Args, String> {
             "--server: {server:?}: several addresses (a cluster) are for ticketd only"
         ));
     }
-    let connections = num(&mut p, "--connections", 1usize, 10_000)?.unwrap_or(50);
-    let depth = num(&mut p, "--depth", 1usize, 256)?.unwrap_or(1);
+    let mut connections = num(&mut p, "--connections", 1usize, 10_000)?.unwrap_or(50);
+    let depth = num(&mut p, "--depth", 1usize, 256)?;
+    if mode == Mode::Extend && depth.is_some() {
+        return Err(
+            "--depth: --mode extend paces its --locks (use --mode extend-flood for a pipelined flood)"
+                .into(),
+        );
+    }
+    let depth = depth.unwrap_or(1);
+    let locks = num(&mut p, "--locks", 1usize, 1_000_000)?;
+    if locks.is_some() && mode != Mode::Extend {
+        return Err("--locks: only for --mode extend".into());
+    }
+    let locks = locks.unwrap_or(1000);
+    if mode == Mode::Extend {
+        // Every connection holds at least one lock.
+        connections = connections.min(locks);
+        if locks.div_ceil(connections) > usize::from(u16::MAX) {
+            return Err(format!(
+                "--locks: {locks} locks on {connections} connections is more than {} per connection",
+                u16::MAX
+            ));
+        }
+    }
     if backend == BackendKind::Etcd && depth != 1 {
         return Err("--depth: etcd lock requests block, so its depth is 1".into());
     }
@@ -194,6 +238,9 @@ pub fn parse_args(args: Vec<String>) -> Result<Args, String> {
     let duration_s = num(&mut p, "--duration", 0.1f64, 86_400.0)?;
     let warmup_s = num(&mut p, "--warmup", 0.0f64, 3_600.0)?;
     let requests = num(&mut p, "--requests", 1u64, 1 << 40)?;
+    if mode == Mode::Extend && requests.is_some() {
+        return Err("--requests: --mode extend runs for a --duration".into());
+    }
     let threads = num(&mut p, "--threads", 1usize, 64)?.unwrap_or(1);
     let server_pids: Option<String> = p
         .opt_value_from_str("--server-pid")
@@ -229,6 +276,7 @@ pub fn parse_args(args: Vec<String>) -> Result<Args, String> {
             addrs,
             connections,
             depth,
+            locks,
             keys,
             mode,
             wait_s,
@@ -326,6 +374,13 @@ pub struct Report {
 
 fn run_backend<B: Backend>(b: Arc<B>, args: &Args) -> Result<Report, String> {
     let cfg = &args.cfg;
+    if cfg.mode.extends() && !b.supports_extend() {
+        return Err(format!(
+            "--mode {}: {} has no extend",
+            mode_name(cfg.mode),
+            b.name()
+        ));
+    }
     let shared = Arc::new(Shared::new(cfg.requests));
     // Without a warm-up, measuring starts before the first request is sent.
     let mut measure_start = if args.warmup.is_zero() {
@@ -442,6 +497,8 @@ fn mode_name(m: Mode) -> &'static str {
         Mode::Acquire => "acquire",
         Mode::Cycle => "cycle",
         Mode::Contended => "contended",
+        Mode::Extend => "extend",
+        Mode::ExtendFlood => "extend-flood",
     }
 }
 
@@ -467,6 +524,39 @@ impl Report {
     #[must_use]
     pub fn grants_per_s(&self) -> f64 {
         self.stats.grants as f64 / self.elapsed_s.max(1e-9)
+    }
+
+    /// Extends answered `E` per second.
+    #[must_use]
+    pub fn extends_per_s(&self) -> f64 {
+        self.stats.extended as f64 / self.elapsed_s.max(1e-9)
+    }
+
+    /// Locks held: `--locks` in `extend` mode, one per slot in `extend-flood`.
+    #[must_use]
+    pub fn locks_held(&self) -> usize {
+        let c = &self.args.cfg;
+        match c.mode {
+            Mode::Extend => c.locks,
+            _ => c.connections * c.depth,
+        }
+    }
+
+    /// Server CPU microseconds per answered extend (extend modes; the few
+    /// acquires in the measured window are charged to the extends).
+    #[must_use]
+    pub fn server_cpu_us_per_extend(&self) -> Option<f64> {
+        let answered = self.stats.extended + self.stats.not_extended;
+        self.server_cpu_s
+            .filter(|_| answered > 0 && self.args.cfg.mode.extends())
+            .map(|s| s * 1e6 / answered as f64)
+    }
+
+    /// The server's CPU time over the measured window, in percent of one core.
+    #[must_use]
+    pub fn server_cpu_core_pct(&self) -> Option<f64> {
+        self.server_cpu_s
+            .map(|s| s * 100.0 / self.elapsed_s.max(1e-9))
     }
 
     /// Server CPU microseconds per answered request.
@@ -542,11 +632,27 @@ impl Report {
         if let Some((checked, bad)) = self.fifo {
             let _ = write!(j, ",\"fifo_checked\":{checked},\"fifo_violations\":{bad}");
         }
+        if c.mode.extends() {
+            let _ = write!(
+                j,
+                ",\"locks\":{},\"extended\":{},\"not_extended\":{},\"extends_per_s\":{:.0}",
+                self.locks_held(),
+                s.extended,
+                s.not_extended,
+                self.extends_per_s()
+            );
+        }
         if let (Some(cpu), Some(per)) = (self.server_cpu_s, self.server_cpu_us_per_request()) {
             let _ = write!(
                 j,
                 ",\"server_cpu_s\":{cpu:.2},\"server_cpu_us_per_request\":{per:.3}"
             );
+        }
+        if let Some(pct) = self.server_cpu_core_pct() {
+            let _ = write!(j, ",\"server_cpu_core_pct\":{pct:.3}");
+        }
+        if let Some(per) = self.server_cpu_us_per_extend() {
+            let _ = write!(j, ",\"server_cpu_us_per_extend\":{per:.3}");
         }
         j.push('}');
         j
@@ -558,6 +664,9 @@ impl Report {
         let s = &self.stats;
         let c = &self.args.cfg;
         let mut t = String::new();
+        if c.mode.extends() {
+            return self.extend_text();
+        }
         let _ = writeln!(
             t,
             "{} {}: {} connections, depth {}, keys {}, wait {} s, lease {} s, {:.1} s measured",
@@ -631,6 +740,61 @@ impl Report {
     }
 }
 
+impl Report {
+    /// The human-readable report of an extend run.
+    fn extend_text(&self) -> String {
+        let s = &self.stats;
+        let c = &self.args.cfg;
+        let mut t = String::new();
+        let pace = if c.mode == Mode::Extend {
+            format!("each extended every {:.1} s", f64::from(c.lease_s) / 3.0)
+        } else {
+            format!("depth {}, extended back to back", c.depth)
+        };
+        let _ = writeln!(
+            t,
+            "{} {}: {} locks on {} connections, {pace}, lease {} s, {:.1} s measured",
+            self.backend_name(),
+            mode_name(c.mode),
+            self.locks_held(),
+            c.connections,
+            c.lease_s,
+            self.elapsed_s
+        );
+        let _ = writeln!(
+            t,
+            "  extends/s  {:>12.0}   extended (E) {}  not extended (X) {}{}",
+            self.extends_per_s(),
+            s.extended,
+            s.not_extended,
+            if s.not_extended > 0 { "  FAILED" } else { "" }
+        );
+        let _ = writeln!(
+            t,
+            "  answered {}  granted {}  busy {}",
+            s.replies, s.grants, s.busy
+        );
+        let _ = writeln!(
+            t,
+            "  extend latency p50 {:>9.1} us  p99 {:>9.1} us  p99.9 {:>9.1} us  max {:>9.1} us",
+            us(s.latency.quantile(0.5)),
+            us(s.latency.quantile(0.99)),
+            us(s.latency.quantile(0.999)),
+            us(s.latency.max())
+        );
+        if let (Some(cpu), Some(pct)) = (self.server_cpu_s, self.server_cpu_core_pct()) {
+            let per = self
+                .server_cpu_us_per_extend()
+                .map_or_else(|| "-".to_string(), |p| format!("{p:.3}"));
+            let _ = writeln!(
+                t,
+                "  server cpu {cpu:.2} s = {per} us per extend = {pct:.2} % of one core"
+            );
+        }
+        t
+    }
+}
+
 /// Bytes offered to one `read` of the generator and of the limit server.
 pub(crate) const READ_CHUNK_BYTES: usize = 16 * 1024;
 
@@ -672,8 +836,9 @@ pub(crate) fn set_write_interest(
 }
 
 /// Entry point of `ticket bench ARGS` (without the program and subcommand
-/// names). Returns the process exit code: 0 on success, 1 if the run failed
-/// or the FIFO check found a grant out of order, 2 for bad flags.
+/// names). Returns the process exit code: 0 on success, 1 if the run failed,
+/// the FIFO check found a grant out of order or an extend was answered `X`,
+/// 2 for bad flags.
 #[must_use]
 pub fn main(args: Vec<String>) -> i32 {
     let args = match parse_args(args) {
@@ -697,6 +862,7 @@ pub fn main(args: Vec<String>) -> i32 {
             }
             match r.fifo {
                 Some((_, bad)) if bad > 0 => 1,
+                _ if r.stats.not_extended > 0 => 1,
                 _ => 0,
             }
         }
@@ -746,6 +912,33 @@ mod tests {
             ),
             (&["--mode", "contended", "--wait", "0"][..], "--wait"),
             (&["--lease", "0"][..], "--lease"),
+            (
+                &["--mode", "extend", "--backend", "redis"][..],
+                "ticketd only",
+            ),
+            (
+                &["--mode", "extend-flood", "--backend", "etcd"][..],
+                "ticketd only",
+            ),
+            (&["--mode", "extend", "--depth", "4"][..], "extend-flood"),
+            (
+                &["--mode", "extend", "--keys", "hot:3"][..],
+                "uncontended only",
+            ),
+            (&["--mode", "extend", "--requests", "9"][..], "--duration"),
+            (&["--mode", "extend", "--locks", "0"][..], "--locks"),
+            (&["--locks", "10"][..], "only for --mode extend"),
+            (
+                &[
+                    "--mode",
+                    "extend",
+                    "--locks",
+                    "1000000",
+                    "--connections",
+                    "2",
+                ][..],
+                "per connection",
+            ),
             (&["--backend", "etcd", "--depth", "2"][..], "depth is 1"),
             (&["--frobnicate"][..], "unexpected argument"),
         ] {
@@ -765,6 +958,19 @@ mod tests {
         assert_eq!(b.cfg.addrs.len(), 1);
         assert_eq!(b.cfg.addrs[0].port(), 6379);
         assert!(b.warmup.is_zero());
+    }
+
+    #[test]
+    fn extend_spreads_its_locks_over_the_connections() {
+        let a = args(&["--mode", "extend", "--locks", "10", "--connections", "4"]).unwrap();
+        let slots: Vec<usize> = (0..4).map(|i| gen::slots_of(&a.cfg, i)).collect();
+        assert_eq!(slots, [3, 3, 2, 2]);
+        // Fewer locks than connections: one lock per connection.
+        let b = args(&["--mode", "extend", "--locks", "3"]).unwrap();
+        assert_eq!(b.cfg.connections, 3);
+        assert_eq!(gen::slots_of(&b.cfg, 2), 1);
+        let f = args(&["--mode", "extend-flood", "--depth", "16"]).unwrap();
+        assert_eq!(gen::slots_of(&f.cfg, 0), 16);
     }
 
     #[test]
