@@ -242,22 +242,28 @@ impl Machine {
     /// grant whose conservative expiry has passed is lost for good: the
     /// outcome is [`ExtendOutcome::Lost`] and nothing is sent. An attempt
     /// that gets no reply is sent again on the next connection, never past
-    /// the expiry; until an `E` is matched the old expiry stands.
+    /// the expiry; until an `E` is matched the old expiry stands. A lease
+    /// shorter than the time left may take effect before its answer, so
+    /// the call treats the expiry as `min(held.expires_at, now + lease)`
+    /// from `now` on, and so must the caller while it is in flight.
     ///
     /// # Errors
     /// A bad lease; nothing is queued.
     pub fn extend(&mut self, now: Millis, held: &Held, lease: Duration) -> Result<CallId, Error> {
         let lease_s = deadline::lease_s(lease)?;
+        let until = held
+            .expires_at
+            .min(now.add_ms(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX)));
         let kind = Kind::Extend {
             token: held.token,
             lease_s,
-            until: held.expires_at,
+            until,
         };
         // Queued, it may wait for a connection until the expiry; each
         // attempt gets its transport deadline when it is written.
-        let mut plan = Plan::until(now, held.expires_at);
-        plan.send_deadline = held.expires_at;
-        plan.give_up = held.expires_at;
+        let mut plan = Plan::until(now, until);
+        plan.send_deadline = until;
+        plan.give_up = until;
         let id = self.push(kind, &held.key, plan, false);
         if held.is_expired(now) {
             if let Some(call) = self.queued.pop_back() {

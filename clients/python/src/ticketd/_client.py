@@ -148,10 +148,17 @@ class Ticket:
         :attr:`lease`); needs a protocol 1.1 server. Returns ``"extended"``
         (the expiry is now the time the answered Extend was written plus
         ``lease``) or ``"lost"`` (an ``X``, or no ``E`` before the current
-        expiry); once lost, always lost. Bad arguments raise before anything
+        expiry); once lost, always lost. A lease shorter than the time left
+        counts at once, answered or not: from the call on, the expiry is no
+        later than the call's start plus ``lease``. Bad arguments raise before anything
         is sent, and so does nothing once the local expiry has passed."""
         lease_s = self._lease_s if lease is None else _plan.lease_s(lease)
         with self._extend_lock:
+            # A shorter lease may take effect on the server before its
+            # answer comes back: from now on the expiry is no later than
+            # now + lease.
+            if not self.lost.is_set() and time.monotonic() < self._expires_at:
+                self._expires_at = min(self._expires_at, time.monotonic() + lease_s)
             return self._extend_locked(lease_s, self._expires_at)
 
     def _extend_locked(
