@@ -213,7 +213,10 @@ mod tests {
 
     #[test]
     fn peers_off_loopback_need_tls_or_insecure_peers() {
-        let base = "--cluster --id 1 --peers 1=10.0.0.1:7001,2=127.0.0.1:7002 --data-dir /tmp/x";
+        // Limits small enough for a 32-bit build (the cross-check runs this
+        // under qemu-arm), which refuses the default ones.
+        let base = "--cluster --id 1 --peers 1=10.0.0.1:7001,2=127.0.0.1:7002 --data-dir /tmp/x \
+                    --max-keys 1000";
         let e = parse(args(base)).unwrap_err().to_string();
         assert!(e.contains("ticket certs init"), "{e}");
         assert!(e.contains("--insecure-peers"), "{e}");
@@ -225,7 +228,7 @@ mod tests {
         .unwrap();
         assert_eq!(k.tls.unwrap().ca, std::path::PathBuf::from("ca.pem"));
         let (_, k) = parse(args(
-            "--cluster --id 1 --peers 1=127.0.0.1:7001,2=[::1]:7002 --data-dir /tmp/x",
+            "--cluster --id 1 --peers 1=127.0.0.1:7001,2=[::1]:7002 --data-dir /tmp/x --max-keys 1000",
         ))
         .unwrap();
         assert!(k.peers_all_loopback());
