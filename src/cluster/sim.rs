@@ -843,24 +843,7 @@ impl Sim {
                         give_up: self.now.add_secs(8),
                     };
                     self.clients[c].next_at = Millis::NEVER;
-                    let k = format!("key{key}");
-                    let op = self.history.extend(
-                        c as u64,
-                        self.clients[c].conn,
-                        &k,
-                        token,
-                        lease_s,
-                        us(self.now),
-                    );
-                    self.clients[c].op = Some(op);
-                    self.request(
-                        c,
-                        Request::Extend {
-                            lease_s,
-                            token,
-                            key: &k,
-                        },
-                    )?;
+                    self.write_extend(c, key, token, lease_s)?;
                 }
                 ClientState::Idle => {
                     let key = self.rng.range(0, self.cfg.keys as u64) as usize;
@@ -1000,6 +983,18 @@ impl Sim {
         // The attempt ends at the expiry at the latest.
         self.clients[c].next_at = retry.min(until);
         self.report.extends += 1;
+        self.write_extend(c, key, token, lease_s)
+    }
+
+    /// Records client `c`'s extend of `token` on key number `key` in the
+    /// history, as its pending operation, and sends it.
+    fn write_extend(
+        &mut self,
+        c: usize,
+        key: usize,
+        token: u64,
+        lease_s: u8,
+    ) -> Result<(), String> {
         let k = format!("key{key}");
         let op = self.history.extend(
             c as u64,
