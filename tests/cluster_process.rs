@@ -117,6 +117,25 @@ impl Cluster {
         best.map(|(_, i)| i)
     }
 
+    /// Waits until every live node knows a leader: each grants and
+    /// releases a key of its own. A node that knows none answers a release
+    /// N at once (it never proposed it), so a test that releases through a
+    /// node must first know that node has heard from the leader.
+    fn wait_all_know_leader(&self) {
+        for (i, n) in self.nodes.iter().enumerate() {
+            let Some(n) = n else { continue };
+            let mut c = n.connect();
+            let key = format!("ready-{}", i + 1);
+            let t = acquire_retrying(&mut c, &key, 900 + i as u64, 0, 30).token();
+            assert_eq!(
+                c.release_reply(&key, t),
+                Reply::Released { token: t, key },
+                "node {} knows a leader",
+                i + 1
+            );
+        }
+    }
+
     fn logs(&self) -> String {
         self.nodes
             .iter()
@@ -158,6 +177,7 @@ fn wait_leader(c: &Cluster) -> usize {
 #[test]
 fn clients_on_any_node_and_a_lease_ends_by_committed_expire() {
     let cluster = Cluster::start("basic", 3);
+    cluster.wait_all_know_leader();
     let mut a = cluster.client(0);
     let mut b = cluster.client(1);
     let mut c = cluster.client(2);
@@ -210,7 +230,7 @@ impl RecvTimeout for Client {
 #[test]
 fn leader_killed_under_load_loses_no_grant() {
     let mut cluster = Cluster::start("failover", 3);
-    let _ = acquire_retrying(&mut cluster.client(0), "warmup", 1, 0, 1);
+    cluster.wait_all_know_leader();
     let leader = wait_leader(&cluster);
     let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
     let addrs: Vec<_> = followers.iter().map(|&i| cluster.node(i).addr()).collect();
@@ -555,7 +575,7 @@ fn extend_within(
 #[test]
 fn an_extended_lease_outlives_its_first_and_a_leader_change_ends_it_late_never_early() {
     let mut cluster = Cluster::start("extend", 3);
-    let _ = acquire_retrying(&mut cluster.client(0), "warmup", 1, 0, 1);
+    cluster.wait_all_know_leader();
     let leader = wait_leader(&cluster);
     let f = (leader + 1) % 3;
     let other = (leader + 2) % 3;
