@@ -1050,14 +1050,21 @@ impl Transport {
             while !input.is_empty() {
                 let tls = c.tls.as_mut().expect("caller checked");
                 tls.read_tls(&mut input).map_err(|e| format!("TLS: {e}"))?;
-                if let Err(e) = tls.process_new_packets() {
-                    // Tell the peer why (a bad certificate, say), if it listens.
-                    let _ = Self::write_inbound_tls(c);
-                    return Err(format!("TLS: {e}"));
-                }
-                loop {
+                let state = match tls.process_new_packets() {
+                    Ok(state) => state,
+                    Err(e) => {
+                        // Tell the peer why (a bad certificate, say), if it listens.
+                        let _ = Self::write_inbound_tls(c);
+                        return Err(format!("TLS: {e}"));
+                    }
+                };
+                // Room for exactly the plaintext the session holds (what
+                // the bytes just read decrypted to): the buffer is zeroed
+                // only where the reader will write.
+                let mut left = state.plaintext_bytes_to_read();
+                while left > 0 {
                     let start = c.rbuf.len();
-                    c.rbuf.resize(start + 16 * 1024, 0);
+                    c.rbuf.resize(start + left, 0);
                     let got = tls.reader().read(&mut c.rbuf[start..]);
                     let got = match got {
                         Ok(k) => k,
@@ -1071,6 +1078,7 @@ impl Transport {
                     if got == 0 {
                         break;
                     }
+                    left -= got.min(left);
                 }
             }
             Self::write_inbound_tls(c)?;
