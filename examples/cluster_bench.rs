@@ -16,7 +16,12 @@
 //!
 //! The cluster runs twice per round, with peer TLS (mutual TLS 1.3,
 //! certificates from `ticketd::cluster::certs`) and plaintext, side by
-//! side; `--no-peer-tls` skips the TLS run.
+//! side; `--no-peer-tls` skips the TLS run. A third cluster run keeps
+//! `--depth N` (default 4; 1 skips it) requests in flight per locker
+//! (`ticket bench --depth`), to show group commit at work.
+//!
+//! The summary gives each system's median cycles/s and server CPU per
+//! request, and the ratios of both, each taken within its round.
 //!
 //! The same lockers then run against two ceilings (skip them with
 //! `--no-single` and `--no-cluster-limit`):
@@ -39,7 +44,7 @@
 //! target/release/examples/cluster_bench \
 //!     [--clients 50] [--seconds 10] [--rounds 1] [--etcd]
 //!     [--etcd-native bench/etcd-native/target/release/etcd-native-bench]
-//!     [--no-single] [--no-cluster-limit] [--no-peer-tls]
+//!     [--no-single] [--no-cluster-limit] [--no-peer-tls] [--depth 4]
 //! ```
 //!
 //! Needs the release `ticketd` binary (target/release/ticketd, or the path
@@ -78,17 +83,26 @@ fn temp_dir(name: &str) -> PathBuf {
     p
 }
 
+/// One run's figures: lock cycles per second and, when the servers' pids
+/// were known, their CPU time per request (all processes summed).
+#[derive(Clone, Copy)]
+struct Run {
+    rate: f64,
+    cpu_us: Option<f64>,
+}
+
 /// One run of the load generator: `backend` at `servers`, `clients`
-/// lockers, `seconds` measured after a one-second warm-up. Prints one line
-/// and returns lock cycles per second.
+/// lockers with `depth` requests in flight each, `seconds` measured after
+/// a one-second warm-up. Prints one line.
 fn drive(
     name: &str,
     backend: &str,
     servers: &[SocketAddr],
     pids: &[u32],
     clients: usize,
+    depth: usize,
     seconds: u64,
-) -> f64 {
+) -> Run {
     let list = |v: Vec<String>| v.join(",");
     let mut args = vec![
         "--backend".to_string(),
@@ -105,6 +119,10 @@ fn drive(
         seconds.to_string(),
         "--quiet".to_string(),
     ];
+    if depth > 1 {
+        args.push("--depth".to_string());
+        args.push(depth.to_string());
+    }
     if !pids.is_empty() {
         args.push("--server-pid".to_string());
         args.push(list(pids.iter().map(ToString::to_string).collect()));
@@ -114,14 +132,18 @@ fn drive(
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     let s = &report.stats;
     let rate = report.grants_per_s();
-    let cpu = report
-        .server_cpu_us_per_request()
-        .map_or(String::new(), |us| {
-            format!(", server CPU {us:.1} us/request")
-        });
+    let cpu_us = report.server_cpu_us_per_request();
+    let cpu = cpu_us.map_or(String::new(), |us| {
+        format!(", server CPU {us:.1} us/request")
+    });
     println!(
-        "{name}: {clients} lockers, {} lock cycles in {:.1} s = {rate:.0} cycles/s; \
+        "{name}: {clients} lockers{}, {} lock cycles in {:.1} s = {rate:.0} cycles/s; \
          request latency p50 {:.0} us, p99 {:.0} us{cpu}",
+        if depth > 1 {
+            format!(" x {depth} in flight")
+        } else {
+            String::new()
+        },
         s.grants,
         report.elapsed_s,
         s.latency.quantile(0.5) as f64 / 1000.0,
@@ -133,7 +155,7 @@ fn drive(
             s.busy, s.not_granted, s.not_released
         );
     }
-    rate
+    Run { rate, cpu_us }
 }
 
 // ---- ticketd ------------------------------------------------------------
@@ -255,9 +277,10 @@ fn make_certs(_dir: &Path) {
     panic!("peer TLS needs ticketd built with the `cluster` feature (pass --no-peer-tls)");
 }
 
-/// A 3-node cluster with fsync on; clients spread over the nodes. With
-/// `tls`, its peers speak mutual TLS with certificates made there.
-fn bench_cluster(bin: &Path, clients: usize, seconds: u64, tls: bool) -> f64 {
+/// A 3-node cluster with fsync on; clients spread over the nodes, each
+/// with `depth` acquires or releases in flight. With `tls`, its peers
+/// speak mutual TLS with certificates made there.
+fn bench_cluster(bin: &Path, clients: usize, depth: usize, seconds: u64, tls: bool) -> Run {
     let peers: Vec<String> = (1..=3)
         .map(|i| format!("{i}=127.0.0.1:{}", free_port()))
         .collect();
@@ -305,6 +328,7 @@ fn bench_cluster(bin: &Path, clients: usize, seconds: u64, tls: bool) -> f64 {
         &addrs,
         &pids,
         clients,
+        depth,
         seconds,
     );
     drop(nodes);
@@ -317,7 +341,7 @@ fn bench_cluster(bin: &Path, clients: usize, seconds: u64, tls: bool) -> f64 {
 
 /// One single-mode ticketd (no replication, no disk) under the same
 /// clients: the most any cluster could reach with them on this machine.
-fn bench_single(bin: &Path, clients: usize, seconds: u64) -> f64 {
+fn bench_single(bin: &Path, clients: usize, seconds: u64) -> Run {
     let node = start_ticketd(bin, &[]);
     wait_ready(node.1);
     drive(
@@ -326,6 +350,7 @@ fn bench_single(bin: &Path, clients: usize, seconds: u64) -> f64 {
         &[node.1],
         &[node.0 .0.id()],
         clients,
+        1,
         seconds,
     )
 }
@@ -335,7 +360,7 @@ fn bench_single(bin: &Path, clients: usize, seconds: u64) -> f64 {
 /// leader. Afterwards the leader is stopped with SIGTERM (the followers end
 /// with its connection) and each node's `fdatasync` count and mean time
 /// are printed.
-fn bench_cluster_limit(limit: &Path, clients: usize, seconds: u64) -> f64 {
+fn bench_cluster_limit(limit: &Path, clients: usize, seconds: u64) -> Run {
     let dir = temp_dir("cluster-limit");
     if let Err(e) = std::fs::create_dir_all(&dir) {
         panic!("create {}: {e}", dir.display());
@@ -373,6 +398,7 @@ fn bench_cluster_limit(limit: &Path, clients: usize, seconds: u64) -> f64 {
         &[addr],
         &pids,
         clients,
+        1,
         seconds,
     );
     // SAFETY: kill(2) on a child's pid, which it cannot outlive unwaited.
@@ -438,7 +464,7 @@ fn start_etcd() -> (Proc, SocketAddr, PathBuf) {
 
 /// etcd's lock API through its JSON gateway, driven by the shared load
 /// generator.
-fn bench_etcd(clients: usize, seconds: u64) -> f64 {
+fn bench_etcd(clients: usize, seconds: u64) -> Run {
     let (etcd, addr, dir) = start_etcd();
     let pids = [etcd.0.id()];
     let rate = drive(
@@ -447,6 +473,7 @@ fn bench_etcd(clients: usize, seconds: u64) -> f64 {
         &[addr],
         &pids,
         clients,
+        1,
         seconds,
     );
     drop(etcd);
@@ -465,7 +492,7 @@ fn json_number(json: &str, field: &str) -> Option<f64> {
 /// etcd's lock API through etcd's own gRPC client (`bench/etcd-native`,
 /// the binary at `driver`): one client, one connection and one lease per
 /// locker, as etcd users lock.
-fn bench_etcd_native(driver: &Path, clients: usize, seconds: u64) -> f64 {
+fn bench_etcd_native(driver: &Path, clients: usize, seconds: u64) -> Run {
     let (etcd, addr, dir) = start_etcd();
     let out = Command::new(driver)
         .args(["--server", &addr.to_string()])
@@ -488,7 +515,8 @@ fn bench_etcd_native(driver: &Path, clients: usize, seconds: u64) -> f64 {
         json_number(&json, f).unwrap_or_else(|| panic!("no {f} in the driver's output: {json}"))
     };
     let rate = field("cycles_per_s");
-    let cpu = json_number(&json, "server_cpu_us_per_request").map_or(String::new(), |us| {
+    let cpu_us = json_number(&json, "server_cpu_us_per_request");
+    let cpu = cpu_us.map_or(String::new(), |us| {
         format!(", server CPU {us:.1} us/request")
     });
     println!(
@@ -499,7 +527,7 @@ fn bench_etcd_native(driver: &Path, clients: usize, seconds: u64) -> f64 {
         field("p50_us"),
         field("p99_us"),
     );
-    rate
+    Run { rate, cpu_us }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -515,7 +543,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 const MAX_CLIENTS: usize = 10_000;
 
 const USAGE: &str = "usage: cluster_bench [--clients N] [--seconds N] [--rounds N] [--etcd] \
-                     [--etcd-native DRIVER] [--no-single] [--no-cluster-limit] [--no-peer-tls]";
+                     [--etcd-native DRIVER] [--no-single] [--no-cluster-limit] [--no-peer-tls] \
+                     [--depth N]";
 
 /// A positive number flag, or exit 2 with a clear message.
 fn number(args: &mut pico_args::Arguments, flag: &'static str, default: u64) -> u64 {
@@ -541,6 +570,13 @@ fn main() {
     }
     let seconds = number(&mut args, "--seconds", 10);
     let rounds = number(&mut args, "--rounds", 1) as usize;
+    // The extra cluster row with several requests in flight per locker
+    // (group commit at work); 1 leaves it out.
+    let depth = number(&mut args, "--depth", 4) as usize;
+    if depth > 256 {
+        eprintln!("cluster_bench: --depth must be at most 256\n{USAGE}");
+        std::process::exit(2);
+    }
     let etcd = args.contains("--etcd");
     let native: Option<PathBuf> = match args.opt_value_from_str("--etcd-native") {
         Ok(v) => v,
@@ -593,53 +629,49 @@ fn main() {
     let bin = PathBuf::from(std::env::var("CB_BIN").unwrap_or("target/release/ticketd".into()));
     // Rounds interleave the systems, so that a machine whose load drifts
     // weighs on each of them alike; each ratio is taken within its round.
-    let (mut ours, mut ceiling, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut vs_single, mut vs_etcd, mut single_vs_etcd) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut theirs_native, mut vs_native) = (Vec::new(), Vec::new());
-    let (mut limits, mut vs_limit, mut limit_vs_native) = (Vec::new(), Vec::new(), Vec::new());
-    let mut limit_vs_etcd = Vec::new();
-    let (mut ours_tls, mut tls_vs_plain) = (Vec::new(), Vec::new());
+    let mut rows: Vec<Row> = Vec::new();
+    let mut row = |name: &str| -> usize {
+        rows.push(Row {
+            name: name.to_string(),
+            runs: Vec::new(),
+        });
+        rows.len() - 1
+    };
+    let r_cluster = row("ticketd 3-node cluster:");
+    let r_tls = peer_tls.then(|| row("  same, peer TLS:"));
+    let r_deep = (depth > 1).then(|| row(&format!("  same, {depth} in flight each:")));
+    let r_single = single.then(|| row("single-mode ticketd:"));
+    let r_limit = limit.is_some().then(|| row("cluster limit:"));
+    let r_etcd = etcd.then(|| row("etcd, JSON gateway:"));
+    let r_native = native.is_some().then(|| row("etcd, native gRPC client:"));
     for round in 1..=rounds {
         if rounds > 1 {
             println!("-- round {round} of {rounds}");
         }
-        let o = bench_cluster(&bin, clients, seconds, false);
-        if peer_tls {
-            let t = bench_cluster(&bin, clients, seconds, true);
-            ours_tls.push(t);
-            tls_vs_plain.push(t / o);
+        rows[r_cluster]
+            .runs
+            .push(bench_cluster(&bin, clients, 1, seconds, false));
+        if let Some(r) = r_tls {
+            rows[r]
+                .runs
+                .push(bench_cluster(&bin, clients, 1, seconds, true));
         }
-        let c = single.then(|| bench_single(&bin, clients, seconds));
-        let l = limit
-            .as_ref()
-            .map(|p| bench_cluster_limit(p, clients, seconds));
-        if let Some(l) = l {
-            limits.push(l);
-            vs_limit.push(o / l);
+        if let Some(r) = r_deep {
+            rows[r]
+                .runs
+                .push(bench_cluster(&bin, clients, depth, seconds, false));
         }
-        let e = etcd.then(|| bench_etcd(clients, seconds));
-        if let Some(d) = &native {
-            let n = bench_etcd_native(d, clients, seconds);
-            theirs_native.push(n);
-            vs_native.push(o / n);
-            if let Some(l) = l {
-                limit_vs_native.push(l / n);
-            }
+        if let Some(r) = r_single {
+            rows[r].runs.push(bench_single(&bin, clients, seconds));
         }
-        ours.push(o);
-        if let Some(c) = c {
-            ceiling.push(c);
-            vs_single.push(o / c);
+        if let (Some(r), Some(p)) = (r_limit, &limit) {
+            rows[r].runs.push(bench_cluster_limit(p, clients, seconds));
         }
-        if let Some(e) = e {
-            theirs.push(e);
-            vs_etcd.push(o / e);
-            if let Some(l) = l {
-                limit_vs_etcd.push(l / e);
-            }
-            if let Some(c) = c {
-                single_vs_etcd.push(c / e);
-            }
+        if let Some(r) = r_etcd {
+            rows[r].runs.push(bench_etcd(clients, seconds));
+        }
+        if let (Some(r), Some(d)) = (r_native, &native) {
+            rows[r].runs.push(bench_etcd_native(d, clients, seconds));
         }
     }
     let what = if rounds > 1 {
@@ -648,66 +680,91 @@ fn main() {
         "one round".to_string()
     };
     println!("-- {what}, {clients} clients, {seconds} s per run");
-    println!("ticketd 3-node cluster:   {:.0} cycles/s", median(ours));
-    if peer_tls {
-        println!("  same, peer TLS:         {:.0} cycles/s", median(ours_tls));
+    for r in &rows {
+        let rate = median(r.runs.iter().map(|x| x.rate).collect());
+        let cpu: Vec<f64> = r.runs.iter().filter_map(|x| x.cpu_us).collect();
+        let cpu = if cpu.is_empty() {
+            String::new()
+        } else {
+            format!(", server CPU {:.1} us/request", median(cpu))
+        };
+        println!("{:<30}{rate:.0} cycles/s{cpu}", r.name);
+    }
+    // Each ratio within its round, then the median over the rounds.
+    let ratio = |a: usize, b: usize, f: fn(&Run) -> Option<f64>| {
+        median(
+            rows[a]
+                .runs
+                .iter()
+                .zip(&rows[b].runs)
+                .filter_map(|(x, y)| Some(f(x)? / f(y)?))
+                .collect(),
+        )
+    };
+    let rate = |x: &Run| Some(x.rate);
+    let cpu = |x: &Run| x.cpu_us;
+    if let Some(t) = r_tls {
         println!(
             "ratio: cluster with peer TLS / plaintext = {:.2}x",
-            median(tls_vs_plain)
+            ratio(t, r_cluster, rate)
         );
     }
-    if single {
-        println!("single-mode ticketd:      {:.0} cycles/s", median(ceiling));
-    }
-    if limit.is_some() {
-        println!("cluster limit:            {:.0} cycles/s", median(limits));
-    }
-    if etcd {
-        println!("etcd, JSON gateway:       {:.0} cycles/s", median(theirs));
-    }
-    if native.is_some() {
+    if let Some(d) = r_deep {
         println!(
-            "etcd, native gRPC client: {:.0} cycles/s",
-            median(theirs_native)
+            "ratio: cluster at depth {depth} / depth 1 = {:.2}x",
+            ratio(d, r_cluster, rate)
         );
     }
-    if single {
+    if let Some(c) = r_single {
         println!(
             "ratio: cluster / single-mode ticketd = {:.2}x",
-            median(vs_single)
+            ratio(r_cluster, c, rate)
         );
     }
-    if limit.is_some() {
-        println!("ratio: cluster / cluster limit = {:.2}x", median(vs_limit));
+    if let Some(l) = r_limit {
+        println!(
+            "ratio: cluster / cluster limit = {:.2}x",
+            ratio(r_cluster, l, rate)
+        );
+        println!(
+            "ratio: cluster CPU per request / cluster limit's = {:.2}x",
+            ratio(r_cluster, l, cpu)
+        );
     }
-    if native.is_some() {
+    if let Some(n) = r_native {
         println!(
             "ratio: cluster / etcd (native gRPC client) = {:.1}x",
-            median(vs_native)
+            ratio(r_cluster, n, rate)
         );
-        if limit.is_some() {
+        if let Some(l) = r_limit {
             println!(
                 "ratio: cluster limit / etcd (native gRPC client) = {:.1}x",
-                median(limit_vs_native)
+                ratio(l, n, rate)
             );
         }
     }
-    if etcd {
+    if let Some(e) = r_etcd {
         println!(
             "ratio: cluster / etcd (JSON gateway) = {:.1}x",
-            median(vs_etcd)
+            ratio(r_cluster, e, rate)
         );
-        if limit.is_some() {
+        if let Some(l) = r_limit {
             println!(
                 "ratio: cluster limit / etcd (JSON gateway) = {:.1}x",
-                median(limit_vs_etcd)
+                ratio(l, e, rate)
             );
         }
-        if single {
+        if let Some(c) = r_single {
             println!(
                 "ratio: single-mode ticketd / etcd = {:.1}x",
-                median(single_vs_etcd)
+                ratio(c, e, rate)
             );
         }
     }
+}
+
+/// One system's runs, one per round.
+struct Row {
+    name: String,
+    runs: Vec<Run>,
 }
