@@ -8,12 +8,13 @@
 # PEER_TLS=1) on loopback with node 1 under callgrind. As the leader it
 # ticks every 100 ms and the others every 1000 ms, so it is elected first;
 # as a follower it ticks every 10 s and never campaigns. The counters are
-# zeroed once the cluster grants, then `ticket bench --mode cycle` runs
+# zeroed once the cluster grants, then `ticket-bench --mode cycle` runs
 # REQUESTS requests (acquire or release, each committed) over CONNECTIONS
 # lockers spread over the three nodes, and the counters are dumped to
 # OUT (default callgrind.out.ROLE). The request count is printed from the
 # generator's JSON report.
 set -euo pipefail
+# Build first: cargo build --release --bin ticketd --bin ticket --bin ticket-bench
 role=${1:?leader or follower}
 conns=${2:-50}
 reqs=${3:-20000}
@@ -21,6 +22,7 @@ depth=${4:-1}
 out=${5:-callgrind.out.$role}
 bin=${CB_BIN:-target/release/ticketd}
 ticket=${CB_TICKET:-target/release/ticket}
+gen=${CB_GEN:-target/release/ticket-bench}
 tmp=$(mktemp -d)
 pids=()
 cleanup() {
@@ -65,7 +67,7 @@ servers=$(IFS=,; echo "${addrs[*]}")
 # has a leader and node 1 applies what it is sent).
 ready=0
 for _ in $(seq 1 120); do
-  if "$ticket" bench --server "$servers" --connections 3 --mode cycle --requests 30 \
+  if "$gen" --server "$servers" --connections 3 --mode cycle --requests 30 \
        --quiet --json >"$tmp/warm.json" 2>/dev/null &&
      grep -q '"busy":0,' "$tmp/warm.json" && grep -q '"not_granted":0,' "$tmp/warm.json"; then
     ready=1; break
@@ -73,10 +75,10 @@ for _ in $(seq 1 120); do
   sleep 1
 done
 [ "$ready" = 1 ] || { echo "the cluster never granted" >&2; exit 1; }
-"$ticket" bench --server "$servers" --connections "$conns" --depth "$depth" --mode cycle \
+"$gen" --server "$servers" --connections "$conns" --depth "$depth" --mode cycle \
   --requests 2000 --quiet --json >/dev/null
 callgrind_control -z "$vgpid" >/dev/null
-"$ticket" bench --server "$servers" --connections "$conns" --depth "$depth" --mode cycle \
+"$gen" --server "$servers" --connections "$conns" --depth "$depth" --mode cycle \
   --requests "$reqs" --quiet --json >"$tmp/report.json"
 callgrind_control -d "$vgpid" >/dev/null
 sleep 1
