@@ -653,9 +653,10 @@ impl<D: Disk> Node<D> {
         for seq in seqs {
             // A request whose connection closed in this turn is gone.
             if let Some(p) = self.pending.get(&seq) {
-                let mut e = Entry::default();
-                e.data = p.data.clone().into();
-                entries.push(e);
+                entries.push(Entry {
+                    data: p.data.clone().into(),
+                    ..Entry::default()
+                });
                 proposed.push(seq);
             }
         }
