@@ -688,7 +688,7 @@ fn main() {
         } else {
             format!(", server CPU {:.1} us/request", median(cpu))
         };
-        println!("{:<30}{rate:.0} cycles/s{cpu}", r.name);
+        println!("{:<26}{rate:.0} cycles/s{cpu}", r.name);
     }
     // Each ratio within its round, then the median over the rounds.
     let ratio = |a: usize, b: usize, f: fn(&Run) -> Option<f64>| {
