@@ -106,7 +106,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
-use crate::hash::{StrEntry, StrMap};
+use crate::hash::{SipKey, StrEntry, StrMap};
 use crate::limits::EngineLimits;
 use crate::proto::{Reply, Request};
 use crate::time::Millis;
@@ -534,12 +534,23 @@ impl Engine {
     /// token issued before a restart.
     #[must_use]
     pub fn new(limits: EngineLimits, first_token: u64) -> Self {
+        Self::with_hash_key(limits, first_token, SipKey::random())
+    }
+
+    /// A single-mode engine like [`Engine::new`] whose tables hash keys
+    /// under `hash_key` instead of a fresh random key, so that their order
+    /// (which the stepped sweep follows) is the same in every process: for
+    /// simulations and tests that reproduce a run from a seed. Never for a
+    /// server that takes keys from the network: a client that knows the
+    /// hash key can choose keys that all collide.
+    #[must_use]
+    pub fn with_hash_key(limits: EngineLimits, first_token: u64, hash_key: SipKey) -> Self {
         let next_sweep = Millis::ZERO.add_ms(limits.sweep_interval_ms);
         Engine {
             limits,
             clocked: true,
-            keys: StrMap::new(),
-            queues: StrMap::new(),
+            keys: StrMap::with_key(hash_key),
+            queues: StrMap::with_key(hash_key),
             timers: BTreeMap::new(),
             timer_seq: 0,
             next_token: first_token.max(1),

@@ -4,7 +4,9 @@
 //! One seed fixes everything: a splitmix64 generator decides every latency,
 //! chunk boundary, think time, key, wait, lease and fault, and a virtual
 //! microsecond clock advances only from event to event, so a run is exactly
-//! reproducible. What is simulated:
+//! reproducible, in any process: the engine's tables hash under a key drawn
+//! from the seed (the daemon's is random), and the simulation's own maps are
+//! ordered ones, never randomly keyed. What is simulated:
 //!
 //! * **Network**: each connection is two byte streams that carry the real
 //!   wire encoding (`proto`), cut into chunks at random boundaries, so the
@@ -32,10 +34,11 @@
 //! it alone, and `make sim-single SEEDS=N` runs N fresh seeds (from a random
 //! first seed, or `FIRST=`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use ticketd::checker::{ExtendOutcome, History, OpId, Outcome, ReleaseOutcome, Report};
 use ticketd::engine::{Acquire, AcquireOutcome, ConnId, Engine, Outbox};
+use ticketd::hash::SipKey;
 use ticketd::limits::EngineLimits;
 use ticketd::proto::{
     decode_reply, decode_request, encode_reply, encode_request, Decoded, Reply, Request,
@@ -130,7 +133,7 @@ enum Ev {
 
 impl Ev {
     /// Which process handles the event: a client, the server, or neither.
-    fn target(&self, conns: &HashMap<ConnId, Conn>) -> Target {
+    fn target(&self, conns: &BTreeMap<ConnId, Conn>) -> Target {
         match self {
             Ev::ClientWake { client, .. } | Ev::ClientRestart { client } => Target::Client(*client),
             Ev::ToClient { conn, .. } | Ev::ClientSeesClose { conn } | Ev::Connected { conn } => {
@@ -240,22 +243,24 @@ struct Server {
     highest_token: u64,
     tick_at: u64,
     /// For `Bug::ReleaseOnDisconnect`: what each connection was granted.
-    granted_to: HashMap<ConnId, Vec<(String, u64)>>,
+    granted_to: BTreeMap<ConnId, Vec<(String, u64)>>,
 }
 
 struct Sim {
     cfg: Config,
+    /// The engine's hash key, from the seed (see `Sim::new`).
+    hash_key: SipKey,
     rng: Rng,
     now: u64,
     seq: u64,
     queue: BTreeMap<(u64, u64), Ev>,
-    conns: HashMap<ConnId, Conn>,
+    conns: BTreeMap<ConnId, Conn>,
     next_conn: ConnId,
     clients: Vec<Client>,
     server: Server,
     history: History,
     /// owner -> acquire op, so the server side can mark acquires queued.
-    op_of_owner: HashMap<u64, OpId>,
+    op_of_owner: BTreeMap<u64, OpId>,
     next_owner: u64,
     stats: Stats,
 }
@@ -298,27 +303,33 @@ impl Sim {
                 compensate: Vec::new(),
             })
             .collect();
+        // The engine's tables hash under a key fixed by the seed (the
+        // daemon's is random), so their order, which the stepped sweep
+        // follows, is the same in every process that runs this seed.
+        let mut key_rng = Rng(seed ^ 0x7469_636b_6574_6448);
+        let hash_key = SipKey::from_parts(key_rng.next(), key_rng.next());
         let mut sim = Sim {
             cfg,
+            hash_key,
             rng: Rng(seed),
             now: 0,
             seq: 0,
             queue: BTreeMap::new(),
-            conns: HashMap::new(),
+            conns: BTreeMap::new(),
             next_conn: 1,
             clients,
             server: Server {
                 epoch: 0,
                 up: true,
                 paused_until: 0,
-                engine: Engine::new(limits, 1),
+                engine: Engine::with_hash_key(limits, 1, hash_key),
                 out: Outbox::new(),
                 highest_token: 0,
                 tick_at: u64::MAX,
-                granted_to: HashMap::new(),
+                granted_to: BTreeMap::new(),
             },
             history: History::new(),
-            op_of_owner: HashMap::new(),
+            op_of_owner: BTreeMap::new(),
             next_owner: 1,
             stats: Stats::default(),
         };
@@ -593,7 +604,7 @@ impl Sim {
                 let bound = old
                     .granted_until()
                     .max(old.restart_grace(now).unwrap_or(Millis::ZERO));
-                self.server.engine = Engine::new(limits, first);
+                self.server.engine = Engine::with_hash_key(limits, first, self.hash_key);
                 if self.cfg.bug != Some(Bug::NoRestartGrace) {
                     self.server.engine.set_restart_grace(bound);
                     if bound > now {
@@ -1532,6 +1543,82 @@ fn one_seed_always_gives_the_same_history() {
         hb.events(),
         "the run depends on more than its seed"
     );
+}
+
+/// A digest of a run's whole history, the same in every process that runs
+/// the same seed: FNV-1a over its `Debug` text (no randomly keyed hasher).
+fn history_digest(history: &History) -> (usize, u64) {
+    let text = format!("{:?}", history.events());
+    let mut h = 0xcbf2_9ce4_8422_2325_u64;
+    for b in text.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    (history.events().len(), h)
+}
+
+/// `SIM_SEED=N` reruns a failure in a new process, so a seed must fix the
+/// run across processes, not only within one: nothing may depend on a
+/// per-process random hash key (the engine's tables, whose order the
+/// stepped sweep follows, or the simulation's own maps). This test runs
+/// seeds in two fresh processes of this test binary and compares their
+/// histories with each other and with its own run.
+#[test]
+fn one_seed_gives_the_same_history_in_every_process() {
+    const CHILD: &str = "TICKETD_SIM_DIGEST_CHILD";
+    // Seeds with server crashes, graces and sweeps over many keys.
+    let list: Vec<u64> = (1..=24).chain(REGRESSION_SEEDS).collect();
+    let digests = |list: &[u64]| -> Vec<String> {
+        list.iter()
+            .map(|&seed| {
+                let (result, _, history) = run_seed(seed, None);
+                let (events, digest) = history_digest(&history);
+                format!("seed {seed}: {result:?} {events} events, digest {digest:016x}")
+            })
+            .collect()
+    };
+    if std::env::var_os(CHILD).is_some() {
+        for line in digests(&list) {
+            println!("sim-digest {line}");
+        }
+        return;
+    }
+    let mine = digests(&list);
+    let exe = std::env::current_exe().expect("the test binary's path");
+    for child in 0..2 {
+        let output = std::process::Command::new(&exe)
+            .args([
+                "--exact",
+                "one_seed_gives_the_same_history_in_every_process",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .env_remove("SIM_SEED")
+            .output()
+            .expect("the test binary runs again");
+        assert!(
+            output.status.success(),
+            "child {child} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let theirs: Vec<String> = stdout
+            .lines()
+            // libtest may print its own "test ... " in front of the first.
+            .filter_map(|l| l.split_once("sim-digest ").map(|(_, d)| d.to_owned()))
+            .collect();
+        assert_eq!(
+            theirs.len(),
+            list.len(),
+            "child {child} printed no digests: {stdout}"
+        );
+        for (a, b) in mine.iter().zip(&theirs) {
+            assert_eq!(
+                a, b,
+                "a seed's run differs between processes (child {child})"
+            );
+        }
+    }
 }
 
 /// Runs seeds with a deliberate server bug until the checker catches it.
