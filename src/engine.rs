@@ -48,14 +48,18 @@
 //! Measured by `make engine-memory` (`examples/engine_memory.rs`, a counting
 //! global allocator plus the change of RSS; release build, x86-64, glibc):
 //!
-//! * **Held key: 86 bytes beyond the key's own bytes** at 1,000,000 keys
-//!   of 24 bytes (94 by RSS, which adds malloc's own 8 bytes per key
-//!   allocation; 69 and 77 before the grant time joined the slot for
-//!   `--max-hold`). A key is one hash-table entry: the boxed key (16) and a
-//!   24-byte slot (token, expiry, grant time), plus a control byte, in a
-//!   table kept at most 7/8 full (at 1,000,000 keys it has just doubled to
-//!   2^21 buckets, the worst point). Keys without waiters have no other
-//!   allocation.
+//! * **Held key: 119.5 bytes with its own bytes** at 1,000,000 keys of 24
+//!   bytes (119.7 by RSS). A key is one hash-table entry: the key (a
+//!   [`KeyStr`], 32 bytes: up to 30 bytes in place, a longer one boxed on
+//!   the heap) and a 24-byte slot (token, expiry, grant time for
+//!   `--max-hold`), plus a control byte, in a table kept at most 7/8 full
+//!   (at 1,000,000 keys it has just doubled to 2^21 buckets, the worst
+//!   point). A key of up to 30 bytes has no other allocation; a longer one
+//!   adds its boxed bytes and malloc's header. Boxing every key (16 bytes
+//!   in the entry) cost 110 bytes by the allocator and 118 by RSS here, but
+//!   one allocation per new key and a pointer to follow on every lookup;
+//!   in place, a key longer than 30 bytes costs 16 bytes per bucket more
+//!   (~34 per key at this point of the growth step).
 //! * **Waiter: 49 bytes** at 1,000 keys x 1,000 waiters from 1,000
 //!   connections: a waiter is 32 bytes in its key's `VecDeque` (the lease
 //!   shares a word with the waiter id; the connection is a 4-byte index)
@@ -73,7 +77,7 @@
 //!   while no key has waiters), each time in one pass of keyed SipHash-1-3
 //!   over its bytes ([`crate::hash`]: ~155 instructions for a 24-byte key,
 //!   where the standard library's incremental hasher took ~230), and
-//!   allocates once (the stored key); T, N,
+//!   allocates only for a key longer than 30 bytes (the stored key); T, N,
 //!   a tick with nothing due and a disconnect without waiters do not
 //!   allocate; a reused [`Outbox`] stops allocating after warm-up
 //!   (`tests/engine_alloc.rs`). The contended path allocates a
@@ -106,7 +110,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
-use crate::hash::{SipKey, StrEntry, StrMap};
+use crate::hash::{KeyStr, SipKey, StrEntry, StrMap};
 use crate::limits::EngineLimits;
 use crate::proto::{Reply, Request};
 use crate::time::Millis;
@@ -472,7 +476,7 @@ pub struct Engine {
     /// Hashed with randomly keyed SipHash-1-3, since keys are chosen by
     /// network clients, in one pass per lookup (`crate::hash`); `entry`
     /// lets an acquire and an uncontended release hash the key once.
-    keys: StrMap<Box<str>, Slot>,
+    keys: StrMap<KeyStr, Slot>,
     /// Queues of the keys that have waiters. The key is shared with the
     /// deadline index, so scheduling a timer never allocates.
     queues: StrMap<Arc<str>, Queue>,
@@ -860,7 +864,7 @@ impl Engine {
                     pass.floor = pass.floor.min(grace_until);
                 }
                 v.insert(
-                    key.into(),
+                    KeyStr::new(key),
                     Slot {
                         token: 0,
                         expires_at: grace_until,
@@ -875,7 +879,7 @@ impl Engine {
                 }
                 let token = take_token(&mut self.next_token);
                 v.insert(
-                    key.into(),
+                    KeyStr::new(key),
                     Slot {
                         token,
                         expires_at,
