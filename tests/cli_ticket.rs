@@ -2,9 +2,8 @@
 //! token from another process, `run` with its environment, its exit status
 //! and the termination before the lease ends, and every documented status.
 
-mod common;
-#[path = "support/proxy.rs"]
-mod proxy;
+use ticketd_testkit::process as common;
+use ticketd_testkit::proxy;
 
 use std::net::TcpListener;
 use std::process::{Output, Stdio};
@@ -397,52 +396,6 @@ fn a_token_that_cannot_be_printed_is_released_again() {
         ])),
         0
     );
-}
-
-/// `ticket bench` is the load generator: it runs a short cycle load against
-/// a real server and reports what it measured, and rejects bad flags with
-/// the usage status.
-#[test]
-fn bench_measures_a_real_server_and_rejects_bad_flags() {
-    let server = Ticketd::start(&[]);
-    let addr = server.addr().to_string();
-    let o = ticket(&[
-        "bench",
-        "--server",
-        &addr,
-        "--mode",
-        "cycle",
-        "--connections",
-        "2",
-        "--depth",
-        "4",
-        "--duration",
-        "0.5",
-        "--warmup",
-        "0",
-        "--json",
-    ]);
-    assert_eq!(status(&o), 0, "{}", stderr(&o));
-    let json = stdout(&o);
-    assert!(json.contains("\"backend\":\"ticketd\""), "{json}");
-    assert!(json.contains("\"mode\":\"cycle\""), "{json}");
-    // Grants really happened, and every one was released (cycle mode).
-    let field = |name: &str| -> u64 {
-        let at = json.find(&format!("\"{name}\":")).expect(name) + name.len() + 3;
-        json[at..]
-            .split(|c: char| !c.is_ascii_digit())
-            .next()
-            .and_then(|n| n.parse().ok())
-            .expect(name)
-    };
-    assert!(field("grants") > 0, "{json}");
-    assert_eq!(field("not_released"), 0, "{json}");
-    let o = ticket(&["bench", "--backend", "zk"]);
-    assert_eq!(status(&o), 64);
-    assert!(stderr(&o).contains("unknown backend"), "{}", stderr(&o));
-    let o = ticket(&["help", "bench"]);
-    assert_eq!(status(&o), 0);
-    assert!(stdout(&o).contains("--backend"));
 }
 
 /// `ticket run` renews by default: a command that runs for several leases
