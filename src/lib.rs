@@ -43,6 +43,14 @@
 //! async runtime anywhere. Cluster mode adds one helper thread that does
 //! nothing but `fdatasync` the write-ahead log, so the loop never waits for
 //! the disk.
+//!
+//! # What a user needs
+//!
+//! The names most programs use are re-exported here: the client
+//! ([`Client`], [`Acquire`], [`Release`], [`Ticket`], [`Error`]), and to run
+//! or embed a server, [`Server`], its [`Config`] and single mode's
+//! [`SingleService`]; for stepping the lock table in tests, [`Engine`] with
+//! its [`Outbox`] and the clock type [`Millis`]. The modules hold the rest.
 #![warn(missing_docs)]
 
 pub mod client;
@@ -53,10 +61,17 @@ pub mod datadir;
 pub mod engine;
 #[cfg(feature = "harness")]
 pub mod harness;
-pub mod hash;
+mod hash;
 pub mod limits;
 pub mod proto;
 pub mod server;
 pub mod service;
 pub mod single;
 pub mod time;
+
+pub use client::{Acquire, Client, ClientBuilder, Error, Release, Ticket};
+pub use config::Config;
+pub use engine::{Engine, Outbox};
+pub use server::{Server, ShutdownHandle};
+pub use single::SingleService;
+pub use time::Millis;
