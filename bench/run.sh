@@ -221,7 +221,7 @@ SIZE_DEFAULT=$(strip_size "$TICKETD")
 SIZE_MINIMAL=-
 if [[ -z ${BENCH_SKIP_MINIMAL:-} ]]; then
     log "building ticketd without default features (target/bench-minimal)"
-    cargo build --release --quiet --no-default-features --bin ticketd --target-dir target/bench-minimal
+    cargo build --release --quiet --no-default-features --features server --bin ticketd --target-dir target/bench-minimal
     SIZE_MINIMAL=$(strip_size target/bench-minimal/release/ticketd)
 fi
 

@@ -53,25 +53,38 @@
 //! its [`Outbox`] and the clock type [`Millis`]. The modules hold the rest.
 #![warn(missing_docs)]
 
+#[cfg(feature = "client")]
 pub mod client;
 #[cfg(feature = "cluster")]
 pub mod cluster;
+#[cfg(feature = "server")]
 pub mod config;
+#[cfg(feature = "server")]
 pub mod datadir;
+#[cfg(feature = "server")]
 pub mod engine;
 #[cfg(feature = "harness")]
 pub mod harness;
+#[cfg(feature = "server")]
 mod hash;
 pub mod limits;
 pub mod proto;
+#[cfg(feature = "server")]
 pub mod server;
+#[cfg(feature = "server")]
 pub mod service;
+#[cfg(feature = "server")]
 pub mod single;
 pub mod time;
 
+#[cfg(feature = "client")]
 pub use client::{Acquire, Client, ClientBuilder, Error, Release, Ticket};
+#[cfg(feature = "server")]
 pub use config::Config;
+#[cfg(feature = "server")]
 pub use engine::{Engine, Outbox};
+#[cfg(feature = "server")]
 pub use server::{Server, ShutdownHandle};
+#[cfg(feature = "server")]
 pub use single::SingleService;
 pub use time::Millis;

@@ -27,7 +27,7 @@ fn example(name: &str) -> PathBuf {
         .join("examples");
     let path = dir.join(name);
     if !path.is_file() {
-        let mut features = Vec::new();
+        let mut features = vec!["server", "client"];
         if cfg!(feature = "cluster") {
             features.push("cluster");
         }
@@ -36,9 +36,7 @@ fn example(name: &str) -> PathBuf {
         }
         let mut cmd = Command::new(env!("CARGO"));
         cmd.args(["build", "--example", name, "--no-default-features"]);
-        if !features.is_empty() {
-            cmd.args(["--features", &features.join(",")]);
-        }
+        cmd.args(["--features", &features.join(",")]);
         if !cfg!(debug_assertions) {
             cmd.arg("--release");
         }
