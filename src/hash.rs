@@ -84,7 +84,6 @@ impl SipKey {
     /// A key from its two halves (the first and last 8 bytes of a 16-byte
     /// key, read little-endian). For tests and reproducible runs; tables
     /// that hold client keys use [`SipKey::random`].
-    #[cfg(test)]
     #[must_use]
     pub const fn from_parts(k0: u64, k1: u64) -> Self {
         SipKey { k0, k1 }

@@ -65,8 +65,11 @@ pub mod datadir;
 pub mod engine;
 #[cfg(feature = "harness")]
 pub mod harness;
+// Internal: the engine's keyed tables. Public only so that the workspace's
+// tests and simulations can key them reproducibly; not part of the API.
 #[cfg(feature = "server")]
-mod hash;
+#[doc(hidden)]
+pub mod hash;
 pub mod limits;
 pub mod proto;
 #[cfg(feature = "server")]
