@@ -58,6 +58,7 @@ mod extend;
 pub mod machine;
 mod owner;
 mod pool;
+mod renew;
 mod session;
 mod ticket;
 
@@ -275,6 +276,7 @@ impl ClientBuilder {
                     queue: VecDeque::new(),
                     running: false,
                 }),
+                renewer: renew::Renewer::default(),
             }),
         })
     }
@@ -292,6 +294,8 @@ struct Inner {
     pool: Pool,
     max_key_bytes: usize,
     background: Mutex<Background>,
+    /// The one thread that renews every kept ticket of this client.
+    renewer: renew::Renewer,
 }
 
 /// Releases nobody waits for (dropped tickets, late grants), done one after
