@@ -43,7 +43,6 @@
 //! the disk.
 #![warn(missing_docs)]
 
-pub mod bench;
 pub mod checker;
 pub mod client;
 #[cfg(feature = "cluster")]
