@@ -903,8 +903,8 @@ fn wait_for(within: Duration, cond: impl Fn() -> bool) -> bool {
 fn kept_tickets_due_together_are_renewed_in_one_write() {
     let fake = Fake::new();
     let c = client(&fake.addr());
-    // Lease 6 s: due 2 s after each extend, slack 1 s.
-    let lease = 6 * S;
+    // Lease 9 s: due 3 s after each extend, slack 1.5 s.
+    let lease = 9 * S;
     let h = acquire_in_thread(&c, "first", Duration::ZERO);
     let mut conn = fake.accept(5 * S).unwrap();
     let seen = conn.read(5 * S).unwrap();
@@ -920,8 +920,9 @@ fn kept_tickets_due_together_are_renewed_in_one_write() {
         .into_iter()
         .map(Ticket::keep_alive)
         .collect();
-    // 1.5 s later: due 1.5 s after the early ones, outside their 1 s slack.
-    thread::sleep(Duration::from_millis(1500));
+    // 2 s later: due 2 s after the early ones, outside their 1.5 s slack
+    // (and acquired before the early ones are due, with 1 s to spare).
+    thread::sleep(2 * S);
     kept.extend(
         tickets_on(&mut conn, &c, &late, lease, 200)
             .into_iter()
@@ -936,8 +937,8 @@ fn kept_tickets_due_together_are_renewed_in_one_write() {
         "the early ones alone"
     );
     assert_eq!(session.writes(), writes + 1, "50 extends in one write");
-    // The late ones are due 1.5 s after the early ones, which are then due
-    // again 0.5 s later, within the slack: they go along, early.
+    // The late ones are due 2 s after the early ones, which are then due
+    // again 1 s later, within the slack: they go along, early.
     let all: Vec<u64> = (100..150).chain(200..250).collect();
     let mut tokens = answer_extends(&mut conn, 100);
     tokens.sort_unstable();
@@ -1052,7 +1053,7 @@ fn a_silent_batch_loses_every_ticket_in_it_before_the_expiry() {
     });
     assert!(matches!(h.join().unwrap().0, Acquire::Busy));
     let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
-    let kept: Vec<KeptTicket> = tickets_on(&mut conn, &c, &keys, 3 * S, 1)
+    let kept: Vec<KeptTicket> = tickets_on(&mut conn, &c, &keys, 6 * S, 1)
         .into_iter()
         .map(Ticket::keep_alive)
         .collect();
@@ -1060,8 +1061,9 @@ fn a_silent_batch_loses_every_ticket_in_it_before_the_expiry() {
     for _ in 0..10 {
         assert!(matches!(conn.read(5 * S), Some(Seen::Extend { .. })));
     }
+    // Lost at the renewal deadline, 5.4 s after the grants: 0.6 s early.
     for k in &kept {
-        assert!(k.wait_lost(5 * S));
+        assert!(k.wait_lost(8 * S));
     }
     assert!(Instant::now() < first_expiry, "lost before the expiry");
     assert!(conn.closed_within(S), "the silent session was closed");
