@@ -2,9 +2,8 @@
 //! client are renewed together, in a few writes, not one round trip each.
 //! The proxy in between counts the chunks the client's bytes came in.
 
-mod common;
-#[path = "support/proxy.rs"]
-mod proxy;
+use ticketd_testkit::process as common;
+use ticketd_testkit::proxy;
 
 use std::time::{Duration, Instant};
 
