@@ -67,6 +67,7 @@ use crate::engine::{ConnId, Outbox};
 use crate::limits::EngineLimits;
 use crate::proto::{Reply, Request};
 use crate::time::Millis;
+use crate::token::TokenRng;
 
 /// Settings of one node. Every node of a cluster must use the same `limits`.
 #[derive(Clone, Debug)]
@@ -101,6 +102,10 @@ pub struct NodeConfig {
     /// still fires, and the Expire it proposes ends the grant on apply as
     /// if no Extend had happened since.
     pub bug_stale_expire: bool,
+    /// Draw the random low bits of tokens from the OS generator (the
+    /// server); when false, from a generator seeded with `seed` (the
+    /// simulator, so that a seed replays exactly).
+    pub os_token_bits: bool,
 }
 
 impl NodeConfig {
@@ -122,6 +127,7 @@ impl NodeConfig {
             trace_applied: false,
             uuid_entropy: id,
             bug_stale_expire: false,
+            os_token_bits: true,
         }
     }
 }
@@ -243,6 +249,8 @@ pub struct Node<D: Disk> {
     applied: u64,
     epoch: u64,
     rng: SplitMix64,
+    /// The random low bits of the tokens of the entries this node proposes.
+    token_rng: TokenRng,
     role: (u64, StateRole),
     leader: u64,
     next_tick: Millis,
@@ -347,8 +355,14 @@ impl<D: Disk> Node<D> {
             ..raft::Config::default()
         };
         let rn = RawNode::new(&raft_cfg, store, logger)?;
+        let token_rng = if cfg.os_token_bits {
+            TokenRng::os()?
+        } else {
+            TokenRng::seeded(cfg.seed ^ epoch.rotate_left(16))
+        };
         let mut node = Node {
             rng: SplitMix64::new(cfg.seed ^ epoch.rotate_left(32)),
+            token_rng,
             cfg,
             rn,
             wal,
@@ -557,7 +571,8 @@ impl<D: Disk> Node<D> {
 
     fn propose_data(&mut self, seq: Option<u64>, data: &[u8]) -> bool {
         let before = self.rn.raft.raft_log.last_index();
-        if self.rn.propose(Vec::new(), data.to_vec()).is_err() {
+        let entry = Command::encode_entry(self.token_rng.bits(), data);
+        if self.rn.propose(Vec::new(), entry).is_err() {
             return false;
         }
         let after = self.rn.raft.raft_log.last_index();
@@ -1085,7 +1100,7 @@ impl<D: Disk> Node<D> {
                 self.mark_lost(lost_here, None);
                 continue;
             }
-            let cmd = match Command::decode(&e.data) {
+            let (cmd, token_bits) = match Command::decode_entry(&e.data) {
                 Ok(c) => c,
                 Err(err) => {
                     log::error!("entry {} does not decode ({err}); skipped", e.index);
@@ -1109,7 +1124,7 @@ impl<D: Disk> Node<D> {
                 }
                 cmd => cmd,
             };
-            let res = self.sm.apply(e.index, &cmd);
+            let res = self.sm.apply_entry(e.index, token_bits, &cmd);
             if !res.duplicate {
                 if let Some(t) = self.trace.last_mut().filter(|t| t.index == e.index) {
                     t.request = cmd.rid();

@@ -12,6 +12,7 @@ use mio::net::TcpStream;
 use mio::Interest;
 
 use crate::engine::ConnId;
+use crate::server::throttle::GuessThrottle;
 use crate::time::Millis;
 
 /// Initial read buffer size; grown only for a frame that does not fit.
@@ -132,6 +133,8 @@ pub(crate) struct Conn {
     pub partial_since: Option<Millis>,
     /// Since when unsent replies have made no progress.
     pub stalled_since: Option<Millis>,
+    /// The wrong-token answers (`N`, `X`) this connection collected.
+    pub guesses: GuessThrottle,
 }
 
 impl Conn {
@@ -156,6 +159,7 @@ impl Conn {
             interest: Interest::READABLE,
             partial_since: None,
             stalled_since: None,
+            guesses: GuessThrottle::default(),
         }
     }
 

@@ -46,6 +46,7 @@ mod conn;
 #[cfg(feature = "harness")]
 mod mem;
 pub mod ratelimit;
+pub mod throttle;
 
 use std::io;
 use std::net::SocketAddr;
@@ -64,7 +65,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use crate::config::{Config, MAX_CONNS_CEILING};
 use crate::engine::{ConnId, Outbox};
 use crate::limits::{max_reply_frame, max_request_frame};
-use crate::proto::{decode_request, encode_reply, Decoded, Malformed};
+use crate::proto::{decode_request, encode_reply, Decoded, Malformed, Reply, Request};
 use crate::service::Service;
 use crate::time::{Millis, MonotonicClock};
 
@@ -177,6 +178,9 @@ pub struct Stats {
     pub accept_pauses: u64,
     /// Loop turns.
     pub turns: u64,
+    /// Connections whose reads the guess throttle paused (too many `N` and
+    /// `X` answers: [`throttle`]).
+    pub throttled: u64,
 }
 
 struct Logs {
@@ -185,6 +189,7 @@ struct Logs {
     limits: LogLimit,
     accept: LogLimit,
     service: LogLimit,
+    guesses: LogLimit,
 }
 
 /// The single-threaded server. See the module documentation.
@@ -208,6 +213,8 @@ pub struct Server<S: Service> {
     dirty: Vec<usize>,
     /// Connections marked closing, reaped when done.
     closing: Vec<usize>,
+    /// Connections whose reads the guess throttle paused, by key and id.
+    throttled: Vec<(usize, ConnId)>,
     out: Outbox,
     accept_ready: bool,
     accept_paused_until: Option<Millis>,
@@ -299,6 +306,7 @@ impl<S: Service> Server<S> {
             active_next: Vec::new(),
             dirty: Vec::new(),
             closing: Vec::new(),
+            throttled: Vec::new(),
             out: Outbox::new(),
             accept_ready: true,
             accept_paused_until: None,
@@ -312,6 +320,7 @@ impl<S: Service> Server<S> {
                 limits: LogLimit::new(10, 10_000),
                 accept: LogLimit::new(1, 10_000),
                 service: LogLimit::new(1, 10_000),
+                guesses: LogLimit::new(1, 10_000),
             },
             config,
         }
@@ -450,6 +459,11 @@ impl<S: Service> Server<S> {
         if let Some(t) = self.accept_paused_until {
             at = at.min(t);
         }
+        for &(key, _) in &self.throttled {
+            if let Some(c) = self.conns.get(key) {
+                at = at.min(c.guesses.resume_at());
+            }
+        }
         if let Some(t) = self.shutdown_deadline {
             at = at.min(t);
         }
@@ -513,6 +527,7 @@ impl<S: Service> Server<S> {
         if self.shutdown_deadline.is_none() {
             self.accept(now);
         }
+        self.resume_throttled(now);
         // Reading takes time: handling input moves `now` to the clock reading
         // after the last read, so the rest of the turn never runs behind it.
         let now = self.handle_input(now);
@@ -525,7 +540,7 @@ impl<S: Service> Server<S> {
                 log::error!("service failed to end the turn: {e} ({n} similar errors suppressed)");
             }
         }
-        self.deliver();
+        self.deliver(now);
         self.write(now);
         self.reap(now);
         if let Some(deadline) = self.shutdown_deadline {
@@ -637,6 +652,28 @@ impl<S: Service> Server<S> {
         id
     }
 
+    /// Reads again from the connections the guess throttle paused whose
+    /// pause is over.
+    fn resume_throttled(&mut self, now: Millis) {
+        let conns = &mut self.conns;
+        let active = &mut self.active;
+        self.throttled.retain(|&(key, id)| {
+            let Some(c) = conns.get_mut(key).filter(|c| c.id == id) else {
+                return false;
+            };
+            // The answers to what it sent were delivered last turn.
+            c.guesses.answered();
+            if c.guesses.blocked(now) {
+                return true;
+            }
+            if !c.active {
+                c.active = true;
+                active.push(key);
+            }
+            false
+        });
+    }
+
     /// Handles the input of every active connection; returns `now` as it
     /// stands after the last read of the turn.
     fn handle_input(&mut self, mut now: Millis) -> Millis {
@@ -677,11 +714,14 @@ impl<S: Service> Server<S> {
         if c.closing != Closing::No {
             return; // reads of a closing connection are the reaper's
         }
+        // The answers to what was read before are delivered (and charged).
+        c.guesses.answered();
         let mut budget = self.config.max_frames_per_turn;
         // Unsent bytes plus the largest replies the turn's requests can still
         // add: decoding stops when that reaches the soft limit, so a client
         // that does not read overshoots it by at most one reply.
         let mut projected_out = c.pending_out();
+        let mut throttled = false;
         let end = loop {
             if c.pending_out() >= soft {
                 c.paused = true;
@@ -689,10 +729,17 @@ impl<S: Service> Server<S> {
             }
             let mut bad = None;
             while budget > 0 && projected_out < soft {
+                if c.guesses.blocked(now) {
+                    throttled = true;
+                    break;
+                }
                 match decode_request(&c.rbuf[c.rstart..c.rend], max_key_bytes) {
                     Decoded::Frame { frame, used } => {
                         if debug {
                             log::debug!("{} ({}): {:?}", c.peer, c.id, frame);
+                        }
+                        if !matches!(frame, Request::Acquire { .. }) {
+                            c.guesses.note_request();
                         }
                         projected_out += max_reply_frame(frame.key().len());
                         self.service.request(now, c.id, frame, &mut self.out);
@@ -709,6 +756,9 @@ impl<S: Service> Server<S> {
             }
             if let Some(m) = bad {
                 break End::Malformed(m);
+            }
+            if throttled {
+                break End::Idle;
             }
             if budget == 0 || projected_out >= soft {
                 // Next turn: the replies will be counted for real by then.
@@ -749,7 +799,13 @@ impl<S: Service> Server<S> {
                 Err(e) => break End::Failed(e),
             }
         };
-        if c.paused {
+        if throttled {
+            // Reads resume when the throttle says so (see `resume_throttled`).
+            if !self.throttled.iter().any(|&(k, _)| k == key) {
+                self.throttled.push((key, c.id));
+            }
+            c.partial_since = None;
+        } else if c.paused {
             // Not reading is the server's choice here; the output stall
             // timeout covers a peer that never reads.
             c.partial_since = None;
@@ -861,8 +917,10 @@ impl<S: Service> Server<S> {
         }
     }
 
-    /// Encodes the turn's replies into their connections' write buffers.
-    fn deliver(&mut self) {
+    /// Encodes the turn's replies into their connections' write buffers,
+    /// and counts the wrong-token answers (`N`, `X`) against each
+    /// connection's guess throttle.
+    fn deliver(&mut self, now: Millis) {
         let debug = log::log_enabled!(log::Level::Debug);
         for a in self.out.iter() {
             let key = usize::try_from(a.conn & CONN_KEY_MASK).unwrap_or(usize::MAX);
@@ -870,6 +928,23 @@ impl<S: Service> Server<S> {
                 Some(c) if c.id == a.conn && c.closing != Closing::Now => {
                     if debug {
                         log::debug!("{} ({}) <- {:?}", c.peer, c.id, a.reply);
+                    }
+                    if matches!(
+                        a.reply,
+                        Reply::NotReleased { .. } | Reply::NotExtended { .. }
+                    ) && c.guesses.charge(now)
+                    {
+                        self.stats.throttled += 1;
+                        if let Some(n) = self.logs.guesses.allow(now) {
+                            log::warn!(
+                                "slowing down {}: {} releases or extends with a token it does \
+                                 not hold; its reads are paused to {} such answers a second \
+                                 ({n} similar not logged)",
+                                c.peer,
+                                c.guesses.misses,
+                                throttle::GUESS_PER_SEC
+                            );
+                        }
                     }
                     encode_reply(&a.reply, &mut c.wbuf);
                     if !c.dirty {
