@@ -70,7 +70,6 @@ USAGE:
     ticket extend KEY TOKEN [--lease S] [--server ADDR]...
     ticket run KEY [--wait S] [--lease S] [--kill-grace S] [--no-renew | --max-hold S]
                [--server ADDR]... -- CMD [ARGS...]
-    ticket bench [--backend ticketd|redis|etcd] [--mode acquire|cycle|contended] ...
     ticket certs init DIR [--cluster-name NAME] [--nodes N]
     ticket help [SUBCOMMAND]
 
@@ -89,8 +88,6 @@ EXIT STATUS:
     126  run: the command could not be started
     127  run: the command was not found
     run otherwise exits with the command's own status (128 + N for signal N).
-    bench exits 0, 1 when the run failed or a grant broke FIFO order, 64 on
-    a usage error.
 ";
 
 const HELP_ACQUIRE: &str = "\
@@ -223,30 +220,9 @@ fn dispatch(mut args: Vec<OsString>) -> Result<u8, Exit> {
         "release" => release(args),
         "extend" => extend(args),
         "run" => run(args),
-        "bench" => bench(args),
         "certs" => certs(args),
         "help" | "--help" | "-h" => help(args),
         other => Err(Exit::usage(format!("unknown subcommand {other:?}"))),
-    }
-}
-
-/// `ticket bench`: the load generator of [`ticketd::bench`].
-fn bench(args: Vec<OsString>) -> Result<u8, Exit> {
-    let args = args
-        .into_iter()
-        .map(|a| {
-            a.into_string()
-                .map_err(|_| Exit::usage("bench: an argument is not valid UTF-8"))
-        })
-        .collect::<Result<Vec<String>, Exit>>()?;
-    match ticketd::bench::main(args) {
-        0 => Ok(exit::OK),
-        // bench has printed its own message and hint for bad flags.
-        2 => Err(Exit {
-            status: exit::USAGE,
-            message: String::new(),
-        }),
-        _ => Ok(1),
     }
 }
 
@@ -339,10 +315,6 @@ fn help(args: Vec<OsString>) -> Result<u8, Exit> {
         Some("extend") => HELP_EXTEND,
         Some("run") => HELP_RUN,
         Some("certs") => HELP_CERTS,
-        Some("bench") => {
-            let _ = ticketd::bench::main(vec!["--help".to_owned()]);
-            return Ok(exit::OK);
-        }
         Some(other) => return Err(Exit::usage(format!("no help for {other:?}"))),
     };
     print!("{text}");
