@@ -91,6 +91,9 @@ pub struct Config {
     pub max_lease_s: u8,
     /// Log verbosity.
     pub log_level: LevelFilter,
+    /// Serve plaintext on an address that is not loopback (`--insecure`);
+    /// without it, such a `listen` is refused (protected mode).
+    pub insecure: bool,
 }
 
 impl Default for Config {
@@ -110,6 +113,7 @@ impl Default for Config {
             restart_grace: RestartGrace::Auto,
             max_lease_s: DEFAULT_MAX_LEASE_S,
             log_level: LevelFilter::Info,
+            insecure: false,
         }
     }
 }
@@ -152,7 +156,11 @@ USAGE:
                                plaintext peers off loopback (docs/SECURITY.md)
 
 FLAGS (defaults in brackets):
-    --listen ADDR              address to listen on; port 0 picks a free port [127.0.0.1:7470]
+    --listen ADDR              address to listen on; port 0 picks a free port [127.0.0.1:7470].
+                               An address that is not loopback is refused (protected
+                               mode: exit 2) unless --insecure is given
+    --insecure                 serve plaintext on an address that is not loopback:
+                               anyone who reaches it can take and hold any lock
     --max-conns N              open client connections [10000]
     --max-keys N               registered keys [1000000]
     --max-waiters N            queued acquires over all keys [100000]
@@ -171,7 +179,7 @@ FLAGS (defaults in brackets):
     --data-dir DIR             keep the token high-water mark and the lease bound
                                in DIR, so tokens keep increasing across restarts and
                                a restart can wait for earlier leases [none: seed
-                               tokens from the wall clock in microseconds]
+                               tokens from the wall clock]
     --restart-grace auto|off   auto: with --data-dir, a restart holds every key
                                (acquires get T or queue, releases N) until every
                                lease the earlier run granted has ended; off: grant
@@ -361,6 +369,7 @@ impl Config {
         if let Some(v) = flag(args, "--log-level", level)? {
             c.log_level = v;
         }
+        c.insecure = args.contains("--insecure");
         c.validate()?;
         Ok(c)
     }
@@ -397,6 +406,7 @@ impl Config {
         if self.max_frames_per_turn == 0 {
             return fail("--max-frames-per-turn must be at least 1".into());
         }
+        self.check_protected().map_err(ConfigError)?;
         let one_reply = limits::max_reply_frame(self.max_key_bytes);
         if self.out_soft_limit_bytes < one_reply {
             return fail(format!(
@@ -410,6 +420,31 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// True when clients reach the listener over plaintext from beyond
+    /// this host: allowed only with `insecure` (and then warned about).
+    #[must_use]
+    pub fn plaintext_off_loopback(&self) -> bool {
+        !self.listen.ip().is_loopback()
+    }
+
+    /// Protected mode: a listener that is not loopback is refused unless
+    /// `insecure` says otherwise.
+    ///
+    /// # Errors
+    /// What to do, when the configuration is refused.
+    pub fn check_protected(&self) -> Result<(), String> {
+        if self.insecure || !self.plaintext_off_loopback() {
+            return Ok(());
+        }
+        Err(format!(
+            "--listen {} is not a loopback address, and clients would speak plaintext: \
+             anyone who reaches it could take, hold and release any lock. Listen on \
+             127.0.0.1 or ::1 (and let clients reach it through something you trust), or \
+             pass --insecure to serve plaintext on a network you trust (docs/SECURITY.md)",
+            self.listen
+        ))
     }
 
     /// The limits as `name=value` pairs, for the start-up log line.
@@ -570,6 +605,25 @@ mod tests {
     fn an_equals_sign_gets_a_hint() {
         let e = parse(&["--max-conns=5"]).unwrap_err();
         assert!(e.0.contains("--max-conns 5"), "{e}");
+    }
+
+    #[test]
+    fn protected_mode_refuses_plaintext_off_loopback_unless_insecure() {
+        for addr in ["0.0.0.0:7470", "[::]:0", "192.0.2.1:7470"] {
+            let e = parse(&["--listen", addr]).unwrap_err();
+            assert!(e.0.contains("not a loopback address"), "{addr}: {e}");
+            assert!(e.0.contains("--insecure"), "{addr}: {e}");
+            let Ok(Parsed::Run(c)) = parse(&["--listen", addr, "--insecure"]) else {
+                panic!("{addr} --insecure is refused");
+            };
+            assert!(c.insecure && c.plaintext_off_loopback());
+        }
+        for addr in ["127.0.0.1:0", "[::1]:0", "localhost:0"] {
+            let Ok(Parsed::Run(c)) = parse(&["--listen", addr]) else {
+                panic!("{addr} is refused");
+            };
+            assert!(!c.plaintext_off_loopback());
+        }
     }
 
     #[test]

@@ -124,3 +124,35 @@ fn tokens_carry_random_low_bits_and_still_increase() {
     // 200 draws of 16 bits: more than 10 repeats is astronomically unlikely.
     assert!(low.len() > 190, "{} distinct low parts", low.len());
 }
+
+/// Protected mode: plaintext on an address that is not loopback is refused
+/// (exit 2, saying why and what to do) unless `--insecure` is given, and
+/// then the start-up warns.
+#[test]
+fn protected_mode_refuses_a_listener_off_loopback_without_insecure() {
+    for addr in ["0.0.0.0:0", "[::]:0"] {
+        let out = common::run_ticketd(&["--listen", addr]);
+        assert_eq!(out.status.code(), Some(2), "{addr}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("is not a loopback address") && err.contains("--insecure"),
+            "{addr}: {err}"
+        );
+    }
+    let server = Ticketd::start_raw(&[], &["--listen", "0.0.0.0:0", "--insecure"]);
+    assert!(
+        server.wait_for_log(
+            "--insecure: clients speak plaintext",
+            Duration::from_secs(5)
+        ),
+        "{}",
+        server.log()
+    );
+    // It serves (reached over loopback here).
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], server.addr().port()));
+    let mut c = common::Client::connect(addr);
+    assert!(matches!(
+        c.acquire_reply("k", 1, 0, 5),
+        Reply::Acquired { .. }
+    ));
+}

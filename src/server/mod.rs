@@ -269,6 +269,13 @@ impl<S: Service> Server<S> {
             service.describe(),
             config.describe_limits()
         );
+        if config.insecure && config.plaintext_off_loopback() {
+            log::warn!(
+                "--insecure: clients speak plaintext on {local_addr}, which is not loopback: \
+                 anyone who can reach it can take, hold and release any lock \
+                 (docs/SECURITY.md)"
+            );
+        }
         Ok(Server::assemble(
             config,
             service,
