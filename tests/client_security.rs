@@ -156,3 +156,100 @@ fn protected_mode_refuses_a_listener_off_loopback_without_insecure() {
         Reply::Acquired { .. }
     ));
 }
+
+/// A Unix socket beside loopback TCP: a stale socket file is replaced, the
+/// file gets `--socket-mode`, an allowed uid acquires through the client
+/// library and the `ticket` command, another uid (run with `setpriv`) is
+/// closed and logged, a second server does not take the live socket, and
+/// the file is gone after a clean stop.
+#[test]
+fn a_unix_socket_serves_allowed_uids_and_refuses_others() {
+    use std::os::unix::fs::PermissionsExt;
+    if unsafe { libc::geteuid() } != 0 {
+        // setpriv needs root to switch uid; CI runs the tests as root.
+        panic!("this test runs as root (it runs a client under another uid)");
+    }
+    let dir = std::env::temp_dir().join(format!("ticketd-unix-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let sock = dir.join("ticketd.sock");
+    let sock_s = sock.to_str().unwrap().to_string();
+    // A crash left its socket file behind.
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    let listen = format!("unix:{sock_s}");
+    let mut server = Ticketd::start(&[
+        "--listen",
+        &listen,
+        "--socket-mode",
+        "0666",
+        "--allow-uid",
+        "0",
+    ]);
+    let log = server.log();
+    assert!(log.contains("replacing a stale socket file"), "{log}");
+    assert!(
+        log.contains(&format!("listening on {} unix:{sock_s}", server.addr())),
+        "{log}"
+    );
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o666);
+
+    // Allowed (uid 0): the official client over the socket.
+    let client = ticketd::client::Client::connect(listen.clone()).unwrap();
+    let got = client
+        .acquire("k", Duration::ZERO, Duration::from_secs(5))
+        .unwrap();
+    let ticketd::client::Acquire::Acquired(ticket) = got else {
+        panic!("{got:?}");
+    };
+    assert!(matches!(
+        ticket.release().unwrap(),
+        ticketd::client::Release::Released
+    ));
+    // And the command line.
+    let ticket_bin = env!("CARGO_BIN_EXE_ticket");
+    let ok = std::process::Command::new(ticket_bin)
+        .args([
+            "acquire", "cli", "--wait", "0", "--lease", "5", "--server", &listen,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(ok.status.code(), Some(0), "{ok:?}");
+
+    // Refused: the same command as uid/gid 65534.
+    let refused = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            ticket_bin,
+        ])
+        .args([
+            "acquire", "other", "--wait", "0", "--lease", "5", "--server", &listen,
+        ])
+        .output()
+        .unwrap();
+    assert_ne!(refused.status.code(), Some(0), "{refused:?}");
+    assert!(
+        server.wait_for_log("refused unix(uid=65534", Duration::from_secs(5)),
+        "{}",
+        server.log()
+    );
+    let mut c = server.connect();
+    assert!(
+        matches!(c.acquire_reply("other", 9, 0, 5), Reply::Acquired { .. }),
+        "the refused client was granted nothing"
+    );
+
+    // A second server does not replace the live socket.
+    let second = common::run_ticketd(&["--listen", &listen]);
+    assert_eq!(second.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(err.contains("a server that is running"), "{err}");
+    assert!(sock.exists());
+
+    assert_eq!(server.terminate().code(), Some(0));
+    assert!(!sock.exists(), "the socket file is removed at a clean stop");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

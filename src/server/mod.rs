@@ -47,6 +47,8 @@ mod conn;
 mod mem;
 pub mod ratelimit;
 pub mod throttle;
+mod transport;
+mod unix;
 
 use std::io;
 use std::net::SocketAddr;
@@ -69,12 +71,15 @@ use crate::proto::{decode_request, encode_reply, Decoded, Malformed, Reply, Requ
 use crate::service::Service;
 use crate::time::{Millis, MonotonicClock};
 
-use conn::{Closing, Conn, Stream};
+use conn::{Closing, Conn, PeerAddr, Stream};
 use ratelimit::LogLimit;
 
 const LISTENER: Token = Token(0);
 const SIGNALS: Token = Token(1);
 const WAKER: Token = Token(2);
+/// Unix listener `i` has token `UNIX_BASE + i`.
+const UNIX_BASE: usize = 3;
+const _: () = assert!(UNIX_BASE + crate::config::MAX_UNIX_LISTENERS <= CONN_BASE);
 /// Connection `k` of the slab has token `CONN_BASE + k`.
 const CONN_BASE: usize = 16;
 /// The first mio token that belongs to the service (cluster peers). The
@@ -190,6 +195,7 @@ struct Logs {
     accept: LogLimit,
     service: LogLimit,
     guesses: LogLimit,
+    unix_refused: LogLimit,
 }
 
 /// The single-threaded server. See the module documentation.
@@ -199,6 +205,8 @@ pub struct Server<S: Service> {
     events: Option<Events>,
     listener: Option<TcpListener>,
     local_addr: SocketAddr,
+    /// Unix-domain listeners, and whether each may have connections ready.
+    unix: Vec<(unix::UnixListen, bool)>,
     signals: Option<Signals>,
     waker: Arc<Waker>,
     stop_flag: Arc<AtomicBool>,
@@ -244,28 +252,50 @@ impl<S: Service> Server<S> {
         config
             .validate()
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let socket = Socket::new(
-            Domain::for_address(config.listen),
-            Type::STREAM,
-            Some(Protocol::TCP),
-        )?;
-        // Restarting on the same port must not wait for TIME_WAIT to clear.
-        socket.set_reuse_address(true)?;
-        socket.set_nonblocking(true)?;
-        socket.bind(&config.listen.into())?;
-        socket.listen(i32::try_from(config.backlog).unwrap_or(i32::MAX))?;
-        let mut listener = TcpListener::from_std(socket.into());
-        let local_addr = listener.local_addr()?;
         let poll = Poll::new()?;
-        poll.registry()
-            .register(&mut listener, LISTENER, Interest::READABLE)?;
+        let (listener, local_addr) = if config.listen_tcp {
+            let socket = Socket::new(
+                Domain::for_address(config.listen),
+                Type::STREAM,
+                Some(Protocol::TCP),
+            )?;
+            // Restarting on the same port must not wait for TIME_WAIT to clear.
+            socket.set_reuse_address(true)?;
+            socket.set_nonblocking(true)?;
+            socket.bind(&config.listen.into())?;
+            socket.listen(i32::try_from(config.backlog).unwrap_or(i32::MAX))?;
+            let mut listener = TcpListener::from_std(socket.into());
+            let local_addr = listener.local_addr()?;
+            poll.registry()
+                .register(&mut listener, LISTENER, Interest::READABLE)?;
+            (Some(listener), local_addr)
+        } else {
+            (None, SocketAddr::from(([0, 0, 0, 0], 0)))
+        };
+        let mut unix_listeners = Vec::new();
+        for (i, path) in config.unix_listen.iter().enumerate() {
+            let mut l = unix::bind(path, config.socket_mode)?;
+            poll.registry()
+                .register(&mut l.listener, Token(UNIX_BASE + i), Interest::READABLE)?;
+            unix_listeners.push((l, true));
+        }
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
         service.register(poll.registry(), SERVICE_TOKEN_BASE)?;
         service.set_waker(Arc::clone(&waker));
+        let mut addrs: Vec<String> = Vec::new();
+        if listener.is_some() {
+            addrs.push(local_addr.to_string());
+        }
+        addrs.extend(
+            config
+                .unix_listen
+                .iter()
+                .map(|p| format!("unix:{}", p.display())),
+        );
         log::info!(
             "ticketd {} listening on {} {} {}",
             env!("CARGO_PKG_VERSION"),
-            local_addr,
+            addrs.join(" "),
             service.describe(),
             config.describe_limits()
         );
@@ -276,15 +306,17 @@ impl<S: Service> Server<S> {
                  (docs/SECURITY.md)"
             );
         }
-        Ok(Server::assemble(
+        let mut server = Server::assemble(
             config,
             service,
             poll,
             waker,
-            Some(listener),
+            listener,
             local_addr,
             Clock::Monotonic(MonotonicClock::new()),
-        ))
+        );
+        server.unix = unix_listeners;
+        Ok(server)
     }
 
     /// The server around its parts; nothing is polled yet.
@@ -302,6 +334,7 @@ impl<S: Service> Server<S> {
             events: Some(Events::with_capacity(1024)),
             listener,
             local_addr,
+            unix: Vec::new(),
             signals: None,
             waker,
             stop_flag: Arc::new(AtomicBool::new(false)),
@@ -328,6 +361,7 @@ impl<S: Service> Server<S> {
                 accept: LogLimit::new(1, 10_000),
                 service: LogLimit::new(1, 10_000),
                 guesses: LogLimit::new(1, 10_000),
+                unix_refused: LogLimit::new(1, 10_000),
             },
             config,
         }
@@ -451,8 +485,9 @@ impl<S: Service> Server<S> {
     }
 
     fn poll_timeout(&self, now: Millis, max_wait: Option<Duration>) -> Option<Duration> {
-        let accept_pending =
-            self.accept_ready && self.accept_paused_until.is_none() && self.listener.is_some();
+        let accept_pending = self.accept_paused_until.is_none()
+            && ((self.accept_ready && self.listener.is_some())
+                || self.unix.iter().any(|(_, ready)| *ready));
         if !self.active.is_empty() || !self.dirty.is_empty() || accept_pending {
             return Some(Duration::ZERO);
         }
@@ -484,6 +519,9 @@ impl<S: Service> Server<S> {
     fn note_event(&mut self, now: Millis, event: &Event) {
         match event.token() {
             LISTENER => self.accept_ready = true,
+            Token(t) if (UNIX_BASE..UNIX_BASE + self.unix.len()).contains(&t) => {
+                self.unix[t - UNIX_BASE].1 = true;
+            }
             WAKER => {}
             SIGNALS => {
                 let mut stop = false;
@@ -566,8 +604,16 @@ impl<S: Service> Server<S> {
             // announce them: try regardless of readiness.
             self.accept_paused_until = None;
             self.accept_ready = true;
+            for (_, ready) in &mut self.unix {
+                *ready = true;
+            }
         }
-        if !self.accept_ready {
+        for i in 0..self.unix.len() {
+            if self.unix[i].1 && self.accept_paused_until.is_none() {
+                self.accept_unix(now, i);
+            }
+        }
+        if !self.accept_ready || self.accept_paused_until.is_some() {
             return;
         }
         for _ in 0..ACCEPTS_PER_TURN {
@@ -624,6 +670,81 @@ impl<S: Service> Server<S> {
         }
     }
 
+    /// Accepts what Unix listener `i` has, checking each peer's credentials.
+    fn accept_unix(&mut self, now: Millis, i: usize) {
+        for _ in 0..ACCEPTS_PER_TURN {
+            let (l, ready) = &mut self.unix[i];
+            match l.listener.accept() {
+                Ok((mut stream, _)) => {
+                    let (uid, gid, pid) = match unix::peer_cred(&stream) {
+                        Ok(c) => c,
+                        Err(e) => {
+                            log::debug!("{}: no peer credentials: {e}", l.path.display());
+                            continue;
+                        }
+                    };
+                    let peer = PeerAddr::Unix { uid, gid, pid };
+                    if !unix::allowed(uid, gid, &self.config.allow_uids, &self.config.allow_gids) {
+                        self.stats.refused += 1;
+                        if let Some(n) = self.logs.unix_refused.allow(now) {
+                            log::warn!(
+                                "refused {peer} on {}: its uid and gid are not in --allow-uid \
+                                 / --allow-gid ({n} similar refusals not logged)",
+                                l.path.display()
+                            );
+                        }
+                        continue;
+                    }
+                    if self.conns.len() >= self.config.max_conns {
+                        self.stats.refused += 1;
+                        if let Some(n) = self.logs.refused.allow(now) {
+                            log::warn!(
+                                "refused {peer}: {} connections open, the --max-conns limit \
+                                 ({n} similar refusals suppressed)",
+                                self.conns.len()
+                            );
+                        }
+                        continue;
+                    }
+                    let key = self.conns.vacant_key();
+                    if let Err(e) = self.poll.registry().register(
+                        &mut stream,
+                        conn_token(key),
+                        Interest::READABLE,
+                    ) {
+                        log::warn!("{peer}: cannot register the connection: {e}");
+                        continue;
+                    }
+                    self.insert_conn(Stream::Unix(stream), peer);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    *ready = false;
+                    return;
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted
+                            | io::ErrorKind::ConnectionAborted
+                            | io::ErrorKind::ConnectionReset
+                    ) => {}
+                Err(e) => {
+                    // As for TCP: the connection stays in the backlog; pause.
+                    self.accept_paused_until = Some(now.add_ms(ACCEPT_PAUSE_MS));
+                    self.stats.accept_pauses += 1;
+                    if let Some(n) = self.logs.accept.allow(now) {
+                        log::warn!(
+                            "accept on {} failed ({e}); pausing accepts for {ACCEPT_PAUSE_MS} \
+                             ms ({n} similar pauses not logged)",
+                            l.path.display()
+                        );
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
     fn add_conn(&mut self, mut stream: TcpStream, peer: SocketAddr) {
         // Replies are written once per turn already; Nagle would only add delay.
         if let Err(e) = stream.set_nodelay(true) {
@@ -643,7 +764,8 @@ impl<S: Service> Server<S> {
 
     /// Adds an accepted (and, for a socket, registered) connection to the
     /// slab, ready to be read on this turn.
-    fn insert_conn(&mut self, stream: Stream, peer: SocketAddr) -> ConnId {
+    fn insert_conn(&mut self, stream: Stream, peer: impl Into<PeerAddr>) -> ConnId {
+        let peer = peer.into();
         let entry = self.conns.vacant_entry();
         let key = entry.key();
         let id = (self.next_conn_seq << CONN_KEY_BITS) | key as u64;
@@ -1031,7 +1153,7 @@ impl<S: Service> Server<S> {
                 Interest::READABLE
             };
             if want != c.interest {
-                let registered = match c.stream.tcp_mut() {
+                let registered = match c.stream.source() {
                     Some(tcp) => self.poll.registry().reregister(tcp, conn_token(key), want),
                     // A pipe needs no registration: the harness reads its
                     // readiness from the pipe itself.
@@ -1061,7 +1183,7 @@ impl<S: Service> Server<S> {
             if self.closing_done(now, key) {
                 self.closing.swap_remove(i);
                 if let Some(mut c) = self.conns.try_remove(key) {
-                    if let Some(tcp) = c.stream.tcp_mut() {
+                    if let Some(tcp) = c.stream.source() {
                         if let Err(e) = self.poll.registry().deregister(tcp) {
                             log::debug!("{}: deregister failed: {e}", c.peer);
                         }
@@ -1122,6 +1244,9 @@ impl<S: Service> Server<S> {
         if let Some(mut l) = self.listener.take() {
             let _ = self.poll.registry().deregister(&mut l);
         }
+        for (mut l, _) in self.unix.drain(..) {
+            let _ = self.poll.registry().deregister(&mut l.listener);
+        }
         self.shutdown_deadline = Some(now.add_ms(millis(self.config.flush_timeout)));
         let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
         for key in keys {
@@ -1131,7 +1256,7 @@ impl<S: Service> Server<S> {
 
     fn finish_shutdown(&mut self, now: Millis) {
         for mut c in self.conns.drain() {
-            if let Some(tcp) = c.stream.tcp_mut() {
+            if let Some(tcp) = c.stream.source() {
                 let _ = self.poll.registry().deregister(tcp);
             }
         }
