@@ -1,7 +1,7 @@
 //! Client security against the real binary: tokens a client cannot guess,
 //! and the throttle that slows down a connection that keeps guessing.
 
-mod common;
+use ticketd_testkit::process as common;
 
 use std::time::{Duration, Instant};
 

@@ -92,15 +92,18 @@ pub struct NodeConfig {
     pub max_wal_bytes: u64,
     /// Seed of the election-timeout draws.
     pub seed: u64,
-    /// Record (index, term, hash) of every applied entry, for checkers.
+    /// Record (index, term, hash) of every applied entry, for checkers
+    /// (feature `testkit`, never in production).
+    #[cfg(any(test, feature = "testkit"))]
     pub trace_applied: bool,
     /// Entropy for the data directory id drawn on first start (the server
     /// passes the time and process id; the simulator a seed).
     pub uuid_entropy: u64,
-    /// A deliberate bug, for the simulation's self-test only (never set by
-    /// the server): a leader's Expire timer of an earlier lease generation
-    /// still fires, and the Expire it proposes ends the grant on apply as
-    /// if no Extend had happened since.
+    /// A deliberate bug, for the simulation's self-test only (feature
+    /// `testkit`, never in production): a leader's Expire timer of an
+    /// earlier lease generation still fires, and the Expire it proposes ends
+    /// the grant on apply as if no Extend had happened since.
+    #[cfg(any(test, feature = "testkit"))]
     pub bug_stale_expire: bool,
     /// Draw the random low bits of tokens from the OS generator (the
     /// server); when false, from a generator seeded with `seed` (the
@@ -124,8 +127,10 @@ impl NodeConfig {
             snapshot_every: 10_000,
             max_wal_bytes: 64 << 20,
             seed: id,
+            #[cfg(any(test, feature = "testkit"))]
             trace_applied: false,
             uuid_entropy: id,
+            #[cfg(any(test, feature = "testkit"))]
             bug_stale_expire: false,
             os_token_bits: true,
         }
@@ -225,7 +230,9 @@ pub struct NodeStats {
 }
 
 /// One applied entry as seen by a checker: (index, term, hash of the data),
-/// or a snapshot install at (index, term, 0) with `snapshot = true`.
+/// or a snapshot install at (index, term, 0) with `snapshot = true`
+/// (feature `testkit`).
+#[cfg(any(test, feature = "testkit"))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Traced {
     /// Log index.
@@ -266,6 +273,7 @@ pub struct Node<D: Disk> {
     timers_ready: bool,
     msgs: Vec<Message>,
     stats: NodeStats,
+    #[cfg(any(test, feature = "testkit"))]
     trace: Vec<Traced>,
     /// Readys written but not known durable, oldest first: their number
     /// and the messages that must wait for that (votes, append acks).
@@ -293,6 +301,7 @@ impl<D: Disk> fmt::Debug for Node<D> {
 const MAX_CANCELS: usize = 65_536;
 const MAX_TIMERS_PER_TICK: usize = 4096;
 
+#[cfg(any(test, feature = "testkit"))]
 fn fnv(data: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in data {
@@ -384,6 +393,7 @@ impl<D: Disk> Node<D> {
             timers_ready: false,
             msgs: Vec::new(),
             stats: NodeStats::default(),
+            #[cfg(any(test, feature = "testkit"))]
             trace: Vec::new(),
             unsynced: VecDeque::new(),
             syncing: None,
@@ -497,7 +507,18 @@ impl<D: Disk> Node<D> {
         self.wal.log_bytes()
     }
 
-    /// Applied entries recorded since the last call (with `trace_applied`).
+    /// The simulation's planted bug (`NodeConfig::bug_stale_expire`): off
+    /// in every build without the `testkit` feature.
+    fn bug_stale_expire(&self) -> bool {
+        #[cfg(any(test, feature = "testkit"))]
+        return self.cfg.bug_stale_expire;
+        #[cfg(not(any(test, feature = "testkit")))]
+        return false;
+    }
+
+    /// Applied entries recorded since the last call (with `trace_applied`;
+    /// feature `testkit`).
+    #[cfg(any(test, feature = "testkit"))]
     pub fn take_trace(&mut self) -> Vec<Traced> {
         std::mem::take(&mut self.trace)
     }
@@ -752,7 +773,7 @@ impl<D: Disk> Node<D> {
                     token,
                     generation,
                 } if self.sm.lease_of(key) == Some((*token, *generation))
-                    || (self.cfg.bug_stale_expire && self.sm.holder(key) == Some(*token)) =>
+                    || (self.bug_stale_expire() && self.sm.holder(key) == Some(*token)) =>
                 {
                     Command::Expire {
                         key: key.clone(),
@@ -919,6 +940,7 @@ impl<D: Disk> Node<D> {
                 .map_err(NodeError::BadSnapshot)?;
             let meta = snap.get_metadata();
             self.applied = meta.index;
+            #[cfg(any(test, feature = "testkit"))]
             if self.cfg.trace_applied {
                 self.trace.push(Traced {
                     index: meta.index,
@@ -1076,6 +1098,7 @@ impl<D: Disk> Node<D> {
                 continue;
             }
             self.applied = e.index;
+            #[cfg(any(test, feature = "testkit"))]
             if self.cfg.trace_applied {
                 self.trace.push(Traced {
                     index: e.index,
@@ -1111,7 +1134,7 @@ impl<D: Disk> Node<D> {
             self.mark_lost(lost_here, cmd.rid());
             let cmd = match cmd {
                 // The deliberate bug: the generation is not looked at.
-                Command::Expire { key, token, .. } if self.cfg.bug_stale_expire => {
+                Command::Expire { key, token, .. } if self.bug_stale_expire() => {
                     let generation = match self.sm.lease_of(&key) {
                         Some((t, g)) if t == token => g,
                         _ => 0,
@@ -1126,6 +1149,7 @@ impl<D: Disk> Node<D> {
             };
             let res = self.sm.apply_entry(e.index, token_bits, &cmd);
             if !res.duplicate {
+                #[cfg(any(test, feature = "testkit"))]
                 if let Some(t) = self.trace.last_mut().filter(|t| t.index == e.index) {
                     t.request = cmd.rid();
                 }

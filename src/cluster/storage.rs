@@ -902,11 +902,14 @@ impl Disk for FileDisk {
 /// An in-memory disk that remembers how much was synced: [`MemDisk::crash`]
 /// keeps the synced bytes plus a prefix of the rest, as a power cut would.
 /// Cloning shares the same disk, so a test keeps it across a node's crash.
+/// A test double (feature `testkit`, never in production).
+#[cfg(any(test, feature = "testkit"))]
 #[derive(Clone, Debug, Default)]
 pub struct MemDisk {
     inner: std::rc::Rc<std::cell::RefCell<MemDiskInner>>,
 }
 
+#[cfg(any(test, feature = "testkit"))]
 #[derive(Debug, Default)]
 struct MemDiskInner {
     data: Vec<u8>,
@@ -919,6 +922,7 @@ struct MemDiskInner {
     hold_syncs: bool,
 }
 
+#[cfg(any(test, feature = "testkit"))]
 impl MemDisk {
     /// An empty disk.
     #[must_use]
@@ -988,6 +992,7 @@ impl MemDisk {
     }
 }
 
+#[cfg(any(test, feature = "testkit"))]
 impl Disk for MemDisk {
     fn append(&mut self, bytes: &[u8], sync: bool) -> io::Result<()> {
         let mut d = self.inner.borrow_mut();
