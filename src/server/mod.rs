@@ -67,7 +67,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use crate::config::{Config, MAX_CONNS_CEILING};
 use crate::engine::{ConnId, Outbox};
 use crate::limits::{max_reply_frame, max_request_frame};
-use crate::proto::{decode_request, encode_reply, Decoded, Malformed, Reply, Request};
+use crate::proto::{decode_request, Decoded, Malformed, Request};
 use crate::service::Service;
 use crate::time::{Millis, MonotonicClock};
 
@@ -1046,47 +1046,55 @@ impl<S: Service> Server<S> {
         }
     }
 
-    /// Encodes the turn's replies into their connections' write buffers,
-    /// and counts the wrong-token answers (`N`, `X`) against each
+    /// Copies the turn's replies (encoded once, in the outbox) into their
+    /// connections' write buffers: a run of replies to one connection in
+    /// one copy. Counts the wrong-token answers (`N`, `X`) against each
     /// connection's guess throttle.
     fn deliver(&mut self, now: Millis) {
-        let debug = log::log_enabled!(log::Level::Debug);
-        for a in self.out.iter() {
-            let key = usize::try_from(a.conn & CONN_KEY_MASK).unwrap_or(usize::MAX);
-            match self.conns.get_mut(key) {
-                Some(c) if c.id == a.conn && c.closing != Closing::Now => {
-                    if debug {
+        if log::log_enabled!(log::Level::Debug) {
+            for a in self.out.iter() {
+                let key = usize::try_from(a.conn & CONN_KEY_MASK).unwrap_or(usize::MAX);
+                match self.conns.get(key) {
+                    Some(c) if c.id == a.conn && c.closing != Closing::Now => {
                         log::debug!("{} ({}) <- {:?}", c.peer, c.id, a.reply);
                     }
-                    if matches!(
-                        a.reply,
-                        Reply::NotReleased { .. } | Reply::NotExtended { .. }
-                    ) && c.guesses.charge(now)
-                    {
-                        self.stats.throttled += 1;
-                        if let Some(n) = self.logs.guesses.allow(now) {
-                            log::warn!(
-                                "slowing down {}: {} releases or extends with a token it does \
-                                 not hold; its reads are paused to {} such answers a second \
-                                 ({n} similar not logged)",
-                                c.peer,
-                                c.guesses.misses,
-                                throttle::GUESS_PER_SEC
-                            );
-                        }
-                    }
-                    encode_reply(&a.reply, &mut c.wbuf);
-                    if !c.dirty {
-                        c.dirty = true;
-                        self.dirty.push(key);
-                    }
+                    _ => log::debug!("dropped a reply to closed connection {}", a.conn),
                 }
-                // The connection is gone: nobody is left to read the reply.
-                _ => {
-                    if debug {
-                        log::debug!("dropped a reply to closed connection {}", a.conn);
-                    }
+            }
+        }
+        // Wrong-token answers (N, X) count against their connection's
+        // guess throttle.
+        for conn in self.out.wrong_token_answers() {
+            let key = usize::try_from(conn & CONN_KEY_MASK).unwrap_or(usize::MAX);
+            let Some(c) = self.conns.get_mut(key).filter(|c| c.id == conn) else {
+                continue;
+            };
+            if c.guesses.charge(now) {
+                self.stats.throttled += 1;
+                if let Some(n) = self.logs.guesses.allow(now) {
+                    log::warn!(
+                        "slowing down {}: {} releases or extends with a token it does not \
+                         hold; its reads are paused to {} such answers a second ({n} similar \
+                         not logged)",
+                        c.peer,
+                        c.guesses.misses,
+                        throttle::GUESS_PER_SEC
+                    );
                 }
+            }
+        }
+        for (conn, frames) in self.out.frames() {
+            let key = usize::try_from(conn & CONN_KEY_MASK).unwrap_or(usize::MAX);
+            let Some(c) = self.conns.get_mut(key) else {
+                continue;
+            };
+            if c.id != conn || c.closing == Closing::Now {
+                continue; // the connection is gone: nobody is left to read it
+            }
+            c.wbuf.extend_from_slice(frames);
+            if !c.dirty {
+                c.dirty = true;
+                self.dirty.push(key);
             }
         }
         self.out.clear();
