@@ -45,8 +45,8 @@
 mod conn;
 #[cfg(feature = "harness")]
 mod mem;
-pub mod ratelimit;
-pub mod throttle;
+pub(crate) mod ratelimit;
+pub(crate) mod throttle;
 mod transport;
 mod unix;
 
@@ -184,7 +184,7 @@ pub struct Stats {
     /// Loop turns.
     pub turns: u64,
     /// Connections whose reads the guess throttle paused (too many `N` and
-    /// `X` answers: [`throttle`]).
+    /// `X` answers).
     pub throttled: u64,
 }
 
@@ -228,6 +228,9 @@ pub struct Server<S: Service> {
     accept_paused_until: Option<Millis>,
     shutdown_deadline: Option<Millis>,
     stopped: bool,
+    /// Why the service needs the loop to stop now ([`Service::must_stop`]):
+    /// `poll_once` returns it as its error.
+    fatal: Option<String>,
     next_scan: Millis,
     stats: Stats,
     logs: Logs,
@@ -352,6 +355,7 @@ impl<S: Service> Server<S> {
             accept_paused_until: None,
             shutdown_deadline: None,
             stopped: false,
+            fatal: None,
             next_scan: Millis::ZERO.add_ms(SCAN_INTERVAL_MS),
             stats: Stats::default(),
             logs: Logs {
@@ -440,7 +444,7 @@ impl<S: Service> Server<S> {
     ///
     /// # Errors
     /// The poll itself fails (not a connection error: those close the
-    /// connection).
+    /// connection), or the service must stop ([`Service::must_stop`]).
     pub fn run(&mut self) -> io::Result<()> {
         while self.poll_once(None)? == Status::Running {}
         Ok(())
@@ -450,7 +454,9 @@ impl<S: Service> Server<S> {
     /// the next deadline or event), then handles everything ready.
     ///
     /// # Errors
-    /// The poll itself fails.
+    /// The poll itself fails, or the service must stop
+    /// ([`Service::must_stop`]; later calls then return
+    /// [`Status::Stopped`]).
     pub fn poll_once(&mut self, max_wait: Option<Duration>) -> io::Result<Status> {
         if self.stopped {
             return Ok(Status::Stopped);
@@ -477,6 +483,10 @@ impl<S: Service> Server<S> {
         }
         self.events = Some(events);
         self.turn(now);
+        if let Some(why) = self.fatal.take() {
+            self.stopped = true;
+            return Err(io::Error::other(why));
+        }
         Ok(if self.stopped {
             Status::Stopped
         } else {
@@ -581,6 +591,12 @@ impl<S: Service> Server<S> {
             self.scan(now);
         }
         if let Err(e) = self.service.end_turn(now, &mut self.out) {
+            if let Some(why) = self.service.must_stop() {
+                // None of this turn's replies leaves: the node that made
+                // them cannot vouch for them.
+                self.fatal = Some(why);
+                return;
+            }
             if let Some(n) = self.logs.service.allow(now) {
                 log::error!("service failed to end the turn: {e} ({n} similar errors suppressed)");
             }
