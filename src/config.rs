@@ -38,6 +38,11 @@ pub const DEFAULT_OUT_HARD_LIMIT_BYTES: usize = 4 * 1024 * 1024;
 pub const DEFAULT_FRAME_TIMEOUT_S: u64 = 30;
 /// Default bound on flushing replies before a close (malformed input, shutdown).
 pub const DEFAULT_FLUSH_TIMEOUT_MS: u64 = 1000;
+/// Default permissions of a Unix socket file (`--socket-mode`).
+pub const DEFAULT_SOCKET_MODE: u32 = 0o660;
+/// Most Unix sockets one server listens on.
+pub const MAX_UNIX_LISTENERS: usize = 8;
+
 /// Default `listen(2)` backlog.
 pub const DEFAULT_BACKLOG: u32 = 1024;
 
@@ -60,6 +65,18 @@ pub enum RestartGrace {
 pub struct Config {
     /// Address to listen on; port 0 picks a free port.
     pub listen: SocketAddr,
+    /// Listen on `listen` (TCP); false when `--listen` names only Unix
+    /// sockets.
+    pub listen_tcp: bool,
+    /// Unix-domain sockets to listen on (`--listen unix:/path`).
+    pub unix_listen: Vec<PathBuf>,
+    /// Permissions of the Unix socket files (`--socket-mode`, octal).
+    pub socket_mode: u32,
+    /// With either list non-empty, a Unix-socket peer must have one of
+    /// these user ids or group ids (`SO_PEERCRED`).
+    pub allow_uids: Vec<u32>,
+    /// See `allow_uids`.
+    pub allow_gids: Vec<u32>,
     /// Open client connections; one more is accepted and closed at once.
     pub max_conns: usize,
     /// The lock engine's capacity limits and sweep interval.
@@ -91,12 +108,20 @@ pub struct Config {
     pub max_lease_s: u8,
     /// Log verbosity.
     pub log_level: LevelFilter,
+    /// Serve plaintext on an address that is not loopback (`--insecure`);
+    /// without it, such a `listen` is refused (protected mode).
+    pub insecure: bool,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Config {
             listen: DEFAULT_LISTEN.parse().expect("default address parses"),
+            listen_tcp: true,
+            unix_listen: Vec::new(),
+            socket_mode: DEFAULT_SOCKET_MODE,
+            allow_uids: Vec::new(),
+            allow_gids: Vec::new(),
             max_conns: DEFAULT_MAX_CONNS,
             engine: EngineLimits::default(),
             max_key_bytes: limits::DEFAULT_MAX_KEY_BYTES,
@@ -110,6 +135,7 @@ impl Default for Config {
             restart_grace: RestartGrace::Auto,
             max_lease_s: DEFAULT_MAX_LEASE_S,
             log_level: LevelFilter::Info,
+            insecure: false,
         }
     }
 }
@@ -127,6 +153,9 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 /// What the command line asks for.
+// Made once per start and matched at once: boxing the config would buy
+// nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Parsed {
     /// Start the server with this configuration.
@@ -152,7 +181,17 @@ USAGE:
                                plaintext peers off loopback (docs/SECURITY.md)
 
 FLAGS (defaults in brackets):
-    --listen ADDR              address to listen on; port 0 picks a free port [127.0.0.1:7470]
+    --listen ADDR              address to listen on; port 0 picks a free port [127.0.0.1:7470].
+                               An address that is not loopback is refused (protected
+                               mode: exit 2) unless --insecure is given
+                               `--listen unix:/PATH` listens on a Unix socket; --listen
+                               may be given several times (one TCP address at most)
+    --insecure                 serve plaintext on an address that is not loopback:
+                               anyone who reaches it can take and hold any lock
+    --socket-mode OCTAL        permissions of Unix socket files [0660]
+    --allow-uid N              only peers of this user id may use the Unix sockets
+                               (SO_PEERCRED; repeatable; with --allow-gid: either)
+    --allow-gid N              only peers of this group id (repeatable)
     --max-conns N              open client connections [10000]
     --max-keys N               registered keys [1000000]
     --max-waiters N            queued acquires over all keys [100000]
@@ -171,7 +210,7 @@ FLAGS (defaults in brackets):
     --data-dir DIR             keep the token high-water mark and the lease bound
                                in DIR, so tokens keep increasing across restarts and
                                a restart can wait for earlier leases [none: seed
-                               tokens from the wall clock in microseconds]
+                               tokens from the wall clock]
     --restart-grace auto|off   auto: with --data-dir, a restart holds every key
                                (acquires get T or queue, releases N) until every
                                lease the earlier run granted has ended; off: grant
@@ -284,6 +323,13 @@ fn grace(s: &str) -> Result<RestartGrace, String> {
     }
 }
 
+fn octal_mode(s: &str) -> Result<u32, String> {
+    match u32::from_str_radix(s.trim_start_matches("0o"), 8) {
+        Ok(m) if m <= 0o777 => Ok(m),
+        _ => Err("expected permissions in octal, 0..=777 (like 0660)".into()),
+    }
+}
+
 fn lease_seconds(s: &str) -> Result<u8, String> {
     match s.parse::<u8>() {
         Ok(n) if n > 0 => Ok(n),
@@ -304,8 +350,49 @@ impl Config {
     /// A message naming the flag with a bad or missing value.
     pub fn take_flags(args: &mut pico_args::Arguments) -> Result<Config, ConfigError> {
         let mut c = Config::default();
-        if let Some(v) = flag(args, "--listen", address)? {
-            c.listen = v;
+        let listens: Vec<String> = args
+            .values_from_str("--listen")
+            .map_err(|e| ConfigError(format!("--listen: {e}")))?;
+        let mut tcp = None;
+        for l in &listens {
+            if let Some(path) = l.strip_prefix("unix:") {
+                if path.is_empty() {
+                    return Err(ConfigError("--listen unix: needs a path".into()));
+                }
+                c.unix_listen.push(PathBuf::from(path));
+            } else if tcp.is_some() {
+                return Err(ConfigError(
+                    "--listen is given more than once with a TCP address (one TCP address, \
+                     and any number of unix:/path)"
+                        .into(),
+                ));
+            } else {
+                let a = address(l)
+                    .map_err(|e| ConfigError(format!("invalid value '{l}' for --listen: {e}")))?;
+                tcp = Some(a);
+            }
+        }
+        if let Some(a) = tcp {
+            c.listen = a;
+        }
+        c.listen_tcp = tcp.is_some() || c.unix_listen.is_empty();
+        if let Some(v) = flag(args, "--socket-mode", octal_mode)? {
+            c.socket_mode = v;
+        }
+        for (name, list) in [
+            ("--allow-uid", &mut c.allow_uids),
+            ("--allow-gid", &mut c.allow_gids),
+        ] {
+            let ids: Vec<String> = args
+                .values_from_str(name)
+                .map_err(|e| ConfigError(format!("{name}: {e}")))?;
+            for id in ids {
+                list.push(id.parse().map_err(|_| {
+                    ConfigError(format!(
+                        "invalid value '{id}' for {name}: expected a number"
+                    ))
+                })?);
+            }
         }
         if let Some(v) = flag(args, "--max-conns", count)? {
             c.max_conns = v;
@@ -361,6 +448,7 @@ impl Config {
         if let Some(v) = flag(args, "--log-level", level)? {
             c.log_level = v;
         }
+        c.insecure = args.contains("--insecure");
         c.validate()?;
         Ok(c)
     }
@@ -397,6 +485,18 @@ impl Config {
         if self.max_frames_per_turn == 0 {
             return fail("--max-frames-per-turn must be at least 1".into());
         }
+        self.check_protected().map_err(ConfigError)?;
+        if self.unix_listen.len() > MAX_UNIX_LISTENERS {
+            return fail(format!("at most {MAX_UNIX_LISTENERS} --listen unix:/path"));
+        }
+        if (!self.allow_uids.is_empty() || !self.allow_gids.is_empty())
+            && self.unix_listen.is_empty()
+        {
+            return fail(
+                "--allow-uid and --allow-gid apply to Unix sockets: give --listen unix:/path"
+                    .into(),
+            );
+        }
         let one_reply = limits::max_reply_frame(self.max_key_bytes);
         if self.out_soft_limit_bytes < one_reply {
             return fail(format!(
@@ -410,6 +510,31 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// True when clients reach the listener over plaintext from beyond
+    /// this host: allowed only with `insecure` (and then warned about).
+    #[must_use]
+    pub fn plaintext_off_loopback(&self) -> bool {
+        self.listen_tcp && !self.listen.ip().is_loopback()
+    }
+
+    /// Protected mode: a listener that is not loopback is refused unless
+    /// `insecure` says otherwise.
+    ///
+    /// # Errors
+    /// What to do, when the configuration is refused.
+    pub fn check_protected(&self) -> Result<(), String> {
+        if self.insecure || !self.plaintext_off_loopback() {
+            return Ok(());
+        }
+        Err(format!(
+            "--listen {} is not a loopback address, and clients would speak plaintext: \
+             anyone who reaches it could take, hold and release any lock. Listen on \
+             127.0.0.1 or ::1 (and let clients reach it through something you trust), or \
+             pass --insecure to serve plaintext on a network you trust (docs/SECURITY.md)",
+            self.listen
+        ))
     }
 
     /// The limits as `name=value` pairs, for the start-up log line.
@@ -570,6 +695,76 @@ mod tests {
     fn an_equals_sign_gets_a_hint() {
         let e = parse(&["--max-conns=5"]).unwrap_err();
         assert!(e.0.contains("--max-conns 5"), "{e}");
+    }
+
+    #[test]
+    fn protected_mode_refuses_plaintext_off_loopback_unless_insecure() {
+        for addr in ["0.0.0.0:7470", "[::]:0", "192.0.2.1:7470"] {
+            let e = parse(&["--listen", addr]).unwrap_err();
+            assert!(e.0.contains("not a loopback address"), "{addr}: {e}");
+            assert!(e.0.contains("--insecure"), "{addr}: {e}");
+            let Ok(Parsed::Run(c)) = parse(&["--listen", addr, "--insecure"]) else {
+                panic!("{addr} --insecure is refused");
+            };
+            assert!(c.insecure && c.plaintext_off_loopback());
+        }
+        for addr in ["127.0.0.1:0", "[::1]:0", "localhost:0"] {
+            let Ok(Parsed::Run(c)) = parse(&["--listen", addr]) else {
+                panic!("{addr} is refused");
+            };
+            assert!(!c.plaintext_off_loopback());
+        }
+    }
+
+    #[test]
+    fn unix_sockets_beside_one_tcp_address() {
+        let Ok(Parsed::Run(c)) = parse(&[
+            "--listen",
+            "unix:/run/a.sock",
+            "--listen",
+            "127.0.0.1:9",
+            "--listen",
+            "unix:/run/b.sock",
+            "--socket-mode",
+            "0600",
+            "--allow-uid",
+            "5",
+            "--allow-uid",
+            "6",
+            "--allow-gid",
+            "7",
+        ]) else {
+            panic!("refused");
+        };
+        assert!(c.listen_tcp && c.listen.port() == 9);
+        assert_eq!(
+            c.unix_listen,
+            [PathBuf::from("/run/a.sock"), PathBuf::from("/run/b.sock")]
+        );
+        assert_eq!(
+            (c.socket_mode, &c.allow_uids[..], &c.allow_gids[..]),
+            (0o600, &[5, 6][..], &[7][..])
+        );
+        let Ok(Parsed::Run(c)) = parse(&["--listen", "unix:/run/a.sock"]) else {
+            panic!("refused");
+        };
+        assert!(!c.listen_tcp && !c.plaintext_off_loopback());
+        assert_eq!(c.socket_mode, DEFAULT_SOCKET_MODE);
+        for (args, needle) in [
+            (&["--listen", "unix:"][..], "needs a path"),
+            (
+                &["--listen", "unix:/a", "--socket-mode", "888"][..],
+                "--socket-mode",
+            ),
+            (
+                &["--listen", "unix:/a", "--allow-uid", "x"][..],
+                "--allow-uid",
+            ),
+            (&["--allow-gid", "3"][..], "give --listen unix:/path"),
+        ] {
+            let e = parse(args).unwrap_err();
+            assert!(e.0.contains(needle), "{args:?}: {e}");
+        }
     }
 
     #[test]

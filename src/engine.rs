@@ -114,6 +114,7 @@ use crate::hash::{KeyStr, SipKey, StrEntry, StrMap};
 use crate::limits::EngineLimits;
 use crate::proto::{encode_reply, Reply, Request};
 use crate::time::Millis;
+use crate::token::{self, TokenRng};
 
 /// Identifies a client connection to the engine. The caller chooses them; in
 /// the server they are never reused while the process lives.
@@ -275,6 +276,15 @@ impl Outbox {
                 lease_s: m.lease_s,
             }
         })
+    }
+
+    /// The connection of every `N` (not released) and `X` (not extended)
+    /// reply, in order: what the server's guess throttle counts.
+    pub fn wrong_token_answers(&self) -> impl Iterator<Item = ConnId> + '_ {
+        self.msgs
+            .iter()
+            .filter(|m| matches!(m.kind, Kind::NotReleased | Kind::NotExtended))
+            .map(|m| m.conn)
     }
 
     /// The replies' wire bytes, in order, as runs of consecutive replies to
@@ -489,12 +499,20 @@ struct Queue {
     timer_seq: u64,
 }
 
-/// Issues the token `next_token` holds and advances it.
-fn take_token(next_token: &mut u64) -> u64 {
+/// Issues the next token and advances `next_token` past it: `next_token`
+/// itself without `rng`, else the next sequence step at or above it with
+/// fresh random low bits ([`crate::token`]). The caller has checked
+/// [`Engine::tokens_exhausted`].
+fn take_token(next_token: &mut u64, rng: Option<&mut TokenRng>) -> u64 {
     let t = *next_token;
-    assert!(t < u64::MAX, "fencing tokens exhausted");
-    *next_token = t + 1;
-    t
+    let Some(rng) = rng else {
+        assert!(t < u64::MAX, "fencing tokens exhausted");
+        *next_token = t + 1;
+        return t;
+    };
+    let step = token::step_at_or_above(t).expect("fencing tokens exhausted");
+    *next_token = step.saturating_add(token::STEP);
+    step | u64::from(rng.bits())
 }
 
 /// A registered key: 24 bytes beside the key in the hash table.
@@ -523,6 +541,10 @@ pub struct Engine {
     timers: BTreeMap<(Millis, u64), Arc<str>>,
     timer_seq: u64,
     next_token: u64,
+    /// With a generator, every grant takes a fresh sequence step with
+    /// random low bits ([`crate::token`]); without, tokens go up by one
+    /// (cluster mode, where the state machine sets each entry's token).
+    token_rng: Option<TokenRng>,
     /// Tokens at or above this are not issued (not yet durable).
     token_ceiling: u64,
     next_waiter: WaiterId,
@@ -598,6 +620,7 @@ impl Engine {
             timers: BTreeMap::new(),
             timer_seq: 0,
             next_token: first_token.max(1),
+            token_rng: None,
             token_ceiling: u64::MAX,
             next_waiter: 1,
             waiters_total: 0,
@@ -641,10 +664,18 @@ impl Engine {
         self.waiters_total
     }
 
-    /// The token the next grant will carry. Every token issued so far is lower.
+    /// The lowest token the next grant may carry (the token itself without
+    /// a generator). Every token issued so far is lower.
     #[must_use]
     pub fn next_token(&self) -> u64 {
         self.next_token
+    }
+
+    /// Gives every later grant a fresh sequence step with random low bits
+    /// from `rng` ([`crate::token`]); `None` goes back to tokens that go up
+    /// by one.
+    pub fn set_token_rng(&mut self, rng: Option<TokenRng>) {
+        self.token_rng = rng;
     }
 
     /// Makes the next token at least `floor` (cluster mode: the index of the
@@ -735,7 +766,12 @@ impl Engine {
     /// True when a grant now would exceed the token ceiling.
     #[must_use]
     pub fn tokens_exhausted(&self) -> bool {
-        self.next_token >= self.token_ceiling
+        if self.token_rng.is_none() {
+            return self.next_token >= self.token_ceiling;
+        }
+        // The highest token the next step may carry must be below the ceiling.
+        token::step_at_or_above(self.next_token)
+            .is_none_or(|step| step | token::RANDOM_MASK >= self.token_ceiling)
     }
 
     fn is_expired(&self, slot: &Slot, now: Millis) -> bool {
@@ -743,7 +779,7 @@ impl Engine {
     }
 
     fn issue_token(&mut self) -> u64 {
-        take_token(&mut self.next_token)
+        take_token(&mut self.next_token, self.token_rng.as_mut())
     }
 
     fn deadline(&self, now: Millis, secs: u8) -> Millis {
@@ -917,7 +953,7 @@ impl Engine {
                     out.push(conn, Reply::Busy { owner, key }, 0);
                     return AcquireOutcome::Busy;
                 }
-                let token = take_token(&mut self.next_token);
+                let token = take_token(&mut self.next_token, self.token_rng.as_mut());
                 v.insert(
                     KeyStr::new(key),
                     Slot {
@@ -944,7 +980,7 @@ impl Engine {
             // Lazy takeover: the non-FIFO expiry path, ahead of any queue.
             // The key's timer (if it has waiters) is at or before the old
             // expiry, so it is early now, never late.
-            let token = take_token(&mut self.next_token);
+            let token = take_token(&mut self.next_token, self.token_rng.as_mut());
             slot.token = token;
             slot.expires_at = expires_at;
             slot.granted_at = now;

@@ -27,6 +27,9 @@
 //! * [`single`]: single mode's service: the engine plus fencing tokens that
 //!   keep increasing across restarts, and a restart grace that holds every
 //!   key while a lease of the earlier run may still run.
+//! * [`token`]: fencing tokens with random low bits from the OS generator,
+//!   so that a client cannot release or extend a grant it does not hold by
+//!   guessing its token.
 //! * [`datadir`]: files in a data directory: private (0600 / 0700), replaced
 //!   atomically without following symlinks, sealed with their length and a
 //!   checksum.
@@ -79,6 +82,8 @@ pub mod service;
 #[cfg(feature = "server")]
 pub mod single;
 pub mod time;
+#[cfg(feature = "server")]
+pub mod token;
 
 #[cfg(feature = "client")]
 pub use client::{Acquire, Client, ClientBuilder, Error, Release, Ticket};

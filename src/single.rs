@@ -24,11 +24,17 @@
 //!   checksums (v1) is read and rewritten at once. Files are created
 //!   0600 and directories 0700 whatever the umask, temporary files with
 //!   `O_EXCL | O_NOFOLLOW`.
-//! * Without one, the first token is the wall clock in microseconds since the
-//!   Unix epoch. This is only restart-safe if the wall clock does not go
-//!   backwards across a restart, and if the server did not, on average since
-//!   it started, issue more than one token per microsecond (it cannot come
-//!   near that rate in practice).
+//! * Without one, the first token's sequence ([`crate::token`]) is the wall
+//!   clock in units of [`WALL_SEED_UNIT_US`] microseconds since
+//!   [`WALL_SEED_EPOCH_S`] (2026-01-01). This is only restart-safe if the
+//!   wall clock does not go backwards across a restart, and if the server
+//!   did not, on average since it started, issue more than one token per
+//!   unit (250,000 grants a second). The 48-bit sequence lasts 2⁴⁸ units
+//!   from the epoch: until September 2061.
+//!
+//! Every token carries [`crate::token::RANDOM_BITS`] random low bits from
+//! the OS generator, so the mark and the floor are in token space: a block
+//! holds [`TOKEN_BLOCK`] `/` [`crate::token::STEP`] grants.
 //!
 //! # Restart grace
 //!
@@ -73,9 +79,17 @@ use crate::proto::Request;
 use crate::server::ratelimit::LogLimit;
 use crate::service::Service;
 use crate::time::{utc, HostTime, Millis};
+use crate::token::{self, TokenRng};
 
-/// Tokens reserved by one write of the high-water mark.
-pub const TOKEN_BLOCK: u64 = 1 << 20;
+/// Tokens reserved by one write of the high-water mark: 2²⁰ grants, each a
+/// sequence step of [`crate::token::STEP`] tokens.
+pub const TOKEN_BLOCK: u64 = (1 << 20) * token::STEP;
+
+/// The wall-clock seed's epoch (no data directory): 2026-01-01 00:00 UTC.
+pub const WALL_SEED_EPOCH_S: u64 = 1_767_225_600;
+/// The wall-clock seed's unit (no data directory), in microseconds: one
+/// sequence step per unit.
+pub const WALL_SEED_UNIT_US: u64 = 4;
 
 /// How long after a failed write of the mark the next attempt waits.
 pub const MARK_RETRY_MS: u64 = 100;
@@ -276,6 +290,12 @@ impl SingleService {
     /// is missing, damaged or lower than the directory's floor record (it
     /// is never silently replaced). Every message names the path.
     pub fn open(config: &Config) -> io::Result<Self> {
+        let rng = TokenRng::os().map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot read the OS random number generator (tokens need it): {e}"),
+            )
+        })?;
         let mut service = match &config.data_dir {
             Some(dir) => Self::with_data_dir_grace(
                 config.engine.clone(),
@@ -286,27 +306,47 @@ impl SingleService {
             None => Self::with_wall_clock_seed(config.engine.clone()),
         };
         service.engine.set_max_lease(config.max_lease_s);
+        service.engine.set_token_rng(Some(rng));
         Ok(service)
     }
 
-    /// Tokens seeded from the wall clock in microseconds (no data directory).
+    /// Tokens seeded from the wall clock (no data directory; see the
+    /// module doc), with random low bits from the OS generator.
     #[must_use]
     pub fn with_wall_clock_seed(limits: EngineLimits) -> Self {
-        let micros = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(1, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX / 2));
-        Self::with_first_token(limits, micros)
+        Self::with_first_token(limits, wall_clock_seed(SystemTime::now()))
     }
 
     /// Tokens from `first_token` on, nothing persisted: for tests and for
-    /// embedding programs that manage token continuity themselves.
+    /// embedding programs that manage token continuity themselves. Random
+    /// low bits come from the OS generator (see
+    /// [`SingleService::with_token_rng`]).
     #[must_use]
     pub fn with_first_token(limits: EngineLimits, first_token: u64) -> Self {
+        let mut engine = Engine::new(limits, first_token);
+        engine.set_token_rng(Some(os_rng()));
         SingleService {
-            engine: Engine::new(limits, first_token),
+            engine,
             store: None,
             grace_note: String::new(),
         }
+    }
+
+    /// Tokens that go up by one from the first, without random bits: for
+    /// tests that script the tokens their clients send. Such tokens are
+    /// guessable; no server started from the command line uses them.
+    #[must_use]
+    pub fn with_sequential_tokens(mut self) -> Self {
+        self.engine.set_token_rng(None);
+        self
+    }
+
+    /// Takes tokens' random low bits from `rng` (a seeded one makes runs
+    /// repeatable, for tests and simulations: such tokens are guessable).
+    #[must_use]
+    pub fn with_token_rng(mut self, rng: TokenRng) -> Self {
+        self.engine.set_token_rng(Some(rng));
+        self
     }
 
     /// Tokens above the high-water mark kept in `dir` (created if missing),
@@ -347,13 +387,17 @@ impl SingleService {
             // first mark leaves a directory that still starts.
             write_floor(dir, mark)?;
         }
-        let first = mark.checked_add(1).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                "token high-water mark is at its maximum",
-            )
-        })?;
+        let first = mark
+            .checked_add(1)
+            .and_then(token::step_at_or_above)
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "token high-water mark is at its maximum",
+                )
+            })?;
         let mut engine = Engine::new(limits, first);
+        engine.set_token_rng(Some(os_rng()));
         let reserved = first.saturating_add(TOKEN_BLOCK - 1);
         // The leases of the earlier run: measured now, and recorded again
         // (for this boot) with the new mark, so that a crash during the
@@ -458,6 +502,28 @@ pub const FLOOR_FILE: &str = "token-floor";
 const FLOOR_HEADER: &str = "ticketd data directory v1";
 
 /// Takes the data directory's lock, or fails when another process has it.
+/// The OS generator; if it cannot be read (it always can on Linux 3.17 and
+/// later), a logged error and one seeded from the clock.
+fn os_rng() -> TokenRng {
+    TokenRng::os().unwrap_or_else(|e| {
+        log::error!("cannot read the OS random number generator: {e}; tokens are guessable");
+        TokenRng::seeded(wall_clock_seed(SystemTime::now()))
+    })
+}
+
+/// The first token without a data directory at wall-clock time `at`: one
+/// sequence step per [`WALL_SEED_UNIT_US`] µs since [`WALL_SEED_EPOCH_S`].
+/// A clock before the epoch gives the first step.
+#[must_use]
+pub fn wall_clock_seed(at: SystemTime) -> u64 {
+    let since = at
+        .duration_since(UNIX_EPOCH + std::time::Duration::from_secs(WALL_SEED_EPOCH_S))
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    let seq = (since / WALL_SEED_UNIT_US).max(1);
+    seq.checked_mul(token::STEP)
+        .unwrap_or(u64::MAX - token::RANDOM_MASK)
+}
+
 fn lock_dir(dir: &Path) -> io::Result<File> {
     use std::os::unix::io::AsRawFd;
     let path = dir.join(LOCK_FILE);
@@ -801,16 +867,13 @@ impl Service for SingleService {
     fn describe(&self) -> String {
         match &self.store {
             Some(s) => format!(
-                "mode=single data_dir={} next_token={} {}",
+                "mode=single data_dir={} {}",
                 s.dir.display(),
-                self.engine.next_token(),
                 self.grace_note
             ),
-            None => format!(
-                "mode=single data_dir=none next_token={} (wall-clock seed) restart_grace=none \
-                 (no data directory: nothing to remember)",
-                self.engine.next_token()
-            ),
+            None => "mode=single data_dir=none tokens=wall-clock-seeded restart_grace=none \
+                     (no data directory: nothing to remember)"
+                .to_owned(),
         }
     }
 }
@@ -852,15 +915,13 @@ mod tests {
         let mut out = Outbox::new();
         let mut s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
         let t1 = grant(&mut s, "a", &mut out).unwrap();
-        assert_eq!(t1, 1);
-        assert!(s.durable_mark().unwrap() >= t1);
+        assert_eq!(t1 >> token::RANDOM_BITS, 1, "{t1}: the first sequence step");
+        let first_mark = s.durable_mark().unwrap();
+        assert!(first_mark >= t1 + TOKEN_BLOCK - token::STEP);
         drop(s);
         let mut s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
         let t2 = grant(&mut s, "b", &mut out).unwrap();
-        assert!(
-            t2 > t1 + TOKEN_BLOCK - 1,
-            "{t2} must be above the whole first block"
-        );
+        assert!(t2 > first_mark, "{t2} must be above the whole first block");
         fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -885,22 +946,30 @@ mod tests {
         let mut out = Outbox::new();
         let mut s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
         let mark = s.durable_mark().unwrap();
-        s.engine.raise_next_token(mark);
+        // The mark ends a sequence step: the last step below it is durable.
+        assert_eq!(mark & token::RANDOM_MASK, token::RANDOM_MASK);
+        let last_step = mark - token::RANDOM_MASK;
+        s.engine.raise_next_token(last_step);
         // The directory disappears: the next write fails.
         fs::remove_dir_all(&dir).unwrap();
         s.end_turn(Millis(0), &mut out).unwrap();
         assert_eq!(s.durable_mark(), Some(mark));
-        assert_eq!(
-            grant(&mut s, "x", &mut out),
-            Some(mark),
-            "the last durable token"
+        let x = grant(&mut s, "x", &mut out).expect("the last durable step");
+        assert!(
+            (last_step..=mark).contains(&x),
+            "{x} in the last durable step"
         );
         assert_eq!(grant(&mut s, "y", &mut out), None, "above the mark: Busy");
         // The disk comes back: the next attempt persists and grants resume.
         fs::create_dir_all(&dir).unwrap();
         s.end_turn(Millis(MARK_RETRY_MS), &mut out).unwrap();
         assert!(s.durable_mark().unwrap() > mark);
-        assert_eq!(grant(&mut s, "y", &mut out), Some(mark + 1));
+        let y = grant(&mut s, "y", &mut out).unwrap();
+        assert_eq!(
+            y >> token::RANDOM_BITS,
+            (mark >> token::RANDOM_BITS) + 1,
+            "{y}"
+        );
         fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -954,10 +1023,23 @@ mod tests {
     }
 
     #[test]
-    fn the_wall_clock_seed_is_in_microseconds() {
-        let s = SingleService::with_wall_clock_seed(EngineLimits::default());
-        // After 2020-01-01 in microseconds.
-        assert!(s.engine().next_token() > 1_577_836_800_000_000);
+    fn the_wall_clock_seed_counts_steps_of_four_microseconds_from_2026() {
+        let epoch = UNIX_EPOCH + std::time::Duration::from_secs(WALL_SEED_EPOCH_S);
+        let at = |us: u64| wall_clock_seed(epoch + std::time::Duration::from_micros(us));
+        assert_eq!(wall_clock_seed(UNIX_EPOCH), token::STEP, "before the epoch");
+        assert_eq!(at(4_000), 1_000 * token::STEP);
+        assert_eq!(at(4_003), 1_000 * token::STEP);
+        assert_eq!(at(4_004), 1_001 * token::STEP);
+        // Above every token an older ticketd seeded (microseconds since 1970).
+        let now = SingleService::with_wall_clock_seed(EngineLimits::default());
+        let old_seed = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_micros();
+        assert!(u128::from(now.engine().next_token()) > old_seed * 100);
+        // The 48-bit sequence lasts until 2061.
+        let year_2061 = UNIX_EPOCH + std::time::Duration::from_secs(2_871_763_200);
+        assert!(wall_clock_seed(year_2061) < u64::MAX - token::RANDOM_MASK);
     }
 
     fn acquire(

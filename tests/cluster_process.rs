@@ -312,12 +312,26 @@ fn leader_killed_under_load_loses_no_grant() {
             panic!("{e}\n{}", cluster.logs());
         }
     }
-    for (k, ts) in tokens.lock().unwrap().iter() {
+    let all = tokens.lock().unwrap();
+    for (k, ts) in all.iter() {
         assert!(
             ts.windows(2).all(|w| w[0] < w[1]),
             "tokens of k{k} do not increase: {ts:?}"
         );
     }
+    // Every token carries the proposer's random low bits: among this many
+    // grants, 16-bit draws repeat rarely (and never all come out equal).
+    let low: std::collections::BTreeSet<u64> = all
+        .values()
+        .flatten()
+        .map(|t| t & ticketd::token::RANDOM_MASK)
+        .collect();
+    let n = all.values().map(Vec::len).sum::<usize>();
+    assert!(
+        n >= 30 && low.len() * 10 >= n * 9,
+        "{} distinct low bits in {n} tokens",
+        low.len()
+    );
 }
 
 #[test]

@@ -119,15 +119,19 @@ fn assert_in_order(text: &str, needles: &[&str]) {
 #[test]
 fn step_server_hands_the_key_to_the_waiter_one_millisecond_past_the_lease() {
     let out = run("step_server", &[], &[], Duration::from_secs(60));
+    let holder = number_after(&out, "holder  <- Some(\"A token=");
+    let waiter = number_after(&out, "waiter  <- Some(\"A token=");
+    assert_eq!(holder >> ticketd::token::RANDOM_BITS, 1, "{out}");
+    assert_eq!(waiter >> ticketd::token::RANDOM_BITS, 2, "{out}");
     assert_in_order(
         &out,
         &[
-            "holder  <- Some(\"A token=1 owner=1 db\")",
+            &format!("holder  <- Some(\"A token={holder} owner=1 db\")"),
             "waiter  <- None (queued)",
             "clock moved 5,000 ms",
             "waiter  <- None (still queued)",
             "clock moved 1 ms more",
-            "waiter  <- Some(\"A token=2 owner=2 db\")",
+            &format!("waiter  <- Some(\"A token={waiter} owner=2 db\")"),
             "stopped after",
         ],
     );
@@ -200,15 +204,20 @@ fn engine_memory_hot_path_allocates_nothing_for_a_short_key_and_leaks_nothing() 
 #[test]
 fn deterministic_test_hands_the_crashed_holders_key_over_with_a_higher_token() {
     let out = run("deterministic_test", &[], &[], Duration::from_secs(60));
+    let alice = number_after(&out, "0ms alice acquired db, token ");
+    let bob = number_after(&out, "5001ms bob acquired db, token ");
+    // Tokens: sequence steps 1 and 2, random low bits (seeded: repeatable).
+    assert_eq!(alice >> ticketd::token::RANDOM_BITS, 1, "{out}");
+    assert_eq!(bob >> ticketd::token::RANDOM_BITS, 2, "{out}");
     assert_in_order(
         &out,
         &[
-            "0ms alice acquired db, token 1\n",
+            &format!("0ms alice acquired db, token {alice}\n"),
             "0ms bob queued for db\n",
             "0ms alice crashed holding db\n",
             "5000ms bob still waiting\n",
-            "5001ms bob acquired db, token 2 (> 1), expires at 30000ms\n",
-            "5001ms a write fenced with alice's token 1 is refused: true\n",
+            &format!("5001ms bob acquired db, token {bob} (> {alice}), expires at 30000ms\n"),
+            &format!("5001ms a write fenced with alice's token {alice} is refused: true\n"),
             "5001ms bob released db\n",
             "two runs, identical transcripts\n",
         ],

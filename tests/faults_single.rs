@@ -48,18 +48,20 @@ fn temp_dir(name: &str) -> PathBuf {
     d
 }
 
-/// The `next_token=` the server printed at start-up.
+/// The lowest token of this incarnation: a grant (after any restart
+/// grace) on a key no test uses, released at once, before any load.
 fn next_token_of(server: &Ticketd) -> u64 {
-    let log = server.log();
-    let at = log
-        .find("next_token=")
-        .expect("start-up line names next_token")
-        + 11;
-    log[at..]
-        .split(|c: char| !c.is_ascii_digit())
-        .next()
-        .and_then(|n| n.parse().ok())
-        .expect("next_token is a number")
+    let mut c = server.connect();
+    c.acquire("first-token-probe", 1, 120, 1);
+    let token = c
+        .try_recv(Duration::from_secs(120))
+        .expect("the probe is granted once any restart grace is over")
+        .token();
+    assert!(matches!(
+        c.release_reply("first-token-probe", token),
+        Reply::Released { .. }
+    ));
+    token
 }
 
 /// Lets this test process open a few thousand sockets.
@@ -755,59 +757,46 @@ fn a_full_data_dir_stops_start_up_cleanly_and_loses_nothing() {
     assert!(t > highest);
 }
 
-/// Grants and releases `pairs` times on one connection, pipelined, and
-/// checks every token is the next one (no one else uses the server).
-/// Returns the last token.
-fn grant_release_burst(server: &Ticketd, first_token: u64, pairs: u64) -> u64 {
-    let stream = TcpStream::connect(server.addr()).unwrap();
-    let mut writer = stream.try_clone().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut c = stream;
-        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut buf = Vec::new();
-        let mut chunk = vec![0u8; 1 << 16];
-        let mut expected = first_token;
-        let mut seen = 0u64;
-        while seen < 2 * pairs {
-            let n = std::io::Read::read(&mut c, &mut chunk).expect("replies keep coming");
-            assert!(n > 0, "server closed after {seen} replies");
-            buf.extend_from_slice(&chunk[..n]);
-            let mut at = 0;
-            while let ticketd::proto::Decoded::Frame { frame, used } =
-                ticketd::proto::decode_reply(&buf[at..], 64)
-            {
-                match frame {
-                    ticketd::proto::Reply::Acquired { token, .. } => {
-                        assert_eq!(token, expected, "a grant was lost or reordered");
-                    }
-                    ticketd::proto::Reply::Released { token, .. } => {
-                        assert_eq!(token, expected);
-                        expected += 1;
-                    }
-                    other => panic!("after {seen} replies: {other:?}"),
-                }
-                seen += 1;
-                at += used;
-            }
-            buf.drain(..at);
-        }
-        expected - 1
-    });
+/// Grants and releases `pairs` times on one connection, pipelined in
+/// batches on distinct keys, and checks every grant takes the next sequence
+/// step after the one of `after` (no one else uses the server). Returns the
+/// last token.
+fn grant_release_burst(server: &Ticketd, after: u64, pairs: u64) -> u64 {
+    use ticketd::token::RANDOM_BITS;
+    let mut c = server.connect();
+    let mut expected_step = (after >> RANDOM_BITS) + 1;
+    let mut last = after;
+    let mut done = 0u64;
     let mut batch = Vec::new();
-    let mut token = first_token;
-    while token < first_token + pairs {
+    while done < pairs {
+        let n = (pairs - done).min(1024);
         batch.clear();
-        for _ in 0..4096 {
-            if token == first_token + pairs {
-                break;
-            }
-            batch.extend_from_slice(&common::acquire_frame("burst", token, 0, 30));
-            batch.extend_from_slice(&common::release_frame("burst", token));
-            token += 1;
+        for i in 0..n {
+            batch.extend_from_slice(&common::acquire_frame(&format!("burst{i}"), i, 0, 30));
         }
-        writer.write_all(&batch).unwrap();
+        c.send(&batch);
+        let tokens: Vec<u64> = c.recv_n(n as usize).iter().map(Reply::token).collect();
+        batch.clear();
+        for (i, t) in tokens.iter().enumerate() {
+            assert_eq!(
+                t >> RANDOM_BITS,
+                expected_step,
+                "a grant was lost or reordered"
+            );
+            expected_step += 1;
+            batch.extend_from_slice(&common::release_frame(&format!("burst{i}"), *t));
+        }
+        c.send(&batch);
+        for (reply, t) in c.recv_n(n as usize).iter().zip(&tokens) {
+            assert!(
+                matches!(reply, Reply::Released { token, .. } if token == t),
+                "{reply:?}"
+            );
+        }
+        last = *tokens.last().expect("n > 0");
+        done += n;
     }
-    reader.join().expect("reader")
+    last
 }
 
 /// The data directory fills up while the server runs and needs to reserve
@@ -830,8 +819,12 @@ fn a_data_dir_that_fills_up_while_serving_loses_no_grant() {
     // Half a block of grants makes the server reserve the next block.
     let start = Instant::now();
     let half_block = ticketd::single::TOKEN_BLOCK / 2;
-    let last = grant_release_burst(&server, first, half_block + 10);
-    println!("{} grants in {:?}", half_block + 10, start.elapsed());
+    let last = grant_release_burst(&server, first, half_block / ticketd::token::STEP + 10);
+    println!(
+        "{} grants in {:?}",
+        half_block / ticketd::token::STEP + 10,
+        start.elapsed()
+    );
     assert!(
         server.wait_for_log(
             "cannot persist the token high-water mark",
@@ -847,7 +840,7 @@ fn a_data_dir_that_fills_up_while_serving_loses_no_grant() {
     );
     // Room again: serving goes on and the next mark is written.
     std::fs::remove_file(filler).unwrap();
-    let last = grant_release_burst(&server, last + 1, 100);
+    let last = grant_release_burst(&server, last, 100);
     let mark = std::fs::read_to_string(data.join("token-mark")).expect("mark");
     let mark_value: u64 = mark
         .lines()
@@ -859,7 +852,10 @@ fn a_data_dir_that_fills_up_while_serving_loses_no_grant() {
     );
     server.signal(libc::SIGKILL);
     server.wait_exit(Duration::from_secs(5)).expect("killed");
-    let server = Ticketd::start_raw(&[], &args);
+    // No grace: the probe grant need not wait out the killed run's leases.
+    let mut no_grace = args.to_vec();
+    no_grace.extend_from_slice(&["--restart-grace", "off"]);
+    let server = Ticketd::start_raw(&[], &no_grace);
     let resumed = next_token_of(&server);
     assert!(resumed > last, "resumed at {resumed}, not above {last}");
 }

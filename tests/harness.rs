@@ -137,6 +137,14 @@ trait Wire {
 
 // ---- the harness --------------------------------------------------------
 
+/// The harness with tokens that go up by one from 1: the scenarios here
+/// script the tokens their releases and extends send.
+fn sequential_harness(config: Config) -> std::io::Result<Harness> {
+    let service =
+        SingleService::with_first_token(config.engine.clone(), 1).with_sequential_tokens();
+    Harness::with_service(config, service)
+}
+
 struct Mem {
     h: Harness,
     conns: Vec<Option<MemConn>>,
@@ -145,7 +153,7 @@ struct Mem {
 
 impl Mem {
     fn new(config: Config) -> Mem {
-        let mut h = Harness::new(config).expect("harness");
+        let mut h = sequential_harness(config).expect("harness");
         h.advance(Duration::from_millis(START_MS));
         Mem {
             h,
@@ -235,7 +243,8 @@ impl Tcp {
             listen: "127.0.0.1:0".parse().unwrap(),
             ..config
         };
-        let service = SingleService::with_first_token(config.engine.clone(), 1);
+        let service =
+            SingleService::with_first_token(config.engine.clone(), 1).with_sequential_tokens();
         let mut server = Server::bind(config, service).expect("bind");
         let clock = server.use_manual_clock();
         assert!(clock.now() < Millis(START_MS), "bound in under 10 s");
@@ -651,7 +660,7 @@ fn a_client_that_does_not_read_is_paused_at_the_soft_limit_and_closed_at_the_har
         out_hard_limit_bytes: 4096,
         ..Config::default()
     };
-    let mut h = Harness::new(config).unwrap();
+    let mut h = sequential_harness(config).unwrap();
     h.set_pipe_capacity(512);
     let mut reader = h.connect();
     let mut sink = h.connect();
@@ -699,7 +708,7 @@ fn a_client_that_does_not_read_is_paused_at_the_soft_limit_and_closed_at_the_har
         out_hard_limit_bytes: 1100,
         ..Config::default()
     };
-    let mut h = Harness::new(config).unwrap();
+    let mut h = sequential_harness(config).unwrap();
     let mut holder = h.connect();
     h.set_pipe_capacity(256);
     let mut sink = h.connect();
@@ -738,7 +747,7 @@ fn connections_over_max_conns_are_closed_at_once() {
         max_conns: 2,
         ..Config::default()
     };
-    let mut h = Harness::new(config).unwrap();
+    let mut h = sequential_harness(config).unwrap();
     let (_a, a) = h.connect_with_id();
     let (_b, b) = h.connect_with_id();
     let (c, none) = h.connect_with_id();
@@ -750,7 +759,7 @@ fn connections_over_max_conns_are_closed_at_once() {
 
 #[test]
 fn run_until_idle_stops_when_nothing_is_due_and_advance_wakes_the_deadlines() {
-    let mut h = Harness::new(Config::default()).unwrap();
+    let mut h = sequential_harness(Config::default()).unwrap();
     let mut a = h.connect();
     let mut b = h.connect();
     a.write(&acquire("db", 1, 0, 1));
@@ -776,7 +785,7 @@ fn run_until_idle_stops_when_nothing_is_due_and_advance_wakes_the_deadlines() {
 #[test]
 fn official_client_rules_on_the_harness_clock_hand_over_time_out_and_release() {
     const S: Duration = Duration::from_secs(1);
-    let mut h = Harness::new(Config::default()).unwrap();
+    let mut h = sequential_harness(Config::default()).unwrap();
     let (mut holder, mut waiter, mut late) = (
         HarnessClient::new(1),
         HarnessClient::new(2),
@@ -833,7 +842,7 @@ fn a_frame_half_sent_for_the_frame_timeout_closes_the_connection_on_the_manual_c
         frame_timeout: Some(Duration::from_secs(2)),
         ..Config::default()
     };
-    let mut h = Harness::new(config).unwrap();
+    let mut h = sequential_harness(config).unwrap();
     let mut c = h.connect();
     let frame = acquire("db", 1, 0, 5);
     c.write(&frame[..6]);
@@ -857,7 +866,7 @@ fn a_call_that_was_never_sent_waits_for_a_connection_and_keeps_its_deadline() {
         max_conns: 1,
         ..Config::default()
     };
-    let mut h = Harness::new(config).unwrap();
+    let mut h = sequential_harness(config).unwrap();
     let other = h.connect(); // takes the only connection slot
     let mut me = HarnessClient::new(1);
     me.acquire(&h, "db", 3 * S, 5 * S).unwrap();
@@ -878,7 +887,7 @@ fn a_call_that_was_never_sent_waits_for_a_connection_and_keeps_its_deadline() {
     };
     assert_eq!(held.expires_at, Millis(7_500), "written at 2.5 s + 5 s");
     // Refused until the deadline: Timeout, and the server never saw it.
-    let mut h = Harness::new(Config {
+    let mut h = sequential_harness(Config {
         max_conns: 1,
         ..Config::default()
     })
@@ -899,7 +908,7 @@ fn a_call_that_was_never_sent_waits_for_a_connection_and_keeps_its_deadline() {
 #[test]
 fn an_extend_through_the_harness_keeps_the_key_past_the_first_lease() {
     const S: Duration = Duration::from_secs(1);
-    let mut h = Harness::new(Config::default()).unwrap();
+    let mut h = sequential_harness(Config::default()).unwrap();
     let (mut holder, mut waiter) = (HarnessClient::new(1), HarnessClient::new(2));
     holder.acquire(&h, "db", Duration::ZERO, 5 * S).unwrap();
     h.settle(&mut [&mut holder]);

@@ -100,7 +100,7 @@ OPTIONS:
     --wait S        seconds to wait in the queue if the key is held
                     (default 10, fractions allowed, 0 = one attempt, max 255)
     --lease S       whole seconds the grant lives (1..=255, default 30)
-    --server ADDR   host:port of a server; repeat for a cluster
+    --server ADDR   host:port of a server, or unix:/path; repeat for a cluster
                     (default 127.0.0.1:7470)
 
 On success prints the token on stdout and exits 0. The lock stays held

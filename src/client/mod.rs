@@ -65,6 +65,7 @@ mod pool;
 mod renew;
 mod session;
 mod ticket;
+mod transport;
 
 #[cfg(test)]
 mod tests;
@@ -83,6 +84,7 @@ pub use ticket::Ticket;
 use deadline::Plan;
 use pool::Pool;
 use session::{lock, Answer, Call, Kind, Waited};
+use transport::Target;
 
 /// The server address the CLI and examples use when given none.
 pub const DEFAULT_ADDRESS: &str = "127.0.0.1:7470";
@@ -188,7 +190,8 @@ impl Default for ClientBuilder {
 }
 
 impl ClientBuilder {
-    /// Adds one server address (`host:port`).
+    /// Adds one server address: `host:port`, or `unix:/path` for a Unix-domain
+    /// socket (`ticketd --listen unix:/path`).
     #[must_use]
     pub fn address(mut self, addr: impl Into<String>) -> Self {
         self.addrs.push(addr.into());
@@ -252,14 +255,24 @@ impl ClientBuilder {
                 reason: "max_key_bytes must be within 1..=65536",
             });
         }
-        let mut resolved: Vec<SocketAddr> = Vec::new();
+        let mut resolved: Vec<Target> = Vec::new();
         for a in &self.addrs {
+            if let Some(path) = a.strip_prefix("unix:") {
+                if path.is_empty() {
+                    return Err(Error::Resolve {
+                        addr: a.clone(),
+                        reason: "unix: needs a path".into(),
+                    });
+                }
+                resolved.push(Target::Unix(path.into()));
+                continue;
+            }
             let found = a.to_socket_addrs().map_err(|e| Error::Resolve {
                 addr: a.clone(),
                 reason: e.to_string(),
             })?;
             let before = resolved.len();
-            resolved.extend(found);
+            resolved.extend(found.map(Target::Tcp));
             if resolved.len() == before {
                 return Err(Error::Resolve {
                     addr: a.clone(),
@@ -336,7 +349,7 @@ impl Client {
         ClientBuilder::default()
     }
 
-    /// The resolved server addresses.
+    /// The resolved TCP server addresses (Unix sockets are not listed).
     #[must_use]
     pub fn addresses(&self) -> &[SocketAddr] {
         self.inner.pool.addresses()

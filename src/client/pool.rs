@@ -7,7 +7,9 @@
 //! by it, and with nothing reachable the caller backs off and tries again
 //! until the deadline passes.
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
+
+use crate::client::transport::{ClientStream, Target};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -32,7 +34,9 @@ struct PoolState {
 }
 
 pub(crate) struct Pool {
-    addrs: Vec<SocketAddr>,
+    addrs: Vec<Target>,
+    /// The TCP ones among `addrs`.
+    tcp: Vec<SocketAddr>,
     connect_timeout: Duration,
     max_key_bytes: usize,
     state: Mutex<PoolState>,
@@ -41,13 +45,21 @@ pub(crate) struct Pool {
 
 impl Pool {
     pub(crate) fn new(
-        addrs: Vec<SocketAddr>,
+        addrs: Vec<Target>,
         size: usize,
         connect_timeout: Duration,
         max_key_bytes: usize,
     ) -> Pool {
+        let tcp = addrs
+            .iter()
+            .filter_map(|t| match t {
+                Target::Tcp(a) => Some(*a),
+                Target::Unix(_) => None,
+            })
+            .collect();
         Pool {
             addrs,
+            tcp,
             connect_timeout,
             max_key_bytes,
             state: Mutex::new(PoolState {
@@ -62,7 +74,7 @@ impl Pool {
     }
 
     pub(crate) fn addresses(&self) -> &[SocketAddr] {
-        &self.addrs
+        &self.tcp
     }
 
     pub(crate) fn last_error(&self) -> Option<String> {
@@ -165,12 +177,12 @@ impl Pool {
         };
         let mut last = String::from("deadline passed before connecting");
         for k in 0..self.addrs.len() {
-            let addr = self.addrs[(first + k) % self.addrs.len()];
+            let addr = &self.addrs[(first + k) % self.addrs.len()];
             let left = send_deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
             }
-            match TcpStream::connect_timeout(&addr, self.connect_timeout.min(left)) {
+            match ClientStream::connect(addr, self.connect_timeout.min(left)) {
                 Ok(stream) => match Session::start(stream, self.max_key_bytes) {
                     Ok(s) => return Ok(s),
                     Err(e) => last = format!("{addr}: cannot start session: {e}"),

@@ -14,7 +14,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::net::Shutdown;
+
+use crate::client::transport::ClientStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
@@ -212,7 +214,7 @@ struct State {
 /// A connection with its two threads.
 pub(crate) struct Session {
     id: u64,
-    stream: TcpStream,
+    stream: ClientStream,
     max_key_bytes: usize,
     state: Mutex<State>,
     writer_cv: Condvar,
@@ -221,8 +223,7 @@ pub(crate) struct Session {
 
 impl Session {
     /// Starts the reader and writer threads of a connected stream.
-    pub(crate) fn start(stream: TcpStream, max_key_bytes: usize) -> io::Result<Arc<Session>> {
-        stream.set_nodelay(true)?;
+    pub(crate) fn start(stream: ClientStream, max_key_bytes: usize) -> io::Result<Arc<Session>> {
         let read_half = stream.try_clone()?;
         let session = Arc::new(Session {
             id: NEXT_SESSION_ID.fetch_add(1, Ordering::Relaxed),
@@ -544,7 +545,7 @@ impl Session {
         }
     }
 
-    fn reader_loop(&self, mut stream: TcpStream) {
+    fn reader_loop(&self, mut stream: ClientStream) {
         let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
         let mut chunk = vec![0u8; READ_CHUNK];
         loop {

@@ -131,6 +131,11 @@ const TAG_EXTEND: u8 = 6;
 /// An Expire of a generation above 0. Generation 0 keeps [`TAG_EXPIRE`]'s
 /// layout, so logs written before Extend existed read the same.
 const TAG_EXPIRE_GENERATION: u8 = 7;
+/// An entry's prefix: the proposer's 16 random bits for the token of the
+/// grant the entry may make (`crate::token`), then the command. Entries
+/// written before tokens had random bits have no prefix (and their grant's
+/// token is the bare index).
+const TAG_TOKEN_BITS: u8 = 8;
 
 /// Longest key a command may carry (the wire protocol's hard ceiling).
 pub const MAX_COMMAND_KEY_BYTES: usize = crate::limits::MAX_KEY_BYTES_CEILING;
@@ -414,6 +419,32 @@ impl Command {
         };
         w.request(rid, floor, conn, req);
         w.buf
+    }
+
+    /// The bytes of a log entry: the proposer's random token bits `bits`,
+    /// then the command encoded as `cmd`.
+    #[must_use]
+    pub fn encode_entry(bits: u16, cmd: &[u8]) -> Vec<u8> {
+        let mut v = Vec::with_capacity(3 + cmd.len());
+        v.push(TAG_TOKEN_BITS);
+        v.extend_from_slice(&bits.to_le_bytes());
+        v.extend_from_slice(cmd);
+        v
+    }
+
+    /// Decodes a log entry: the command and its proposer's token bits
+    /// (`None` for an entry written before tokens had random bits).
+    ///
+    /// # Errors
+    /// Any malformed input (see [`Command::decode`]).
+    pub fn decode_entry(bytes: &[u8]) -> Result<(Command, Option<u16>), DecodeError> {
+        match bytes {
+            [TAG_TOKEN_BITS, a, b, rest @ ..] => {
+                Ok((Command::decode(rest)?, Some(u16::from_le_bytes([*a, *b]))))
+            }
+            [TAG_TOKEN_BITS, ..] => Err(DecodeError::Truncated),
+            _ => Ok((Command::decode(bytes)?, None)),
+        }
     }
 
     /// Decodes one command; any malformed input is an error.

@@ -67,6 +67,7 @@ use crate::engine::{ConnId, Outbox};
 use crate::limits::EngineLimits;
 use crate::proto::{Reply, Request};
 use crate::time::Millis;
+use crate::token::TokenRng;
 
 /// Settings of one node. Every node of a cluster must use the same `limits`.
 #[derive(Clone, Debug)]
@@ -104,6 +105,10 @@ pub struct NodeConfig {
     /// the grant on apply as if no Extend had happened since.
     #[cfg(any(test, feature = "testkit"))]
     pub bug_stale_expire: bool,
+    /// Draw the random low bits of tokens from the OS generator (the
+    /// server); when false, from a generator seeded with `seed` (the
+    /// simulator, so that a seed replays exactly).
+    pub os_token_bits: bool,
 }
 
 impl NodeConfig {
@@ -127,6 +132,7 @@ impl NodeConfig {
             uuid_entropy: id,
             #[cfg(any(test, feature = "testkit"))]
             bug_stale_expire: false,
+            os_token_bits: true,
         }
     }
 }
@@ -250,6 +256,8 @@ pub struct Node<D: Disk> {
     applied: u64,
     epoch: u64,
     rng: SplitMix64,
+    /// The random low bits of the tokens of the entries this node proposes.
+    token_rng: TokenRng,
     role: (u64, StateRole),
     leader: u64,
     next_tick: Millis,
@@ -366,8 +374,14 @@ impl<D: Disk> Node<D> {
             ..raft::Config::default()
         };
         let rn = RawNode::new(&raft_cfg, store, logger)?;
+        let token_rng = if cfg.os_token_bits {
+            TokenRng::os()?
+        } else {
+            TokenRng::seeded(cfg.seed ^ epoch.rotate_left(16))
+        };
         let mut node = Node {
             rng: SplitMix64::new(cfg.seed ^ epoch.rotate_left(32)),
+            token_rng,
             cfg,
             rn,
             wal,
@@ -589,7 +603,8 @@ impl<D: Disk> Node<D> {
 
     fn propose_data(&mut self, seq: Option<u64>, data: &[u8]) -> bool {
         let before = self.rn.raft.raft_log.last_index();
-        if self.rn.propose(Vec::new(), data.to_vec()).is_err() {
+        let entry = Command::encode_entry(self.token_rng.bits(), data);
+        if self.rn.propose(Vec::new(), entry).is_err() {
             return false;
         }
         let after = self.rn.raft.raft_log.last_index();
@@ -1185,7 +1200,7 @@ impl<D: Disk> Node<D> {
                 self.mark_lost(lost_here, None);
                 continue;
             }
-            let cmd = match Command::decode(&e.data) {
+            let (cmd, token_bits) = match Command::decode_entry(&e.data) {
                 Ok(c) => c,
                 Err(err) => {
                     log::error!("entry {} does not decode ({err}); skipped", e.index);
@@ -1209,7 +1224,7 @@ impl<D: Disk> Node<D> {
                 }
                 cmd => cmd,
             };
-            let res = self.sm.apply(e.index, &cmd);
+            let res = self.sm.apply_entry(e.index, token_bits, &cmd);
             if !res.duplicate {
                 #[cfg(any(test, feature = "testkit"))]
                 if let Some(t) = self.trace.last_mut().filter(|t| t.index == e.index) {

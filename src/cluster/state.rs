@@ -13,10 +13,15 @@
 //! what a snapshot serialises, in sorted order, and what a new leader
 //! rebuilds its timers from. [`StateMachine::check`] cross-checks the two.
 //!
-//! Fencing tokens are entry indices: before applying entry `i` the engine's
-//! next token is raised to `i`, and one entry grants at most one key, so the
-//! token of a grant is the index of the entry that granted it. Indices never
-//! repeat, so tokens increase across leader changes, snapshots and restarts.
+//! Fencing tokens are entry indices with random low bits: before applying
+//! entry `i` the engine's next token is raised to `(i << 16) | r`, where `r`
+//! is 16 random bits the proposing node drew from the OS generator and put
+//! in the entry ([`Command::encode_entry`], [`crate::token`]), and one entry
+//! grants at most one key, so the token of a grant is made of the index of
+//! the entry that granted it. Indices never repeat, so tokens increase
+//! across leader changes, snapshots and restarts; every node applies the
+//! same bits, so they agree on every token. An entry written before tokens
+//! had random bits grants the bare index, below every later entry's token.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -25,6 +30,7 @@ use crate::engine::{Acquire, AcquireOutcome, Engine, Outbox, WaiterId};
 use crate::limits::EngineLimits;
 use crate::proto::Reply;
 use crate::time::Millis;
+use crate::token;
 
 /// The kind of an answer to a client request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -277,9 +283,23 @@ impl StateMachine {
         })
     }
 
-    /// Applies the committed entry `index` holding `cmd`.
+    /// Applies the committed entry `index` holding `cmd`, written before
+    /// tokens had random bits: a grant's token is the bare index.
     pub fn apply(&mut self, index: u64, cmd: &Command) -> Applied {
-        self.engine.raise_next_token(index);
+        self.apply_entry(index, None, cmd)
+    }
+
+    /// Applies the committed entry `index` holding `cmd` and its proposer's
+    /// random token bits: a grant's token is `(index << 16) | bits`
+    /// ([`token::for_entry`]), or the bare index without bits (an entry
+    /// written before tokens had them; such entries all come first).
+    pub fn apply_entry(&mut self, index: u64, bits: Option<u16>, cmd: &Command) -> Applied {
+        let floor = match bits {
+            None => index,
+            // Past 2^48 entries (never reached) the tokens go on by one.
+            Some(b) => token::for_entry(index, b).unwrap_or(index),
+        };
+        self.engine.raise_next_token(floor);
         let mut res = Applied::default();
         if let Some(rid) = cmd.rid() {
             let floor = match cmd {

@@ -26,7 +26,7 @@ const MAX_SETTLE_ROUNDS: usize = 10_000;
 /// use ticketd::harness::{Harness, HarnessClient};
 ///
 /// const S: Duration = Duration::from_secs(1);
-/// let mut h = Harness::new(Config::default())?; // tokens from 1, clock at 0 ms
+/// let mut h = Harness::new(Config::default())?; // clock at 0 ms
 /// let (mut alice, mut bob) = (HarnessClient::new(1), HarnessClient::new(2));
 /// alice.acquire(&h, "db", 10 * S, 5 * S)?;
 /// h.settle(&mut [&mut alice, &mut bob]); // alice holds "db"
@@ -38,7 +38,7 @@ const MAX_SETTLE_ROUNDS: usize = 10_000;
 /// let Some((_, Outcome::Acquire(AcquireOutcome::Acquired(held)))) = bob.poll_outcome() else {
 ///     panic!("bob was not handed the key");
 /// };
-/// assert_eq!(held.token, 2); // the fencing token rose
+/// assert_eq!(held.token >> ticketd::token::RANDOM_BITS, 2); // the fencing token rose
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]

@@ -25,8 +25,12 @@
 //! encode_request(&Request::Acquire { wait_s: 0, lease_s: 5, owner: 1, key: "db" }, &mut frame);
 //! c.write(&frame);
 //! h.run_until_idle();
-//! // `A`, token 1 (tokens start at 1), owner 1, "db".
-//! assert_eq!(c.take()[..9], [b'A', 0, 0, 0, 0, 0, 0, 0, 1]);
+//! // `A`, a token of sequence step 1 (random low bits, seeded: the same
+//! // every run), owner 1, "db".
+//! let reply = c.take();
+//! assert_eq!(reply[0], b'A');
+//! let token = u64::from_be_bytes(reply[1..9].try_into().unwrap());
+//! assert_eq!(token >> ticketd::token::RANDOM_BITS, 1);
 //! h.advance(Duration::from_secs(5));
 //! ```
 //!
@@ -78,14 +82,17 @@ pub struct Harness<S: Service = SingleService> {
 }
 
 impl Harness<SingleService> {
-    /// Single mode with `config`'s limits, tokens from 1, nothing persisted,
+    /// Single mode with `config`'s limits, tokens from the first sequence
+    /// step with seeded (repeatable) random low bits, nothing persisted,
     /// the clock at 0 ms. `config.listen` and `config.data_dir` are not used.
     ///
     /// # Errors
     /// An invalid `config`, or the poll behind the service's waker cannot
     /// be created.
     pub fn new(config: Config) -> io::Result<Self> {
-        let service = SingleService::with_first_token(config.engine.clone(), 1);
+        // Seeded random token bits: a run repeats exactly.
+        let service = SingleService::with_first_token(config.engine.clone(), 1)
+            .with_token_rng(crate::token::TokenRng::seeded(1));
         Harness::with_service(config, service)
     }
 }

@@ -1,17 +1,19 @@
 //! One client connection: its byte stream, an explicit read buffer, a write
 //! buffer with a cursor for partial writes, and its closing state.
 //!
-//! The stream is a [`Stream`]: a mio TCP socket, or (feature `harness`, for
-//! tests) the server end of an in-memory pipe. Everything else about the
-//! connection (buffers, limits, closing) is the same code for both.
+//! The stream is a [`Stream`] (`super::transport`): a mio TCP or Unix
+//! socket, or (feature `harness`, for tests) the server end of an in-memory
+//! pipe. Everything else about the connection (buffers, limits, closing) is
+//! the same code for all.
 
 use std::io::{self, Read, Write};
-use std::net::SocketAddr;
 
-use mio::net::TcpStream;
 use mio::Interest;
 
+pub(crate) use super::transport::{PeerAddr, Stream};
+
 use crate::engine::ConnId;
+use crate::server::throttle::GuessThrottle;
 use crate::time::Millis;
 
 /// Initial read buffer size; grown only for a frame that does not fit.
@@ -37,69 +39,11 @@ pub(crate) enum Closing {
     Now,
 }
 
-/// The byte stream under a connection.
-#[derive(Debug)]
-pub(crate) enum Stream {
-    /// A socket registered with the loop's poll.
-    Tcp(TcpStream),
-    /// The server end of an in-memory pipe (see [`crate::harness`]); no
-    /// poll registration, readiness comes from the pipe.
-    #[cfg(feature = "harness")]
-    Mem(crate::harness::pipe::ServerEnd),
-}
-
-impl Stream {
-    /// The socket, when there is one to register with the poll.
-    pub(crate) fn tcp_mut(&mut self) -> Option<&mut TcpStream> {
-        match self {
-            Stream::Tcp(s) => Some(s),
-            #[cfg(feature = "harness")]
-            Stream::Mem(_) => None,
-        }
-    }
-
-    /// Shuts the write side: the peer reads EOF after what was sent.
-    pub(crate) fn shutdown_write(&mut self) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Write),
-            #[cfg(feature = "harness")]
-            Stream::Mem(p) => {
-                p.shutdown_write();
-                Ok(())
-            }
-        }
-    }
-}
-
-impl Read for Stream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.read(buf),
-            #[cfg(feature = "harness")]
-            Stream::Mem(p) => p.read(buf),
-        }
-    }
-}
-
-impl Write for Stream {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.write(buf),
-            #[cfg(feature = "harness")]
-            Stream::Mem(p) => p.write(buf),
-        }
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
 /// A client connection. Fields are the loop's to manage.
 #[derive(Debug)]
 pub(crate) struct Conn {
     pub stream: Stream,
-    pub peer: SocketAddr,
+    pub peer: PeerAddr,
     /// Never reused while the process lives.
     pub id: ConnId,
     /// Received bytes live in `rbuf[rstart..rend]`; `rbuf.len()` is the capacity.
@@ -132,10 +76,13 @@ pub(crate) struct Conn {
     pub partial_since: Option<Millis>,
     /// Since when unsent replies have made no progress.
     pub stalled_since: Option<Millis>,
+    /// The wrong-token answers (`N`, `X`) this connection collected.
+    pub guesses: GuessThrottle,
 }
 
 impl Conn {
-    pub(crate) fn new(stream: Stream, peer: SocketAddr, id: ConnId) -> Self {
+    pub(crate) fn new(stream: Stream, peer: impl Into<PeerAddr>, id: ConnId) -> Self {
+        let peer = peer.into();
         Conn {
             stream,
             peer,
@@ -156,6 +103,7 @@ impl Conn {
             interest: Interest::READABLE,
             partial_since: None,
             stalled_since: None,
+            guesses: GuessThrottle::default(),
         }
     }
 
@@ -247,7 +195,7 @@ mod tests {
         let (s, _) = l.accept().unwrap();
         std::mem::forget(c);
         s.set_nonblocking(true).unwrap();
-        Conn::new(Stream::Tcp(TcpStream::from_std(s)), addr, 1)
+        Conn::new(Stream::Tcp(mio::net::TcpStream::from_std(s)), addr, 1)
     }
 
     #[test]

@@ -46,6 +46,9 @@ mod conn;
 #[cfg(feature = "harness")]
 mod mem;
 pub(crate) mod ratelimit;
+pub(crate) mod throttle;
+mod transport;
+mod unix;
 
 use std::io;
 use std::net::SocketAddr;
@@ -64,16 +67,19 @@ use socket2::{Domain, Protocol, Socket, Type};
 use crate::config::{Config, MAX_CONNS_CEILING};
 use crate::engine::{ConnId, Outbox};
 use crate::limits::{max_reply_frame, max_request_frame};
-use crate::proto::{decode_request, Decoded, Malformed};
+use crate::proto::{decode_request, Decoded, Malformed, Request};
 use crate::service::Service;
 use crate::time::{Millis, MonotonicClock};
 
-use conn::{Closing, Conn, Stream};
+use conn::{Closing, Conn, PeerAddr, Stream};
 use ratelimit::LogLimit;
 
 const LISTENER: Token = Token(0);
 const SIGNALS: Token = Token(1);
 const WAKER: Token = Token(2);
+/// Unix listener `i` has token `UNIX_BASE + i`.
+const UNIX_BASE: usize = 3;
+const _: () = assert!(UNIX_BASE + crate::config::MAX_UNIX_LISTENERS <= CONN_BASE);
 /// Connection `k` of the slab has token `CONN_BASE + k`.
 const CONN_BASE: usize = 16;
 /// The first mio token that belongs to the service (cluster peers). The
@@ -177,6 +183,9 @@ pub struct Stats {
     pub accept_pauses: u64,
     /// Loop turns.
     pub turns: u64,
+    /// Connections whose reads the guess throttle paused (too many `N` and
+    /// `X` answers).
+    pub throttled: u64,
 }
 
 struct Logs {
@@ -185,6 +194,8 @@ struct Logs {
     limits: LogLimit,
     accept: LogLimit,
     service: LogLimit,
+    guesses: LogLimit,
+    unix_refused: LogLimit,
 }
 
 /// The single-threaded server. See the module documentation.
@@ -194,6 +205,8 @@ pub struct Server<S: Service> {
     events: Option<Events>,
     listener: Option<TcpListener>,
     local_addr: SocketAddr,
+    /// Unix-domain listeners, and whether each may have connections ready.
+    unix: Vec<(unix::UnixListen, bool)>,
     signals: Option<Signals>,
     waker: Arc<Waker>,
     stop_flag: Arc<AtomicBool>,
@@ -208,6 +221,8 @@ pub struct Server<S: Service> {
     dirty: Vec<usize>,
     /// Connections marked closing, reaped when done.
     closing: Vec<usize>,
+    /// Connections whose reads the guess throttle paused, by key and id.
+    throttled: Vec<(usize, ConnId)>,
     out: Outbox,
     accept_ready: bool,
     accept_paused_until: Option<Millis>,
@@ -240,40 +255,71 @@ impl<S: Service> Server<S> {
         config
             .validate()
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let socket = Socket::new(
-            Domain::for_address(config.listen),
-            Type::STREAM,
-            Some(Protocol::TCP),
-        )?;
-        // Restarting on the same port must not wait for TIME_WAIT to clear.
-        socket.set_reuse_address(true)?;
-        socket.set_nonblocking(true)?;
-        socket.bind(&config.listen.into())?;
-        socket.listen(i32::try_from(config.backlog).unwrap_or(i32::MAX))?;
-        let mut listener = TcpListener::from_std(socket.into());
-        let local_addr = listener.local_addr()?;
         let poll = Poll::new()?;
-        poll.registry()
-            .register(&mut listener, LISTENER, Interest::READABLE)?;
+        let (listener, local_addr) = if config.listen_tcp {
+            let socket = Socket::new(
+                Domain::for_address(config.listen),
+                Type::STREAM,
+                Some(Protocol::TCP),
+            )?;
+            // Restarting on the same port must not wait for TIME_WAIT to clear.
+            socket.set_reuse_address(true)?;
+            socket.set_nonblocking(true)?;
+            socket.bind(&config.listen.into())?;
+            socket.listen(i32::try_from(config.backlog).unwrap_or(i32::MAX))?;
+            let mut listener = TcpListener::from_std(socket.into());
+            let local_addr = listener.local_addr()?;
+            poll.registry()
+                .register(&mut listener, LISTENER, Interest::READABLE)?;
+            (Some(listener), local_addr)
+        } else {
+            (None, SocketAddr::from(([0, 0, 0, 0], 0)))
+        };
+        let mut unix_listeners = Vec::new();
+        for (i, path) in config.unix_listen.iter().enumerate() {
+            let mut l = unix::bind(path, config.socket_mode)?;
+            poll.registry()
+                .register(&mut l.listener, Token(UNIX_BASE + i), Interest::READABLE)?;
+            unix_listeners.push((l, true));
+        }
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
         service.register(poll.registry(), SERVICE_TOKEN_BASE)?;
         service.set_waker(Arc::clone(&waker));
+        let mut addrs: Vec<String> = Vec::new();
+        if listener.is_some() {
+            addrs.push(local_addr.to_string());
+        }
+        addrs.extend(
+            config
+                .unix_listen
+                .iter()
+                .map(|p| format!("unix:{}", p.display())),
+        );
         log::info!(
             "ticketd {} listening on {} {} {}",
             env!("CARGO_PKG_VERSION"),
-            local_addr,
+            addrs.join(" "),
             service.describe(),
             config.describe_limits()
         );
-        Ok(Server::assemble(
+        if config.insecure && config.plaintext_off_loopback() {
+            log::warn!(
+                "--insecure: clients speak plaintext on {local_addr}, which is not loopback: \
+                 anyone who can reach it can take, hold and release any lock \
+                 (docs/SECURITY.md)"
+            );
+        }
+        let mut server = Server::assemble(
             config,
             service,
             poll,
             waker,
-            Some(listener),
+            listener,
             local_addr,
             Clock::Monotonic(MonotonicClock::new()),
-        ))
+        );
+        server.unix = unix_listeners;
+        Ok(server)
     }
 
     /// The server around its parts; nothing is polled yet.
@@ -291,6 +337,7 @@ impl<S: Service> Server<S> {
             events: Some(Events::with_capacity(1024)),
             listener,
             local_addr,
+            unix: Vec::new(),
             signals: None,
             waker,
             stop_flag: Arc::new(AtomicBool::new(false)),
@@ -302,6 +349,7 @@ impl<S: Service> Server<S> {
             active_next: Vec::new(),
             dirty: Vec::new(),
             closing: Vec::new(),
+            throttled: Vec::new(),
             out: Outbox::new(),
             accept_ready: true,
             accept_paused_until: None,
@@ -316,6 +364,8 @@ impl<S: Service> Server<S> {
                 limits: LogLimit::new(10, 10_000),
                 accept: LogLimit::new(1, 10_000),
                 service: LogLimit::new(1, 10_000),
+                guesses: LogLimit::new(1, 10_000),
+                unix_refused: LogLimit::new(1, 10_000),
             },
             config,
         }
@@ -445,8 +495,9 @@ impl<S: Service> Server<S> {
     }
 
     fn poll_timeout(&self, now: Millis, max_wait: Option<Duration>) -> Option<Duration> {
-        let accept_pending =
-            self.accept_ready && self.accept_paused_until.is_none() && self.listener.is_some();
+        let accept_pending = self.accept_paused_until.is_none()
+            && ((self.accept_ready && self.listener.is_some())
+                || self.unix.iter().any(|(_, ready)| *ready));
         if !self.active.is_empty() || !self.dirty.is_empty() || accept_pending {
             return Some(Duration::ZERO);
         }
@@ -459,6 +510,11 @@ impl<S: Service> Server<S> {
         }
         if let Some(t) = self.accept_paused_until {
             at = at.min(t);
+        }
+        for &(key, _) in &self.throttled {
+            if let Some(c) = self.conns.get(key) {
+                at = at.min(c.guesses.resume_at());
+            }
         }
         if let Some(t) = self.shutdown_deadline {
             at = at.min(t);
@@ -473,6 +529,9 @@ impl<S: Service> Server<S> {
     fn note_event(&mut self, now: Millis, event: &Event) {
         match event.token() {
             LISTENER => self.accept_ready = true,
+            Token(t) if (UNIX_BASE..UNIX_BASE + self.unix.len()).contains(&t) => {
+                self.unix[t - UNIX_BASE].1 = true;
+            }
             WAKER => {}
             SIGNALS => {
                 let mut stop = false;
@@ -523,6 +582,7 @@ impl<S: Service> Server<S> {
         if self.shutdown_deadline.is_none() {
             self.accept(now);
         }
+        self.resume_throttled(now);
         // Reading takes time: handling input moves `now` to the clock reading
         // after the last read, so the rest of the turn never runs behind it.
         let now = self.handle_input(now);
@@ -541,7 +601,7 @@ impl<S: Service> Server<S> {
                 log::error!("service failed to end the turn: {e} ({n} similar errors suppressed)");
             }
         }
-        self.deliver();
+        self.deliver(now);
         self.write(now);
         self.reap(now);
         if let Some(deadline) = self.shutdown_deadline {
@@ -560,8 +620,16 @@ impl<S: Service> Server<S> {
             // announce them: try regardless of readiness.
             self.accept_paused_until = None;
             self.accept_ready = true;
+            for (_, ready) in &mut self.unix {
+                *ready = true;
+            }
         }
-        if !self.accept_ready {
+        for i in 0..self.unix.len() {
+            if self.unix[i].1 && self.accept_paused_until.is_none() {
+                self.accept_unix(now, i);
+            }
+        }
+        if !self.accept_ready || self.accept_paused_until.is_some() {
             return;
         }
         for _ in 0..ACCEPTS_PER_TURN {
@@ -618,6 +686,81 @@ impl<S: Service> Server<S> {
         }
     }
 
+    /// Accepts what Unix listener `i` has, checking each peer's credentials.
+    fn accept_unix(&mut self, now: Millis, i: usize) {
+        for _ in 0..ACCEPTS_PER_TURN {
+            let (l, ready) = &mut self.unix[i];
+            match l.listener.accept() {
+                Ok((mut stream, _)) => {
+                    let (uid, gid, pid) = match unix::peer_cred(&stream) {
+                        Ok(c) => c,
+                        Err(e) => {
+                            log::debug!("{}: no peer credentials: {e}", l.path.display());
+                            continue;
+                        }
+                    };
+                    let peer = PeerAddr::Unix { uid, gid, pid };
+                    if !unix::allowed(uid, gid, &self.config.allow_uids, &self.config.allow_gids) {
+                        self.stats.refused += 1;
+                        if let Some(n) = self.logs.unix_refused.allow(now) {
+                            log::warn!(
+                                "refused {peer} on {}: its uid and gid are not in --allow-uid \
+                                 / --allow-gid ({n} similar refusals not logged)",
+                                l.path.display()
+                            );
+                        }
+                        continue;
+                    }
+                    if self.conns.len() >= self.config.max_conns {
+                        self.stats.refused += 1;
+                        if let Some(n) = self.logs.refused.allow(now) {
+                            log::warn!(
+                                "refused {peer}: {} connections open, the --max-conns limit \
+                                 ({n} similar refusals suppressed)",
+                                self.conns.len()
+                            );
+                        }
+                        continue;
+                    }
+                    let key = self.conns.vacant_key();
+                    if let Err(e) = self.poll.registry().register(
+                        &mut stream,
+                        conn_token(key),
+                        Interest::READABLE,
+                    ) {
+                        log::warn!("{peer}: cannot register the connection: {e}");
+                        continue;
+                    }
+                    self.insert_conn(Stream::Unix(stream), peer);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    *ready = false;
+                    return;
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted
+                            | io::ErrorKind::ConnectionAborted
+                            | io::ErrorKind::ConnectionReset
+                    ) => {}
+                Err(e) => {
+                    // As for TCP: the connection stays in the backlog; pause.
+                    self.accept_paused_until = Some(now.add_ms(ACCEPT_PAUSE_MS));
+                    self.stats.accept_pauses += 1;
+                    if let Some(n) = self.logs.accept.allow(now) {
+                        log::warn!(
+                            "accept on {} failed ({e}); pausing accepts for {ACCEPT_PAUSE_MS} \
+                             ms ({n} similar pauses not logged)",
+                            l.path.display()
+                        );
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
     fn add_conn(&mut self, mut stream: TcpStream, peer: SocketAddr) {
         // Replies are written once per turn already; Nagle would only add delay.
         if let Err(e) = stream.set_nodelay(true) {
@@ -637,7 +780,8 @@ impl<S: Service> Server<S> {
 
     /// Adds an accepted (and, for a socket, registered) connection to the
     /// slab, ready to be read on this turn.
-    fn insert_conn(&mut self, stream: Stream, peer: SocketAddr) -> ConnId {
+    fn insert_conn(&mut self, stream: Stream, peer: impl Into<PeerAddr>) -> ConnId {
+        let peer = peer.into();
         let entry = self.conns.vacant_entry();
         let key = entry.key();
         let id = (self.next_conn_seq << CONN_KEY_BITS) | key as u64;
@@ -651,6 +795,28 @@ impl<S: Service> Server<S> {
         entry.insert(c);
         self.active.push(key);
         id
+    }
+
+    /// Reads again from the connections the guess throttle paused whose
+    /// pause is over.
+    fn resume_throttled(&mut self, now: Millis) {
+        let conns = &mut self.conns;
+        let active = &mut self.active;
+        self.throttled.retain(|&(key, id)| {
+            let Some(c) = conns.get_mut(key).filter(|c| c.id == id) else {
+                return false;
+            };
+            // The answers to what it sent were delivered last turn.
+            c.guesses.answered();
+            if c.guesses.blocked(now) {
+                return true;
+            }
+            if !c.active {
+                c.active = true;
+                active.push(key);
+            }
+            false
+        });
     }
 
     /// Handles the input of every active connection; returns `now` as it
@@ -693,11 +859,14 @@ impl<S: Service> Server<S> {
         if c.closing != Closing::No {
             return; // reads of a closing connection are the reaper's
         }
+        // The answers to what was read before are delivered (and charged).
+        c.guesses.answered();
         let mut budget = self.config.max_frames_per_turn;
         // Unsent bytes plus the largest replies the turn's requests can still
         // add: decoding stops when that reaches the soft limit, so a client
         // that does not read overshoots it by at most one reply.
         let mut projected_out = c.pending_out();
+        let mut throttled = false;
         let end = loop {
             if c.pending_out() >= soft {
                 c.paused = true;
@@ -705,10 +874,17 @@ impl<S: Service> Server<S> {
             }
             let mut bad = None;
             while budget > 0 && projected_out < soft {
+                if c.guesses.blocked(now) {
+                    throttled = true;
+                    break;
+                }
                 match decode_request(&c.rbuf[c.rstart..c.rend], max_key_bytes) {
                     Decoded::Frame { frame, used } => {
                         if debug {
                             log::debug!("{} ({}): {:?}", c.peer, c.id, frame);
+                        }
+                        if !matches!(frame, Request::Acquire { .. }) {
+                            c.guesses.note_request();
                         }
                         projected_out += max_reply_frame(frame.key().len());
                         self.service.request(now, c.id, frame, &mut self.out);
@@ -725,6 +901,9 @@ impl<S: Service> Server<S> {
             }
             if let Some(m) = bad {
                 break End::Malformed(m);
+            }
+            if throttled {
+                break End::Idle;
             }
             if budget == 0 || projected_out >= soft {
                 // Next turn: the replies will be counted for real by then.
@@ -765,7 +944,13 @@ impl<S: Service> Server<S> {
                 Err(e) => break End::Failed(e),
             }
         };
-        if c.paused {
+        if throttled {
+            // Reads resume when the throttle says so (see `resume_throttled`).
+            if !self.throttled.iter().any(|&(k, _)| k == key) {
+                self.throttled.push((key, c.id));
+            }
+            c.partial_since = None;
+        } else if c.paused {
             // Not reading is the server's choice here; the output stall
             // timeout covers a peer that never reads.
             c.partial_since = None;
@@ -879,8 +1064,9 @@ impl<S: Service> Server<S> {
 
     /// Copies the turn's replies (encoded once, in the outbox) into their
     /// connections' write buffers: a run of replies to one connection in
-    /// one copy.
-    fn deliver(&mut self) {
+    /// one copy. Counts the wrong-token answers (`N`, `X`) against each
+    /// connection's guess throttle.
+    fn deliver(&mut self, now: Millis) {
         if log::log_enabled!(log::Level::Debug) {
             for a in self.out.iter() {
                 let key = usize::try_from(a.conn & CONN_KEY_MASK).unwrap_or(usize::MAX);
@@ -889,6 +1075,27 @@ impl<S: Service> Server<S> {
                         log::debug!("{} ({}) <- {:?}", c.peer, c.id, a.reply);
                     }
                     _ => log::debug!("dropped a reply to closed connection {}", a.conn),
+                }
+            }
+        }
+        // Wrong-token answers (N, X) count against their connection's
+        // guess throttle.
+        for conn in self.out.wrong_token_answers() {
+            let key = usize::try_from(conn & CONN_KEY_MASK).unwrap_or(usize::MAX);
+            let Some(c) = self.conns.get_mut(key).filter(|c| c.id == conn) else {
+                continue;
+            };
+            if c.guesses.charge(now) {
+                self.stats.throttled += 1;
+                if let Some(n) = self.logs.guesses.allow(now) {
+                    log::warn!(
+                        "slowing down {}: {} releases or extends with a token it does not \
+                         hold; its reads are paused to {} such answers a second ({n} similar \
+                         not logged)",
+                        c.peer,
+                        c.guesses.misses,
+                        throttle::GUESS_PER_SEC
+                    );
                 }
             }
         }
@@ -970,7 +1177,7 @@ impl<S: Service> Server<S> {
                 Interest::READABLE
             };
             if want != c.interest {
-                let registered = match c.stream.tcp_mut() {
+                let registered = match c.stream.source() {
                     Some(tcp) => self.poll.registry().reregister(tcp, conn_token(key), want),
                     // A pipe needs no registration: the harness reads its
                     // readiness from the pipe itself.
@@ -1000,7 +1207,7 @@ impl<S: Service> Server<S> {
             if self.closing_done(now, key) {
                 self.closing.swap_remove(i);
                 if let Some(mut c) = self.conns.try_remove(key) {
-                    if let Some(tcp) = c.stream.tcp_mut() {
+                    if let Some(tcp) = c.stream.source() {
                         if let Err(e) = self.poll.registry().deregister(tcp) {
                             log::debug!("{}: deregister failed: {e}", c.peer);
                         }
@@ -1061,6 +1268,9 @@ impl<S: Service> Server<S> {
         if let Some(mut l) = self.listener.take() {
             let _ = self.poll.registry().deregister(&mut l);
         }
+        for (mut l, _) in self.unix.drain(..) {
+            let _ = self.poll.registry().deregister(&mut l.listener);
+        }
         self.shutdown_deadline = Some(now.add_ms(millis(self.config.flush_timeout)));
         let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
         for key in keys {
@@ -1070,7 +1280,7 @@ impl<S: Service> Server<S> {
 
     fn finish_shutdown(&mut self, now: Millis) {
         for mut c in self.conns.drain() {
-            if let Some(tcp) = c.stream.tcp_mut() {
+            if let Some(tcp) = c.stream.source() {
                 let _ = self.poll.registry().deregister(tcp);
             }
         }

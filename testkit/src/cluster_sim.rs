@@ -275,6 +275,7 @@ fn node_config(id: u64, cfg: &SimConfig) -> NodeConfig {
     let mut c = NodeConfig::new(id, (1..=n as u64).collect());
     c.bug_stale_expire = cfg.bug == Some(SimBug::StaleExpireEndsExtendedGrant);
     c.seed = seed.wrapping_mul(31).wrapping_add(id);
+    c.os_token_bits = false;
     c.snapshot_every = snapshot_every;
     c.trace_applied = true;
     c.max_pending = 64;

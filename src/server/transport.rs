@@ -1,0 +1,108 @@
+//! The byte streams under client connections, and who is at the other end.
+//!
+//! The loop sees one small interface: [`Stream`] reads, writes, shuts its
+//! write side and offers the poll something to register
+//! ([`Stream::source`]). Under it: a TCP socket, a Unix-domain socket
+//! (with the peer's credentials checked at accept, `super::unix`), or
+//! (feature `harness`) the server end of an in-memory pipe.
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+
+use mio::net::{TcpStream, UnixStream};
+
+/// Who a connection is from, for the logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PeerAddr {
+    /// A TCP peer.
+    Tcp(SocketAddr),
+    /// A Unix-socket peer, by its credentials at connect time.
+    Unix {
+        /// The peer's user id.
+        uid: u32,
+        /// The peer's group id.
+        gid: u32,
+        /// The peer's process id.
+        pid: i32,
+    },
+}
+
+impl From<SocketAddr> for PeerAddr {
+    fn from(a: SocketAddr) -> Self {
+        PeerAddr::Tcp(a)
+    }
+}
+
+impl fmt::Display for PeerAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PeerAddr::Tcp(a) => write!(f, "{a}"),
+            PeerAddr::Unix { uid, gid, pid } => write!(f, "unix(uid={uid} gid={gid} pid={pid})"),
+        }
+    }
+}
+
+/// The byte stream under a connection.
+#[derive(Debug)]
+pub(crate) enum Stream {
+    /// A TCP socket registered with the loop's poll.
+    Tcp(TcpStream),
+    /// A Unix-domain socket registered with the loop's poll.
+    Unix(UnixStream),
+    /// The server end of an in-memory pipe (see [`crate::harness`]); no
+    /// poll registration, readiness comes from the pipe.
+    #[cfg(feature = "harness")]
+    Mem(crate::harness::pipe::ServerEnd),
+}
+
+impl Stream {
+    /// The socket, when there is one to register with the poll.
+    pub(crate) fn source(&mut self) -> Option<&mut dyn mio::event::Source> {
+        match self {
+            Stream::Tcp(s) => Some(s),
+            Stream::Unix(s) => Some(s),
+            #[cfg(feature = "harness")]
+            Stream::Mem(_) => None,
+        }
+    }
+
+    /// Shuts the write side: the peer reads EOF after what was sent.
+    pub(crate) fn shutdown_write(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Write),
+            Stream::Unix(s) => s.shutdown(std::net::Shutdown::Write),
+            #[cfg(feature = "harness")]
+            Stream::Mem(p) => {
+                p.shutdown_write();
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+            #[cfg(feature = "harness")]
+            Stream::Mem(p) => p.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+            #[cfg(feature = "harness")]
+            Stream::Mem(p) => p.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,255 @@
+//! Client security against the real binary: tokens a client cannot guess,
+//! and the throttle that slows down a connection that keeps guessing.
+
+use ticketd_testkit::process as common;
+
+use std::time::{Duration, Instant};
+
+use common::{Reply, Ticketd};
+use ticketd::token::{GUESS_BURST, GUESS_PER_SEC, RANDOM_BITS, RANDOM_MASK};
+
+/// The attack that worked when tokens went up by one: acquire keys of your
+/// own around the victim's grant and release "one above" and "one below".
+/// Then 10,000 more guesses in the victim's sequence step, on ten
+/// connections: nothing is released, every guess is answered `N`, and each
+/// connection took at least the throttle's time.
+#[test]
+fn guessed_releases_release_nothing_and_are_throttled() {
+    let server = Ticketd::start(&[]);
+    let mut attacker = server.connect();
+    let mut victim = server.connect();
+    let before = attacker.acquire_reply("mine-1", 1, 0, 60).token();
+    let held = victim.acquire_reply("victim", 2, 0, 60).token();
+    let after = attacker.acquire_reply("mine-2", 3, 0, 60).token();
+    assert!(before < held && held < after, "{before} {held} {after}");
+    assert_eq!(held >> RANDOM_BITS, (before >> RANDOM_BITS) + 1);
+    assert_eq!(after >> RANDOM_BITS, (held >> RANDOM_BITS) + 1);
+    for guess in [before + 1, after - 1] {
+        // Each is the victim's token with probability 2^-16 only.
+        if guess != held {
+            assert!(matches!(
+                attacker.release_reply("victim", guess),
+                Reply::NotReleased { .. }
+            ));
+        }
+    }
+
+    // 10,000 wrong tokens of the victim's step: the ones nearest to it
+    // (the true token is left out: a blind guess finds it with
+    // probability 2^-16, which is what the random bits are for).
+    let step = held & !RANDOM_MASK;
+    let mut guesses: Vec<u64> = (0..=RANDOM_MASK)
+        .map(|low| step | low)
+        .filter(|&t| t != held)
+        .collect();
+    guesses.sort_by_key(|&t| t.abs_diff(held));
+    guesses.truncate(10_000);
+    const CONNS: usize = 10;
+    let per_conn = guesses.len() / CONNS;
+    let start = Instant::now();
+    let workers: Vec<_> = guesses
+        .chunks(per_conn)
+        .map(|chunk| {
+            let chunk = chunk.to_vec();
+            let addr = server.addr();
+            std::thread::spawn(move || {
+                let mut c = common::Client::connect(addr);
+                let mut frames = Vec::new();
+                for t in &chunk {
+                    frames.extend_from_slice(&common::release_frame("victim", *t));
+                }
+                c.send(&frames);
+                let mut n = 0;
+                for _ in &chunk {
+                    match c.try_recv(Duration::from_secs(60)) {
+                        Ok(Reply::NotReleased { .. }) => n += 1,
+                        other => panic!("a guess got {other:?}"),
+                    }
+                }
+                (n, Instant::now())
+            })
+        })
+        .collect();
+    let mut answered = 0;
+    let mut slowest = Duration::ZERO;
+    for w in workers {
+        let (n, done) = w.join().expect("guesser");
+        answered += n;
+        slowest = slowest.max(done - start);
+    }
+    assert_eq!(answered, guesses.len());
+    // Each connection: a burst, then at most GUESS_PER_SEC a second.
+    let floor = Duration::from_millis(
+        (per_conn as u64 - u64::from(GUESS_BURST)) * 1000 / u64::from(GUESS_PER_SEC),
+    );
+    assert!(
+        slowest >= floor,
+        "{answered} guesses answered in {slowest:?}, under the throttle's {floor:?}"
+    );
+    // The victim still holds its grant.
+    assert!(matches!(
+        victim.release_reply("victim", held),
+        Reply::Released { .. }
+    ));
+    // One line says so, not one per connection or per guess.
+    let log = server.log();
+    let lines = log.matches("slowing down").count();
+    assert!(lines == 1, "{lines} throttle lines:\n{log}");
+    // A connection that guesses nothing is not slowed down meanwhile.
+    let mut bystander = server.connect();
+    let t = bystander.acquire_reply("other", 4, 0, 5).token();
+    assert!(matches!(
+        bystander.release_reply("other", t),
+        Reply::Released { .. }
+    ));
+}
+
+/// Tokens differ in their low bits from grant to grant (they are drawn,
+/// not counted), and still increase.
+#[test]
+fn tokens_carry_random_low_bits_and_still_increase() {
+    let server = Ticketd::start(&[]);
+    let mut c = server.connect();
+    let mut tokens = Vec::new();
+    for i in 0..200 {
+        let t = c.acquire_reply("k", i, 0, 5).token();
+        assert!(matches!(c.release_reply("k", t), Reply::Released { .. }));
+        tokens.push(t);
+    }
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    assert!(tokens
+        .windows(2)
+        .all(|w| w[1] >> RANDOM_BITS == (w[0] >> RANDOM_BITS) + 1));
+    let low: std::collections::BTreeSet<u64> = tokens.iter().map(|t| t & RANDOM_MASK).collect();
+    // 200 draws of 16 bits: more than 10 repeats is astronomically unlikely.
+    assert!(low.len() > 190, "{} distinct low parts", low.len());
+}
+
+/// Protected mode: plaintext on an address that is not loopback is refused
+/// (exit 2, saying why and what to do) unless `--insecure` is given, and
+/// then the start-up warns.
+#[test]
+fn protected_mode_refuses_a_listener_off_loopback_without_insecure() {
+    for addr in ["0.0.0.0:0", "[::]:0"] {
+        let out = common::run_ticketd(&["--listen", addr]);
+        assert_eq!(out.status.code(), Some(2), "{addr}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("is not a loopback address") && err.contains("--insecure"),
+            "{addr}: {err}"
+        );
+    }
+    let server = Ticketd::start_raw(&[], &["--listen", "0.0.0.0:0", "--insecure"]);
+    assert!(
+        server.wait_for_log(
+            "--insecure: clients speak plaintext",
+            Duration::from_secs(5)
+        ),
+        "{}",
+        server.log()
+    );
+    // It serves (reached over loopback here).
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], server.addr().port()));
+    let mut c = common::Client::connect(addr);
+    assert!(matches!(
+        c.acquire_reply("k", 1, 0, 5),
+        Reply::Acquired { .. }
+    ));
+}
+
+/// A Unix socket beside loopback TCP: a stale socket file is replaced, the
+/// file gets `--socket-mode`, an allowed uid acquires through the client
+/// library and the `ticket` command, another uid (run with `setpriv`) is
+/// closed and logged, a second server does not take the live socket, and
+/// the file is gone after a clean stop.
+#[test]
+fn a_unix_socket_serves_allowed_uids_and_refuses_others() {
+    use std::os::unix::fs::PermissionsExt;
+    if unsafe { libc::geteuid() } != 0 {
+        // setpriv needs root to switch uid; CI runs the tests as root.
+        panic!("this test runs as root (it runs a client under another uid)");
+    }
+    let dir = std::env::temp_dir().join(format!("ticketd-unix-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let sock = dir.join("ticketd.sock");
+    let sock_s = sock.to_str().unwrap().to_string();
+    // A crash left its socket file behind.
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    let listen = format!("unix:{sock_s}");
+    let mut server = Ticketd::start(&[
+        "--listen",
+        &listen,
+        "--socket-mode",
+        "0666",
+        "--allow-uid",
+        "0",
+    ]);
+    let log = server.log();
+    assert!(log.contains("replacing a stale socket file"), "{log}");
+    assert!(
+        log.contains(&format!("listening on {} unix:{sock_s}", server.addr())),
+        "{log}"
+    );
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o666);
+
+    // Allowed (uid 0): the official client over the socket.
+    let client = ticketd::client::Client::connect(listen.clone()).unwrap();
+    let got = client
+        .acquire("k", Duration::ZERO, Duration::from_secs(5))
+        .unwrap();
+    let ticketd::client::Acquire::Acquired(ticket) = got else {
+        panic!("{got:?}");
+    };
+    assert!(matches!(
+        ticket.release().unwrap(),
+        ticketd::client::Release::Released
+    ));
+    // And the command line.
+    let ticket_bin = env!("CARGO_BIN_EXE_ticket");
+    let ok = std::process::Command::new(ticket_bin)
+        .args([
+            "acquire", "cli", "--wait", "0", "--lease", "5", "--server", &listen,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(ok.status.code(), Some(0), "{ok:?}");
+
+    // Refused: the same command as uid/gid 65534.
+    let refused = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            ticket_bin,
+        ])
+        .args([
+            "acquire", "other", "--wait", "0", "--lease", "5", "--server", &listen,
+        ])
+        .output()
+        .unwrap();
+    assert_ne!(refused.status.code(), Some(0), "{refused:?}");
+    assert!(
+        server.wait_for_log("refused unix(uid=65534", Duration::from_secs(5)),
+        "{}",
+        server.log()
+    );
+    let mut c = server.connect();
+    assert!(
+        matches!(c.acquire_reply("other", 9, 0, 5), Reply::Acquired { .. }),
+        "the refused client was granted nothing"
+    );
+
+    // A second server does not replace the live socket.
+    let second = common::run_ticketd(&["--listen", &listen]);
+    assert_eq!(second.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(err.contains("a server that is running"), "{err}");
+    assert!(sock.exists());
+
+    assert_eq!(server.terminate().code(), Some(0));
+    assert!(!sock.exists(), "the socket file is removed at a clean stop");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
