@@ -668,8 +668,10 @@ impl<D: Disk> Node<D> {
         for seq in seqs {
             // A request whose connection closed in this turn is gone.
             if let Some(p) = self.pending.get(&seq) {
+                // The entry carries the token bits this node draws for it,
+                // as every proposal does (`propose_data`).
                 entries.push(Entry {
-                    data: p.data.clone().into(),
+                    data: Command::encode_entry(self.token_rng.bits(), &p.data).into(),
                     ..Entry::default()
                 });
                 proposed.push(seq);
