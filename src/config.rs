@@ -19,6 +19,9 @@ use crate::limits::{self, EngineLimits};
 
 /// Default for `--listen`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7470";
+/// The address the docs suggest for `--admin-listen`, and the default of
+/// `ticket --admin`.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:7471";
 /// Default for `--max-conns`.
 pub const DEFAULT_MAX_CONNS: usize = 10_000;
 /// Ceiling for `--max-conns`: connection slots are numbered below it, and mio
@@ -91,6 +94,9 @@ pub struct Config {
     pub max_lease_s: u8,
     /// Log verbosity.
     pub log_level: LevelFilter,
+    /// The admin port (HTTP: health, metrics, lock introspection), off
+    /// when `None`; [`DEFAULT_ADMIN_LISTEN`] is the suggested address.
+    pub admin_listen: Option<SocketAddr>,
 }
 
 impl Default for Config {
@@ -110,6 +116,7 @@ impl Default for Config {
             restart_grace: RestartGrace::Auto,
             max_lease_s: DEFAULT_MAX_LEASE_S,
             log_level: LevelFilter::Info,
+            admin_listen: None,
         }
     }
 }
@@ -127,6 +134,9 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 /// What the command line asks for.
+// Made once per process, at start: the size of a `Config` inline costs
+// nothing, and callers match on it by value.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Parsed {
     /// Start the server with this configuration.
@@ -181,6 +191,9 @@ FLAGS (defaults in brackets):
                                1..=255; a longer acquire is answered B, a longer
                                extend X. Also bounds the restart grace [255]
     --log-level LEVEL          off, error, warn, info, debug or trace [info]
+    --admin-listen ADDR        serve HTTP on ADDR: /livez, /readyz, /metrics
+                               (Prometheus), /v1/locks, /v1/cluster; suggested
+                               127.0.0.1:7471 (docs/OPERATIONS.md) [off]
     -h, --help                 print this help and exit
     -V, --version              print the version and exit
 
@@ -360,6 +373,9 @@ impl Config {
         }
         if let Some(v) = flag(args, "--log-level", level)? {
             c.log_level = v;
+        }
+        if let Some(v) = flag(args, "--admin-listen", address)? {
+            c.admin_listen = Some(v);
         }
         c.validate()?;
         Ok(c)

@@ -42,6 +42,7 @@
 //! lack of file descriptors, accepting pauses briefly instead of spinning and
 //! resumes by itself.
 
+pub mod admin;
 mod conn;
 #[cfg(feature = "harness")]
 mod mem;
@@ -64,7 +65,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use crate::config::{Config, MAX_CONNS_CEILING};
 use crate::engine::{ConnId, Outbox};
 use crate::limits::{max_reply_frame, max_request_frame};
-use crate::proto::{decode_request, encode_reply, Decoded, Malformed};
+use crate::proto::{decode_request, encode_reply, Decoded, Malformed, Reply, Request};
 use crate::service::Service;
 use crate::time::{Millis, MonotonicClock};
 
@@ -76,9 +77,11 @@ const SIGNALS: Token = Token(1);
 const WAKER: Token = Token(2);
 /// Connection `k` of the slab has token `CONN_BASE + k`.
 const CONN_BASE: usize = 16;
+/// Admin connection `k` has token `ADMIN_CONN_BASE + k`.
+const ADMIN_CONN_BASE: usize = CONN_BASE + MAX_CONNS_CEILING;
 /// The first mio token that belongs to the service (cluster peers). The
 /// server's own tokens are all below it.
-pub const SERVICE_TOKEN_BASE: usize = CONN_BASE + MAX_CONNS_CEILING;
+pub const SERVICE_TOKEN_BASE: usize = ADMIN_CONN_BASE + admin::CONNS_CEILING;
 /// A [`crate::engine::ConnId`] is `(sequence << CONN_KEY_BITS) | slab key`: unique for the
 /// life of the process (the sequence never repeats), yet it finds its slot
 /// without a map.
@@ -177,6 +180,13 @@ pub struct Stats {
     pub accept_pauses: u64,
     /// Loop turns.
     pub turns: u64,
+    /// Admin connections accepted and closed at once (too many open).
+    pub admin_refused: u64,
+    /// Well-formed requests handled: acquire, release, extend.
+    pub requests: [u64; 3],
+    /// Replies sent: acquired, timeout, busy, released, not released,
+    /// extended, not extended.
+    pub replies: [u64; 7],
 }
 
 struct Logs {
@@ -216,6 +226,7 @@ pub struct Server<S: Service> {
     next_scan: Millis,
     stats: Stats,
     logs: Logs,
+    admin: Option<admin::Admin>,
 }
 
 fn is_fd_exhaustion(e: &io::Error) -> bool {
@@ -253,8 +264,22 @@ impl<S: Service> Server<S> {
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        let admin = match config.admin_listen {
+            Some(addr) => Some(
+                admin::Admin::bind(addr, poll.registry(), ADMIN_CONN_BASE).map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("cannot listen on {addr} (--admin-listen): {e}"),
+                    )
+                })?,
+            ),
+            None => None,
+        };
         service.register(poll.registry(), SERVICE_TOKEN_BASE)?;
         service.set_waker(Arc::clone(&waker));
+        if let Some(a) = &admin {
+            log::info!("admin port (HTTP) on {}", a.local_addr());
+        }
         log::info!(
             "ticketd {} listening on {} {} {}",
             env!("CARGO_PKG_VERSION"),
@@ -262,7 +287,7 @@ impl<S: Service> Server<S> {
             service.describe(),
             config.describe_limits()
         );
-        Ok(Server::assemble(
+        let mut server = Server::assemble(
             config,
             service,
             poll,
@@ -270,7 +295,9 @@ impl<S: Service> Server<S> {
             Some(listener),
             local_addr,
             Clock::Monotonic(MonotonicClock::new()),
-        ))
+        );
+        server.admin = admin;
+        Ok(server)
     }
 
     /// The server around its parts; nothing is polled yet.
@@ -313,6 +340,7 @@ impl<S: Service> Server<S> {
                 accept: LogLimit::new(1, 10_000),
                 service: LogLimit::new(1, 10_000),
             },
+            admin: None,
             config,
         }
     }
@@ -321,6 +349,12 @@ impl<S: Service> Server<S> {
     #[must_use]
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The address of the admin port, when `--admin-listen` is given.
+    #[must_use]
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().map(admin::Admin::local_addr)
     }
 
     /// The configuration the server runs with.
@@ -453,6 +487,9 @@ impl<S: Service> Server<S> {
         if let Some(t) = self.shutdown_deadline {
             at = at.min(t);
         }
+        if let Some(t) = self.admin.as_ref().and_then(|a| a.next_deadline(now)) {
+            at = at.min(t);
+        }
         let until = (at != Millis::NEVER).then(|| now.until(at));
         match (until, max_wait) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -464,6 +501,11 @@ impl<S: Service> Server<S> {
         match event.token() {
             LISTENER => self.accept_ready = true,
             WAKER => {}
+            t if self.admin.as_ref().is_some_and(|a| a.owns(t)) => {
+                if let Some(a) = self.admin.as_mut() {
+                    a.note_event(event);
+                }
+            }
             SIGNALS => {
                 let mut stop = false;
                 if let Some(signals) = self.signals.as_mut() {
@@ -527,12 +569,28 @@ impl<S: Service> Server<S> {
         }
         self.deliver();
         self.write(now);
+        // After the lock replies are written: the admin port never delays one.
+        self.admin_turn(now);
         self.reap(now);
         if let Some(deadline) = self.shutdown_deadline {
             if self.conns.is_empty() || now >= deadline {
                 self.finish_shutdown(now);
             }
         }
+    }
+
+    fn admin_turn(&mut self, now: Millis) {
+        let Some(admin) = self.admin.as_mut() else {
+            return;
+        };
+        let view = admin::View {
+            service: &self.service,
+            stats: &self.stats,
+            connections: self.conns.len(),
+            max_key_bytes: self.config.max_key_bytes,
+        };
+        admin.turn(now, self.poll.registry(), &view);
+        self.stats.admin_refused = admin.refused;
     }
 
     fn accept(&mut self, now: Millis) {
@@ -695,6 +753,11 @@ impl<S: Service> Server<S> {
                             log::debug!("{} ({}): {:?}", c.peer, c.id, frame);
                         }
                         projected_out += max_reply_frame(frame.key().len());
+                        self.stats.requests[match frame {
+                            Request::Acquire { .. } => 0,
+                            Request::Release { .. } => 1,
+                            Request::Extend { .. } => 2,
+                        }] += 1;
                         self.service.request(now, c.id, frame, &mut self.out);
                         c.rstart += used;
                         c.partial_since = None;
@@ -871,6 +934,15 @@ impl<S: Service> Server<S> {
                     if debug {
                         log::debug!("{} ({}) <- {:?}", c.peer, c.id, a.reply);
                     }
+                    self.stats.replies[match a.reply {
+                        Reply::Acquired { .. } => 0,
+                        Reply::Timeout { .. } => 1,
+                        Reply::Busy { .. } => 2,
+                        Reply::Released { .. } => 3,
+                        Reply::NotReleased { .. } => 4,
+                        Reply::Extended { .. } => 5,
+                        Reply::NotExtended { .. } => 6,
+                    }] += 1;
                     encode_reply(&a.reply, &mut c.wbuf);
                     if !c.dirty {
                         c.dirty = true;
@@ -1054,6 +1126,8 @@ impl<S: Service> Server<S> {
             }
         }
         self.service.stop(now);
+        // The admin port goes with the loop: its listener and connections close.
+        self.admin = None;
         self.closing.clear();
         self.active.clear();
         self.active_next.clear();

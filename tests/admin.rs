@@ -1,0 +1,515 @@
+//! The admin port (`--admin-listen`) of the real `ticketd` binary, read by
+//! real clients: `promtool check metrics` on a scrape, a real Prometheus
+//! server scraping it, every JSON body parsed by Python's `json` module and
+//! compared with what the test did, health endpoints across a restart
+//! grace, and abusive admin clients that must not delay a lock reply.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{free_port, Client, Reply, Ticketd};
+
+/// Starts `ticketd` with the admin port on a free port; returns it and the
+/// admin address (from its start-up log).
+fn start(args: &[&str]) -> (Ticketd, SocketAddr) {
+    let mut all = vec!["--admin-listen", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    let t = Ticketd::start(&all);
+    let log = t.log();
+    let at = log
+        .find("admin port (HTTP) on ")
+        .expect("admin start-up line")
+        + "admin port (HTTP) on ".len();
+    let addr = log[at..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    (t, addr)
+}
+
+/// One HTTP/1.1 exchange: status and body.
+fn http(addr: SocketAddr, method: &str, target: &str) -> (u16, String) {
+    try_http(addr, method, target).expect("an HTTP response")
+}
+
+/// One HTTP/1.1 exchange; `None` when the connection is refused or reset.
+fn try_http(addr: SocketAddr, method: &str, target: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "{method} {target} HTTP/1.1\r\nHost: test\r\n\r\n").ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8(raw).expect("UTF-8 response");
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .expect("Content-Length")
+        .parse()
+        .unwrap();
+    assert_eq!(body.len(), len, "body length matches Content-Length");
+    Some((status, body.to_string()))
+}
+
+fn get(addr: SocketAddr, target: &str) -> (u16, String) {
+    http(addr, "GET", target)
+}
+
+/// Parses `json` with Python's `json` module and prints `expr` of it
+/// (`j` is the parsed value): a real JSON parser, not ours.
+fn py(json: &str, expr: &str) -> String {
+    let mut child = Command::new("python3")
+        .args([
+            "-c",
+            &format!("import json,sys\nj=json.load(sys.stdin)\nprint({expr})"),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 must be installed");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(json.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "python3 could not parse {json:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// The value of the sample `name` (with its labels, as written) in a scrape.
+fn sample(scrape: &str, name: &str) -> f64 {
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no sample {name} in:\n{scrape}"))
+        .parse()
+        .unwrap()
+}
+
+fn token(r: &Reply) -> u64 {
+    match r {
+        Reply::Acquired { token, .. } => *token,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+fn tmp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ticketd-admin-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn metrics_count_what_clients_did_and_pass_promtool() {
+    let (t, admin) = start(&[]);
+    let mut c = t.connect();
+    let k1 = token(&c.acquire_reply("k1", 1, 0, 30));
+    let k2 = token(&c.acquire_reply("k2", 2, 0, 30));
+    assert!(matches!(
+        c.acquire_reply("k1", 3, 0, 30),
+        Reply::Timeout { .. }
+    ));
+    assert!(matches!(c.release_reply("k2", k2), Reply::Released { .. }));
+    assert!(matches!(
+        c.release_reply("k1", k1 + 100),
+        Reply::NotReleased { .. }
+    ));
+    // One waiter on k1, handed the key on release.
+    let mut w = t.connect();
+    w.acquire("k1", 4, 10, 30);
+    let waiting = Instant::now() + Duration::from_secs(5);
+    while !get(admin, "/metrics").1.contains("\nticketd_waiters 1\n") {
+        assert!(Instant::now() < waiting, "the waiter never showed");
+    }
+    assert!(matches!(c.release_reply("k1", k1), Reply::Released { .. }));
+    assert!(matches!(w.recv(), Reply::Acquired { owner: 4, .. }));
+
+    let (status, m) = get(admin, "/metrics");
+    assert_eq!(status, 200);
+    assert_eq!(sample(&m, "ticketd_keys"), 1.0);
+    assert_eq!(sample(&m, "ticketd_waiters"), 0.0);
+    assert_eq!(sample(&m, "ticketd_connections"), 2.0);
+    assert_eq!(sample(&m, "ticketd_requests_total{op=\"acquire\"}"), 4.0);
+    assert_eq!(sample(&m, "ticketd_requests_total{op=\"release\"}"), 3.0);
+    assert_eq!(sample(&m, "ticketd_replies_total{reply=\"acquired\"}"), 3.0);
+    assert_eq!(sample(&m, "ticketd_replies_total{reply=\"timeout\"}"), 1.0);
+    assert_eq!(sample(&m, "ticketd_replies_total{reply=\"released\"}"), 2.0);
+    assert_eq!(
+        sample(&m, "ticketd_replies_total{reply=\"not_released\"}"),
+        1.0
+    );
+    assert_eq!(sample(&m, "ticketd_grants_total{path=\"fresh\"}"), 2.0);
+    assert_eq!(sample(&m, "ticketd_grants_total{path=\"handover\"}"), 1.0);
+    assert_eq!(sample(&m, "ticketd_wait_seconds_count"), 3.0);
+    assert_eq!(sample(&m, "ticketd_hold_seconds_count"), 2.0);
+    assert_eq!(sample(&m, "ticketd_wait_seconds_bucket{le=\"+Inf\"}"), 3.0);
+    assert!(m.contains(&format!(
+        "ticketd_build_info{{version=\"{}\"}} 1\n",
+        env!("CARGO_PKG_VERSION")
+    )));
+    assert!(
+        !m.contains("ticketd_raft_"),
+        "no cluster metrics in single mode"
+    );
+
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool must be installed (apt-get install prometheus)");
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(m.as_bytes())
+        .unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "promtool check metrics: {said}\n{m}"
+    );
+}
+
+/// A Prometheus server on a free port, scraping `target` every 200 ms;
+/// killed on drop.
+struct Prometheus {
+    child: std::process::Child,
+    addr: SocketAddr,
+    dir: PathBuf,
+}
+
+impl Prometheus {
+    fn start(target: SocketAddr, dir: &Path) -> Prometheus {
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 200ms\n  scrape_timeout: 200ms\n\
+                 scrape_configs:\n  - job_name: ticketd\n    static_configs:\n      \
+                 - targets: ['{target}']\n"
+            ),
+        )
+        .unwrap();
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("prometheus.log")).unwrap())
+            .spawn()
+            .expect("prometheus must be installed (apt-get install prometheus)");
+        Prometheus {
+            child,
+            addr,
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// The value of the instant query `q`, once Prometheus has one.
+    fn query(&self, q: &str) -> Option<String> {
+        let mut s = TcpStream::connect(self.addr).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(
+            s,
+            "GET /api/v1/query?query={q} HTTP/1.1\r\nHost: prometheus\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).ok()?;
+        let body = raw.split_once("\r\n\r\n")?.1;
+        // Chunked or not, the JSON object is the part between the braces.
+        let json = &body[body.find('{')?..=body.rfind('}')?];
+        let v = py(
+            json,
+            "j['data']['result'][0]['value'][1] if j['data']['result'] else ''",
+        );
+        (!v.is_empty()).then_some(v)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_real_prometheus_scrapes_the_admin_port() {
+    let (t, admin) = start(&[]);
+    let mut c = t.connect();
+    for (i, k) in ["p1", "p2", "p3"].iter().enumerate() {
+        token(&c.acquire_reply(k, i as u64, 0, 60));
+    }
+    let dir = tmp_dir("prometheus");
+    let p = Prometheus::start(admin, &dir);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let want = |q: &str, v: &str| loop {
+        if p.query(q).as_deref() == Some(v) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus never saw {q} = {v} (last: {:?})\n{}",
+            p.query(q),
+            p.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    want("up", "1");
+    want("ticketd_keys", "3");
+    // A change made now shows in a later scrape.
+    let t4 = token(&c.acquire_reply("p4", 9, 0, 60));
+    want("ticketd_keys", "4");
+    assert!(matches!(c.release_reply("p4", t4), Reply::Released { .. }));
+    want("ticketd_keys", "3");
+    want("ticketd_requests_total%7Bop%3D%22release%22%7D", "1");
+    drop(p);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn lock_endpoints_answer_json_that_matches_the_table() {
+    let (t, admin) = start(&[]);
+    let mut c = t.connect();
+    let held = token(&c.acquire_reply("a/1", 1, 0, 30));
+    let mut w = t.connect();
+    w.acquire("a/1", 2, 20, 30);
+    w.acquire("a/1", 3, 20, 30);
+    let space = token(&c.acquire_reply("a b\"\u{e9}", 4, 0, 30));
+    // 2,500 keys more, pipelined, to page through.
+    let mut bulk = Client::connect(t.addr());
+    let mut frames = Vec::new();
+    for i in 0..2_500u64 {
+        frames.extend_from_slice(&common::acquire_frame(&format!("bulk/{i:05}"), i, 0, 60));
+    }
+    bulk.send(&frames);
+    for _ in 0..2_500 {
+        token(&bulk.recv());
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, body) = get(admin, "/v1/locks/a%2F1");
+        if py(&body, "j['waiters']") == "2" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "waiters never queued: {body}");
+    }
+
+    let (status, body) = get(admin, "/v1/locks/a%2F1");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(py(&body, "j['key']"), "a/1");
+    assert_eq!(py(&body, "j['token']"), held.to_string());
+    let expires: u64 = py(&body, "j['expires_in_ms']").parse().unwrap();
+    let held_for: u64 = py(&body, "j['held_for_ms']").parse().unwrap();
+    assert!(expires <= 30_001 && expires > 20_000, "{body}");
+    assert!(held_for < 10_000, "{body}");
+    assert_eq!(
+        py(&body, "sorted(j.keys())"),
+        "['expires_in_ms', 'held_for_ms', 'key', 'token', 'waiters']"
+    );
+    let (status, body) = get(admin, "/v1/locks/a%20b%22%C3%A9");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(py(&body, "j['key'] == 'a b\"\\u00e9'"), "True", "{body}");
+    assert_eq!(py(&body, "j['token']"), space.to_string());
+    let (status, body) = get(admin, "/v1/locks/nobody");
+    assert_eq!(status, 404);
+    assert_eq!(py(&body, "j['error']"), "not registered");
+
+    // Paging: every bulk key once, in order, 1,000 at most per page.
+    let mut seen = Vec::new();
+    let mut after = String::new();
+    loop {
+        let target = format!("/v1/locks?prefix=bulk%2F&limit=1000{after}");
+        let (status, body) = get(admin, &target);
+        assert_eq!(status, 200, "{body}");
+        let n: usize = py(&body, "len(j['locks'])").parse().unwrap();
+        assert!(n <= 1000);
+        let keys = py(&body, "'\\n'.join(l['key'] for l in j['locks'])");
+        seen.extend(keys.lines().map(str::to_string));
+        let next = py(&body, "j['next'] or ''");
+        if next.is_empty() {
+            break;
+        }
+        after = format!("&after={}", next.replace('/', "%2F"));
+    }
+    let want: Vec<String> = (0..2_500).map(|i| format!("bulk/{i:05}")).collect();
+    assert_eq!(seen, want);
+    let (_, body) = get(admin, "/v1/locks?prefix=a");
+    assert_eq!(
+        py(&body, "[l['key'] for l in j['locks']]"),
+        "['a b\"é', 'a/1']"
+    );
+    assert_eq!(py(&body, "j['locks'][1]['waiters']"), "2");
+    assert_eq!(py(&body, "j['next']"), "None");
+
+    // Bad requests change nothing and say why.
+    for (target, status) in [
+        ("/v1/locks?limit=1001", 400),
+        ("/v1/locks?limit=0", 400),
+        ("/v1/locks?colour=red", 400),
+        ("/v1/locks/%zz", 400),
+        ("/v1/locks/%FF", 400),
+        ("/v1/locks/a%0Ab", 400),
+        ("/v1/nothing", 404),
+        ("/v1/cluster", 404),
+    ] {
+        let (got, body) = get(admin, target);
+        assert_eq!(got, status, "{target}: {body}");
+    }
+    let (status, _) = http(admin, "POST", "/metrics");
+    assert_eq!(status, 405);
+    let (status, _) = http(admin, "DELETE", "/v1/locks/a%2F1");
+    assert_eq!(status, 405);
+    assert_eq!(get(admin, "/livez"), (200, "ok\n".to_string()));
+    let (_, m) = get(admin, "/metrics");
+    assert_eq!(sample(&m, "ticketd_keys"), 2_502.0);
+}
+
+#[test]
+fn readyz_is_503_during_a_restart_grace_and_200_after() {
+    let dir = tmp_dir("grace");
+    let d = dir.to_str().unwrap();
+    let (mut t, admin) = start(&["--data-dir", d]);
+    assert_eq!(get(admin, "/readyz"), (200, "ok\n".to_string()));
+    let mut c = t.connect();
+    token(&c.acquire_reply("g", 1, 0, 2));
+    t.signal(libc::SIGTERM);
+    t.wait_exit(Duration::from_secs(10))
+        .expect("stops on SIGTERM");
+    // The lease of the first run may still run: every key is held.
+    let (t2, admin) = start(&["--data-dir", d]);
+    let (status, body) = get(admin, "/readyz");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("restart grace"), "{body}");
+    assert_eq!(get(admin, "/livez").0, 200);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while get(admin, "/readyz").0 != 200 {
+        assert!(Instant::now() < deadline, "still not ready after the grace");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut c = t2.connect();
+    token(&c.acquire_reply("g", 2, 0, 2));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Lock round trips (acquire + release of a fresh key) on `c`, in µs.
+fn round_trips(c: &mut Client, n: usize, tag: &str) -> Vec<u128> {
+    let mut us = Vec::with_capacity(n);
+    for i in 0..n {
+        let key = format!("rt-{tag}-{i}");
+        let start = Instant::now();
+        let tok = token(&c.acquire_reply(&key, i as u64, 0, 30));
+        assert!(matches!(c.release_reply(&key, tok), Reply::Released { .. }));
+        us.push(start.elapsed().as_micros());
+    }
+    us.sort_unstable();
+    us
+}
+
+#[test]
+fn slow_huge_and_many_admin_clients_never_delay_a_lock_reply() {
+    let (t, admin) = start(&[]);
+    let mut c = t.connect();
+    let before = round_trips(&mut c, 200, "before");
+    // Partial requests that never finish.
+    let mut held = Vec::new();
+    for _ in 0..20 {
+        let mut s = TcpStream::connect(admin).unwrap();
+        s.write_all(b"GET /metr").unwrap();
+        held.push(s);
+    }
+    // A huge header: 431, and the connection is closed.
+    let mut huge = TcpStream::connect(admin).unwrap();
+    huge.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut req = b"GET /metrics HTTP/1.1\r\nX-Big: ".to_vec();
+    req.resize(req.len() + 64 * 1024, b'x');
+    let _ = huge.write_all(&req);
+    // Clients that ask for a listing and never read it.
+    for _ in 0..10 {
+        let mut s = TcpStream::connect(admin).unwrap();
+        s.write_all(b"GET /v1/locks?limit=1000 HTTP/1.1\r\n\r\n")
+            .unwrap();
+        held.push(s);
+    }
+    // Thousands of connections: beyond the admin limit they are refused.
+    for _ in 0..2_000 {
+        if let Ok(s) = TcpStream::connect(admin) {
+            held.push(s);
+        }
+        if held.len() > 300 {
+            held.truncate(40);
+        }
+    }
+    let during = round_trips(&mut c, 200, "during");
+    let mut head = [0u8; 12];
+    let got = huge.read(&mut head).unwrap_or(0);
+    assert!(
+        got == 0 || head.starts_with(b"HTTP/1.1 431"),
+        "huge header: {:?}",
+        String::from_utf8_lossy(&head[..got])
+    );
+    drop(held);
+    let p = |v: &[u128], q: usize| v[(v.len() * q / 100).min(v.len() - 1)];
+    println!(
+        "lock round trip, µs: before p50 {} p99 {} max {}; with abusive admin clients p50 {} \
+         p99 {} max {}",
+        p(&before, 50),
+        p(&before, 99),
+        before[before.len() - 1],
+        p(&during, 50),
+        p(&during, 99),
+        during[during.len() - 1]
+    );
+    // Under a loaded test machine a round trip can take milliseconds; an
+    // admin client that delayed the loop would cost seconds (the timeout).
+    assert!(p(&during, 99) < 200_000, "p99 {} µs", p(&during, 99));
+    // The port still answers, and counted the refusals.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some((status, m)) = try_http(admin, "GET", "/metrics") {
+            assert_eq!(status, 200);
+            if sample(
+                &m,
+                "ticketd_connections_refused_total{reason=\"admin_max_conns\"}",
+            ) > 0.0
+            {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "no admin refusal counted");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
