@@ -513,3 +513,193 @@ fn slow_huge_and_many_admin_clients_never_delay_a_lock_reply() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A three-node cluster on loopback, each node with its admin port.
+#[cfg(feature = "cluster")]
+struct Cluster {
+    nodes: Vec<(Ticketd, SocketAddr)>,
+    peers: Vec<SocketAddr>,
+    dirs: Vec<PathBuf>,
+}
+
+#[cfg(feature = "cluster")]
+impl Cluster {
+    fn start(name: &str) -> Cluster {
+        let peers: Vec<SocketAddr> = (0..3)
+            .map(|_| format!("127.0.0.1:{}", free_port()).parse().unwrap())
+            .collect();
+        let spec: Vec<String> = peers
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("{}={a}", i + 1))
+            .collect();
+        let spec = spec.join(",");
+        let dirs: Vec<PathBuf> = (1..=3).map(|i| tmp_dir(&format!("{name}-{i}"))).collect();
+        let nodes = (0..3)
+            .map(|i| {
+                let id = (i + 1).to_string();
+                let dir = dirs[i].display().to_string();
+                start(&[
+                    "--cluster",
+                    "--id",
+                    &id,
+                    "--peers",
+                    &spec,
+                    "--data-dir",
+                    &dir,
+                    "--tick-ms",
+                    "50",
+                    "--cluster-name",
+                    name,
+                ])
+            })
+            .collect();
+        Cluster { nodes, peers, dirs }
+    }
+
+    fn admin(&self, i: usize) -> SocketAddr {
+        self.nodes[i].1
+    }
+
+    /// Waits until `/readyz` of node `i` answers `status`.
+    fn wait_ready(&self, i: usize, status: u16, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let (got, body) = get(self.admin(i), "/readyz");
+            if got == status {
+                return body;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {} /readyz stayed {got} ({body}), wanted {status}",
+                i + 1
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+#[cfg(feature = "cluster")]
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for (t, _) in &self.nodes {
+            t.signal(libc::SIGCONT);
+        }
+        self.nodes.clear();
+        for d in &self.dirs {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+#[cfg(feature = "cluster")]
+#[test]
+fn cluster_status_metrics_and_readyz_follow_the_majority() {
+    let c = Cluster::start("admin-cluster");
+    for i in 0..3 {
+        c.wait_ready(i, 200, Duration::from_secs(30));
+    }
+    // Every node names the same leader and the three voters.
+    let (_, body) = get(c.admin(0), "/v1/cluster");
+    let leader: usize = py(&body, "j['leader']").parse().unwrap();
+    assert!((1..=3).contains(&leader), "{body}");
+    for i in 0..3 {
+        let (status, body) = get(c.admin(i), "/v1/cluster");
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(py(&body, "j['id']"), (i + 1).to_string());
+        assert_eq!(py(&body, "j['leader']"), leader.to_string(), "{body}");
+        let want: Vec<String> = c.peers.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            py(
+                &body,
+                "','.join(str(v['id']) + '=' + v['address'] for v in j['voters'])"
+            ),
+            format!("1={},2={},3={}", want[0], want[1], want[2])
+        );
+        assert_eq!(py(&body, "j['learners']"), "[]");
+        let applied: u64 = py(&body, "j['applied']").parse().unwrap();
+        let commit: u64 = py(&body, "j['commit']").parse().unwrap();
+        assert!(applied >= 1 && applied <= commit, "{body}");
+        let on_leader = i + 1 == leader;
+        assert_eq!(
+            py(
+                &body,
+                "all('match' in v and 'reachable' in v for v in j['voters'])"
+            ),
+            if on_leader { "True" } else { "False" },
+            "{body}"
+        );
+    }
+    // A grant shows on every node, with the same token.
+    let l = leader - 1;
+    let mut client = c.nodes[l].0.connect();
+    let tok = token(&client.acquire_reply("ck", 1, 0, 60));
+    for i in 0..3 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (status, body) = get(c.admin(i), "/v1/locks/ck");
+            if status == 200 {
+                assert_eq!(py(&body, "j['token']"), tok.to_string());
+                assert_eq!(py(&body, "j['expires_in_ms']"), "None");
+                break;
+            }
+            assert!(Instant::now() < deadline, "node {} never applied ck", i + 1);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let (_, body) = get(c.admin(l), "/v1/cluster");
+    assert_eq!(
+        py(&body, "all(v['reachable'] for v in j['voters'])"),
+        "True",
+        "{body}"
+    );
+    let (_, m) = get(c.admin(l), "/metrics");
+    assert_eq!(sample(&m, "ticketd_raft_is_leader"), 1.0);
+    assert_eq!(sample(&m, "ticketd_raft_leader_id"), leader as f64);
+    assert_eq!(sample(&m, "ticketd_keys"), 1.0);
+    assert!(sample(&m, "ticketd_raft_term") >= 1.0);
+    assert!(sample(&m, "ticketd_raft_leader_changes_total") >= 1.0);
+    assert!(sample(&m, "ticketd_wal_fsync_seconds_count") >= 1.0);
+    assert_eq!(sample(&m, "ticketd_snapshots_sent_total"), 0.0);
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool must be installed (apt-get install prometheus)");
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(m.as_bytes())
+        .unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The majority stopped: the leader, alone, steps down and is not ready.
+    let others: Vec<usize> = (0..3).filter(|&i| i != l).collect();
+    for &i in &others {
+        c.nodes[i].0.signal(libc::SIGSTOP);
+    }
+    let body = c.wait_ready(l, 503, Duration::from_secs(30));
+    assert!(
+        body.contains("no leader") || body.contains("applied"),
+        "{body}"
+    );
+    assert_eq!(get(c.admin(l), "/livez").0, 200);
+    let (_, m) = get(c.admin(l), "/metrics");
+    assert_eq!(sample(&m, "ticketd_raft_is_leader"), 0.0);
+    // And back.
+    for &i in &others {
+        c.nodes[i].0.signal(libc::SIGCONT);
+    }
+    for i in 0..3 {
+        c.wait_ready(i, 200, Duration::from_secs(30));
+    }
+}
