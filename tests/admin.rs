@@ -682,6 +682,33 @@ fn cluster_status_metrics_and_readyz_follow_the_majority() {
         String::from_utf8_lossy(&out.stderr)
     );
 
+    // `ticket cluster status`, for a person and as JSON.
+    let a = c.admin(l).to_string();
+    let (code, out, err) = ticket(&["cluster", "status", "--admin", &a]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with(&format!("node {leader}: leader {leader}, term ")),
+        "{out}"
+    );
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .skip(3)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 3, "{out}");
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r[0], (i + 1).to_string());
+        assert_eq!(r[1], c.peers[i].to_string());
+        assert_eq!(r[2], if i == l { "leader" } else { "voter" });
+        assert_eq!(r[4], "yes");
+    }
+    let (code, out, _) = ticket(&["cluster", "status", "--admin", &a, "--json"]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        py(&out, "(j['id'], j['leader'])"),
+        format!("({leader}, {leader})")
+    );
+
     // The majority stopped: the leader, alone, steps down and is not ready.
     let others: Vec<usize> = (0..3).filter(|&i| i != l).collect();
     for &i in &others {
@@ -702,4 +729,87 @@ fn cluster_status_metrics_and_readyz_follow_the_majority() {
     for i in 0..3 {
         c.wait_ready(i, 200, Duration::from_secs(30));
     }
+}
+
+/// Runs `ticket ARGS...`: exit status, stdout, stderr.
+fn ticket(args: &[&str]) -> (i32, String, String) {
+    let out = common::bin_command(env!("CARGO_BIN_EXE_ticket"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run ticket");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[test]
+fn ticket_status_and_locks_read_the_admin_port() {
+    let (t, admin) = start(&[]);
+    let a = admin.to_string();
+    let mut c = t.connect();
+    let db = token(&c.acquire_reply("db/main", 1, 0, 60));
+    let q = token(&c.acquire_reply("db/queue x", 2, 0, 60));
+    token(&c.acquire_reply("other", 3, 0, 60));
+    let mut w = t.connect();
+    w.acquire("db/main", 4, 30, 60);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while py(&get(admin, "/v1/locks/db%2Fmain").1, "j['waiters']") != "1" {
+        assert!(Instant::now() < deadline, "the waiter never queued");
+    }
+
+    let (code, out, err) = ticket(&["status", "db/main", "--admin", &a, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let (_, direct) = get(admin, "/v1/locks/db%2Fmain");
+    assert_eq!(
+        py(&out, "sorted(j.keys())"),
+        py(&direct, "sorted(j.keys())")
+    );
+    assert_eq!(
+        py(&out, "(j['key'], j['token'], j['waiters'])"),
+        format!("('db/main', {db}, 1)")
+    );
+
+    let (code, out, err) = ticket(&["status", "db/main", "--admin", &a]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    let header: Vec<&str> = lines[0].split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["KEY", "TOKEN", "EXPIRES_IN", "WAITERS", "HELD_FOR"]
+    );
+    let row: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(&row[..2], ["db/main", &db.to_string()]);
+    assert_eq!(row[3], "1");
+    // Aligned: every column starts where its header does.
+    assert_eq!(lines[0].find("TOKEN"), lines[1].find(&db.to_string()));
+
+    let (code, _, err) = ticket(&["status", "nobody", "--admin", &a]);
+    assert_eq!(code, 123, "{err}");
+    assert!(err.contains("not registered"), "{err}");
+
+    let (code, out, err) = ticket(&["locks", "db/", "--admin", &a, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        py(&out, "[(l['key'], l['token']) for l in j['locks']]"),
+        format!("[('db/main', {db}), ('db/queue x', {q})]")
+    );
+    let (code, out, err) = ticket(&["locks", "--admin", &a]);
+    assert_eq!(code, 0, "{err}");
+    let keys: Vec<&str> = out
+        .lines()
+        .skip(1)
+        .map(|l| l.split("  ").next().unwrap())
+        .collect();
+    assert_eq!(keys, ["db/main", "db/queue x", "other"], "{out}");
+
+    let (code, _, err) = ticket(&["cluster", "status", "--admin", &a]);
+    assert_eq!(code, 125, "{err}");
+    assert!(err.contains("not a cluster node"), "{err}");
+    let closed = format!("127.0.0.1:{}", free_port());
+    let (code, _, err) = ticket(&["locks", "--admin", &closed]);
+    assert_eq!(code, 125, "{err}");
 }
