@@ -97,6 +97,10 @@ pub struct Config {
     /// The admin port (HTTP: health, metrics, lock introspection), off
     /// when `None`; [`DEFAULT_ADMIN_LISTEN`] is the suggested address.
     pub admin_listen: Option<SocketAddr>,
+    /// A listening socket passed by systemd (socket activation: descriptor
+    /// 3 when `$LISTEN_FDS` is set for this process), used instead of
+    /// binding `listen`. [`crate::server::Server::bind`] takes ownership.
+    pub listen_fd: Option<std::os::fd::RawFd>,
 }
 
 impl Default for Config {
@@ -117,6 +121,7 @@ impl Default for Config {
             max_lease_s: DEFAULT_MAX_LEASE_S,
             log_level: LevelFilter::Info,
             admin_listen: None,
+            listen_fd: None,
         }
     }
 }
@@ -377,6 +382,7 @@ impl Config {
         if let Some(v) = flag(args, "--admin-listen", address)? {
             c.admin_listen = Some(v);
         }
+        c.listen_fd = crate::server::systemd::listen_fd();
         c.validate()?;
         Ok(c)
     }

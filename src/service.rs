@@ -74,6 +74,12 @@ pub trait Service {
         String::new()
     }
 
+    /// Whether the service serves, for systemd's `READY=1`: at once in
+    /// single mode; cluster mode once a leader is known.
+    fn serving(&self) -> bool {
+        true
+    }
+
     /// The lock table, for the admin port's metrics and lock listings.
     fn engine(&self) -> Option<&Engine> {
         None

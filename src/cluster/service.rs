@@ -374,6 +374,10 @@ impl Service for ClusterService {
         self.describe.clone()
     }
 
+    fn serving(&self) -> bool {
+        self.node.leader() != 0
+    }
+
     fn engine(&self) -> Option<&crate::engine::Engine> {
         Some(self.node.state_machine().engine())
     }

@@ -47,6 +47,7 @@ mod conn;
 #[cfg(feature = "harness")]
 mod mem;
 pub mod ratelimit;
+pub mod systemd;
 
 use std::io;
 use std::net::SocketAddr;
@@ -227,6 +228,7 @@ pub struct Server<S: Service> {
     stats: Stats,
     logs: Logs,
     admin: Option<admin::Admin>,
+    notify: Option<systemd::Notifier>,
 }
 
 fn is_fd_exhaustion(e: &io::Error) -> bool {
@@ -248,16 +250,22 @@ impl<S: Service> Server<S> {
         config
             .validate()
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let socket = Socket::new(
-            Domain::for_address(config.listen),
-            Type::STREAM,
-            Some(Protocol::TCP),
-        )?;
-        // Restarting on the same port must not wait for TIME_WAIT to clear.
-        socket.set_reuse_address(true)?;
+        let socket = match config.listen_fd {
+            Some(fd) => inherited_listener(fd)?,
+            None => {
+                let socket = Socket::new(
+                    Domain::for_address(config.listen),
+                    Type::STREAM,
+                    Some(Protocol::TCP),
+                )?;
+                // Restarting on the same port must not wait for TIME_WAIT to clear.
+                socket.set_reuse_address(true)?;
+                socket.bind(&config.listen.into())?;
+                socket.listen(i32::try_from(config.backlog).unwrap_or(i32::MAX))?;
+                socket
+            }
+        };
         socket.set_nonblocking(true)?;
-        socket.bind(&config.listen.into())?;
-        socket.listen(i32::try_from(config.backlog).unwrap_or(i32::MAX))?;
         let mut listener = TcpListener::from_std(socket.into());
         let local_addr = listener.local_addr()?;
         let poll = Poll::new()?;
@@ -297,6 +305,7 @@ impl<S: Service> Server<S> {
             Clock::Monotonic(MonotonicClock::new()),
         );
         server.admin = admin;
+        server.notify = systemd::Notifier::from_env();
         Ok(server)
     }
 
@@ -341,6 +350,7 @@ impl<S: Service> Server<S> {
                 service: LogLimit::new(1, 10_000),
             },
             admin: None,
+            notify: None,
             config,
         }
     }
@@ -490,6 +500,13 @@ impl<S: Service> Server<S> {
         if let Some(t) = self.admin.as_ref().and_then(|a| a.next_deadline(now)) {
             at = at.min(t);
         }
+        if let Some(t) = self
+            .notify
+            .as_ref()
+            .and_then(systemd::Notifier::next_deadline)
+        {
+            at = at.min(t);
+        }
         let until = (at != Millis::NEVER).then(|| now.until(at));
         match (until, max_wait) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -572,6 +589,10 @@ impl<S: Service> Server<S> {
         // After the lock replies are written: the admin port never delays one.
         self.admin_turn(now);
         self.reap(now);
+        if let Some(n) = self.notify.as_mut() {
+            n.ready(self.shutdown_deadline.is_none() && self.service.serving());
+            n.watchdog(now);
+        }
         if let Some(deadline) = self.shutdown_deadline {
             if self.conns.is_empty() || now >= deadline {
                 self.finish_shutdown(now);
@@ -1109,6 +1130,9 @@ impl<S: Service> Server<S> {
             self.conns.len(),
             millis(self.config.flush_timeout)
         );
+        if let Some(n) = self.notify.as_mut() {
+            n.send("STOPPING=1");
+        }
         if let Some(mut l) = self.listener.take() {
             let _ = self.poll.registry().deregister(&mut l);
         }
@@ -1135,6 +1159,31 @@ impl<S: Service> Server<S> {
         self.stopped = true;
         log::info!("stopped");
     }
+}
+
+/// The listening socket systemd passed as descriptor `fd` (socket
+/// activation), checked to be a TCP stream socket. The server owns it from
+/// here on.
+fn inherited_listener(fd: std::os::fd::RawFd) -> io::Result<Socket> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: `fd` is the descriptor systemd passed this process for its
+    // listener (LISTEN_FDS/LISTEN_PID, see `systemd::listen_fd`); nothing
+    // else in the process owns or closes it.
+    let socket = unsafe { Socket::from_raw_fd(fd) };
+    let inet = socket
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .is_some();
+    if !inet || socket.r#type()? != Type::STREAM {
+        // Not ours to close: leave the descriptor as it was.
+        std::mem::forget(socket);
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("socket activation: descriptor {fd} is not a TCP stream socket"),
+        ));
+    }
+    Ok(socket)
 }
 
 fn millis(d: Duration) -> u64 {
