@@ -813,3 +813,26 @@ fn ticket_status_and_locks_read_the_admin_port() {
     let (code, _, err) = ticket(&["locks", "--admin", &closed]);
     assert_eq!(code, 125, "{err}");
 }
+
+#[test]
+fn the_sample_alert_rules_in_the_docs_pass_promtool() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/OPERATIONS.md"))
+        .unwrap();
+    let start = doc.find("```yaml\n").expect("a yaml block") + "```yaml\n".len();
+    let yaml = &doc[start..start + doc[start..].find("```").unwrap()];
+    let dir = tmp_dir("rules");
+    let file = dir.join("rules.yml");
+    std::fs::write(&file, yaml).unwrap();
+    let out = Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&file)
+        .output()
+        .expect("promtool must be installed (apt-get install prometheus)");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
