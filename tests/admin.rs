@@ -393,6 +393,13 @@ fn lock_endpoints_answer_json_that_matches_the_table() {
     let (status, _) = http(admin, "DELETE", "/v1/locks/a%2F1");
     assert_eq!(status, 405);
     assert_eq!(get(admin, "/livez"), (200, "ok\n".to_string()));
+    // A client that shuts its side after the request still gets the answer.
+    let mut s = TcpStream::connect(admin).unwrap();
+    s.write_all(b"GET /livez HTTP/1.1\r\n\r\n").unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    assert!(raw.starts_with("HTTP/1.1 200 OK\r\n") && raw.ends_with("\r\n\r\nok\n"), "{raw}");
     let (_, m) = get(admin, "/metrics");
     assert_eq!(sample(&m, "ticketd_keys"), 2_502.0);
 }

@@ -375,14 +375,16 @@ impl Admin {
 /// Reads what has arrived and, once the head is complete, routes it.
 fn read_request<S: Service>(c: &mut AdminConn, now: Millis, view: &View<'_, S>) {
     let mut chunk = [0u8; 2048];
+    let mut eof = false;
     for _ in 0..READS_PER_TURN {
         let room = MAX_REQUEST_BYTES + 1 - c.rbuf.len();
         let want = room.min(chunk.len());
         match c.stream.read(&mut chunk[..want]) {
             Ok(0) => {
-                // Closed before the head was complete.
-                c.done = true;
-                return;
+                // The peer shut its side: what it sent is all there is.
+                eof = true;
+                c.readable = false;
+                break;
             }
             Ok(n) => {
                 c.rbuf.extend_from_slice(&chunk[..n]);
@@ -419,6 +421,8 @@ fn read_request<S: Service>(c: &mut AdminConn, now: Millis, view: &View<'_, S>) 
                 &format!("request head over {MAX_REQUEST_BYTES} bytes\n"),
             );
         }
+        // Closed before the head was complete: nobody to answer.
+        Ok(httparse::Status::Partial) if eof => c.done = true,
         Ok(httparse::Status::Partial) => {}
         Err(httparse::Error::TooManyHeaders) => {
             respond(
