@@ -25,10 +25,10 @@ help:
 	@echo "engine-memory bytes per held key and per waiter, hot-path allocations (release)"
 
 build:
-	$(CARGO) build --release
+	$(CARGO) build --release -p ticketd
 
 run:
-	$(CARGO) run --release --bin ticketd
+	$(CARGO) run --release -p ticketd --bin ticketd
 
 test:
 	$(CARGO) test --all-features
@@ -111,9 +111,9 @@ BENCH_SECONDS ?= 10
 BENCH_ROUNDS ?= 3
 .PHONY: bench-cluster
 bench-cluster:
-	$(CARGO) build --release --bin ticketd --example cluster_bench --example cluster_limit_server
+	$(CARGO) build --release --bin ticketd --bin cluster-bench --bin cluster-limit-server
 	$(CARGO) build --release --manifest-path bench/etcd-native/Cargo.toml
-	./target/release/examples/cluster_bench --clients $(CLIENTS) --seconds $(BENCH_SECONDS) \
+	./target/release/cluster-bench --clients $(CLIENTS) --seconds $(BENCH_SECONDS) \
 	  --rounds $(BENCH_ROUNDS) --etcd --etcd-native bench/etcd-native/target/release/etcd-native-bench
 # Single-mode simulation over SEEDS seeds: from FIRST when given on the
 # command line, else from a seed taken from the clock (printed).

@@ -18,7 +18,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cargo build --release --quiet --example ticket_bench
+cargo build --release --quiet -p ticketd-bench --bin ticket-bench
 cargo build --release --quiet --manifest-path bench/etcd-native/Cargo.toml
 
 # Ports below the ephemeral range, so no outgoing connection holds them.
@@ -41,7 +41,7 @@ fail() { echo "etcd smoke: $*" >&2; cat "$TMP/etcd.log" >&2; exit 1; }
 field() { grep -o "\"$1\":[0-9.]*" <<<"$2" | head -1 | cut -d: -f2 || true; }
 
 # The JSON gateway, through ticketd's load generator.
-gw=$(target/release/examples/ticket_bench --backend etcd --server "127.0.0.1:$CPORT" \
+gw=$(target/release/ticket-bench --backend etcd --server "127.0.0.1:$CPORT" \
     --connections 4 --requests 400 --quiet --json) || fail "gateway run failed"
 grants=$(field grants "$gw")
 released=$(field released "$gw")

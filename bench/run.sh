@@ -70,10 +70,10 @@ if ((${#need_apt[@]})); then
 fi
 
 log "building release binaries"
-cargo build --release --quiet --bin ticketd --example ticket_bench --example limit_server --example cluster_bench --example cluster_limit_server
+cargo build --release --quiet --bin ticketd --bin ticket-bench --bin limit-server --bin cluster-bench --bin cluster-limit-server
 TICKETD=target/release/ticketd
-BENCH=target/release/examples/ticket_bench
-LIMIT=target/release/examples/limit_server
+BENCH=target/release/ticket-bench
+LIMIT=target/release/limit-server
 
 # wait_port PORT SECONDS: until something accepts on 127.0.0.1:PORT.
 wait_port() {
@@ -419,7 +419,7 @@ if [[ -z ${BENCH_SKIP_CLUSTER:-} ]]; then
     echo "cluster: 3 ticketd nodes (fsync on) vs one etcd node, ${BENCH_CLUSTER_CLIENTS:-50} lockers"
     log "building etcd's native gRPC client driver (bench/etcd-native)"
     cargo build --release --quiet --manifest-path bench/etcd-native/Cargo.toml
-    ./target/release/examples/cluster_bench --clients "${BENCH_CLUSTER_CLIENTS:-50}" \
+    ./target/release/cluster-bench --clients "${BENCH_CLUSTER_CLIENTS:-50}" \
         --seconds "$SECS" --rounds "$ROUNDS" --etcd \
         --etcd-native bench/etcd-native/target/release/etcd-native-bench |
         sed -n '/^-- median\|^-- one/,$p'

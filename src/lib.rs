@@ -46,7 +46,6 @@
 //! the disk.
 #![warn(missing_docs)]
 
-pub mod bench;
 pub mod checker;
 pub mod client;
 #[cfg(feature = "cluster")]

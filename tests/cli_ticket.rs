@@ -399,52 +399,6 @@ fn a_token_that_cannot_be_printed_is_released_again() {
     );
 }
 
-/// `ticket bench` is the load generator: it runs a short cycle load against
-/// a real server and reports what it measured, and rejects bad flags with
-/// the usage status.
-#[test]
-fn bench_measures_a_real_server_and_rejects_bad_flags() {
-    let server = Ticketd::start(&[]);
-    let addr = server.addr().to_string();
-    let o = ticket(&[
-        "bench",
-        "--server",
-        &addr,
-        "--mode",
-        "cycle",
-        "--connections",
-        "2",
-        "--depth",
-        "4",
-        "--duration",
-        "0.5",
-        "--warmup",
-        "0",
-        "--json",
-    ]);
-    assert_eq!(status(&o), 0, "{}", stderr(&o));
-    let json = stdout(&o);
-    assert!(json.contains("\"backend\":\"ticketd\""), "{json}");
-    assert!(json.contains("\"mode\":\"cycle\""), "{json}");
-    // Grants really happened, and every one was released (cycle mode).
-    let field = |name: &str| -> u64 {
-        let at = json.find(&format!("\"{name}\":")).expect(name) + name.len() + 3;
-        json[at..]
-            .split(|c: char| !c.is_ascii_digit())
-            .next()
-            .and_then(|n| n.parse().ok())
-            .expect(name)
-    };
-    assert!(field("grants") > 0, "{json}");
-    assert_eq!(field("not_released"), 0, "{json}");
-    let o = ticket(&["bench", "--backend", "zk"]);
-    assert_eq!(status(&o), 64);
-    assert!(stderr(&o).contains("unknown backend"), "{}", stderr(&o));
-    let o = ticket(&["help", "bench"]);
-    assert_eq!(status(&o), 0);
-    assert!(stdout(&o).contains("--backend"));
-}
-
 /// `ticket run` renews by default: a command that runs for several leases
 /// keeps the lock the whole time, exits 0, and the key is free afterwards.
 #[test]

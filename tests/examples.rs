@@ -2,7 +2,7 @@
 //!
 //! Each test starts the example as a real process (and, for the examples
 //! that talk to a server, a real `ticketd` beside it) and asserts on what it
-//! prints. The benchmark drivers run with short flags.
+//! prints. The benchmarks' programs are tested in bench/.
 //!
 //! `cargo test` builds the examples next to the test binaries; a test run
 //! restricted to this file (`cargo test --test examples`) does not, so a
@@ -10,8 +10,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -184,83 +182,6 @@ fn shared_client_counts_every_increment_under_one_lock() {
     );
 }
 
-/// A request and its reply over a fresh connection to `addr`.
-fn one_acquire(addr: SocketAddr) -> common::Reply {
-    let mut c = common::Client::connect(addr);
-    c.acquire_reply("k", 7, 0, 5)
-}
-
-/// Reads lines of `child`'s stdout until one starts with `prefix`; returns
-/// the address at its end.
-fn listening_addr(
-    child: &mut Child,
-    prefix: &str,
-) -> (SocketAddr, BufReader<std::process::ChildStdout>) {
-    let mut out = BufReader::new(child.stdout.take().expect("piped stdout"));
-    let mut line = String::new();
-    out.read_line(&mut line).expect("first line");
-    let addr = line
-        .trim()
-        .strip_prefix(prefix)
-        .unwrap_or_else(|| panic!("{prefix:?} not at the start of {line:?}"));
-    (addr.parse().expect("an address"), out)
-}
-
-fn sigterm(child: &Child) {
-    let pid = i32::try_from(child.id()).expect("a pid fits in i32");
-    // SAFETY: kill(2) on our own child, not yet waited for.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-}
-
-#[test]
-fn limit_server_answers_every_acquire_and_counts_on_sigterm() {
-    let mut child = Command::new(example("limit_server"))
-        .arg("127.0.0.1:0")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start limit_server");
-    let (addr, mut out) = listening_addr(&mut child, "limit_server listening on ");
-    let reply = one_acquire(addr);
-    assert!(
-        matches!(reply, common::Reply::Acquired { owner: 7, .. }),
-        "{reply:?}"
-    );
-    sigterm(&child);
-    let mut rest = String::new();
-    out.read_to_string(&mut rest).expect("the rest of stdout");
-    let status = finish(child, Duration::from_secs(30)).status;
-    assert!(status.success(), "{status}");
-    assert!(
-        rest.contains("limit_server: 1 requests on 1 connections"),
-        "{rest}"
-    );
-}
-
-#[test]
-fn ticket_bench_drives_a_real_server_for_a_fixed_number_of_requests() {
-    let server = Ticketd::start(&[]);
-    let addr = server.addr().to_string();
-    let out = run(
-        "ticket_bench",
-        &[
-            "--server",
-            &addr,
-            "--mode",
-            "cycle",
-            "--connections",
-            "2",
-            "--requests",
-            "400",
-            "--json",
-        ],
-        &[],
-        Duration::from_secs(60),
-    );
-    assert!(number_after(&out, "\"requests\":") >= 400, "{out}");
-}
-
 #[test]
 fn engine_memory_hot_path_allocates_only_the_stored_key_and_leaks_nothing() {
     let out = run(
@@ -292,42 +213,6 @@ fn deterministic_test_hands_the_crashed_holders_key_over_with_a_higher_token() {
             "two runs, identical transcripts\n",
         ],
     );
-}
-
-#[cfg(feature = "cluster")]
-#[test]
-fn cluster_bench_runs_the_cluster_single_mode_and_the_cluster_limit() {
-    let out = run(
-        "cluster_bench",
-        &["--clients", "2", "--seconds", "1"],
-        &[
-            ("CB_BIN", common::ticketd_bin().display().to_string()),
-            (
-                "CB_LIMIT",
-                example("cluster_limit_server").display().to_string(),
-            ),
-        ],
-        Duration::from_secs(180),
-    );
-    assert_in_order(
-        &out,
-        &[
-            "ticketd 3-node cluster:",
-            "single-mode ticketd:",
-            "cluster limit:",
-            "ratio: cluster / single-mode ticketd = ",
-        ],
-    );
-    assert!(
-        number_after(&out, "ticketd 3-node cluster:   ") > 0,
-        "{out}"
-    );
-    assert!(
-        number_after(&out, "cluster limit:            ") > 0,
-        "{out}"
-    );
-    // The cluster limit's leader and followers report their syncs.
-    assert!(out.contains("fdatasync calls"), "{out}");
 }
 
 #[test]

@@ -77,7 +77,6 @@ USAGE:
     ticket status KEY [--json] [--admin ADDR]
     ticket locks [PREFIX] [--json] [--admin ADDR]
     ticket cluster status [--json] [--admin ADDR]
-    ticket bench [--backend ticketd|redis|etcd] [--mode acquire|cycle|contended] ...
     ticket certs init DIR [--cluster-name NAME] [--nodes N]
     ticket help [SUBCOMMAND]
 
@@ -98,8 +97,6 @@ EXIT STATUS:
     126  run: the command could not be started
     127  run: the command was not found
     run otherwise exits with the command's own status (128 + N for signal N).
-    bench exits 0, 1 when the run failed or a grant broke FIFO order, 64 on
-    a usage error.
 ";
 
 const HELP_ACQUIRE: &str = "\
@@ -232,33 +229,12 @@ fn dispatch(mut args: Vec<OsString>) -> Result<u8, Exit> {
         "release" => release(args),
         "extend" => extend(args),
         "run" => run(args),
-        "bench" => bench(args),
         "certs" => certs(args),
         "status" => status(args),
         "locks" => locks(args),
         "cluster" => cluster(args),
         "help" | "--help" | "-h" => help(args),
         other => Err(Exit::usage(format!("unknown subcommand {other:?}"))),
-    }
-}
-
-/// `ticket bench`: the load generator of [`ticketd::bench`].
-fn bench(args: Vec<OsString>) -> Result<u8, Exit> {
-    let args = args
-        .into_iter()
-        .map(|a| {
-            a.into_string()
-                .map_err(|_| Exit::usage("bench: an argument is not valid UTF-8"))
-        })
-        .collect::<Result<Vec<String>, Exit>>()?;
-    match ticketd::bench::main(args) {
-        0 => Ok(exit::OK),
-        // bench has printed its own message and hint for bad flags.
-        2 => Err(Exit {
-            status: exit::USAGE,
-            message: String::new(),
-        }),
-        _ => Ok(1),
     }
 }
 
@@ -352,10 +328,6 @@ fn help(args: Vec<OsString>) -> Result<u8, Exit> {
         Some("run") => HELP_RUN,
         Some("certs") => HELP_CERTS,
         Some("status" | "locks" | "cluster") => HELP_ADMIN,
-        Some("bench") => {
-            let _ = ticketd::bench::main(vec!["--help".to_owned()]);
-            return Ok(exit::OK);
-        }
         Some(other) => return Err(Exit::usage(format!("no help for {other:?}"))),
     };
     print!("{text}");

@@ -501,8 +501,24 @@ impl Client {
     }
 }
 
-/// A loopback port for a server the test starts
-/// ([`ticketd::bench::free_loopback_port`]: below the ephemeral range).
+/// A loopback port that is free now, for a server the test is about to
+/// start, taken below the kernel's ephemeral range (32768 and up on Linux):
+/// a port the kernel hands out could be given to an outgoing connection
+/// between this pick and the server's bind (which then fails with "Address
+/// already in use"); these never are. A counter keeps one process's picks
+/// apart, and the process id spreads concurrent test binaries.
 pub fn free_port() -> u16 {
-    ticketd::bench::free_loopback_port().expect("a free loopback port")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let offset = (std::process::id() % 600) * 20;
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = u16::try_from(FIRST + (offset + n) % SPAN).unwrap_or(u16::MAX);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {FIRST}..{}", FIRST + SPAN);
 }

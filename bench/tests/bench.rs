@@ -1,18 +1,22 @@
-//! `ticket bench` against real servers: an in-process ticketd (the FIFO
-//! check must pass on real hand-overs) and a real `redis-server` started on a
-//! free loopback port (the RESP backend must lock and release for real).
+//! The load generator against real servers: an in-process ticketd (the
+//! FIFO check must pass on real hand-overs), the real `ticketd` binary, and a
+//! real `redis-server` started on a free loopback port (the RESP backend must
+//! lock and release for real); and the member's programs (`ticket-bench`,
+//! `limit-server`, `cluster-bench` with `cluster-limit-server`) run as real
+//! processes.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-mod common;
+mod procs;
 
-use ticketd::bench::{self, gen::Mode, BackendKind, Report};
+use procs::Ticketd;
 use ticketd::config::Config;
 use ticketd::server::Server;
 use ticketd::single::SingleService;
+use ticketd_bench::{self as bench, gen::Mode, BackendKind, Report};
 
 fn run(args: &[&str]) -> Report {
     let parsed = bench::parse_args(args.iter().map(|s| (*s).to_string()).collect())
@@ -121,7 +125,7 @@ struct Redis {
 
 impl Redis {
     fn start() -> Redis {
-        let port = common::free_port();
+        let port = bench::free_loopback_port().expect("a free loopback port");
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
@@ -271,7 +275,7 @@ fn a_server_that_closes_after_a_reply_ends_the_run_with_an_error() {
 
 #[test]
 fn extend_mode_keeps_real_ticketd_locks_alive_at_lease_over_three() {
-    let server = common::Ticketd::start(&[]);
+    let server = Ticketd::start(&[]);
     let addr = server.addr().to_string();
     let pid = server.pid().to_string();
     // 2 s leases, extended every 0.67 s: over 1.5 s every lock is extended
@@ -311,7 +315,7 @@ fn extend_mode_keeps_real_ticketd_locks_alive_at_lease_over_three() {
 
 #[test]
 fn extend_flood_extends_back_to_back_and_counts_every_x_as_a_failure() {
-    let server = common::Ticketd::start(&[]);
+    let server = Ticketd::start(&[]);
     let addr = server.addr().to_string();
     let flood = |addr: &str| {
         [
@@ -357,10 +361,195 @@ fn extend_flood_extends_back_to_back_and_counts_every_x_as_a_failure() {
 
     // A server that caps a hold at 1 s answers every extend of a 2 s lease
     // with X: the run counts them and fails.
-    let capped = common::Ticketd::start(&["--max-hold", "1"]);
+    let capped = Ticketd::start(&["--max-hold", "1"]);
     let capped_addr = capped.addr().to_string();
     let r = bench::run(&bench::parse_args(flood(&capped_addr)).unwrap()).unwrap();
     assert!(r.stats.not_extended > 0, "{:?}", r.stats);
     assert_eq!(r.stats.extended, 0, "{:?}", r.stats);
     assert_eq!(bench::main(flood(&capped_addr)), 1);
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `ticket-bench` runs a short cycle load against a real server and reports
+/// what it measured, and rejects bad flags with the usage status.
+#[test]
+fn ticket_bench_measures_a_real_server_and_rejects_bad_flags() {
+    let server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    let bin = env!("CARGO_BIN_EXE_ticket-bench");
+    let limit = Duration::from_secs(60);
+    let o = procs::run(
+        bin,
+        &[
+            "--server",
+            &addr,
+            "--mode",
+            "cycle",
+            "--connections",
+            "2",
+            "--depth",
+            "4",
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0",
+            "--json",
+        ],
+        &[],
+        limit,
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let json = text(&o.stdout);
+    assert!(json.contains("\"backend\":\"ticketd\""), "{json}");
+    assert!(json.contains("\"mode\":\"cycle\""), "{json}");
+    // Grants really happened, and every one was released (cycle mode).
+    assert!(procs::number_after(&json, "\"grants\":") > 0, "{json}");
+    assert_eq!(procs::number_after(&json, "\"not_released\":"), 0, "{json}");
+
+    // A fixed number of requests: at least that many answered.
+    let o = procs::run(
+        bin,
+        &[
+            "--server",
+            &addr,
+            "--connections",
+            "2",
+            "--requests",
+            "400",
+            "--json",
+            "--quiet",
+        ],
+        &[],
+        limit,
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(procs::number_after(&text(&o.stdout), "\"requests\":") >= 400);
+
+    let o = procs::run(bin, &["--backend", "zk"], &[], limit);
+    assert_eq!(o.status.code(), Some(64));
+    assert!(
+        text(&o.stderr).contains("unknown backend"),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = procs::run(bin, &["--help"], &[], limit);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(text(&o.stdout).contains("--backend"));
+}
+
+/// `limit-server` answers an acquire with a grant for the same owner, and
+/// on SIGTERM stops and prints what it served.
+#[test]
+fn limit_server_answers_every_acquire_and_counts_on_sigterm() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_limit-server"))
+        .arg("127.0.0.1:0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start limit-server");
+    let mut out = BufReader::new(child.stdout.take().expect("piped stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("first line");
+    let addr: SocketAddr = line
+        .trim()
+        .strip_prefix("limit-server listening on ")
+        .unwrap_or_else(|| panic!("no listening line: {line:?}"))
+        .parse()
+        .expect("an address");
+
+    let mut conn = TcpStream::connect(addr).expect("connect to limit-server");
+    let mut frame = Vec::new();
+    ticketd::proto::encode_request(
+        &ticketd::proto::Request::Acquire {
+            wait_s: 0,
+            lease_s: 5,
+            owner: 7,
+            key: "k",
+        },
+        &mut frame,
+    );
+    conn.write_all(&frame).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut buf = Vec::new();
+    let owner = loop {
+        let mut chunk = [0u8; 256];
+        let n = conn.read(&mut chunk).expect("a reply");
+        assert!(n > 0, "limit-server closed the connection");
+        buf.extend_from_slice(&chunk[..n]);
+        match ticketd::proto::decode_reply(&buf, 1024) {
+            ticketd::proto::Decoded::Incomplete => continue,
+            ticketd::proto::Decoded::Frame {
+                frame: ticketd::proto::Reply::Acquired { owner, .. },
+                ..
+            } => break owner,
+            other => panic!("unexpected reply {other:?}"),
+        }
+    };
+    assert_eq!(owner, 7);
+
+    let pid = i32::try_from(child.id()).expect("a pid fits in i32");
+    // SAFETY: kill(2) on our own child, not yet waited for.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).expect("the rest of stdout");
+    let status = procs::finish(child, Duration::from_secs(30)).status;
+    assert!(status.success(), "{status}");
+    assert!(
+        rest.contains("limit-server: 1 requests on 1 connections"),
+        "{rest}"
+    );
+}
+
+/// `cluster-bench` drives a 3-node cluster, a single-mode server and the
+/// cluster limit (`cluster-limit-server`), all real processes.
+#[cfg(feature = "cluster")]
+#[test]
+fn cluster_bench_runs_the_cluster_single_mode_and_the_cluster_limit() {
+    let o = procs::run(
+        env!("CARGO_BIN_EXE_cluster-bench"),
+        &["--clients", "2", "--seconds", "1"],
+        &[
+            ("CB_BIN", procs::ticketd_bin().display().to_string()),
+            (
+                "CB_LIMIT",
+                env!("CARGO_BIN_EXE_cluster-limit-server").to_string(),
+            ),
+        ],
+        Duration::from_secs(180),
+    );
+    let out = text(&o.stdout);
+    assert!(
+        o.status.success(),
+        "cluster-bench failed: {}\nstdout:\n{out}\nstderr:\n{}",
+        o.status,
+        text(&o.stderr)
+    );
+    let mut from = 0;
+    for needle in [
+        "ticketd 3-node cluster:",
+        "single-mode ticketd:",
+        "cluster limit:",
+        "ratio: cluster / single-mode ticketd = ",
+    ] {
+        match out[from..].find(needle) {
+            Some(i) => from += i + needle.len(),
+            None => panic!("{needle:?} missing (or out of order) in:\n{out}"),
+        }
+    }
+    assert!(
+        procs::number_after(&out, "ticketd 3-node cluster:   ") > 0,
+        "{out}"
+    );
+    assert!(
+        procs::number_after(&out, "cluster limit:            ") > 0,
+        "{out}"
+    );
+    // The cluster limit's leader and followers report their syncs.
+    assert!(out.contains("fdatasync calls"), "{out}");
 }

@@ -2,7 +2,7 @@
 //! single etcd node under the same lock workload, same number of lockers.
 //!
 //! Both are driven by the same load generator, the one behind `ticket
-//! bench` (`ticketd::bench`): one `mio` loop, one connection per locker,
+//! bench` (`ticketd_bench`): one `mio` loop, one connection per locker,
 //! each locker locking a fresh key and unlocking it, in a loop, one request
 //! at a time. ticketd: `A` then `R`, the lockers spread over the three
 //! nodes; etcd: `/v3/lock/lock` with a lease then `/v3/lock/unlock` (the
@@ -23,7 +23,7 @@
 //!
 //! * one single-mode ticketd (no replication, no disk): no cluster can beat
 //!   that on the same machine;
-//! * the cluster limit (`examples/cluster_limit_server.rs`): three
+//! * the cluster limit (`bench/src/bin/cluster-limit-server.rs`): three
 //!   processes that answer ticketd's protocol only once two of them hold
 //!   each request on disk, with no consensus and no lock table behind it,
 //!   every locker on its fixed leader. It is the most a three-node,
@@ -34,16 +34,16 @@
 //! Build and run:
 //!
 //! ```text
-//! cargo build --release --bin ticketd --example cluster_bench \
-//!     --example cluster_limit_server
-//! target/release/examples/cluster_bench \
+//! cargo build --release --bin ticketd --bin cluster-bench \
+//!     --bin cluster-limit-server
+//! target/release/cluster-bench \
 //!     [--clients 50] [--seconds 10] [--rounds 1] [--etcd]
 //!     [--etcd-native bench/etcd-native/target/release/etcd-native-bench]
 //!     [--no-single] [--no-cluster-limit] [--no-peer-tls]
 //! ```
 //!
 //! Needs the release `ticketd` binary (target/release/ticketd, or the path
-//! in `$CB_BIN`, to compare two builds), `cluster_limit_server` (next to
+//! in `$CB_BIN`, to compare two builds), `cluster-limit-server` (next to
 //! this program, or the path in `$CB_LIMIT`) unless `--no-cluster-limit`
 //! and, with `--etcd`, `etcd` on
 //! the PATH. Data directories go under the system temporary directory
@@ -56,8 +56,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ticketd::bench;
 use ticketd::proto::{self, Decoded, Reply, Request};
+use ticketd_bench as bench;
 
 struct Proc(Child);
 
@@ -331,7 +331,7 @@ fn bench_single(bin: &Path, clients: usize, seconds: u64) -> f64 {
 }
 
 /// The cluster limit: two followers and a leader of
-/// `cluster_limit_server` (the binary at `limit`), every locker on the
+/// `cluster-limit-server` (the binary at `limit`), every locker on the
 /// leader. Afterwards the leader is stopped with SIGTERM (the followers end
 /// with its connection) and each node's `fdatasync` count and mean time
 /// are printed.
@@ -514,19 +514,19 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// The load generator's limit on connections.
 const MAX_CLIENTS: usize = 10_000;
 
-const USAGE: &str = "usage: cluster_bench [--clients N] [--seconds N] [--rounds N] [--etcd] \
+const USAGE: &str = "usage: cluster-bench [--clients N] [--seconds N] [--rounds N] [--etcd] \
                      [--etcd-native DRIVER] [--no-single] [--no-cluster-limit] [--no-peer-tls]";
 
 /// A positive number flag, or exit 2 with a clear message.
 fn number(args: &mut pico_args::Arguments, flag: &'static str, default: u64) -> u64 {
     match args.opt_value_from_str::<_, u64>(flag) {
         Ok(Some(0)) => {
-            eprintln!("cluster_bench: {flag} must be at least 1\n{USAGE}");
+            eprintln!("cluster-bench: {flag} must be at least 1\n{USAGE}");
             std::process::exit(2);
         }
         Ok(v) => v.unwrap_or(default),
         Err(e) => {
-            eprintln!("cluster_bench: {e}\n{USAGE}");
+            eprintln!("cluster-bench: {e}\n{USAGE}");
             std::process::exit(2);
         }
     }
@@ -536,7 +536,7 @@ fn main() {
     let mut args = pico_args::Arguments::from_env();
     let clients = number(&mut args, "--clients", 50) as usize;
     if clients > MAX_CLIENTS {
-        eprintln!("cluster_bench: --clients must be at most {MAX_CLIENTS}\n{USAGE}");
+        eprintln!("cluster-bench: --clients must be at most {MAX_CLIENTS}\n{USAGE}");
         std::process::exit(2);
     }
     let seconds = number(&mut args, "--seconds", 10);
@@ -545,14 +545,14 @@ fn main() {
     let native: Option<PathBuf> = match args.opt_value_from_str("--etcd-native") {
         Ok(v) => v,
         Err(e) => {
-            eprintln!("cluster_bench: {e}\n{USAGE}");
+            eprintln!("cluster-bench: {e}\n{USAGE}");
             std::process::exit(2);
         }
     };
     if let Some(d) = &native {
         if !d.is_file() {
             eprintln!(
-                "cluster_bench: --etcd-native {}: no such file (build it with \
+                "cluster-bench: --etcd-native {}: no such file (build it with \
                  cargo build --release --manifest-path bench/etcd-native/Cargo.toml)",
                 d.display()
             );
@@ -564,7 +564,7 @@ fn main() {
     let peer_tls = !args.contains("--no-peer-tls");
     let rest = args.finish();
     if !rest.is_empty() {
-        eprintln!("cluster_bench: unexpected {rest:?}\n{USAGE}");
+        eprintln!("cluster-bench: unexpected {rest:?}\n{USAGE}");
         std::process::exit(2);
     }
     // The cluster limit's server: `$CB_LIMIT`, or the one built next to
@@ -575,14 +575,14 @@ fn main() {
         let p = std::env::var_os("CB_LIMIT").map(PathBuf::from).or_else(|| {
             std::env::current_exe()
                 .ok()
-                .and_then(|e| e.parent().map(|d| d.join("cluster_limit_server")))
+                .and_then(|e| e.parent().map(|d| d.join("cluster-limit-server")))
         });
         match p {
             Some(p) if p.is_file() => Some(p),
             p => {
                 eprintln!(
-                    "cluster_bench: no cluster limit server at {} (cargo build --release \
-                     --example cluster_limit_server, or set CB_LIMIT, or pass \
+                    "cluster-bench: no cluster limit server at {} (cargo build --release \
+                     --bin cluster-limit-server, or set CB_LIMIT, or pass \
                      --no-cluster-limit)",
                     p.map_or("?".into(), |p| p.display().to_string())
                 );

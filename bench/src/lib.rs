@@ -1,4 +1,4 @@
-//! `ticket bench`: a load generator for ticketd and, for comparison, Redis.
+//! `ticket-bench`: a load generator for ticketd and, for comparison, Redis.
 //!
 //! Like `redis-benchmark`: many connections, a pipeline depth, a key space and
 //! a workload, for a fixed time or a fixed number of requests. It prints
@@ -30,7 +30,7 @@ use backend::{Backend, Ticketd};
 use gen::{Config, Keys, Mode, Shared, Stats};
 
 const USAGE: &str = "\
-usage: ticket bench [FLAGS]
+usage: ticket-bench [FLAGS]
 
   --server ADDR[,ADDR]  server address (default 127.0.0.1:7470 for ticketd,
                         127.0.0.1:6379 for redis, 127.0.0.1:2379 for etcd);
@@ -91,7 +91,7 @@ pub struct Args {
     pub server_pids: Vec<u32>,
 }
 
-/// The services `ticket bench` can drive.
+/// The services `ticket-bench` can drive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendKind {
     /// ticketd's own protocol.
@@ -124,7 +124,7 @@ where
     Ok(Some(n))
 }
 
-/// Parses the flags of `ticket bench` (without the program or subcommand name).
+/// Parses the flags of `ticket-bench` (without the program or subcommand name).
 pub fn parse_args(args: Vec<String>) -> Result<Args, String> {
     let mut p = pico_args::Arguments::from_vec(args.into_iter().map(Into::into).collect());
     if p.contains(["-h", "--help"]) {
@@ -835,10 +835,10 @@ pub(crate) fn set_write_interest(
     registry.reregister(stream, token, interest)
 }
 
-/// Entry point of `ticket bench ARGS` (without the program and subcommand
-/// names). Returns the process exit code: 0 on success, 1 if the run failed,
-/// the FIFO check found a grant out of order or an extend was answered `X`,
-/// 2 for bad flags.
+/// Entry point of `ticket-bench ARGS` (without the program name). Returns
+/// the process exit code: 0 on success, 1 if the run failed, the FIFO check
+/// found a grant out of order or an extend was answered `X`, 64 for bad
+/// flags (the usage status of `ticket`).
 #[must_use]
 pub fn main(args: Vec<String>) -> i32 {
     let args = match parse_args(args) {
@@ -848,9 +848,9 @@ pub fn main(args: Vec<String>) -> i32 {
             return 0;
         }
         Err(e) => {
-            eprintln!("ticket bench: {e}");
-            eprintln!("try 'ticket bench --help'");
-            return 2;
+            eprintln!("ticket-bench: {e}");
+            eprintln!("try 'ticket-bench --help'");
+            return 64;
         }
     };
     match run(&args) {
@@ -867,7 +867,7 @@ pub fn main(args: Vec<String>) -> i32 {
             }
         }
         Err(e) => {
-            eprintln!("ticket bench: {e}");
+            eprintln!("ticket-bench: {e}");
             1
         }
     }
@@ -899,7 +899,7 @@ mod tests {
     }
 
     #[test]
-    fn bad_flags_are_named_and_exit_2() {
+    fn bad_flags_are_named_and_exit_64() {
         for (bad, needle) in [
             (&["--depth", "0"][..], "--depth"),
             (&["--depth", "x"][..], "not a number"),
@@ -945,7 +945,7 @@ mod tests {
             let e = args(bad).unwrap_err();
             assert!(e.contains(needle), "{bad:?} gave {e:?}");
         }
-        assert_eq!(main(vec!["--depth".into(), "999".into()]), 2);
+        assert_eq!(main(vec!["--depth".into(), "999".into()]), 64);
     }
 
     #[test]

@@ -4,9 +4,9 @@
 //! service can do on a machine; `make bench-cluster` compares ticketd's
 //! cluster with it. Start the followers, then the leader:
 //!
-//!     cluster_limit_server follower 127.0.0.1:7582 /tmp/f1.log
-//!     cluster_limit_server follower 127.0.0.1:7583 /tmp/f2.log
-//!     cluster_limit_server leader 127.0.0.1:7480 /tmp/l.log 127.0.0.1:7582,127.0.0.1:7583
+//!     cluster-limit-server follower 127.0.0.1:7582 /tmp/f1.log
+//!     cluster-limit-server follower 127.0.0.1:7583 /tmp/f2.log
+//!     cluster-limit-server leader 127.0.0.1:7480 /tmp/l.log 127.0.0.1:7582,127.0.0.1:7583
 //!
 //! Clients talk to the leader. Each node writes 64 MiB of zeros to its log
 //! file before it serves, and writes round within them (a benchmark keeps
@@ -18,13 +18,13 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use ticketd::bench::cluster_limit;
+use ticketd_bench::cluster_limit;
 
-const USAGE: &str = "usage: cluster_limit_server follower LISTEN LOG\n       \
-                     cluster_limit_server leader LISTEN LOG FOLLOWER,FOLLOWER";
+const USAGE: &str = "usage: cluster-limit-server follower LISTEN LOG\n       \
+                     cluster-limit-server leader LISTEN LOG FOLLOWER,FOLLOWER";
 
 fn fail(code: i32, msg: &str) -> ! {
-    eprintln!("cluster_limit_server: {msg}");
+    eprintln!("cluster-limit-server: {msg}");
     std::process::exit(code);
 }
 
@@ -69,7 +69,7 @@ fn main() {
                 String::new()
             };
             println!(
-                "cluster_limit_server {role}: {requests}{} batches, {} fdatasync calls \
+                "cluster-limit-server {role}: {requests}{} batches, {} fdatasync calls \
                  ({:.3} ms on average)",
                 s.batches,
                 s.syncs,

@@ -2,14 +2,14 @@
 //!
 //! The generator owns sockets, timing and the workload; a [`Backend`] only
 //! knows how to say "acquire", "release" and how to read the answer in its
-//! service's wire format. The ticketd backend uses [`crate::proto`], the same
+//! service's wire format. The ticketd backend uses [`ticketd::proto`], the same
 //! codec as the server; the Redis backend speaks RESP by hand.
 
 use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use crate::proto::{self, Decoded, Reply, Request};
+use ticketd::proto::{self, Decoded, Reply, Request};
 
 /// What one reply said, in the terms the generator needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,13 +115,13 @@ pub trait Backend: Send + Sync + 'static {
     fn decode(&self, buf: &[u8]) -> Result<Option<(Outcome, usize)>, String>;
 }
 
-/// ticketd's binary protocol, through [`crate::proto`].
+/// ticketd's binary protocol, through [`ticketd::proto`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Ticketd;
 
 /// Keys the generator makes are short; this only bounds how far a decoder
 /// scans for a newline on a corrupt stream.
-const MAX_KEY_BYTES: usize = crate::limits::DEFAULT_MAX_KEY_BYTES;
+const MAX_KEY_BYTES: usize = ticketd::limits::DEFAULT_MAX_KEY_BYTES;
 
 impl Backend for Ticketd {
     fn name(&self) -> &'static str {

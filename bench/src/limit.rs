@@ -2,7 +2,7 @@
 //!
 //! It is ticketd's shape without the lock: one thread, one `mio` loop, a slab
 //! of connections with read and write buffers, frames decoded with
-//! [`crate::proto`]. Every Acquire is answered `A` with a new token at once
+//! [`ticketd::proto`]. Every Acquire is answered `A` with a new token at once
 //! and every Release `R`, without looking anything up. Its throughput is the
 //! most any server of this protocol can do here, so ticketd's distance to it
 //! is what the lock engine costs.
@@ -15,8 +15,8 @@ use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
 use super::conn::BufferedConn;
-use crate::limits::DEFAULT_MAX_KEY_BYTES;
-use crate::proto::{self, Decoded, Reply, Request};
+use ticketd::limits::DEFAULT_MAX_KEY_BYTES;
+use ticketd::proto::{self, Decoded, Reply, Request};
 
 const LISTENER: Token = Token(usize::MAX - 1);
 /// Stop reading a connection while this many reply bytes wait to be sent.

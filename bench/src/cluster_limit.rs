@@ -42,8 +42,8 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
 use super::conn::BufferedConn;
-use crate::limits::DEFAULT_MAX_KEY_BYTES;
-use crate::proto::{self, Decoded, Reply, Request};
+use ticketd::limits::DEFAULT_MAX_KEY_BYTES;
+use ticketd::proto::{self, Decoded, Reply, Request};
 
 const LISTENER: Token = Token(usize::MAX - 1);
 const WAKER: Token = Token(usize::MAX - 2);
