@@ -399,7 +399,10 @@ fn lock_endpoints_answer_json_that_matches_the_table() {
     s.shutdown(std::net::Shutdown::Write).unwrap();
     let mut raw = String::new();
     s.read_to_string(&mut raw).unwrap();
-    assert!(raw.starts_with("HTTP/1.1 200 OK\r\n") && raw.ends_with("\r\n\r\nok\n"), "{raw}");
+    assert!(
+        raw.starts_with("HTTP/1.1 200 OK\r\n") && raw.ends_with("\r\n\r\nok\n"),
+        "{raw}"
+    );
     let (_, m) = get(admin, "/metrics");
     assert_eq!(sample(&m, "ticketd_keys"), 2_502.0);
 }
