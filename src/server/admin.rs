@@ -136,6 +136,8 @@ pub(crate) struct View<'a, S: Service> {
     pub stats: &'a Stats,
     pub connections: usize,
     pub max_key_bytes: usize,
+    /// A shutdown has begun: not ready, whatever the service says.
+    pub stopping: bool,
 }
 
 impl Admin {
@@ -459,6 +461,7 @@ fn route<S: Service>(
     }
     match path {
         "/livez" => respond(c, 200, "text/plain", "ok\n"),
+        "/readyz" if view.stopping => respond(c, 503, "text/plain", "not ready: shutting down\n"),
         "/readyz" => match view.service.readiness(now) {
             Ok(()) => respond(c, 200, "text/plain", "ok\n"),
             Err(why) => respond(c, 503, "text/plain", &format!("not ready: {why}\n")),

@@ -609,6 +609,7 @@ impl<S: Service> Server<S> {
             stats: &self.stats,
             connections: self.conns.len(),
             max_key_bytes: self.config.max_key_bytes,
+            stopping: self.shutdown_deadline.is_some(),
         };
         admin.turn(now, self.poll.registry(), &view);
         self.stats.admin_refused = admin.refused;
