@@ -16,8 +16,6 @@
 //! * [`engine`]: the lock table, sans-IO. Every operation takes `now`; replies
 //!   go to an [`engine::Outbox`] addressed by connection. Deterministic, so
 //!   tests can step through it.
-//! * [`checker`]: a safety checker for recorded client histories (mutual
-//!   exclusion, token order, FIFO hand-over, every request answered once).
 //! * [`client`]: the official blocking client (SPEC §3): a pool of
 //!   pipelined connections, one deadline per call, Indeterminate when unsure;
 //!   and the same rules as a sans-IO state machine ([`client::machine`]).
@@ -39,6 +37,10 @@
 //! * `harness` (feature `harness`, for tests only): the real server loop on
 //!   in-memory connections and a manual clock, stepped by the caller, for
 //!   deterministic tests of code that uses ticketd.
+//! * `testkit` (feature, never in production): the test doubles that must
+//!   live inside the crate (cluster mode's in-memory disk, the node's trace
+//!   of applied entries), for the `ticketd-testkit` workspace member, which
+//!   holds the history checker, the simulations and the tests' helpers.
 //!
 //! The server is one thread and one hand-written `mio` poll loop; there is no
 //! async runtime anywhere. Cluster mode adds one helper thread that does
@@ -46,7 +48,6 @@
 //! the disk.
 #![warn(missing_docs)]
 
-pub mod checker;
 pub mod client;
 #[cfg(feature = "cluster")]
 pub mod cluster;

@@ -2,7 +2,9 @@
 //! break it, with a message naming what broke it, and passes on the correct
 //! history next to it.
 
-use ticketd::checker::{ExtendOutcome, History, Outcome, Property, ReleaseOutcome, Violation};
+use ticketd_testkit::checker::{
+    ExtendOutcome, History, Outcome, Property, ReleaseOutcome, Violation,
+};
 
 const S: u64 = 1_000_000; // one second in microseconds
 

@@ -2,9 +2,8 @@
 //! token from another process, `run` with its environment, its exit status
 //! and the termination before the lease ends, and every documented status.
 
-mod common;
-#[path = "support/proxy.rs"]
-mod proxy;
+use ticketd_testkit::process as common;
+use ticketd_testkit::proxy;
 
 use std::net::TcpListener;
 use std::process::{Output, Stdio};

@@ -2,7 +2,7 @@
 //! critical sections overlap, and the tokens, in grant order, strictly
 //! increase. Bounded in cycles and in time.
 
-mod common;
+use ticketd_testkit::process as common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -3,9 +3,8 @@
 //! it is dropped. One test in this file, so the process is quiet while it
 //! counts /proc/self/task and /proc/self/fd.
 
-mod common;
-#[path = "support/proxy.rs"]
-mod proxy;
+use ticketd_testkit::process as common;
+use ticketd_testkit::proxy;
 
 use std::net::TcpListener;
 use std::time::{Duration, Instant};

@@ -3,9 +3,8 @@
 //! proxy's log shows what the server could have seen; a raw connection
 //! straight to the server shows what the server actually holds.
 
-mod common;
-#[path = "support/proxy.rs"]
-mod proxy;
+use ticketd_testkit::process as common;
+use ticketd_testkit::proxy;
 
 use std::net::TcpListener;
 use std::sync::Arc;

@@ -24,8 +24,7 @@
 //! (installed by `.ci/run`); `TICKETD_SKIP_NETFAULTS=1` skips them.
 #![cfg(feature = "cluster")]
 
-mod common;
-mod netns;
+use ticketd_testkit::netns;
 
 use std::time::Duration;
 
@@ -33,9 +32,9 @@ use netns::{
     acquire_recorded, check_history, client_for, enter_private_netns, grants_by_node, ms, outcomes,
     release_recorded, skip_requested, Attempt, Cluster, Firewall, Load, LEASE, WAIT,
 };
-use ticketd::checker::{History, RealClock};
 use ticketd::client::Acquire;
-use ticketd::cluster::rng::SplitMix64;
+use ticketd_testkit::checker::{History, RealClock};
+use ticketd_testkit::rng::SplitMix64;
 
 /// Nodes in every test.
 const N: usize = 3;

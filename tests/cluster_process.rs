@@ -7,7 +7,7 @@
 //! without a quorum that never answers an Extend with X.
 #![cfg(feature = "cluster")]
 
-mod common;
+use ticketd_testkit::process as common;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

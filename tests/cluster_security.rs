@@ -4,9 +4,7 @@
 //! node running, the real peers connected and the cluster granting.
 #![cfg(feature = "cluster")]
 
-#[path = "support/cluster.rs"]
-mod cluster;
-mod common;
+use ticketd_testkit::cluster;
 
 use std::io::Write;
 use std::net::TcpStream;

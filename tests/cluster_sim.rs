@@ -13,15 +13,15 @@ use std::collections::BTreeSet;
 use std::time::Instant;
 
 use raft::eraftpb::{Message, MessageType};
-use ticketd::checker::{Event, ExtendOutcome, History, Outcome, Property};
 use ticketd::cluster::node::{quiet_logger, Node, NodeConfig};
-use ticketd::cluster::sim::{run, run_with_history, SimBug, SimConfig};
 use ticketd::cluster::storage::MemDisk;
 use ticketd::engine::Outbox;
 use ticketd::proto::Request;
 use ticketd::time::Millis;
+use ticketd_testkit::checker::{Event, ExtendOutcome, History, Outcome, Property};
+use ticketd_testkit::cluster_sim::{run, run_with_history, SimBug, SimConfig};
 
-fn check(cfg: SimConfig) -> ticketd::cluster::sim::SimReport {
+fn check(cfg: SimConfig) -> ticketd_testkit::cluster_sim::SimReport {
     let seed = cfg.seed;
     let nodes = cfg.nodes;
     // A panic inside raft (e.g. a log it finds inconsistent) must name the
@@ -33,7 +33,7 @@ fn check(cfg: SimConfig) -> ticketd::cluster::sim::SimReport {
     }
 }
 
-fn check_with_history(cfg: SimConfig) -> (ticketd::cluster::sim::SimReport, History) {
+fn check_with_history(cfg: SimConfig) -> (ticketd_testkit::cluster_sim::SimReport, History) {
     let seed = cfg.seed;
     run_with_history(cfg).unwrap_or_else(|e| panic!("simulation failed (seed {seed}): {e}"))
 }
@@ -141,7 +141,7 @@ struct Totals {
 }
 
 impl Totals {
-    fn add(&mut self, nodes: usize, r: &ticketd::cluster::sim::SimReport) {
+    fn add(&mut self, nodes: usize, r: &ticketd_testkit::cluster_sim::SimReport) {
         if nodes == 3 {
             self.three += 1;
         } else {

@@ -7,9 +7,8 @@
 //! authenticated peer's word.
 #![cfg(feature = "cluster")]
 
-#[path = "support/cluster.rs"]
-mod cluster;
-mod common;
+use ticketd_testkit::cluster;
+use ticketd_testkit::process as common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

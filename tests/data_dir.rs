@@ -5,7 +5,7 @@
 //! and a mark in the format before checksums still starts (and is
 //! rewritten).
 
-mod common;
+use ticketd_testkit::process as common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

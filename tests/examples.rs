@@ -8,7 +8,7 @@
 //! restricted to this file (`cargo test --test examples`) does not, so a
 //! missing example is built first with `cargo build --example`.
 
-mod common;
+use ticketd_testkit::process as common;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};

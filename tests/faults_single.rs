@@ -20,7 +20,7 @@
 //!
 //! See docs/RELIABILITY.md for what each shows and the guarantees.
 
-mod common;
+use ticketd_testkit::process as common;
 
 use std::io::{ErrorKind, Write};
 use std::net::TcpStream;
@@ -29,7 +29,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{Client, NoReply, Reply, Ticketd};
-use ticketd::checker::{History, Outcome, RealClock, ReleaseOutcome, Report};
+use ticketd_testkit::checker::{History, Outcome, RealClock, ReleaseOutcome, Report};
 
 /// The tests here measure timings and load the machine; they run one at a
 /// time so that one's load does not show up in another's figures.
@@ -205,7 +205,7 @@ fn kill_and_restart_under_load(data_dir: Option<&Path>) -> Report {
             .events()
             .iter()
             .filter_map(|e| match e {
-                ticketd::checker::Event::Acquired {
+                ticketd_testkit::checker::Event::Acquired {
                     outcome: Outcome::Granted { token },
                     ..
                 } => Some(*token),

@@ -4,7 +4,7 @@
 //! nothing held lets the next start grant at once. `--max-lease` caps the
 //! lease an acquire may ask for (B beyond it).
 
-mod common;
+use ticketd_testkit::process as common;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! The server's limits, each against the real binary: connections, file
 //! descriptors, output buffers (soft: backpressure, hard: close), fairness.
 
-mod common;
+use ticketd_testkit::process as common;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;

@@ -1,7 +1,7 @@
 //! The daemon as a process: command line, exit codes, signals, and fencing
 //! tokens that keep increasing across restarts.
 
-mod common;
+use ticketd_testkit::process as common;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

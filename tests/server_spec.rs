@@ -1,6 +1,6 @@
 //! Every row of SPEC §2 end to end, against the real binary over TCP.
 
-mod common;
+use ticketd_testkit::process as common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! across reads, binary headers with 0x0A, out-of-order replies, and every
 //! malformed case closing only its own connection.
 
-mod common;
+use ticketd_testkit::process as common;
 
 use std::io::Write;
 use std::time::{Duration, Instant};

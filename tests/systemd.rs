@@ -3,7 +3,7 @@
 //! WATCHDOG=1, STOPPING=1), and a listening socket passed as descriptor 3
 //! with LISTEN_FDS / LISTEN_PID stands in for socket activation.
 
-mod common;
+use ticketd_testkit::process as common;
 
 use std::net::TcpListener;
 use std::os::fd::AsRawFd;

@@ -4,13 +4,16 @@
 //! * [`state`]: the deterministic state machine (engine + ledger + dedup).
 //! * [`storage`]: raft's in-memory log and the write-ahead log under it.
 //! * [`node`]: one node, sans-IO: Ready handling, proposals, leader timers.
-//! * [`sim`]: a deterministic simulation of a whole cluster in one process.
 //! * [`transport`]: peer connections in the mio loop.
 //! * [`tls`]: mutual TLS between peers.
 //! * [`certs`]: `ticket certs init`, the CA and node certificates.
 //! * [`service`]: [`service::ClusterService`], the server loop's view.
 //! * [`cli`]: `ticketd --cluster` flags and daemon.
-//! * [`rng`]: the seeded PRNG both use.
+//! * [`rng`]: the seeded PRNG of the election timeouts.
+//!
+//! The deterministic simulation of a whole cluster in one process is
+//! `ticketd_testkit::cluster_sim`, beside the crate; it runs [`node::Node`]s
+//! on `storage::MemDisk`s, which exist only with the `testkit` feature.
 //!
 //! `docs/CLUSTER.md` describes the design.
 
@@ -20,7 +23,6 @@ pub mod command;
 pub mod node;
 pub mod rng;
 pub mod service;
-pub mod sim;
 pub mod state;
 pub mod storage;
 pub mod tls;

@@ -91,15 +91,18 @@ pub struct NodeConfig {
     pub max_wal_bytes: u64,
     /// Seed of the election-timeout draws.
     pub seed: u64,
-    /// Record (index, term, hash) of every applied entry, for checkers.
+    /// Record (index, term, hash) of every applied entry, for checkers
+    /// (feature `testkit`, never in production).
+    #[cfg(any(test, feature = "testkit"))]
     pub trace_applied: bool,
     /// Entropy for the data directory id drawn on first start (the server
     /// passes the time and process id; the simulator a seed).
     pub uuid_entropy: u64,
-    /// A deliberate bug, for the simulation's self-test only (never set by
-    /// the server): a leader's Expire timer of an earlier lease generation
-    /// still fires, and the Expire it proposes ends the grant on apply as
-    /// if no Extend had happened since.
+    /// A deliberate bug, for the simulation's self-test only (feature
+    /// `testkit`, never in production): a leader's Expire timer of an
+    /// earlier lease generation still fires, and the Expire it proposes ends
+    /// the grant on apply as if no Extend had happened since.
+    #[cfg(any(test, feature = "testkit"))]
     pub bug_stale_expire: bool,
 }
 
@@ -119,8 +122,10 @@ impl NodeConfig {
             snapshot_every: 10_000,
             max_wal_bytes: 64 << 20,
             seed: id,
+            #[cfg(any(test, feature = "testkit"))]
             trace_applied: false,
             uuid_entropy: id,
+            #[cfg(any(test, feature = "testkit"))]
             bug_stale_expire: false,
         }
     }
@@ -234,7 +239,9 @@ pub struct Member {
 }
 
 /// One applied entry as seen by a checker: (index, term, hash of the data),
-/// or a snapshot install at (index, term, 0) with `snapshot = true`.
+/// or a snapshot install at (index, term, 0) with `snapshot = true`
+/// (feature `testkit`).
+#[cfg(any(test, feature = "testkit"))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Traced {
     /// Log index.
@@ -273,6 +280,7 @@ pub struct Node<D: Disk> {
     timers_ready: bool,
     msgs: Vec<Message>,
     stats: NodeStats,
+    #[cfg(any(test, feature = "testkit"))]
     trace: Vec<Traced>,
     /// Readys written but not known durable, oldest first: their number
     /// and the messages that must wait for that (votes, append acks).
@@ -300,6 +308,7 @@ impl<D: Disk> fmt::Debug for Node<D> {
 const MAX_CANCELS: usize = 65_536;
 const MAX_TIMERS_PER_TICK: usize = 4096;
 
+#[cfg(any(test, feature = "testkit"))]
 fn fnv(data: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in data {
@@ -385,6 +394,7 @@ impl<D: Disk> Node<D> {
             timers_ready: false,
             msgs: Vec::new(),
             stats: NodeStats::default(),
+            #[cfg(any(test, feature = "testkit"))]
             trace: Vec::new(),
             unsynced: VecDeque::new(),
             syncing: None,
@@ -535,7 +545,18 @@ impl<D: Disk> Node<D> {
         self.wal.log_bytes()
     }
 
-    /// Applied entries recorded since the last call (with `trace_applied`).
+    /// The simulation's planted bug (`NodeConfig::bug_stale_expire`): off
+    /// in every build without the `testkit` feature.
+    fn bug_stale_expire(&self) -> bool {
+        #[cfg(any(test, feature = "testkit"))]
+        return self.cfg.bug_stale_expire;
+        #[cfg(not(any(test, feature = "testkit")))]
+        return false;
+    }
+
+    /// Applied entries recorded since the last call (with `trace_applied`;
+    /// feature `testkit`).
+    #[cfg(any(test, feature = "testkit"))]
     pub fn take_trace(&mut self) -> Vec<Traced> {
         std::mem::take(&mut self.trace)
     }
@@ -789,7 +810,7 @@ impl<D: Disk> Node<D> {
                     token,
                     generation,
                 } if self.sm.lease_of(key) == Some((*token, *generation))
-                    || (self.cfg.bug_stale_expire && self.sm.holder(key) == Some(*token)) =>
+                    || (self.bug_stale_expire() && self.sm.holder(key) == Some(*token)) =>
                 {
                     Command::Expire {
                         key: key.clone(),
@@ -956,6 +977,7 @@ impl<D: Disk> Node<D> {
                 .map_err(NodeError::BadSnapshot)?;
             let meta = snap.get_metadata();
             self.applied = meta.index;
+            #[cfg(any(test, feature = "testkit"))]
             if self.cfg.trace_applied {
                 self.trace.push(Traced {
                     index: meta.index,
@@ -1116,6 +1138,7 @@ impl<D: Disk> Node<D> {
                 continue;
             }
             self.applied = e.index;
+            #[cfg(any(test, feature = "testkit"))]
             if self.cfg.trace_applied {
                 self.trace.push(Traced {
                     index: e.index,
@@ -1151,7 +1174,7 @@ impl<D: Disk> Node<D> {
             self.mark_lost(lost_here, cmd.rid());
             let cmd = match cmd {
                 // The deliberate bug: the generation is not looked at.
-                Command::Expire { key, token, .. } if self.cfg.bug_stale_expire => {
+                Command::Expire { key, token, .. } if self.bug_stale_expire() => {
                     let generation = match self.sm.lease_of(&key) {
                         Some((t, g)) if t == token => g,
                         _ => 0,
@@ -1166,6 +1189,7 @@ impl<D: Disk> Node<D> {
             };
             let res = self.sm.apply(e.index, &cmd);
             if !res.duplicate {
+                #[cfg(any(test, feature = "testkit"))]
                 if let Some(t) = self.trace.last_mut().filter(|t| t.index == e.index) {
                     t.request = cmd.rid();
                 }

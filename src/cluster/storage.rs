@@ -940,11 +940,14 @@ impl Disk for FileDisk {
 /// An in-memory disk that remembers how much was synced: [`MemDisk::crash`]
 /// keeps the synced bytes plus a prefix of the rest, as a power cut would.
 /// Cloning shares the same disk, so a test keeps it across a node's crash.
+/// A test double (feature `testkit`, never in production).
+#[cfg(any(test, feature = "testkit"))]
 #[derive(Clone, Debug, Default)]
 pub struct MemDisk {
     inner: std::rc::Rc<std::cell::RefCell<MemDiskInner>>,
 }
 
+#[cfg(any(test, feature = "testkit"))]
 #[derive(Debug, Default)]
 struct MemDiskInner {
     data: Vec<u8>,
@@ -957,6 +960,7 @@ struct MemDiskInner {
     hold_syncs: bool,
 }
 
+#[cfg(any(test, feature = "testkit"))]
 impl MemDisk {
     /// An empty disk.
     #[must_use]
@@ -1026,6 +1030,7 @@ impl MemDisk {
     }
 }
 
+#[cfg(any(test, feature = "testkit"))]
 impl Disk for MemDisk {
     fn append(&mut self, bytes: &[u8], sync: bool) -> io::Result<()> {
         let mut d = self.inner.borrow_mut();

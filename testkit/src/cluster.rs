@@ -1,11 +1,10 @@
 //! A cluster of real `ticketd --cluster` processes on loopback, with extra
 //! flags per node (peer TLS), for the peer security tests.
-#![allow(dead_code)]
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::common::{free_port, Client, Reply, Ticketd};
+use crate::process::{free_port, Client, Reply, Ticketd};
 
 /// A directory removed when dropped.
 pub struct Dir(pub PathBuf);
@@ -24,10 +23,16 @@ pub fn temp_dir(name: &str) -> Dir {
     Dir(p)
 }
 
+/// A cluster of `ticketd --cluster` processes, node i (1-based) at index
+/// i - 1; the processes are killed when it is dropped.
 pub struct Cluster {
+    /// The cluster's name (`--cluster-name`).
     pub name: String,
+    /// The `--peers` list every node gets.
     pub peers: String,
+    /// Each node's data directory.
     pub dirs: Vec<Dir>,
+    /// The running nodes (`None`: not started, or killed).
     pub nodes: Vec<Option<Ticketd>>,
     /// Extra flags of node i (index 0 is node 1).
     pub extra: Vec<Vec<String>>,
@@ -56,6 +61,7 @@ impl Cluster {
         }
     }
 
+    /// Starts every node.
     pub fn start_all(&mut self) {
         for i in 0..self.nodes.len() {
             self.start_node(i);
@@ -75,6 +81,7 @@ impl Cluster {
             .unwrap()
     }
 
+    /// Node i's command line (without the binary).
     pub fn args(&self, i: usize) -> Vec<String> {
         let mut a: Vec<String> = vec![
             "--cluster".into(),
@@ -95,12 +102,14 @@ impl Cluster {
         a
     }
 
+    /// Starts node i.
     pub fn start_node(&mut self, i: usize) {
         let args = self.args(i);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         self.nodes[i] = Some(Ticketd::start_raw(&[], &args));
     }
 
+    /// Kills node i (SIGKILL).
     pub fn kill(&mut self, i: usize) {
         if let Some(mut t) = self.nodes[i].take() {
             t.signal(libc::SIGKILL);
@@ -109,10 +118,12 @@ impl Cluster {
         }
     }
 
+    /// Running node i.
     pub fn node(&self, i: usize) -> &Ticketd {
         self.nodes[i].as_ref().expect("node is running")
     }
 
+    /// A new raw client connection to node i.
     pub fn client(&self, i: usize) -> Client {
         self.node(i).connect()
     }
@@ -151,6 +162,7 @@ impl Cluster {
         best
     }
 
+    /// Every node's log, for a failure message.
     pub fn logs(&self) -> String {
         self.nodes
             .iter()
@@ -199,7 +211,7 @@ pub fn assert_serves(c: &Cluster, i: usize, key: &str) {
 
 /// Runs `ticket certs init DIR --cluster-name NAME --nodes N`.
 pub fn certs_init(dir: &std::path::Path, name: &str, nodes: usize) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ticket"))
+    let out = std::process::Command::new(crate::process::ticket_bin())
         .args(["certs", "init"])
         .arg(dir)
         .args(["--cluster-name", name, "--nodes", &nodes.to_string()])

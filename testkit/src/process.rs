@@ -12,8 +12,8 @@
 //!   emulator as the tests: `TICKETD_TEST_RUNNER="qemu-aarch64-static"` puts
 //!   that command (split at spaces) in front of the binary.
 //!
-//! Use it from a test file with `mod common;`.
-#![allow(dead_code)] // each test file uses a different part of it
+//! Tests reach it as `ticketd_testkit::process` (usually `use
+//! ticketd_testkit::process as common;`).
 
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -24,10 +24,57 @@ use std::time::{Duration, Instant};
 
 use ticketd::proto::{self, Decoded, Request};
 
-/// Path of the `ticketd` binary Cargo built for this test run.
+/// Path of the `ticketd` binary of this workspace (see [`workspace_bin`]),
+/// or `$TICKETD_BIN` when set.
 #[must_use]
 pub fn ticketd_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_ticketd"))
+    match std::env::var_os("TICKETD_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => workspace_bin("ticketd"),
+    }
+}
+
+/// Path of the `ticket` command of this workspace (see [`workspace_bin`]).
+#[must_use]
+pub fn ticket_bin() -> PathBuf {
+    workspace_bin("ticket")
+}
+
+/// Path of the `ticketd` package's binary `name`, beside the running test
+/// binary (`target/<profile>/deps/NAME-HASH` -> `target/<profile>/NAME`,
+/// also under a cross target's directory). Cargo builds it before the
+/// `ticketd` package's integration tests; a test of another member run
+/// alone may find it missing, and then builds it first.
+///
+/// # Panics
+///
+/// If the binary is missing and `cargo build -p ticketd --bin NAME` fails.
+#[must_use]
+pub fn workspace_bin(name: &str) -> PathBuf {
+    static BUILD: Mutex<()> = Mutex::new(());
+    let exe = std::env::current_exe().expect("path of the test binary");
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target profile directory");
+    let path = dir.join(name);
+    let _one_build_at_a_time = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+    if !path.is_file() {
+        let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        cmd.args(["build", "-p", "ticketd", "--bin", name]);
+        if !cfg!(debug_assertions) {
+            cmd.arg("--release");
+        }
+        let status = cmd
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("run cargo build -p ticketd");
+        assert!(
+            status.success(),
+            "cargo build -p ticketd --bin {name}: {status}"
+        );
+    }
+    path
 }
 
 /// A `Command` that starts the binary at `bin`: directly, or behind the

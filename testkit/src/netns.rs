@@ -52,10 +52,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ticketd::checker::{History, Outcome, RealClock, ReleaseOutcome};
+use crate::checker::{History, Outcome, RealClock, ReleaseOutcome};
 use ticketd::client::{Acquire, Client, Release, Ticket};
 
-use crate::common::Ticketd;
+use crate::process::Ticketd;
 
 /// The port every node listens on for clients (each on its own address).
 pub const CLIENT_PORT: u16 = 7470;
@@ -122,7 +122,7 @@ fn peer_ip(i: usize) -> String {
 /// An nftables table in the test's namespace; its rules drop node-to-node
 /// messages. See the module documentation for how a link is identified.
 ///
-/// Chain `out` (output hook) marks the packets of cut links with [`MARK`];
+/// Chain `out` (output hook) marks the packets of cut links with `MARK`;
 /// chain `in` (input hook) drops every packet so marked.
 pub struct Firewall {
     cuts: BTreeSet<(usize, usize)>,
@@ -136,6 +136,7 @@ impl Firewall {
     /// Creates the table, the chain that drops marked packets and the
     /// (empty) chain that marks them, in one transaction.
     #[must_use]
+    #[allow(clippy::new_without_default)] // acts on the system; no default value
     pub fn new() -> Firewall {
         nft_script(&format!(
             "add table inet {TABLE}\n\
@@ -264,7 +265,7 @@ impl Cluster {
         let tls = std::env::var_os("TICKETD_NETFAULTS_PLAINTEXT").is_none_or(|v| v.is_empty());
         if tls {
             let _ = std::fs::remove_dir_all(&certs);
-            let out = Command::new(env!("CARGO_BIN_EXE_ticket"))
+            let out = Command::new(crate::process::ticket_bin())
                 .args(["certs", "init"])
                 .arg(&certs)
                 .args(["--cluster-name", name, "--nodes", &n.to_string()])
@@ -424,7 +425,7 @@ pub const LEASE: Duration = Duration::from_secs(2);
 /// How long a worker holds a grant (well inside the lease).
 const HOLD: Duration = Duration::from_millis(30);
 /// The key of the lessees: one more worker per node that walks away from
-/// every [`ABANDON_EVERY`]th grant without releasing it, so leases also end
+/// every `ABANDON_EVERY`th grant without releasing it, so leases also end
 /// by the leader's committed Expire, across leader changes too. (A key
 /// left held blocks its waiters for a lease; on a key of its own it does
 /// not slow the others.)

@@ -52,14 +52,14 @@ use protobuf::Message as _;
 use raft::eraftpb::{Message, MessageType};
 
 use crate::checker::{ExtendOutcome, History, OpId, Outcome, ReleaseOutcome};
-use crate::cluster::command::Rid;
-use crate::cluster::node::{quiet_logger, Node, NodeConfig, Traced};
-use crate::cluster::rng::SplitMix64;
-use crate::cluster::storage::MemDisk;
-use crate::engine::{ConnId, Outbox};
-use crate::limits::EngineLimits;
-use crate::proto::{Reply, Request};
-use crate::time::Millis;
+use crate::rng::SplitMix64;
+use ticketd::cluster::command::Rid;
+use ticketd::cluster::node::{quiet_logger, Node, NodeConfig, Traced};
+use ticketd::cluster::storage::MemDisk;
+use ticketd::engine::{ConnId, Outbox};
+use ticketd::limits::EngineLimits;
+use ticketd::proto::{Reply, Request};
+use ticketd::time::Millis;
 
 /// What to simulate.
 #[derive(Clone, Debug)]
@@ -630,7 +630,7 @@ impl Sim {
         );
     }
 
-    fn crash(&mut self, i: usize, why: &str, stats: crate::cluster::node::NodeStats) {
+    fn crash(&mut self, i: usize, why: &str, stats: ticketd::cluster::node::NodeStats) {
         if self.nodes[i].take().is_none() {
             return;
         }

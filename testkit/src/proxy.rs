@@ -13,8 +13,7 @@
 //! does it instead: listed as a client's first address, it holds each
 //! connect attempt for the client's whole connect timeout.
 //!
-//! Use it from a test file with `#[path = "support/proxy.rs"] mod proxy;`.
-#![allow(dead_code)] // each test file uses a different part of it
+//! Tests reach it as `ticketd_testkit::proxy`.
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
@@ -424,13 +423,15 @@ fn server_to_client(fault: Fault, mut server: TcpStream, mut client: TcpStream) 
 /// A listener whose accept queue is full, so new connects to it hang (the
 /// kernel drops their SYNs) until the client's connect timeout.
 pub struct Blackhole {
-    listener: socket2::Socket,
+    /// Held open for the black hole's lifetime; never accepted from.
+    _listener: socket2::Socket,
     addr: SocketAddr,
     _fillers: Vec<TcpStream>,
 }
 
 impl Blackhole {
     /// Binds a loopback port with a backlog of 0 and fills its queue.
+    #[allow(clippy::new_without_default)] // acts on the system; no default value
     pub fn new() -> Blackhole {
         use socket2::{Domain, Socket, Type};
         let listener = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
@@ -447,7 +448,7 @@ impl Blackhole {
             }
         }
         Blackhole {
-            listener,
+            _listener: listener,
             addr,
             _fillers: fillers,
         }
