@@ -1,9 +1,9 @@
 //! Measures the memory of the lock engine and its hot-path allocations.
 //!
-//! * 1,000,000 held keys of 24 bytes: bytes per key beyond the key's own 24.
+//! * 1,000,000 held keys of 24 bytes: bytes per key, the key's own included.
 //! * 1,000,000 queued waiters (1,000 keys x 1,000 waiters): bytes per waiter.
 //! * An uncontended acquire + release on a fresh key, with a reused outbox:
-//!   allocations per cycle (only the stored key should allocate).
+//!   allocations per cycle (none: a 24-byte key is stored in place).
 //! * How long one sweep of the 1,000,000 keys takes, in how many loop turns,
 //!   and the most one turn spends on it.
 //! * How long disconnecting 10,000 connections that each have a waiter
@@ -134,22 +134,24 @@ fn held_keys() {
         out.clear();
         let n = i + 1;
         if n >= 100_000 {
-            let over = per((live() - b0) as isize, n) - KEY_BYTES as f64;
-            worst = worst.max(over);
+            worst = worst.max(per((live() - b0) as isize, n));
         }
     }
     let (b1, r1) = (live(), rss());
     assert_eq!(e.key_count(), KEYS as usize);
     println!("held keys: {KEYS} keys of {KEY_BYTES} bytes");
+    // Keys of up to 30 bytes live in the table entry, so the figures are
+    // per key with its bytes; the target is 0.7 x Redis's 179 bytes per
+    // held lock (make bench, by RSS, same keys).
     println!(
-        "  allocator: {:.1} bytes per key beyond the key's {KEY_BYTES} (worst point while growing from 100k: {:.1}; target <= 96)",
-        per((b1 - b0) as isize, KEYS) - KEY_BYTES as f64,
+        "  allocator: {:.1} bytes per key, its {KEY_BYTES} included (worst point while growing from 100k: {:.1}; target <= 125)",
+        per((b1 - b0) as isize, KEYS),
         worst
     );
     if let Some(d) = rss_delta(r0, r1) {
         println!(
-            "  RSS:       {:.1} bytes per key beyond the key's {KEY_BYTES} (includes malloc's per-allocation overhead)",
-            per(d, KEYS) - KEY_BYTES as f64
+            "  RSS:       {:.1} bytes per key, its {KEY_BYTES} included (and malloc's per-allocation overhead of longer keys)",
+            per(d, KEYS)
         );
     }
 
@@ -292,10 +294,10 @@ fn hot_path() {
     let per_cycle = (a1 - a0) as f64 / CYCLES as f64;
     println!("hot path: acquire + release of a fresh key, reused outbox");
     println!(
-        "  {per_cycle:.3} allocations per cycle (1 = the stored key), {} bytes left behind",
+        "  {per_cycle:.3} allocations per cycle (a {KEY_BYTES}-byte key is stored in place), {} bytes left behind",
         b1 as isize - b0 as isize
     );
-    assert_eq!(a1 - a0, CYCLES as usize, "only the stored key may allocate");
+    assert_eq!(a1 - a0, 0, "a short key is stored without an allocation");
     assert_eq!(b1, b0, "an acquire + release cycle leaks");
 
     // The contended path, for information: a holder, one waiter, a release

@@ -48,14 +48,18 @@
 //! Measured by `make engine-memory` (`examples/engine_memory.rs`, a counting
 //! global allocator plus the change of RSS; release build, x86-64, glibc):
 //!
-//! * **Held key: 86 bytes beyond the key's own bytes** at 1,000,000 keys
-//!   of 24 bytes (94 by RSS, which adds malloc's own 8 bytes per key
-//!   allocation; 69 and 77 before the grant time joined the slot for
-//!   `--max-hold`). A key is one hash-table entry: the boxed key (16) and a
-//!   24-byte slot (token, expiry, grant time), plus a control byte, in a
-//!   table kept at most 7/8 full (at 1,000,000 keys it has just doubled to
-//!   2^21 buckets, the worst point). Keys without waiters have no other
-//!   allocation.
+//! * **Held key: 119.5 bytes with its own bytes** at 1,000,000 keys of 24
+//!   bytes (119.7 by RSS). A key is one hash-table entry: the key (a
+//!   [`KeyStr`], 32 bytes: up to 30 bytes in place, a longer one boxed on
+//!   the heap) and a 24-byte slot (token, expiry, grant time for
+//!   `--max-hold`), plus a control byte, in a table kept at most 7/8 full
+//!   (at 1,000,000 keys it has just doubled to 2^21 buckets, the worst
+//!   point). A key of up to 30 bytes has no other allocation; a longer one
+//!   adds its boxed bytes and malloc's header. Boxing every key (16 bytes
+//!   in the entry) cost 110 bytes by the allocator and 118 by RSS here, but
+//!   one allocation per new key and a pointer to follow on every lookup;
+//!   in place, a key longer than 30 bytes costs 16 bytes per bucket more
+//!   (~34 per key at this point of the growth step).
 //! * **Waiter: 49 bytes** at 1,000 keys x 1,000 waiters from 1,000
 //!   connections: a waiter is 32 bytes in its key's `VecDeque` (the lease
 //!   shares a word with the waiter id; the connection is a 4-byte index)
@@ -73,7 +77,7 @@
 //!   while no key has waiters), each time in one pass of keyed SipHash-1-3
 //!   over its bytes ([`crate::hash`]: ~155 instructions for a 24-byte key,
 //!   where the standard library's incremental hasher took ~230), and
-//!   allocates once (the stored key); T, N,
+//!   allocates only for a key longer than 30 bytes (the stored key); T, N,
 //!   a tick with nothing due and a disconnect without waiters do not
 //!   allocate; a reused [`Outbox`] stops allocating after warm-up
 //!   (`tests/engine_alloc.rs`). The contended path allocates a
@@ -106,10 +110,10 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
-use crate::hash::{StrEntry, StrMap};
+use crate::hash::{KeyStr, SipKey, StrEntry, StrMap};
 use crate::limits::EngineLimits;
 use crate::metrics::{Histogram, HOLD_BOUNDS_MS, WAIT_BOUNDS_MS};
-use crate::proto::{Reply, Request};
+use crate::proto::{encode_reply, Reply, Request};
 use crate::time::Millis;
 
 /// Identifies a client connection to the engine. The caller chooses them; in
@@ -160,11 +164,22 @@ enum Kind {
 struct OutMsg {
     conn: ConnId,
     kind: Kind,
+    lease_s: u8,
     token: u64,
     owner: u64,
-    lease_s: u8,
-    key_start: usize,
-    key_end: usize,
+    /// The encoded frame is `Outbox::frames[frame_start..frame_end]`.
+    frame_start: usize,
+    frame_end: usize,
+}
+
+impl Kind {
+    /// Bytes of the frame before the key: the op and one or two words.
+    fn header_len(self) -> usize {
+        match self {
+            Kind::Acquired => 17,
+            _ => 9,
+        }
+    }
 }
 
 /// One reply addressed to a connection, as read back from an [`Outbox`].
@@ -182,12 +197,16 @@ pub struct Addressed<'a> {
 
 /// Replies produced by the engine, in the order produced.
 ///
-/// Keys are copied into one reusable string, so a long-lived outbox that is
-/// cleared after each loop turn stops allocating once it has warmed up.
+/// Each reply is encoded (`proto::encode_reply`) once, when it is pushed,
+/// into one reusable buffer: the server copies the wire bytes of a run of
+/// replies to one connection into its write buffer in one go
+/// ([`Outbox::frames`]), and a long-lived outbox that is cleared after
+/// each loop turn stops allocating once it has warmed up. [`Outbox::iter`]
+/// reads the replies back as values.
 #[derive(Default, Debug)]
 pub struct Outbox {
     msgs: Vec<OutMsg>,
-    keys: String,
+    frames: Vec<u8>,
 }
 
 impl Outbox {
@@ -209,16 +228,26 @@ impl Outbox {
         self.msgs.is_empty()
     }
 
+    /// Adds the replies held to `counts`, by kind: acquired, timeout,
+    /// busy, released, not released, extended, not extended (for
+    /// `GET /metrics`; one pass, no allocation).
+    pub fn tally(&self, counts: &mut [u64; 7]) {
+        for m in &self.msgs {
+            counts[m.kind as usize] += 1;
+        }
+    }
+
     /// Forgets every reply, keeping the allocations.
     pub fn clear(&mut self) {
         self.msgs.clear();
-        self.keys.clear();
+        self.frames.clear();
     }
 
     /// The replies in the order they were produced.
     pub fn iter(&self) -> impl Iterator<Item = Addressed<'_>> + '_ {
         self.msgs.iter().map(move |m| {
-            let key = &self.keys[m.key_start..m.key_end];
+            let key_bytes = &self.frames[m.frame_start + m.kind.header_len()..m.frame_end - 1];
+            let key = std::str::from_utf8(key_bytes).expect("push encodes a str key");
             let reply = match m.kind {
                 Kind::Acquired => Reply::Acquired {
                     token: m.token,
@@ -258,6 +287,29 @@ impl Outbox {
         })
     }
 
+    /// The replies' wire bytes, in order, as runs of consecutive replies to
+    /// one connection: each item is a connection and the encoded frames of
+    /// one run (as `proto::encode_reply` writes them), so that the server
+    /// copies a pipelined connection's replies in one go.
+    pub fn frames(&self) -> impl Iterator<Item = (ConnId, &[u8])> + '_ {
+        let mut i = 0;
+        std::iter::from_fn(move || {
+            let first = self.msgs.get(i)?;
+            let mut end = first.frame_end;
+            i += 1;
+            // A run stops at another connection, and at a reply that
+            // `retain_leases` dropped (its bytes are skipped).
+            while let Some(m) = self.msgs.get(i) {
+                if m.conn != first.conn || m.frame_start != end {
+                    break;
+                }
+                end = m.frame_end;
+                i += 1;
+            }
+            Some((first.conn, &self.frames[first.frame_start..end]))
+        })
+    }
+
     /// Drops every grant (`A`) and extension (`E`) whose lease `keep`
     /// refuses, keeping every other reply, in order; returns how many were
     /// dropped. Single mode withholds the grants of a turn whose durable
@@ -272,6 +324,7 @@ impl Outbox {
 
     /// Appends a reply addressed to `conn`. Used by the engine, and by
     /// services (cluster mode) that answer without it.
+    #[inline]
     pub fn push(&mut self, conn: ConnId, reply: Reply<'_>, lease_s: u8) {
         let (kind, token, owner) = match reply {
             Reply::Acquired { token, owner, .. } => (Kind::Acquired, token, owner),
@@ -282,16 +335,16 @@ impl Outbox {
             Reply::Extended { token, .. } => (Kind::Extended, token, 0),
             Reply::NotExtended { token, .. } => (Kind::NotExtended, token, 0),
         };
-        let key_start = self.keys.len();
-        self.keys.push_str(reply.key());
+        let frame_start = self.frames.len();
+        encode_reply(&reply, &mut self.frames);
         self.msgs.push(OutMsg {
             conn,
             kind,
+            lease_s,
             token,
             owner,
-            lease_s,
-            key_start,
-            key_end: self.keys.len(),
+            frame_start,
+            frame_end: self.frames.len(),
         });
     }
 }
@@ -527,7 +580,7 @@ pub struct Engine {
     /// Hashed with randomly keyed SipHash-1-3, since keys are chosen by
     /// network clients, in one pass per lookup (`crate::hash`); `entry`
     /// lets an acquire and an uncontended release hash the key once.
-    keys: StrMap<Box<str>, Slot>,
+    keys: StrMap<KeyStr, Slot>,
     /// Queues of the keys that have waiters. The key is shared with the
     /// deadline index, so scheduling a timer never allocates.
     queues: StrMap<Arc<str>, Queue>,
@@ -590,12 +643,23 @@ impl Engine {
     /// token issued before a restart.
     #[must_use]
     pub fn new(limits: EngineLimits, first_token: u64) -> Self {
+        Self::with_hash_key(limits, first_token, SipKey::random())
+    }
+
+    /// A single-mode engine like [`Engine::new`] whose tables hash keys
+    /// under `hash_key` instead of a fresh random key, so that their order
+    /// (which the stepped sweep follows) is the same in every process: for
+    /// simulations and tests that reproduce a run from a seed. Never for a
+    /// server that takes keys from the network: a client that knows the
+    /// hash key can choose keys that all collide.
+    #[must_use]
+    pub fn with_hash_key(limits: EngineLimits, first_token: u64, hash_key: SipKey) -> Self {
         let next_sweep = Millis::ZERO.add_ms(limits.sweep_interval_ms);
         Engine {
             limits,
             clocked: true,
-            keys: StrMap::new(),
-            queues: StrMap::new(),
+            keys: StrMap::with_key(hash_key),
+            queues: StrMap::with_key(hash_key),
             timers: BTreeMap::new(),
             timer_seq: 0,
             next_token: first_token.max(1),
@@ -941,7 +1005,7 @@ impl Engine {
                     pass.floor = pass.floor.min(grace_until);
                 }
                 v.insert(
-                    key.into(),
+                    KeyStr::new(key),
                     Slot {
                         token: 0,
                         expires_at: grace_until,
@@ -956,7 +1020,7 @@ impl Engine {
                 }
                 let token = take_token(&mut self.next_token);
                 v.insert(
-                    key.into(),
+                    KeyStr::new(key),
                     Slot {
                         token,
                         expires_at,
@@ -1597,6 +1661,80 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The server copies `frames()` to the sockets and services read
+    /// `iter()`: both must tell the same replies, in order, the bytes being
+    /// the codec's, a run per connection, and nothing of a withheld grant.
+    #[test]
+    fn outbox_frames_are_the_encoded_replies_in_runs_per_connection() {
+        let replies = [
+            (
+                1,
+                Reply::Acquired {
+                    token: 7,
+                    owner: 0x0A0B,
+                    key: "db",
+                },
+                30,
+            ),
+            (
+                1,
+                Reply::Released {
+                    token: 7,
+                    key: "db",
+                },
+                0,
+            ),
+            (
+                2,
+                Reply::Timeout {
+                    owner: 3, key: "é"
+                },
+                0,
+            ),
+            (2, Reply::Extended { token: 9, key: "k" }, 5),
+            (2, Reply::Busy { owner: 4, key: "k" }, 0),
+            (1, Reply::NotExtended { token: 1, key: "x" }, 0),
+            (1, Reply::NotReleased { token: 2, key: "x" }, 0),
+        ];
+        let mut out = Outbox::new();
+        for &(conn, reply, lease_s) in &replies {
+            out.push(conn, reply, lease_s);
+        }
+        let read: Vec<_> = out.iter().map(|a| (a.conn, a.reply, a.lease_s)).collect();
+        assert_eq!(read, replies);
+        let wire = |rs: &[(ConnId, Reply<'_>, u8)]| {
+            let mut v = Vec::new();
+            for (_, r, _) in rs {
+                encode_reply(r, &mut v);
+            }
+            v
+        };
+        let runs: Vec<(ConnId, Vec<u8>)> = out.frames().map(|(c, f)| (c, f.to_vec())).collect();
+        assert_eq!(
+            runs,
+            vec![
+                (1, wire(&replies[0..2])),
+                (2, wire(&replies[2..5])),
+                (1, wire(&replies[5..7])),
+            ]
+        );
+        // Withholding the grant and the extension splits their runs.
+        assert_eq!(out.retain_leases(|_| false), 2);
+        let runs: Vec<(ConnId, Vec<u8>)> = out.frames().map(|(c, f)| (c, f.to_vec())).collect();
+        assert_eq!(
+            runs,
+            vec![
+                (1, wire(&replies[1..2])),
+                (2, wire(&replies[2..3])),
+                (2, wire(&replies[4..5])),
+                (1, wire(&replies[5..7])),
+            ]
+        );
+        assert_eq!(out.iter().count(), 5);
+        out.clear();
+        assert!(out.is_empty() && out.frames().next().is_none());
+    }
 
     fn acq(key: &str, owner: u64, wait_s: u8, lease_s: u8) -> Acquire<'_> {
         Acquire {

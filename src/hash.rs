@@ -134,7 +134,108 @@ impl SipKey {
     }
 }
 
-/// A map from string keys (`K` is `Box<str>`, `Arc<str>`, ...) to `V`,
+/// The longest key a [`KeyStr`] keeps in place; longer keys are boxed.
+pub const INLINE_KEY_BYTES: usize = 30;
+
+/// A string as a table entry stores it: up to [`INLINE_KEY_BYTES`] bytes in
+/// place, with no allocation of its own, longer ones on the heap. 32 bytes
+/// either way (a `Box<str>` is 16, plus the allocation and the allocator's
+/// own header, and a pointer to chase on every lookup).
+#[derive(Clone)]
+pub struct KeyStr(KeyRepr);
+
+#[derive(Clone)]
+enum KeyRepr {
+    /// The first `len` bytes of `bytes` are the string's (valid UTF-8: they
+    /// are copied from a `&str` whole, never changed).
+    Inline {
+        len: u8,
+        bytes: [u8; INLINE_KEY_BYTES],
+    },
+    Heap(Box<str>),
+}
+
+const _: () = assert!(std::mem::size_of::<KeyStr>() == 32);
+const _: () = assert!(INLINE_KEY_BYTES <= u8::MAX as usize);
+
+impl KeyStr {
+    /// A copy of `s`: in place when it fits, else boxed.
+    #[must_use]
+    #[inline]
+    pub fn new(s: &str) -> Self {
+        let b = s.as_bytes();
+        if b.len() <= INLINE_KEY_BYTES {
+            let mut bytes = [0u8; INLINE_KEY_BYTES];
+            bytes[..b.len()].copy_from_slice(b);
+            KeyStr(KeyRepr::Inline {
+                // Fits: checked just above.
+                len: b.len() as u8,
+                bytes,
+            })
+        } else {
+            KeyStr(KeyRepr::Heap(s.into()))
+        }
+    }
+
+    /// The string.
+    #[must_use]
+    #[inline]
+    pub fn as_str(&self) -> &str {
+        match &self.0 {
+            KeyRepr::Inline { len, bytes } => {
+                let b = &bytes[..usize::from(*len)];
+                // SAFETY: `new` copied these bytes whole from a `&str` and
+                // nothing changes them, so they are valid UTF-8.
+                unsafe { std::str::from_utf8_unchecked(b) }
+            }
+            KeyRepr::Heap(s) => s,
+        }
+    }
+
+    /// True when the string is kept in place (no allocation of its own).
+    #[must_use]
+    pub fn is_inline(&self) -> bool {
+        matches!(self.0, KeyRepr::Inline { .. })
+    }
+}
+
+impl From<&str> for KeyStr {
+    fn from(s: &str) -> Self {
+        KeyStr::new(s)
+    }
+}
+
+impl Borrow<str> for KeyStr {
+    #[inline]
+    fn borrow(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl std::ops::Deref for KeyStr {
+    type Target = str;
+
+    #[inline]
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl fmt::Debug for KeyStr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl PartialEq for KeyStr {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for KeyStr {}
+
+/// A map from string keys (`K` is [`KeyStr`], `Box<str>`, `Arc<str>`, ...) to `V`,
 /// looked up by `&str`, whose hash is SipHash-1-3 of the key's bytes under a
 /// per-table random [`SipKey`]. Each operation hashes its key at most once;
 /// a lookup in an empty map does not hash at all.
@@ -582,6 +683,28 @@ mod tests {
         got.sort();
         let want: Vec<(String, u32)> = model.into_iter().collect();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn key_str_keeps_short_keys_in_place_and_long_ones_boxed() {
+        for n in [0, 1, 7, 8, 24, INLINE_KEY_BYTES, INLINE_KEY_BYTES + 1, 200] {
+            let s: String = "é".repeat(n / 2) + &"k".repeat(n % 2);
+            let k = KeyStr::new(&s);
+            assert_eq!(k.as_str(), s, "n={n}");
+            assert_eq!(&*k, s.as_str());
+            assert_eq!(format!("{k:?}"), format!("{s:?}"));
+            assert_eq!(k.is_inline(), s.len() <= INLINE_KEY_BYTES, "n={n}");
+            assert_eq!(k.clone(), k);
+        }
+        assert_ne!(KeyStr::new("a"), KeyStr::new("b"));
+        let mut m: StrMap<KeyStr, u8> = StrMap::new();
+        let long = "x".repeat(100);
+        m.insert_new(KeyStr::new("db"), 1);
+        m.insert_new(KeyStr::new(&long), 2);
+        assert_eq!(
+            (m.get("db"), m.get(&long), m.get("d")),
+            (Some(&1), Some(&2), None)
+        );
     }
 
     #[test]

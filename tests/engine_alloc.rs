@@ -1,16 +1,19 @@
-//! The engine's hot path does not allocate, except to store a new key.
+//! The engine's hot path does not allocate, except to store a new key longer
+//! than [`INLINE_KEY_BYTES`].
 //!
 //! A global allocator counts allocations made by the current thread only
 //! (a thread-local counter), so the tests of this file can run in parallel
 //! without seeing each other's allocations. After a warm-up (outbox buffers,
 //! hash table capacity), an uncontended acquire + release on a fresh key
-//! must allocate exactly once: the key it stores. The same counter keeps the
+//! must not allocate at all when the key fits in the table entry, and
+//! exactly once (the key it stores) when it does not. The same counter keeps the
 //! live bytes, to show that churn on the contended path leaves nothing behind.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use ticketd::engine::{Acquire, AcquireOutcome, Engine, Outbox};
+use ticketd::hash::INLINE_KEY_BYTES;
 use ticketd::limits::EngineLimits;
 use ticketd::time::Millis;
 
@@ -87,13 +90,18 @@ fn acq(key: &str, owner: u64, wait_s: u8) -> Acquire<'_> {
     }
 }
 
-#[test]
-fn an_acquire_and_release_of_a_fresh_key_allocates_only_the_key() {
+/// Acquire + release cycles on fresh keys of `len` bytes, after a warm-up:
+/// the allocations the measured cycles made.
+fn cycle_allocs(len: usize) -> usize {
     let mut e = Engine::new(EngineLimits::default(), 1);
     let mut out = Outbox::new();
     let mut buf = [0u8; 24];
+    let pad = "p".repeat(len.saturating_sub(24));
     let mut cycle = |e: &mut Engine, out: &mut Outbox, i: u64| {
-        let k = key(i, &mut buf);
+        let mut k = String::with_capacity(24 + pad.len());
+        k.push_str(key(i, &mut buf));
+        k.push_str(&pad);
+        let k = &k[..len];
         let AcquireOutcome::Granted(t) = e.acquire(Millis(i), 1, acq(k, i, 0), out) else {
             panic!("a fresh key is granted");
         };
@@ -103,15 +111,29 @@ fn an_acquire_and_release_of_a_fresh_key_allocates_only_the_key() {
     for i in 0..100 {
         cycle(&mut e, &mut out, i);
     }
+    // The test's own key string: one allocation per cycle.
     let before = allocs();
     for i in 100..1_100 {
         cycle(&mut e, &mut out, i);
     }
+    allocs() - before - 1_000
+}
+
+#[test]
+fn an_acquire_and_release_of_a_fresh_short_key_does_not_allocate() {
+    // A key of up to 30 bytes is kept in the table entry itself.
+    assert_eq!(cycle_allocs(24), 0, "no allocation for a 24-byte key");
+    assert_eq!(cycle_allocs(INLINE_KEY_BYTES), 0, "nor at the inline limit");
+}
+
+#[test]
+fn an_acquire_and_release_of_a_fresh_long_key_allocates_only_the_key() {
     assert_eq!(
-        allocs() - before,
+        cycle_allocs(INLINE_KEY_BYTES + 1),
         1_000,
         "one allocation per cycle: the key"
     );
+    assert_eq!(cycle_allocs(200), 1_000);
 }
 
 #[test]

@@ -9,7 +9,7 @@
 use ticketd::engine::{Acquire, AcquireOutcome, Engine, Outbox};
 use ticketd::limits::EngineLimits;
 use ticketd::time::Millis;
-use ticketd_testkit::checker::Report;
+use ticketd_testkit::checker::{History, Report};
 use ticketd_testkit::single_sim::{run_seed, Bug, Stats, MS, S};
 
 /// Seeds of long runs that failed once, kept in the fixed set: 2846 had a
@@ -119,6 +119,81 @@ fn one_seed_always_gives_the_same_history() {
         hb.events(),
         "the run depends on more than its seed"
     );
+}
+
+/// A digest of a run's whole history, the same in every process that runs
+/// the same seed: FNV-1a over its `Debug` text (no randomly keyed hasher).
+fn history_digest(history: &History) -> (usize, u64) {
+    let text = format!("{:?}", history.events());
+    let mut h = 0xcbf2_9ce4_8422_2325_u64;
+    for b in text.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    (history.events().len(), h)
+}
+
+/// `SIM_SEED=N` reruns a failure in a new process, so a seed must fix the
+/// run across processes, not only within one: nothing may depend on a
+/// per-process random hash key (the engine's tables, whose order the
+/// stepped sweep follows, or the simulation's own maps). This test runs
+/// seeds in two fresh processes of this test binary and compares their
+/// histories with each other and with its own run.
+#[test]
+fn one_seed_gives_the_same_history_in_every_process() {
+    const CHILD: &str = "TICKETD_SIM_DIGEST_CHILD";
+    let list: Vec<u64> = (1..=24).chain(REGRESSION_SEEDS).collect();
+    let digests = |list: &[u64]| -> Vec<String> {
+        list.iter()
+            .map(|&seed| {
+                let (result, _, history) = run_seed(seed, None);
+                let (events, digest) = history_digest(&history);
+                format!("seed {seed}: {result:?} {events} events, digest {digest:016x}")
+            })
+            .collect()
+    };
+    if std::env::var_os(CHILD).is_some() {
+        for line in digests(&list) {
+            println!("sim-digest {line}");
+        }
+        return;
+    }
+    let mine = digests(&list);
+    let exe = std::env::current_exe().expect("the test binary's path");
+    for child in 0..2 {
+        let output = std::process::Command::new(&exe)
+            .args([
+                "--exact",
+                "one_seed_gives_the_same_history_in_every_process",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .env_remove("SIM_SEED")
+            .output()
+            .expect("the test binary runs again");
+        assert!(
+            output.status.success(),
+            "child {child} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let theirs: Vec<String> = stdout
+            .lines()
+            // libtest may print its own "test ... " in front of the first.
+            .filter_map(|l| l.split_once("sim-digest ").map(|(_, d)| d.to_owned()))
+            .collect();
+        assert_eq!(
+            theirs.len(),
+            list.len(),
+            "child {child} printed no digests: {stdout}"
+        );
+        for (a, b) in mine.iter().zip(&theirs) {
+            assert_eq!(
+                a, b,
+                "a seed's run differs between processes (child {child})"
+            );
+        }
+    }
 }
 
 /// Runs seeds with a deliberate server bug until the checker catches it.

@@ -788,7 +788,7 @@ fn render_metrics<S: Service>(now: Millis, view: &View<'_, S>) -> String {
     let r = &s.replies;
     e.labelled_counter(
         "ticketd_replies_total",
-        "Replies sent, by kind.",
+        "Replies produced, by kind (one to a connection that closed meanwhile is dropped).",
         "reply",
         &[
             ("acquired", r[0]),

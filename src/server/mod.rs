@@ -66,7 +66,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use crate::config::{Config, MAX_CONNS_CEILING};
 use crate::engine::{ConnId, Outbox};
 use crate::limits::{max_reply_frame, max_request_frame};
-use crate::proto::{decode_request, encode_reply, Decoded, Malformed, Reply, Request};
+use crate::proto::{decode_request, Decoded, Malformed, Request};
 use crate::service::Service;
 use crate::time::{Millis, MonotonicClock};
 
@@ -946,37 +946,34 @@ impl<S: Service> Server<S> {
         }
     }
 
-    /// Encodes the turn's replies into their connections' write buffers.
+    /// Copies the turn's replies (encoded once, in the outbox) into their
+    /// connections' write buffers: a run of replies to one connection in
+    /// one copy.
     fn deliver(&mut self) {
-        let debug = log::log_enabled!(log::Level::Debug);
-        for a in self.out.iter() {
-            let key = usize::try_from(a.conn & CONN_KEY_MASK).unwrap_or(usize::MAX);
-            match self.conns.get_mut(key) {
-                Some(c) if c.id == a.conn && c.closing != Closing::Now => {
-                    if debug {
+        self.out.tally(&mut self.stats.replies);
+        if log::log_enabled!(log::Level::Debug) {
+            for a in self.out.iter() {
+                let key = usize::try_from(a.conn & CONN_KEY_MASK).unwrap_or(usize::MAX);
+                match self.conns.get(key) {
+                    Some(c) if c.id == a.conn && c.closing != Closing::Now => {
                         log::debug!("{} ({}) <- {:?}", c.peer, c.id, a.reply);
                     }
-                    self.stats.replies[match a.reply {
-                        Reply::Acquired { .. } => 0,
-                        Reply::Timeout { .. } => 1,
-                        Reply::Busy { .. } => 2,
-                        Reply::Released { .. } => 3,
-                        Reply::NotReleased { .. } => 4,
-                        Reply::Extended { .. } => 5,
-                        Reply::NotExtended { .. } => 6,
-                    }] += 1;
-                    encode_reply(&a.reply, &mut c.wbuf);
-                    if !c.dirty {
-                        c.dirty = true;
-                        self.dirty.push(key);
-                    }
+                    _ => log::debug!("dropped a reply to closed connection {}", a.conn),
                 }
-                // The connection is gone: nobody is left to read the reply.
-                _ => {
-                    if debug {
-                        log::debug!("dropped a reply to closed connection {}", a.conn);
-                    }
-                }
+            }
+        }
+        for (conn, frames) in self.out.frames() {
+            let key = usize::try_from(conn & CONN_KEY_MASK).unwrap_or(usize::MAX);
+            let Some(c) = self.conns.get_mut(key) else {
+                continue;
+            };
+            if c.id != conn || c.closing == Closing::Now {
+                continue; // the connection is gone: nobody is left to read it
+            }
+            c.wbuf.extend_from_slice(frames);
+            if !c.dirty {
+                c.dirty = true;
+                self.dirty.push(key);
             }
         }
         self.out.clear();

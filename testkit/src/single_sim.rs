@@ -4,7 +4,9 @@
 //! One seed fixes everything: a splitmix64 generator decides every latency,
 //! chunk boundary, think time, key, wait, lease and fault, and a virtual
 //! microsecond clock advances only from event to event, so a run is exactly
-//! reproducible. What is simulated:
+//! reproducible, in any process: the engine's tables hash under a key drawn
+//! from the seed (the daemon's is random), and the simulation's own maps are
+//! ordered ones, never randomly keyed. What is simulated:
 //!
 //! * **Network**: each connection is two byte streams that carry the real
 //!   wire encoding (`proto`), cut into chunks at random boundaries, so the
@@ -32,11 +34,12 @@
 //! it alone, and `make sim-single SEEDS=N` runs N fresh seeds (from a random
 //! first seed, or `FIRST=`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use crate::checker::{ExtendOutcome, History, OpId, Outcome, ReleaseOutcome, Report};
 use crate::rng::SplitMix64;
 use ticketd::engine::{Acquire, AcquireOutcome, ConnId, Engine, Outbox};
+use ticketd::hash::SipKey;
 use ticketd::limits::EngineLimits;
 use ticketd::proto::{
     decode_reply, decode_request, encode_reply, encode_request, Decoded, Reply, Request,
@@ -130,7 +133,7 @@ enum Ev {
 
 impl Ev {
     /// Which process handles the event: a client, the server, or neither.
-    fn target(&self, conns: &HashMap<ConnId, Conn>) -> Target {
+    fn target(&self, conns: &BTreeMap<ConnId, Conn>) -> Target {
         match self {
             Ev::ClientWake { client, .. } | Ev::ClientRestart { client } => Target::Client(*client),
             Ev::ToClient { conn, .. } | Ev::ClientSeesClose { conn } | Ev::Connected { conn } => {
@@ -240,22 +243,24 @@ struct Server {
     highest_token: u64,
     tick_at: u64,
     /// For `Bug::ReleaseOnDisconnect`: what each connection was granted.
-    granted_to: HashMap<ConnId, Vec<(String, u64)>>,
+    granted_to: BTreeMap<ConnId, Vec<(String, u64)>>,
 }
 
 struct Sim {
     cfg: Config,
+    /// The engine's hash key, from the seed (see `Sim::new`).
+    hash_key: SipKey,
     rng: Rng,
     now: u64,
     seq: u64,
     queue: BTreeMap<(u64, u64), Ev>,
-    conns: HashMap<ConnId, Conn>,
+    conns: BTreeMap<ConnId, Conn>,
     next_conn: ConnId,
     clients: Vec<Client>,
     server: Server,
     history: History,
     /// owner -> acquire op, so the server side can mark acquires queued.
-    op_of_owner: HashMap<u64, OpId>,
+    op_of_owner: BTreeMap<u64, OpId>,
     next_owner: u64,
     stats: Stats,
 }
@@ -308,27 +313,33 @@ impl Sim {
                 compensate: Vec::new(),
             })
             .collect();
+        // The engine's tables hash under a key fixed by the seed (the
+        // daemon's is random), so their order, which the stepped sweep
+        // follows, is the same in every process that runs this seed.
+        let mut key_rng = SplitMix64::new(seed ^ 0x7469_636b_6574_6448);
+        let hash_key = SipKey::from_parts(key_rng.next_u64(), key_rng.next_u64());
         let mut sim = Sim {
             cfg,
+            hash_key,
             rng: Rng::new(seed),
             now: 0,
             seq: 0,
             queue: BTreeMap::new(),
-            conns: HashMap::new(),
+            conns: BTreeMap::new(),
             next_conn: 1,
             clients,
             server: Server {
                 epoch: 0,
                 up: true,
                 paused_until: 0,
-                engine: Engine::new(limits, 1),
+                engine: Engine::with_hash_key(limits, 1, hash_key),
                 out: Outbox::new(),
                 highest_token: 0,
                 tick_at: u64::MAX,
-                granted_to: HashMap::new(),
+                granted_to: BTreeMap::new(),
             },
             history: History::new(),
-            op_of_owner: HashMap::new(),
+            op_of_owner: BTreeMap::new(),
             next_owner: 1,
             stats: Stats::default(),
         };
@@ -603,7 +614,7 @@ impl Sim {
                 let bound = old
                     .granted_until()
                     .max(old.restart_grace(now).unwrap_or(Millis::ZERO));
-                self.server.engine = Engine::new(limits, first);
+                self.server.engine = Engine::with_hash_key(limits, first, self.hash_key);
                 if self.cfg.bug != Some(Bug::NoRestartGrace) {
                     self.server.engine.set_restart_grace(bound);
                     if bound > now {
