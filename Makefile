@@ -37,6 +37,7 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets --all-features -- -D warnings
 	$(CARGO) clippy --all-targets --no-default-features -- -D warnings
+	$(CARGO) clippy -p ticketd --lib --no-default-features --features client -- -D warnings
 
 doc:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --all-features

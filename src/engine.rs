@@ -75,7 +75,7 @@
 //! * **Hot path:** an uncontended acquire + release of a fresh key hashes
 //!   the key twice (one table lookup each; the queue map is not hashed
 //!   while no key has waiters), each time in one pass of keyed SipHash-1-3
-//!   over its bytes ([`crate::hash`]: ~155 instructions for a 24-byte key,
+//!   over its bytes (`hash`, internal: ~155 instructions for a 24-byte key,
 //!   where the standard library's incremental hasher took ~230), and
 //!   allocates only for a key longer than 30 bytes (the stored key); T, N,
 //!   a tick with nothing due and a disconnect without waiters do not

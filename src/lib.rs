@@ -46,21 +46,53 @@
 //! async runtime anywhere. Cluster mode adds one helper thread that does
 //! nothing but `fdatasync` the write-ahead log, so the loop never waits for
 //! the disk.
+//!
+//! # What a user needs
+//!
+//! The names most programs use are re-exported here: the client
+//! ([`Client`], [`Acquire`], [`Release`], [`Ticket`], [`Error`]), and to run
+//! or embed a server, [`Server`], its [`Config`] and single mode's
+//! [`SingleService`]; for stepping the lock table in tests, [`Engine`] with
+//! its [`Outbox`] and the clock type [`Millis`]. The modules hold the rest.
 #![warn(missing_docs)]
 
+#[cfg(feature = "client")]
 pub mod client;
 #[cfg(feature = "cluster")]
 pub mod cluster;
+#[cfg(feature = "server")]
 pub mod config;
+#[cfg(feature = "server")]
 pub mod datadir;
+#[cfg(feature = "server")]
 pub mod engine;
 #[cfg(feature = "harness")]
 pub mod harness;
+// Internal: the engine's keyed tables. Public only so that the workspace's
+// tests and simulations can key them reproducibly; not part of the API.
+#[cfg(feature = "server")]
+#[doc(hidden)]
 pub mod hash;
 pub mod limits;
+#[cfg(feature = "server")]
 pub mod metrics;
 pub mod proto;
+#[cfg(feature = "server")]
 pub mod server;
+#[cfg(feature = "server")]
 pub mod service;
+#[cfg(feature = "server")]
 pub mod single;
 pub mod time;
+
+#[cfg(feature = "client")]
+pub use client::{Acquire, Client, ClientBuilder, Error, Release, Ticket};
+#[cfg(feature = "server")]
+pub use config::Config;
+#[cfg(feature = "server")]
+pub use engine::{Engine, Outbox};
+#[cfg(feature = "server")]
+pub use server::{Server, ShutdownHandle};
+#[cfg(feature = "server")]
+pub use single::SingleService;
+pub use time::Millis;

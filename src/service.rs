@@ -41,6 +41,15 @@ pub trait Service {
         Ok(())
     }
 
+    /// Why the server must stop at once, if it must: asked after an
+    /// [`Service::end_turn`] that failed. The loop then writes none of the
+    /// turn's replies and [`crate::server::Server::run`] returns the reason
+    /// as its error (cluster mode, when the daemon asked for it, after the
+    /// node's disk failed). `None`, the default, keeps the loop running.
+    fn must_stop(&self) -> Option<String> {
+        None
+    }
+
     /// The server is stopping cleanly (SIGTERM, SIGINT, a shutdown
     /// handle): every connection is closed and no request follows. Single
     /// mode records here which leases are still outstanding, so that the

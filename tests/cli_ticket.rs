@@ -400,41 +400,65 @@ fn a_token_that_cannot_be_printed_is_released_again() {
 
 /// `ticket run` renews by default: a command that runs for several leases
 /// keeps the lock the whole time, exits 0, and the key is free afterwards.
+///
+/// Driven by conditions, not by a fixed schedule (a loaded machine may take
+/// seconds to start `ticket`): the command marks when it starts (so the
+/// lock is held from then on), the key is checked well past the first
+/// 3 s lease, and only then is the command told to finish.
 #[test]
 fn run_renews_the_lock_for_as_long_as_the_command_runs() {
     let server = Ticketd::start(&[]);
     let addr = server.addr().to_string();
-    let start = Instant::now();
+    let dir = std::env::temp_dir().join(format!("ticket-renews-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (started, finish) = (dir.join("started"), dir.join("finish"));
+    let script = format!(
+        "touch '{}'; while [ ! -e '{}' ]; do sleep 0.05; done",
+        started.display(),
+        finish.display()
+    );
     let child = common::bin_command(env!("CARGO_BIN_EXE_ticket"))
         .args([
             "run",
             "long",
             "--lease",
-            "2",
+            "3",
             "--kill-grace",
             "0.2",
             "--server",
             &addr,
             "--",
-            "sleep",
-            "5",
+            "sh",
+            "-c",
+            &script,
         ])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Well past the first 2 s lease, the key is still held.
-    std::thread::sleep(Duration::from_millis(3500));
+    let wait_start = Instant::now();
+    while !started.exists() {
+        assert!(
+            wait_start.elapsed() < Duration::from_secs(30),
+            "the command never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The lock was granted before the command started: a lease and a half
+    // later, only renewals can have kept it.
+    std::thread::sleep(Duration::from_millis(4500));
     let o = ticket(&["acquire", "long", "--wait", "0", "--server", &addr]);
     assert_eq!(status(&o), 120, "held past its first lease: {}", stderr(&o));
+    std::fs::write(&finish, b"").unwrap();
     let out = child.wait_with_output().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(
         out.status.code(),
         Some(0),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(start.elapsed() >= Duration::from_secs(5));
     assert_eq!(
         status(&ticket(&[
             "acquire", "long", "--wait", "0", "--server", &addr

@@ -26,6 +26,8 @@ use std::io::{ErrorKind, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{Client, NoReply, Reply, Ticketd};
@@ -88,6 +90,7 @@ fn load_client(
     keys: &[&str],
     clock: RealClock,
     until: Instant,
+    grants: &AtomicU64,
 ) -> History {
     let mut h = History::new();
     let session = new_session();
@@ -106,6 +109,7 @@ fn load_client(
             }) => {
                 assert_eq!(o, owner);
                 h.acquired(op, Outcome::Granted { token }, clock.now_us());
+                grants.fetch_add(1, Ordering::Relaxed);
                 token
             }
             Ok(Reply::Timeout { .. }) => {
@@ -177,18 +181,28 @@ fn kill_and_restart_under_load(data_dir: Option<&Path>) -> Report {
             }
         }
         let addr = server.addr();
-        let until = Instant::now() + Duration::from_secs(5);
+        // The clients run until the kill ends their connections; `until`
+        // only bounds a round whose kill never comes.
+        let until = Instant::now() + Duration::from_secs(60);
+        let grants = Arc::new(AtomicU64::new(0));
         let threads: Vec<_> = (0..4u64)
             .map(|id| {
+                let grants = Arc::clone(&grants);
                 std::thread::spawn(move || {
-                    load_client(addr, round * 10 + id, &["a", "b"], clock, until)
+                    load_client(addr, round * 10 + id, &["a", "b"], clock, until, &grants)
                 })
             })
             .collect();
         // With a data dir, the restart grace holds every key for what is
-        // left of the killed server's leases: load past it before the kill.
+        // left of the killed server's leases: load past it before the kill,
+        // and kill only once this round has granted (on a loaded machine
+        // the first grant after the grace can take a while).
         let grace_ms = grace_in_force_ms(&server.log());
         std::thread::sleep(Duration::from_millis(400 + grace_ms));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while grants.load(Ordering::Relaxed) < 20 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         server.signal(libc::SIGKILL);
         server
             .wait_exit(Duration::from_secs(5))

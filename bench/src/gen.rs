@@ -13,7 +13,14 @@
 //!   key once, then extends it every `lease / 3` (the client's keep-alive
 //!   pace), the first extend at a random point of that interval so that the
 //!   locks' renewals are spread evenly, as independent clients' are. A
-//!   connection carries `locks / connections` slots.
+//!   connection carries `locks / connections` slots. Each connection renews
+//!   its locks as one official client renews its kept tickets
+//!   (`ticketd::client::KeptTicket`): when one is due, every lock of the
+//!   connection due within `lease / 6` is extended with it, in the same
+//!   write, so a lock is renewed between `lease / 6` and `lease / 3` after
+//!   its previous extend. `Renew::Single` instead extends each lock on its
+//!   own when it is due (one round trip per extend, as a client with a
+//!   renewal thread per lock did).
 //! * `extend-flood` (ticketd only): acquire a key once, then extend it again
 //!   as soon as each extend is answered, `depth` slots per connection.
 //!
@@ -61,6 +68,16 @@ impl Mode {
     }
 }
 
+/// How `extend` mode paces the renewals of one connection's locks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Renew {
+    /// As the official client: with the one that is due, every lock due
+    /// within `lease / 6`.
+    Coalesced,
+    /// Each lock on its own, when it is due.
+    Single,
+}
+
 /// Which keys the slots use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Keys {
@@ -100,6 +117,8 @@ pub struct Config {
     /// Stop starting acquires once this many requests were sent, and end the
     /// run when every request has its reply.
     pub requests: Option<u64>,
+    /// How `extend` mode paces its renewals.
+    pub renew: Renew,
 }
 
 /// State shared between the worker threads and the thread that times the run.
@@ -270,6 +289,9 @@ struct Slot {
     sent_ns: u64,
     /// When the FIFO probe behind the current acquire was answered.
     queued_ns: u64,
+    /// While sleeping: when it wakes (a heap entry that does not match is
+    /// stale: the slot was woken early, with a batch).
+    due_ns: u64,
 }
 
 /// What a request in flight asked for, and so which replies answer it.
@@ -721,13 +743,31 @@ impl<B: Backend> Worker<'_, B> {
             }
         }
         match sleep_until {
-            Some(t) => self.sleepers.push(Reverse((t, c as u32, p.slot))),
+            Some(t) => {
+                self.conns[c].slots[p.slot as usize].due_ns = t;
+                self.sleepers.push(Reverse((t, c as u32, p.slot)));
+            }
             None => {
                 self.conns[c].ready.push(p.slot);
                 self.mark(c);
             }
         }
         Ok(())
+    }
+
+    /// One of connection `c`'s locks is due: it and every lock of `c` due
+    /// within `lease / 6` are extended now, together (their heap entries
+    /// become stale).
+    fn wake_batch(&mut self, c: usize, now: u64) {
+        let horizon = now + extend_interval_ns(self.cfg.lease_s) / 2;
+        let conn = &mut self.conns[c];
+        for (i, slot) in conn.slots.iter_mut().enumerate() {
+            if slot.state == SlotState::Sleeping && slot.due_ns <= horizon {
+                slot.state = SlotState::NeedExtend;
+                conn.ready.push(i as u16);
+            }
+        }
+        self.mark(c);
     }
 
     fn publish(&mut self) {
@@ -765,6 +805,13 @@ impl<B: Backend> Worker<'_, B> {
                 }
                 self.sleepers.pop();
                 let slot = &mut self.conns[c as usize].slots[s as usize];
+                if slot.state != SlotState::Sleeping || slot.due_ns != due {
+                    continue;
+                }
+                if self.cfg.mode == Mode::Extend && self.cfg.renew == Renew::Coalesced {
+                    self.wake_batch(c as usize, now);
+                    continue;
+                }
                 slot.state = if self.cfg.mode.extends() {
                     SlotState::NeedExtend
                 } else {
@@ -864,6 +911,7 @@ pub fn run_worker<B: Backend>(
                 first_try_ns: 0,
                 sent_ns: 0,
                 queued_ns: u64::MAX,
+                due_ns: 0,
             };
             let slots = slots_of(cfg, id);
             conns.push(Conn {

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backend::{Backend, Ticketd};
-use gen::{Config, Keys, Mode, Shared, Stats};
+use gen::{Config, Keys, Mode, Renew, Shared, Stats};
 
 const USAGE: &str = "\
 usage: ticket-bench [FLAGS]
@@ -51,6 +51,10 @@ usage: ticket-bench [FLAGS]
                         extend is answered. Any X (not extended) fails the run
   --locks N             extend only: held locks, 1..=1000000, spread over the
                         connections (default 1000)
+  --renew HOW           extend only: coalesced (default: as the official
+                        client, every lock of a connection due within lease/6
+                        goes with the one that is due, in one write) | single
+                        (each lock on its own when due, one round trip each)
   --wait S              seconds an acquire may wait, 0..=255 (default 0;
                         5 for contended; Redis clients poll that long)
   --lease S             lease of each grant, 1..=255 (default 30)
@@ -215,6 +219,17 @@ pub fn parse_args(args: Vec<String>) -> Result<Args, String> {
         return Err("--locks: only for --mode extend".into());
     }
     let locks = locks.unwrap_or(1000);
+    let renew: Option<String> = p
+        .opt_value_from_str("--renew")
+        .map_err(|e| format!("--renew: {e}"))?;
+    let renew = match renew.as_deref() {
+        None | Some("coalesced") => Renew::Coalesced,
+        Some("single") => Renew::Single,
+        Some(other) => return Err(format!("--renew: {other:?} is not coalesced or single")),
+    };
+    if renew != Renew::Coalesced && mode != Mode::Extend {
+        return Err("--renew: only for --mode extend".into());
+    }
     if mode == Mode::Extend {
         // Every connection holds at least one lock.
         connections = connections.min(locks);
@@ -284,6 +299,7 @@ pub fn parse_args(args: Vec<String>) -> Result<Args, String> {
             poll_ms,
             threads,
             requests,
+            renew,
         },
         backend,
         duration: Duration::from_secs_f64(duration_s),
@@ -746,8 +762,16 @@ impl Report {
         let s = &self.stats;
         let c = &self.args.cfg;
         let mut t = String::new();
-        let pace = if c.mode == Mode::Extend {
-            format!("each extended every {:.1} s", f64::from(c.lease_s) / 3.0)
+        let pace = if c.mode == Mode::Extend && c.renew == Renew::Single {
+            format!(
+                "each extended every {:.1} s, alone",
+                f64::from(c.lease_s) / 3.0
+            )
+        } else if c.mode == Mode::Extend {
+            format!(
+                "each extended every {:.1} s, coalesced per connection as the client does",
+                f64::from(c.lease_s) / 3.0
+            )
         } else {
             format!("depth {}, extended back to back", c.depth)
         };
@@ -928,6 +952,8 @@ mod tests {
             (&["--mode", "extend", "--requests", "9"][..], "--duration"),
             (&["--mode", "extend", "--locks", "0"][..], "--locks"),
             (&["--locks", "10"][..], "only for --mode extend"),
+            (&["--renew", "single"][..], "only for --mode extend"),
+            (&["--mode", "extend", "--renew", "each"][..], "--renew"),
             (
                 &[
                     "--mode",
@@ -971,6 +997,10 @@ mod tests {
         assert_eq!(gen::slots_of(&b.cfg, 2), 1);
         let f = args(&["--mode", "extend-flood", "--depth", "16"]).unwrap();
         assert_eq!(gen::slots_of(&f.cfg, 0), 16);
+        // Renewals are coalesced as the client's unless asked otherwise.
+        assert_eq!(a.cfg.renew, Renew::Coalesced);
+        let s = args(&["--mode", "extend", "--renew", "single"]).unwrap();
+        assert_eq!(s.cfg.renew, Renew::Single);
     }
 
     #[test]

@@ -11,10 +11,10 @@
 //! send plus its lease.
 
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::deadline::{self, Plan, TRANSPORT_DEADLINE};
+use super::renew::{Kept, KeptState, Shared};
 use super::session::{lock, Answer, Call, Kind, Waited};
 use super::{Client, Error, Release, RetryPause};
 
@@ -127,47 +127,33 @@ impl Client {
     }
 }
 
-/// What the keep-alive thread and the holder share.
-#[derive(Debug)]
-struct KeptState {
-    expires_at: Instant,
-    lease: Duration,
-    lost: bool,
-    /// Set by release or drop: the thread ends after its current attempt.
-    stop: bool,
-    /// Set by drop: the thread releases the lock as it ends.
-    release_on_stop: bool,
-    /// The thread has ended (or never started); set under the lock, so
-    /// drop knows whether the thread will release or it must.
-    exited: bool,
-}
-
-#[derive(Debug)]
-struct Shared {
-    state: Mutex<KeptState>,
-    cv: Condvar,
-}
-
 /// A ticket renewed in the background by [`crate::client::Ticket::keep_alive`].
 ///
-/// A thread of its own extends the grant at a third of the lease, for the
-/// same lease, for as long as the holder keeps this value. The moment the
-/// ticket is lost (an `X`, or no `E` before the renewal deadline) it is
-/// marked lost and the thread ends; [`KeptTicket::wait_lost`] wakes then.
-/// The renewal deadline is a tenth of the lease before the conservative
-/// expiry, so a holder that watches [`KeptTicket::is_lost`] hears of a
-/// dead or cut-off server while the lease still runs.
+/// The client's renewer (one thread per [`Client`], shared by every kept
+/// ticket of it and of its clones) extends the grant a third of the lease
+/// after each `E`, for the same lease, for as long as the holder keeps this
+/// value. Renewals are coalesced: when one kept ticket is due, every kept
+/// ticket of the client due within a sixth of its lease is extended with
+/// it, in one write of several `E` frames on one connection, so a ticket is
+/// renewed between a sixth and a third of its lease after its previous
+/// extend. The moment the ticket is lost (an `X`, or no `E` before the
+/// renewal deadline) it is marked lost and renewed no more;
+/// [`KeptTicket::wait_lost`] wakes then. The renewal deadline is a tenth of
+/// the lease before the conservative expiry, so a holder that watches
+/// [`KeptTicket::is_lost`] hears of a dead or cut-off server while the
+/// lease still runs.
 ///
 /// Dropping it stops the renewals and releases the lock in the background;
 /// [`KeptTicket::release`] does the same and reports the outcome. Neither
-/// leaves a thread or a connection behind.
+/// leaves a thread or a connection behind: the renewer ends with the last
+/// kept ticket of its client.
 #[derive(Debug)]
 pub struct KeptTicket {
     client: Client,
     key: Arc<str>,
     token: u64,
+    id: u64,
     shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
     /// `release` has run: drop has nothing left to do.
     released: bool,
 }
@@ -192,39 +178,28 @@ impl KeptTicket {
             cv: Condvar::new(),
         });
         let key: Arc<str> = Arc::from(key);
-        let mut kept = KeptTicket {
+        let kept = Kept::new(Arc::clone(&key), token, Arc::clone(&shared));
+        let id = kept.id;
+        let me = KeptTicket {
             client,
             key,
             token,
+            id,
             shared,
-            thread: None,
             released: false,
         };
-        if !kept.is_lost() {
-            lock(&kept.shared.state).exited = false;
-            let (client, key, shared) = (
-                kept.client.clone(),
-                Arc::clone(&kept.key),
-                Arc::clone(&kept.shared),
-            );
-            let spawned = std::thread::Builder::new()
-                .name("ticket-keepalive".into())
-                .spawn(move || renew_loop(&client, &key, token, &shared));
-            match spawned {
-                Ok(h) => kept.thread = Some(h),
-                // No thread, no renewals: the holder must know at once.
-                Err(_) => {
-                    lock(&kept.shared.state).exited = true;
-                    kept.mark_lost();
-                }
+        if !me.is_lost() {
+            lock(&me.shared.state).exited = false;
+            if !me.client.inner.renewer.add(&me.client, kept) {
+                // No renewer, no renewals: the holder must know at once.
+                let mut st = lock(&me.shared.state);
+                st.exited = true;
+                st.lost = true;
+                drop(st);
+                me.shared.cv.notify_all();
             }
         }
-        kept
-    }
-
-    fn mark_lost(&self) {
-        lock(&self.shared.state).lost = true;
-        self.shared.cv.notify_all();
+        me
     }
 
     /// The key held.
@@ -282,7 +257,7 @@ impl KeptTicket {
     /// # Errors
     /// Never in practice: the key was checked when the lock was acquired.
     pub fn release(mut self) -> Result<Release, Error> {
-        self.stop(false);
+        self.stop();
         self.released = true;
         self.client.release(&self.key, self.token)
     }
@@ -291,7 +266,7 @@ impl KeptTicket {
     /// (or it is released): waits for a renewal in flight, at most the 5 s
     /// transport deadline, so [`KeptTicket::expires_at`] is final after it.
     pub fn stop_renewing(&mut self) {
-        self.stop(false);
+        self.stop();
     }
 
     /// Whether renewals still run (not stopped, not lost).
@@ -301,21 +276,24 @@ impl KeptTicket {
         !st.exited && !st.stop && !st.lost
     }
 
-    fn stop(&mut self, release_on_stop: bool) {
-        {
+    /// Stops the renewals and waits until the renewer has let the ticket go.
+    fn stop(&mut self) {
+        let running = {
             let mut st = lock(&self.shared.state);
             st.stop = true;
-            st.release_on_stop = release_on_stop && !st.exited;
+            !st.exited
+        };
+        if !running {
+            return;
         }
-        self.shared.cv.notify_all();
-        if let Some(h) = self.thread.take() {
-            if release_on_stop {
-                // Not joined: it ends after its current attempt and
-                // releases the lock itself.
-                drop(h);
-            } else {
-                let _ = h.join();
-            }
+        self.client.inner.renewer.stop(self.id);
+        let mut st = lock(&self.shared.state);
+        while !st.exited {
+            st = self
+                .shared
+                .cv
+                .wait(st)
+                .unwrap_or_else(PoisonError::into_inner);
         }
     }
 }
@@ -325,68 +303,20 @@ impl Drop for KeptTicket {
         if self.released {
             return;
         }
-        // Decided under the lock: either the thread is still to end and
-        // releases as it does, or it has ended and the release is ours.
-        let thread_releases = {
+        // Decided under the lock: either the renewer still has the ticket
+        // and releases it as it lets it go, or it has and the release is
+        // ours. Never waited for: a renewal in flight must not block a drop.
+        let renewer_releases = {
             let mut st = lock(&self.shared.state);
             st.stop = true;
             st.release_on_stop = !st.exited;
             !st.exited
         };
-        self.shared.cv.notify_all();
-        // Never joined here: a renewal in flight must not block a drop.
-        drop(self.thread.take());
-        if !thread_releases {
+        if renewer_releases {
+            self.client.inner.renewer.stop(self.id);
+        } else {
             self.client
                 .release_in_background(self.key.to_string(), self.token);
         }
-    }
-}
-
-/// The keep-alive thread: renew at a third of the lease until stopped or
-/// lost. It records its end under the state lock and, if drop asked for
-/// it, releases the lock on the way out.
-fn renew_loop(client: &Client, key: &Arc<str>, token: u64, shared: &Shared) {
-    let finish = |mut st: std::sync::MutexGuard<'_, KeptState>| {
-        st.exited = true;
-        let release = st.stop && st.release_on_stop;
-        drop(st);
-        shared.cv.notify_all();
-        if release {
-            client.release_in_background(key.to_string(), token);
-        }
-    };
-    loop {
-        let (until, lease) = {
-            let mut st = lock(&shared.state);
-            let renew_at = st.expires_at - st.lease + st.lease / 3;
-            loop {
-                if st.stop {
-                    return finish(st);
-                }
-                let now = Instant::now();
-                if now >= renew_at {
-                    break;
-                }
-                st = shared
-                    .cv
-                    .wait_timeout(st, renew_at - now)
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .0;
-            }
-            (st.expires_at - st.lease / 10, st.lease)
-        };
-        let lease_s = u8::try_from(lease.as_secs()).unwrap_or(u8::MAX);
-        let got = client.extend_until(Arc::clone(key), token, lease_s, until);
-        let mut st = lock(&shared.state);
-        match got {
-            Extended::Yes { written_at } => st.expires_at = written_at + lease,
-            Extended::No | Extended::NoAnswer => {
-                st.lost = true;
-                return finish(st);
-            }
-        }
-        drop(st);
-        shared.cv.notify_all();
     }
 }

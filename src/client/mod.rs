@@ -48,6 +48,10 @@
 //! **Indeterminate** means the caller must not enter the critical section; a
 //! grant that may exist is taken back by its lease at the latest.
 //!
+//! Kept tickets ([`Ticket::keep_alive`]) are renewed by one thread per
+//! client, which sends the renewals of every kept ticket due within a
+//! sixth of its lease together, in one write (see [`KeptTicket`]).
+//!
 //! The same rules as a sans-IO state machine that the caller drives (bytes
 //! in, bytes out, the clock passed in) are in [`machine`]: for programs with
 //! their own event loop, and for deterministic tests.
@@ -59,6 +63,7 @@ mod extend;
 pub mod machine;
 mod owner;
 mod pool;
+mod renew;
 mod session;
 mod ticket;
 
@@ -276,6 +281,7 @@ impl ClientBuilder {
                     queue: VecDeque::new(),
                     running: false,
                 }),
+                renewer: renew::Renewer::default(),
             }),
         })
     }
@@ -293,6 +299,8 @@ struct Inner {
     pool: Pool,
     max_key_bytes: usize,
     background: Mutex<Background>,
+    /// The one thread that renews every kept ticket of this client.
+    renewer: renew::Renewer,
 }
 
 /// Releases nobody waits for (dropped tickets, late grants), done one after

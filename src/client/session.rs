@@ -114,6 +114,12 @@ impl From<Outcome> for Waited {
     }
 }
 
+/// Told once, when a call ends, by whichever thread ends it (the reader,
+/// the writer, a closing session): lets one thread watch many calls
+/// without a thread waiting on each. It runs with the session's lock held,
+/// so it must only hand the news on (a channel send), never block.
+pub(crate) type OnDone = Box<dyn Fn() + Send + Sync>;
+
 /// One request and the caller (if any) waiting for it.
 pub(crate) struct Call {
     pub(crate) kind: Kind,
@@ -121,17 +127,36 @@ pub(crate) struct Call {
     pub(crate) plan: Plan,
     phase: Mutex<Phase>,
     cv: Condvar,
+    on_done: Option<OnDone>,
 }
 
 impl Call {
     pub(crate) fn new(kind: Kind, key: Arc<str>, plan: Plan) -> Arc<Call> {
+        Call::build(kind, key, plan, None)
+    }
+
+    /// A call that runs `on_done` the moment it ends.
+    pub(crate) fn watched(kind: Kind, key: Arc<str>, plan: Plan, on_done: OnDone) -> Arc<Call> {
+        Call::build(kind, key, plan, Some(on_done))
+    }
+
+    fn build(kind: Kind, key: Arc<str>, plan: Plan, on_done: Option<OnDone>) -> Arc<Call> {
         Arc::new(Call {
             kind,
             key,
             plan,
             phase: Mutex::new(Phase::Queued),
             cv: Condvar::new(),
+            on_done,
         })
+    }
+
+    /// How the call ended, once it has.
+    pub(crate) fn outcome(&self) -> Option<Waited> {
+        match *lock(&self.phase) {
+            Phase::Done(o) => Some(o.into()),
+            Phase::Queued | Phase::Sent { .. } => None,
+        }
     }
 
     fn finish(&self, outcome: Outcome) {
@@ -139,6 +164,8 @@ impl Call {
         if !matches!(*ph, Phase::Done(_)) {
             *ph = Phase::Done(outcome);
             self.cv.notify_all();
+            drop(ph);
+            self.done();
         }
     }
 
@@ -147,6 +174,15 @@ impl Call {
         if let Phase::Sent { written_at } = *ph {
             *ph = Phase::Done(Outcome::Answered { answer, written_at });
             self.cv.notify_all();
+            drop(ph);
+            self.done();
+        }
+    }
+
+    /// Runs the watcher, after the phase lock is let go.
+    fn done(&self) {
+        if let Some(f) = &self.on_done {
+            f();
         }
     }
 
@@ -169,6 +205,8 @@ struct State {
     writer_paused: bool,
     /// Frames handed to `write`, for tests and diagnostics.
     frames_written: u64,
+    /// `write_all` calls that carried them.
+    writes: u64,
 }
 
 /// A connection with its two threads.
@@ -199,6 +237,7 @@ impl Session {
                 extends: HashMap::new(),
                 writer_paused: false,
                 frames_written: 0,
+                writes: 0,
             }),
             writer_cv: Condvar::new(),
             threads: Mutex::new(Vec::with_capacity(2)),
@@ -245,6 +284,12 @@ impl Session {
         lock(&self.state).frames_written
     }
 
+    /// `write_all` calls so far.
+    #[cfg(test)]
+    pub(crate) fn writes(&self) -> u64 {
+        lock(&self.state).writes
+    }
+
     /// Threads not yet joined.
     #[cfg(test)]
     pub(crate) fn unjoined_threads(&self) -> usize {
@@ -283,6 +328,20 @@ impl Session {
         true
     }
 
+    /// Queues every call of `calls` at once, so the writer puts them in
+    /// one write (as many as fit in one batch of its); `false` if the
+    /// session is already dead (the calls are untouched).
+    pub(crate) fn enqueue_all(&self, calls: &[Arc<Call>]) -> bool {
+        let mut st = lock(&self.state);
+        if st.dead {
+            return false;
+        }
+        st.queue.extend(calls.iter().cloned());
+        drop(st);
+        self.writer_cv.notify_one();
+        true
+    }
+
     /// Waits for `call` (queued here) to end, enforcing its plan: withdrawn
     /// unsent at `send_deadline`, given up with this session closed at
     /// `give_up` if it may have been sent and has no reply.
@@ -307,33 +366,43 @@ impl Session {
                     continue;
                 }
             }
-            // A limit passed. Decide under the session lock, so the writer
-            // cannot move the call between "queued" and "sent" meanwhile.
-            let mut st = lock(&self.state);
-            let phase = *lock(&call.phase);
-            match phase {
-                Phase::Done(o) => return o.into(),
-                Phase::Queued => {
-                    st.queue.retain(|c| !Arc::ptr_eq(c, call));
-                    call.finish(Outcome::NotSent);
-                    return Waited::NotSent;
-                }
-                Phase::Sent { .. } if now >= call.plan.give_up => {
-                    // Close exactly this session: the reply can no longer be
-                    // told apart from a late one, and the server must not
-                    // keep a queued acquire for a caller that has gone.
-                    self.close_locked(&mut st, "no reply by the deadline plus grace");
-                    drop(st);
-                    self.shutdown();
-                    let outcome = match *lock(&call.phase) {
-                        Phase::Done(o) => o,
-                        _ => Outcome::Lost,
-                    };
-                    return outcome.into();
-                }
-                // It was written just before its send deadline: wait on.
-                Phase::Sent { .. } => {}
+            if let Some(w) = self.enforce(call, now) {
+                return w;
             }
+        }
+    }
+
+    /// Applies `call`'s plan at `now`, a moment at or past one of its
+    /// limits: a call still queued at its send deadline is withdrawn
+    /// (NotSent); one that may have been sent and has no reply at its
+    /// give-up closes this session (Indeterminate). `None` if it is still
+    /// running (written just before its send deadline).
+    pub(crate) fn enforce(&self, call: &Arc<Call>, now: Instant) -> Option<Waited> {
+        // Decided under the session lock, so the writer cannot move the
+        // call between "queued" and "sent" meanwhile.
+        let mut st = lock(&self.state);
+        let phase = *lock(&call.phase);
+        match phase {
+            Phase::Done(o) => Some(o.into()),
+            Phase::Queued if now >= call.plan.send_deadline => {
+                st.queue.retain(|c| !Arc::ptr_eq(c, call));
+                call.finish(Outcome::NotSent);
+                Some(Waited::NotSent)
+            }
+            Phase::Sent { .. } if now >= call.plan.give_up => {
+                // Close exactly this session: the reply can no longer be
+                // told apart from a late one, and the server must not
+                // keep a queued acquire for a caller that has gone.
+                self.close_locked(&mut st, "no reply by the deadline plus grace");
+                drop(st);
+                self.shutdown();
+                let outcome = match *lock(&call.phase) {
+                    Phase::Done(o) => o,
+                    _ => Outcome::Lost,
+                };
+                Some(outcome.into())
+            }
+            Phase::Queued | Phase::Sent { .. } => None,
         }
     }
 
@@ -463,6 +532,7 @@ impl Session {
                     call.set_sent(now);
                     st.frames_written += 1;
                 }
+                st.writes += u64::from(!buf.is_empty());
             }
             if buf.is_empty() {
                 continue;

@@ -844,3 +844,230 @@ fn releasing_a_kept_ticket_stops_renewing() {
     assert_eq!(h.join().unwrap(), Release::Released);
     assert_eq!(conn.read(Duration::from_millis(300)), None);
 }
+
+/// Acquires `keys` one after another on the fake's connection `conn` (the
+/// client's only session), answering with tokens from `first_token` on.
+fn tickets_on(
+    conn: &mut Conn,
+    c: &Client,
+    keys: &[String],
+    lease: Duration,
+    first_token: u64,
+) -> Vec<Ticket> {
+    let (c2, k2) = (c.clone(), keys.to_vec());
+    let h = thread::spawn(move || {
+        k2.iter()
+            .map(|k| c2.acquire(k, S, lease).unwrap().ticket().expect("acquired"))
+            .collect::<Vec<_>>()
+    });
+    for (i, key) in keys.iter().enumerate() {
+        let seen = conn.read(5 * S).expect("an acquire");
+        conn.reply(Reply::Acquired {
+            token: first_token + i as u64,
+            owner: owner_of(&seen),
+            key,
+        });
+    }
+    h.join().unwrap()
+}
+
+/// Reads `n` requests, expecting extends, and answers each with `E`;
+/// returns their tokens in arrival order.
+fn answer_extends(conn: &mut Conn, n: usize) -> Vec<u64> {
+    (0..n)
+        .map(|_| match conn.read(5 * S) {
+            Some(Seen::Extend { token, key, .. }) => {
+                conn.reply(Reply::Extended { token, key: &key });
+                token
+            }
+            other => panic!("expected an extend, got {other:?}"),
+        })
+        .collect()
+}
+
+fn wait_for(within: Duration, cond: impl Fn() -> bool) -> bool {
+    let end = Instant::now() + within;
+    while !cond() {
+        if Instant::now() >= end {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    true
+}
+
+/// Kept tickets due within a sixth of their lease of each other are
+/// renewed together, in one write; tickets further apart are not pulled
+/// in, until renewing the earlier ones early brings them into one round.
+#[test]
+fn kept_tickets_due_together_are_renewed_in_one_write() {
+    let fake = Fake::new();
+    let c = client(&fake.addr());
+    // Lease 9 s: due 3 s after each extend, slack 1.5 s.
+    let lease = 9 * S;
+    let h = acquire_in_thread(&c, "first", Duration::ZERO);
+    let mut conn = fake.accept(5 * S).unwrap();
+    let seen = conn.read(5 * S).unwrap();
+    conn.reply(Reply::Busy {
+        owner: owner_of(&seen),
+        key: "first",
+    });
+    assert!(matches!(h.join().unwrap().0, Acquire::Busy));
+    let session = c.inner.pool.live().pop().unwrap();
+    let early: Vec<String> = (0..50).map(|i| format!("early{i}")).collect();
+    let late: Vec<String> = (0..50).map(|i| format!("late{i}")).collect();
+    let mut kept: Vec<KeptTicket> = tickets_on(&mut conn, &c, &early, lease, 100)
+        .into_iter()
+        .map(Ticket::keep_alive)
+        .collect();
+    // 2 s later: due 2 s after the early ones, outside their 1.5 s slack
+    // (and acquired before the early ones are due, with 1 s to spare).
+    thread::sleep(2 * S);
+    kept.extend(
+        tickets_on(&mut conn, &c, &late, lease, 200)
+            .into_iter()
+            .map(Ticket::keep_alive),
+    );
+    let writes = session.writes();
+    let mut tokens = answer_extends(&mut conn, 50);
+    tokens.sort_unstable();
+    assert_eq!(
+        tokens,
+        (100..150).collect::<Vec<_>>(),
+        "the early ones alone"
+    );
+    assert_eq!(session.writes(), writes + 1, "50 extends in one write");
+    // The late ones are due 2 s after the early ones, which are then due
+    // again 1 s later, within the slack: they go along, early.
+    let all: Vec<u64> = (100..150).chain(200..250).collect();
+    let mut tokens = answer_extends(&mut conn, 100);
+    tokens.sort_unstable();
+    assert_eq!(tokens, all, "the late ones, and the early ones with them");
+    assert_eq!(session.writes(), writes + 2, "100 extends in one write");
+    // From now on, one round.
+    let mut tokens = answer_extends(&mut conn, 100);
+    tokens.sort_unstable();
+    assert_eq!(tokens, all, "every ticket in the next round");
+    assert_eq!(session.writes(), writes + 3, "100 extends in one write");
+    assert!(kept.iter().all(|k| !k.is_lost()));
+    drop(kept);
+    assert!(wait_for(5 * S, || !c.inner.renewer.running()));
+}
+
+/// In one batch: a ticket dropped while its extend is in flight is
+/// released once its answer is in, and renewed no more; one answered X is
+/// lost; the others renew on. Then the renewer thread ends with the last
+/// kept ticket.
+#[test]
+fn a_ticket_dropped_or_lost_while_its_batch_is_in_flight() {
+    let fake = Fake::new();
+    let c = client(&fake.addr());
+    let h = acquire_in_thread(&c, "first", Duration::ZERO);
+    let mut conn = fake.accept(5 * S).unwrap();
+    let seen = conn.read(5 * S).unwrap();
+    conn.reply(Reply::Busy {
+        owner: owner_of(&seen),
+        key: "first",
+    });
+    assert!(matches!(h.join().unwrap().0, Acquire::Busy));
+    let keys: Vec<String> = ["a", "b", "c"].iter().map(|k| (*k).to_owned()).collect();
+    let mut tickets = tickets_on(&mut conn, &c, &keys, 3 * S, 1).into_iter();
+    let (ka, kb, kc) = (
+        tickets.next().unwrap().keep_alive(),
+        tickets.next().unwrap().keep_alive(),
+        tickets.next().unwrap().keep_alive(),
+    );
+    assert!(c.inner.renewer.running());
+    let mut in_flight: Vec<Seen> = (0..3).filter_map(|_| conn.read(5 * S)).collect();
+    in_flight.sort_by_key(|s| match s {
+        Seen::Extend { token, .. } => *token,
+        _ => 0,
+    });
+    let ext = |token: u64, key: &str| Seen::Extend {
+        lease_s: 3,
+        token,
+        key: key.into(),
+    };
+    assert_eq!(in_flight, vec![ext(1, "a"), ext(2, "b"), ext(3, "c")]);
+    let before = kc.expires_at();
+    let t = Instant::now();
+    drop(ka);
+    assert!(
+        t.elapsed() < Duration::from_millis(200),
+        "a drop never waits"
+    );
+    conn.reply(Reply::Extended { token: 1, key: "a" });
+    conn.reply(Reply::NotExtended { token: 2, key: "b" });
+    conn.reply(Reply::Extended { token: 3, key: "c" });
+    assert!(kb.wait_lost(2 * S), "X loses b");
+    assert!(!kb.is_renewing());
+    assert!(wait_for(2 * S, || kc.expires_at() > before), "c renewed");
+    assert!(!kc.is_lost());
+    // a: released once its extend was answered; then only c renews.
+    assert_eq!(
+        conn.read(5 * S),
+        Some(Seen::Release {
+            token: 1,
+            key: "a".into()
+        })
+    );
+    conn.reply(Reply::Released { token: 1, key: "a" });
+    assert_eq!(conn.read(5 * S), Some(ext(3, "c")));
+    conn.reply(Reply::Extended { token: 3, key: "c" });
+    drop(kb);
+    assert_eq!(
+        conn.read(5 * S),
+        Some(Seen::Release {
+            token: 2,
+            key: "b".into()
+        })
+    );
+    conn.reply(Reply::NotReleased { token: 2, key: "b" });
+    assert!(c.inner.renewer.running(), "c is still kept");
+    drop(kc);
+    assert_eq!(
+        conn.read(5 * S),
+        Some(Seen::Release {
+            token: 3,
+            key: "c".into()
+        })
+    );
+    assert!(
+        wait_for(2 * S, || !c.inner.renewer.running()),
+        "the renewer ends with the last kept ticket"
+    );
+}
+
+/// A batch that gets no answer: every ticket in it is reported lost before
+/// its conservative expiry, the silent session is closed, nothing moves.
+#[test]
+fn a_silent_batch_loses_every_ticket_in_it_before_the_expiry() {
+    let fake = Fake::new();
+    let c = client(&fake.addr());
+    let h = acquire_in_thread(&c, "first", Duration::ZERO);
+    let mut conn = fake.accept(5 * S).unwrap();
+    let seen = conn.read(5 * S).unwrap();
+    conn.reply(Reply::Busy {
+        owner: owner_of(&seen),
+        key: "first",
+    });
+    assert!(matches!(h.join().unwrap().0, Acquire::Busy));
+    let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+    let kept: Vec<KeptTicket> = tickets_on(&mut conn, &c, &keys, 6 * S, 1)
+        .into_iter()
+        .map(Ticket::keep_alive)
+        .collect();
+    let first_expiry = kept.iter().map(KeptTicket::expires_at).min().unwrap();
+    for _ in 0..10 {
+        assert!(matches!(conn.read(5 * S), Some(Seen::Extend { .. })));
+    }
+    // Lost at the renewal deadline, 5.4 s after the grants: 0.6 s early.
+    for k in &kept {
+        assert!(k.wait_lost(8 * S));
+    }
+    assert!(Instant::now() < first_expiry, "lost before the expiry");
+    assert!(conn.closed_within(S), "the silent session was closed");
+    assert!(kept.iter().all(|k| !k.is_renewing()));
+    drop(kept);
+    assert!(wait_for(2 * S, || !c.inner.renewer.running()));
+}

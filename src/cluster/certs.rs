@@ -253,7 +253,8 @@ mod tests {
             1,
             "t",
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(
             e.contains("--peer-tls-cert") && e.contains("junk.pem"),
             "{e}"
@@ -267,7 +268,8 @@ mod tests {
             1,
             "t",
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("missing.pem"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

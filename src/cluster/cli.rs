@@ -133,8 +133,7 @@ pub fn parse(args: Vec<OsString>) -> Result<(Config, ClusterConfig), ConfigError
     };
     // A 32-bit build cannot hold the snapshot of the fullest table the
     // default limits allow: refuse such limits now, not when it fills.
-    StateMachine::check_snapshot_fits(&config.engine, config.max_key_bytes, MAX_ALLOC_BYTES)
-        .map_err(ConfigError)?;
+    StateMachine::check_snapshot_fits(&config.engine, config.max_key_bytes, MAX_ALLOC_BYTES)?;
     let cluster = ClusterConfig {
         id,
         peers,
@@ -146,7 +145,7 @@ pub fn parse(args: Vec<OsString>) -> Result<(Config, ClusterConfig), ConfigError
         tls,
         insecure_peers,
     };
-    cluster.check_protected().map_err(ConfigError)?;
+    cluster.check_protected()?;
     Ok((config, cluster))
 }
 
@@ -179,7 +178,7 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    service.set_exit_on_fatal(true);
+    service.set_stop_on_fatal(true);
     if cluster.tls.is_none() && cluster.insecure_peers && !cluster.peers_all_loopback() {
         log::warn!(
             "--insecure-peers: peers speak plaintext over the network; anyone who can reach \
@@ -198,10 +197,14 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
         log::error!("cannot install signal handlers: {e}");
         return ExitCode::from(1);
     }
-    match server.run() {
+    let result = server.run();
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             log::error!("event loop failed: {e}");
+            // The node must stop now, as it is: its disk may hang, and
+            // dropping it would wait for a running fdatasync first.
+            std::mem::forget(server);
             ExitCode::from(1)
         }
     }

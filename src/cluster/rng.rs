@@ -1,5 +1,6 @@
-//! A tiny deterministic PRNG (SplitMix64) for the simulator and for Raft's
-//! election-timeout draws, so a seed reproduces a run exactly.
+//! A tiny deterministic PRNG (SplitMix64) for Raft's election-timeout
+//! draws, so a seed reproduces a run exactly. Internal: the tests draw from
+//! `ticketd_testkit::rng`.
 
 /// SplitMix64: 64 bits of state, good statistical quality, no dependency.
 #[derive(Clone, Debug)]
@@ -29,13 +30,6 @@ impl SplitMix64 {
             return lo;
         }
         lo + self.next_u64() % (hi - lo)
-    }
-
-    /// True with probability `p` (0.0..=1.0).
-    pub fn chance(&mut self, p: f64) -> bool {
-        // 53 random bits as a fraction in [0, 1).
-        let f = (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-        f < p
     }
 }
 

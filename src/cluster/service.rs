@@ -15,8 +15,9 @@ use mio::Registry;
 use crate::cluster::node::{raft_logger, Node, NodeConfig, NodeError};
 use crate::cluster::state::StateMachine;
 use crate::cluster::storage::FileDisk;
-use crate::cluster::tls::{PeerTls, TlsFiles};
+use crate::cluster::tls::{PeerTls, TlsError, TlsFiles};
 use crate::cluster::transport::{hash64, LocalInfo, PeerEvent, Transport};
+use crate::config::ConfigError;
 use crate::engine::{ConnId, Outbox};
 use crate::limits::EngineLimits;
 use crate::proto::Request;
@@ -62,11 +63,11 @@ impl ClusterConfig {
     ///
     /// # Errors
     /// What to do, when the configuration is refused.
-    pub fn check_protected(&self) -> Result<(), String> {
+    pub fn check_protected(&self) -> Result<(), ConfigError> {
         if self.tls.is_some() || self.insecure_peers || self.peers_all_loopback() {
             return Ok(());
         }
-        Err(format!(
+        Err(ConfigError(format!(
             "--peers names addresses that are not loopback ({}), and peers would speak \
              plaintext: anyone who reaches a peer port could pose as a node. Set up peer \
              TLS: `ticket certs init DIR --cluster-name {} --nodes {}` makes a CA and one \
@@ -81,7 +82,7 @@ impl ClusterConfig {
                 .join(", "),
             self.cluster_name,
             self.peers.len()
-        ))
+        )))
     }
 
     /// Parses `1=HOST:PORT,2=HOST:PORT,...`.
@@ -117,7 +118,9 @@ impl ClusterConfig {
 #[derive(Debug)]
 pub enum StartError {
     /// The configuration is inconsistent.
-    Config(String),
+    Config(ConfigError),
+    /// Peer TLS could not be set up from its files.
+    Tls(TlsError),
     /// The node refused its data directory.
     Node(NodeError),
     /// The peer listener could not bind.
@@ -127,7 +130,8 @@ pub enum StartError {
 impl fmt::Display for StartError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            StartError::Config(s) => f.write_str(s),
+            StartError::Config(e) => e.fmt(f),
+            StartError::Tls(e) => e.fmt(f),
             StartError::Node(e) => write!(f, "{e}"),
             StartError::Listen(e) => write!(f, "peer listener: {e}"),
         }
@@ -142,7 +146,7 @@ pub struct ClusterService {
     transport: Transport,
     registry: Option<Registry>,
     fatal: Option<String>,
-    exit_on_fatal: bool,
+    stop_on_fatal: bool,
     describe: String,
     /// Every voter's peer address, for `GET /v1/cluster`.
     peers: BTreeMap<u64, SocketAddr>,
@@ -162,18 +166,18 @@ impl ClusterService {
     /// Opens the data directory and binds the peer listener.
     pub fn open(cfg: &ClusterConfig) -> Result<Self, StartError> {
         let Some(&listen) = cfg.peers.get(&cfg.id) else {
-            return Err(StartError::Config(format!(
+            return Err(StartError::Config(ConfigError(format!(
                 "--id {} is not among --peers {:?}",
                 cfg.id,
                 cfg.peers.keys().collect::<Vec<_>>()
-            )));
+            ))));
         };
         // Refused before the data directory is touched.
         cfg.check_protected().map_err(StartError::Config)?;
         let tls = match &cfg.tls {
             None => None,
             Some(files) => {
-                Some(PeerTls::load(files, cfg.id, &cfg.cluster_name).map_err(StartError::Config)?)
+                Some(PeerTls::load(files, cfg.id, &cfg.cluster_name).map_err(StartError::Tls)?)
             }
         };
         let voters: Vec<u64> = cfg.peers.keys().copied().collect();
@@ -186,8 +190,12 @@ impl ClusterService {
             ^ u64::from(std::process::id()).rotate_left(32);
         ncfg.uuid_entropy = entropy;
         ncfg.seed = entropy.rotate_left(17);
-        let disk = FileDisk::open(&cfg.data_dir)
-            .map_err(|e| StartError::Config(format!("data dir {}: {e}", cfg.data_dir.display())))?;
+        let disk = FileDisk::open(&cfg.data_dir).map_err(|e| {
+            StartError::Config(ConfigError(format!(
+                "data dir {}: {e}",
+                cfg.data_dir.display()
+            )))
+        })?;
         let election_ms = ncfg.tick_ms.saturating_mul(ncfg.election_tick as u64);
         let node = Node::open(ncfg, disk, &raft_logger()).map_err(StartError::Node)?;
         let ids: Vec<u8> = voters.iter().flat_map(|v| v.to_be_bytes()).collect();
@@ -235,25 +243,23 @@ impl ClusterService {
             transport,
             registry: None,
             fatal: None,
-            exit_on_fatal: false,
+            stop_on_fatal: false,
             describe,
             peers: cfg.peers.clone(),
             snapshots_sent: 0,
         })
     }
 
-    /// Exit the process (status 1) when the node must stop: its disk failed
-    /// or its data directory turned out to be wiped. The daemon sets this;
-    /// without it the service stops answering and `end_turn` keeps failing.
-    pub fn set_exit_on_fatal(&mut self, exit: bool) {
-        self.exit_on_fatal = exit;
+    /// Stop the server loop when the node must stop: its disk failed or its
+    /// data directory turned out to be wiped ([`Service::must_stop`]; the
+    /// loop's `run` then returns the reason, and the daemon exits 1).
+    /// Without it the service stops answering and `end_turn` keeps failing.
+    pub fn set_stop_on_fatal(&mut self, stop: bool) {
+        self.stop_on_fatal = stop;
     }
 
     fn die(&mut self, why: String) -> io::Error {
         log::error!("cluster node stopping: {why}");
-        if self.exit_on_fatal {
-            std::process::exit(1);
-        }
         self.fatal.get_or_insert_with(|| why.clone());
         io::Error::other(why)
     }
@@ -327,6 +333,10 @@ impl Service for ClusterService {
         Some(self.transport.next_deadline().map_or(d, |t| t.min(d)))
     }
 
+    fn must_stop(&self) -> Option<String> {
+        self.fatal.clone().filter(|_| self.stop_on_fatal)
+    }
+
     fn end_turn(&mut self, now: Millis, out: &mut Outbox) -> io::Result<()> {
         if let Some(why) = &self.fatal {
             return Err(io::Error::other(why.clone()));
@@ -349,6 +359,9 @@ impl Service for ClusterService {
         // Unreachable / snapshot reports from sending reach raft now; their
         // effect shows in the next turn's Ready.
         self.handle_peer_events();
+        if let Some(why) = &self.fatal {
+            return Err(io::Error::other(why.clone()));
+        }
         Ok(())
     }
 

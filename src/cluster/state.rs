@@ -658,7 +658,7 @@ impl StateMachine {
         limits: &EngineLimits,
         max_key_bytes: usize,
         max_alloc: u64,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, crate::config::ConfigError> {
         let bound = Self::snapshot_bound(limits, max_key_bytes);
         let room = max_alloc / 2;
         if bound <= room {
@@ -678,7 +678,7 @@ impl StateMachine {
             Some(left) if left >= one_key => format!("--max-keys {} or less", left / one_key),
             _ => "a smaller --max-waiters".to_owned(),
         };
-        Err(format!(
+        Err(crate::config::ConfigError(format!(
             "--max-keys {}, --max-key-bytes {max_key_bytes} and --max-waiters {} allow a lock \
              table whose snapshot (up to {} MiB) is more than this {}-bit build can hold in \
              memory at once ({} MiB); use {hint}",
@@ -687,7 +687,7 @@ impl StateMachine {
             bound.div_ceil(1 << 20),
             usize::BITS,
             room >> 20,
-        ))
+        )))
     }
 
     /// The table in a canonical byte form: equal states give equal bytes.
@@ -1016,7 +1016,9 @@ mod tests {
         // 32-bit: the default table does not; the message names the flags
         // and the largest --max-keys that does, which is exact.
         let narrow = i32::MAX as u64;
-        let err = StateMachine::check_snapshot_fits(&defaults, key_bytes, narrow).unwrap_err();
+        let err = StateMachine::check_snapshot_fits(&defaults, key_bytes, narrow)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("--max-keys 1000000") && err.contains("1092 MiB"),
             "{err}"
@@ -1041,7 +1043,9 @@ mod tests {
             max_waiters: 30_000_000,
             ..defaults
         };
-        let err = StateMachine::check_snapshot_fits(&waiters, key_bytes, narrow).unwrap_err();
+        let err = StateMachine::check_snapshot_fits(&waiters, key_bytes, narrow)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("a smaller --max-waiters"), "{err}");
     }
 

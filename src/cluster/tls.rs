@@ -8,6 +8,7 @@
 //! says which node is talking, checks that the certificate names that
 //! node ([`PeerTls::names_node`]). docs/SECURITY.md has the threat model.
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -84,10 +85,32 @@ fn read_pem_file(path: &Path, what: &str) -> Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
+/// Why peer TLS could not be set up from its files, or a TLS session with
+/// a peer could not start. The message names the flag and the file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsError(String);
+
+impl fmt::Display for TlsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for TlsError {}
+
+impl From<String> for TlsError {
+    fn from(message: String) -> TlsError {
+        TlsError(message)
+    }
+}
+
 impl PeerTls {
-    /// Loads the files and builds both configurations. Every error names
-    /// the file and what is wrong with it.
-    pub fn load(files: &TlsFiles, id: u64, cluster_name: &str) -> Result<PeerTls, String> {
+    /// Loads the files and builds both configurations.
+    ///
+    /// # Errors
+    /// A file is missing, unreadable or not what its flag needs; the
+    /// error names the file and what is wrong with it.
+    pub fn load(files: &TlsFiles, id: u64, cluster_name: &str) -> Result<PeerTls, TlsError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let chain = read_certs(&files.cert, "--peer-tls-cert")?;
         let key_bytes = read_pem_file(&files.key, "--peer-tls-key")?;
@@ -109,11 +132,11 @@ impl PeerTls {
         let roots = Arc::new(roots);
         let ours = node_name(id, cluster_name);
         if !names(&chain[0], &ours) {
-            return Err(format!(
+            return Err(TlsError(format!(
                 "--peer-tls-cert {}: the certificate does not name {ours} in its \
                  subjectAltName; make one with `ticket certs init`",
                 files.cert.display()
-            ));
+            )));
         }
         let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
             .build()
@@ -153,15 +176,22 @@ impl PeerTls {
 
     /// A client connection to peer `id` (which must prove it is
     /// `node<id>.<cluster-name>`).
-    pub fn client(&self, id: u64) -> Result<rustls::ClientConnection, String> {
+    ///
+    /// # Errors
+    /// The name is no DNS name, or rustls refuses the session.
+    pub fn client(&self, id: u64) -> Result<rustls::ClientConnection, TlsError> {
         let name = ServerName::try_from(node_name(id, &self.cluster_name))
-            .map_err(|e| format!("peer name for node {id}: {e}"))?;
-        rustls::ClientConnection::new(self.client.clone(), name).map_err(|e| e.to_string())
+            .map_err(|e| TlsError(format!("peer name for node {id}: {e}")))?;
+        rustls::ClientConnection::new(self.client.clone(), name)
+            .map_err(|e| TlsError(e.to_string()))
     }
 
     /// A server connection for a peer that connected to us.
-    pub fn server(&self) -> Result<rustls::ServerConnection, String> {
-        rustls::ServerConnection::new(self.server.clone()).map_err(|e| e.to_string())
+    ///
+    /// # Errors
+    /// rustls refuses the session.
+    pub fn server(&self) -> Result<rustls::ServerConnection, TlsError> {
+        rustls::ServerConnection::new(self.server.clone()).map_err(|e| TlsError(e.to_string()))
     }
 
     /// Whether `cert` (already verified to chain to the CA) names node `id`.

@@ -46,7 +46,7 @@ pub mod admin;
 mod conn;
 #[cfg(feature = "harness")]
 mod mem;
-pub mod ratelimit;
+pub(crate) mod ratelimit;
 pub mod systemd;
 
 use std::io;
@@ -224,6 +224,9 @@ pub struct Server<S: Service> {
     accept_paused_until: Option<Millis>,
     shutdown_deadline: Option<Millis>,
     stopped: bool,
+    /// Why the service needs the loop to stop now ([`Service::must_stop`]):
+    /// `poll_once` returns it as its error.
+    fatal: Option<String>,
     next_scan: Millis,
     stats: Stats,
     logs: Logs,
@@ -340,6 +343,7 @@ impl<S: Service> Server<S> {
             accept_paused_until: None,
             shutdown_deadline: None,
             stopped: false,
+            fatal: None,
             next_scan: Millis::ZERO.add_ms(SCAN_INTERVAL_MS),
             stats: Stats::default(),
             logs: Logs {
@@ -434,7 +438,7 @@ impl<S: Service> Server<S> {
     ///
     /// # Errors
     /// The poll itself fails (not a connection error: those close the
-    /// connection).
+    /// connection), or the service must stop ([`Service::must_stop`]).
     pub fn run(&mut self) -> io::Result<()> {
         while self.poll_once(None)? == Status::Running {}
         Ok(())
@@ -444,7 +448,9 @@ impl<S: Service> Server<S> {
     /// the next deadline or event), then handles everything ready.
     ///
     /// # Errors
-    /// The poll itself fails.
+    /// The poll itself fails, or the service must stop
+    /// ([`Service::must_stop`]; later calls then return
+    /// [`Status::Stopped`]).
     pub fn poll_once(&mut self, max_wait: Option<Duration>) -> io::Result<Status> {
         if self.stopped {
             return Ok(Status::Stopped);
@@ -471,6 +477,10 @@ impl<S: Service> Server<S> {
         }
         self.events = Some(events);
         self.turn(now);
+        if let Some(why) = self.fatal.take() {
+            self.stopped = true;
+            return Err(io::Error::other(why));
+        }
         Ok(if self.stopped {
             Status::Stopped
         } else {
@@ -580,6 +590,12 @@ impl<S: Service> Server<S> {
             self.scan(now);
         }
         if let Err(e) = self.service.end_turn(now, &mut self.out) {
+            if let Some(why) = self.service.must_stop() {
+                // None of this turn's replies leaves: the node that made
+                // them cannot vouch for them.
+                self.fatal = Some(why);
+                return;
+            }
             if let Some(n) = self.logs.service.allow(now) {
                 log::error!("service failed to end the turn: {e} ({n} similar errors suppressed)");
             }

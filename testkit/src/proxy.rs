@@ -93,6 +93,9 @@ pub struct Seen {
     pub conn: usize,
     /// When the proxy saw it.
     pub at: Instant,
+    /// Which read of the client's bytes completed it (counted over the
+    /// proxy's life): frames that share one came in one chunk.
+    pub chunk: u64,
     /// The request.
     pub req: Req,
 }
@@ -101,6 +104,7 @@ pub struct Seen {
 struct Log {
     received: Vec<Seen>,
     forwarded: Vec<Seen>,
+    chunks: u64,
     accepted: usize,
     closed_by_client: Vec<usize>,
 }
@@ -348,12 +352,20 @@ fn client_to_server(
         let data = &chunk[..n];
         received_buf.extend_from_slice(data);
         let now = Instant::now();
-        {
+        let chunk = {
             let mut log = shared.log.lock().unwrap();
+            log.chunks += 1;
+            let chunk = log.chunks;
             for req in frames(&mut received_buf) {
-                log.received.push(Seen { conn, at: now, req });
+                log.received.push(Seen {
+                    conn,
+                    at: now,
+                    chunk,
+                    req,
+                });
             }
-        }
+            chunk
+        };
         let pass: &[u8] = match fault {
             Fault::DropRequests => continue,
             Fault::DropAndClose => {
@@ -376,7 +388,12 @@ fn client_to_server(
         {
             let mut log = shared.log.lock().unwrap();
             for req in frames(&mut forwarded_buf) {
-                log.forwarded.push(Seen { conn, at: now, req });
+                log.forwarded.push(Seen {
+                    conn,
+                    at: now,
+                    chunk,
+                    req,
+                });
             }
         }
         if server.write_all(pass).is_err() {

@@ -14,6 +14,12 @@
 //! protoc stay out of ticketd): the same lock API, one client, connection
 //! and lease per locker, as etcd users lock. Its ratio is the one to quote.
 //!
+//! Right after its cycles, the plaintext cluster also measures lease
+//! renewal: the same lockers each hold one lock and extend it again as
+//! soon as each extend is answered (`extend-flood`, depth 1; every extend
+//! is a replicated command). Printed as extends/s beside cycles/s, with
+//! the servers' CPU per extend; `--no-extend` skips it.
+//!
 //! The cluster runs twice per round, with peer TLS (mutual TLS 1.3,
 //! certificates from `ticketd::cluster::certs`) and plaintext, side by
 //! side; `--no-peer-tls` skips the TLS run.
@@ -39,7 +45,7 @@
 //! target/release/cluster-bench \
 //!     [--clients 50] [--seconds 10] [--rounds 1] [--etcd]
 //!     [--etcd-native bench/etcd-native/target/release/etcd-native-bench]
-//!     [--no-single] [--no-cluster-limit] [--no-peer-tls]
+//!     [--no-single] [--no-cluster-limit] [--no-peer-tls] [--no-extend]
 //! ```
 //!
 //! Needs the release `ticketd` binary (target/release/ticketd, or the path
@@ -134,6 +140,59 @@ fn drive(
         );
     }
     rate
+}
+
+/// Lease renewal on the same servers: `clients` lockers, each holding one
+/// lock and extending it again as soon as each extend is answered
+/// (`extend-flood`, depth 1), `seconds` measured after a one-second
+/// warm-up (which covers the acquires). Prints one line and returns
+/// (extends per second, server CPU us per extend).
+fn drive_extend(
+    name: &str,
+    servers: &[SocketAddr],
+    pids: &[u32],
+    clients: usize,
+    seconds: u64,
+) -> (f64, Option<f64>) {
+    let list = |v: Vec<String>| v.join(",");
+    let mut args = vec![
+        "--server".to_string(),
+        list(servers.iter().map(ToString::to_string).collect()),
+        "--connections".to_string(),
+        clients.to_string(),
+        "--mode".to_string(),
+        "extend-flood".to_string(),
+        "--lease".to_string(),
+        "30".to_string(),
+        "--duration".to_string(),
+        seconds.to_string(),
+        "--quiet".to_string(),
+    ];
+    if !pids.is_empty() {
+        args.push("--server-pid".to_string());
+        args.push(list(pids.iter().map(ToString::to_string).collect()));
+    }
+    let report = bench::parse_args(args)
+        .and_then(|a| bench::run(&a))
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let s = &report.stats;
+    let rate = report.extends_per_s();
+    let us = report.server_cpu_us_per_extend();
+    let cpu = us.map_or(String::new(), |us| {
+        format!(", server CPU {us:.1} us/extend")
+    });
+    println!(
+        "{name}: {clients} lockers, {} extends in {:.1} s = {rate:.0} extends/s; \
+         latency p50 {:.0} us, p99 {:.0} us{cpu}",
+        s.extended,
+        report.elapsed_s,
+        s.latency.quantile(0.5) as f64 / 1000.0,
+        s.latency.quantile(0.99) as f64 / 1000.0,
+    );
+    if s.not_extended > 0 {
+        println!("  ({} extends answered X)", s.not_extended);
+    }
+    (rate, us)
 }
 
 // ---- ticketd ------------------------------------------------------------
@@ -257,7 +316,16 @@ fn make_certs(_dir: &Path) {
 
 /// A 3-node cluster with fsync on; clients spread over the nodes. With
 /// `tls`, its peers speak mutual TLS with certificates made there.
-fn bench_cluster(bin: &Path, clients: usize, seconds: u64, tls: bool) -> f64 {
+/// Cycles per second of a fresh 3-node cluster, and, when `extend`, the
+/// extends per second and server CPU us per extend of the same lockers on
+/// the same cluster right after.
+fn bench_cluster(
+    bin: &Path,
+    clients: usize,
+    seconds: u64,
+    tls: bool,
+    extend: bool,
+) -> (f64, Option<(f64, Option<f64>)>) {
     let peers: Vec<String> = (1..=3)
         .map(|i| format!("{i}=127.0.0.1:{}", free_port()))
         .collect();
@@ -307,12 +375,21 @@ fn bench_cluster(bin: &Path, clients: usize, seconds: u64, tls: bool) -> f64 {
         clients,
         seconds,
     );
+    let extends = extend.then(|| {
+        drive_extend(
+            "ticketd 3-node cluster (fsync on), extends",
+            &addrs,
+            &pids,
+            clients,
+            seconds,
+        )
+    });
     drop(nodes);
     for d in dirs {
         let _ = std::fs::remove_dir_all(d);
     }
     let _ = std::fs::remove_dir_all(certs);
-    rate
+    (rate, extends)
 }
 
 /// One single-mode ticketd (no replication, no disk) under the same
@@ -515,7 +592,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 const MAX_CLIENTS: usize = 10_000;
 
 const USAGE: &str = "usage: cluster-bench [--clients N] [--seconds N] [--rounds N] [--etcd] \
-                     [--etcd-native DRIVER] [--no-single] [--no-cluster-limit] [--no-peer-tls]";
+                     [--etcd-native DRIVER] [--no-single] [--no-cluster-limit] [--no-peer-tls] [--no-extend]";
 
 /// A positive number flag, or exit 2 with a clear message.
 fn number(args: &mut pico_args::Arguments, flag: &'static str, default: u64) -> u64 {
@@ -562,6 +639,7 @@ fn main() {
     let single = !args.contains("--no-single");
     let no_limit = args.contains("--no-cluster-limit");
     let peer_tls = !args.contains("--no-peer-tls");
+    let extend = !args.contains("--no-extend");
     let rest = args.finish();
     if !rest.is_empty() {
         eprintln!("cluster-bench: unexpected {rest:?}\n{USAGE}");
@@ -599,13 +677,21 @@ fn main() {
     let (mut limits, mut vs_limit, mut limit_vs_native) = (Vec::new(), Vec::new(), Vec::new());
     let mut limit_vs_etcd = Vec::new();
     let (mut ours_tls, mut tls_vs_plain) = (Vec::new(), Vec::new());
+    let (mut extends, mut extend_vs_cycle, mut extend_us) = (Vec::new(), Vec::new(), Vec::new());
     for round in 1..=rounds {
         if rounds > 1 {
             println!("-- round {round} of {rounds}");
         }
-        let o = bench_cluster(&bin, clients, seconds, false);
+        let (o, x) = bench_cluster(&bin, clients, seconds, false, extend);
+        if let Some((rate, us)) = x {
+            extends.push(rate);
+            extend_vs_cycle.push(rate / o);
+            if let Some(us) = us {
+                extend_us.push(us);
+            }
+        }
         if peer_tls {
-            let t = bench_cluster(&bin, clients, seconds, true);
+            let (t, _) = bench_cluster(&bin, clients, seconds, true, false);
             ours_tls.push(t);
             tls_vs_plain.push(t / o);
         }
@@ -649,6 +735,18 @@ fn main() {
     };
     println!("-- {what}, {clients} clients, {seconds} s per run");
     println!("ticketd 3-node cluster:   {:.0} cycles/s", median(ours));
+    if extend {
+        println!(
+            "  same lockers, extends:   {:.0} extends/s ({:.2}x cycles/s), server CPU {} us/extend",
+            median(extends),
+            median(extend_vs_cycle),
+            if extend_us.is_empty() {
+                "?".to_string()
+            } else {
+                format!("{:.1}", median(extend_us))
+            }
+        );
+    }
     if peer_tls {
         println!("  same, peer TLS:         {:.0} cycles/s", median(ours_tls));
         println!(
