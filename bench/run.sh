@@ -32,6 +32,8 @@ ETCD_CLIENT_PORT=17390
 ETCD_PEER_PORT=17391
 CG_PORT=17490
 KEEPALIVE_PORT=17471
+ADMIN_TICKETD_PORT=17472
+ADMIN_PORT=17473
 KEEPALIVE_LOCKS=${BENCH_KEEPALIVE_LOCKS:-100000}
 KEEPALIVE_SECS=${BENCH_KEEPALIVE_SECONDS:-25}
 
@@ -115,6 +117,30 @@ start_keepalive_ticketd() {
     PID=$!
     PIDS+=("$PID")
     wait_port "$KEEPALIVE_PORT" 10
+}
+
+# A second ticketd with its admin port on, scraped (GET /metrics) ten times
+# a second for as long as it runs, to show what the admin port costs a
+# cycle.
+start_admin_ticketd() {
+    "$TICKETD" --listen "127.0.0.1:$ADMIN_TICKETD_PORT" --admin-listen "127.0.0.1:$ADMIN_PORT" \
+        --log-level warn &
+    PID=$!
+    PIDS+=("$PID")
+    wait_port "$ADMIN_TICKETD_PORT" 10
+    wait_port "$ADMIN_PORT" 10
+    (
+        while :; do
+            if exec 3<>"/dev/tcp/127.0.0.1/$ADMIN_PORT"; then
+                printf 'GET /metrics HTTP/1.1\r\nHost: bench\r\n\r\n' >&3
+                cat <&3 >/dev/null
+                exec 3>&-
+            fi
+            sleep 0.1
+        done
+    ) 2>/dev/null &
+    SCRAPER=$!
+    PIDS+=("$SCRAPER")
 }
 
 start_redis() {
@@ -236,6 +262,8 @@ start_limit
 LPID=$PID
 start_etcd
 EPID=$PID
+start_admin_ticketd
+APID=$PID
 
 common=(--duration "$SECS" --warmup "$WARM" --connections 50 --mode cycle --keys uncontended)
 contended=(--duration "$SECS" --warmup "$WARM" --connections 100 --mode contended --keys hot:10 --wait 5)
@@ -246,6 +274,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
         bench "cycle-d$d-limit" "$round" "$LPID" --server "127.0.0.1:$LIMIT_PORT" "${common[@]}" --depth "$d"
         bench "cycle-d$d-redis" "$round" "$RPID" --backend redis --server "127.0.0.1:$REDIS_PORT" "${common[@]}" --depth "$d"
     done
+    bench cycle-d64-ticketd-admin "$round" "$APID" --server "127.0.0.1:$ADMIN_TICKETD_PORT" "${common[@]}" --depth 64
     # Extend flood beside cycle: the same connections and depth, one lock per
     # slot extended back to back, to compare an extend's server CPU with a
     # cycle's (an acquire and a release).
@@ -290,6 +319,7 @@ for d in 1 16 64; do
     for s in ticketd limit redis; do median "cycle-d$d-$s" requests_per_s; done
 done
 median cycle-d1-etcd requests_per_s
+median cycle-d64-ticketd-admin requests_per_s
 median extend-flood-d16 server_cpu_us_per_extend
 median keepalive server_cpu_core_pct
 median keepalive-single server_cpu_core_pct
@@ -298,6 +328,8 @@ stop "$TPID"
 stop "$RPID"
 stop "$LPID"
 stop "$EPID"
+stop "$SCRAPER"
+stop "$APID"
 
 # ---------------------------------------------------------------- callgrind
 # cg VAR NAME PORT MODE CMD...: sets VAR to the instructions per request of
@@ -355,6 +387,8 @@ for d in 1 16 64; do
     [[ $d == 1 ]] && e=$(rps cycle-d1-etcd)
     row "cycle depth $d, requests/s" "$t" "$r" "$l" "$e" "$(ratio "$t" "$r")" "$(ratio "$t" "$l")" "$tgt"
 done
+t=$(rps cycle-d64-ticketd-admin) b=$(rps cycle-d64-ticketd)
+row "cycle depth 64, admin port scraped 10/s" "$t" "" "" "" "" "" "admin/plain $(ratio "$t" "$b") (target: within noise of 1)"
 t=$(cpu cycle-d16-ticketd) r=$(cpu cycle-d16-redis) l=$(cpu cycle-d16-limit)
 row "cycle depth 16, server CPU us/req" "$t" "$r" "$l" "" "$(ratio "$t" "$r")" "$(ratio "$t" "$l")" "t/limit <= 2"
 row "instructions/request, depth 16" "$IR_T" "$IR_R" "$IR_L" "" "$(ratio "$IR_T" "$IR_R")" "$(ratio "$IR_T" "$IR_L")" "ticketd <= 500"

@@ -19,6 +19,9 @@ use crate::limits::{self, EngineLimits};
 
 /// Default for `--listen`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7470";
+/// The address the docs suggest for `--admin-listen`, and the default of
+/// `ticket --admin`.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:7471";
 /// Default for `--max-conns`.
 pub const DEFAULT_MAX_CONNS: usize = 10_000;
 /// Ceiling for `--max-conns`: connection slots are numbered below it, and mio
@@ -111,6 +114,13 @@ pub struct Config {
     /// Serve plaintext on an address that is not loopback (`--insecure`);
     /// without it, such a `listen` is refused (protected mode).
     pub insecure: bool,
+    /// The admin port (HTTP: health, metrics, lock introspection), off
+    /// when `None`; [`DEFAULT_ADMIN_LISTEN`] is the suggested address.
+    pub admin_listen: Option<SocketAddr>,
+    /// A listening socket passed by systemd (socket activation: descriptor
+    /// 3 when `$LISTEN_FDS` is set for this process), used instead of
+    /// binding `listen`. [`crate::server::Server::bind`] takes ownership.
+    pub listen_fd: Option<std::os::fd::RawFd>,
 }
 
 impl Default for Config {
@@ -136,6 +146,8 @@ impl Default for Config {
             max_lease_s: DEFAULT_MAX_LEASE_S,
             log_level: LevelFilter::Info,
             insecure: false,
+            admin_listen: None,
+            listen_fd: None,
         }
     }
 }
@@ -220,6 +232,9 @@ FLAGS (defaults in brackets):
                                1..=255; a longer acquire is answered B, a longer
                                extend X. Also bounds the restart grace [255]
     --log-level LEVEL          off, error, warn, info, debug or trace [info]
+    --admin-listen ADDR        serve HTTP on ADDR: /livez, /readyz, /metrics
+                               (Prometheus), /v1/locks, /v1/cluster; suggested
+                               127.0.0.1:7471 (docs/OPERATIONS.md) [off]
     -h, --help                 print this help and exit
     -V, --version              print the version and exit
 
@@ -449,6 +464,10 @@ impl Config {
             c.log_level = v;
         }
         c.insecure = args.contains("--insecure");
+        if let Some(v) = flag(args, "--admin-listen", address)? {
+            c.admin_listen = Some(v);
+        }
+        c.listen_fd = crate::server::systemd::listen_fd();
         c.validate()?;
         Ok(c)
     }

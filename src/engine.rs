@@ -112,6 +112,7 @@ use std::sync::Arc;
 
 use crate::hash::{KeyStr, SipKey, StrEntry, StrMap};
 use crate::limits::EngineLimits;
+use crate::metrics::{Histogram, HOLD_BOUNDS_MS, WAIT_BOUNDS_MS};
 use crate::proto::{encode_reply, Reply, Request};
 use crate::time::Millis;
 use crate::token::{self, TokenRng};
@@ -226,6 +227,15 @@ impl Outbox {
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.msgs.is_empty()
+    }
+
+    /// Adds the replies held to `counts`, by kind: acquired, timeout,
+    /// busy, released, not released, extended, not extended (for
+    /// `GET /metrics`; one pass, no allocation).
+    pub fn tally(&self, counts: &mut [u64; 7]) {
+        for m in &self.msgs {
+            counts[m.kind as usize] += 1;
+        }
     }
 
     /// Forgets every reply, keeping the allocations.
@@ -349,18 +359,19 @@ impl Outbox {
     }
 }
 
-/// Waiter ids fit in 56 bits; the low 8 bits of `Waiter::id_lease` hold the
-/// lease, so a waiter is 32 bytes. 2^56 ids last millennia at any real rate;
-/// past that the counter wraps to 1 (a waiter lives at most 255 s in single
-/// mode, so a wrapped id never meets a live one there).
-const WAITER_ID_LIMIT: u64 = 1 << 56;
+/// Waiter ids fit in 48 bits; the low 16 bits of `Waiter::id_lease` hold the
+/// wait and the lease, so a waiter is 32 bytes. 2^48 ids last nine years at
+/// a million queued acquires a second; past that the counter wraps to 1 (a
+/// waiter lives at most 255 s in single mode, so a wrapped id never meets a
+/// live one there).
+const WAITER_ID_LIMIT: u64 = 1 << 48;
 
 /// One queued acquire: 32 bytes.
 #[derive(Debug)]
 struct Waiter {
     owner: u64,
     wait_deadline: Millis,
-    /// `id << 8 | lease_s`.
+    /// `id << 16 | wait_s << 8 | lease_s`.
     id_lease: u64,
     /// Index of its connection in [`ConnTable::conns`].
     conn: u32,
@@ -370,7 +381,13 @@ struct Waiter {
 
 impl Waiter {
     fn id(&self) -> WaiterId {
-        self.id_lease >> 8
+        self.id_lease >> 16
+    }
+
+    /// When it was queued (clocked mode): its wait deadline less its wait.
+    fn queued_at(&self) -> Millis {
+        let wait_s = (self.id_lease >> 8) & 0xFF;
+        Millis(self.wait_deadline.0.saturating_sub(wait_s * 1000))
     }
 
     fn lease_s(&self) -> u8 {
@@ -526,6 +543,53 @@ struct Slot {
     granted_at: Millis,
 }
 
+/// What the engine counts for `GET /metrics`: plain increments on the
+/// paths that grant and end grants, nothing per key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Grants of a key nobody held.
+    pub grants_fresh: u64,
+    /// Grants of a key whose lease had run out (single mode's lazy takeover).
+    pub grants_takeover: u64,
+    /// Grants to the head waiter, on a release or an expiry.
+    pub grants_handover: u64,
+    /// Grants whose lease ran out (taken over, handed over, deleted).
+    pub lease_expiries: u64,
+    /// Request to grant, in ms (single mode; cluster mode leaves it empty,
+    /// since its replicated engine has no clock).
+    pub wait_ms: Histogram,
+    /// Grant to release or expiry, in ms (single mode, as `wait_ms`).
+    pub hold_ms: Histogram,
+}
+
+impl Default for EngineStats {
+    fn default() -> Self {
+        EngineStats {
+            grants_fresh: 0,
+            grants_takeover: 0,
+            grants_handover: 0,
+            lease_expiries: 0,
+            wait_ms: Histogram::new(WAIT_BOUNDS_MS),
+            hold_ms: Histogram::new(HOLD_BOUNDS_MS),
+        }
+    }
+}
+
+/// A registered key as `GET /v1/locks/KEY` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockInfo {
+    /// The fencing token of the current grant (0: the unknown holder of a
+    /// restart grace).
+    pub token: u64,
+    /// Milliseconds until the lease runs out, 0 once it has; `None` in
+    /// cluster mode, whose replicated engine has no clock.
+    pub expires_in_ms: Option<u64>,
+    /// Queued acquires.
+    pub waiters: usize,
+    /// Milliseconds since the grant; `None` in cluster mode.
+    pub held_for_ms: Option<u64>,
+}
+
 /// The lock table. See the module documentation.
 #[derive(Debug)]
 pub struct Engine {
@@ -571,6 +635,7 @@ pub struct Engine {
     /// The sweep in progress, if any: it visits the key table's buckets in
     /// steps of [`SWEEP_STEP_BUCKETS`], one step per `tick`.
     sweep: Option<SweepPass>,
+    stats: EngineStats,
 }
 
 /// Buckets of the key table one `tick` visits while a sweep is under way,
@@ -632,6 +697,7 @@ impl Engine {
             granted_until: Millis::ZERO,
             max_lease_s: u8::MAX,
             sweep: None,
+            stats: EngineStats::default(),
         }
     }
 
@@ -650,6 +716,41 @@ impl Engine {
     #[must_use]
     pub fn limits(&self) -> &EngineLimits {
         &self.limits
+    }
+
+    /// What the engine counted since it started.
+    #[must_use]
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
+    /// `key` as the admin port shows it, or `None` when it is not
+    /// registered. Two lookups; no allocation.
+    #[must_use]
+    pub fn lock_info(&self, now: Millis, key: &str) -> Option<LockInfo> {
+        let slot = self.keys.get(key)?;
+        let waiters = self.queues.get(key).map_or(0, |q| q.waiters.len());
+        let clocked = self.clocked;
+        Some(LockInfo {
+            token: slot.token,
+            expires_in_ms: clocked.then(|| slot.expires_at.since(now)),
+            waiters,
+            held_for_ms: clocked.then(|| now.since(slot.granted_at)),
+        })
+    }
+
+    /// Buckets of the key table: the range of [`Engine::scan_keys`]. It
+    /// changes when the table grows, which reorders the keys.
+    #[must_use]
+    pub fn key_buckets(&self) -> usize {
+        self.keys.num_buckets()
+    }
+
+    /// Calls `visit` with every registered key in buckets `from..to` of
+    /// the key table and returns the first bucket not visited, so that a
+    /// listing of a large table runs in steps over several loop turns.
+    pub fn scan_keys(&self, from: usize, to: usize, mut visit: impl FnMut(&str)) -> usize {
+        self.keys.visit_buckets(from, to, |k, _| visit(k))
     }
 
     /// Registered keys (held, or expired and not yet swept).
@@ -966,6 +1067,10 @@ impl Engine {
                     pass.inserted = true;
                 }
                 self.note_lease_end(expires_at);
+                self.stats.grants_fresh += 1;
+                if self.clocked {
+                    self.stats.wait_ms.observe(0);
+                }
                 out.push(conn, Reply::Acquired { token, owner, key }, lease_s);
                 return AcquireOutcome::Granted(token);
             }
@@ -981,10 +1086,18 @@ impl Engine {
             // The key's timer (if it has waiters) is at or before the old
             // expiry, so it is early now, never late.
             let token = take_token(&mut self.next_token, self.token_rng.as_mut());
+            if slot.token != 0 {
+                self.stats.lease_expiries += 1;
+                self.stats
+                    .hold_ms
+                    .observe(slot.expires_at.since(slot.granted_at));
+            }
             slot.token = token;
             slot.expires_at = expires_at;
             slot.granted_at = now;
             self.note_lease_end(expires_at);
+            self.stats.grants_takeover += 1;
+            self.stats.wait_ms.observe(0);
             out.push(conn, Reply::Acquired { token, owner, key }, lease_s);
             return AcquireOutcome::Granted(token);
         }
@@ -1021,7 +1134,7 @@ impl Engine {
         let waiter = Waiter {
             owner,
             wait_deadline,
-            id_lease: id << 8 | u64::from(lease_s),
+            id_lease: id << 16 | u64::from(wait_s) << 8 | u64::from(lease_s),
             conn: conn_idx,
             slot,
         };
@@ -1086,13 +1199,19 @@ impl Engine {
             // The common case, a key nobody waits for, costs one hash of
             // the key (none for the queue map while no key has waiters).
             if o.get().token == token && !self.queues.contains_key(key) {
-                o.remove();
+                let (_, slot) = o.remove();
+                if self.clocked {
+                    self.stats.hold_ms.observe(now.since(slot.granted_at));
+                }
                 out.push(conn, Reply::Released { token, key }, 0);
                 return true;
             }
         }
         match self.keys.get(key) {
             Some(slot) if slot.token == token => {
+                if self.clocked {
+                    self.stats.hold_ms.observe(now.since(slot.granted_at));
+                }
                 out.push(conn, Reply::Released { token, key }, 0);
                 self.hand_over_or_delete(now, key, out);
                 true
@@ -1112,6 +1231,7 @@ impl Engine {
     pub fn expire(&mut self, now: Millis, key: &str, token: u64, out: &mut Outbox) -> bool {
         match self.keys.get(key) {
             Some(slot) if slot.token == token => {
+                self.stats.lease_expiries += 1;
                 self.hand_over_or_delete(now, key, out);
                 true
             }
@@ -1264,6 +1384,10 @@ impl Engine {
         };
         let conn = self.forget_waiter(&w);
         let token = self.issue_token();
+        self.stats.grants_handover += 1;
+        if self.clocked {
+            self.stats.wait_ms.observe(now.since(w.queued_at()));
+        }
         let lease_s = w.lease_s();
         let expires_at = self.lease_end(now, lease_s);
         let slot = self
@@ -1353,6 +1477,10 @@ impl Engine {
             let expired = self.keys.get(&key).is_some_and(|s| s.expires_at <= now);
             let waiting = self.queues.get(&key).is_some_and(|q| !q.waiters.is_empty());
             if expired && waiting {
+                if let Some(s) = self.keys.get(&key).filter(|s| s.token != 0) {
+                    self.stats.lease_expiries += 1;
+                    self.stats.hold_ms.observe(s.expires_at.since(s.granted_at));
+                }
                 self.hand_over_or_delete(now, &key, out);
             } else {
                 self.reschedule(&key);
@@ -1388,6 +1516,7 @@ impl Engine {
         };
         let end = pass.cursor.saturating_add(SWEEP_STEP_BUCKETS);
         let queues = &self.queues;
+        let stats = &mut self.stats;
         let mut floor = pass.floor;
         // Keep a key unless it expired and nobody waits for it.
         let reached = self
@@ -1396,6 +1525,9 @@ impl Engine {
                 let keep = s.expires_at > now || queues.contains_key(k);
                 if keep {
                     floor = floor.min(s.expires_at);
+                } else if s.token != 0 {
+                    stats.lease_expiries += 1;
+                    stats.hold_ms.observe(s.expires_at.since(s.granted_at));
                 }
                 keep
             });
@@ -1709,14 +1841,19 @@ mod tests {
         let w = Waiter {
             owner: 1,
             wait_deadline: Millis(3),
-            id_lease: (WAITER_ID_LIMIT - 1) << 8 | 255,
+            id_lease: (WAITER_ID_LIMIT - 1) << 16 | 2 << 8 | 255,
             conn: 2,
             slot: 4,
         };
         assert_eq!((w.id(), w.lease_s()), (WAITER_ID_LIMIT - 1, 255));
+        let w = Waiter {
+            wait_deadline: Millis(5_000),
+            ..w
+        };
+        assert_eq!(w.queued_at(), Millis(3_000));
     }
 
-    /// Waiter ids share a word with the lease, so they wrap below 2^56,
+    /// Waiter ids share a word with the wait and lease, so they wrap below 2^48,
     /// skipping 0, and still name the right waiter.
     #[test]
     fn waiter_ids_wrap_below_the_lease_bits() {

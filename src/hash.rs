@@ -436,6 +436,19 @@ impl<K: Borrow<str>, V> StrMap<K, V> {
         end.max(from)
     }
 
+    /// Calls `visit` on the entries in buckets `from..to` (clamped to the
+    /// table) and returns the index of the first bucket not visited: a
+    /// read-only scan in steps, like [`StrMap::retain_buckets`].
+    pub fn visit_buckets(&self, from: usize, to: usize, mut visit: impl FnMut(&K, &V)) -> usize {
+        let end = to.min(self.table.num_buckets());
+        for i in from..end {
+            if let Some((k, v)) = self.table.get_bucket(i) {
+                visit(k, v);
+            }
+        }
+        end.max(from)
+    }
+
     /// Every entry, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
         self.table.iter().map(|(k, v)| (k, v))

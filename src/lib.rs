@@ -34,6 +34,9 @@
 //!   atomically without following symlinks, sealed with their length and a
 //!   checksum.
 //! * [`config`]: every server setting with its default, and the command line.
+//! * [`metrics`]: counters and histograms kept by plain increments, and the
+//!   Prometheus text format the admin port (`--admin-listen`: health,
+//!   metrics, lock introspection over HTTP, in the same loop) writes them in.
 //! * `harness` (feature `harness`, for tests only): the real server loop on
 //!   in-memory connections and a manual clock, stepped by the caller, for
 //!   deterministic tests of code that uses ticketd.
@@ -74,6 +77,8 @@ pub mod harness;
 #[doc(hidden)]
 pub mod hash;
 pub mod limits;
+#[cfg(feature = "server")]
+pub mod metrics;
 pub mod proto;
 #[cfg(feature = "server")]
 pub mod server;

@@ -11,7 +11,8 @@ use std::io;
 use mio::event::Event;
 use mio::Registry;
 
-use crate::engine::{ConnId, Outbox};
+use crate::engine::{ConnId, Engine, Outbox};
+use crate::metrics::Exposition;
 use crate::proto::Request;
 use crate::time::Millis;
 
@@ -80,5 +81,38 @@ pub trait Service {
     /// One line describing the service for the start-up log.
     fn describe(&self) -> String {
         String::new()
+    }
+
+    /// Whether the service serves, for systemd's `READY=1`: at once in
+    /// single mode; cluster mode once a leader is known.
+    fn serving(&self) -> bool {
+        true
+    }
+
+    /// The lock table, for the admin port's metrics and lock listings.
+    fn engine(&self) -> Option<&Engine> {
+        None
+    }
+
+    /// Whether the service can grant now, for the admin port's
+    /// `GET /readyz`: the reason when it cannot.
+    ///
+    /// # Errors
+    /// Not ready, and why.
+    fn readiness(&self, now: Millis) -> Result<(), String> {
+        let _ = now;
+        Ok(())
+    }
+
+    /// Metrics of the service's own (cluster mode: Raft, the WAL), added
+    /// to a scrape of `GET /metrics`.
+    fn write_metrics(&self, now: Millis, out: &mut Exposition) {
+        let _ = (now, out);
+    }
+
+    /// The JSON object of `GET /v1/cluster`, in cluster mode.
+    fn cluster_json(&self, now: Millis) -> Option<String> {
+        let _ = now;
+        None
     }
 }

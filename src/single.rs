@@ -756,6 +756,29 @@ impl Service for SingleService {
         self.engine.tick(now, out);
     }
 
+    fn engine(&self) -> Option<&Engine> {
+        Some(&self.engine)
+    }
+
+    /// Ready once a grant can be made: no restart grace in force, and a
+    /// durable token mark (and lease bound) above the next token.
+    fn readiness(&self, now: Millis) -> Result<(), String> {
+        if let Some(until) = self.engine.restart_grace(now) {
+            return Err(format!(
+                "restart grace: every key is held for {} ms more, until leases of the earlier \
+                 run have ended",
+                until.since(now)
+            ));
+        }
+        if self.engine.tokens_exhausted() {
+            return Err(
+                "the token high-water mark or the lease bound is not durable yet (see the log)"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
     fn next_deadline(&self) -> Option<Millis> {
         let engine = self.engine.next_deadline();
         // After a failed write of a mark still needed, wake for the retry

@@ -6,6 +6,9 @@
 //! ticket extend KEY TOKEN [--lease S] [--server ADDR]...
 //! ticket run KEY [--wait S] [--lease S] [--kill-grace S] [--no-renew | --max-hold S]
 //!            [--server ADDR]... -- CMD [ARGS...]
+//! ticket status KEY [--json] [--admin ADDR]
+//! ticket locks [PREFIX] [--json] [--admin ADDR]
+//! ticket cluster status [--json] [--admin ADDR]
 //! ```
 //!
 //! Built on `ticketd::client`, so every SPEC §3 rule holds here too: the CLI
@@ -20,6 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
+use ticketd::client::admin::{self, Json};
 use ticketd::client::{Acquire, Client, ExtendToken, KeptTicket, Release, Ticket, DEFAULT_ADDRESS};
 
 /// The exit statuses of `ticket`. `run` otherwise exits with its command's
@@ -70,11 +74,16 @@ USAGE:
     ticket extend KEY TOKEN [--lease S] [--server ADDR]...
     ticket run KEY [--wait S] [--lease S] [--kill-grace S] [--no-renew | --max-hold S]
                [--server ADDR]... -- CMD [ARGS...]
+    ticket status KEY [--json] [--admin ADDR]
+    ticket locks [PREFIX] [--json] [--admin ADDR]
+    ticket cluster status [--json] [--admin ADDR]
     ticket certs init DIR [--cluster-name NAME] [--nodes N]
     ticket help [SUBCOMMAND]
 
 Each subcommand takes --help. The server defaults to 127.0.0.1:7470; give
---server several times to list the nodes of a cluster.
+--server several times to list the nodes of a cluster. status, locks and
+cluster status read a server's admin port (ticketd --admin-listen), by
+default 127.0.0.1:7471.
 
 EXIT STATUS:
     0    acquired (token printed) / released / extended / run: the command exited 0
@@ -221,6 +230,9 @@ fn dispatch(mut args: Vec<OsString>) -> Result<u8, Exit> {
         "extend" => extend(args),
         "run" => run(args),
         "certs" => certs(args),
+        "status" => status(args),
+        "locks" => locks(args),
+        "cluster" => cluster(args),
         "help" | "--help" | "-h" => help(args),
         other => Err(Exit::usage(format!("unknown subcommand {other:?}"))),
     }
@@ -315,10 +327,290 @@ fn help(args: Vec<OsString>) -> Result<u8, Exit> {
         Some("extend") => HELP_EXTEND,
         Some("run") => HELP_RUN,
         Some("certs") => HELP_CERTS,
+        Some("status" | "locks" | "cluster") => HELP_ADMIN,
         Some(other) => return Err(Exit::usage(format!("no help for {other:?}"))),
     };
     print!("{text}");
     Ok(exit::OK)
+}
+
+const HELP_ADMIN: &str = "\
+ticket status, locks, cluster status: what a server holds, from its admin port
+
+USAGE:
+    ticket status KEY [--json] [--admin ADDR]
+    ticket locks [PREFIX] [--json] [--admin ADDR]
+    ticket cluster status [--json] [--admin ADDR]
+
+status prints one key's token, time left on its lease, waiters and time
+held; locks every registered key starting with PREFIX, in key order;
+cluster status the node's view of its cluster. Aligned tables, or with
+--json the admin port's own JSON (status: the object of /v1/locks/KEY;
+locks: {\"locks\": [...]} with every page; cluster: /v1/cluster).
+
+OPTIONS:
+    --admin ADDR    host:port of the server's admin port (--admin-listen)
+                    (default 127.0.0.1:7471)
+    --json          print JSON instead of a table
+
+Exits 0, 123 when status finds the key not registered, 125 when the admin
+port cannot be read or answers an error.
+";
+
+/// How long one admin request may take.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn admin_addr(args: &mut pico_args::Arguments) -> Result<String, Exit> {
+    Ok(args
+        .opt_value_from_str::<_, String>("--admin")
+        .map_err(|e| Exit::usage(e.to_string()))?
+        .unwrap_or_else(|| ticketd::config::DEFAULT_ADMIN_LISTEN.to_owned()))
+}
+
+fn failed(message: impl Into<String>) -> Exit {
+    Exit {
+        status: exit::FAILED,
+        message: message.into(),
+    }
+}
+
+/// `GET target`; a body for 200, `None` for 404, an error otherwise.
+fn admin_get(addr: &str, target: &str) -> Result<Option<String>, Exit> {
+    let (status, body) =
+        admin::get(addr, target, ADMIN_TIMEOUT).map_err(|e| failed(e.to_string()))?;
+    match status {
+        200 => Ok(Some(body)),
+        404 => Ok(None),
+        _ => Err(failed(format!("{addr}{target}: {status} {}", body.trim()))),
+    }
+}
+
+fn parse_json(body: &str) -> Result<Json, Exit> {
+    Json::parse(body).map_err(|e| failed(format!("the admin port answered {e}")))
+}
+
+/// Milliseconds as seconds with one decimal, or `-` when unknown.
+fn ms(v: Option<&Json>) -> String {
+    match v.and_then(Json::as_u64) {
+        Some(ms) => format!("{}.{}s", ms / 1000, ms % 1000 / 100),
+        None => "-".into(),
+    }
+}
+
+fn num(v: Option<&Json>) -> String {
+    v.and_then(Json::as_u64)
+        .map_or_else(|| "-".into(), |n| n.to_string())
+}
+
+fn lock_rows(locks: &[Json]) -> Vec<Vec<String>> {
+    let mut rows = vec![vec![
+        "KEY".to_string(),
+        "TOKEN".into(),
+        "EXPIRES_IN".into(),
+        "WAITERS".into(),
+        "HELD_FOR".into(),
+    ]];
+    for l in locks {
+        rows.push(vec![
+            l.get("key")
+                .and_then(Json::as_str)
+                .unwrap_or("?")
+                .escape_debug()
+                .to_string(),
+            num(l.get("token")),
+            ms(l.get("expires_in_ms")),
+            num(l.get("waiters")),
+            ms(l.get("held_for_ms")),
+        ]);
+    }
+    rows
+}
+
+fn print_out(text: &str) -> Result<u8, Exit> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(|e| failed(format!("cannot print: {e}")))?;
+    Ok(exit::OK)
+}
+
+/// `ticket status KEY`.
+fn status(args: Vec<OsString>) -> Result<u8, Exit> {
+    let mut args = pico_args::Arguments::from_vec(args);
+    if args.contains(["-h", "--help"]) {
+        print!("{HELP_ADMIN}");
+        return Ok(exit::OK);
+    }
+    let json = args.contains("--json");
+    let addr = admin_addr(&mut args)?;
+    let key = free_string(&mut args, "KEY")?;
+    finish(args)?;
+    let target = format!("/v1/locks/{}", admin::percent_encode(&key));
+    let Some(body) = admin_get(&addr, &target)? else {
+        eprintln!("ticket: {key:?} is not registered");
+        return Ok(exit::NOT_HELD);
+    };
+    if json {
+        return print_out(&body);
+    }
+    let v = parse_json(&body)?;
+    print_out(&admin::table(&lock_rows(std::slice::from_ref(&v))))
+}
+
+/// `ticket locks [PREFIX]`: every page, in key order.
+fn locks(args: Vec<OsString>) -> Result<u8, Exit> {
+    let mut args = pico_args::Arguments::from_vec(args);
+    if args.contains(["-h", "--help"]) {
+        print!("{HELP_ADMIN}");
+        return Ok(exit::OK);
+    }
+    let json = args.contains("--json");
+    let addr = admin_addr(&mut args)?;
+    let prefix: String = args
+        .opt_free_from_str()
+        .map_err(|e| Exit::usage(format!("PREFIX: {e}")))?
+        .unwrap_or_default();
+    finish(args)?;
+    let mut all = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut target = format!(
+            "/v1/locks?limit=1000&prefix={}",
+            admin::percent_encode(&prefix)
+        );
+        if let Some(a) = &after {
+            target.push_str("&after=");
+            target.push_str(&admin::percent_encode(a));
+        }
+        let body = admin_get(&addr, &target)?.ok_or_else(|| failed("no /v1/locks here"))?;
+        let v = parse_json(&body)?;
+        all.extend(
+            v.get("locks")
+                .map(Json::items)
+                .unwrap_or(&[])
+                .iter()
+                .cloned(),
+        );
+        match v.get("next").and_then(Json::as_str) {
+            Some(next) => after = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    if json {
+        let mut out = String::from("{\"locks\":[");
+        for (i, l) in all.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            write_json(&mut out, l);
+        }
+        out.push_str("]}\n");
+        return print_out(&out);
+    }
+    print_out(&admin::table(&lock_rows(&all)))
+}
+
+fn write_json(out: &mut String, v: &Json) {
+    match v {
+        Json::Null => out.push_str("null"),
+        Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Json::Num(n) => match v.as_u64() {
+            Some(u) => out.push_str(&u.to_string()),
+            None => out.push_str(&n.to_string()),
+        },
+        Json::Str(s) => ticketd::server::admin::json_str(out, s),
+        Json::Arr(a) => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_json(out, x);
+            }
+            out.push(']');
+        }
+        Json::Obj(m) => {
+            out.push('{');
+            for (i, (k, x)) in m.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                ticketd::server::admin::json_str(out, k);
+                out.push(':');
+                write_json(out, x);
+            }
+            out.push('}');
+        }
+    }
+}
+
+/// `ticket cluster status`.
+fn cluster(args: Vec<OsString>) -> Result<u8, Exit> {
+    let mut args = pico_args::Arguments::from_vec(args);
+    if args.contains(["-h", "--help"]) {
+        print!("{HELP_ADMIN}");
+        return Ok(exit::OK);
+    }
+    match args.subcommand().map_err(|e| Exit::usage(e.to_string()))? {
+        Some(s) if s == "status" => {}
+        Some(other) => return Err(Exit::usage(format!("unknown cluster subcommand {other:?}"))),
+        None => return Err(Exit::usage("cluster: missing subcommand (status)")),
+    }
+    let json = args.contains("--json");
+    let addr = admin_addr(&mut args)?;
+    finish(args)?;
+    let body = admin_get(&addr, "/v1/cluster")?
+        .ok_or_else(|| failed(format!("{addr} is not a cluster node")))?;
+    if json {
+        return print_out(&body);
+    }
+    let v = parse_json(&body)?;
+    let leader = v.get("leader").and_then(Json::as_u64).unwrap_or(0);
+    let mut text = format!(
+        "node {}: leader {}, term {}, commit {}, applied {}\n\n",
+        num(v.get("id")),
+        if leader == 0 {
+            "none".to_string()
+        } else {
+            leader.to_string()
+        },
+        num(v.get("term")),
+        num(v.get("commit")),
+        num(v.get("applied")),
+    );
+    let mut rows = vec![vec![
+        "ID".to_string(),
+        "ADDRESS".into(),
+        "ROLE".into(),
+        "MATCH".into(),
+        "REACHABLE".into(),
+    ]];
+    for (list, learner) in [("voters", false), ("learners", true)] {
+        for m in v.get(list).map(Json::items).unwrap_or(&[]) {
+            let id = m.get("id").and_then(Json::as_u64).unwrap_or(0);
+            let role = match (learner, id == leader) {
+                (true, _) => "learner",
+                (false, true) => "leader",
+                (false, false) => "voter",
+            };
+            rows.push(vec![
+                id.to_string(),
+                m.get("address")
+                    .and_then(Json::as_str)
+                    .unwrap_or("-")
+                    .to_owned(),
+                role.into(),
+                num(m.get("match")),
+                match m.get("reachable") {
+                    Some(Json::Bool(true)) => "yes".into(),
+                    Some(Json::Bool(false)) => "no".into(),
+                    _ => "-".into(),
+                },
+            ]);
+        }
+    }
+    text.push_str(&admin::table(&rows));
+    print_out(&text)
 }
 
 /// Options shared by the subcommands that acquire.

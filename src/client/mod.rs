@@ -56,6 +56,7 @@
 //! in, bytes out, the clock passed in) are in [`machine`]: for programs with
 //! their own event loop, and for deterministic tests.
 
+pub mod admin;
 mod deadline;
 mod error;
 mod extend;

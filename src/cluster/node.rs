@@ -227,6 +227,21 @@ pub struct NodeStats {
     pub snapshots_taken: u64,
     /// Snapshots installed from a leader.
     pub snapshots_installed: u64,
+    /// Times this node learned of a new leader.
+    pub leader_changes: u64,
+}
+
+/// A voter or learner as [`Node::members`] lists it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Member {
+    /// Its node id.
+    pub id: u64,
+    /// A learner (no vote), not a voter.
+    pub learner: bool,
+    /// On the leader: the highest log index known to be on it.
+    pub matched: Option<u64>,
+    /// On the leader: whether it was heard from within an election timeout.
+    pub reachable: Option<bool>,
 }
 
 /// One applied entry as seen by a checker: (index, term, hash of the data),
@@ -486,6 +501,43 @@ impl<D: Disk> Node<D> {
     #[must_use]
     pub fn timers_ready(&self) -> bool {
         self.timers_ready
+    }
+
+    /// The disk under the WAL, for inspection (fsync times).
+    pub fn disk(&self) -> &D {
+        self.wal.disk()
+    }
+
+    /// True once this node has applied an entry of its current term: a
+    /// new leader's first entry, through which every earlier grant is known.
+    #[must_use]
+    pub fn applied_current_term(&self) -> bool {
+        self.rn.raft.apply_to_current_term()
+    }
+
+    /// The voters and learners, ordered by id; on the leader with each
+    /// one's match index and whether it was heard from recently.
+    #[must_use]
+    pub fn members(&self) -> Vec<Member> {
+        let cs = self.rn.raft.prs().conf().to_conf_state();
+        let leader = self.is_leader();
+        let mut out: Vec<Member> = cs
+            .get_voters()
+            .iter()
+            .map(|&id| (id, false))
+            .chain(cs.get_learners().iter().map(|&id| (id, true)))
+            .map(|(id, learner)| {
+                let pr = self.rn.raft.prs().get(id).filter(|_| leader);
+                Member {
+                    id,
+                    learner,
+                    matched: pr.map(|p| p.matched),
+                    reachable: pr.map(|p| id == self.cfg.id || p.recent_active),
+                }
+            })
+            .collect();
+        out.sort_by_key(|m| (m.learner, m.id));
+        out
     }
 
     /// The disk under the WAL (e.g. to give a file disk its waker).
@@ -1091,6 +1143,9 @@ impl<D: Disk> Node<D> {
                     self.cfg.id,
                     self.term()
                 );
+            }
+            if leader != 0 {
+                self.stats.leader_changes += 1;
             }
             self.leader = leader;
             self.next_repropose_check = Millis::ZERO;

@@ -148,6 +148,10 @@ pub struct ClusterService {
     fatal: Option<String>,
     stop_on_fatal: bool,
     describe: String,
+    /// Every voter's peer address, for `GET /v1/cluster`.
+    peers: BTreeMap<u64, SocketAddr>,
+    /// Snapshots sent to followers in full.
+    snapshots_sent: u64,
 }
 
 impl fmt::Debug for ClusterService {
@@ -241,6 +245,8 @@ impl ClusterService {
             fatal: None,
             stop_on_fatal: false,
             describe,
+            peers: cfg.peers.clone(),
+            snapshots_sent: 0,
         })
     }
 
@@ -270,7 +276,10 @@ impl ClusterService {
                 PeerEvent::Message(m) if self.fatal.is_none() => self.node.step(m),
                 PeerEvent::Message(_) => {}
                 PeerEvent::Unreachable(id) => self.node.report_unreachable(id),
-                PeerEvent::Snapshot(id, ok) => self.node.report_snapshot(id, ok),
+                PeerEvent::Snapshot(id, ok) => {
+                    self.snapshots_sent += u64::from(ok);
+                    self.node.report_snapshot(id, ok);
+                }
                 PeerEvent::PeerSeen(id, uuid) => {
                     // The id itself stays out of the log: in a plaintext
                     // cluster it is part of what authenticates a peer.
@@ -376,6 +385,120 @@ impl Service for ClusterService {
 
     fn describe(&self) -> String {
         self.describe.clone()
+    }
+
+    fn serving(&self) -> bool {
+        self.node.leader() != 0
+    }
+
+    fn engine(&self) -> Option<&crate::engine::Engine> {
+        Some(self.node.state_machine().engine())
+    }
+
+    /// Ready when a leader is known and this node has applied an entry of
+    /// the leader's term (so its table includes every earlier grant).
+    fn readiness(&self, _now: Millis) -> Result<(), String> {
+        if let Some(why) = &self.fatal {
+            return Err(format!("the node stopped: {why}"));
+        }
+        if self.node.leader() == 0 {
+            return Err(format!("no leader known (term {})", self.node.term()));
+        }
+        if !self.node.applied_current_term() {
+            return Err(format!(
+                "leader {} known, but no entry of term {} applied here yet (applied {}, \
+                 commit {})",
+                self.node.leader(),
+                self.node.term(),
+                self.node.applied(),
+                self.node.committed()
+            ));
+        }
+        Ok(())
+    }
+
+    fn write_metrics(&self, _now: Millis, out: &mut crate::metrics::Exposition) {
+        let n = &self.node;
+        out.gauge("ticketd_raft_term", "The current Raft term.", n.term());
+        out.gauge(
+            "ticketd_raft_leader_id",
+            "The leader's node id, 0 when none is known.",
+            n.leader(),
+        );
+        out.gauge(
+            "ticketd_raft_is_leader",
+            "1 on the leader, 0 elsewhere.",
+            u64::from(n.is_leader()),
+        );
+        out.gauge(
+            "ticketd_raft_commit_index",
+            "The highest log index known committed.",
+            n.committed(),
+        );
+        out.gauge(
+            "ticketd_raft_applied_index",
+            "The highest log index applied to the lock table.",
+            n.applied(),
+        );
+        out.counter(
+            "ticketd_raft_leader_changes_total",
+            "Times this node learned of a new leader.",
+            n.stats().leader_changes,
+        );
+        out.gauge(
+            "ticketd_raft_proposals_pending",
+            "Client requests proposed or queued and not yet answered.",
+            n.pending_requests() as u64,
+        );
+        out.histogram(
+            "ticketd_wal_fsync_seconds",
+            "Duration of each fdatasync of the write-ahead log.",
+            n.disk().fsync_histogram(),
+            1_000_000,
+        );
+        out.counter(
+            "ticketd_snapshots_sent_total",
+            "Snapshots sent to a follower in full.",
+            self.snapshots_sent,
+        );
+    }
+
+    fn cluster_json(&self, _now: Millis) -> Option<String> {
+        use std::fmt::Write as _;
+        let n = &self.node;
+        let mut j = String::new();
+        let _ = write!(
+            j,
+            "{{\"id\":{},\"leader\":{},\"term\":{},\"commit\":{},\"applied\":{}",
+            n.id(),
+            n.leader(),
+            n.term(),
+            n.committed(),
+            n.applied()
+        );
+        let members = n.members();
+        for (name, learners) in [("voters", false), ("learners", true)] {
+            let _ = write!(j, ",\"{name}\":[");
+            let mut first = true;
+            for m in members.iter().filter(|m| m.learner == learners) {
+                if !first {
+                    j.push(',');
+                }
+                first = false;
+                let _ = write!(j, "{{\"id\":{},\"address\":", m.id);
+                match self.peers.get(&m.id) {
+                    Some(a) => crate::server::admin::json_str(&mut j, &a.to_string()),
+                    None => j.push_str("null"),
+                }
+                if let (Some(matched), Some(reachable)) = (m.matched, m.reachable) {
+                    let _ = write!(j, ",\"match\":{matched},\"reachable\":{reachable}");
+                }
+                j.push('}');
+            }
+            j.push(']');
+        }
+        j.push_str("}\n");
+        Some(j)
     }
 }
 

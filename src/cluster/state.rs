@@ -259,6 +259,12 @@ impl StateMachine {
             .is_some_and(|k| k.waiters.iter().any(|w| w.rid == waiter))
     }
 
+    /// The lock engine (replicated mode), for inspection.
+    #[must_use]
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
     /// Number of held keys.
     #[must_use]
     pub fn key_count(&self) -> usize {

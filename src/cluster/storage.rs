@@ -32,6 +32,7 @@
 //! snapshot (with the state machine's bytes), conf state, hard state, and the
 //! entries after the snapshot.
 
+use crate::metrics::{Histogram, FSYNC_BOUNDS_US};
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
@@ -607,6 +608,11 @@ impl<D: Disk> Wal<D> {
     pub fn disk_mut(&mut self) -> &mut D {
         &mut self.disk
     }
+
+    /// The disk, for inspection.
+    pub fn disk(&self) -> &D {
+        &self.disk
+    }
 }
 
 fn apply_record(
@@ -692,6 +698,18 @@ pub struct FileDisk {
     /// Bytes were appended after the in-flight sync began, so a blocking
     /// [`Disk::sync`] must not rely on it alone.
     appended_since_start: bool,
+    /// How long each `fdatasync` took, in microseconds.
+    fsync_us: Histogram,
+}
+
+/// `fdatasync` of `file`, and how long it took in microseconds.
+fn timed_sync(file: &File) -> (io::Result<()>, u64) {
+    let start = std::time::Instant::now();
+    let r = file.sync_data();
+    (
+        r,
+        u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX),
+    )
 }
 
 /// The thread that runs `fdatasync` for [`FileDisk::start_sync`]. Each
@@ -701,7 +719,8 @@ pub struct FileDisk {
 #[derive(Debug)]
 struct Syncer {
     requests: std::sync::mpsc::Sender<(Arc<File>, Option<Arc<mio::Waker>>)>,
-    results: std::sync::mpsc::Receiver<io::Result<()>>,
+    /// Each sync's result and how long it took, in microseconds.
+    results: std::sync::mpsc::Receiver<(io::Result<()>, u64)>,
 }
 
 impl Syncer {
@@ -712,7 +731,7 @@ impl Syncer {
             .name("ticketd-fsync".into())
             .spawn(move || {
                 for (file, waker) in rx {
-                    if tx.send(file.sync_data()).is_err() {
+                    if tx.send(timed_sync(&file)).is_err() {
                         break;
                     }
                     if let Some(w) = waker {
@@ -748,7 +767,20 @@ impl FileDisk {
             waker: None,
             in_flight: false,
             appended_since_start: false,
+            fsync_us: Histogram::new(FSYNC_BOUNDS_US),
         })
+    }
+
+    /// How long each `fdatasync` of the log took, in microseconds.
+    #[must_use]
+    pub fn fsync_histogram(&self) -> &Histogram {
+        &self.fsync_us
+    }
+
+    fn sync_now(&mut self) -> io::Result<()> {
+        let (r, us) = timed_sync(&self.file);
+        self.fsync_us.observe(us);
+        r
     }
 
     /// Has the sync thread wake the loop's poll when a sync it runs is
@@ -786,11 +818,14 @@ impl FileDisk {
         }
         self.in_flight = false;
         match self.syncer.as_ref().map(|s| s.results.recv()) {
-            Some(Ok(result)) => result,
+            Some(Ok((result, us))) => {
+                self.fsync_us.observe(us);
+                result
+            }
             // The thread is gone: sync here instead.
             _ => {
                 self.syncer = None;
-                self.file.sync_data()
+                self.sync_now()
             }
         }
     }
@@ -822,7 +857,7 @@ impl Disk for FileDisk {
         let started = self.in_flight;
         self.wait_in_flight()?;
         if !started || std::mem::take(&mut self.appended_since_start) {
-            self.file.sync_data()?;
+            self.sync_now()?;
         }
         Ok(())
     }
@@ -834,19 +869,19 @@ impl Disk for FileDisk {
             return Ok(());
         }
         if self.waker.is_none() {
-            return self.file.sync_data();
+            return self.sync_now();
         }
         if self.syncer.is_none() {
             // Without a thread (none could be started), sync inline.
             self.syncer = Syncer::spawn().ok();
         }
         let Some(syncer) = &self.syncer else {
-            return self.file.sync_data();
+            return self.sync_now();
         };
         let dup = Arc::clone(&self.file);
         if syncer.requests.send((dup, self.waker.clone())).is_err() {
             self.syncer = None;
-            return self.file.sync_data();
+            return self.sync_now();
         }
         self.in_flight = true;
         self.appended_since_start = false;
@@ -858,12 +893,15 @@ impl Disk for FileDisk {
             return Some(Ok(()));
         }
         let r = match self.syncer.as_ref().map(|s| s.results.try_recv()) {
-            Some(Ok(r)) => r,
+            Some(Ok((r, us))) => {
+                self.fsync_us.observe(us);
+                r
+            }
             Some(Err(std::sync::mpsc::TryRecvError::Empty)) => return None,
             // The thread is gone: sync here instead.
             _ => {
                 self.syncer = None;
-                self.file.sync_data()
+                self.sync_now()
             }
         };
         self.in_flight = false;

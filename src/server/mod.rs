@@ -42,10 +42,12 @@
 //! lack of file descriptors, accepting pauses briefly instead of spinning and
 //! resumes by itself.
 
+pub mod admin;
 mod conn;
 #[cfg(feature = "harness")]
 mod mem;
 pub(crate) mod ratelimit;
+pub mod systemd;
 pub(crate) mod throttle;
 mod transport;
 mod unix;
@@ -82,9 +84,11 @@ const UNIX_BASE: usize = 3;
 const _: () = assert!(UNIX_BASE + crate::config::MAX_UNIX_LISTENERS <= CONN_BASE);
 /// Connection `k` of the slab has token `CONN_BASE + k`.
 const CONN_BASE: usize = 16;
+/// Admin connection `k` has token `ADMIN_CONN_BASE + k`.
+const ADMIN_CONN_BASE: usize = CONN_BASE + MAX_CONNS_CEILING;
 /// The first mio token that belongs to the service (cluster peers). The
 /// server's own tokens are all below it.
-pub const SERVICE_TOKEN_BASE: usize = CONN_BASE + MAX_CONNS_CEILING;
+pub const SERVICE_TOKEN_BASE: usize = ADMIN_CONN_BASE + admin::CONNS_CEILING;
 /// A [`crate::engine::ConnId`] is `(sequence << CONN_KEY_BITS) | slab key`: unique for the
 /// life of the process (the sequence never repeats), yet it finds its slot
 /// without a map.
@@ -186,6 +190,13 @@ pub struct Stats {
     /// Connections whose reads the guess throttle paused (too many `N` and
     /// `X` answers).
     pub throttled: u64,
+    /// Admin connections accepted and closed at once (too many open).
+    pub admin_refused: u64,
+    /// Well-formed requests handled: acquire, release, extend.
+    pub requests: [u64; 3],
+    /// Replies sent: acquired, timeout, busy, released, not released,
+    /// extended, not extended.
+    pub replies: [u64; 7],
 }
 
 struct Logs {
@@ -234,6 +245,8 @@ pub struct Server<S: Service> {
     next_scan: Millis,
     stats: Stats,
     logs: Logs,
+    admin: Option<admin::Admin>,
+    notify: Option<systemd::Notifier>,
 }
 
 fn is_fd_exhaustion(e: &io::Error) -> bool {
@@ -256,17 +269,24 @@ impl<S: Service> Server<S> {
             .validate()
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let poll = Poll::new()?;
-        let (listener, local_addr) = if config.listen_tcp {
-            let socket = Socket::new(
-                Domain::for_address(config.listen),
-                Type::STREAM,
-                Some(Protocol::TCP),
-            )?;
-            // Restarting on the same port must not wait for TIME_WAIT to clear.
-            socket.set_reuse_address(true)?;
+        let (listener, local_addr) = if config.listen_tcp || config.listen_fd.is_some() {
+            let socket = match config.listen_fd {
+                Some(fd) => inherited_listener(fd)?,
+                None => {
+                    let socket = Socket::new(
+                        Domain::for_address(config.listen),
+                        Type::STREAM,
+                        Some(Protocol::TCP),
+                    )?;
+                    // Restarting on the same port must not wait for
+                    // TIME_WAIT to clear.
+                    socket.set_reuse_address(true)?;
+                    socket.bind(&config.listen.into())?;
+                    socket.listen(i32::try_from(config.backlog).unwrap_or(i32::MAX))?;
+                    socket
+                }
+            };
             socket.set_nonblocking(true)?;
-            socket.bind(&config.listen.into())?;
-            socket.listen(i32::try_from(config.backlog).unwrap_or(i32::MAX))?;
             let mut listener = TcpListener::from_std(socket.into());
             let local_addr = listener.local_addr()?;
             poll.registry()
@@ -283,6 +303,17 @@ impl<S: Service> Server<S> {
             unix_listeners.push((l, true));
         }
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        let admin = match config.admin_listen {
+            Some(addr) => Some(
+                admin::Admin::bind(addr, poll.registry(), ADMIN_CONN_BASE).map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("cannot listen on {addr} (--admin-listen): {e}"),
+                    )
+                })?,
+            ),
+            None => None,
+        };
         service.register(poll.registry(), SERVICE_TOKEN_BASE)?;
         service.set_waker(Arc::clone(&waker));
         let mut addrs: Vec<String> = Vec::new();
@@ -295,6 +326,9 @@ impl<S: Service> Server<S> {
                 .iter()
                 .map(|p| format!("unix:{}", p.display())),
         );
+        if let Some(a) = &admin {
+            log::info!("admin port (HTTP) on {}", a.local_addr());
+        }
         log::info!(
             "ticketd {} listening on {} {} {}",
             env!("CARGO_PKG_VERSION"),
@@ -319,6 +353,8 @@ impl<S: Service> Server<S> {
             Clock::Monotonic(MonotonicClock::new()),
         );
         server.unix = unix_listeners;
+        server.admin = admin;
+        server.notify = systemd::Notifier::from_env();
         Ok(server)
     }
 
@@ -367,6 +403,8 @@ impl<S: Service> Server<S> {
                 guesses: LogLimit::new(1, 10_000),
                 unix_refused: LogLimit::new(1, 10_000),
             },
+            admin: None,
+            notify: None,
             config,
         }
     }
@@ -375,6 +413,12 @@ impl<S: Service> Server<S> {
     #[must_use]
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The address of the admin port, when `--admin-listen` is given.
+    #[must_use]
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().map(admin::Admin::local_addr)
     }
 
     /// The configuration the server runs with.
@@ -519,6 +563,16 @@ impl<S: Service> Server<S> {
         if let Some(t) = self.shutdown_deadline {
             at = at.min(t);
         }
+        if let Some(t) = self.admin.as_ref().and_then(|a| a.next_deadline(now)) {
+            at = at.min(t);
+        }
+        if let Some(t) = self
+            .notify
+            .as_ref()
+            .and_then(systemd::Notifier::next_deadline)
+        {
+            at = at.min(t);
+        }
         let until = (at != Millis::NEVER).then(|| now.until(at));
         match (until, max_wait) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -533,6 +587,11 @@ impl<S: Service> Server<S> {
                 self.unix[t - UNIX_BASE].1 = true;
             }
             WAKER => {}
+            t if self.admin.as_ref().is_some_and(|a| a.owns(t)) => {
+                if let Some(a) = self.admin.as_mut() {
+                    a.note_event(event);
+                }
+            }
             SIGNALS => {
                 let mut stop = false;
                 if let Some(signals) = self.signals.as_mut() {
@@ -603,12 +662,33 @@ impl<S: Service> Server<S> {
         }
         self.deliver(now);
         self.write(now);
+        // After the lock replies are written: the admin port never delays one.
+        self.admin_turn(now);
         self.reap(now);
+        if let Some(n) = self.notify.as_mut() {
+            n.ready(self.shutdown_deadline.is_none() && self.service.serving());
+            n.watchdog(now);
+        }
         if let Some(deadline) = self.shutdown_deadline {
             if self.conns.is_empty() || now >= deadline {
                 self.finish_shutdown(now);
             }
         }
+    }
+
+    fn admin_turn(&mut self, now: Millis) {
+        let Some(admin) = self.admin.as_mut() else {
+            return;
+        };
+        let view = admin::View {
+            service: &self.service,
+            stats: &self.stats,
+            connections: self.conns.len(),
+            max_key_bytes: self.config.max_key_bytes,
+            stopping: self.shutdown_deadline.is_some(),
+        };
+        admin.turn(now, self.poll.registry(), &view);
+        self.stats.admin_refused = admin.refused;
     }
 
     fn accept(&mut self, now: Millis) {
@@ -887,6 +967,11 @@ impl<S: Service> Server<S> {
                             c.guesses.note_request();
                         }
                         projected_out += max_reply_frame(frame.key().len());
+                        self.stats.requests[match frame {
+                            Request::Acquire { .. } => 0,
+                            Request::Release { .. } => 1,
+                            Request::Extend { .. } => 2,
+                        }] += 1;
                         self.service.request(now, c.id, frame, &mut self.out);
                         c.rstart += used;
                         c.partial_since = None;
@@ -1067,6 +1152,7 @@ impl<S: Service> Server<S> {
     /// one copy. Counts the wrong-token answers (`N`, `X`) against each
     /// connection's guess throttle.
     fn deliver(&mut self, now: Millis) {
+        self.out.tally(&mut self.stats.replies);
         if log::log_enabled!(log::Level::Debug) {
             for a in self.out.iter() {
                 let key = usize::try_from(a.conn & CONN_KEY_MASK).unwrap_or(usize::MAX);
@@ -1265,6 +1351,9 @@ impl<S: Service> Server<S> {
             self.conns.len(),
             millis(self.config.flush_timeout)
         );
+        if let Some(n) = self.notify.as_mut() {
+            n.send("STOPPING=1");
+        }
         if let Some(mut l) = self.listener.take() {
             let _ = self.poll.registry().deregister(&mut l);
         }
@@ -1285,6 +1374,8 @@ impl<S: Service> Server<S> {
             }
         }
         self.service.stop(now);
+        // The admin port goes with the loop: its listener and connections close.
+        self.admin = None;
         self.closing.clear();
         self.active.clear();
         self.active_next.clear();
@@ -1292,6 +1383,31 @@ impl<S: Service> Server<S> {
         self.stopped = true;
         log::info!("stopped");
     }
+}
+
+/// The listening socket systemd passed as descriptor `fd` (socket
+/// activation), checked to be a TCP stream socket. The server owns it from
+/// here on.
+fn inherited_listener(fd: std::os::fd::RawFd) -> io::Result<Socket> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: `fd` is the descriptor systemd passed this process for its
+    // listener (LISTEN_FDS/LISTEN_PID, see `systemd::listen_fd`); nothing
+    // else in the process owns or closes it.
+    let socket = unsafe { Socket::from_raw_fd(fd) };
+    let inet = socket
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .is_some();
+    if !inet || socket.r#type()? != Type::STREAM {
+        // Not ours to close: leave the descriptor as it was.
+        std::mem::forget(socket);
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("socket activation: descriptor {fd} is not a TCP stream socket"),
+        ));
+    }
+    Ok(socket)
 }
 
 fn millis(d: Duration) -> u64 {

@@ -1,0 +1,269 @@
+//! Counters and histograms for the admin port's `GET /metrics`, and the
+//! Prometheus text exposition format (version 0.0.4) they are written in.
+//!
+//! Counting sits on the hot path, so it is plain integer arithmetic on
+//! fields the loop owns: no atomics (one thread), no allocation, no
+//! per-key labels. A [`Histogram`] is a fixed array of bucket counts in
+//! whole milliseconds; an observation is a short scan of at most
+//! [`MAX_BUCKETS`] bounds and three additions. Text is produced only when
+//! the admin port is scraped ([`Exposition`]).
+
+use std::fmt::Write as _;
+
+/// The most finite buckets a [`Histogram`] has.
+pub const MAX_BUCKETS: usize = 16;
+
+/// Bucket bounds of `ticketd_wait_seconds` (request to grant), in ms:
+/// waits last at most 255 s on the wire.
+pub const WAIT_BOUNDS_MS: &[u64] = &[
+    1, 5, 10, 50, 100, 500, 1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 255_000,
+];
+
+/// Bucket bounds of `ticketd_hold_seconds` (grant to release or expiry),
+/// in ms: extensions let a grant run for hours.
+pub const HOLD_BOUNDS_MS: &[u64] = &[
+    10, 100, 1_000, 5_000, 10_000, 30_000, 60_000, 300_000, 900_000, 3_600_000, 14_400_000,
+    86_400_000,
+];
+
+/// Bucket bounds of `ticketd_wal_fsync_seconds`, in microseconds.
+pub const FSYNC_BOUNDS_US: &[u64] = &[
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 5_000_000,
+];
+
+const _: () = assert!(WAIT_BOUNDS_MS.len() <= MAX_BUCKETS);
+const _: () = assert!(HOLD_BOUNDS_MS.len() <= MAX_BUCKETS);
+const _: () = assert!(FSYNC_BOUNDS_US.len() <= MAX_BUCKETS);
+
+/// A histogram of integer observations (in one unit, fixed by its bounds):
+/// per-bucket counts, the sum and the count. Observing is allocation-free.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Histogram {
+    bounds: &'static [u64],
+    /// `counts[i]` holds observations in `(bounds[i-1], bounds[i]]`;
+    /// `counts[bounds.len()]` those above the last bound.
+    counts: [u64; MAX_BUCKETS + 1],
+    sum: u64,
+    count: u64,
+}
+
+impl Histogram {
+    /// An empty histogram with these (increasing) upper bounds.
+    #[must_use]
+    pub const fn new(bounds: &'static [u64]) -> Self {
+        assert!(bounds.len() <= MAX_BUCKETS, "too many buckets");
+        Histogram {
+            bounds,
+            counts: [0; MAX_BUCKETS + 1],
+            sum: 0,
+            count: 0,
+        }
+    }
+
+    /// Counts one observation of `v`.
+    #[inline]
+    pub fn observe(&mut self, v: u64) {
+        let mut i = 0;
+        while i < self.bounds.len() && v > self.bounds[i] {
+            i += 1;
+        }
+        self.counts[i] += 1;
+        self.sum = self.sum.saturating_add(v);
+        self.count += 1;
+    }
+
+    /// Observations so far.
+    #[must_use]
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Sum of the observations so far.
+    #[must_use]
+    pub fn sum(&self) -> u64 {
+        self.sum
+    }
+
+    /// `(upper bound, cumulative count)` of every finite bucket, then
+    /// `(u64::MAX, count)` for `+Inf`.
+    pub fn cumulative(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let mut acc = 0;
+        (0..=self.bounds.len()).map(move |i| {
+            acc += self.counts[i];
+            (self.bounds.get(i).copied().unwrap_or(u64::MAX), acc)
+        })
+    }
+}
+
+/// Writes a scrape in the Prometheus text format 0.0.4: every metric family
+/// once, with its `# HELP` and `# TYPE` lines before its samples.
+#[derive(Debug, Default)]
+pub struct Exposition {
+    text: String,
+}
+
+/// The `Content-Type` of [`Exposition`] text.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+impl Exposition {
+    /// An empty scrape.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn header(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.text, "# HELP {name} {help}");
+        let _ = writeln!(self.text, "# TYPE {name} {kind}");
+    }
+
+    /// A gauge with one sample.
+    pub fn gauge(&mut self, name: &str, help: &str, v: u64) {
+        self.header(name, "gauge", help);
+        let _ = writeln!(self.text, "{name} {v}");
+    }
+
+    /// A counter (its name ends in `_total`) with one sample.
+    pub fn counter(&mut self, name: &str, help: &str, v: u64) {
+        debug_assert!(name.ends_with("_total"), "{name}: counters end in _total");
+        self.header(name, "counter", help);
+        let _ = writeln!(self.text, "{name} {v}");
+    }
+
+    /// A counter with one label taking each of `values`.
+    pub fn labelled_counter(
+        &mut self,
+        name: &str,
+        help: &str,
+        label: &str,
+        values: &[(&str, u64)],
+    ) {
+        debug_assert!(name.ends_with("_total"), "{name}: counters end in _total");
+        self.header(name, "counter", help);
+        for (l, v) in values {
+            let _ = writeln!(self.text, "{name}{{{label}=\"{}\"}} {v}", escape_label(l));
+        }
+    }
+
+    /// A gauge with one sample labelled `labels` (already `k="v"` pairs).
+    pub fn info(&mut self, name: &str, help: &str, labels: &[(&str, &str)]) {
+        self.header(name, "gauge", help);
+        let mut first = true;
+        self.text.push_str(name);
+        self.text.push('{');
+        for (k, v) in labels {
+            if !first {
+                self.text.push(',');
+            }
+            first = false;
+            let _ = write!(self.text, "{k}=\"{}\"", escape_label(v));
+        }
+        self.text.push_str("} 1\n");
+    }
+
+    /// A histogram whose observations are in units of `1 / per_second`
+    /// seconds (1000: milliseconds), written in seconds.
+    pub fn histogram(&mut self, name: &str, help: &str, h: &Histogram, per_second: u64) {
+        self.header(name, "histogram", help);
+        for (le, n) in h.cumulative() {
+            if le == u64::MAX {
+                let _ = writeln!(self.text, "{name}_bucket{{le=\"+Inf\"}} {n}");
+            } else {
+                let _ = writeln!(
+                    self.text,
+                    "{name}_bucket{{le=\"{}\"}} {n}",
+                    Seconds(le, per_second)
+                );
+            }
+        }
+        let _ = writeln!(self.text, "{name}_sum {}", Seconds(h.sum(), per_second));
+        let _ = writeln!(self.text, "{name}_count {}", h.count());
+    }
+
+    /// The text written so far.
+    #[must_use]
+    pub fn finish(self) -> String {
+        self.text
+    }
+}
+
+/// `units / per_second` seconds, written exactly in decimal (no float).
+struct Seconds(u64, u64);
+
+impl std::fmt::Display for Seconds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (v, per) = (self.0, self.1.max(1));
+        let whole = v / per;
+        let frac = v % per;
+        if frac == 0 {
+            return write!(f, "{whole}");
+        }
+        let digits = per.ilog10() as usize;
+        let s = format!("{frac:0digits$}");
+        write!(f, "{whole}.{}", s.trim_end_matches('0'))
+    }
+}
+
+/// Label values escape `\`, `"` and newlines.
+fn escape_label(v: &str) -> std::borrow::Cow<'_, str> {
+    if !v.contains(['\\', '"', '\n']) {
+        return v.into();
+    }
+    let mut s = String::with_capacity(v.len() + 2);
+    for c in v.chars() {
+        match c {
+            '\\' => s.push_str("\\\\"),
+            '"' => s.push_str("\\\""),
+            '\n' => s.push_str("\\n"),
+            c => s.push(c),
+        }
+    }
+    s.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_upper_inclusive_and_cumulative() {
+        let mut h = Histogram::new(&[10, 100]);
+        for v in [0, 10, 11, 100, 101, 5000] {
+            h.observe(v);
+        }
+        let c: Vec<_> = h.cumulative().collect();
+        assert_eq!(c, vec![(10, 2), (100, 4), (u64::MAX, 6)]);
+        assert_eq!((h.count(), h.sum()), (6, 5222));
+    }
+
+    #[test]
+    fn seconds_are_written_exactly() {
+        assert_eq!(Seconds(1, 1000).to_string(), "0.001");
+        assert_eq!(Seconds(1500, 1000).to_string(), "1.5");
+        assert_eq!(Seconds(255_000, 1000).to_string(), "255");
+        assert_eq!(Seconds(250, 1_000_000).to_string(), "0.00025");
+    }
+
+    #[test]
+    fn a_histogram_is_written_with_bucket_sum_and_count() {
+        let mut h = Histogram::new(&[5, 1000]);
+        h.observe(3);
+        h.observe(2000);
+        let mut e = Exposition::new();
+        e.histogram("x_seconds", "X.", &h, 1000);
+        assert_eq!(
+            e.finish(),
+            "# HELP x_seconds X.\n# TYPE x_seconds histogram\n\
+             x_seconds_bucket{le=\"0.005\"} 1\nx_seconds_bucket{le=\"1\"} 1\n\
+             x_seconds_bucket{le=\"+Inf\"} 2\nx_seconds_sum 2.003\nx_seconds_count 2\n"
+        );
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut e = Exposition::new();
+        e.info("b", "B.", &[("version", "a\"b\\c")]);
+        assert!(e.finish().ends_with("b{version=\"a\\\"b\\\\c\"} 1\n"));
+    }
+}

@@ -1,0 +1,892 @@
+//! The admin port (`--admin-listen`): a small HTTP/1.1 server for health,
+//! metrics and lock introspection, served by the same loop and thread as
+//! the lock protocol.
+//!
+//! It never blocks the loop and never takes it over:
+//!
+//! * **Bounded:** at most [`ADMIN_MAX_CONNS`] connections (one more is
+//!   accepted and closed at once, and counted), a request head of at most
+//!   [`MAX_REQUEST_BYTES`] (431 beyond), and [`ADMIN_TIMEOUT_MS`] for the
+//!   whole exchange, after which the connection is dropped.
+//! * **One request per connection:** every response says
+//!   `Connection: close`; the socket is closed once the response is sent,
+//!   so there is no keep-alive state to bound.
+//! * **Incremental:** a response is written with at most one `write` per
+//!   loop turn, when the socket is writable, like a lock reply; a reader
+//!   that does not read only fills its own buffer until the timeout.
+//! * **Never a whole-table scan in one turn:** `GET /v1/locks` visits
+//!   [`SCAN_STEP_BUCKETS`] buckets of the key table per loop turn and keeps
+//!   at most `limit + 1` candidate keys (`limit` ≤ [`MAX_PAGE`]); the reply
+//!   goes out when the pass is done. The listing is of the keys present
+//!   while the pass ran: a key added or removed during it may or may not
+//!   appear. A pass restarts when the table grows (which reorders it).
+//!
+//! Requests are parsed with `httparse`. Only `GET` is served (405 for
+//! other methods); unknown paths are 404; a bad query or key is 400 with
+//! the reason in the body.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+
+use mio::event::Event;
+use mio::net::{TcpListener, TcpStream};
+use mio::{Interest, Registry, Token};
+use slab::Slab;
+
+use crate::engine::{Engine, LockInfo};
+use crate::metrics::{self, Exposition};
+use crate::service::Service;
+use crate::time::Millis;
+
+use super::Stats;
+
+/// The most admin connections open at once.
+pub const ADMIN_MAX_CONNS: usize = 64;
+/// The longest request head (request line and headers) in bytes.
+pub const MAX_REQUEST_BYTES: usize = 8 * 1024;
+/// How long one admin exchange may take, from accept to the last byte
+/// of the response.
+pub const ADMIN_TIMEOUT_MS: u64 = 10_000;
+/// The most keys `GET /v1/locks` returns at once.
+pub const MAX_PAGE: usize = 1_000;
+/// Keys per page when `limit` is not given.
+pub const DEFAULT_PAGE: usize = 100;
+/// Buckets of the key table a listing visits per loop turn.
+pub const SCAN_STEP_BUCKETS: usize = 16 * 1024;
+/// Times a listing restarts because the table grew before it answers with
+/// what the last pass found.
+const SCAN_RESTARTS: u8 = 3;
+/// Connections accepted per turn.
+const ACCEPTS_PER_TURN: usize = 16;
+/// Reads of one connection per turn.
+const READS_PER_TURN: usize = 4;
+/// How often connections are checked for the timeout.
+const CHECK_INTERVAL_MS: u64 = 250;
+/// The most headers a request may have.
+const MAX_HEADERS: usize = 32;
+
+/// Token of the admin listener.
+pub(crate) const LISTENER: Token = Token(3);
+/// Admin connection `k` has token `conn_base + k`; tokens from `conn_base`
+/// up to `conn_base + ADMIN_MAX_CONNS` are the admin port's.
+pub(crate) const CONNS_CEILING: usize = ADMIN_MAX_CONNS;
+
+/// What a request is waiting for.
+#[derive(Debug)]
+enum State {
+    /// The request head is not complete yet.
+    Reading,
+    /// `GET /v1/locks`: a pass over the key table in steps.
+    Listing(Box<Listing>),
+    /// The response is in `wbuf`.
+    Writing,
+}
+
+#[derive(Debug)]
+struct Listing {
+    prefix: String,
+    after: Option<String>,
+    limit: usize,
+    cursor: usize,
+    buckets: usize,
+    restarts: u8,
+    /// The smallest `limit + 1` matching keys seen so far.
+    found: BTreeSet<Box<str>>,
+}
+
+#[derive(Debug)]
+struct AdminConn {
+    stream: TcpStream,
+    peer: SocketAddr,
+    rbuf: Vec<u8>,
+    wbuf: Vec<u8>,
+    cursor: usize,
+    state: State,
+    deadline: Millis,
+    readable: bool,
+    writable: bool,
+    /// Queued in `Admin::active`.
+    queued: bool,
+    interest: Interest,
+    done: bool,
+}
+
+/// The admin listener and its connections. See the module documentation.
+#[derive(Debug)]
+pub(crate) struct Admin {
+    listener: TcpListener,
+    local_addr: SocketAddr,
+    conn_base: usize,
+    conns: Slab<AdminConn>,
+    accept_ready: bool,
+    /// Connections with something to do this turn.
+    active: Vec<usize>,
+    /// Connections with a listing under way.
+    listings: usize,
+    next_check: Millis,
+    /// Admin connections refused at [`ADMIN_MAX_CONNS`].
+    pub refused: u64,
+}
+
+/// What the admin port reads to answer: the loop's own state.
+pub(crate) struct View<'a, S: Service> {
+    pub service: &'a S,
+    pub stats: &'a Stats,
+    pub connections: usize,
+    pub max_key_bytes: usize,
+    /// A shutdown has begun: not ready, whatever the service says.
+    pub stopping: bool,
+}
+
+impl Admin {
+    /// Binds `addr` and registers the listener.
+    pub(crate) fn bind(
+        addr: SocketAddr,
+        registry: &Registry,
+        conn_base: usize,
+    ) -> io::Result<Self> {
+        let socket = socket2::Socket::new(
+            socket2::Domain::for_address(addr),
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::TCP),
+        )?;
+        socket.set_reuse_address(true)?;
+        socket.set_nonblocking(true)?;
+        socket.bind(&addr.into())?;
+        socket.listen(128)?;
+        let mut listener = TcpListener::from_std(socket.into());
+        let local_addr = listener.local_addr()?;
+        registry.register(&mut listener, LISTENER, Interest::READABLE)?;
+        Ok(Admin {
+            listener,
+            local_addr,
+            conn_base,
+            conns: Slab::new(),
+            accept_ready: true,
+            active: Vec::new(),
+            listings: 0,
+            next_check: Millis::ZERO,
+            refused: 0,
+        })
+    }
+
+    /// The address bound.
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// True when `token` is one of the admin port's.
+    pub(crate) fn owns(&self, token: Token) -> bool {
+        token == LISTENER || (self.conn_base..self.conn_base + CONNS_CEILING).contains(&token.0)
+    }
+
+    /// Notes readiness for one of the admin port's tokens.
+    pub(crate) fn note_event(&mut self, event: &Event) {
+        if event.token() == LISTENER {
+            self.accept_ready = true;
+            return;
+        }
+        let key = event.token().0 - self.conn_base;
+        let Some(c) = self.conns.get_mut(key) else {
+            return;
+        };
+        if event.is_readable() || event.is_read_closed() || event.is_error() {
+            c.readable = true;
+        }
+        if event.is_writable() || event.is_write_closed() || event.is_error() {
+            c.writable = true;
+        }
+        if !c.queued {
+            c.queued = true;
+            self.active.push(key);
+        }
+    }
+
+    /// The next moment the admin port has work without a new event.
+    pub(crate) fn next_deadline(&self, now: Millis) -> Option<Millis> {
+        if self.listings > 0 || !self.active.is_empty() {
+            return Some(now);
+        }
+        (!self.conns.is_empty()).then_some(self.next_check)
+    }
+
+    /// One turn: accept, read and answer, step listings, write, time out.
+    pub(crate) fn turn<S: Service>(
+        &mut self,
+        now: Millis,
+        registry: &Registry,
+        view: &View<'_, S>,
+    ) {
+        self.accept(now, registry);
+        if self.listings > 0 {
+            for (key, c) in &mut self.conns {
+                if matches!(c.state, State::Listing(_)) && !c.queued {
+                    c.queued = true;
+                    self.active.push(key);
+                }
+            }
+        }
+        let active = std::mem::take(&mut self.active);
+        for &key in &active {
+            self.step(now, registry, key, view);
+        }
+        let mut active = active;
+        active.clear();
+        if self.active.is_empty() {
+            self.active = active;
+        }
+        if now >= self.next_check {
+            self.next_check = now.add_ms(CHECK_INTERVAL_MS);
+            for (_, c) in &mut self.conns {
+                if now >= c.deadline {
+                    log::debug!("admin {}: timed out", c.peer);
+                    c.done = true;
+                }
+            }
+        }
+        self.reap(registry);
+    }
+
+    fn accept(&mut self, now: Millis, registry: &Registry) {
+        if !self.accept_ready {
+            return;
+        }
+        for _ in 0..ACCEPTS_PER_TURN {
+            match self.listener.accept() {
+                Ok((mut stream, peer)) => {
+                    if self.conns.len() >= ADMIN_MAX_CONNS {
+                        self.refused += 1;
+                        continue;
+                    }
+                    let key = self.conns.vacant_key();
+                    let token = Token(self.conn_base + key);
+                    if let Err(e) = registry.register(&mut stream, token, Interest::READABLE) {
+                        log::warn!("admin {peer}: cannot register the connection: {e}");
+                        continue;
+                    }
+                    self.conns.insert(AdminConn {
+                        stream,
+                        peer,
+                        rbuf: Vec::new(),
+                        wbuf: Vec::new(),
+                        cursor: 0,
+                        state: State::Reading,
+                        deadline: now.add_ms(ADMIN_TIMEOUT_MS),
+                        readable: true,
+                        writable: false,
+                        queued: true,
+                        interest: Interest::READABLE,
+                        done: false,
+                    });
+                    self.active.push(key);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.accept_ready = false;
+                    return;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // Out of descriptors and the like: the client listener
+                    // has the pause logic; here, try again on the next edge
+                    // or check, never in a loop.
+                    log::debug!("admin accept failed: {e}");
+                    self.accept_ready = false;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn step<S: Service>(
+        &mut self,
+        now: Millis,
+        registry: &Registry,
+        key: usize,
+        view: &View<'_, S>,
+    ) {
+        let Some(c) = self.conns.get_mut(key) else {
+            return;
+        };
+        c.queued = false;
+        if c.done {
+            return;
+        }
+        if matches!(c.state, State::Reading) && c.readable {
+            read_request(c, now, view);
+            match c.state {
+                State::Listing(_) => self.listings += 1,
+                // More input may be waiting: read on next turn.
+                State::Reading if c.readable && !c.done => {
+                    c.queued = true;
+                    self.active.push(key);
+                    return;
+                }
+                _ => {}
+            }
+        }
+        if let State::Listing(listing) = &mut c.state {
+            if let Some(body) = step_listing(listing, now, view) {
+                respond(c, 200, "application/json", &body);
+                self.listings -= 1;
+            }
+        }
+        if matches!(c.state, State::Writing) {
+            write_some(c);
+            let want = if c.done {
+                c.interest
+            } else {
+                Interest::READABLE | Interest::WRITABLE
+            };
+            if want != c.interest {
+                if registry
+                    .reregister(&mut c.stream, Token(self.conn_base + key), want)
+                    .is_err()
+                {
+                    c.done = true;
+                }
+                c.interest = want;
+            }
+        }
+        if c.done && !c.queued {
+            // Reaped at the end of the turn.
+            c.queued = true;
+            self.active.push(key);
+        }
+    }
+
+    fn reap(&mut self, registry: &Registry) {
+        let done: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.done)
+            .map(|(k, _)| k)
+            .collect();
+        for key in done {
+            let mut c = self.conns.remove(key);
+            if matches!(c.state, State::Listing(_)) {
+                self.listings -= 1;
+            }
+            let _ = registry.deregister(&mut c.stream);
+        }
+        self.active.retain(|&k| self.conns.contains(k));
+    }
+}
+
+/// Reads what has arrived and, once the head is complete, routes it.
+fn read_request<S: Service>(c: &mut AdminConn, now: Millis, view: &View<'_, S>) {
+    let mut chunk = [0u8; 2048];
+    let mut eof = false;
+    for _ in 0..READS_PER_TURN {
+        let room = MAX_REQUEST_BYTES + 1 - c.rbuf.len();
+        let want = room.min(chunk.len());
+        match c.stream.read(&mut chunk[..want]) {
+            Ok(0) => {
+                // The peer shut its side: what it sent is all there is.
+                eof = true;
+                c.readable = false;
+                break;
+            }
+            Ok(n) => {
+                c.rbuf.extend_from_slice(&chunk[..n]);
+                if c.rbuf.len() > MAX_REQUEST_BYTES {
+                    break;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                c.readable = false;
+                break;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => {
+                c.done = true;
+                return;
+            }
+        }
+    }
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(&c.rbuf) {
+        Ok(httparse::Status::Complete(_)) => {
+            let method = req.method.unwrap_or("");
+            let path = req.path.unwrap_or("");
+            let path = path.to_owned();
+            let method = method.to_owned();
+            route(c, now, &method, &path, view);
+        }
+        Ok(httparse::Status::Partial) if c.rbuf.len() > MAX_REQUEST_BYTES => {
+            respond(
+                c,
+                431,
+                "text/plain",
+                &format!("request head over {MAX_REQUEST_BYTES} bytes\n"),
+            );
+        }
+        // Closed before the head was complete: nobody to answer.
+        Ok(httparse::Status::Partial) if eof => c.done = true,
+        Ok(httparse::Status::Partial) => {}
+        Err(httparse::Error::TooManyHeaders) => {
+            respond(
+                c,
+                431,
+                "text/plain",
+                &format!("more than {MAX_HEADERS} headers\n"),
+            );
+        }
+        Err(e) => respond(c, 400, "text/plain", &format!("bad request: {e}\n")),
+    }
+}
+
+fn route<S: Service>(
+    c: &mut AdminConn,
+    now: Millis,
+    method: &str,
+    target: &str,
+    view: &View<'_, S>,
+) {
+    let (path, query) = match target.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (target, None),
+    };
+    let known = matches!(
+        path,
+        "/livez" | "/readyz" | "/metrics" | "/v1/locks" | "/v1/cluster"
+    ) || path.starts_with("/v1/locks/");
+    if !known {
+        return respond(c, 404, "text/plain", &format!("no such path: {path}\n"));
+    }
+    if method != "GET" {
+        return respond(c, 405, "text/plain", "only GET is served\n");
+    }
+    match path {
+        "/livez" => respond(c, 200, "text/plain", "ok\n"),
+        "/readyz" if view.stopping => respond(c, 503, "text/plain", "not ready: shutting down\n"),
+        "/readyz" => match view.service.readiness(now) {
+            Ok(()) => respond(c, 200, "text/plain", "ok\n"),
+            Err(why) => respond(c, 503, "text/plain", &format!("not ready: {why}\n")),
+        },
+        "/metrics" => {
+            let text = render_metrics(now, view);
+            respond(c, 200, metrics::CONTENT_TYPE, &text);
+        }
+        "/v1/cluster" => match view.service.cluster_json(now) {
+            Some(json) => respond(c, 200, "application/json", &json),
+            None => respond(c, 404, "text/plain", "not a cluster node\n"),
+        },
+        "/v1/locks" => match parse_listing(query.unwrap_or(""), view.max_key_bytes) {
+            Ok(listing) => {
+                if view.service.engine().is_none() {
+                    return respond(c, 503, "text/plain", "no lock table\n");
+                }
+                c.state = State::Listing(Box::new(listing));
+            }
+            Err(why) => respond(c, 400, "text/plain", &format!("{why}\n")),
+        },
+        _ => {
+            let raw = &path["/v1/locks/".len()..];
+            let key = match decode_key(raw, view.max_key_bytes) {
+                Ok(k) => k,
+                Err(why) => return respond(c, 400, "text/plain", &format!("{why}\n")),
+            };
+            if query.is_some() {
+                return respond(c, 400, "text/plain", "/v1/locks/KEY takes no query\n");
+            }
+            let Some(engine) = view.service.engine() else {
+                return respond(c, 503, "text/plain", "no lock table\n");
+            };
+            match engine.lock_info(now, &key) {
+                Some(info) => {
+                    let mut json = String::new();
+                    lock_json(&mut json, &key, &info);
+                    json.push('\n');
+                    respond(c, 200, "application/json", &json);
+                }
+                None => {
+                    let mut json = String::from("{\"error\":\"not registered\",\"key\":");
+                    json_str(&mut json, &key);
+                    json.push_str("}\n");
+                    respond(c, 404, "application/json", &json);
+                }
+            }
+        }
+    }
+}
+
+/// Advances a listing by one step; the JSON body once it is done.
+fn step_listing<S: Service>(l: &mut Listing, now: Millis, view: &View<'_, S>) -> Option<String> {
+    let engine: &Engine = view.service.engine()?;
+    if l.buckets != engine.key_buckets() {
+        // The table grew (or this is the first step): the order of its
+        // buckets changed, so start the pass again.
+        if l.buckets != 0 {
+            l.restarts += 1;
+        }
+        if l.restarts > SCAN_RESTARTS {
+            // Answer with what was found rather than chase a growing table.
+            l.cursor = usize::MAX;
+        } else {
+            l.buckets = engine.key_buckets();
+            l.cursor = 0;
+            l.found.clear();
+        }
+    }
+    if l.cursor < l.buckets {
+        let keep = l.limit + 1;
+        let (prefix, after, found) = (&l.prefix, l.after.as_deref(), &mut l.found);
+        l.cursor = engine.scan_keys(l.cursor, l.cursor + SCAN_STEP_BUCKETS, |k| {
+            if !k.starts_with(prefix.as_str()) || after.is_some_and(|a| k <= a) {
+                return;
+            }
+            if found.len() < keep {
+                found.insert(k.into());
+            } else if found.last().is_some_and(|last| k < &**last) {
+                found.insert(k.into());
+                found.pop_last();
+            }
+        });
+        if l.cursor < l.buckets {
+            return None;
+        }
+    }
+    let mut json = String::from("{\"locks\":[");
+    let mut listed = 0;
+    let mut last: Option<&str> = None;
+    for key in l.found.iter().take(l.limit) {
+        let Some(info) = engine.lock_info(now, key) else {
+            continue;
+        };
+        if listed > 0 {
+            json.push(',');
+        }
+        lock_json(&mut json, key, &info);
+        listed += 1;
+        last = Some(key);
+    }
+    json.push_str("],\"next\":");
+    match last {
+        Some(k) if l.found.len() > l.limit => json_str(&mut json, k),
+        _ => json.push_str("null"),
+    }
+    json.push_str("}\n");
+    Some(json)
+}
+
+fn parse_listing(query: &str, max_key_bytes: usize) -> Result<Listing, String> {
+    let mut prefix = None;
+    let mut after = None;
+    let mut limit = None;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = percent_decode(value)?;
+        let slot = match name {
+            "prefix" => &mut prefix,
+            "after" => &mut after,
+            "limit" => &mut limit,
+            _ => {
+                return Err(format!(
+                    "unknown query parameter {name:?}: expected prefix, limit, after"
+                ))
+            }
+        };
+        if slot.is_some() {
+            return Err(format!("query parameter {name} given twice"));
+        }
+        *slot = Some(value);
+    }
+    let limit = match limit {
+        None => DEFAULT_PAGE,
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if (1..=MAX_PAGE).contains(&n) => n,
+            _ => return Err(format!("limit must be 1..={MAX_PAGE}, not {v:?}")),
+        },
+    };
+    let prefix = prefix.unwrap_or_default();
+    if prefix.len() > max_key_bytes {
+        return Err(format!(
+            "prefix longer than the longest key ({max_key_bytes} bytes)"
+        ));
+    }
+    if after.as_ref().is_some_and(|a| a.len() > max_key_bytes) {
+        return Err(format!(
+            "after longer than the longest key ({max_key_bytes} bytes)"
+        ));
+    }
+    Ok(Listing {
+        prefix,
+        after,
+        limit,
+        cursor: 0,
+        buckets: 0,
+        restarts: 0,
+        found: BTreeSet::new(),
+    })
+}
+
+/// A key from a request path: percent-decoded, UTF-8, 1..=`max` bytes,
+/// no newline (SPEC §1).
+fn decode_key(raw: &str, max: usize) -> Result<String, String> {
+    let key = percent_decode(raw)?;
+    if key.is_empty() {
+        return Err("empty key".into());
+    }
+    if key.len() > max {
+        return Err(format!("key longer than {max} bytes"));
+    }
+    if key.contains('\n') {
+        return Err("a key cannot contain a newline".into());
+    }
+    Ok(key)
+}
+
+/// `%XX` escapes decoded; the result must be UTF-8. `+` stays `+`.
+fn percent_decode(s: &str) -> Result<String, String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = b
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok());
+            match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                Some(v) => out.push(v),
+                None => return Err(format!("bad percent-encoding at byte {i}")),
+            }
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "not UTF-8 once percent-decoded".to_string())
+}
+
+/// `{"key":..,"token":..,"expires_in_ms":..,"waiters":..,"held_for_ms":..}`
+pub(crate) fn lock_json(out: &mut String, key: &str, info: &LockInfo) {
+    out.push_str("{\"key\":");
+    json_str(out, key);
+    let _ = write!(out, ",\"token\":{},\"expires_in_ms\":", info.token);
+    json_opt(out, info.expires_in_ms);
+    let _ = write!(out, ",\"waiters\":{},\"held_for_ms\":", info.waiters);
+    json_opt(out, info.held_for_ms);
+    out.push('}');
+}
+
+fn json_opt(out: &mut String, v: Option<u64>) {
+    match v {
+        Some(v) => {
+            let _ = write!(out, "{v}");
+        }
+        None => out.push_str("null"),
+    }
+}
+
+/// A JSON string: `"`, `\` and control characters escaped.
+pub fn json_str(out: &mut String, s: &str) {
+    out.push('"');
+    for ch in s.chars() {
+        match ch {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+fn respond(c: &mut AdminConn, status: u16, content_type: &str, body: &str) {
+    let reason = match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        431 => "Request Header Fields Too Large",
+        503 => "Service Unavailable",
+        _ => "Error",
+    };
+    c.wbuf.clear();
+    let _ = write!(
+        c.wbuf,
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
+         Cache-Control: no-store\r\nConnection: close\r\n",
+        body.len()
+    );
+    if status == 405 {
+        c.wbuf.extend_from_slice(b"Allow: GET\r\n");
+    }
+    c.wbuf.extend_from_slice(b"\r\n");
+    c.wbuf.extend_from_slice(body.as_bytes());
+    c.cursor = 0;
+    c.writable = true;
+    c.state = State::Writing;
+}
+
+/// One `write`; the connection is done once everything is sent.
+fn write_some(c: &mut AdminConn) {
+    if !c.writable {
+        return;
+    }
+    match c.stream.write(&c.wbuf[c.cursor..]) {
+        Ok(n) => {
+            c.cursor += n;
+            if c.cursor >= c.wbuf.len() {
+                let _ = c.stream.shutdown(std::net::Shutdown::Write);
+                c.done = true;
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => c.writable = false,
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+        Err(_) => c.done = true,
+    }
+}
+
+/// The scrape: the server's counters, the engine's, then the service's own.
+fn render_metrics<S: Service>(now: Millis, view: &View<'_, S>) -> String {
+    let s = view.stats;
+    let mut e = Exposition::new();
+    e.info(
+        "ticketd_build_info",
+        "Always 1; the version of this ticketd.",
+        &[("version", env!("CARGO_PKG_VERSION"))],
+    );
+    e.gauge(
+        "ticketd_connections",
+        "Open client connections.",
+        view.connections as u64,
+    );
+    e.labelled_counter(
+        "ticketd_connections_refused_total",
+        "Connections accepted and closed at once, by the limit reached.",
+        "reason",
+        &[
+            ("max_conns", s.refused),
+            ("admin_max_conns", s.admin_refused),
+        ],
+    );
+    e.counter(
+        "ticketd_malformed_total",
+        "Client connections closed for a malformed frame.",
+        s.malformed,
+    );
+    e.labelled_counter(
+        "ticketd_requests_total",
+        "Well-formed requests handled, by operation.",
+        "op",
+        &[
+            ("acquire", s.requests[0]),
+            ("release", s.requests[1]),
+            ("extend", s.requests[2]),
+        ],
+    );
+    let r = &s.replies;
+    e.labelled_counter(
+        "ticketd_replies_total",
+        "Replies produced, by kind (one to a connection that closed meanwhile is dropped).",
+        "reply",
+        &[
+            ("acquired", r[0]),
+            ("timeout", r[1]),
+            ("busy", r[2]),
+            ("released", r[3]),
+            ("not_released", r[4]),
+            ("extended", r[5]),
+            ("not_extended", r[6]),
+        ],
+    );
+    if let Some(engine) = view.service.engine() {
+        let es = engine.stats();
+        e.gauge(
+            "ticketd_keys",
+            "Registered keys.",
+            engine.key_count() as u64,
+        );
+        e.gauge(
+            "ticketd_waiters",
+            "Queued acquires over all keys.",
+            engine.waiter_count() as u64,
+        );
+        e.labelled_counter(
+            "ticketd_grants_total",
+            "Grants, by path: a free key, an expired one taken over, a hand-over to the head waiter.",
+            "path",
+            &[
+                ("fresh", es.grants_fresh),
+                ("takeover", es.grants_takeover),
+                ("handover", es.grants_handover),
+            ],
+        );
+        e.counter(
+            "ticketd_lease_expiries_total",
+            "Grants whose lease ran out before a release.",
+            es.lease_expiries,
+        );
+        e.histogram(
+            "ticketd_wait_seconds",
+            "Request to grant, for every grant.",
+            &es.wait_ms,
+            1000,
+        );
+        e.histogram(
+            "ticketd_hold_seconds",
+            "Grant to release or expiry.",
+            &es.hold_ms,
+            1000,
+        );
+    }
+    view.service.write_metrics(now, &mut e);
+    e.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percent_decoding_takes_escapes_and_refuses_bad_ones() {
+        assert_eq!(percent_decode("a%2Fb%20c+d").unwrap(), "a/b c+d");
+        assert_eq!(percent_decode("%e2%82%ac").unwrap(), "\u{20ac}");
+        assert!(percent_decode("a%2").is_err());
+        assert!(percent_decode("a%zz").is_err());
+        assert!(percent_decode("%ff").is_err());
+    }
+
+    #[test]
+    fn a_key_is_checked_like_one_on_the_wire() {
+        assert_eq!(decode_key("db%2F1", 10).unwrap(), "db/1");
+        assert!(decode_key("", 10).is_err());
+        assert!(decode_key("a%0Ab", 10).is_err());
+        assert!(decode_key("abcdefghijk", 10).is_err());
+    }
+
+    #[test]
+    fn listing_queries_are_checked() {
+        let l = parse_listing("prefix=a%2F&limit=5&after=a%2F1", 64).unwrap();
+        assert_eq!((l.prefix.as_str(), l.limit), ("a/", 5));
+        assert_eq!(l.after.as_deref(), Some("a/1"));
+        assert_eq!(parse_listing("", 64).unwrap().limit, DEFAULT_PAGE);
+        for bad in [
+            "limit=0",
+            "limit=1001",
+            "limit=x",
+            "foo=1",
+            "limit=1&limit=2",
+            "prefix=%",
+        ] {
+            assert!(parse_listing(bad, 64).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn json_strings_escape_quotes_and_controls() {
+        let mut s = String::new();
+        json_str(&mut s, "a\"b\\c\u{1}\u{e9}");
+        assert_eq!(s, "\"a\\\"b\\\\c\\u0001\u{e9}\"");
+    }
+}
