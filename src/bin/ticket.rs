@@ -514,6 +514,7 @@ fn write_json(out: &mut String, v: &Json) {
     match v {
         Json::Null => out.push_str("null"),
         Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Json::Int(n) => out.push_str(&n.to_string()),
         Json::Num(n) => match v.as_u64() {
             Some(u) => out.push_str(&u.to_string()),
             None => out.push_str(&n.to_string()),

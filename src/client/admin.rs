@@ -94,7 +94,10 @@ pub enum Json {
     Null,
     /// `true` / `false`
     Bool(bool),
-    /// A number (integers up to 2^53 are exact).
+    /// A non-negative integer written without fraction or exponent, read
+    /// exactly (a fencing token uses all 64 bits).
+    Int(u64),
+    /// Any other number.
     Num(f64),
     /// A string.
     Str(String),
@@ -135,7 +138,8 @@ impl Json {
     #[must_use]
     pub fn as_u64(&self) -> Option<u64> {
         match *self {
-            // Exact below 2^53, which every count and index here stays under.
+            Json::Int(n) => Some(n),
+            // Exact below 2^53.
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             Json::Num(n) if n >= 0.0 && n.fract() == 0.0 && n < 9_007_199_254_740_992.0 => {
                 Some(n as u64)
@@ -252,9 +256,14 @@ impl Parser<'_> {
                 {
                     self.i += 1;
                 }
-                std::str::from_utf8(&self.b[start..self.i])
-                    .ok()
-                    .and_then(|s| s.parse().ok())
+                let text = std::str::from_utf8(&self.b[start..self.i]).ok();
+                if let Some(n) = text
+                    .filter(|t| t.bytes().all(|c| c.is_ascii_digit()))
+                    .and_then(|t| t.parse::<u64>().ok())
+                {
+                    return Ok(Json::Int(n));
+                }
+                text.and_then(|s| s.parse().ok())
                     .map(Json::Num)
                     .ok_or_else(|| self.err("bad number"))
             }
@@ -372,6 +381,10 @@ mod tests {
         assert_eq!(v.get("a").unwrap().items()[0].as_u64(), Some(1));
         assert_eq!(v.get("b").unwrap().as_str(), Some("x\"\u{e9}\u{1f600}"));
         assert_eq!(v.get("c"), Some(&Json::Null));
+        // A token near 2^64 is read exactly, not through an f64.
+        let t = Json::parse("18446744073709551557").expect("parses");
+        assert_eq!(t.as_u64(), Some(18_446_744_073_709_551_557));
+        assert_eq!(Json::parse("2.5").expect("parses").as_u64(), None);
         for bad in [
             "",
             "{",
