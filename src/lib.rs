@@ -42,8 +42,9 @@
 //!   deterministic tests of code that uses ticketd.
 //! * `testkit` (feature, never in production): the test doubles that must
 //!   live inside the crate (cluster mode's in-memory disk, the node's trace
-//!   of applied entries), for the `ticketd-testkit` workspace member, which
-//!   holds the history checker, the simulations and the tests' helpers.
+//!   of applied entries) and the seeded generator made public, for the
+//!   `ticketd-testkit` workspace member, which holds the history checker,
+//!   the simulations and the tests' helpers.
 //!
 //! The server is one thread and one hand-written `mio` poll loop; there is no
 //! async runtime anywhere. Cluster mode adds one helper thread that does
@@ -79,7 +80,15 @@ pub mod hash;
 pub mod limits;
 #[cfg(feature = "server")]
 pub mod metrics;
+// Internal: the seeded generator of raft's election timeouts. Public only
+// with the `testkit` feature, so that the tests' simulations and fault
+// schedules draw from the same generator; not part of the API.
 pub mod proto;
+#[cfg(feature = "testkit")]
+#[doc(hidden)]
+pub mod rng;
+#[cfg(all(feature = "cluster", not(feature = "testkit")))]
+pub(crate) mod rng;
 #[cfg(feature = "server")]
 pub mod server;
 #[cfg(feature = "server")]

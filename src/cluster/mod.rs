@@ -9,7 +9,7 @@
 //! * [`certs`]: `ticket certs init`, the CA and node certificates.
 //! * [`service`]: [`service::ClusterService`], the server loop's view.
 //! * [`cli`]: `ticketd --cluster` flags and daemon.
-//! * `rng` (internal): the seeded PRNG of the election timeouts.
+//! * `rng` (internal, `crate::rng`): the seeded PRNG of the election timeouts.
 //!
 //! The deterministic simulation of a whole cluster in one process is
 //! `ticketd_testkit::cluster_sim`, beside the crate; it runs [`node::Node`]s
@@ -21,7 +21,7 @@ pub mod certs;
 pub mod cli;
 pub mod command;
 pub mod node;
-pub(crate) mod rng;
+pub(crate) use crate::rng;
 pub mod service;
 pub mod state;
 pub mod storage;

@@ -1,5 +1,7 @@
 //! A cluster of real `ticketd --cluster` processes on loopback, with extra
-//! flags per node (peer TLS), for the peer security tests.
+//! flags per node (peer TLS): started, killed and restarted one node at a
+//! time, its leader read from the nodes' logs. The cluster process, peer
+//! security and peer TLS tests all run their nodes with it.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -23,6 +25,14 @@ pub fn temp_dir(name: &str) -> Dir {
     Dir(p)
 }
 
+/// A number no other cluster of this process has: the test modules of one
+/// test binary share a process id, and may name their clusters alike.
+fn next_cluster() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
 /// A cluster of `ticketd --cluster` processes, node i (1-based) at index
 /// i - 1; the processes are killed when it is dropped.
 pub struct Cluster {
@@ -44,10 +54,13 @@ impl Cluster {
         let peers: Vec<String> = (1..=n)
             .map(|i| format!("{i}=127.0.0.1:{}", free_port()))
             .collect();
+        let seq = next_cluster();
         let dirs = (1..=n)
             .map(|i| {
-                let p = std::env::temp_dir()
-                    .join(format!("ticketd-sec-{name}-{}-{i}", std::process::id()));
+                let p = std::env::temp_dir().join(format!(
+                    "ticketd-cluster-{name}-{}-{seq}-{i}",
+                    std::process::id()
+                ));
                 let _ = std::fs::remove_dir_all(&p);
                 Dir(p)
             })
@@ -59,6 +72,13 @@ impl Cluster {
             nodes: (0..n).map(|_| None).collect(),
             extra: vec![Vec::new(); n],
         }
+    }
+
+    /// `n` nodes, all started.
+    pub fn start(name: &str, n: usize) -> Cluster {
+        let mut c = Cluster::new(name, n);
+        c.start_all();
+        c
     }
 
     /// Starts every node.
@@ -160,6 +180,57 @@ impl Cluster {
             }
         }
         best
+    }
+
+    /// The live node that most recently became leader, by its log.
+    pub fn leader(&self) -> Option<usize> {
+        self.leader_term().map(|(_, i)| i)
+    }
+
+    /// Waits (20 s at most) until a live node has become leader; that node.
+    ///
+    /// # Panics
+    ///
+    /// If none has by then, with every node's log.
+    pub fn wait_leader(&self) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Some(l) = self.leader() {
+                return l;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("no leader elected:\n{}", self.logs());
+    }
+
+    /// Waits until every live node knows a leader: each grants and
+    /// releases a key of its own. A node that knows none answers a release
+    /// N at once (it never proposed it), so a test that releases through a
+    /// node must first know that node has heard from the leader.
+    ///
+    /// # Panics
+    ///
+    /// If a node grants or releases nothing (20 s of Busy at most).
+    pub fn wait_all_know_leader(&self) {
+        for (i, n) in self.nodes.iter().enumerate() {
+            let Some(n) = n else { continue };
+            let mut c = n.connect();
+            let key = format!("ready-{}", i + 1);
+            let t = match acquire_retrying(&mut c, &key, 900 + i as u64, 30) {
+                Some(Reply::Acquired { token, .. }) => token,
+                other => panic!(
+                    "node {} granted no {key}: {other:?}\n{}",
+                    i + 1,
+                    self.logs()
+                ),
+            };
+            assert_eq!(
+                c.release_reply(&key, t),
+                Reply::Released { token: t, key },
+                "node {} knows a leader",
+                i + 1
+            );
+        }
     }
 
     /// Every node's log, for a failure message.

@@ -51,30 +51,74 @@ pub fn ticket_bin() -> PathBuf {
 /// If the binary is missing and `cargo build -p ticketd --bin NAME` fails.
 #[must_use]
 pub fn workspace_bin(name: &str) -> PathBuf {
-    static BUILD: Mutex<()> = Mutex::new(());
-    let exe = std::env::current_exe().expect("path of the test binary");
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target profile directory");
-    let path = dir.join(name);
+    let path = profile_dir().join(name);
     let _one_build_at_a_time = BUILD.lock().unwrap_or_else(|e| e.into_inner());
     if !path.is_file() {
-        let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-        cmd.args(["build", "-p", "ticketd", "--bin", name]);
-        if !cfg!(debug_assertions) {
-            cmd.arg("--release");
-        }
-        let status = cmd
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .expect("run cargo build -p ticketd");
-        assert!(
-            status.success(),
-            "cargo build -p ticketd --bin {name}: {status}"
-        );
+        cargo_build(&["--bin", name]);
     }
     path
+}
+
+/// Path of the `ticketd` package's example `name`
+/// (`target/<profile>/examples/NAME`), built with `cargo build --example
+/// NAME --no-default-features --features FEATURES` on its first use in
+/// this process: Cargo does not build examples for every test run, and one
+/// left in `target/` by an earlier build may be older than its source. When
+/// it is fresh the build is a no-op. `features` should be those of the test
+/// binary's own `ticketd` build, so that the library is not built again.
+///
+/// # Panics
+///
+/// If `cargo build` fails.
+#[must_use]
+pub fn workspace_example(name: &str, features: &[&str]) -> PathBuf {
+    static BUILT: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if !built.iter().any(|b| b == name) {
+        let _one_build_at_a_time = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+        let features = features.join(",");
+        cargo_build(&[
+            "--example",
+            name,
+            "--no-default-features",
+            "--features",
+            &features,
+        ]);
+        built.push(name.to_owned());
+    }
+    profile_dir().join("examples").join(name)
+}
+
+/// Held while this process runs `cargo build`.
+static BUILD: Mutex<()> = Mutex::new(());
+
+/// The running test binary's profile directory (`target/<profile>`, also
+/// under a cross target's directory).
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("path of the test binary");
+    exe.parent()
+        .and_then(|d| d.parent())
+        .expect("target profile directory")
+        .to_path_buf()
+}
+
+/// `cargo build -p ticketd ARGS...` (`--release` from a release test build),
+/// in the workspace.
+fn cargo_build(args: &[&str]) {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.args(["build", "--quiet", "-p", "ticketd"]).args(args);
+    if !cfg!(debug_assertions) {
+        cmd.arg("--release");
+    }
+    let status = cmd
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("run cargo build -p ticketd");
+    assert!(
+        status.success(),
+        "cargo build -p ticketd {}: {status}",
+        args.join(" ")
+    );
 }
 
 /// A `Command` that starts the binary at `bin`: directly, or behind the
@@ -93,6 +137,50 @@ pub fn bin_command(bin: impl AsRef<std::ffi::OsStr>) -> Command {
             c
         }
         None => Command::new(bin.as_ref()),
+    }
+}
+
+/// Lets this test process open a few thousand sockets (its soft descriptor
+/// limit raised to 8192, or to the hard limit when that is lower).
+///
+/// # Panics
+///
+/// If the limit cannot be read or set.
+pub fn raise_own_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read or write only the struct passed.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+        lim.rlim_cur = lim.rlim_max.min(8192);
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
+    }
+}
+
+/// Waits for `child` (its output piped) at most `limit`, killing it past
+/// that; its output.
+///
+/// # Panics
+///
+/// If it runs past `limit`, with both of its streams.
+pub fn finish(mut child: Child, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    loop {
+        if child.try_wait().expect("wait for the program").is_some() {
+            return child.wait_with_output().expect("program output");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("program output");
+            panic!(
+                "program ran past {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -549,23 +637,14 @@ impl Client {
 }
 
 /// A loopback port that is free now, for a server the test is about to
-/// start, taken below the kernel's ephemeral range (32768 and up on Linux):
-/// a port the kernel hands out could be given to an outgoing connection
-/// between this pick and the server's bind (which then fails with "Address
-/// already in use"); these never are. A counter keeps one process's picks
-/// apart, and the process id spreads concurrent test binaries.
+/// start: the benchmarks' picker (`ticketd_bench::free_loopback_port`,
+/// below the kernel's ephemeral range, one process's picks kept apart),
+/// so that tests and benchmarks pick ports one way.
+///
+/// # Panics
+///
+/// If no port in its range is free.
+#[must_use]
 pub fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    const FIRST: u32 = 20_000;
-    const SPAN: u32 = 12_000;
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let offset = (std::process::id() % 600) * 20;
-    for _ in 0..SPAN {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = u16::try_from(FIRST + (offset + n) % SPAN).unwrap_or(u16::MAX);
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free loopback port in {FIRST}..{}", FIRST + SPAN);
+    ticketd_bench::free_loopback_port().unwrap_or_else(|e| panic!("{e}"))
 }

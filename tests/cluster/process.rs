@@ -10,168 +10,18 @@
 use ticketd_testkit::process as common;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{free_port, run_ticketd, Client, NoReply, Reply, Ticketd};
+use ticketd_testkit::cluster::{self, Cluster, Dir};
 
-struct Dir(PathBuf);
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-struct Cluster {
-    name: String,
-    peers: String,
-    dirs: Vec<Dir>,
-    nodes: Vec<Option<Ticketd>>,
-}
-
-impl Cluster {
-    fn start(name: &str, n: usize) -> Cluster {
-        let peers: Vec<String> = (1..=n)
-            .map(|i| format!("{i}=127.0.0.1:{}", free_port()))
-            .collect();
-        let dirs = (1..=n)
-            .map(|i| {
-                let p = std::env::temp_dir()
-                    .join(format!("ticketd-cluster-{name}-{}-{i}", std::process::id()));
-                let _ = std::fs::remove_dir_all(&p);
-                Dir(p)
-            })
-            .collect();
-        let mut c = Cluster {
-            name: name.to_owned(),
-            peers: peers.join(","),
-            dirs,
-            nodes: (0..n).map(|_| None).collect(),
-        };
-        for i in 0..n {
-            c.start_node(i);
-        }
-        c
-    }
-
-    fn args(&self, i: usize) -> Vec<String> {
-        vec![
-            "--cluster".into(),
-            "--id".into(),
-            (i + 1).to_string(),
-            "--peers".into(),
-            self.peers.clone(),
-            "--data-dir".into(),
-            self.dirs[i].0.display().to_string(),
-            "--listen".into(),
-            "127.0.0.1:0".into(),
-            "--tick-ms".into(),
-            "50".into(),
-            "--cluster-name".into(),
-            self.name.clone(),
-        ]
-    }
-
-    fn start_node(&mut self, i: usize) {
-        let args = self.args(i);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.nodes[i] = Some(Ticketd::start_raw(&[], &args));
-    }
-
-    fn kill(&mut self, i: usize) {
-        if let Some(mut t) = self.nodes[i].take() {
-            t.signal(libc::SIGKILL);
-            t.wait_exit(Duration::from_secs(10))
-                .expect("killed node exits");
-        }
-    }
-
-    fn node(&self, i: usize) -> &Ticketd {
-        self.nodes[i].as_ref().expect("node is running")
-    }
-
-    fn client(&self, i: usize) -> Client {
-        self.node(i).connect()
-    }
-
-    /// The live node that most recently became leader, by its log.
-    fn leader(&self) -> Option<usize> {
-        let mut best = None;
-        for (i, n) in self.nodes.iter().enumerate() {
-            let Some(n) = n else { continue };
-            let log = n.log();
-            let term = log
-                .lines()
-                .filter_map(|l| l.split("became leader at term ").nth(1))
-                .filter_map(|t| t.trim().parse::<u64>().ok())
-                .max();
-            if let Some(t) = term {
-                if best.is_none_or(|(bt, _)| t > bt) {
-                    best = Some((t, i));
-                }
-            }
-        }
-        best.map(|(_, i)| i)
-    }
-
-    /// Waits until every live node knows a leader: each grants and
-    /// releases a key of its own. A node that knows none answers a release
-    /// N at once (it never proposed it), so a test that releases through a
-    /// node must first know that node has heard from the leader.
-    fn wait_all_know_leader(&self) {
-        for (i, n) in self.nodes.iter().enumerate() {
-            let Some(n) = n else { continue };
-            let mut c = n.connect();
-            let key = format!("ready-{}", i + 1);
-            let t = acquire_retrying(&mut c, &key, 900 + i as u64, 0, 30).token();
-            assert_eq!(
-                c.release_reply(&key, t),
-                Reply::Released { token: t, key },
-                "node {} knows a leader",
-                i + 1
-            );
-        }
-    }
-
-    fn logs(&self) -> String {
-        self.nodes
-            .iter()
-            .enumerate()
-            .filter_map(|(i, n)| {
-                n.as_ref()
-                    .map(|n| format!("--- node {}\n{}", i + 1, n.log()))
-            })
-            .collect()
-    }
-}
-
-/// Acquires with retries while the cluster answers Busy (no leader yet).
-fn acquire_retrying(c: &mut Client, key: &str, owner: u64, wait_s: u8, lease_s: u8) -> Reply {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        c.acquire(key, owner, wait_s, lease_s);
-        match c.try_recv(Duration::from_secs(u64::from(wait_s) + 10)) {
-            Ok(Reply::Busy { .. }) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            Ok(r) => return r,
-            Err(e) => panic!("no reply to acquire {key}: {e:?}"),
-        }
-    }
-}
-
-fn wait_leader(c: &Cluster) -> usize {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if let Some(l) = c.leader() {
-            return l;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("no leader elected:\n{}", c.logs());
+/// Acquires (no wait) with retries while the cluster answers Busy: the
+/// reply, which must come.
+fn acquire(c: &mut Client, key: &str, owner: u64, lease_s: u8) -> Reply {
+    cluster::acquire_retrying(c, key, owner, lease_s)
+        .unwrap_or_else(|| panic!("no reply to acquire {key}, or Busy for 20 s"))
 }
 
 #[test]
@@ -182,9 +32,9 @@ fn clients_on_any_node_and_a_lease_ends_by_committed_expire() {
     let mut b = cluster.client(1);
     let mut c = cluster.client(2);
     // A grant on node 1, seen as held from node 2, released from node 3.
-    let t1 = acquire_retrying(&mut a, "db", 1, 0, 30).token();
+    let t1 = acquire(&mut a, "db", 1, 30).token();
     assert!(matches!(
-        acquire_retrying(&mut b, "db", 2, 0, 30),
+        acquire(&mut b, "db", 2, 30),
         Reply::Timeout { owner: 2, .. }
     ));
     assert_eq!(
@@ -196,7 +46,7 @@ fn clients_on_any_node_and_a_lease_ends_by_committed_expire() {
     );
     // A 1 s lease nobody releases: a waiter on another node gets the key
     // when the leader's committed Expire ends it, with a higher token.
-    let t2 = acquire_retrying(&mut a, "lease", 3, 0, 1).token();
+    let t2 = acquire(&mut a, "lease", 3, 1).token();
     let start = Instant::now();
     b.acquire("lease", 4, 10, 5);
     let r = b.recv_timeout(Duration::from_secs(12));
@@ -231,7 +81,7 @@ impl RecvTimeout for Client {
 fn leader_killed_under_load_loses_no_grant() {
     let mut cluster = Cluster::start("failover", 3);
     cluster.wait_all_know_leader();
-    let leader = wait_leader(&cluster);
+    let leader = cluster.wait_leader();
     let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
     let addrs: Vec<_> = followers.iter().map(|&i| cluster.node(i).addr()).collect();
 
@@ -337,13 +187,13 @@ fn leader_killed_under_load_loses_no_grant() {
 #[test]
 fn a_restarted_node_catches_up_and_a_minority_down_does_not_stop_the_rest() {
     let mut cluster = Cluster::start("restart", 3);
-    let t0 = acquire_retrying(&mut cluster.client(0), "held", 1, 0, 60).token();
+    let t0 = acquire(&mut cluster.client(0), "held", 1, 60).token();
     cluster.kill(2);
     // Minority down: the other two still grant and release.
     let mut a = cluster.client(0);
     let mut last = t0;
     for i in 0..20u64 {
-        let t = acquire_retrying(&mut a, "busy", 100 + i, 0, 30).token();
+        let t = acquire(&mut a, "busy", 100 + i, 30).token();
         assert!(t > last);
         last = t;
         assert!(matches!(a.release_reply("busy", t), Reply::Released { .. }));
@@ -353,17 +203,17 @@ fn a_restarted_node_catches_up_and_a_minority_down_does_not_stop_the_rest() {
     cluster.start_node(2);
     let mut c = cluster.client(2);
     assert!(matches!(
-        acquire_retrying(&mut c, "held", 2, 0, 30),
+        acquire(&mut c, "held", 2, 30),
         Reply::Timeout { .. }
     ));
-    let t = acquire_retrying(&mut c, "fresh", 3, 0, 30).token();
+    let t = acquire(&mut c, "fresh", 3, 30).token();
     assert!(t > last, "{t} after {last}");
 }
 
 #[test]
 fn a_majority_down_grants_nothing() {
     let mut cluster = Cluster::start("majority", 3);
-    let _ = acquire_retrying(&mut cluster.client(0), "warmup", 1, 0, 1);
+    let _ = acquire(&mut cluster.client(0), "warmup", 1, 1);
     cluster.kill(1);
     cluster.kill(2);
     let mut a = cluster.client(0);
@@ -384,7 +234,7 @@ fn a_majority_down_grants_nothing() {
 #[test]
 fn wiped_data_dir_and_wrong_voters_are_refused() {
     let mut cluster = Cluster::start("wipe", 3);
-    let _ = acquire_retrying(&mut cluster.client(0), "warmup", 1, 0, 1);
+    let _ = acquire(&mut cluster.client(0), "warmup", 1, 1);
     // Every node has seen every other by now.
     std::thread::sleep(Duration::from_millis(500));
     cluster.kill(2);
@@ -424,14 +274,14 @@ fn wiped_data_dir_and_wrong_voters_are_refused() {
         ),
         "the wiped node granted alone"
     );
-    let _ = acquire_retrying(&mut cluster.client(0), "after-wipe", 1, 0, 1);
+    let _ = acquire(&mut cluster.client(0), "after-wipe", 1, 1);
 }
 
 #[test]
 fn garbage_on_the_peer_port_changes_nothing() {
     let cluster = Cluster::start("garbage", 3);
     let mut a = cluster.client(0);
-    let t1 = acquire_retrying(&mut a, "g", 1, 0, 30).token();
+    let t1 = acquire(&mut a, "g", 1, 30).token();
     let peer1: std::net::SocketAddr = cluster.peers.split(',').next().unwrap()[2..]
         .parse()
         .unwrap();
@@ -463,10 +313,7 @@ fn garbage_on_the_peer_port_changes_nothing() {
     }
     // The node is still up and the cluster still serves.
     let mut b = cluster.client(1);
-    assert!(matches!(
-        acquire_retrying(&mut b, "g", 2, 0, 30),
-        Reply::Timeout { .. }
-    ));
+    assert!(matches!(acquire(&mut b, "g", 2, 30), Reply::Timeout { .. }));
     assert!(matches!(a.release_reply("g", t1), Reply::Released { .. }));
     assert!(cluster.node(0).log().contains("peer connection from"));
 }
@@ -590,7 +437,7 @@ fn extend_within(
 fn an_extended_lease_outlives_its_first_and_a_leader_change_ends_it_late_never_early() {
     let mut cluster = Cluster::start("extend", 3);
     cluster.wait_all_know_leader();
-    let leader = wait_leader(&cluster);
+    let leader = cluster.wait_leader();
     let f = (leader + 1) % 3;
     let other = (leader + 2) % 3;
     let mut holder = cluster.client(f);
@@ -602,7 +449,7 @@ fn an_extended_lease_outlives_its_first_and_a_leader_change_ends_it_late_never_e
     //    follower it was granted on and through the leader, until well
     //    past its first lease; a rival's wait-0 acquire gets T throughout.
     let sent = Instant::now();
-    let t = acquire_retrying(&mut holder, "job", 10, 0, 3).token();
+    let t = acquire(&mut holder, "job", 10, 3).token();
     let first_end = sent + Duration::from_secs(3);
     let mut held_until = first_end;
     for round in 0..6 {
@@ -668,7 +515,7 @@ fn an_extended_lease_outlives_its_first_and_a_leader_change_ends_it_late_never_e
     //    killed right after its E. The new leader ends the grant no
     //    earlier than 6 s after that extend was written (it rebuilds the
     //    deadline with the full latest lease: late, never early).
-    let t3 = acquire_retrying(&mut holder, "fail", 40, 0, 3).token();
+    let t3 = acquire(&mut holder, "fail", 40, 3).token();
     let (at, r) = extend_once(&mut via_leader, "fail", t3, 6);
     assert_eq!(
         r,
@@ -694,12 +541,12 @@ fn an_extended_lease_outlives_its_first_and_a_leader_change_ends_it_late_never_e
     // 3. A node without a quorum never answers an Extend with X, even for
     //    a token it has never heard of: it cannot know the grant is gone.
     //    Once a quorum is back, the live grant's extend is E or nothing.
-    let new_leader = wait_leader(&cluster);
+    let new_leader = cluster.wait_leader();
     let lone = (0..3)
         .find(|&i| i != leader && i != new_leader)
         .expect("a third node");
     let mut on_lone = cluster.client(lone);
-    let t5 = acquire_retrying(&mut on_lone, "solo", 60, 0, 30).token();
+    let t5 = acquire(&mut on_lone, "solo", 60, 30).token();
     cluster.kill(new_leader);
     on_lone.extend("solo", t5, 30);
     on_lone.extend("solo", t5 + 1000, 30);

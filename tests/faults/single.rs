@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Client, NoReply, Reply, Ticketd};
+use common::{raise_own_fd_limit, Client, NoReply, Reply, Ticketd};
 use ticketd_testkit::checker::{History, Outcome, RealClock, ReleaseOutcome, Report};
 
 // The tests here measure timings and load the machine; they run one at a
@@ -58,20 +58,6 @@ fn next_token_of(server: &Ticketd) -> u64 {
         Reply::Released { .. }
     ));
     token
-}
-
-/// Lets this test process open a few thousand sockets.
-fn raise_own_fd_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit read or write only the struct passed.
-    unsafe {
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
-        lim.rlim_cur = lim.rlim_max.min(8192);
-        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
-    }
 }
 
 /// Session ids unique across the whole test process.

@@ -4,69 +4,34 @@
 //! that talk to a server, a real `ticketd` beside it) and asserts on what it
 //! prints. The benchmarks' programs are tested in bench/.
 //!
-//! `cargo test` builds the examples next to the test binaries; a test run
-//! restricted to this file (`cargo test --test server examples::`) does not, so a
-//! missing example is built first with `cargo build --example`.
+//! Each example is built with `cargo build --example` before its first run
+//! (`ticketd_testkit::process::workspace_example`), with the features this
+//! test binary has, so the binary a test runs is never older than its
+//! source; when it is fresh the build is a no-op.
 
 use ticketd_testkit::process as common;
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
-use common::Ticketd;
+use common::{finish, Ticketd};
 
-/// The path of example `name`, built first if this test run did not build it.
+/// The path of example `name`, built first with this test binary's
+/// features, so it is never stale.
 fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("path of the test binary");
-    // target/<profile>/deps/examples-<hash> -> target/<profile>/examples/<name>
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target profile directory")
-        .join("examples");
-    let path = dir.join(name);
-    if !path.is_file() {
-        let mut features = vec!["server", "client"];
-        if cfg!(feature = "cluster") {
-            features.push("cluster");
-        }
-        if cfg!(feature = "harness") {
-            features.push("harness");
-        }
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "--example", name, "--no-default-features"]);
-        cmd.args(["--features", &features.join(",")]);
-        if !cfg!(debug_assertions) {
-            cmd.arg("--release");
-        }
-        let status = cmd
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .expect("run cargo build --example");
-        assert!(status.success(), "cargo build --example {name}: {status}");
-    }
-    path
-}
-
-/// Waits for `child` at most `limit`, killing it past that; its output.
-fn finish(mut child: Child, limit: Duration) -> Output {
-    let deadline = Instant::now() + limit;
-    loop {
-        if child.try_wait().expect("wait for the example").is_some() {
-            return child.wait_with_output().expect("example output");
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("example output");
-            panic!(
-                "example ran past {limit:?}\nstdout:\n{}\nstderr:\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let features: Vec<&str> = [
+        ("default", cfg!(feature = "default")),
+        ("server", cfg!(feature = "server")),
+        ("client", cfg!(feature = "client")),
+        ("cluster", cfg!(feature = "cluster")),
+        ("harness", cfg!(feature = "harness")),
+        ("testkit", cfg!(feature = "testkit")),
+    ]
+    .into_iter()
+    .filter_map(|(f, on)| on.then_some(f))
+    .collect();
+    common::workspace_example(name, &features)
 }
 
 /// Runs example `name` with `args` to its end (at most `limit`) and returns

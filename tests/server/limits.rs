@@ -9,21 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{acquire_frame, Client, NoReply, Reply, Ticketd};
-
-/// Lets this test process open a few thousand sockets.
-fn raise_own_fd_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit read or write only the struct passed.
-    unsafe {
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
-        lim.rlim_cur = lim.rlim_max.min(8192);
-        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
-    }
-}
+use common::{acquire_frame, raise_own_fd_limit, Client, NoReply, Reply, Ticketd};
 
 #[test]
 fn a_thousand_simultaneous_connections_are_all_served() {

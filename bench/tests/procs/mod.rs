@@ -1,39 +1,16 @@
 //! Real processes for the benchmark tests: the `ticketd` binary of this
-//! workspace (a release or debug build beside this test binary, built first
-//! when missing) and this member's own programs.
+//! workspace (`ticketd_testkit::process::ticketd_bin`: beside this test
+//! binary, built first when missing) and this member's own programs.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// The `ticketd` binary next to this test binary
-/// (`target/<profile>/deps/bench-<hash>` -> `target/<profile>/ticketd`). A
-/// workspace test run (`cargo test`) builds it with the `ticketd` package's
-/// tests; a run of this member alone builds it here when it is missing.
-pub fn ticketd_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("path of the test binary");
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target profile directory");
-    let path = dir.join("ticketd");
-    if !path.is_file() {
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "-p", "ticketd", "--bin", "ticketd"]);
-        if !cfg!(debug_assertions) {
-            cmd.arg("--release");
-        }
-        let status = cmd
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .expect("run cargo build -p ticketd");
-        assert!(status.success(), "cargo build -p ticketd: {status}");
-    }
-    path
-}
+/// The `ticketd` binary of this workspace, found (and built when missing)
+/// the way every member's tests find it.
+pub use ticketd_testkit::process::ticketd_bin;
 
 /// A running `ticketd --listen 127.0.0.1:0 ARGS...`; killed when dropped.
 pub struct Ticketd {
@@ -105,25 +82,7 @@ impl Drop for Ticketd {
     }
 }
 
-/// Waits for `child` at most `limit`, killing it past that; its output.
-pub fn finish(mut child: Child, limit: Duration) -> Output {
-    let deadline = Instant::now() + limit;
-    loop {
-        if child.try_wait().expect("wait for the program").is_some() {
-            return child.wait_with_output().expect("program output");
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("program output");
-            panic!(
-                "program ran past {limit:?}\nstdout:\n{}\nstderr:\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+pub use ticketd_testkit::process::finish;
 
 /// Runs `bin ARGS...` with `envs` to its end (at most `limit`); its output.
 pub fn run(bin: &str, args: &[&str], envs: &[(&str, String)], limit: Duration) -> Output {

@@ -1,6 +1,7 @@
 //! A tiny deterministic PRNG (SplitMix64) for Raft's election-timeout
-//! draws, so a seed reproduces a run exactly. Internal: the tests draw from
-//! `ticketd_testkit::rng`.
+//! draws, so a seed reproduces a run exactly. Internal; with the `testkit`
+//! feature it is public, and `ticketd_testkit::rng`, from which the tests'
+//! simulations and fault schedules draw, is this generator.
 
 /// SplitMix64: 64 bits of state, good statistical quality, no dependency.
 #[derive(Clone, Debug)]
@@ -31,6 +32,20 @@ impl SplitMix64 {
         }
         lo + self.next_u64() % (hi - lo)
     }
+
+    /// A number in `[0, n)`; 0 when `n` is 0.
+    #[cfg(any(test, feature = "testkit"))]
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+
+    /// True with probability `p` (0.0..=1.0).
+    #[cfg(any(test, feature = "testkit"))]
+    pub fn chance(&mut self, p: f64) -> bool {
+        // 53 random bits as a fraction in [0, 1).
+        let f = (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        f < p
+    }
 }
 
 #[cfg(test)]
@@ -53,5 +68,16 @@ mod tests {
         assert!(seen.iter().all(|&s| s));
         assert_eq!(a.range(3, 3), 3);
         assert_ne!(SplitMix64::new(1).next_u64(), SplitMix64::new(2).next_u64());
+        let y = a.below(5);
+        assert!(y < 5);
+        assert_eq!(a.below(0), 0);
+        assert!(!a.chance(0.0));
+        assert!(a.chance(1.0));
+    }
+
+    #[test]
+    fn the_first_value_of_seed_zero_is_splitmix64s() {
+        // The reference sequence of SplitMix64 from state 0.
+        assert_eq!(SplitMix64::new(0).next_u64(), 0xE220_A839_7B1D_CDAF);
     }
 }
