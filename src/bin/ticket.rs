@@ -775,6 +775,8 @@ fn client(servers: &Servers) -> Result<Client, Exit> {
         }
         b
     };
+    #[cfg(not(feature = "tls"))]
+    let _ = (&servers.tls_ca, &servers.tls_cert, &servers.tls_key);
     b.build().map_err(|e| Exit::usage(e.to_string()))
 }
 

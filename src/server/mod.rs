@@ -1159,19 +1159,21 @@ impl<S: Service> Server<S> {
             if c.closing != Closing::No {
                 continue;
             }
-            let partial = c.partial_since.is_some_and(|t| now.since(t) >= limit)
-                || c.stream.handshake_expired(now, limit);
+            let handshake = c.stream.handshake_expired(now, limit);
+            let partial = handshake || c.partial_since.is_some_and(|t| now.since(t) >= limit);
             let stalled =
                 c.pending_out() > 0 && c.stalled_since.is_some_and(|t| now.since(t) >= limit);
             if partial || stalled {
-                expired.push((key, partial));
+                expired.push((key, partial, handshake));
             }
         }
-        for (key, partial) in expired {
+        for (key, partial, handshake) in expired {
             self.stats.limit_closes += 1;
             if let Some(n) = self.logs.limits.allow(now) {
                 let peer = self.conns[key].peer;
-                let what = if partial {
+                let what = if handshake {
+                    "a TLS handshake unfinished"
+                } else if partial {
                     "a frame half-sent"
                 } else {
                     "unread replies"
