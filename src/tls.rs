@@ -5,7 +5,7 @@
 //!
 //! The server side of the client port (`--tls-cert`, `--tls-key`,
 //! `--tls-client-ca`) is [`server_config`]; the client side
-//! ([`crate::client::ClientBuilder::tls`], `ticket --tls-ca`) is
+//! ([`crate::client::ClientBuilder::tls_ca`], `ticket --tls-ca`) is
 //! [`client_config`]. Both speak TLS 1.3 and 1.2. Peer TLS between
 //! cluster nodes (`crate::cluster::tls`) reads its files through the same
 //! functions and speaks TLS 1.3 only.
