@@ -350,15 +350,15 @@ impl<S: Service> Server<S> {
             config.describe_limits()
         );
         if config.insecure && config.plaintext_off_loopback() {
+            let how = if config.tls.is_some() {
+                "speak TLS without client certificates (no --tls-client-ca)"
+            } else {
+                "speak plaintext"
+            };
             log::warn!(
-                "--insecure: clients are not authenticated ({}) on {local_addr}, which is not \
-                 loopback: anyone who can reach it can take, hold and release any lock \
-                 (docs/SECURITY.md)",
-                if config.tls.is_some() {
-                    "TLS without --tls-client-ca"
-                } else {
-                    "plaintext"
-                }
+                "--insecure: clients {how} on {local_addr}, which is not loopback: \
+                 anyone who can reach it can take, hold and release any lock \
+                 (docs/SECURITY.md)"
             );
         }
         let mut server = Server::assemble(
