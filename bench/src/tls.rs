@@ -2,7 +2,7 @@
 //! ticketd's own client configuration: rustls, ring), for the TLS rows of
 //! `make bench` (ticketd `--tls-cert` against `redis-server --tls-port`).
 //!
-//! The handshake runs blocking at connect; then [`Stream::Tls`] reads and
+//! The handshake runs blocking at connect; then the TLS stream reads and
 //! writes plaintext over the non-blocking socket with the socket's own
 //! semantics (a short read means the socket is empty), so the loop's read
 //! rule holds. A write whose records the socket does not take at once
