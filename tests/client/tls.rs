@@ -6,7 +6,6 @@
 //! Rust client and `ticket` over TLS; a stalled handshake is closed by
 //! `--frame-timeout`; a client that never reads is closed with the
 //! server's memory bounded; bad certificate files stop the start-up.
-#![cfg(feature = "tls")]
 
 use ticketd_testkit::process as common;
 
