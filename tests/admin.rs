@@ -828,6 +828,111 @@ fn ticket_status_and_locks_read_the_admin_port() {
     assert_eq!(code, 125, "{err}");
 }
 
+/// One HTTP/1.1 exchange on a Unix socket: status and body; `None` when
+/// the server closed the connection without an answer.
+fn unix_get(path: &Path, target: &str) -> Option<(u16, String)> {
+    let mut s = std::os::unix::net::UnixStream::connect(path).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // A refused peer may see the socket closed under this write.
+    let _ = write!(s, "GET {target} HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    if raw.is_empty() {
+        return None;
+    }
+    let text = String::from_utf8(raw).expect("UTF-8 response");
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    Some((status, body.to_string()))
+}
+
+#[test]
+fn the_admin_port_on_a_unix_socket_has_its_mode_and_checks_peers() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tmp_dir("unix");
+    let sock = dir.join("admin.sock");
+    let me = unsafe { libc::geteuid() }.to_string();
+    let t = Ticketd::start(&[
+        "--admin-listen",
+        &format!("unix:{}", sock.display()),
+        "--socket-mode",
+        "0600",
+        "--allow-uid",
+        &me,
+    ]);
+    assert!(
+        t.log()
+            .contains(&format!("admin port (HTTP) on unix:{}", sock.display())),
+        "{}",
+        t.log()
+    );
+    assert_eq!(
+        std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let mut c = t.connect();
+    let tok = token(&c.acquire_reply("u/1", 1, 0, 255));
+    let (status, body) = unix_get(&sock, "/v1/locks/u%2F1").expect("an answer");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        py(&body, "(j['key'], j['token'])"),
+        format!("('u/1', {tok})")
+    );
+    let (status, m) = unix_get(&sock, "/metrics").expect("an answer");
+    assert_eq!(status, 200);
+    assert_eq!(sample(&m, "ticketd_keys"), 1.0);
+    assert_eq!(
+        sample(
+            &m,
+            "ticketd_connections_refused_total{reason=\"admin_peer_not_allowed\"}"
+        ),
+        0.0
+    );
+
+    // The CLI reads it with --admin unix:/path.
+    let a = format!("unix:{}", sock.display());
+    let (code, out, err) = ticket(&["status", "u/1", "--admin", &a, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(py(&out, "j['token']"), tok.to_string());
+    let (code, out, err) = ticket(&["locks", "u/", "--admin", &a]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.lines().nth(1).unwrap().split("  ").next(), Some("u/1"));
+    let (code, _, err) = ticket(&["cluster", "status", "--admin", &a]);
+    assert_eq!(code, 125, "{err}");
+    assert!(err.contains("not a cluster node"), "{err}");
+    let gone = format!("unix:{}", dir.join("nobody.sock").display());
+    let (code, _, err) = ticket(&["status", "u/1", "--admin", &gone]);
+    assert_eq!(code, 125, "{err}");
+    assert!(err.contains("connect"), "{err}");
+
+    // Stopped: the socket file goes with the server.
+    drop(c);
+    let mut t = t;
+    assert!(t.terminate().success());
+    assert!(!sock.exists(), "the socket file is removed at the end");
+
+    // A peer whose uid is not listed is closed without an answer.
+    let other = (unsafe { libc::geteuid() } + 1).to_string();
+    let t = Ticketd::start(&[
+        "--admin-listen",
+        &format!("unix:{}", sock.display()),
+        "--allow-uid",
+        &other,
+        "--log-level",
+        "debug",
+    ]);
+    assert_eq!(unix_get(&sock, "/livez"), None);
+    assert!(
+        t.wait_for_log("admin: refused uid=", Duration::from_secs(10)),
+        "{}",
+        t.log()
+    );
+    let (code, _, err) = ticket(&["status", "u/1", "--admin", &a]);
+    assert_eq!(code, 125, "{err}");
+    drop(t);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn the_sample_alert_rules_in_the_docs_pass_promtool() {
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/OPERATIONS.md"))
