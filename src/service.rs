@@ -94,6 +94,13 @@ pub trait Service {
         None
     }
 
+    /// `ticketd_wait_seconds` and `ticketd_hold_seconds` when the service
+    /// keeps them itself (cluster mode: the replicated table has no
+    /// clock); `None`: the engine's own.
+    fn lock_histograms(&self) -> Option<(&crate::metrics::Histogram, &crate::metrics::Histogram)> {
+        None
+    }
+
     /// Whether the service can grant now, for the admin port's
     /// `GET /readyz`: the reason when it cannot.
     ///

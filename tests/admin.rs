@@ -745,6 +745,94 @@ fn cluster_status_metrics_and_readyz_follow_the_majority() {
     }
 }
 
+/// `name` of node `i`'s scrape, waiting up to 10 s for `until` to hold.
+#[cfg(feature = "cluster")]
+fn cluster_sample(c: &Cluster, i: usize, name: &str, until: impl Fn(f64) -> bool) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = sample(&get(c.admin(i), "/metrics").1, name);
+        if until(v) || Instant::now() > deadline {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(feature = "cluster")]
+#[test]
+fn cluster_wait_and_hold_histograms_count_what_clients_did() {
+    let c = Cluster::start("admin-hist");
+    for i in 0..3 {
+        c.wait_ready(i, 200, Duration::from_secs(30));
+    }
+    let (_, body) = get(c.admin(0), "/v1/cluster");
+    let l: usize = py(&body, "j['leader']").parse::<usize>().unwrap() - 1;
+    // The clients talk to a follower: it answers them and counts waits;
+    // the leader counts holds.
+    let f = (l + 1) % 3;
+    let mut a = c.nodes[f].0.connect();
+    let mut b = c.nodes[f].0.connect();
+    let k1 = token(&a.acquire_reply("h1", 1, 0, 60));
+    let k2 = token(&a.acquire_reply("h2", 2, 0, 60));
+    // A waiter on h1, handed it after at least 300 ms.
+    b.acquire("h1", 3, 30, 60);
+    let queued = Instant::now() + Duration::from_secs(10);
+    while py(&get(c.admin(f), "/v1/locks/h1").1, "j['waiters']") != "1" {
+        assert!(Instant::now() < queued, "the waiter never queued");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(matches!(a.release_reply("h1", k1), Reply::Released { .. }));
+    let k1b = token(&b.recv());
+    assert!(matches!(a.release_reply("h2", k2), Reply::Released { .. }));
+    assert!(matches!(b.release_reply("h1", k1b), Reply::Released { .. }));
+    // A grant left to expire: held for its whole 1 s lease.
+    token(&a.acquire_reply("h3", 4, 0, 1));
+    // Not counted: a release with the wrong token, a busy answer.
+    assert!(matches!(
+        a.release_reply("h2", k2),
+        Reply::NotReleased { .. }
+    ));
+
+    let waits = cluster_sample(&c, f, "ticketd_wait_seconds_count", |v| v >= 4.0);
+    assert_eq!(waits, 4.0, "four grants answered by node {}", f + 1);
+    let m = get(c.admin(f), "/metrics").1;
+    assert!(
+        sample(&m, "ticketd_wait_seconds_bucket{le=\"0.1\"}") <= 3.0,
+        "{m}"
+    );
+    assert!(sample(&m, "ticketd_wait_seconds_sum") >= 0.3, "{m}");
+    for i in (0..3).filter(|&i| i != f) {
+        let m = get(c.admin(i), "/metrics").1;
+        assert_eq!(
+            sample(&m, "ticketd_wait_seconds_count"),
+            0.0,
+            "node {}",
+            i + 1
+        );
+    }
+
+    let holds = cluster_sample(&c, l, "ticketd_hold_seconds_count", |v| v >= 4.0);
+    let m = get(c.admin(l), "/metrics").1;
+    assert_eq!(sample(&m, "ticketd_raft_leader_id"), (l + 1) as f64, "{m}");
+    assert_eq!(holds, 4.0, "three releases and an expiry: {m}");
+    // h1 first held >= 300 ms, h3 >= 1 s.
+    assert!(
+        sample(&m, "ticketd_hold_seconds_bucket{le=\"0.1\"}") <= 2.0,
+        "{m}"
+    );
+    assert!(sample(&m, "ticketd_hold_seconds_sum") >= 1.3, "{m}");
+    for i in (0..3).filter(|&i| i != l) {
+        let m = get(c.admin(i), "/metrics").1;
+        assert_eq!(
+            sample(&m, "ticketd_hold_seconds_count"),
+            0.0,
+            "node {}",
+            i + 1
+        );
+    }
+}
+
 /// Runs `ticket ARGS...`: exit status, stdout, stderr.
 fn ticket(args: &[&str]) -> (i32, String, String) {
     let out = common::bin_command(common::ticket_bin())

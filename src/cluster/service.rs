@@ -395,6 +395,10 @@ impl Service for ClusterService {
         Some(self.node.state_machine().engine())
     }
 
+    fn lock_histograms(&self) -> Option<(&crate::metrics::Histogram, &crate::metrics::Histogram)> {
+        Some(self.node.lock_histograms())
+    }
+
     /// Ready when a leader is known and this node has applied an entry of
     /// the leader's term (so its table includes every earlier grant).
     fn readiness(&self, _now: Millis) -> Result<(), String> {

@@ -919,16 +919,20 @@ fn render_metrics<S: Service>(now: Millis, view: &View<'_, S>) -> String {
             "Grants whose lease ran out before a release.",
             es.lease_expiries,
         );
+        let (wait, hold) = view
+            .service
+            .lock_histograms()
+            .unwrap_or((&es.wait_ms, &es.hold_ms));
         e.histogram(
             "ticketd_wait_seconds",
             "Request to grant, for every grant.",
-            &es.wait_ms,
+            wait,
             1000,
         );
         e.histogram(
             "ticketd_hold_seconds",
             "Grant to release or expiry.",
-            &es.hold_ms,
+            hold,
             1000,
         );
     }
