@@ -112,7 +112,7 @@ use std::sync::Arc;
 
 use crate::hash::{KeyStr, SipKey, StrEntry, StrMap};
 use crate::limits::EngineLimits;
-use crate::metrics::{Histogram, HOLD_BOUNDS_MS, WAIT_BOUNDS_MS};
+use crate::metrics::{Histogram, HoldIndex, HOLD_BOUNDS_MS, WAIT_BOUNDS_MS};
 use crate::proto::{encode_reply, Reply, Request};
 use crate::time::Millis;
 use crate::token::{self, TokenRng};
@@ -636,6 +636,9 @@ pub struct Engine {
     /// steps of [`SWEEP_STEP_BUCKETS`], one step per `tick`.
     sweep: Option<SweepPass>,
     stats: EngineStats,
+    /// Clocked mode: every client grant (not a restart grace's token 0)
+    /// with its start, for [`Engine::oldest_hold_ms`] without a scan.
+    holds: HoldIndex,
 }
 
 /// Buckets of the key table one `tick` visits while a sweep is under way,
@@ -698,6 +701,7 @@ impl Engine {
             max_lease_s: u8::MAX,
             sweep: None,
             stats: EngineStats::default(),
+            holds: HoldIndex::default(),
         }
     }
 
@@ -722,6 +726,17 @@ impl Engine {
     #[must_use]
     pub fn stats(&self) -> &EngineStats {
         &self.stats
+    }
+
+    /// Clocked mode: how long the longest-held current grant has been held
+    /// at `now`, extensions included (`None` when nothing is held, and in
+    /// replicated mode). O(1). A grant whose lease ran out counts until a
+    /// takeover, a hand-over or the sweep ends it (at most about one
+    /// sweep interval later); a restart grace's unknown holders do not
+    /// count.
+    #[must_use]
+    pub fn oldest_hold_ms(&self, now: Millis) -> Option<u64> {
+        self.holds.oldest().map(|at| now.since(at))
     }
 
     /// `key` as the admin port shows it, or `None` when it is not
@@ -1070,6 +1085,7 @@ impl Engine {
                 self.stats.grants_fresh += 1;
                 if self.clocked {
                     self.stats.wait_ms.observe(0);
+                    self.holds.start(token, now);
                 }
                 out.push(conn, Reply::Acquired { token, owner, key }, lease_s);
                 return AcquireOutcome::Granted(token);
@@ -1091,10 +1107,12 @@ impl Engine {
                 self.stats
                     .hold_ms
                     .observe(slot.expires_at.since(slot.granted_at));
+                self.holds.end(slot.token);
             }
             slot.token = token;
             slot.expires_at = expires_at;
             slot.granted_at = now;
+            self.holds.start(token, now);
             self.note_lease_end(expires_at);
             self.stats.grants_takeover += 1;
             self.stats.wait_ms.observe(0);
@@ -1202,6 +1220,7 @@ impl Engine {
                 let (_, slot) = o.remove();
                 if self.clocked {
                     self.stats.hold_ms.observe(now.since(slot.granted_at));
+                    self.holds.end(token);
                 }
                 out.push(conn, Reply::Released { token, key }, 0);
                 return true;
@@ -1211,6 +1230,7 @@ impl Engine {
             Some(slot) if slot.token == token => {
                 if self.clocked {
                     self.stats.hold_ms.observe(now.since(slot.granted_at));
+                    self.holds.end(token);
                 }
                 out.push(conn, Reply::Released { token, key }, 0);
                 self.hand_over_or_delete(now, key, out);
@@ -1232,6 +1252,9 @@ impl Engine {
         match self.keys.get(key) {
             Some(slot) if slot.token == token => {
                 self.stats.lease_expiries += 1;
+                if self.clocked {
+                    self.holds.end(token);
+                }
                 self.hand_over_or_delete(now, key, out);
                 true
             }
@@ -1387,6 +1410,7 @@ impl Engine {
         self.stats.grants_handover += 1;
         if self.clocked {
             self.stats.wait_ms.observe(now.since(w.queued_at()));
+            self.holds.start(token, now);
         }
         let lease_s = w.lease_s();
         let expires_at = self.lease_end(now, lease_s);
@@ -1480,6 +1504,7 @@ impl Engine {
                 if let Some(s) = self.keys.get(&key).filter(|s| s.token != 0) {
                     self.stats.lease_expiries += 1;
                     self.stats.hold_ms.observe(s.expires_at.since(s.granted_at));
+                    self.holds.end(s.token);
                 }
                 self.hand_over_or_delete(now, &key, out);
             } else {
@@ -1517,6 +1542,7 @@ impl Engine {
         let end = pass.cursor.saturating_add(SWEEP_STEP_BUCKETS);
         let queues = &self.queues;
         let stats = &mut self.stats;
+        let holds = &mut self.holds;
         let mut floor = pass.floor;
         // Keep a key unless it expired and nobody waits for it.
         let reached = self
@@ -1528,6 +1554,7 @@ impl Engine {
                 } else if s.token != 0 {
                     stats.lease_expiries += 1;
                     stats.hold_ms.observe(s.expires_at.since(s.granted_at));
+                    holds.end(s.token);
                 }
                 keep
             });
@@ -1572,7 +1599,13 @@ impl Engine {
         let mut total = 0usize;
         let mut by_conn: HashMap<u32, u32> = HashMap::new();
         let mut seen_slots = std::collections::HashSet::new();
+        let mut granted = 0usize;
+        let mut first_grant = None::<Millis>;
         for (key, slot) in self.keys.iter() {
+            if self.clocked && slot.token != 0 {
+                granted += 1;
+                first_grant = Some(first_grant.map_or(slot.granted_at, |g| g.min(slot.granted_at)));
+            }
             assert!(
                 slot.token < self.next_token,
                 "token {} of {key:?} not below next {}",
@@ -1588,6 +1621,18 @@ impl Engine {
                 "expiry floor {} above the lease end {} of {key:?}",
                 self.expiry_floor,
                 slot.expires_at
+            );
+        }
+        if self.clocked {
+            assert_eq!(
+                self.holds.len(),
+                granted,
+                "the hold index does not list every grant"
+            );
+            assert_eq!(
+                self.holds.oldest(),
+                first_grant,
+                "the hold index's oldest grant is not the table's"
             );
         }
         for (key, q) in self.queues.iter() {

@@ -209,6 +209,12 @@ impl Exposition {
         let _ = writeln!(self.text, "{name} {v}");
     }
 
+    /// A gauge of a duration in `1 / per_second` seconds, written in seconds.
+    pub fn gauge_seconds(&mut self, name: &str, help: &str, v: u64, per_second: u64) {
+        self.header(name, "gauge", help);
+        let _ = writeln!(self.text, "{name} {}", Seconds(v, per_second));
+    }
+
     /// A counter (its name ends in `_total`) with one sample.
     pub fn counter(&mut self, name: &str, help: &str, v: u64) {
         debug_assert!(name.ends_with("_total"), "{name}: counters end in _total");

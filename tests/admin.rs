@@ -782,6 +782,12 @@ fn cluster_wait_and_hold_histograms_count_what_clients_did() {
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(300));
+    // Every node knows how long h1 (the oldest grant) has been held.
+    for i in 0..3 {
+        let m = get(c.admin(i), "/metrics").1;
+        let oldest = sample(&m, "ticketd_oldest_hold_seconds");
+        assert!((0.3..60.0).contains(&oldest), "node {}: {oldest}", i + 1);
+    }
     assert!(matches!(a.release_reply("h1", k1), Reply::Released { .. }));
     let k1b = token(&b.recv());
     assert!(matches!(a.release_reply("h2", k2), Reply::Released { .. }));
@@ -831,6 +837,36 @@ fn cluster_wait_and_hold_histograms_count_what_clients_did() {
             i + 1
         );
     }
+    // Nothing is held any more, on any node.
+    for i in 0..3 {
+        let oldest = cluster_sample(&c, i, "ticketd_oldest_hold_seconds", |v| v == 0.0);
+        assert_eq!(oldest, 0.0, "node {}", i + 1);
+    }
+}
+
+#[test]
+fn the_oldest_hold_gauge_follows_the_longest_current_grant() {
+    let (t, admin) = start(&[]);
+    let oldest = || sample(&get(admin, "/metrics").1, "ticketd_oldest_hold_seconds");
+    assert_eq!(oldest(), 0.0, "nothing held");
+    let mut c = t.connect();
+    let k1 = token(&c.acquire_reply("o1", 1, 0, 255));
+    std::thread::sleep(Duration::from_millis(400));
+    let k2_at = Instant::now();
+    let k2 = token(&c.acquire_reply("o2", 2, 0, 255));
+    // Extending keeps the grant's start.
+    assert!(matches!(
+        c.extend_reply("o1", k1, 255),
+        Reply::Extended { .. }
+    ));
+    let v = oldest();
+    assert!((0.4..60.0).contains(&v), "o1 held for {v} s");
+    assert!(matches!(c.release_reply("o1", k1), Reply::Released { .. }));
+    let v = oldest();
+    let bound = k2_at.elapsed().as_secs_f64();
+    assert!(v <= bound, "o2 is the oldest now: {v} s, at most {bound} s");
+    assert!(matches!(c.release_reply("o2", k2), Reply::Released { .. }));
+    assert_eq!(oldest(), 0.0, "nothing held");
 }
 
 /// Runs `ticket ARGS...`: exit status, stdout, stderr.
@@ -1033,6 +1069,40 @@ fn the_sample_alert_rules_in_the_docs_pass_promtool() {
     let out = Command::new("promtool")
         .args(["check", "rules"])
         .arg(&file)
+        .output()
+        .expect("promtool must be installed (apt-get install prometheus)");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The held-too-long alert fires on a lock held past 15 minutes and not
+    // before: a gauge that grows by 60 s a minute, then drops to 0.
+    let tests = dir.join("tests.yml");
+    std::fs::write(
+        &tests,
+        "rule_files: [rules.yml]\n\
+         evaluation_interval: 1m\n\
+         tests:\n\
+         \x20 - interval: 1m\n\
+         \x20   input_series:\n\
+         \x20     - series: 'ticketd_oldest_hold_seconds{instance=\"a\",job=\"ticketd\"}'\n\
+         \x20       values: '0+60x20 0x5'\n\
+         \x20   alert_rule_test:\n\
+         \x20     - {eval_time: 14m, alertname: TicketdLockHeldTooLong, exp_alerts: []}\n\
+         \x20     - {eval_time: 23m, alertname: TicketdLockHeldTooLong, exp_alerts: []}\n\
+         \x20     - eval_time: 16m\n\
+         \x20       alertname: TicketdLockHeldTooLong\n\
+         \x20       exp_alerts:\n\
+         \x20         - exp_labels: {severity: warning, instance: a, job: ticketd}\n\
+         \x20           exp_annotations:\n\
+         \x20             summary: 'a lock on a has been held for 16m 0s'\n",
+    )
+    .unwrap();
+    let out = Command::new("promtool")
+        .args(["test", "rules"])
+        .arg(&tests)
         .output()
         .expect("promtool must be installed (apt-get install prometheus)");
     assert!(

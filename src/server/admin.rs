@@ -935,6 +935,12 @@ fn render_metrics<S: Service>(now: Millis, view: &View<'_, S>) -> String {
             hold,
             1000,
         );
+        e.gauge_seconds(
+            "ticketd_oldest_hold_seconds",
+            "How long the longest-held current lock has been held; 0 when none is.",
+            view.service.oldest_hold_ms(now).unwrap_or(0),
+            1000,
+        );
     }
     view.service.write_metrics(now, &mut e);
     e.finish()
