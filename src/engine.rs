@@ -112,7 +112,7 @@ use std::sync::Arc;
 
 use crate::hash::{KeyStr, SipKey, StrEntry, StrMap};
 use crate::limits::EngineLimits;
-use crate::metrics::{Histogram, HoldIndex, HOLD_BOUNDS_MS, WAIT_BOUNDS_MS};
+use crate::metrics::{GrantAges, Histogram, HOLD_BOUNDS_MS, WAIT_BOUNDS_MS};
 use crate::proto::{encode_reply, Reply, Request};
 use crate::time::Millis;
 use crate::token::{self, TokenRng};
@@ -636,9 +636,10 @@ pub struct Engine {
     /// steps of [`SWEEP_STEP_BUCKETS`], one step per `tick`.
     sweep: Option<SweepPass>,
     stats: EngineStats,
-    /// Clocked mode: every client grant (not a restart grace's token 0)
-    /// with its start, for [`Engine::oldest_hold_ms`] without a scan.
-    holds: HoldIndex,
+    /// Clocked mode: the client grants (not a restart grace's token 0)
+    /// counted by the second they began, for [`Engine::oldest_hold_ms`]
+    /// without a scan and without memory per grant.
+    holds: GrantAges,
 }
 
 /// Buckets of the key table one `tick` visits while a sweep is under way,
@@ -701,7 +702,7 @@ impl Engine {
             max_lease_s: u8::MAX,
             sweep: None,
             stats: EngineStats::default(),
-            holds: HoldIndex::default(),
+            holds: GrantAges::default(),
         }
     }
 
@@ -729,8 +730,8 @@ impl Engine {
     }
 
     /// Clocked mode: how long the longest-held current grant has been held
-    /// at `now`, extensions included (`None` when nothing is held, and in
-    /// replicated mode). O(1). A grant whose lease ran out counts until a
+    /// at `now`, extensions included, to the second it began (so up to
+    /// 1 s long); `None` when nothing is held, and in replicated mode. O(1). A grant whose lease ran out counts until a
     /// takeover, a hand-over or the sweep ends it (at most about one
     /// sweep interval later); a restart grace's unknown holders do not
     /// count.
@@ -1085,7 +1086,7 @@ impl Engine {
                 self.stats.grants_fresh += 1;
                 if self.clocked {
                     self.stats.wait_ms.observe(0);
-                    self.holds.start(token, now);
+                    self.holds.start(now);
                 }
                 out.push(conn, Reply::Acquired { token, owner, key }, lease_s);
                 return AcquireOutcome::Granted(token);
@@ -1107,12 +1108,12 @@ impl Engine {
                 self.stats
                     .hold_ms
                     .observe(slot.expires_at.since(slot.granted_at));
-                self.holds.end(slot.token);
+                self.holds.end(slot.granted_at);
             }
             slot.token = token;
             slot.expires_at = expires_at;
             slot.granted_at = now;
-            self.holds.start(token, now);
+            self.holds.start(now);
             self.note_lease_end(expires_at);
             self.stats.grants_takeover += 1;
             self.stats.wait_ms.observe(0);
@@ -1220,7 +1221,7 @@ impl Engine {
                 let (_, slot) = o.remove();
                 if self.clocked {
                     self.stats.hold_ms.observe(now.since(slot.granted_at));
-                    self.holds.end(token);
+                    self.holds.end(slot.granted_at);
                 }
                 out.push(conn, Reply::Released { token, key }, 0);
                 return true;
@@ -1230,7 +1231,7 @@ impl Engine {
             Some(slot) if slot.token == token => {
                 if self.clocked {
                     self.stats.hold_ms.observe(now.since(slot.granted_at));
-                    self.holds.end(token);
+                    self.holds.end(slot.granted_at);
                 }
                 out.push(conn, Reply::Released { token, key }, 0);
                 self.hand_over_or_delete(now, key, out);
@@ -1252,8 +1253,8 @@ impl Engine {
         match self.keys.get(key) {
             Some(slot) if slot.token == token => {
                 self.stats.lease_expiries += 1;
-                if self.clocked {
-                    self.holds.end(token);
+                if self.clocked && token != 0 {
+                    self.holds.end(slot.granted_at);
                 }
                 self.hand_over_or_delete(now, key, out);
                 true
@@ -1410,7 +1411,7 @@ impl Engine {
         self.stats.grants_handover += 1;
         if self.clocked {
             self.stats.wait_ms.observe(now.since(w.queued_at()));
-            self.holds.start(token, now);
+            self.holds.start(now);
         }
         let lease_s = w.lease_s();
         let expires_at = self.lease_end(now, lease_s);
@@ -1504,7 +1505,7 @@ impl Engine {
                 if let Some(s) = self.keys.get(&key).filter(|s| s.token != 0) {
                     self.stats.lease_expiries += 1;
                     self.stats.hold_ms.observe(s.expires_at.since(s.granted_at));
-                    self.holds.end(s.token);
+                    self.holds.end(s.granted_at);
                 }
                 self.hand_over_or_delete(now, &key, out);
             } else {
@@ -1554,7 +1555,7 @@ impl Engine {
                 } else if s.token != 0 {
                     stats.lease_expiries += 1;
                     stats.hold_ms.observe(s.expires_at.since(s.granted_at));
-                    holds.end(s.token);
+                    holds.end(s.granted_at);
                 }
                 keep
             });
@@ -1627,12 +1628,12 @@ impl Engine {
             assert_eq!(
                 self.holds.len(),
                 granted,
-                "the hold index does not list every grant"
+                "the grant ages do not count every grant"
             );
             assert_eq!(
                 self.holds.oldest(),
-                first_grant,
-                "the hold index's oldest grant is not the table's"
+                first_grant.map(|g| Millis(g.0 / 1000 * 1000)),
+                "the grant ages' oldest second is not the table's"
             );
         }
         for (key, q) in self.queues.iter() {

@@ -181,6 +181,97 @@ impl HoldIndex {
     }
 }
 
+/// The current grants counted by the second they began, for the longest
+/// current hold where the lock table keeps each grant's start itself
+/// (single mode): nothing per grant, only one counter per second that
+/// still has a current grant.
+///
+/// Grants begin at a clock that never goes back, so a grant adds to the
+/// last second's count or opens a new one at the back; an end finds its
+/// second by binary search and takes one off. Emptied seconds are popped
+/// from the front, and swept out when they outnumber the others
+/// (amortised O(1)). [`GrantAges::oldest`] is the front: O(1), to the
+/// second.
+#[derive(Clone, Debug, Default)]
+pub struct GrantAges {
+    /// `(second, current grants begun in it)`, increasing seconds.
+    q: VecDeque<(u64, u64)>,
+    /// Entries of `q` whose count is 0.
+    empty: usize,
+    live: usize,
+}
+
+impl GrantAges {
+    /// A grant began at `at`.
+    pub fn start(&mut self, at: Millis) {
+        let s = at.0 / 1000;
+        self.live += 1;
+        match self.q.back_mut() {
+            Some((last, n)) if *last == s => {
+                if *n == 0 {
+                    self.empty -= 1;
+                }
+                *n += 1;
+            }
+            Some(&mut (last, _)) if last > s => {
+                // Not expected (the clock does not go back); kept sorted.
+                let i = self.q.partition_point(|&(t, _)| t < s);
+                match self.q.get_mut(i) {
+                    Some((t, n)) if *t == s => {
+                        if *n == 0 {
+                            self.empty -= 1;
+                        }
+                        *n += 1;
+                    }
+                    _ => self.q.insert(i, (s, 1)),
+                }
+            }
+            _ => self.q.push_back((s, 1)),
+        }
+    }
+
+    /// A grant that began at `at` ended.
+    pub fn end(&mut self, at: Millis) {
+        let s = at.0 / 1000;
+        let i = self.q.partition_point(|&(t, _)| t < s);
+        let Some((_, n)) = self.q.get_mut(i).filter(|(t, n)| *t == s && *n > 0) else {
+            debug_assert!(false, "a grant of second {s} ended that never began");
+            return;
+        };
+        *n -= 1;
+        self.live -= 1;
+        if *n == 0 {
+            self.empty += 1;
+        }
+        while self.q.front().is_some_and(|&(_, n)| n == 0) {
+            self.q.pop_front();
+            self.empty -= 1;
+        }
+        if self.empty > 2 * (self.q.len() - self.empty) + 64 {
+            self.q.retain(|&(_, n)| n > 0);
+            self.empty = 0;
+        }
+    }
+
+    /// The start of the second the longest-held current grant began in.
+    #[must_use]
+    pub fn oldest(&self) -> Option<Millis> {
+        self.q.front().map(|&(s, _)| Millis(s * 1000))
+    }
+
+    /// Current grants.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    /// No current grant.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+}
+
 /// Writes a scrape in the Prometheus text format 0.0.4: every metric family
 /// once, with its `# HELP` and `# TYPE` lines before its samples.
 #[derive(Debug, Default)]
@@ -361,6 +452,30 @@ mod tests {
         }
         assert_eq!(h.oldest(), Some(Millis(0)));
         assert!(h.q.len() <= 2 * h.len() + 65, "{} entries", h.q.len());
+    }
+
+    #[test]
+    fn grant_ages_count_by_second_and_know_the_oldest() {
+        let mut g = GrantAges::default();
+        assert_eq!(g.oldest(), None);
+        g.start(Millis(1_200));
+        g.start(Millis(1_900));
+        g.start(Millis(5_000));
+        assert_eq!((g.oldest(), g.len()), (Some(Millis(1_000)), 3));
+        g.end(Millis(1_200));
+        assert_eq!(g.oldest(), Some(Millis(1_000)), "one of second 1 is left");
+        g.end(Millis(1_900));
+        assert_eq!((g.oldest(), g.len()), (Some(Millis(5_000)), 1));
+        g.end(Millis(5_000));
+        assert!(g.is_empty() && g.oldest().is_none());
+        // An old grant outliving many: the queue stays bounded.
+        g.start(Millis(0));
+        for s in 1..100_000u64 {
+            g.start(Millis(s * 1000));
+            g.end(Millis(s * 1000));
+        }
+        assert_eq!((g.oldest(), g.len()), (Some(Millis(0)), 1));
+        assert!(g.q.len() <= 70, "{} entries", g.q.len());
     }
 
     #[test]
