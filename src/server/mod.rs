@@ -960,11 +960,14 @@ impl<S: Service> Server<S> {
                 break End::Idle;
             }
             let mut bad = None;
+            // What `c.guesses.blocked(now)` before every frame would say,
+            // counted down: `now` only moves with a read.
+            let mut room = c.guesses.room(now);
             while budget > 0 && projected_out < soft {
-                if c.guesses.blocked(now) {
+                let Some(left) = room else {
                     throttled = true;
                     break;
-                }
+                };
                 match decode_request(&c.rbuf[c.rstart..c.rend], max_key_bytes) {
                     Decoded::Frame { frame, used } => {
                         if debug {
@@ -972,6 +975,7 @@ impl<S: Service> Server<S> {
                         }
                         if !matches!(frame, Request::Acquire { .. }) {
                             c.guesses.note_request();
+                            room = left.checked_sub(1);
                         }
                         projected_out += max_reply_frame(frame.key().len());
                         self.stats.requests[match frame {
