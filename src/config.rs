@@ -22,6 +22,25 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:7470";
 /// The address the docs suggest for `--admin-listen`, and the default of
 /// `ticket --admin`.
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:7471";
+/// Where the admin port listens (`--admin-listen`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AdminListen {
+    /// A TCP address; port 0 picks a free port.
+    Tcp(SocketAddr),
+    /// A Unix-domain socket file, made with `--socket-mode` and checked
+    /// against `--allow-uid` / `--allow-gid` like the client sockets.
+    Unix(PathBuf),
+}
+
+impl fmt::Display for AdminListen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AdminListen::Tcp(a) => write!(f, "{a}"),
+            AdminListen::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
 /// Default for `--max-conns`.
 pub const DEFAULT_MAX_CONNS: usize = 10_000;
 /// Ceiling for `--max-conns`: connection slots are numbered below it, and mio
@@ -119,7 +138,7 @@ pub struct Config {
     pub tls: Option<TlsFiles>,
     /// The admin port (HTTP: health, metrics, lock introspection), off
     /// when `None`; [`DEFAULT_ADMIN_LISTEN`] is the suggested address.
-    pub admin_listen: Option<SocketAddr>,
+    pub admin_listen: Option<AdminListen>,
     /// A listening socket passed by systemd (socket activation: descriptor
     /// 3 when `$LISTEN_FDS` is set for this process), used instead of
     /// binding `listen`. [`crate::server::Server::bind`] takes ownership.
@@ -223,9 +242,10 @@ FLAGS (defaults in brackets):
     --tls-client-ca FILE       every client must present a certificate chaining to
                                this CA (PEM). With it, a listener that is not
                                loopback needs no --insecure
-    --socket-mode OCTAL        permissions of Unix socket files [0660]
-    --allow-uid N              only peers of this user id may use the Unix sockets
-                               (SO_PEERCRED; repeatable; with --allow-gid: either)
+    --socket-mode OCTAL        permissions of Unix socket files (client and admin) [0660]
+    --allow-uid N              only peers of this user id may use the Unix sockets,
+                               the admin one included (SO_PEERCRED; repeatable;
+                               with --allow-gid: either)
     --allow-gid N              only peers of this group id (repeatable)
     --max-conns N              open client connections [10000]
     --max-keys N               registered keys [1000000]
@@ -257,7 +277,9 @@ FLAGS (defaults in brackets):
     --log-level LEVEL          off, error, warn, info, debug or trace [info]
     --admin-listen ADDR        serve HTTP on ADDR: /livez, /readyz, /metrics
                                (Prometheus), /v1/locks, /v1/cluster; suggested
-                               127.0.0.1:7471 (docs/OPERATIONS.md) [off]
+                               127.0.0.1:7471 (docs/OPERATIONS.md); `unix:/PATH`
+                               serves it on a Unix socket (--socket-mode,
+                               --allow-uid and --allow-gid apply to it) [off]
     -h, --help                 print this help and exit
     -V, --version              print the version and exit
 
@@ -344,6 +366,16 @@ fn address(s: &str) -> Result<SocketAddr, String> {
         .map_err(|e| format!("expected HOST:PORT ({e})"))?
         .next()
         .ok_or_else(|| "the name resolves to no address".to_string())
+}
+
+fn admin_listen(s: &str) -> Result<AdminListen, String> {
+    match s.strip_prefix("unix:") {
+        Some("") => Err("unix: needs a path".into()),
+        Some(path) => Ok(AdminListen::Unix(PathBuf::from(path))),
+        None => address(s)
+            .map(AdminListen::Tcp)
+            .map_err(|e| format!("{e}, or unix:/PATH")),
+    }
 }
 
 fn directory(s: &str) -> Result<PathBuf, String> {
@@ -510,7 +542,7 @@ impl Config {
                 ))
             }
         };
-        if let Some(v) = flag(args, "--admin-listen", address)? {
+        if let Some(v) = flag(args, "--admin-listen", admin_listen)? {
             c.admin_listen = Some(v);
         }
         c.listen_fd = crate::server::systemd::listen_fd();
@@ -566,11 +598,14 @@ impl Config {
         if self.unix_listen.len() > MAX_UNIX_LISTENERS {
             return fail(format!("at most {MAX_UNIX_LISTENERS} --listen unix:/path"));
         }
+        let admin_unix = matches!(self.admin_listen, Some(AdminListen::Unix(_)));
         if (!self.allow_uids.is_empty() || !self.allow_gids.is_empty())
             && self.unix_listen.is_empty()
+            && !admin_unix
         {
             return fail(
-                "--allow-uid and --allow-gid apply to Unix sockets: give --listen unix:/path"
+                "--allow-uid and --allow-gid apply to Unix sockets: give --listen unix:/path \
+                 or --admin-listen unix:/path"
                     .into(),
             );
         }
@@ -894,6 +929,33 @@ mod tests {
         ] {
             let e = parse(args).unwrap_err();
             assert!(e.0.contains(needle), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_admin_port_takes_an_address_or_a_unix_socket() {
+        let Ok(Parsed::Run(c)) = parse(&["--admin-listen", "127.0.0.1:7471"]) else {
+            panic!("refused");
+        };
+        assert_eq!(
+            c.admin_listen,
+            Some(AdminListen::Tcp("127.0.0.1:7471".parse().unwrap()))
+        );
+        let Ok(Parsed::Run(c)) = parse(&[
+            "--admin-listen",
+            "unix:/run/t/admin.sock",
+            "--allow-uid",
+            "5",
+        ]) else {
+            panic!("refused");
+        };
+        let unix = AdminListen::Unix(PathBuf::from("/run/t/admin.sock"));
+        assert_eq!(unix.to_string(), "unix:/run/t/admin.sock");
+        assert_eq!(c.admin_listen, Some(unix));
+        assert_eq!(c.allow_uids, [5]);
+        for bad in ["unix:", "nowhere", "127.0.0.1"] {
+            let e = parse(&["--admin-listen", bad]).unwrap_err();
+            assert!(e.0.contains("--admin-listen"), "{bad:?}: {e}");
         }
     }
 

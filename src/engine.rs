@@ -129,7 +129,7 @@ pub use image::{Image, ImageError, ImageReader, KeyImage, TagCodec, WaiterImage}
 
 use crate::hash::{KeyStr, SipKey, StrEntry, StrMap};
 use crate::limits::EngineLimits;
-use crate::metrics::{Histogram, HOLD_BOUNDS_MS, WAIT_BOUNDS_MS};
+use crate::metrics::{GrantAges, Histogram, HOLD_BOUNDS_MS, WAIT_BOUNDS_MS};
 use crate::proto::{encode_reply, Reply, Request};
 use crate::time::Millis;
 use crate::token::{self, TokenRng};
@@ -877,6 +877,8 @@ pub trait LockTable {
     fn key_count(&self) -> usize;
     /// See [`Engine::waiter_count`].
     fn waiter_count(&self) -> usize;
+    /// See [`Engine::oldest_hold_ms`].
+    fn oldest_hold_ms(&self, now: Millis) -> Option<u64>;
 }
 
 impl<T: Copy + Default> LockTable for Engine<T> {
@@ -894,6 +896,9 @@ impl<T: Copy + Default> LockTable for Engine<T> {
     }
     fn key_count(&self) -> usize {
         Engine::key_count(self)
+    }
+    fn oldest_hold_ms(&self, now: Millis) -> Option<u64> {
+        Engine::oldest_hold_ms(self, now)
     }
     fn waiter_count(&self) -> usize {
         Engine::waiter_count(self)
@@ -946,6 +951,10 @@ pub struct Engine<T = ()> {
     /// steps of [`SWEEP_STEP_BUCKETS`], one step per `tick`.
     sweep: Option<SweepPass>,
     stats: EngineStats,
+    /// Clocked mode: the client grants (not a restart grace's token 0)
+    /// counted by the second they began, for [`Engine::oldest_hold_ms`]
+    /// without a scan and without memory per grant.
+    holds: GrantAges,
 }
 
 /// Buckets of the key table one `tick` visits while a sweep is under way,
@@ -1032,6 +1041,7 @@ impl<T: Copy + Default> Engine<T> {
             max_lease_s: u8::MAX,
             sweep: None,
             stats: EngineStats::default(),
+            holds: GrantAges::default(),
         }
     }
 
@@ -1045,6 +1055,17 @@ impl<T: Copy + Default> Engine<T> {
     #[must_use]
     pub fn stats(&self) -> &EngineStats {
         &self.stats
+    }
+
+    /// Clocked mode: how long the longest-held current grant has been held
+    /// at `now`, extensions included, to the second it began (so up to
+    /// 1 s long); `None` when nothing is held, and in replicated mode. O(1). A grant whose lease ran out counts until a
+    /// takeover, a hand-over or the sweep ends it (at most about one
+    /// sweep interval later); a restart grace's unknown holders do not
+    /// count.
+    #[must_use]
+    pub fn oldest_hold_ms(&self, now: Millis) -> Option<u64> {
+        self.holds.oldest().map(|at| now.since(at))
     }
 
     /// `key` as the admin port shows it, or `None` when it is not
@@ -1479,6 +1500,7 @@ impl<T: Copy + Default> Engine<T> {
                 self.stats.grants_fresh += 1;
                 if self.clocked {
                     self.stats.wait_ms.observe(0);
+                    self.holds.start(now);
                 }
                 out.push_event(
                     conn,
@@ -1507,11 +1529,13 @@ impl<T: Copy + Default> Engine<T> {
                 self.stats
                     .hold_ms
                     .observe(slot.expires_at.since(slot.granted_at));
+                self.holds.end(slot.granted_at);
             }
             slot.token = token;
             slot.expires_at = expires_at;
             slot.granted_at = now;
             slot.tag = tag;
+            self.holds.start(now);
             self.note_lease_end(expires_at);
             self.stats.grants_takeover += 1;
             self.stats.wait_ms.observe(0);
@@ -1626,6 +1650,7 @@ impl<T: Copy + Default> Engine<T> {
                 let (_, slot) = o.remove();
                 if self.clocked {
                     self.stats.hold_ms.observe(now.since(slot.granted_at));
+                    self.holds.end(slot.granted_at);
                 }
                 out.push(conn, Reply::Released { token, key }, 0);
                 return true;
@@ -1635,6 +1660,7 @@ impl<T: Copy + Default> Engine<T> {
             Some(slot) if slot.token == token => {
                 if self.clocked {
                     self.stats.hold_ms.observe(now.since(slot.granted_at));
+                    self.holds.end(slot.granted_at);
                 }
                 out.push(conn, Reply::Released { token, key }, 0);
                 self.hand_over_or_delete(now, key, out);
@@ -1657,6 +1683,9 @@ impl<T: Copy + Default> Engine<T> {
             Some(slot) if slot.token == token => {
                 self.stats.lease_expiries += 1;
                 out.push_expired(key, token);
+                if self.clocked && token != 0 {
+                    self.holds.end(slot.granted_at);
+                }
                 self.hand_over_or_delete(now, key, out);
                 true
             }
@@ -1816,6 +1845,7 @@ impl<T: Copy + Default> Engine<T> {
         self.stats.grants_handover += 1;
         if self.clocked {
             self.stats.wait_ms.observe(now.since(w.queued_at()));
+            self.holds.start(now);
         }
         let lease_s = w.lease_s();
         let expires_at = self.lease_end(now, lease_s);
@@ -1913,6 +1943,7 @@ impl<T: Copy + Default> Engine<T> {
                     out.push_expired(&key, s.token);
                     self.stats.lease_expiries += 1;
                     self.stats.hold_ms.observe(s.expires_at.since(s.granted_at));
+                    self.holds.end(s.granted_at);
                 }
                 self.hand_over_or_delete(now, &key, out);
             } else {
@@ -1950,6 +1981,7 @@ impl<T: Copy + Default> Engine<T> {
         let end = pass.cursor.saturating_add(SWEEP_STEP_BUCKETS);
         let queues = &self.queues;
         let stats = &mut self.stats;
+        let holds = &mut self.holds;
         let mut floor = pass.floor;
         // Keep a key unless it expired and nobody waits for it.
         let reached = self
@@ -1962,6 +1994,7 @@ impl<T: Copy + Default> Engine<T> {
                     out.push_expired(k, s.token);
                     stats.lease_expiries += 1;
                     stats.hold_ms.observe(s.expires_at.since(s.granted_at));
+                    holds.end(s.granted_at);
                 }
                 keep
             });
@@ -2006,7 +2039,13 @@ impl<T: Copy + Default> Engine<T> {
         let mut total = 0usize;
         let mut by_conn: HashMap<u32, u32> = HashMap::new();
         let mut seen_slots = std::collections::HashSet::new();
+        let mut granted = 0usize;
+        let mut first_grant = None::<Millis>;
         for (key, slot) in self.keys.iter() {
+            if self.clocked && slot.token != 0 {
+                granted += 1;
+                first_grant = Some(first_grant.map_or(slot.granted_at, |g| g.min(slot.granted_at)));
+            }
             assert!(
                 slot.token < self.next_token,
                 "token {} of {key:?} not below next {}",
@@ -2022,6 +2061,18 @@ impl<T: Copy + Default> Engine<T> {
                 "expiry floor {} above the lease end {} of {key:?}",
                 self.expiry_floor,
                 slot.expires_at
+            );
+        }
+        if self.clocked {
+            assert_eq!(
+                self.holds.len(),
+                granted,
+                "the grant ages do not count every grant"
+            );
+            assert_eq!(
+                self.holds.oldest(),
+                first_grant.map(|g| Millis(g.0 / 1000 * 1000)),
+                "the grant ages' oldest second is not the table's"
             );
         }
         for (key, q) in self.queues.iter() {

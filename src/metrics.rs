@@ -8,7 +8,10 @@
 //! [`MAX_BUCKETS`] bounds and three additions. Text is produced only when
 //! the admin port is scraped ([`Exposition`]).
 
+use std::collections::VecDeque;
 use std::fmt::Write as _;
+
+use crate::time::Millis;
 
 /// The most finite buckets a [`Histogram`] has.
 pub const MAX_BUCKETS: usize = 16;
@@ -96,6 +99,179 @@ impl Histogram {
     }
 }
 
+/// The current grants by fencing token, each with the moment it began, for
+/// hold times where the lock table keeps no clock (cluster mode).
+///
+/// Tokens grow with every grant (a later grant has a larger token), so the
+/// grants are kept in a queue sorted by token, which is also grant order:
+/// a grant is pushed at the back, [`HoldIndex::oldest`] is the front (O(1)),
+/// and an ended grant is found by binary search and left as a tombstone,
+/// popped once it reaches the front and swept out when tombstones
+/// outnumber the live grants (amortised O(1)). Once the queue has grown to
+/// the most grants held at once, nothing allocates.
+#[derive(Clone, Debug, Default)]
+pub struct HoldIndex {
+    /// `(token, granted_at)`, increasing tokens; `granted_at` is
+    /// [`Millis::NEVER`] for an ended grant.
+    q: VecDeque<(u64, Millis)>,
+    live: usize,
+}
+
+impl HoldIndex {
+    /// Grant `token` began at `now`.
+    pub fn start(&mut self, token: u64, now: Millis) {
+        match self.q.back() {
+            Some(&(last, _)) if last >= token => {
+                // Not expected (tokens only grow); kept sorted regardless.
+                let at = self.q.partition_point(|&(t, _)| t < token);
+                if self.q.get(at).is_some_and(|&(t, _)| t == token) {
+                    if self.q[at].1 == Millis::NEVER {
+                        self.live += 1;
+                    }
+                    self.q[at].1 = now;
+                    return;
+                }
+                self.q.insert(at, (token, now));
+            }
+            _ => self.q.push_back((token, now)),
+        }
+        self.live += 1;
+    }
+
+    /// Grant `token` ended: when it began, if it was known.
+    pub fn end(&mut self, token: u64) -> Option<Millis> {
+        let at = self.q.partition_point(|&(t, _)| t < token);
+        let slot = self
+            .q
+            .get_mut(at)
+            .filter(|(t, g)| *t == token && *g != Millis::NEVER)?;
+        let began = std::mem::replace(&mut slot.1, Millis::NEVER);
+        self.live -= 1;
+        while self.q.front().is_some_and(|&(_, g)| g == Millis::NEVER) {
+            self.q.pop_front();
+        }
+        if self.q.len() > 2 * self.live + 64 {
+            self.q.retain(|&(_, g)| g != Millis::NEVER);
+        }
+        Some(began)
+    }
+
+    /// When the longest-held current grant began.
+    #[must_use]
+    pub fn oldest(&self) -> Option<Millis> {
+        self.q.front().map(|&(_, g)| g)
+    }
+
+    /// Current grants.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    /// No current grant.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    /// Forgets every grant.
+    pub fn clear(&mut self) {
+        self.q.clear();
+        self.live = 0;
+    }
+}
+
+/// The current grants counted by the second they began, for the longest
+/// current hold where the lock table keeps each grant's start itself
+/// (single mode): nothing per grant, only one counter per second that
+/// still has a current grant.
+///
+/// Grants begin at a clock that never goes back, so a grant adds to the
+/// last second's count or opens a new one at the back; an end finds its
+/// second by binary search and takes one off. Emptied seconds are popped
+/// from the front, and swept out when they outnumber the others
+/// (amortised O(1)). [`GrantAges::oldest`] is the front: O(1), to the
+/// second.
+#[derive(Clone, Debug, Default)]
+pub struct GrantAges {
+    /// `(second, current grants begun in it)`, increasing seconds.
+    q: VecDeque<(u64, u64)>,
+    /// Entries of `q` whose count is 0.
+    empty: usize,
+    live: usize,
+}
+
+impl GrantAges {
+    /// A grant began at `at`.
+    pub fn start(&mut self, at: Millis) {
+        let s = at.0 / 1000;
+        self.live += 1;
+        match self.q.back_mut() {
+            Some((last, n)) if *last == s => {
+                if *n == 0 {
+                    self.empty -= 1;
+                }
+                *n += 1;
+            }
+            Some(&mut (last, _)) if last > s => {
+                // Not expected (the clock does not go back); kept sorted.
+                let i = self.q.partition_point(|&(t, _)| t < s);
+                match self.q.get_mut(i) {
+                    Some((t, n)) if *t == s => {
+                        if *n == 0 {
+                            self.empty -= 1;
+                        }
+                        *n += 1;
+                    }
+                    _ => self.q.insert(i, (s, 1)),
+                }
+            }
+            _ => self.q.push_back((s, 1)),
+        }
+    }
+
+    /// A grant that began at `at` ended.
+    pub fn end(&mut self, at: Millis) {
+        let s = at.0 / 1000;
+        let i = self.q.partition_point(|&(t, _)| t < s);
+        let Some((_, n)) = self.q.get_mut(i).filter(|(t, n)| *t == s && *n > 0) else {
+            debug_assert!(false, "a grant of second {s} ended that never began");
+            return;
+        };
+        *n -= 1;
+        self.live -= 1;
+        if *n == 0 {
+            self.empty += 1;
+        }
+        while self.q.front().is_some_and(|&(_, n)| n == 0) {
+            self.q.pop_front();
+            self.empty -= 1;
+        }
+        if self.empty > 2 * (self.q.len() - self.empty) + 64 {
+            self.q.retain(|&(_, n)| n > 0);
+            self.empty = 0;
+        }
+    }
+
+    /// The start of the second the longest-held current grant began in.
+    #[must_use]
+    pub fn oldest(&self) -> Option<Millis> {
+        self.q.front().map(|&(s, _)| Millis(s * 1000))
+    }
+
+    /// Current grants.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    /// No current grant.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+}
+
 /// Writes a scrape in the Prometheus text format 0.0.4: every metric family
 /// once, with its `# HELP` and `# TYPE` lines before its samples.
 #[derive(Debug, Default)]
@@ -122,6 +298,12 @@ impl Exposition {
     pub fn gauge(&mut self, name: &str, help: &str, v: u64) {
         self.header(name, "gauge", help);
         let _ = writeln!(self.text, "{name} {v}");
+    }
+
+    /// A gauge of a duration in `1 / per_second` seconds, written in seconds.
+    pub fn gauge_seconds(&mut self, name: &str, help: &str, v: u64, per_second: u64) {
+        self.header(name, "gauge", help);
+        let _ = writeln!(self.text, "{name} {}", Seconds(v, per_second));
     }
 
     /// A counter (its name ends in `_total`) with one sample.
@@ -235,6 +417,65 @@ mod tests {
         let c: Vec<_> = h.cumulative().collect();
         assert_eq!(c, vec![(10, 2), (100, 4), (u64::MAX, 6)]);
         assert_eq!((h.count(), h.sum()), (6, 5222));
+    }
+
+    #[test]
+    fn the_hold_index_knows_the_oldest_grant_and_forgets_ended_ones() {
+        let mut h = HoldIndex::default();
+        assert_eq!(h.oldest(), None);
+        h.start(10, Millis(1));
+        h.start(20, Millis(2));
+        h.start(30, Millis(3));
+        assert_eq!((h.oldest(), h.len()), (Some(Millis(1)), 3));
+        // From the middle: the oldest stays.
+        assert_eq!(h.end(20), Some(Millis(2)));
+        assert_eq!(h.end(20), None, "ended once");
+        assert_eq!(h.end(25), None, "never began");
+        assert_eq!(h.oldest(), Some(Millis(1)));
+        assert_eq!(h.end(10), Some(Millis(1)));
+        assert_eq!((h.oldest(), h.len()), (Some(Millis(3)), 1));
+        // Out of order (not expected) still lands sorted.
+        h.start(5, Millis(4));
+        assert_eq!(h.oldest(), Some(Millis(4)));
+        assert_eq!(h.end(5), Some(Millis(4)));
+        assert_eq!(h.end(30), Some(Millis(3)));
+        assert!(h.is_empty() && h.oldest().is_none());
+    }
+
+    #[test]
+    fn the_hold_index_stays_bounded_when_an_old_grant_outlives_many() {
+        let mut h = HoldIndex::default();
+        h.start(1, Millis(0));
+        for t in 2..100_000 {
+            h.start(t, Millis(t));
+            assert_eq!(h.end(t), Some(Millis(t)));
+        }
+        assert_eq!(h.oldest(), Some(Millis(0)));
+        assert!(h.q.len() <= 2 * h.len() + 65, "{} entries", h.q.len());
+    }
+
+    #[test]
+    fn grant_ages_count_by_second_and_know_the_oldest() {
+        let mut g = GrantAges::default();
+        assert_eq!(g.oldest(), None);
+        g.start(Millis(1_200));
+        g.start(Millis(1_900));
+        g.start(Millis(5_000));
+        assert_eq!((g.oldest(), g.len()), (Some(Millis(1_000)), 3));
+        g.end(Millis(1_200));
+        assert_eq!(g.oldest(), Some(Millis(1_000)), "one of second 1 is left");
+        g.end(Millis(1_900));
+        assert_eq!((g.oldest(), g.len()), (Some(Millis(5_000)), 1));
+        g.end(Millis(5_000));
+        assert!(g.is_empty() && g.oldest().is_none());
+        // An old grant outliving many: the queue stays bounded.
+        g.start(Millis(0));
+        for s in 1..100_000u64 {
+            g.start(Millis(s * 1000));
+            g.end(Millis(s * 1000));
+        }
+        assert_eq!((g.oldest(), g.len()), (Some(Millis(0)), 1));
+        assert!(g.q.len() <= 70, "{} entries", g.q.len());
     }
 
     #[test]

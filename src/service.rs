@@ -94,6 +94,20 @@ pub trait Service {
         None
     }
 
+    /// `ticketd_wait_seconds` and `ticketd_hold_seconds` when the service
+    /// keeps them itself (cluster mode: the replicated table has no
+    /// clock); `None`: the engine's own.
+    fn lock_histograms(&self) -> Option<(&crate::metrics::Histogram, &crate::metrics::Histogram)> {
+        None
+    }
+
+    /// How long the longest-held current grant has been held at `now`, for
+    /// `ticketd_oldest_hold_seconds`; `None` when nothing is held. O(1):
+    /// a scrape never walks the table.
+    fn oldest_hold_ms(&self, now: Millis) -> Option<u64> {
+        self.engine().and_then(|e| e.oldest_hold_ms(now))
+    }
+
     /// Whether the service can grant now, for the admin port's
     /// `GET /readyz`: the reason when it cannot.
     ///

@@ -358,7 +358,8 @@ cluster status the node's view of its cluster. Aligned tables, or with
 locks: {\"locks\": [...]} with every page; cluster: /v1/cluster).
 
 OPTIONS:
-    --admin ADDR    host:port of the server's admin port (--admin-listen)
+    --admin ADDR    host:port of the server's admin port (--admin-listen),
+                    or unix:/PATH for one on a Unix socket
                     (default 127.0.0.1:7471)
     --json          print JSON instead of a table
 

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 /// The largest response read: a page of 1,000 locks with the longest keys.
@@ -30,25 +31,48 @@ impl fmt::Display for AdminError {
 
 impl std::error::Error for AdminError {}
 
-/// `GET target` from the admin port at `addr`: the status and the body.
+/// `GET target` from the admin port at `addr` (`host:port`, or
+/// `unix:/path` for `--admin-listen unix:/path`): the status and the body.
 ///
 /// # Errors
 /// The port cannot be reached within `timeout`, or the answer is not an
 /// HTTP response.
 pub fn get(addr: &str, target: &str, timeout: Duration) -> Result<(u16, String), AdminError> {
     let fail = |what: &str, e: &dyn fmt::Display| AdminError(format!("{addr}: {what}: {e}"));
+    if let Some(path) = addr.strip_prefix("unix:") {
+        if path.is_empty() {
+            return Err(AdminError("unix: needs a path".into()));
+        }
+        // A local connect does not wait for a network: no connect timeout.
+        let s = UnixStream::connect(path).map_err(|e| fail("connect", &e))?;
+        s.set_read_timeout(Some(timeout))
+            .and_then(|()| s.set_write_timeout(Some(timeout)))
+            .map_err(|e| fail("socket", &e))?;
+        return exchange(s, addr, "localhost", target);
+    }
     let sock = addr
         .to_socket_addrs()
         .map_err(|e| fail("bad address", &e))?
         .next()
         .ok_or_else(|| AdminError(format!("{addr}: no address")))?;
-    let mut s = TcpStream::connect_timeout(&sock, timeout).map_err(|e| fail("connect", &e))?;
+    let s = TcpStream::connect_timeout(&sock, timeout).map_err(|e| fail("connect", &e))?;
     s.set_read_timeout(Some(timeout))
         .and_then(|()| s.set_write_timeout(Some(timeout)))
         .map_err(|e| fail("socket", &e))?;
+    exchange(s, addr, addr, target)
+}
+
+/// One request on a connected stream, and the response read to its end.
+fn exchange(
+    mut s: impl Read + Write,
+    addr: &str,
+    host: &str,
+    target: &str,
+) -> Result<(u16, String), AdminError> {
+    let fail = |what: &str, e: &dyn fmt::Display| AdminError(format!("{addr}: {what}: {e}"));
     write!(
         s,
-        "GET {target} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
     )
     .map_err(|e| fail("send", &e))?;
     let mut raw = Vec::new();

@@ -61,10 +61,11 @@ use raft::{RawNode, SnapshotStatus, StateRole};
 
 use crate::cluster::command::{Command, DecodeError, Origin, Rid};
 use crate::cluster::rng::SplitMix64;
-use crate::cluster::state::{Effect, StateMachine};
+use crate::cluster::state::{AnswerKind, Effect, StateMachine};
 use crate::cluster::storage::{Disk, LogStore, Wal};
 use crate::engine::{ConnId, Outbox};
 use crate::limits::EngineLimits;
+use crate::metrics::{Histogram, HoldIndex, HOLD_BOUNDS_MS, WAIT_BOUNDS_MS};
 use crate::proto::{Reply, Request};
 use crate::time::Millis;
 use crate::token::TokenRng;
@@ -188,6 +189,8 @@ impl From<raft::Error> for NodeError {
 struct Pending {
     conn: ConnId,
     data: Vec<u8>,
+    /// When the request arrived (for `ticketd_wait_seconds`).
+    received_at: Millis,
     proposed_at: Millis,
     /// The acquire applied and queued: it waits for a later answer and is
     /// never proposed again.
@@ -297,6 +300,13 @@ pub struct Node<D: Disk> {
     syncing: Option<u64>,
     /// The number of the last Ready handled.
     last_ready: u64,
+    /// Request to grant of this node's own clients' acquires.
+    wait_ms: Histogram,
+    /// Grant to release or expiry, counted by the node that is leader
+    /// when the end applies (see [`Node::lock_histograms`]).
+    hold_ms: Histogram,
+    /// Every current grant, with when this node applied it.
+    holds: HoldIndex,
     failed: Option<String>,
     /// The disk wakes the server's poll when a background fsync is over.
     sync_wakes: bool,
@@ -423,10 +433,16 @@ impl<D: Disk> Node<D> {
             unsynced: VecDeque::new(),
             syncing: None,
             last_ready: 0,
+            wait_ms: Histogram::new(WAIT_BOUNDS_MS),
+            hold_ms: Histogram::new(HOLD_BOUNDS_MS),
+            holds: HoldIndex::default(),
             sync_wakes: false,
             failed: None,
             batch: Vec::new(),
         };
+        // Grants restored from the snapshot began before this boot: the
+        // boot is the earliest moment this node knows of.
+        node.reseed_holds(Millis::ZERO);
         node.after_raft_call();
         Ok(node)
     }
@@ -697,6 +713,7 @@ impl<D: Disk> Node<D> {
             Pending {
                 conn,
                 data,
+                received_at: now,
                 proposed_at: now,
                 queued: false,
                 acquire: matches!(req, Request::Acquire { .. }),
@@ -1082,6 +1099,7 @@ impl<D: Disk> Node<D> {
                 });
             }
             self.stats.snapshots_installed += 1;
+            self.reseed_holds(now);
             self.after_snapshot_install();
             self.rn.mut_store().apply_snapshot(snap);
         }
@@ -1281,7 +1299,18 @@ impl<D: Disk> Node<D> {
                 }
                 cmd => cmd,
             };
+            let expiring = match &cmd {
+                Command::Expire { key, token, .. } if self.sm.holder(key) == Some(*token) => {
+                    Some(*token)
+                }
+                _ => None,
+            };
             let res = self.sm.apply_entry(e.index, token_bits, &cmd);
+            if let Command::Expire { key, .. } = &cmd {
+                if let Some(t) = expiring.filter(|&t| self.sm.holder(key) != Some(t)) {
+                    self.hold_ended(now, t);
+                }
+            }
             if !res.duplicate {
                 #[cfg(any(test, feature = "testkit"))]
                 if let Some(t) = self.trace.last_mut().filter(|t| t.index == e.index) {
@@ -1300,6 +1329,7 @@ impl<D: Disk> Node<D> {
                         if !p.queued {
                             if let Command::Acquire { key, owner, .. } = &cmd {
                                 if let Some(token) = self.sm.granted_to(key, rid) {
+                                    self.wait_ms.observe(now.since(p.received_at));
                                     let reply = Reply::Acquired {
                                         token,
                                         owner: *owner,
@@ -1347,6 +1377,7 @@ impl<D: Disk> Node<D> {
                         token,
                         lease_s,
                     } => {
+                        self.holds.start(token, now);
                         if self.timers_ready {
                             self.push_timer(
                                 lease_deadline(now, lease_s),
@@ -1381,6 +1412,9 @@ impl<D: Disk> Node<D> {
                 }
             }
             for ans in &res.answers {
+                if let AnswerKind::Released(t) = ans.kind {
+                    self.hold_ended(now, t);
+                }
                 if !mine(ans.rid) {
                     continue;
                 }
@@ -1389,6 +1423,9 @@ impl<D: Disk> Node<D> {
                 };
                 if p.conn != ans.conn {
                     continue;
+                }
+                if matches!(ans.kind, AnswerKind::Acquired(_)) {
+                    self.wait_ms.observe(now.since(p.received_at));
                 }
                 out.push(ans.conn, ans.reply(), 0);
                 self.finish(ans.rid.seq);
@@ -1409,6 +1446,48 @@ impl<D: Disk> Node<D> {
                 p.proposed_at = Millis::ZERO;
             }
         }
+    }
+
+    /// Grant `token` ended (released, or its lease expired) as this node
+    /// applied it at `now`.
+    fn hold_ended(&mut self, now: Millis, token: u64) {
+        if let Some(began) = self.holds.end(token) {
+            if self.is_leader() {
+                self.hold_ms.observe(now.since(began));
+            }
+        }
+    }
+
+    /// The grants of the table as it is now, all begun at `at`: the
+    /// table keeps no clock, so for a table restored from a snapshot
+    /// the restore is the earliest moment this node knows of.
+    fn reseed_holds(&mut self, at: Millis) {
+        self.holds.clear();
+        let mut tokens: Vec<u64> = self.sm.holders().map(|(_, t, _, _)| t).collect();
+        tokens.sort_unstable();
+        for t in tokens {
+            self.holds.start(t, at);
+        }
+    }
+
+    /// `ticketd_wait_seconds` and `ticketd_hold_seconds` in cluster mode.
+    ///
+    /// A wait is counted by the node its client is connected to, from the
+    /// request's arrival to the grant's answer. A hold is counted once in
+    /// the cluster, by the node that is leader when its end applies, from
+    /// when that node applied the grant to when it applied the release or
+    /// the expiry: every node keeps the grant times, so a new leader
+    /// measures holds that began under the old one. Summed over the
+    /// cluster's nodes, both count each grant once.
+    #[must_use]
+    pub fn lock_histograms(&self) -> (&Histogram, &Histogram) {
+        (&self.wait_ms, &self.hold_ms)
+    }
+
+    /// When the longest-held current grant began, as this node applied it.
+    #[must_use]
+    pub fn oldest_hold(&self) -> Option<Millis> {
+        self.holds.oldest()
     }
 
     fn finish(&mut self, seq: u64) {

@@ -395,6 +395,14 @@ impl Service for ClusterService {
         Some(self.node.state_machine().engine())
     }
 
+    fn oldest_hold_ms(&self, now: Millis) -> Option<u64> {
+        self.node.oldest_hold().map(|at| now.since(at))
+    }
+
+    fn lock_histograms(&self) -> Option<(&crate::metrics::Histogram, &crate::metrics::Histogram)> {
+        Some(self.node.lock_histograms())
+    }
+
     /// Ready when a leader is known and this node has applied an entry of
     /// the leader's term (so its table includes every earlier grant).
     fn readiness(&self, _now: Millis) -> Result<(), String> {

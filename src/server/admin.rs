@@ -21,6 +21,12 @@
 //!   while the pass ran: a key added or removed during it may or may not
 //!   appear. A pass restarts when the table grows (which reorders it).
 //!
+//! It listens on TCP or on a Unix socket (`unix:/path`); a Unix socket is
+//! made like the client ones (`--socket-mode`, a stale file replaced) and
+//! its peers are checked against `--allow-uid` / `--allow-gid` at accept:
+//! the admin port names every key and holder count, so a host that limits
+//! who may take locks limits who may list them the same way.
+//!
 //! Requests are parsed with `httparse`. Only `GET` is served (405 for
 //! other methods); unknown paths are 404; a bad query or key is 400 with
 //! the reason in the body.
@@ -31,15 +37,18 @@ use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 
 use mio::event::Event;
-use mio::net::{TcpListener, TcpStream};
+use mio::net::TcpListener;
 use mio::{Interest, Registry, Token};
 use slab::Slab;
 
+use crate::config::{AdminListen, Config};
 use crate::engine::{LockInfo, LockTable};
 use crate::metrics::{self, Exposition};
 use crate::service::Service;
 use crate::time::Millis;
 
+use super::transport::{PeerAddr, Stream};
+use super::unix::{self, UnixListen};
 use super::Stats;
 
 /// The most admin connections open at once.
@@ -98,8 +107,8 @@ struct Listing {
 
 #[derive(Debug)]
 struct AdminConn {
-    stream: TcpStream,
-    peer: SocketAddr,
+    stream: Stream,
+    peer: PeerAddr,
     rbuf: Vec<u8>,
     wbuf: Vec<u8>,
     cursor: usize,
@@ -113,11 +122,21 @@ struct AdminConn {
     done: bool,
 }
 
+/// The socket the admin port accepts on.
+#[derive(Debug)]
+enum Listener {
+    Tcp(TcpListener, SocketAddr),
+    Unix {
+        listen: UnixListen,
+        allow_uids: Vec<u32>,
+        allow_gids: Vec<u32>,
+    },
+}
+
 /// The admin listener and its connections. See the module documentation.
 #[derive(Debug)]
 pub(crate) struct Admin {
-    listener: TcpListener,
-    local_addr: SocketAddr,
+    listener: Listener,
     conn_base: usize,
     conns: Slab<AdminConn>,
     accept_ready: bool,
@@ -128,6 +147,8 @@ pub(crate) struct Admin {
     next_check: Millis,
     /// Admin connections refused at [`ADMIN_MAX_CONNS`].
     pub refused: u64,
+    /// Unix-socket admin connections refused by `--allow-uid` / `--allow-gid`.
+    pub refused_peer: u64,
 }
 
 /// What the admin port reads to answer: the loop's own state.
@@ -141,27 +162,33 @@ pub(crate) struct View<'a, S: Service> {
 }
 
 impl Admin {
-    /// Binds `addr` and registers the listener.
+    /// Binds `at` (a Unix socket with `config`'s mode and allow lists) and
+    /// registers the listener.
     pub(crate) fn bind(
-        addr: SocketAddr,
+        at: &AdminListen,
+        config: &Config,
         registry: &Registry,
         conn_base: usize,
     ) -> io::Result<Self> {
-        let socket = socket2::Socket::new(
-            socket2::Domain::for_address(addr),
-            socket2::Type::STREAM,
-            Some(socket2::Protocol::TCP),
-        )?;
-        socket.set_reuse_address(true)?;
-        socket.set_nonblocking(true)?;
-        socket.bind(&addr.into())?;
-        socket.listen(128)?;
-        let mut listener = TcpListener::from_std(socket.into());
-        let local_addr = listener.local_addr()?;
-        registry.register(&mut listener, LISTENER, Interest::READABLE)?;
+        let listener = match at {
+            AdminListen::Tcp(addr) => {
+                let mut l = bind_tcp(*addr)?;
+                let local = l.local_addr()?;
+                registry.register(&mut l, LISTENER, Interest::READABLE)?;
+                Listener::Tcp(l, local)
+            }
+            AdminListen::Unix(path) => {
+                let mut listen = unix::bind(path, config.socket_mode)?;
+                registry.register(&mut listen.listener, LISTENER, Interest::READABLE)?;
+                Listener::Unix {
+                    listen,
+                    allow_uids: config.allow_uids.clone(),
+                    allow_gids: config.allow_gids.clone(),
+                }
+            }
+        };
         Ok(Admin {
             listener,
-            local_addr,
             conn_base,
             conns: Slab::new(),
             accept_ready: true,
@@ -169,12 +196,54 @@ impl Admin {
             listings: 0,
             next_check: Millis::ZERO,
             refused: 0,
+            refused_peer: 0,
         })
     }
 
-    /// The address bound.
-    pub(crate) fn local_addr(&self) -> SocketAddr {
-        self.local_addr
+    /// The TCP address bound; `None` on a Unix socket.
+    pub(crate) fn local_addr(&self) -> Option<SocketAddr> {
+        match &self.listener {
+            Listener::Tcp(_, a) => Some(*a),
+            Listener::Unix { .. } => None,
+        }
+    }
+
+    /// Where the port listens, for the logs: `ADDR` or `unix:/path`.
+    pub(crate) fn describe(&self) -> String {
+        match &self.listener {
+            Listener::Tcp(_, a) => a.to_string(),
+            Listener::Unix { listen, .. } => format!("unix:{}", listen.path.display()),
+        }
+    }
+
+    /// One pending connection, with its peer; `Ok(None)` when one was
+    /// taken from the backlog and dropped (no credentials, not allowed).
+    fn accept_one(&mut self) -> io::Result<Option<(Stream, PeerAddr)>> {
+        match &mut self.listener {
+            Listener::Tcp(l, _) => {
+                let (s, peer) = l.accept()?;
+                Ok(Some((Stream::Tcp(s), PeerAddr::Tcp(peer))))
+            }
+            Listener::Unix {
+                listen,
+                allow_uids,
+                allow_gids,
+            } => {
+                let (s, _) = listen.listener.accept()?;
+                let Ok((uid, gid, pid)) = unix::peer_cred(&s) else {
+                    return Ok(None);
+                };
+                if !unix::allowed(uid, gid, allow_uids, allow_gids) {
+                    log::debug!(
+                        "admin: refused uid={uid} gid={gid} pid={pid}: not in --allow-uid / \
+                         --allow-gid"
+                    );
+                    self.refused_peer += 1;
+                    return Ok(None);
+                }
+                Ok(Some((Stream::Unix(s), PeerAddr::Unix { uid, gid, pid })))
+            }
+        }
     }
 
     /// True when `token` is one of the admin port's.
@@ -254,15 +323,19 @@ impl Admin {
             return;
         }
         for _ in 0..ACCEPTS_PER_TURN {
-            match self.listener.accept() {
-                Ok((mut stream, peer)) => {
+            match self.accept_one() {
+                Ok(None) => {}
+                Ok(Some((mut stream, peer))) => {
                     if self.conns.len() >= ADMIN_MAX_CONNS {
                         self.refused += 1;
                         continue;
                     }
                     let key = self.conns.vacant_key();
                     let token = Token(self.conn_base + key);
-                    if let Err(e) = registry.register(&mut stream, token, Interest::READABLE) {
+                    let Some(source) = stream.source() else {
+                        continue;
+                    };
+                    if let Err(e) = registry.register(source, token, Interest::READABLE) {
                         log::warn!("admin {peer}: cannot register the connection: {e}");
                         continue;
                     }
@@ -340,10 +413,12 @@ impl Admin {
                 Interest::READABLE | Interest::WRITABLE
             };
             if want != c.interest {
-                if registry
-                    .reregister(&mut c.stream, Token(self.conn_base + key), want)
-                    .is_err()
-                {
+                let token = Token(self.conn_base + key);
+                let ok = c
+                    .stream
+                    .source()
+                    .is_some_and(|s| registry.reregister(s, token, want).is_ok());
+                if !ok {
                     c.done = true;
                 }
                 c.interest = want;
@@ -368,10 +443,26 @@ impl Admin {
             if matches!(c.state, State::Listing(_)) {
                 self.listings -= 1;
             }
-            let _ = registry.deregister(&mut c.stream);
+            if let Some(s) = c.stream.source() {
+                let _ = registry.deregister(s);
+            }
         }
         self.active.retain(|&k| self.conns.contains(k));
     }
+}
+
+/// A non-blocking TCP listener on `addr`.
+fn bind_tcp(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(128)?;
+    Ok(TcpListener::from_std(socket.into()))
 }
 
 /// Reads what has arrived and, once the head is complete, routes it.
@@ -737,7 +828,7 @@ fn write_some(c: &mut AdminConn) {
         Ok(n) => {
             c.cursor += n;
             if c.cursor >= c.wbuf.len() {
-                let _ = c.stream.shutdown(std::net::Shutdown::Write);
+                let _ = c.stream.shutdown_write();
                 c.done = true;
             }
         }
@@ -768,6 +859,7 @@ fn render_metrics<S: Service>(now: Millis, view: &View<'_, S>) -> String {
         &[
             ("max_conns", s.refused),
             ("admin_max_conns", s.admin_refused),
+            ("admin_peer_not_allowed", s.admin_refused_peer),
         ],
     );
     e.counter(
@@ -827,16 +919,26 @@ fn render_metrics<S: Service>(now: Millis, view: &View<'_, S>) -> String {
             "Grants whose lease ran out before a release.",
             es.lease_expiries,
         );
+        let (wait, hold) = view
+            .service
+            .lock_histograms()
+            .unwrap_or((&es.wait_ms, &es.hold_ms));
         e.histogram(
             "ticketd_wait_seconds",
             "Request to grant, for every grant.",
-            &es.wait_ms,
+            wait,
             1000,
         );
         e.histogram(
             "ticketd_hold_seconds",
             "Grant to release or expiry.",
-            &es.hold_ms,
+            hold,
+            1000,
+        );
+        e.gauge_seconds(
+            "ticketd_oldest_hold_seconds",
+            "How long the longest-held current lock has been held; 0 when none is.",
+            view.service.oldest_hold_ms(now).unwrap_or(0),
             1000,
         );
     }

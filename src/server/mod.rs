@@ -194,6 +194,9 @@ pub struct Stats {
     pub throttled: u64,
     /// Admin connections accepted and closed at once (too many open).
     pub admin_refused: u64,
+    /// Unix-socket admin connections closed at once: the peer's uid and
+    /// gid are not in `--allow-uid` / `--allow-gid`.
+    pub admin_refused_peer: u64,
     /// Well-formed requests handled: acquire, release, extend.
     pub requests: [u64; 3],
     /// Replies sent: acquired, timeout, busy, released, not released,
@@ -316,14 +319,16 @@ impl<S: Service> Server<S> {
             unix_listeners.push((l, true));
         }
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-        let admin = match config.admin_listen {
+        let admin = match &config.admin_listen {
             Some(addr) => Some(
-                admin::Admin::bind(addr, poll.registry(), ADMIN_CONN_BASE).map_err(|e| {
-                    io::Error::new(
-                        e.kind(),
-                        format!("cannot listen on {addr} (--admin-listen): {e}"),
-                    )
-                })?,
+                admin::Admin::bind(addr, &config, poll.registry(), ADMIN_CONN_BASE).map_err(
+                    |e| {
+                        io::Error::new(
+                            e.kind(),
+                            format!("cannot listen on {addr} (--admin-listen): {e}"),
+                        )
+                    },
+                )?,
             ),
             None => None,
         };
@@ -340,7 +345,7 @@ impl<S: Service> Server<S> {
                 .map(|p| format!("unix:{}", p.display())),
         );
         if let Some(a) = &admin {
-            log::info!("admin port (HTTP) on {}", a.local_addr());
+            log::info!("admin port (HTTP) on {}", a.describe());
         }
         log::info!(
             "ticketd {} listening on {} {} {}",
@@ -439,10 +444,11 @@ impl<S: Service> Server<S> {
         self.local_addr
     }
 
-    /// The address of the admin port, when `--admin-listen` is given.
+    /// The TCP address of the admin port, when `--admin-listen` gives one
+    /// (`None` for `unix:/path`, and without the flag).
     #[must_use]
     pub fn admin_addr(&self) -> Option<SocketAddr> {
-        self.admin.as_ref().map(admin::Admin::local_addr)
+        self.admin.as_ref().and_then(admin::Admin::local_addr)
     }
 
     /// The configuration the server runs with.
@@ -713,6 +719,7 @@ impl<S: Service> Server<S> {
         };
         admin.turn(now, self.poll.registry(), &view);
         self.stats.admin_refused = admin.refused;
+        self.stats.admin_refused_peer = admin.refused_peer;
     }
 
     fn accept(&mut self, now: Millis) {

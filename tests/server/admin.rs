@@ -745,6 +745,131 @@ fn cluster_status_metrics_and_readyz_follow_the_majority() {
     }
 }
 
+/// `name` of node `i`'s scrape, waiting up to 10 s for `until` to hold.
+#[cfg(feature = "cluster")]
+fn cluster_sample(c: &Cluster, i: usize, name: &str, until: impl Fn(f64) -> bool) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = sample(&get(c.admin(i), "/metrics").1, name);
+        if until(v) || Instant::now() > deadline {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(feature = "cluster")]
+#[test]
+fn cluster_wait_and_hold_histograms_count_what_clients_did() {
+    let c = Cluster::start("admin-hist");
+    for i in 0..3 {
+        c.wait_ready(i, 200, Duration::from_secs(30));
+    }
+    let (_, body) = get(c.admin(0), "/v1/cluster");
+    let l: usize = py(&body, "j['leader']").parse::<usize>().unwrap() - 1;
+    // The clients talk to a follower: it answers them and counts waits;
+    // the leader counts holds.
+    let f = (l + 1) % 3;
+    let mut a = c.nodes[f].0.connect();
+    let mut b = c.nodes[f].0.connect();
+    let k1 = token(&a.acquire_reply("h1", 1, 0, 60));
+    let k2 = token(&a.acquire_reply("h2", 2, 0, 60));
+    // A waiter on h1, handed it after at least 300 ms.
+    b.acquire("h1", 3, 30, 60);
+    let queued = Instant::now() + Duration::from_secs(10);
+    while py(&get(c.admin(f), "/v1/locks/h1").1, "j['waiters']") != "1" {
+        assert!(Instant::now() < queued, "the waiter never queued");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // Every node knows how long h1 (the oldest grant) has been held.
+    for i in 0..3 {
+        let m = get(c.admin(i), "/metrics").1;
+        let oldest = sample(&m, "ticketd_oldest_hold_seconds");
+        assert!((0.3..60.0).contains(&oldest), "node {}: {oldest}", i + 1);
+    }
+    assert!(matches!(a.release_reply("h1", k1), Reply::Released { .. }));
+    let k1b = token(&b.recv());
+    assert!(matches!(a.release_reply("h2", k2), Reply::Released { .. }));
+    assert!(matches!(b.release_reply("h1", k1b), Reply::Released { .. }));
+    // A grant left to expire: held for its whole 1 s lease.
+    token(&a.acquire_reply("h3", 4, 0, 1));
+    // Not counted: a release with the wrong token, a busy answer.
+    assert!(matches!(
+        a.release_reply("h2", k2),
+        Reply::NotReleased { .. }
+    ));
+
+    let waits = cluster_sample(&c, f, "ticketd_wait_seconds_count", |v| v >= 4.0);
+    assert_eq!(waits, 4.0, "four grants answered by node {}", f + 1);
+    let m = get(c.admin(f), "/metrics").1;
+    assert!(
+        sample(&m, "ticketd_wait_seconds_bucket{le=\"0.1\"}") <= 3.0,
+        "{m}"
+    );
+    assert!(sample(&m, "ticketd_wait_seconds_sum") >= 0.3, "{m}");
+    for i in (0..3).filter(|&i| i != f) {
+        let m = get(c.admin(i), "/metrics").1;
+        assert_eq!(
+            sample(&m, "ticketd_wait_seconds_count"),
+            0.0,
+            "node {}",
+            i + 1
+        );
+    }
+
+    let holds = cluster_sample(&c, l, "ticketd_hold_seconds_count", |v| v >= 4.0);
+    let m = get(c.admin(l), "/metrics").1;
+    assert_eq!(sample(&m, "ticketd_raft_leader_id"), (l + 1) as f64, "{m}");
+    assert_eq!(holds, 4.0, "three releases and an expiry: {m}");
+    // h1 first held >= 300 ms, h3 >= 1 s.
+    assert!(
+        sample(&m, "ticketd_hold_seconds_bucket{le=\"0.1\"}") <= 2.0,
+        "{m}"
+    );
+    assert!(sample(&m, "ticketd_hold_seconds_sum") >= 1.3, "{m}");
+    for i in (0..3).filter(|&i| i != l) {
+        let m = get(c.admin(i), "/metrics").1;
+        assert_eq!(
+            sample(&m, "ticketd_hold_seconds_count"),
+            0.0,
+            "node {}",
+            i + 1
+        );
+    }
+    // Nothing is held any more, on any node.
+    for i in 0..3 {
+        let oldest = cluster_sample(&c, i, "ticketd_oldest_hold_seconds", |v| v == 0.0);
+        assert_eq!(oldest, 0.0, "node {}", i + 1);
+    }
+}
+
+#[test]
+fn the_oldest_hold_gauge_follows_the_longest_current_grant() {
+    let (t, admin) = start(&[]);
+    let oldest = || sample(&get(admin, "/metrics").1, "ticketd_oldest_hold_seconds");
+    assert_eq!(oldest(), 0.0, "nothing held");
+    let mut c = t.connect();
+    let k1 = token(&c.acquire_reply("o1", 1, 0, 255));
+    std::thread::sleep(Duration::from_millis(400));
+    let k2_at = Instant::now();
+    let k2 = token(&c.acquire_reply("o2", 2, 0, 255));
+    // Extending keeps the grant's start.
+    assert!(matches!(
+        c.extend_reply("o1", k1, 255),
+        Reply::Extended { .. }
+    ));
+    let v = oldest();
+    assert!((0.4..60.0).contains(&v), "o1 held for {v} s");
+    assert!(matches!(c.release_reply("o1", k1), Reply::Released { .. }));
+    // To the second o2 began in: at most 1 s more than its hold.
+    let v = oldest();
+    let bound = k2_at.elapsed().as_secs_f64() + 1.0;
+    assert!(v <= bound, "o2 is the oldest now: {v} s, at most {bound} s");
+    assert!(matches!(c.release_reply("o2", k2), Reply::Released { .. }));
+    assert_eq!(oldest(), 0.0, "nothing held");
+}
+
 /// Runs `ticket ARGS...`: exit status, stdout, stderr.
 fn ticket(args: &[&str]) -> (i32, String, String) {
     let out = common::bin_command(common::ticket_bin())
@@ -828,6 +953,111 @@ fn ticket_status_and_locks_read_the_admin_port() {
     assert_eq!(code, 125, "{err}");
 }
 
+/// One HTTP/1.1 exchange on a Unix socket: status and body; `None` when
+/// the server closed the connection without an answer.
+fn unix_get(path: &Path, target: &str) -> Option<(u16, String)> {
+    let mut s = std::os::unix::net::UnixStream::connect(path).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // A refused peer may see the socket closed under this write.
+    let _ = write!(s, "GET {target} HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    if raw.is_empty() {
+        return None;
+    }
+    let text = String::from_utf8(raw).expect("UTF-8 response");
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    Some((status, body.to_string()))
+}
+
+#[test]
+fn the_admin_port_on_a_unix_socket_has_its_mode_and_checks_peers() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tmp_dir("unix");
+    let sock = dir.join("admin.sock");
+    let me = unsafe { libc::geteuid() }.to_string();
+    let t = Ticketd::start(&[
+        "--admin-listen",
+        &format!("unix:{}", sock.display()),
+        "--socket-mode",
+        "0600",
+        "--allow-uid",
+        &me,
+    ]);
+    assert!(
+        t.log()
+            .contains(&format!("admin port (HTTP) on unix:{}", sock.display())),
+        "{}",
+        t.log()
+    );
+    assert_eq!(
+        std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let mut c = t.connect();
+    let tok = token(&c.acquire_reply("u/1", 1, 0, 255));
+    let (status, body) = unix_get(&sock, "/v1/locks/u%2F1").expect("an answer");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        py(&body, "(j['key'], j['token'])"),
+        format!("('u/1', {tok})")
+    );
+    let (status, m) = unix_get(&sock, "/metrics").expect("an answer");
+    assert_eq!(status, 200);
+    assert_eq!(sample(&m, "ticketd_keys"), 1.0);
+    assert_eq!(
+        sample(
+            &m,
+            "ticketd_connections_refused_total{reason=\"admin_peer_not_allowed\"}"
+        ),
+        0.0
+    );
+
+    // The CLI reads it with --admin unix:/path.
+    let a = format!("unix:{}", sock.display());
+    let (code, out, err) = ticket(&["status", "u/1", "--admin", &a, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(py(&out, "j['token']"), tok.to_string());
+    let (code, out, err) = ticket(&["locks", "u/", "--admin", &a]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.lines().nth(1).unwrap().split("  ").next(), Some("u/1"));
+    let (code, _, err) = ticket(&["cluster", "status", "--admin", &a]);
+    assert_eq!(code, 125, "{err}");
+    assert!(err.contains("not a cluster node"), "{err}");
+    let gone = format!("unix:{}", dir.join("nobody.sock").display());
+    let (code, _, err) = ticket(&["status", "u/1", "--admin", &gone]);
+    assert_eq!(code, 125, "{err}");
+    assert!(err.contains("connect"), "{err}");
+
+    // Stopped: the socket file goes with the server.
+    drop(c);
+    let mut t = t;
+    assert!(t.terminate().success());
+    assert!(!sock.exists(), "the socket file is removed at the end");
+
+    // A peer whose uid is not listed is closed without an answer.
+    let other = (unsafe { libc::geteuid() } + 1).to_string();
+    let t = Ticketd::start(&[
+        "--admin-listen",
+        &format!("unix:{}", sock.display()),
+        "--allow-uid",
+        &other,
+        "--log-level",
+        "debug",
+    ]);
+    assert_eq!(unix_get(&sock, "/livez"), None);
+    assert!(
+        t.wait_for_log("admin: refused uid=", Duration::from_secs(10)),
+        "{}",
+        t.log()
+    );
+    let (code, _, err) = ticket(&["status", "u/1", "--admin", &a]);
+    assert_eq!(code, 125, "{err}");
+    drop(t);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn the_sample_alert_rules_in_the_docs_pass_promtool() {
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/OPERATIONS.md"))
@@ -840,6 +1070,40 @@ fn the_sample_alert_rules_in_the_docs_pass_promtool() {
     let out = Command::new("promtool")
         .args(["check", "rules"])
         .arg(&file)
+        .output()
+        .expect("promtool must be installed (apt-get install prometheus)");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The held-too-long alert fires on a lock held past 15 minutes and not
+    // before: a gauge that grows by 60 s a minute, then drops to 0.
+    let tests = dir.join("tests.yml");
+    std::fs::write(
+        &tests,
+        "rule_files: [rules.yml]\n\
+         evaluation_interval: 1m\n\
+         tests:\n\
+         \x20 - interval: 1m\n\
+         \x20   input_series:\n\
+         \x20     - series: 'ticketd_oldest_hold_seconds{instance=\"a\",job=\"ticketd\"}'\n\
+         \x20       values: '0+60x20 0x5'\n\
+         \x20   alert_rule_test:\n\
+         \x20     - {eval_time: 14m, alertname: TicketdLockHeldTooLong, exp_alerts: []}\n\
+         \x20     - {eval_time: 23m, alertname: TicketdLockHeldTooLong, exp_alerts: []}\n\
+         \x20     - eval_time: 16m\n\
+         \x20       alertname: TicketdLockHeldTooLong\n\
+         \x20       exp_alerts:\n\
+         \x20         - exp_labels: {severity: warning, instance: a, job: ticketd}\n\
+         \x20           exp_annotations:\n\
+         \x20             summary: 'a lock on a has been held for 16m 0s'\n",
+    )
+    .unwrap();
+    let out = Command::new("promtool")
+        .args(["test", "rules"])
+        .arg(&tests)
         .output()
         .expect("promtool must be installed (apt-get install prometheus)");
     assert!(
