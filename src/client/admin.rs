@@ -36,6 +36,20 @@ impl std::error::Error for AdminError {}
 /// The port cannot be reached within `timeout`, or the answer is not an
 /// HTTP response.
 pub fn get(addr: &str, target: &str, timeout: Duration) -> Result<(u16, String), AdminError> {
+    request(addr, "GET", target, timeout)
+}
+
+/// `METHOD target` (no body) to the admin port at `addr`: the status and
+/// the body. `POST` and `DELETE` change a cluster's members.
+///
+/// # Errors
+/// As [`get`].
+pub fn request(
+    addr: &str,
+    method: &str,
+    target: &str,
+    timeout: Duration,
+) -> Result<(u16, String), AdminError> {
     let fail = |what: &str, e: &dyn fmt::Display| AdminError(format!("{addr}: {what}: {e}"));
     let sock = addr
         .to_socket_addrs()
@@ -48,7 +62,8 @@ pub fn get(addr: &str, target: &str, timeout: Duration) -> Result<(u16, String),
         .map_err(|e| fail("socket", &e))?;
     write!(
         s,
-        "GET {target} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "{method} {target} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: \
+         close\r\n\r\n"
     )
     .map_err(|e| fail("send", &e))?;
     let mut raw = Vec::new();

@@ -26,6 +26,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::cluster::command::{Command, DecodeError, Origin, Reader, Rid, Writer};
+use crate::cluster::members::Members;
 use crate::engine::{Acquire, AcquireOutcome, Engine, Outbox, WaiterId};
 use crate::limits::EngineLimits;
 use crate::proto::Reply;
@@ -179,8 +180,9 @@ struct ConnRec {
 const NO_CONN: u64 = 0;
 
 /// Version 2 added each holder's request id, version 3 each grant's lease
-/// generation; versions 1 and 2 are still read (generation 0).
-const SNAPSHOT_VERSION: u8 = 3;
+/// generation, version 4 the members (peer addresses and removed ids,
+/// [`Members`]); versions 1 to 3 are still read (generation 0, no members).
+const SNAPSHOT_VERSION: u8 = 4;
 
 /// The room [`StateMachine::snapshot_bound`] leaves for the request ledger
 /// and the connection map (and a raft message's own fields around it).
@@ -197,6 +199,7 @@ pub struct StateMachine {
     dedup: BTreeMap<u64, DedupRec>,
     conns: BTreeMap<Origin, ConnRec>,
     next_engine_conn: u64,
+    members: Members,
 }
 
 impl StateMachine {
@@ -212,7 +215,19 @@ impl StateMachine {
             dedup: BTreeMap::new(),
             conns: BTreeMap::new(),
             next_engine_conn: NO_CONN + 1,
+            members: Members::default(),
         }
+    }
+
+    /// The cluster's members: peer addresses and removed ids.
+    #[must_use]
+    pub fn members(&self) -> &Members {
+        &self.members
+    }
+
+    /// The members, to apply a conf change or fill in addresses.
+    pub fn members_mut(&mut self) -> &mut Members {
+        &mut self.members
     }
 
     /// The token the next grant would carry (at least).
@@ -748,6 +763,7 @@ impl StateMachine {
             w.origin(*origin);
             w.u64(c.engine_conn);
         }
+        self.members.encode(&mut w);
         w.buf
     }
 
@@ -831,6 +847,9 @@ impl StateMachine {
                     waiters: 0,
                 },
             );
+        }
+        if v >= 4 {
+            sm.members = Members::decode(&mut r)?;
         }
         r.finish()?;
         sm.replay_into_engine(next_token)?;
