@@ -12,6 +12,8 @@
 #   ADD_CLIENTS=50       lockers of the cycle load
 #   ADD_STEADY_S=5       seconds of the steady-rate measurement
 #   ADD_OUT=target/bench where the JSON results and node logs go
+#   ADD_NO_BUILD=1       use the binaries already in target/release (and
+#                        ADD_LOADGEN, default target/release/ticket-bench)
 #
 # Everything listens on loopback only and is stopped on exit.
 set -euo pipefail
@@ -22,9 +24,12 @@ CLIENTS=${ADD_CLIENTS:-50}
 STEADY=${ADD_STEADY_S:-5}
 OUT=${ADD_OUT:-target/bench}
 mkdir -p "$OUT"
-cargo build --release --bin ticketd --bin ticket -p ticketd --features cluster >&2
-cargo build --release -p ticketd-bench --bin ticket-bench >&2
+if [ -z "${ADD_NO_BUILD:-}" ]; then
+  cargo build --release --bin ticketd --bin ticket -p ticketd --features cluster >&2
+  cargo build --release -p ticketd-bench --bin ticket-bench >&2
+fi
 BIN=target/release
+LOADGEN=${ADD_LOADGEN:-$BIN/ticket-bench}
 WORK=$(mktemp -d)
 PIDS=()
 cleanup() {
@@ -47,16 +52,23 @@ for i in 1 2 3; do start "$i" --peers "$PEERS3"; done
 start 4 --join --peers "$PEERS4"
 SERVERS="127.0.0.1:17611,127.0.0.1:17612,127.0.0.1:17613"
 ADMINS=(--admin 127.0.0.1:17621 --admin 127.0.0.1:17622 --admin 127.0.0.1:17623)
-for _ in $(seq 100); do
-  "$BIN/ticket" cluster status --admin 127.0.0.1:17621 2>/dev/null | grep -q leader && break
-  sleep 0.2
-done
+ready() { # a leader that serves: one acquire through node 1 is granted
+  "$BIN/ticket" cluster status --admin 127.0.0.1:17621 2>/dev/null |
+    grep -Eq '^[0-9]+ +[0-9.:]+ +leader'
+}
+for _ in $(seq 150); do ready && break; sleep 0.2; done
+sleep 1
 
 echo "holding $LOCKS locks..." >&2
-"$BIN/ticket-bench" --server "$SERVERS" --mode acquire --requests "$LOCKS" \
+"$LOADGEN" --server "$SERVERS" --mode acquire --requests "$LOCKS" \
   --lease 255 --connections 50 --depth 16 --quiet --json >"$OUT/member-add-fill.json"
+HELD=$(grep -o '"grants":[0-9]*' "$OUT/member-add-fill.json" | head -1 | cut -d: -f2)
+if [ "$HELD" != "$LOCKS" ]; then
+  echo "only $HELD of $LOCKS locks granted (see $OUT/member-add-fill.json)" >&2
+  exit 1
+fi
 echo "steady cycle rate ($STEADY s)..." >&2
-"$BIN/ticket-bench" --server "$SERVERS" --mode cycle --connections "$CLIENTS" \
+"$LOADGEN" --server "$SERVERS" --mode cycle --connections "$CLIENTS" \
   --duration "$STEADY" --quiet --json >"$OUT/member-add-steady.json"
 
 echo "adding node 4 under the same load..." >&2
@@ -66,7 +78,7 @@ touch "$WORK/run"
 (
   while [ -f "$WORK/run" ]; do
     s0=$(date +%s.%N)
-    r=$("$BIN/ticket-bench" --server "$SERVERS" --mode cycle --connections "$CLIENTS" \
+    r=$("$LOADGEN" --server "$SERVERS" --mode cycle --connections "$CLIENTS" \
       --duration 2 --quiet --json | grep -o '"grants_per_s":[0-9]*' | cut -d: -f2)
     echo "$s0 $(date +%s.%N) $r"
   done
