@@ -100,7 +100,7 @@ SEEDS ?= 100
 FIRST ?= 1
 .PHONY: sim
 sim: sim-single
-	SIM_SEEDS=$(SEEDS) SIM_FIRST=$(FIRST) $(CARGO) test --release --test cluster_sim many_seeds -- --nocapture
+	SIM_SEEDS=$(SEEDS) SIM_FIRST=$(FIRST) $(CARGO) test --release --test cluster sim::many_seeds -- --nocapture
 
 # Lock cycles/s of a 3-node cluster (fsync on) against one etcd node (driven
 # through its JSON gateway and through its own gRPC client, bench/etcd-native,
@@ -121,10 +121,9 @@ bench-cluster:
 .PHONY: sim-single
 sim-single:
 	SIM_SEEDS=$(SEEDS) $(if $(filter command line,$(origin FIRST)),SIM_FIRST=$(FIRST)) \
-	  $(CARGO) test --release --test sim_single every_seed -- --nocapture
+	  $(CARGO) test --release --test engine sim_single::every_seed -- --nocapture
 
 # Real-process fault tests (docs/RELIABILITY.md); part of `make test` too.
 .PHONY: faults
 faults:
-	$(CARGO) test --test faults_single -- --nocapture
-	$(CARGO) test --test cluster_faults -- --nocapture
+	$(CARGO) test --test faults -- --nocapture

@@ -80,7 +80,7 @@
 //!   allocates only for a key longer than 30 bytes (the stored key); T, N,
 //!   a tick with nothing due and a disconnect without waiters do not
 //!   allocate; a reused [`Outbox`] stops allocating after warm-up
-//!   (`tests/engine_alloc.rs`). The contended path allocates a
+//!   (`tests/engine/alloc.rs`). The contended path allocates a
 //!   queue when a key gets its first waiter (the shared key and the
 //!   `VecDeque` buffer) and, now and then, a B-tree node for a timer; the
 //!   list of a connection that gets its first waiter is reused from earlier

@@ -1,4 +1,4 @@
-//! cargo-fuzz entry point; the body and its checks are in `ticketd_fuzz::decode_reply`.
+//! cargo-fuzz entry point; the body and its checks are in `ticketd_testkit::fuzz::decode_reply`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| ticketd_fuzz::decode_reply(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| ticketd_testkit::fuzz::decode_reply(data));

@@ -1,4 +1,4 @@
-//! cargo-fuzz entry point; the body and its checks are in `ticketd_fuzz::decode_request`.
+//! cargo-fuzz entry point; the body and its checks are in `ticketd_testkit::fuzz::decode_request`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| ticketd_fuzz::decode_request(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| ticketd_testkit::fuzz::decode_request(data));

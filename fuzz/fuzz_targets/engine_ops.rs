@@ -1,4 +1,4 @@
-//! cargo-fuzz entry point; the body and its checks are in `ticketd_fuzz::engine_ops`.
+//! cargo-fuzz entry point; the body and its checks are in `ticketd_testkit::fuzz::engine_ops`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| ticketd_fuzz::engine_ops(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| ticketd_testkit::fuzz::engine_ops(data));

@@ -1,4 +1,4 @@
-//! cargo-fuzz entry point; the body and its checks are in `ticketd_fuzz::cluster::peer_decode`.
+//! cargo-fuzz entry point; the body and its checks are in `ticketd_testkit::fuzz::cluster::peer_decode`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| ticketd_fuzz::cluster::peer_decode(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| ticketd_testkit::fuzz::cluster::peer_decode(data));

@@ -1,4 +1,4 @@
-//! cargo-fuzz entry point; the body and its checks are in `ticketd_fuzz::cluster::wal_recovery`.
+//! cargo-fuzz entry point; the body and its checks are in `ticketd_testkit::fuzz::cluster::wal_recovery`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| ticketd_fuzz::cluster::wal_recovery(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| ticketd_testkit::fuzz::cluster::wal_recovery(data));

@@ -17,6 +17,8 @@
 //! * [`netns`]: network partitions between real nodes, in a private network
 //!   namespace with nftables.
 //! * [`rng`]: the tests' seeded generator.
+//! * [`fuzz`]: the bodies of the cargo-fuzz targets (`fuzz/`), which the
+//!   tests also run over seeded inputs and every saved crash.
 //!
 //! It needs ticketd's `testkit` feature (the in-memory disk and the node's
 //! trace hooks), which must never be on in a production build.
@@ -26,6 +28,7 @@ pub mod checker;
 pub mod cluster;
 #[cfg(feature = "cluster")]
 pub mod cluster_sim;
+pub mod fuzz;
 pub mod netns;
 pub mod process;
 pub mod proxy;

@@ -30,7 +30,7 @@
 //! Every run's history goes through `ticketd::checker` (mutual exclusion
 //! across restarts, since each has a grace; token order, FIFO hand-over, every request answered
 //! once), and the engine's `check_invariants()` runs after every server step.
-//! A failure names the seed; `SIM_SEED=N cargo test --test sim_single` reruns
+//! A failure names the seed; `SIM_SEED=N cargo test --test engine sim_single::` reruns
 //! it alone, and `make sim-single SEEDS=N` runs N fresh seeds (from a random
 //! first seed, or `FIRST=`).
 

@@ -1,13 +1,12 @@
 //! The fuzz targets' bodies as ordinary tests.
 //!
-//! `fuzz/src/lib.rs` holds the checks each cargo-fuzz target runs; it is
-//! compiled in here too, so this file can (1) replay every input the fuzzer
+//! `ticketd_testkit::fuzz` holds the checks each cargo-fuzz target runs;
+//! this file calls them too, so it can (1) replay every input the fuzzer
 //! ever crashed on, as a named regression test, and (2) run each body over a
 //! seeded stream of random and structured inputs, which is the smoke CI runs
 //! even where cargo-fuzz is not installed.
 
-#[path = "../fuzz/src/lib.rs"]
-mod bodies;
+use ticketd_testkit::fuzz as bodies;
 
 /// xorshift64*: a tiny deterministic generator, so a failure names its seed.
 struct Rng(u64);

@@ -180,6 +180,8 @@ fn assert_tokens_rise(s: &Setup, attempts: &[Attempt], before_us: u64, after_us:
 
 #[test]
 fn isolated_leader_grants_nothing_and_the_majority_elects_a_new_one() {
+    // Never beside a single-mode fault test measuring its timings.
+    let _timed = crate::shared();
     let Some(mut s) = Setup::start("isolate") else {
         return;
     };
@@ -274,6 +276,8 @@ fn isolated_leader_grants_nothing_and_the_majority_elects_a_new_one() {
 
 #[test]
 fn one_way_partitions_are_safe_and_heal() {
+    // Never beside a single-mode fault test measuring its timings.
+    let _timed = crate::shared();
     let Some(mut s) = Setup::start("oneway") else {
         return;
     };
@@ -350,6 +354,8 @@ fn one_way_partitions_are_safe_and_heal() {
 
 #[test]
 fn a_cut_off_follower_grants_nothing_and_catches_up() {
+    // Never beside a single-mode fault test measuring its timings.
+    let _timed = crate::shared();
     let Some(mut s) = Setup::start("minority") else {
         return;
     };
@@ -433,6 +439,8 @@ fn random_fault(s: &mut Setup, rng: &mut SplitMix64) -> String {
 
 #[test]
 fn random_partitions_from_a_seed_stay_safe() {
+    // Never beside a single-mode fault test measuring its timings.
+    let _timed = crate::shared();
     // The seed fixes the schedule of faults (not the timing of the
     // processes): TICKETD_NEMESIS_SEED=<n> runs another one, and
     // TICKETD_NEMESIS_STEPS=<n> a longer one.

@@ -3,7 +3,7 @@
 //!
 //! `cargo test` runs a few fixed seeds. For long runs:
 //! `make sim SEEDS=200` (or `SIM_SEEDS=200 SIM_FIRST=1000 cargo test
-//! --release --test cluster_sim many_seeds -- --nocapture`); a failure
+//! --release --test cluster sim::many_seeds -- --nocapture`); a failure
 //! prints its seed, and `SIM_FIRST=<seed> SIM_SEEDS=1` replays it. Even
 //! seeds run 3 nodes and odd seeds 5; `SIM_NODES=3` (or 5) runs every seed
 //! with that many.

@@ -2,7 +2,7 @@
 //! every seed passes the history checker under faults, a seed replays
 //! exactly, and servers with planted bugs are caught.
 //!
-//! A failure names the seed; `SIM_SEED=N cargo test --test sim_single` reruns
+//! A failure names the seed; `SIM_SEED=N cargo test --test engine sim_single::` reruns
 //! it alone, and `make sim-single SEEDS=N` runs N fresh seeds (from a random
 //! first seed, or `FIRST=`).
 
@@ -50,7 +50,7 @@ fn every_seed_passes_the_checker_under_faults() {
     for &seed in &list {
         let (result, s, _) = run_seed(seed, None);
         let report = result.unwrap_or_else(|e| {
-            panic!("sim seed {seed} failed: {e}\n  rerun: SIM_SEED={seed} cargo test --test sim_single")
+            panic!("sim seed {seed} failed: {e}\n  rerun: SIM_SEED={seed} cargo test --test engine sim_single::")
         });
         total.acquires += report.acquires;
         total.keys += report.keys;
@@ -159,14 +159,14 @@ fn one_seed_gives_the_same_history_in_every_process() {
     }
     let mine = digests(&list);
     let exe = std::env::current_exe().expect("the test binary's path");
+    // libtest names a test by its path below the crate root.
+    let name = module_path!()
+        .split_once("::")
+        .map_or(String::new(), |(_, m)| format!("{m}::"))
+        + "one_seed_gives_the_same_history_in_every_process";
     for child in 0..2 {
         let output = std::process::Command::new(&exe)
-            .args([
-                "--exact",
-                "one_seed_gives_the_same_history_in_every_process",
-                "--nocapture",
-                "--test-threads=1",
-            ])
+            .args(["--exact", &name, "--nocapture", "--test-threads=1"])
             .env(CHILD, "1")
             .env_remove("SIM_SEED")
             .output()

@@ -203,7 +203,7 @@ fn tokens_after_a_restart_exceed_those_before_it_with_a_data_dir() {
     let dir = temp_dir("restart");
     let d = dir.to_str().unwrap();
     // The keys stay held across each restart: without a restart grace the
-    // next start grants them at once (tests/restart_grace.rs has the grace).
+    // next start grants them at once (tests/server/restart_grace.rs has the grace).
     let args = ["--data-dir", d, "--restart-grace", "off"];
     let mut server = Ticketd::start(&args);
     let before = grant(&server, "a");

@@ -1,10 +1,11 @@
 //! Bodies of the ticketd fuzz targets, with the properties they check.
 //!
 //! Each function takes the fuzzer's bytes and panics (with a message naming
-//! the broken property) on the first violation. The same file is compiled
-//! into `tests/fuzz_regressions.rs` with `#[path]`, so every crash the fuzzer
-//! finds is replayed by `cargo test` without cargo-fuzz, and CI can run the
-//! bodies over a seeded stream of random inputs.
+//! the broken property) on the first violation. The cargo-fuzz targets
+//! (`fuzz/fuzz_targets/`) call them, and so does
+//! `tests/engine/fuzz_regressions.rs`: every crash the fuzzer finds is
+//! replayed by `cargo test` without cargo-fuzz, and CI runs the bodies over a
+//! seeded stream of random inputs.
 //!
 //! * [`decode_request`], [`decode_reply`]: arbitrary bytes and an arbitrary
 //!   `max_key_bytes` through the codec. A frame never claims more bytes than
@@ -31,7 +32,6 @@
 use std::collections::{BTreeMap, HashMap};
 
 #[cfg(feature = "cluster")]
-#[path = "cluster.rs"]
 pub mod cluster;
 
 use ticketd::engine::{Acquire, AcquireOutcome, ConnId, Engine, Outbox, WaiterId};

@@ -5,7 +5,7 @@
 //! prints. The benchmarks' programs are tested in bench/.
 //!
 //! `cargo test` builds the examples next to the test binaries; a test run
-//! restricted to this file (`cargo test --test examples`) does not, so a
+//! restricted to this file (`cargo test --test server examples::`) does not, so a
 //! missing example is built first with `cargo build --example`.
 
 use ticketd_testkit::process as common;
@@ -236,7 +236,7 @@ fn examples_directory_has_a_test_for_every_example() {
         let name = path.file_stem().and_then(|s| s.to_str()).expect("a name");
         assert!(
             me.contains(&format!("\"{name}\"")),
-            "examples/{name}.rs is run by no test in tests/examples.rs"
+            "examples/{name}.rs is run by no test in tests/server/examples.rs"
         );
     }
 }

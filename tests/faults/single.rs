@@ -33,14 +33,10 @@ use std::time::{Duration, Instant};
 use common::{Client, NoReply, Reply, Ticketd};
 use ticketd_testkit::checker::{History, Outcome, RealClock, ReleaseOutcome, Report};
 
-/// The tests here measure timings and load the machine; they run one at a
-/// time so that one's load does not show up in another's figures.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+// The tests here measure timings and load the machine; they run one at a
+// time, and alone in the binary, so that no other test's load shows up in
+// their figures.
+use crate::alone as serial;
 
 fn temp_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("ticketd-fault-{name}-{}", std::process::id()));
@@ -709,7 +705,7 @@ fn a_full_data_dir_stops_start_up_cleanly_and_loses_nothing() {
     let data_s = data.to_str().unwrap().to_string();
     // The keys stay held across the kill; without a restart grace the
     // restarted server grants them again at once (this test is about the
-    // mark; tests/restart_grace.rs is about the grace).
+    // mark; tests/server/restart_grace.rs is about the grace).
     let args = [
         "--listen",
         "127.0.0.1:0",

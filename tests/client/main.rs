@@ -1,0 +1,14 @@
+//! The official blocking client (`ticketd::client`) against the real
+//! `ticketd`: SPEC §3's rules, contention through one shared client,
+//! keep-alive at scale, and what a client guards against.
+//!
+//! One test binary; `cargo test --test client MODULE::` runs one file. The
+//! thread and descriptor leak test is a binary of its own
+//! (`tests/client_leaks.rs`): it counts the whole process's threads and open
+//! files, so nothing else may run beside it. Helpers come from
+//! `ticketd_testkit`.
+
+mod contention;
+mod keepalive;
+mod rules;
+mod security;

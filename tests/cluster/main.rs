@@ -1,0 +1,13 @@
+//! Cluster mode (feature `cluster`): one node over a real data directory,
+//! three real `ticketd --cluster` processes on loopback, peer security and
+//! mutual TLS, and the deterministic 3- and 5-node simulations.
+//!
+//! One test binary; `cargo test --test cluster MODULE::` runs one file.
+//! Helpers come from `ticketd_testkit`.
+
+mod members;
+mod node;
+mod process;
+mod security;
+mod sim;
+mod tls;

@@ -1,0 +1,20 @@
+//! The single-mode server, mostly as the real `ticketd` and `ticket`
+//! binaries: SPEC §1 and §2 over TCP, limits, the daemon's command line and
+//! signals, the data directory and restart grace, the admin port, systemd
+//! socket activation, the `ticket` command, the library embedded in-process,
+//! and every program in `examples/`.
+//!
+//! One test binary; `cargo test --test server MODULE::` runs one file.
+//! Helpers come from `ticketd_testkit`.
+
+mod admin;
+mod cli_ticket;
+mod data_dir;
+mod embed;
+mod examples;
+mod limits;
+mod process;
+mod restart_grace;
+mod spec;
+mod systemd;
+mod wire;
