@@ -34,6 +34,8 @@ CG_PORT=17490
 KEEPALIVE_PORT=17471
 ADMIN_TICKETD_PORT=17472
 ADMIN_PORT=17473
+TLS_TICKETD_PORT=17474
+TLS_REDIS_PORT=17380
 KEEPALIVE_LOCKS=${BENCH_KEEPALIVE_LOCKS:-100000}
 KEEPALIVE_SECS=${BENCH_KEEPALIVE_SECONDS:-25}
 
@@ -61,6 +63,7 @@ log() { printf '== %s\n' "$*" >&2; }
 # ---------------------------------------------------------------- setup
 need_apt=()
 command -v redis-server >/dev/null || need_apt+=(redis-server)
+command -v openssl >/dev/null || need_apt+=(openssl)
 command -v etcd >/dev/null || need_apt+=(etcd-server)
 command -v valgrind >/dev/null || need_apt+=(valgrind)
 # protoc builds etcd's gRPC client (bench/etcd-native) for the cluster part.
@@ -149,6 +152,38 @@ start_redis() {
     PID=$!
     PIDS+=("$PID")
     wait_port "$REDIS_PORT" 10
+}
+
+# TLS rows: one CA and a server certificate for 127.0.0.1 (openssl), the
+# same files for ticketd (--tls-cert) and Redis (--tls-port).
+make_certs() {
+    local d="$TMP/tls"
+    mkdir -p "$d"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+        -subj /CN=bench-ca -keyout "$d/ca-key.pem" -out "$d/ca.pem" 2>/dev/null
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=bench \
+        -keyout "$d/server-key.pem" -out "$d/server.csr" 2>/dev/null
+    printf 'basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1\n' >"$d/server.ext"
+    openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" -CAkey "$d/ca-key.pem" \
+        -CAcreateserial -days 2 -extfile "$d/server.ext" -out "$d/server.pem" 2>/dev/null
+}
+
+start_tls_ticketd() {
+    "$TICKETD" --listen "127.0.0.1:$TLS_TICKETD_PORT" --log-level warn \
+        --tls-cert "$TMP/tls/server.pem" --tls-key "$TMP/tls/server-key.pem" &
+    PID=$!
+    PIDS+=("$PID")
+    wait_port "$TLS_TICKETD_PORT" 10
+}
+
+start_tls_redis() {
+    redis-server --port 0 --tls-port "$TLS_REDIS_PORT" --bind 127.0.0.1 --save '' \
+        --appendonly no --daemonize no --loglevel warning --dir "$TMP" \
+        --tls-cert-file "$TMP/tls/server.pem" --tls-key-file "$TMP/tls/server-key.pem" \
+        --tls-ca-cert-file "$TMP/tls/ca.pem" --tls-auth-clients no >"$TMP/redis-tls.log" 2>&1 &
+    PID=$!
+    PIDS+=("$PID")
+    wait_port "$TLS_REDIS_PORT" 10
 }
 
 start_limit() {
@@ -264,6 +299,11 @@ start_etcd
 EPID=$PID
 start_admin_ticketd
 APID=$PID
+make_certs
+start_tls_ticketd
+TTPID=$PID
+start_tls_redis
+TRPID=$PID
 
 common=(--duration "$SECS" --warmup "$WARM" --connections 50 --mode cycle --keys uncontended)
 contended=(--duration "$SECS" --warmup "$WARM" --connections 100 --mode contended --keys hot:10 --wait 5)
@@ -274,6 +314,11 @@ for ((round = 1; round <= ROUNDS; round++)); do
         bench "cycle-d$d-limit" "$round" "$LPID" --server "127.0.0.1:$LIMIT_PORT" "${common[@]}" --depth "$d"
         bench "cycle-d$d-redis" "$round" "$RPID" --backend redis --server "127.0.0.1:$REDIS_PORT" "${common[@]}" --depth "$d"
     done
+    # TLS (1.3, the same certificate for both): cycle at depth 16.
+    bench cycle-d16-ticketd-tls "$round" "$TTPID" --server "127.0.0.1:$TLS_TICKETD_PORT" \
+        --tls-ca "$TMP/tls/ca.pem" "${common[@]}" --depth 16
+    bench cycle-d16-redis-tls "$round" "$TRPID" --backend redis --server "127.0.0.1:$TLS_REDIS_PORT" \
+        --tls-ca "$TMP/tls/ca.pem" "${common[@]}" --depth 16
     bench cycle-d64-ticketd-admin "$round" "$APID" --server "127.0.0.1:$ADMIN_TICKETD_PORT" "${common[@]}" --depth 64
     # Extend flood beside cycle: the same connections and depth, one lock per
     # slot extended back to back, to compare an extend's server CPU with a
@@ -320,12 +365,16 @@ for d in 1 16 64; do
 done
 median cycle-d1-etcd requests_per_s
 median cycle-d64-ticketd-admin requests_per_s
+median cycle-d16-ticketd-tls requests_per_s
+median cycle-d16-redis-tls requests_per_s
 median extend-flood-d16 server_cpu_us_per_extend
 median keepalive server_cpu_core_pct
 median keepalive-single server_cpu_core_pct
 for s in ticketd redis redis-poll100 etcd; do median "contended-$s" wait_p99_us; done
 stop "$TPID"
 stop "$RPID"
+stop "$TTPID"
+stop "$TRPID"
 stop "$LPID"
 stop "$EPID"
 stop "$SCRAPER"
@@ -389,6 +438,8 @@ for d in 1 16 64; do
 done
 t=$(rps cycle-d64-ticketd-admin) b=$(rps cycle-d64-ticketd)
 row "cycle depth 64, admin port scraped 10/s" "$t" "" "" "" "" "" "admin/plain $(ratio "$t" "$b") (target: within noise of 1)"
+t=$(rps cycle-d16-ticketd-tls) r=$(rps cycle-d16-redis-tls) b=$(rps cycle-d16-ticketd)
+row "cycle depth 16 over TLS, requests/s" "$t" "$r" "" "" "$(ratio "$t" "$r")" "" "t/redis >= 3; TLS/plaintext $(ratio "$t" "$b") (target >= 0.6)"
 t=$(cpu cycle-d16-ticketd) r=$(cpu cycle-d16-redis) l=$(cpu cycle-d16-limit)
 row "cycle depth 16, server CPU us/req" "$t" "$r" "$l" "" "$(ratio "$t" "$r")" "$(ratio "$t" "$l")" "t/limit <= 2"
 row "instructions/request, depth 16" "$IR_T" "$IR_R" "$IR_L" "" "$(ratio "$IR_T" "$IR_R")" "$(ratio "$IR_T" "$IR_L")" "ticketd <= 500"
@@ -489,6 +540,13 @@ for d in 1 16 64; do
     check_rounds "cycle depth $d, ticketd / redis" ">=" "$want_r" "$(ratio "$t" "$r")" \
         $(round_ratios "cycle-d$d-ticketd" "cycle-d$d-redis" requests_per_s)
 done
+t=$(rps cycle-d16-ticketd-tls) r=$(rps cycle-d16-redis-tls) b=$(rps cycle-d16-ticketd)
+# shellcheck disable=SC2046
+check_rounds "cycle depth 16 TLS, ticketd / redis" ">=" 3 "$(ratio "$t" "$r")" \
+    $(round_ratios cycle-d16-ticketd-tls cycle-d16-redis-tls requests_per_s)
+# shellcheck disable=SC2046
+check_rounds "cycle depth 16, ticketd TLS / plaintext" ">=" 0.6 "$(ratio "$t" "$b")" \
+    $(round_ratios cycle-d16-ticketd-tls cycle-d16-ticketd requests_per_s)
 check "cycle depth 16, server CPU ticketd / limit" "$(ratio "$(cpu cycle-d16-ticketd)" "$(cpu cycle-d16-limit)")" "<=" 2
 check "instructions per request, depth 16" "$IR_T" "<=" 500 "limit server: $IR_L"
 check "contended p99 wait, ticketd / redis" "$(ratio "$(jget "$ct" wait_p99_us)" "$(jget "$cr" wait_p99_us)")" "<=" 0.2

@@ -114,6 +114,9 @@ pub struct Config {
     /// Serve plaintext on an address that is not loopback (`--insecure`);
     /// without it, such a `listen` is refused (protected mode).
     pub insecure: bool,
+    /// TLS on the TCP client listener (`--tls-cert`, `--tls-key`,
+    /// `--tls-client-ca`); plaintext when `None`.
+    pub tls: Option<TlsFiles>,
     /// The admin port (HTTP: health, metrics, lock introspection), off
     /// when `None`; [`DEFAULT_ADMIN_LISTEN`] is the suggested address.
     pub admin_listen: Option<SocketAddr>,
@@ -146,10 +149,23 @@ impl Default for Config {
             max_lease_s: DEFAULT_MAX_LEASE_S,
             log_level: LevelFilter::Info,
             insecure: false,
+            tls: None,
             admin_listen: None,
             listen_fd: None,
         }
     }
+}
+
+/// The PEM files of TLS on the client port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The server's certificate chain (`--tls-cert`).
+    pub cert: PathBuf,
+    /// Its private key (`--tls-key`).
+    pub key: PathBuf,
+    /// With it, every client must present a certificate chaining to these
+    /// CA certificates (`--tls-client-ca`).
+    pub client_ca: Option<PathBuf>,
 }
 
 /// A command-line or configuration error, with a message for a person.
@@ -195,11 +211,18 @@ USAGE:
 FLAGS (defaults in brackets):
     --listen ADDR              address to listen on; port 0 picks a free port [127.0.0.1:7470].
                                An address that is not loopback is refused (protected
-                               mode: exit 2) unless --insecure is given
+                               mode: exit 2) unless --tls-client-ca or --insecure
+                               is given
                                `--listen unix:/PATH` listens on a Unix socket; --listen
                                may be given several times (one TCP address at most)
     --insecure                 serve plaintext on an address that is not loopback:
                                anyone who reaches it can take and hold any lock
+    --tls-cert FILE            TLS (1.3 and 1.2) on the TCP listener with this
+                               certificate chain (PEM); needs --tls-key
+    --tls-key FILE             the certificate's private key (PEM)
+    --tls-client-ca FILE       every client must present a certificate chaining to
+                               this CA (PEM). With it, a listener that is not
+                               loopback needs no --insecure
     --socket-mode OCTAL        permissions of Unix socket files [0660]
     --allow-uid N              only peers of this user id may use the Unix sockets
                                (SO_PEERCRED; repeatable; with --allow-gid: either)
@@ -338,6 +361,13 @@ fn grace(s: &str) -> Result<RestartGrace, String> {
     }
 }
 
+fn file(s: &str) -> Result<PathBuf, String> {
+    if s.is_empty() {
+        return Err("needs a file name".into());
+    }
+    Ok(PathBuf::from(s))
+}
+
 fn octal_mode(s: &str) -> Result<u32, String> {
     match u32::from_str_radix(s.trim_start_matches("0o"), 8) {
         Ok(m) if m <= 0o777 => Ok(m),
@@ -464,6 +494,22 @@ impl Config {
             c.log_level = v;
         }
         c.insecure = args.contains("--insecure");
+        let cert = flag(args, "--tls-cert", file)?;
+        let key = flag(args, "--tls-key", file)?;
+        let client_ca = flag(args, "--tls-client-ca", file)?;
+        c.tls = match (cert, key) {
+            (Some(cert), Some(key)) => Some(TlsFiles {
+                cert,
+                key,
+                client_ca,
+            }),
+            (None, None) if client_ca.is_none() => None,
+            _ => {
+                return Err(ConfigError(
+                    "--tls-cert and --tls-key go together (and --tls-client-ca needs both)".into(),
+                ))
+            }
+        };
         if let Some(v) = flag(args, "--admin-listen", address)? {
             c.admin_listen = Some(v);
         }
@@ -504,6 +550,18 @@ impl Config {
         if self.max_frames_per_turn == 0 {
             return fail("--max-frames-per-turn must be at least 1".into());
         }
+        if self.tls.is_some() && !cfg!(feature = "tls") {
+            return fail(
+                "--tls-cert: this ticketd was built without TLS (the `tls` feature)".into(),
+            );
+        }
+        if self.tls.is_some() && !self.listen_tcp {
+            return fail(
+                "--tls-cert applies to the TCP listener: give --listen HOST:PORT (Unix \
+                 sockets are guarded by their file mode and --allow-uid instead)"
+                    .into(),
+            );
+        }
         self.check_protected().map_err(ConfigError)?;
         if self.unix_listen.len() > MAX_UNIX_LISTENERS {
             return fail(format!("at most {MAX_UNIX_LISTENERS} --listen unix:/path"));
@@ -535,7 +593,17 @@ impl Config {
     /// this host: allowed only with `insecure` (and then warned about).
     #[must_use]
     pub fn plaintext_off_loopback(&self) -> bool {
-        self.listen_tcp && !self.listen.ip().is_loopback()
+        self.listen_tcp && !self.listen.ip().is_loopback() && !self.client_certs_required()
+    }
+
+    /// TLS on the client port with `--tls-client-ca`: only clients holding
+    /// a certificate from that CA get to send a request. The one TLS
+    /// setting protected mode accepts off loopback: TLS without a client
+    /// CA encrypts, but anyone who reaches the port can still take and
+    /// hold any lock.
+    #[must_use]
+    pub fn client_certs_required(&self) -> bool {
+        self.tls.as_ref().is_some_and(|t| t.client_ca.is_some())
     }
 
     /// Protected mode: a listener that is not loopback is refused unless
@@ -548,11 +616,17 @@ impl Config {
             return Ok(());
         }
         Err(format!(
-            "--listen {} is not a loopback address, and clients would speak plaintext: \
+            "--listen {} is not a loopback address, and clients would not be authenticated{}: \
              anyone who reaches it could take, hold and release any lock. Listen on \
-             127.0.0.1 or ::1 (and let clients reach it through something you trust), or \
-             pass --insecure to serve plaintext on a network you trust (docs/SECURITY.md)",
-            self.listen
+             127.0.0.1 or ::1 (and let clients reach it through something you trust), \
+             require client certificates (--tls-cert, --tls-key and --tls-client-ca), or \
+             pass --insecure to serve it anyway on a network you trust (docs/SECURITY.md)",
+            self.listen,
+            if self.tls.is_some() {
+                " (TLS without --tls-client-ca)"
+            } else {
+                " (plaintext)"
+            }
         ))
     }
 
@@ -714,6 +788,43 @@ mod tests {
     fn an_equals_sign_gets_a_hint() {
         let e = parse(&["--max-conns=5"]).unwrap_err();
         assert!(e.0.contains("--max-conns 5"), "{e}");
+    }
+
+    #[test]
+    #[cfg(feature = "tls")]
+    fn tls_with_a_client_ca_is_protected_and_tls_without_is_not() {
+        let tls = ["--tls-cert", "c.pem", "--tls-key", "k.pem"];
+        let mut args = vec!["--listen", "0.0.0.0:7470"];
+        args.extend(tls);
+        let e = parse(&args).unwrap_err();
+        assert!(e.0.contains("TLS without --tls-client-ca"), "{e}");
+        args.extend(["--tls-client-ca", "ca.pem"]);
+        let Ok(Parsed::Run(c)) = parse(&args) else {
+            panic!("TLS with a client CA is refused off loopback");
+        };
+        assert!(c.client_certs_required() && !c.plaintext_off_loopback());
+        assert_eq!(
+            c.tls,
+            Some(TlsFiles {
+                cert: "c.pem".into(),
+                key: "k.pem".into(),
+                client_ca: Some("ca.pem".into()),
+            })
+        );
+        let e = parse(&["--tls-cert", "c.pem"]).unwrap_err();
+        assert!(e.0.contains("--tls-key"), "{e}");
+        let e = parse(&["--tls-client-ca", "ca.pem"]).unwrap_err();
+        assert!(e.0.contains("--tls-cert"), "{e}");
+        let e = parse(&[
+            "--listen",
+            "unix:/tmp/x.sock",
+            "--tls-cert",
+            "c",
+            "--tls-key",
+            "k",
+        ])
+        .unwrap_err();
+        assert!(e.0.contains("TCP listener"), "{e}");
     }
 
     #[test]

@@ -18,6 +18,19 @@
 //!   operations [`Engine::expire`] and [`Engine::wait_timeout`], which a leader
 //!   proposes and every node applies; a stale one is a no-op.
 //!
+//! # Events and tags
+//!
+//! Besides the replies, the outbox records what happened as typed
+//! [`Event`]s: a grant fresh, by takeover or by handover, a timeout, a
+//! release, an extension, a lease that ran out. An [`Engine<T>`] carries a
+//! tag of type `T` with every grant and queued acquire (`()` in single
+//! mode, where it costs nothing): the caller gives it with
+//! [`Engine::acquire_tagged`], the waiter's tag becomes its grant's, and
+//! every event that answers an acquire reports it. Cluster mode tags each
+//! with its request and builds its answers and timers from the events
+//! alone. [`Engine::write_image`] and [`Engine::restore`] are the
+//! engine's deterministic snapshot (module `image`).
+//!
 //! # Restart grace
 //!
 //! [`Engine::set_restart_grace`] (single mode, after a restart within the
@@ -110,6 +123,10 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
+mod image;
+
+pub use image::{Image, ImageError, ImageReader, KeyImage, TagCodec, WaiterImage};
+
 use crate::hash::{KeyStr, SipKey, StrEntry, StrMap};
 use crate::limits::EngineLimits;
 use crate::metrics::{Histogram, HOLD_BOUNDS_MS, WAIT_BOUNDS_MS};
@@ -150,19 +167,61 @@ pub enum AcquireOutcome {
     Busy,
 }
 
+/// How a grant came about (SPEC §2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grant {
+    /// The key was not registered (or a service pushed the reply itself).
+    Fresh,
+    /// The key's lease had run out and an acquire took it over at once
+    /// (single mode's lazy takeover, ahead of any queue).
+    Takeover,
+    /// The grant before it ended (release or expiry) and the head waiter
+    /// got the key.
+    Handover,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
-    Acquired,
+    Acquired(Grant),
     Timeout,
     Busy,
     Released,
     NotReleased,
     Extended,
     NotExtended,
+    /// A lease ran out (no reply: nobody is told). The key is
+    /// `Outbox::expired_keys[frame_start..frame_end]`.
+    Expired,
+}
+
+impl Kind {
+    /// Bytes of the frame before the key: the op and one or two words.
+    fn header_len(self) -> usize {
+        match self {
+            Kind::Acquired(_) => 17,
+            Kind::Expired => 0,
+            _ => 9,
+        }
+    }
+
+    /// The reply's place in [`Outbox::tally`]; `None` for an event without
+    /// a reply.
+    fn tally_index(self) -> Option<usize> {
+        Some(match self {
+            Kind::Acquired(_) => 0,
+            Kind::Timeout => 1,
+            Kind::Busy => 2,
+            Kind::Released => 3,
+            Kind::NotReleased => 4,
+            Kind::Extended => 5,
+            Kind::NotExtended => 6,
+            Kind::Expired => return None,
+        })
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
-struct OutMsg {
+struct OutMsg<T> {
     conn: ConnId,
     kind: Kind,
     lease_s: u8,
@@ -171,16 +230,8 @@ struct OutMsg {
     /// The encoded frame is `Outbox::frames[frame_start..frame_end]`.
     frame_start: usize,
     frame_end: usize,
-}
-
-impl Kind {
-    /// Bytes of the frame before the key: the op and one or two words.
-    fn header_len(self) -> usize {
-        match self {
-            Kind::Acquired => 17,
-            _ => 9,
-        }
-    }
+    /// The tag of the request the event answers (see [`Engine`]).
+    tag: T,
 }
 
 /// One reply addressed to a connection, as read back from an [`Outbox`].
@@ -196,18 +247,125 @@ pub struct Addressed<'a> {
     pub lease_s: u8,
 }
 
-/// Replies produced by the engine, in the order produced.
+/// What the engine did, as read back from an [`Outbox`] with
+/// [`Outbox::events`]: every reply (with how a grant came about and the tag
+/// of the request it answers) and every lease that ran out. Single mode
+/// sends the replies' bytes; cluster mode builds its answers and timers
+/// from these.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event<'a, T> {
+    /// `key` was granted to `owner` on `conn` with `token` for `lease_s`.
+    Granted {
+        /// The connection answered.
+        conn: ConnId,
+        /// The lock name.
+        key: &'a str,
+        /// The new fencing token.
+        token: u64,
+        /// The acquire's owner.
+        owner: u64,
+        /// The lease, in seconds.
+        lease_s: u8,
+        /// Fresh, takeover or handover.
+        how: Grant,
+        /// The tag of the acquire granted.
+        tag: T,
+    },
+    /// An acquire got Timeout: at once (`wait = 0`) or when its wait ran out.
+    TimedOut {
+        /// The connection answered.
+        conn: ConnId,
+        /// The lock name.
+        key: &'a str,
+        /// The acquire's owner.
+        owner: u64,
+        /// The tag of the acquire.
+        tag: T,
+    },
+    /// An acquire got Busy (a capacity limit).
+    Busy {
+        /// The connection answered.
+        conn: ConnId,
+        /// The lock name.
+        key: &'a str,
+        /// The acquire's owner.
+        owner: u64,
+        /// The tag of the acquire.
+        tag: T,
+    },
+    /// A release took effect.
+    Released {
+        /// The connection answered.
+        conn: ConnId,
+        /// The lock name.
+        key: &'a str,
+        /// The grant released.
+        token: u64,
+    },
+    /// A release did not take effect.
+    NotReleased {
+        /// The connection answered.
+        conn: ConnId,
+        /// The lock name.
+        key: &'a str,
+        /// The token given.
+        token: u64,
+    },
+    /// An extend took effect: the grant now lasts `lease_s` from the call.
+    Extended {
+        /// The connection answered.
+        conn: ConnId,
+        /// The lock name.
+        key: &'a str,
+        /// The grant extended.
+        token: u64,
+        /// The new lease, in seconds.
+        lease_s: u8,
+    },
+    /// An extend did not take effect.
+    NotExtended {
+        /// The connection answered.
+        conn: ConnId,
+        /// The lock name.
+        key: &'a str,
+        /// The token given.
+        token: u64,
+    },
+    /// The lease of grant `token` on `key` ran out (taken over, handed
+    /// over, swept, or a committed `Expire`); no reply goes to its holder.
+    Expired {
+        /// The lock name.
+        key: &'a str,
+        /// The grant that ended.
+        token: u64,
+    },
+}
+
+/// Replies and events produced by the engine, in the order produced.
 ///
 /// Each reply is encoded (`proto::encode_reply`) once, when it is pushed,
 /// into one reusable buffer: the server copies the wire bytes of a run of
 /// replies to one connection into its write buffer in one go
 /// ([`Outbox::frames`]), and a long-lived outbox that is cleared after
 /// each loop turn stops allocating once it has warmed up. [`Outbox::iter`]
-/// reads the replies back as values.
-#[derive(Default, Debug)]
-pub struct Outbox {
-    msgs: Vec<OutMsg>,
+/// reads the replies back as values, [`Outbox::events`] everything the
+/// engine did, with the tag of each request answered (`T`, see [`Engine`]).
+#[derive(Debug)]
+pub struct Outbox<T = ()> {
+    msgs: Vec<OutMsg<T>>,
     frames: Vec<u8>,
+    /// The keys of [`Event::Expired`] events, which have no frame.
+    expired_keys: Vec<u8>,
+}
+
+impl<T> Default for Outbox<T> {
+    fn default() -> Self {
+        Outbox {
+            msgs: Vec::new(),
+            frames: Vec::new(),
+            expired_keys: Vec::new(),
+        }
+    }
 }
 
 impl Outbox {
@@ -216,14 +374,16 @@ impl Outbox {
     pub fn new() -> Self {
         Self::default()
     }
+}
 
-    /// Number of replies held.
+impl<T: Copy + Default> Outbox<T> {
+    /// Number of replies and events held.
     #[must_use]
     pub fn len(&self) -> usize {
         self.msgs.len()
     }
 
-    /// True when no reply is held.
+    /// True when no reply or event is held.
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.msgs.is_empty()
@@ -234,58 +394,113 @@ impl Outbox {
     /// `GET /metrics`; one pass, no allocation).
     pub fn tally(&self, counts: &mut [u64; 7]) {
         for m in &self.msgs {
-            counts[m.kind as usize] += 1;
+            if let Some(i) = m.kind.tally_index() {
+                counts[i] += 1;
+            }
         }
     }
 
-    /// Forgets every reply, keeping the allocations.
+    /// Forgets every reply and event, keeping the allocations.
     pub fn clear(&mut self) {
         self.msgs.clear();
         self.frames.clear();
+        self.expired_keys.clear();
+    }
+
+    fn key_of(&self, m: &OutMsg<T>) -> &str {
+        let bytes = if m.kind == Kind::Expired {
+            &self.expired_keys[m.frame_start..m.frame_end]
+        } else {
+            &self.frames[m.frame_start + m.kind.header_len()..m.frame_end - 1]
+        };
+        std::str::from_utf8(bytes).expect("push encodes a str key")
+    }
+
+    /// Everything the engine did, in order.
+    pub fn events(&self) -> impl Iterator<Item = Event<'_, T>> + '_ {
+        self.msgs.iter().map(move |m| {
+            let key = self.key_of(m);
+            let (conn, token, owner, tag) = (m.conn, m.token, m.owner, m.tag);
+            match m.kind {
+                Kind::Acquired(how) => Event::Granted {
+                    conn,
+                    key,
+                    token,
+                    owner,
+                    lease_s: m.lease_s,
+                    how,
+                    tag,
+                },
+                Kind::Timeout => Event::TimedOut {
+                    conn,
+                    key,
+                    owner,
+                    tag,
+                },
+                Kind::Busy => Event::Busy {
+                    conn,
+                    key,
+                    owner,
+                    tag,
+                },
+                Kind::Released => Event::Released { conn, key, token },
+                Kind::NotReleased => Event::NotReleased { conn, key, token },
+                Kind::Extended => Event::Extended {
+                    conn,
+                    key,
+                    token,
+                    lease_s: m.lease_s,
+                },
+                Kind::NotExtended => Event::NotExtended { conn, key, token },
+                Kind::Expired => Event::Expired { key, token },
+            }
+        })
     }
 
     /// The replies in the order they were produced.
     pub fn iter(&self) -> impl Iterator<Item = Addressed<'_>> + '_ {
-        self.msgs.iter().map(move |m| {
-            let key_bytes = &self.frames[m.frame_start + m.kind.header_len()..m.frame_end - 1];
-            let key = std::str::from_utf8(key_bytes).expect("push encodes a str key");
-            let reply = match m.kind {
-                Kind::Acquired => Reply::Acquired {
-                    token: m.token,
-                    owner: m.owner,
-                    key,
-                },
-                Kind::Timeout => Reply::Timeout {
-                    owner: m.owner,
-                    key,
-                },
-                Kind::Busy => Reply::Busy {
-                    owner: m.owner,
-                    key,
-                },
-                Kind::Released => Reply::Released {
-                    token: m.token,
-                    key,
-                },
-                Kind::NotReleased => Reply::NotReleased {
-                    token: m.token,
-                    key,
-                },
-                Kind::Extended => Reply::Extended {
-                    token: m.token,
-                    key,
-                },
-                Kind::NotExtended => Reply::NotExtended {
-                    token: m.token,
-                    key,
-                },
-            };
-            Addressed {
-                conn: m.conn,
-                reply,
-                lease_s: m.lease_s,
-            }
-        })
+        self.msgs
+            .iter()
+            .filter(|m| m.kind != Kind::Expired)
+            .map(move |m| {
+                let key = self.key_of(m);
+                let reply = match m.kind {
+                    Kind::Acquired(_) => Reply::Acquired {
+                        token: m.token,
+                        owner: m.owner,
+                        key,
+                    },
+                    Kind::Timeout => Reply::Timeout {
+                        owner: m.owner,
+                        key,
+                    },
+                    Kind::Busy => Reply::Busy {
+                        owner: m.owner,
+                        key,
+                    },
+                    Kind::Released => Reply::Released {
+                        token: m.token,
+                        key,
+                    },
+                    Kind::NotReleased => Reply::NotReleased {
+                        token: m.token,
+                        key,
+                    },
+                    Kind::Extended => Reply::Extended {
+                        token: m.token,
+                        key,
+                    },
+                    Kind::NotExtended | Kind::Expired => Reply::NotExtended {
+                        token: m.token,
+                        key,
+                    },
+                };
+                Addressed {
+                    conn: m.conn,
+                    reply,
+                    lease_s: m.lease_s,
+                }
+            })
     }
 
     /// The connection of every `N` (not released) and `X` (not extended)
@@ -304,12 +519,20 @@ impl Outbox {
     pub fn frames(&self) -> impl Iterator<Item = (ConnId, &[u8])> + '_ {
         let mut i = 0;
         std::iter::from_fn(move || {
-            let first = self.msgs.get(i)?;
+            // Events without a reply have no bytes: skip them.
+            while self.msgs.get(i)?.kind == Kind::Expired {
+                i += 1;
+            }
+            let first = &self.msgs[i];
             let mut end = first.frame_end;
             i += 1;
             // A run stops at another connection, and at a reply that
             // `retain_leases` dropped (its bytes are skipped).
             while let Some(m) = self.msgs.get(i) {
+                if m.kind == Kind::Expired {
+                    i += 1;
+                    continue;
+                }
                 if m.conn != first.conn || m.frame_start != end {
                     break;
                 }
@@ -321,23 +544,30 @@ impl Outbox {
     }
 
     /// Drops every grant (`A`) and extension (`E`) whose lease `keep`
-    /// refuses, keeping every other reply, in order; returns how many were
-    /// dropped. Single mode withholds the grants of a turn whose durable
-    /// lease bound could not be written: a client that never saw a grant
-    /// never acts on it, and its lease ends by itself.
+    /// refuses, keeping every other reply and event, in order; returns how
+    /// many were dropped. Single mode withholds the grants of a turn whose
+    /// durable lease bound could not be written: a client that never saw a
+    /// grant never acts on it, and its lease ends by itself.
     pub fn retain_leases(&mut self, mut keep: impl FnMut(u8) -> bool) -> usize {
         let before = self.msgs.len();
         self.msgs
-            .retain(|m| !matches!(m.kind, Kind::Acquired | Kind::Extended) || keep(m.lease_s));
+            .retain(|m| !matches!(m.kind, Kind::Acquired(_) | Kind::Extended) || keep(m.lease_s));
         before - self.msgs.len()
     }
 
     /// Appends a reply addressed to `conn`. Used by the engine, and by
-    /// services (cluster mode) that answer without it.
+    /// services (cluster mode) that answer without it; a grant pushed here
+    /// reads back as [`Grant::Fresh`] with the default tag.
     #[inline]
     pub fn push(&mut self, conn: ConnId, reply: Reply<'_>, lease_s: u8) {
+        self.push_event(conn, reply, lease_s, Grant::Fresh, T::default());
+    }
+
+    /// Appends a reply with how a grant came about and its request's tag.
+    #[inline]
+    fn push_event(&mut self, conn: ConnId, reply: Reply<'_>, lease_s: u8, how: Grant, tag: T) {
         let (kind, token, owner) = match reply {
-            Reply::Acquired { token, owner, .. } => (Kind::Acquired, token, owner),
+            Reply::Acquired { token, owner, .. } => (Kind::Acquired(how), token, owner),
             Reply::Timeout { owner, .. } => (Kind::Timeout, 0, owner),
             Reply::Busy { owner, .. } => (Kind::Busy, 0, owner),
             Reply::Released { token, .. } => (Kind::Released, token, 0),
@@ -355,6 +585,23 @@ impl Outbox {
             owner,
             frame_start,
             frame_end: self.frames.len(),
+            tag,
+        });
+    }
+
+    /// Records that the lease of grant `token` on `key` ran out.
+    fn push_expired(&mut self, key: &str, token: u64) {
+        let frame_start = self.expired_keys.len();
+        self.expired_keys.extend_from_slice(key.as_bytes());
+        self.msgs.push(OutMsg {
+            conn: 0,
+            kind: Kind::Expired,
+            lease_s: 0,
+            token,
+            owner: 0,
+            frame_start,
+            frame_end: self.expired_keys.len(),
+            tag: T::default(),
         });
     }
 }
@@ -368,7 +615,7 @@ const WAITER_ID_LIMIT: u64 = 1 << 48;
 
 /// One queued acquire: 32 bytes.
 #[derive(Debug)]
-struct Waiter {
+struct Waiter<T = ()> {
     owner: u64,
     wait_deadline: Millis,
     /// `id << 16 | wait_s << 8 | lease_s`.
@@ -377,9 +624,11 @@ struct Waiter {
     conn: u32,
     /// Index of its entry in that connection's [`ConnWaiters::slots`].
     slot: u32,
+    /// The acquire's tag; the grant's once it is granted.
+    tag: T,
 }
 
-impl Waiter {
+impl<T> Waiter<T> {
     fn id(&self) -> WaiterId {
         self.id_lease >> 16
     }
@@ -392,6 +641,10 @@ impl Waiter {
 
     fn lease_s(&self) -> u8 {
         (self.id_lease & 0xFF) as u8
+    }
+
+    fn wait_s(&self) -> u8 {
+        ((self.id_lease >> 8) & 0xFF) as u8
     }
 }
 
@@ -504,8 +757,8 @@ impl ConnTable {
 
 /// The wait queue of a key that has waiters. A key without waiters has none.
 #[derive(Debug)]
-struct Queue {
-    waiters: VecDeque<Waiter>,
+struct Queue<T> {
+    waiters: VecDeque<Waiter<T>>,
     /// Deadline of this key's entry in the deadline index, or NEVER while
     /// it has none (`tick` is processing it, or replicated mode). Never later
     /// than the first moment something is due for the key (its holder's
@@ -534,13 +787,15 @@ fn take_token(next_token: &mut u64, rng: Option<&mut TokenRng>) -> u64 {
 
 /// A registered key: 24 bytes beside the key in the hash table.
 #[derive(Debug)]
-struct Slot {
+struct Slot<T = ()> {
     token: u64,
     /// The first millisecond at which the lease is over (see `lease_end`).
     expires_at: Millis,
     /// When the grant began (single mode), for `max_hold_ms`; extensions
     /// keep it.
     granted_at: Millis,
+    /// The tag of the request granted (see [`Engine`]).
+    tag: T,
 }
 
 /// What the engine counts for `GET /metrics`: plain increments on the
@@ -575,6 +830,23 @@ impl Default for EngineStats {
     }
 }
 
+/// One queued acquire, as [`Engine::queue`] shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Queued<'a, T> {
+    /// Its id, for [`Engine::wait_timeout`].
+    pub id: WaiterId,
+    /// Its connection.
+    pub conn: ConnId,
+    /// Its owner.
+    pub owner: u64,
+    /// Its wait, in seconds.
+    pub wait_s: u8,
+    /// The lease it asks for, in seconds.
+    pub lease_s: u8,
+    /// Its tag.
+    pub tag: &'a T,
+}
+
 /// A registered key as `GET /v1/locks/KEY` shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LockInfo {
@@ -590,18 +862,56 @@ pub struct LockInfo {
     pub held_for_ms: Option<u64>,
 }
 
+/// What the admin port reads of a lock table, whatever its tags: an
+/// [`Engine`] of any tag type behind one object type.
+pub trait LockTable {
+    /// See [`Engine::lock_info`].
+    fn lock_info(&self, now: Millis, key: &str) -> Option<LockInfo>;
+    /// See [`Engine::key_buckets`].
+    fn key_buckets(&self) -> usize;
+    /// See [`Engine::scan_keys`].
+    fn scan_keys(&self, from: usize, to: usize, visit: &mut dyn FnMut(&str)) -> usize;
+    /// See [`Engine::stats`].
+    fn stats(&self) -> &EngineStats;
+    /// See [`Engine::key_count`].
+    fn key_count(&self) -> usize;
+    /// See [`Engine::waiter_count`].
+    fn waiter_count(&self) -> usize;
+}
+
+impl<T: Copy + Default> LockTable for Engine<T> {
+    fn lock_info(&self, now: Millis, key: &str) -> Option<LockInfo> {
+        Engine::lock_info(self, now, key)
+    }
+    fn key_buckets(&self) -> usize {
+        Engine::key_buckets(self)
+    }
+    fn scan_keys(&self, from: usize, to: usize, visit: &mut dyn FnMut(&str)) -> usize {
+        Engine::scan_keys(self, from, to, visit)
+    }
+    fn stats(&self) -> &EngineStats {
+        Engine::stats(self)
+    }
+    fn key_count(&self) -> usize {
+        Engine::key_count(self)
+    }
+    fn waiter_count(&self) -> usize {
+        Engine::waiter_count(self)
+    }
+}
+
 /// The lock table. See the module documentation.
 #[derive(Debug)]
-pub struct Engine {
+pub struct Engine<T = ()> {
     limits: EngineLimits,
     clocked: bool,
     /// Hashed with randomly keyed SipHash-1-3, since keys are chosen by
     /// network clients, in one pass per lookup (`crate::hash`); `entry`
     /// lets an acquire and an uncontended release hash the key once.
-    keys: StrMap<KeyStr, Slot>,
+    keys: StrMap<KeyStr, Slot<T>>,
     /// Queues of the keys that have waiters. The key is shared with the
     /// deadline index, so scheduling a timer never allocates.
-    queues: StrMap<Arc<str>, Queue>,
+    queues: StrMap<Arc<str>, Queue<T>>,
     timers: BTreeMap<(Millis, u64), Arc<str>>,
     timer_seq: u64,
     next_token: u64,
@@ -676,6 +986,30 @@ impl Engine {
     /// hash key can choose keys that all collide.
     #[must_use]
     pub fn with_hash_key(limits: EngineLimits, first_token: u64, hash_key: SipKey) -> Self {
+        Self::build(limits, first_token, hash_key)
+    }
+
+    /// A cluster-mode engine: `now` arguments are ignored, nothing expires or
+    /// times out except through [`Engine::expire`] and [`Engine::wait_timeout`].
+    #[must_use]
+    pub fn replicated(limits: EngineLimits, first_token: u64) -> Self {
+        Self::replicated_tagged(limits, first_token)
+    }
+}
+
+impl<T: Copy + Default> Engine<T> {
+    /// A cluster-mode engine like [`Engine::replicated`] whose grants and
+    /// waiters carry a tag of type `T` (see the module documentation).
+    #[must_use]
+    pub fn replicated_tagged(limits: EngineLimits, first_token: u64) -> Self {
+        Engine {
+            clocked: false,
+            next_sweep: Millis::NEVER,
+            ..Self::build(limits, first_token, SipKey::random())
+        }
+    }
+
+    fn build(limits: EngineLimits, first_token: u64, hash_key: SipKey) -> Self {
         let next_sweep = Millis::ZERO.add_ms(limits.sweep_interval_ms);
         Engine {
             limits,
@@ -698,17 +1032,6 @@ impl Engine {
             max_lease_s: u8::MAX,
             sweep: None,
             stats: EngineStats::default(),
-        }
-    }
-
-    /// A cluster-mode engine: `now` arguments are ignored, nothing expires or
-    /// times out except through [`Engine::expire`] and [`Engine::wait_timeout`].
-    #[must_use]
-    pub fn replicated(limits: EngineLimits, first_token: u64) -> Self {
-        Engine {
-            clocked: false,
-            next_sweep: Millis::NEVER,
-            ..Engine::new(limits, first_token)
         }
     }
 
@@ -803,6 +1126,74 @@ impl Engine {
             .unwrap_or_default()
     }
 
+    /// The grant on `key`: its token and the tag of the request granted.
+    #[must_use]
+    pub fn grant(&self, key: &str) -> Option<(u64, &T)> {
+        self.keys.get(key).map(|s| (s.token, &s.tag))
+    }
+
+    /// The tag of the grant on `key`, to change (cluster mode records a
+    /// lease generation in it when an extend takes effect).
+    pub fn grant_tag_mut(&mut self, key: &str) -> Option<&mut T> {
+        self.keys.get_mut(key).map(|s| &mut s.tag)
+    }
+
+    /// The acquires queued on `key`, head first.
+    pub fn queue(&self, key: &str) -> impl Iterator<Item = Queued<'_, T>> + '_ {
+        let conns = &self.conn_table.conns;
+        self.queues
+            .get(key)
+            .into_iter()
+            .flat_map(|q| q.waiters.iter())
+            .map(move |w| Queued {
+                id: w.id(),
+                conn: conns[w.conn as usize].id,
+                owner: w.owner,
+                wait_s: w.wait_s(),
+                lease_s: w.lease_s(),
+                tag: &w.tag,
+            })
+    }
+
+    /// The first waiter on `key` whose tag satisfies `pred`.
+    pub fn find_waiter(&self, key: &str, mut pred: impl FnMut(&T) -> bool) -> Option<WaiterId> {
+        self.queues
+            .get(key)?
+            .waiters
+            .iter()
+            .find(|w| pred(&w.tag))
+            .map(Waiter::id)
+    }
+
+    /// True while `conn` has a queued acquire.
+    #[must_use]
+    pub fn has_waiters(&self, conn: ConnId) -> bool {
+        self.conn_table.index.contains_key(&conn)
+    }
+
+    /// Connections that have queued acquires.
+    #[must_use]
+    pub fn waiting_conn_count(&self) -> usize {
+        self.conn_table.index.len()
+    }
+
+    /// Every registered key, sorted: a deterministic order, whatever the
+    /// hash key. O(keys log keys).
+    #[must_use]
+    pub fn sorted_keys(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self.keys.iter().map(|(k, _)| k.as_str()).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Every key that has waiters, sorted. O(such keys log such keys).
+    #[must_use]
+    pub fn sorted_queued_keys(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self.queues.iter().map(|(k, _)| &**k).collect();
+        v.sort_unstable();
+        v
+    }
+
     /// Tokens at or above `ceiling` will not be issued. The server sets it to
     /// one above its durable high-water mark, so no token reaches a client
     /// before a restart is sure to resume above it. While no token can be
@@ -875,7 +1266,7 @@ impl Engine {
             .is_none_or(|step| step | token::RANDOM_MASK >= self.token_ceiling)
     }
 
-    fn is_expired(&self, slot: &Slot, now: Millis) -> bool {
+    fn is_expired(&self, slot: &Slot<T>, now: Millis) -> bool {
         self.clocked && slot.expires_at <= now
     }
 
@@ -902,7 +1293,7 @@ impl Engine {
     }
 
     /// Handles one decoded request: [`Engine::acquire`] or [`Engine::release`].
-    pub fn handle(&mut self, now: Millis, conn: ConnId, req: Request<'_>, out: &mut Outbox) {
+    pub fn handle(&mut self, now: Millis, conn: ConnId, req: Request<'_>, out: &mut Outbox<T>) {
         match req {
             Request::Acquire {
                 wait_s,
@@ -961,7 +1352,7 @@ impl Engine {
         key: &str,
         token: u64,
         lease_s: u8,
-        out: &mut Outbox,
+        out: &mut Outbox<T>,
     ) -> bool {
         let lease_s = lease_s.max(1);
         let expires_at = self.lease_end(now, lease_s);
@@ -1002,12 +1393,28 @@ impl Engine {
     }
 
     /// SPEC §2.1. `lease_s = 0` (rejected by the codec) is treated as 1.
+    /// The grant or the queued acquire carries the default tag.
+    #[inline]
     pub fn acquire(
         &mut self,
         now: Millis,
         conn: ConnId,
         req: Acquire<'_>,
-        out: &mut Outbox,
+        out: &mut Outbox<T>,
+    ) -> AcquireOutcome {
+        self.acquire_tagged(now, conn, req, T::default(), out)
+    }
+
+    /// [`Engine::acquire`] with the request's `tag`: the grant carries it
+    /// ([`Engine::grant`]), and so does the waiter until it is granted;
+    /// every event that answers this acquire reports it.
+    pub fn acquire_tagged(
+        &mut self,
+        now: Millis,
+        conn: ConnId,
+        req: Acquire<'_>,
+        tag: T,
+        out: &mut Outbox<T>,
     ) -> AcquireOutcome {
         let Acquire {
             key,
@@ -1017,7 +1424,7 @@ impl Engine {
         } = req;
         let lease_s = lease_s.max(1);
         if lease_s > self.max_lease_s {
-            out.push(conn, Reply::Busy { owner, key }, 0);
+            out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
             return AcquireOutcome::Busy;
         }
         let expires_at = self.lease_end(now, lease_s);
@@ -1028,7 +1435,7 @@ impl Engine {
         // only the `keys` field, so the token is issued by field).
         let slot = match self.keys.entry(key) {
             StrEntry::Vacant(_) if full => {
-                out.push(conn, Reply::Busy { owner, key }, 0);
+                out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
                 return AcquireOutcome::Busy;
             }
             StrEntry::Vacant(v) if in_grace => {
@@ -1046,12 +1453,13 @@ impl Engine {
                         token: 0,
                         expires_at: grace_until,
                         granted_at: now,
+                        tag: T::default(),
                     },
                 )
             }
             StrEntry::Vacant(v) => {
                 if exhausted {
-                    out.push(conn, Reply::Busy { owner, key }, 0);
+                    out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
                     return AcquireOutcome::Busy;
                 }
                 let token = take_token(&mut self.next_token, self.token_rng.as_mut());
@@ -1061,6 +1469,7 @@ impl Engine {
                         token,
                         expires_at,
                         granted_at: now,
+                        tag,
                     },
                 );
                 if let Some(pass) = &mut self.sweep {
@@ -1071,7 +1480,13 @@ impl Engine {
                 if self.clocked {
                     self.stats.wait_ms.observe(0);
                 }
-                out.push(conn, Reply::Acquired { token, owner, key }, lease_s);
+                out.push_event(
+                    conn,
+                    Reply::Acquired { token, owner, key },
+                    lease_s,
+                    Grant::Fresh,
+                    tag,
+                );
                 return AcquireOutcome::Granted(token);
             }
             StrEntry::Occupied(o) => o.into_mut(),
@@ -1079,7 +1494,7 @@ impl Engine {
         let holder_expiry = slot.expires_at;
         if self.clocked && slot.expires_at <= now {
             if exhausted {
-                out.push(conn, Reply::Busy { owner, key }, 0);
+                out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
                 return AcquireOutcome::Busy;
             }
             // Lazy takeover: the non-FIFO expiry path, ahead of any queue.
@@ -1087,6 +1502,7 @@ impl Engine {
             // expiry, so it is early now, never late.
             let token = take_token(&mut self.next_token, self.token_rng.as_mut());
             if slot.token != 0 {
+                out.push_expired(key, slot.token);
                 self.stats.lease_expiries += 1;
                 self.stats
                     .hold_ms
@@ -1095,14 +1511,21 @@ impl Engine {
             slot.token = token;
             slot.expires_at = expires_at;
             slot.granted_at = now;
+            slot.tag = tag;
             self.note_lease_end(expires_at);
             self.stats.grants_takeover += 1;
             self.stats.wait_ms.observe(0);
-            out.push(conn, Reply::Acquired { token, owner, key }, lease_s);
+            out.push_event(
+                conn,
+                Reply::Acquired { token, owner, key },
+                lease_s,
+                Grant::Takeover,
+                tag,
+            );
             return AcquireOutcome::Granted(token);
         }
         if wait_s == 0 {
-            out.push(conn, Reply::Timeout { owner, key }, 0);
+            out.push_event(conn, Reply::Timeout { owner, key }, 0, Grant::Fresh, tag);
             return AcquireOutcome::Timeout;
         }
         let queued = self.queues.get(key).map_or(0, |q| q.waiters.len());
@@ -1110,7 +1533,7 @@ impl Engine {
             || self.waiters_total >= self.limits.max_waiters
             || self.waiters_total >= WAITERS_CEILING
         {
-            out.push(conn, Reply::Busy { owner, key }, 0);
+            out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
             return AcquireOutcome::Busy;
         }
         let id = self.next_waiter;
@@ -1137,6 +1560,7 @@ impl Engine {
             id_lease: id << 16 | u64::from(wait_s) << 8 | u64::from(lease_s),
             conn: conn_idx,
             slot,
+            tag,
         };
         let queue = self.queues.get_mut(key).expect("queue inserted above");
         queue.waiters.push_back(waiter);
@@ -1187,7 +1611,7 @@ impl Engine {
         conn: ConnId,
         token: u64,
         key: &str,
-        out: &mut Outbox,
+        out: &mut Outbox<T>,
     ) -> bool {
         // No client holds token 0: it marks the unknown holder of a key
         // during a restart grace.
@@ -1228,10 +1652,11 @@ impl Engine {
     /// `Expire{key, token}` of cluster mode; a stale one (the token moved on,
     /// or the key is gone) does nothing and returns false. No reply goes to
     /// the old holder.
-    pub fn expire(&mut self, now: Millis, key: &str, token: u64, out: &mut Outbox) -> bool {
+    pub fn expire(&mut self, now: Millis, key: &str, token: u64, out: &mut Outbox<T>) -> bool {
         match self.keys.get(key) {
             Some(slot) if slot.token == token => {
                 self.stats.lease_expiries += 1;
+                out.push_expired(key, token);
                 self.hand_over_or_delete(now, key, out);
                 true
             }
@@ -1247,7 +1672,7 @@ impl Engine {
         now: Millis,
         key: &str,
         waiter: WaiterId,
-        out: &mut Outbox,
+        out: &mut Outbox<T>,
     ) -> bool {
         let _ = now;
         let Some(queue) = self.queues.get_mut(key) else {
@@ -1259,13 +1684,15 @@ impl Engine {
         let w = queue.waiters.remove(pos).expect("position is in range");
         let emptied = queue.waiters.is_empty();
         let conn = self.forget_waiter(&w);
-        out.push(
+        out.push_event(
             conn,
             Reply::Timeout {
                 owner: w.owner,
                 key,
             },
             0,
+            Grant::Fresh,
+            w.tag,
         );
         if emptied {
             self.drop_queue(key);
@@ -1278,7 +1705,7 @@ impl Engine {
     ///
     /// O(1) when `conn` has no waiters; otherwise it visits only the queues
     /// `conn` is in: O(its waiters + the length of those queues).
-    pub fn disconnect(&mut self, now: Millis, conn: ConnId, out: &mut Outbox) {
+    pub fn disconnect(&mut self, now: Millis, conn: ConnId, out: &mut Outbox<T>) {
         let _ = (now, out);
         let Some(idx) = self.conn_table.index.remove(&conn) else {
             return;
@@ -1322,7 +1749,7 @@ impl Engine {
     }
 
     /// Forgets a waiter taken out of its queue; returns its connection.
-    fn forget_waiter(&mut self, w: &Waiter) -> ConnId {
+    fn forget_waiter(&mut self, w: &Waiter<T>) -> ConnId {
         self.waiters_total -= 1;
         self.conn_table.remove(w.conn, w.slot)
     }
@@ -1330,7 +1757,7 @@ impl Engine {
     /// Answers with Timeout every waiter of `key` whose wait ran out by `now`
     /// (all of them with `all`), in queue order. Leaves an empty queue in
     /// place; callers drop it.
-    fn time_out_waiters(&mut self, now: Millis, key: &str, all: bool, out: &mut Outbox) {
+    fn time_out_waiters(&mut self, now: Millis, key: &str, all: bool, out: &mut Outbox<T>) {
         let Some(queue) = self.queues.get_mut(key) else {
             return;
         };
@@ -1341,13 +1768,15 @@ impl Engine {
             if leaving {
                 gone += 1;
                 let conn = conns.remove(w.conn, w.slot);
-                out.push(
+                out.push_event(
                     conn,
                     Reply::Timeout {
                         owner: w.owner,
                         key,
                     },
                     0,
+                    Grant::Fresh,
+                    w.tag,
                 );
             }
             !leaving
@@ -1358,7 +1787,7 @@ impl Engine {
     /// The current grant of `key` ends: grant the head waiter whose wait has
     /// not run out (FIFO, a new token, its own lease from `now`), or delete
     /// the key when nobody is waiting.
-    fn hand_over_or_delete(&mut self, now: Millis, key: &str, out: &mut Outbox) {
+    fn hand_over_or_delete(&mut self, now: Millis, key: &str, out: &mut Outbox<T>) {
         // Most keys never get a waiter: one queue lookup (no hashing at all
         // while no key has waiters) settles the common case, then one more
         // hash deletes the key. Every lookup hashes the whole key with the
@@ -1397,8 +1826,9 @@ impl Engine {
         slot.token = token;
         slot.expires_at = expires_at;
         slot.granted_at = now;
+        slot.tag = w.tag;
         self.note_lease_end(expires_at);
-        out.push(
+        out.push_event(
             conn,
             Reply::Acquired {
                 token,
@@ -1406,6 +1836,8 @@ impl Engine {
                 key,
             },
             lease_s,
+            Grant::Handover,
+            w.tag,
         );
         self.reschedule(key);
     }
@@ -1446,7 +1878,7 @@ impl Engine {
     /// T, an expired key with waiters goes to its head waiter, and every
     /// `sweep_interval_ms` expired keys without waiters are deleted. Does
     /// nothing in replicated mode.
-    pub fn tick(&mut self, now: Millis, out: &mut Outbox) {
+    pub fn tick(&mut self, now: Millis, out: &mut Outbox<T>) {
         if !self.clocked {
             return;
         }
@@ -1478,6 +1910,7 @@ impl Engine {
             let waiting = self.queues.get(&key).is_some_and(|q| !q.waiters.is_empty());
             if expired && waiting {
                 if let Some(s) = self.keys.get(&key).filter(|s| s.token != 0) {
+                    out.push_expired(&key, s.token);
                     self.stats.lease_expiries += 1;
                     self.stats.hold_ms.observe(s.expires_at.since(s.granted_at));
                 }
@@ -1487,7 +1920,7 @@ impl Engine {
             }
         }
         self.due_scratch = due;
-        self.sweep_step(now);
+        self.sweep_step(now, out);
     }
 
     /// One step of the sweep of expired keys without waiters: it starts
@@ -1498,7 +1931,7 @@ impl Engine {
     /// stalling one. Deleting never moves other entries; an insertion
     /// during a pass may reorder the buckets, so that pass may miss keys
     /// (they go in the next one) and does not raise the floor.
-    fn sweep_step(&mut self, now: Millis) {
+    fn sweep_step(&mut self, now: Millis, out: &mut Outbox<T>) {
         let mut pass = match self.sweep {
             Some(pass) => pass,
             // When no lease can have ended, a pass would delete nothing.
@@ -1526,6 +1959,7 @@ impl Engine {
                 if keep {
                     floor = floor.min(s.expires_at);
                 } else if s.token != 0 {
+                    out.push_expired(k, s.token);
                     stats.lease_expiries += 1;
                     stats.hold_ms.observe(s.expires_at.since(s.granted_at));
                 }
@@ -1772,6 +2206,87 @@ mod tests {
         assert!(out.is_empty() && out.frames().next().is_none());
     }
 
+    /// What happened reads back as typed events, each carrying the tag of
+    /// the request it answers: a grant's tag moves from waiter to holder.
+    #[test]
+    fn events_tell_how_each_grant_came_and_which_lease_ran_out() {
+        let mut e: Engine<u32> = Engine::replicated_tagged(EngineLimits::default(), 1);
+        let mut out = Outbox::default();
+        let now = Millis::ZERO;
+        e.acquire_tagged(now, 1, acq("k", 10, 0, 5), 100, &mut out);
+        e.acquire_tagged(now, 2, acq("k", 20, 9, 6), 200, &mut out);
+        e.acquire_tagged(now, 3, acq("k", 30, 0, 5), 300, &mut out);
+        assert!(e.release(now, 1, 1, "k", &mut out));
+        assert_eq!(e.grant("k"), Some((2, &200)));
+        assert!(e.expire(now, "k", 2, &mut out));
+        let got: Vec<Event<'_, u32>> = out.events().collect();
+        assert_eq!(
+            got,
+            vec![
+                Event::Granted {
+                    conn: 1,
+                    key: "k",
+                    token: 1,
+                    owner: 10,
+                    lease_s: 5,
+                    how: Grant::Fresh,
+                    tag: 100
+                },
+                Event::TimedOut {
+                    conn: 3,
+                    key: "k",
+                    owner: 30,
+                    tag: 300
+                },
+                Event::Released {
+                    conn: 1,
+                    key: "k",
+                    token: 1
+                },
+                Event::Granted {
+                    conn: 2,
+                    key: "k",
+                    token: 2,
+                    owner: 20,
+                    lease_s: 6,
+                    how: Grant::Handover,
+                    tag: 200
+                },
+                Event::Expired { key: "k", token: 2 },
+            ]
+        );
+        // The expiry is no reply: the wire carries the four others.
+        assert_eq!(out.iter().count(), 4);
+        let mut counts = [0; 7];
+        out.tally(&mut counts);
+        assert_eq!(counts, [2, 1, 0, 1, 0, 0, 0]);
+        // Single mode: a lazy takeover reports the lease that ended first.
+        let mut e = Engine::new(EngineLimits::default(), 1);
+        let mut out = Outbox::new();
+        e.acquire(Millis(0), 1, acq("j", 1, 0, 1), &mut out);
+        out.clear();
+        e.acquire(Millis(5_000), 2, acq("j", 2, 0, 1), &mut out);
+        let how: Vec<_> = out
+            .events()
+            .map(|ev| match ev {
+                Event::Granted { how, token, .. } => format!("{how:?} {token}"),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(how, ["Expired { key: \"j\", token: 1 }", "Takeover 2"]);
+        let frames: Vec<u8> = out.frames().flat_map(|(_, f)| f.to_vec()).collect();
+        let mut wire = Vec::new();
+        encode_reply(
+            &Reply::Acquired {
+                token: 2,
+                owner: 2,
+                key: "j",
+            },
+            &mut wire,
+        );
+        assert_eq!(frames, wire);
+    }
+
     fn acq(key: &str, owner: u64, wait_s: u8, lease_s: u8) -> Acquire<'_> {
         Acquire {
             key,
@@ -1844,6 +2359,7 @@ mod tests {
             id_lease: (WAITER_ID_LIMIT - 1) << 16 | 2 << 8 | 255,
             conn: 2,
             slot: 4,
+            tag: (),
         };
         assert_eq!((w.id(), w.lease_s()), (WAITER_ID_LIMIT - 1, 255));
         let w = Waiter {

@@ -27,6 +27,9 @@
 //! * [`single`]: single mode's service: the engine plus fencing tokens that
 //!   keep increasing across restarts, and a restart grace that holds every
 //!   key while a lease of the earlier run may still run.
+//! * `tls` (feature `tls`, on by default): the rustls configurations of
+//!   the client port (`--tls-cert`), the client and peer TLS, from PEM
+//!   files; the server drives rustls from its own loop.
 //! * [`token`]: fencing tokens with random low bits from the OS generator,
 //!   so that a client cannot release or extend a grant it does not hold by
 //!   guessing its token.
@@ -87,6 +90,8 @@ pub mod service;
 #[cfg(feature = "server")]
 pub mod single;
 pub mod time;
+#[cfg(feature = "tls")]
+pub mod tls;
 #[cfg(feature = "server")]
 pub mod token;
 

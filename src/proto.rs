@@ -223,24 +223,82 @@ fn be_u64(b: &[u8]) -> u64 {
     u64::from_be_bytes(a)
 }
 
-/// The key as text, or None if it is not UTF-8.
+/// Where the key's newline is in `window` (the bytes after a header), and
+/// whether every byte before it is ASCII; `None` if the window has no newline.
 ///
-/// Keys are nearly always ASCII, and `str::from_utf8` checks a short
-/// unaligned slice mostly a byte at a time (it was a tenth of the server's
-/// instructions per request); the ASCII check runs a word at a time, and
-/// only a key with a non-ASCII byte pays for full UTF-8 validation.
+/// On x86-64 the window is scanned 16 bytes a step with SSE2 (part of the
+/// architecture's baseline), the newline and the non-ASCII bytes found in one
+/// pass: the call chain of `memchr` plus a separate ASCII check cost more
+/// than the whole search for a key of a few dozen bytes. The last step of a
+/// window that is not a multiple of 16 reads the window's last 16 bytes
+/// again (overlapping what was checked) instead of going byte by byte.
+#[cfg(target_arch = "x86_64")]
 #[inline]
-fn key_str(bytes: &[u8]) -> Option<&str> {
-    if bytes.is_ascii() {
-        // SAFETY: every ASCII byte sequence is valid UTF-8.
-        Some(unsafe { std::str::from_utf8_unchecked(bytes) })
-    } else {
-        std::str::from_utf8(bytes).ok()
+fn find_key_end(window: &[u8]) -> Option<(usize, bool)> {
+    use std::arch::x86_64::{
+        __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_set1_epi8,
+    };
+    let len = window.len();
+    if len < 16 {
+        let at = memchr::memchr(NEWLINE, window)?;
+        return Some((at, window[..at].is_ascii()));
     }
+    // Bits set for the positions (in the 16 bytes at `at`) of newline and
+    // non-ASCII bytes; `skip` clears the newlines an overlapping step
+    // already saw.
+    let step = |at: usize, skip: u32| {
+        // SAFETY: callers pass at + 16 <= len, so the 16 bytes read lie
+        // inside `window`, and `_mm_loadu_si128` has no alignment
+        // requirement; SSE2 is part of the x86-64 baseline, enabled in
+        // every x86-64 build.
+        let (eq, high) = unsafe {
+            let v = _mm_loadu_si128(window.as_ptr().add(at).cast::<__m128i>());
+            let newline = _mm_set1_epi8(NEWLINE as i8); // 0x0a: no wrap
+            (
+                _mm_movemask_epi8(_mm_cmpeq_epi8(v, newline)),
+                _mm_movemask_epi8(v),
+            )
+        };
+        (
+            // A movemask sets only the low 16 bits: never negative.
+            (eq as u32) & (u32::MAX << skip),
+            high as u32,
+        )
+    };
+    let mut seen_high = 0u32;
+    let mut at = 0;
+    loop {
+        let (start, skip) = if at + 16 <= len {
+            (at, 0)
+        } else if at < len {
+            (len - 16, u32::try_from(at - (len - 16)).unwrap_or(16))
+        } else {
+            return None;
+        };
+        let (eq, high) = step(start, skip);
+        if eq != 0 {
+            let pos = eq.trailing_zeros();
+            let before = (1u32 << pos) - 1;
+            return Some((start + pos as usize, (seen_high | (high & before)) == 0));
+        }
+        seen_high |= high;
+        at = start + 16;
+    }
+}
+
+/// Where the key's newline is in `window`, and whether every byte before
+/// it is ASCII (the portable version: `memchr`, then a word-at-a-time ASCII
+/// check).
+#[cfg(not(target_arch = "x86_64"))]
+#[inline]
+fn find_key_end(window: &[u8]) -> Option<(usize, bool)> {
+    let at = memchr::memchr(NEWLINE, window)?;
+    Some((at, window[..at].is_ascii()))
 }
 
 /// Finds the key after a header of `header` bytes: the shared half of both
 /// decoders. Returns the key and the frame length, or the reason it is bad.
+#[inline]
 fn split_key(buf: &[u8], header: usize, max_key_bytes: usize) -> Decoded<&str> {
     if buf.len() < header {
         return Decoded::Incomplete;
@@ -250,17 +308,24 @@ fn split_key(buf: &[u8], header: usize, max_key_bytes: usize) -> Decoded<&str> {
         .len()
         .min(header.saturating_add(max_key_bytes).saturating_add(1));
     let window = &buf[header..window_end];
-    // A word-at-a-time search: a byte-by-byte scan was the largest cost of
-    // decoding a frame.
-    match memchr::memchr(NEWLINE, window) {
-        Some(0) => Decoded::Malformed(Malformed::EmptyKey),
-        Some(n) => match key_str(&window[..n]) {
-            Some(key) => Decoded::Frame {
-                frame: key,
-                used: header + n + 1,
-            },
-            None => Decoded::Malformed(Malformed::InvalidUtf8),
-        },
+    match find_key_end(window) {
+        Some((0, _)) => Decoded::Malformed(Malformed::EmptyKey),
+        Some((n, ascii)) => {
+            let bytes = &window[..n];
+            let key = if ascii {
+                // SAFETY: every ASCII byte sequence is valid UTF-8.
+                Some(unsafe { std::str::from_utf8_unchecked(bytes) })
+            } else {
+                std::str::from_utf8(bytes).ok()
+            };
+            match key {
+                Some(key) => Decoded::Frame {
+                    frame: key,
+                    used: header + n + 1,
+                },
+                None => Decoded::Malformed(Malformed::InvalidUtf8),
+            }
+        }
         None if window.len() > max_key_bytes => Decoded::Malformed(Malformed::KeyTooLong),
         None => Decoded::Incomplete,
     }
@@ -389,41 +454,31 @@ pub fn encode_request(req: &Request<'_>, out: &mut Vec<u8>) {
 }
 
 /// Appends the encoding of `reply` to `out`.
+///
+/// One reservation, the header built in a fixed 17-byte array and copied
+/// whole (then cut to its length), the key, the newline: a push per byte
+/// checked the capacity at every byte.
 pub fn encode_reply(reply: &Reply<'_>, out: &mut Vec<u8>) {
-    let key = reply.key();
-    out.reserve(18 + key.len());
-    match *reply {
-        Reply::Acquired { token, owner, .. } => {
-            out.push(OP_ACQUIRE);
-            out.extend_from_slice(&token.to_be_bytes());
-            out.extend_from_slice(&owner.to_be_bytes());
-        }
-        Reply::Timeout { owner, .. } => {
-            out.push(OP_TIMEOUT);
-            out.extend_from_slice(&owner.to_be_bytes());
-        }
-        Reply::Busy { owner, .. } => {
-            out.push(OP_BUSY);
-            out.extend_from_slice(&owner.to_be_bytes());
-        }
-        Reply::Released { token, .. } => {
-            out.push(OP_RELEASE);
-            out.extend_from_slice(&token.to_be_bytes());
-        }
-        Reply::NotReleased { token, .. } => {
-            out.push(OP_NOT_RELEASED);
-            out.extend_from_slice(&token.to_be_bytes());
-        }
-        Reply::Extended { token, .. } => {
-            out.push(OP_EXTEND);
-            out.extend_from_slice(&token.to_be_bytes());
-        }
-        Reply::NotExtended { token, .. } => {
-            out.push(OP_NOT_EXTENDED);
-            out.extend_from_slice(&token.to_be_bytes());
-        }
-    }
-    out.extend_from_slice(key.as_bytes());
+    let (op, a, b) = match *reply {
+        Reply::Acquired { token, owner, .. } => (OP_ACQUIRE, token, owner),
+        Reply::Timeout { owner, .. } => (OP_TIMEOUT, owner, 0),
+        Reply::Busy { owner, .. } => (OP_BUSY, owner, 0),
+        Reply::Released { token, .. } => (OP_RELEASE, token, 0),
+        Reply::NotReleased { token, .. } => (OP_NOT_RELEASED, token, 0),
+        Reply::Extended { token, .. } => (OP_EXTEND, token, 0),
+        Reply::NotExtended { token, .. } => (OP_NOT_EXTENDED, token, 0),
+    };
+    let header = if op == OP_ACQUIRE { 17 } else { 9 };
+    let key = reply.key().as_bytes();
+    let mut head = [0u8; 17];
+    head[0] = op;
+    head[1..9].copy_from_slice(&a.to_be_bytes());
+    head[9..17].copy_from_slice(&b.to_be_bytes());
+    out.reserve(17 + key.len() + 1);
+    let start = out.len();
+    out.extend_from_slice(&head);
+    out.truncate(start + header);
+    out.extend_from_slice(key);
     out.push(NEWLINE);
 }
 
@@ -480,6 +535,81 @@ mod tests {
             };
             assert_eq!(decode_request(&frame(&key), MAX), want, "{key:?}");
         }
+    }
+
+    /// The newline search and the ASCII check of the key, against a
+    /// byte-by-byte reference: keys of every length across the 16-byte
+    /// steps, a non-ASCII byte before, at the end of and after the key,
+    /// whatever follows the frame in the buffer, and every prefix of it.
+    #[test]
+    fn key_end_matches_a_byte_by_byte_reference() {
+        fn reference(buf: &[u8], max: usize) -> Decoded<Request<'_>> {
+            if buf.len() < 9 {
+                return Decoded::Incomplete;
+            }
+            let window = &buf[9..buf.len().min(9 + max + 1)];
+            match window.iter().position(|&b| b == b'\n') {
+                Some(0) => Decoded::Malformed(Malformed::EmptyKey),
+                Some(n) => match std::str::from_utf8(&window[..n]) {
+                    Ok(key) => Decoded::Frame {
+                        frame: Request::Release {
+                            token: be_u64(&buf[1..9]),
+                            key,
+                        },
+                        used: 9 + n + 1,
+                    },
+                    Err(_) => Decoded::Malformed(Malformed::InvalidUtf8),
+                },
+                None if window.len() > max => Decoded::Malformed(Malformed::KeyTooLong),
+                None => Decoded::Incomplete,
+            }
+        }
+        let tails: [&[u8]; 5] = [
+            b"",
+            b"\n",
+            b"\xff\xfe",
+            b"R\0\0\0\0\0\0\0\x07k\n",
+            &[0x80; 40],
+        ];
+        let mut checked = 0u32;
+        for key_len in 1..=70usize {
+            let ascii: Vec<u8> = (0..key_len).map(|i| b'a' + (i % 26) as u8).collect();
+            let mut keys = vec![ascii.clone()];
+            for pos in [0, key_len / 2, key_len - 1] {
+                let mut k = ascii.clone();
+                k[pos] = 0xe9; // not UTF-8 on its own
+                keys.push(k);
+                let mut k = ascii.clone();
+                k.splice(pos..=pos, "é".bytes());
+                keys.push(k);
+            }
+            for key in &keys {
+                for tail in tails {
+                    let mut buf = vec![b'R', 0, 0, 0, 0, 0, 0, 0, 5];
+                    buf.extend_from_slice(key);
+                    buf.push(b'\n');
+                    buf.extend_from_slice(tail);
+                    for max in [
+                        key.len().saturating_sub(1).max(1),
+                        key.len(),
+                        key.len() + 1,
+                        64,
+                        MAX,
+                    ] {
+                        for end in 0..=buf.len() {
+                            let b = &buf[..end];
+                            assert_eq!(
+                                decode_request(b, max),
+                                reference(b, max),
+                                "{b:?}, max {max}"
+                            );
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 100_000);
     }
 
     #[test]

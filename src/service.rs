@@ -11,7 +11,7 @@ use std::io;
 use mio::event::Event;
 use mio::Registry;
 
-use crate::engine::{ConnId, Engine, Outbox};
+use crate::engine::{ConnId, LockTable, Outbox};
 use crate::metrics::Exposition;
 use crate::proto::Request;
 use crate::time::Millis;
@@ -90,7 +90,7 @@ pub trait Service {
     }
 
     /// The lock table, for the admin port's metrics and lock listings.
-    fn engine(&self) -> Option<&Engine> {
+    fn engine(&self) -> Option<&dyn LockTable> {
         None
     }
 

@@ -756,7 +756,7 @@ impl Service for SingleService {
         self.engine.tick(now, out);
     }
 
-    fn engine(&self) -> Option<&Engine> {
+    fn engine(&self) -> Option<&dyn crate::engine::LockTable> {
         Some(&self.engine)
     }
 

@@ -30,12 +30,11 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 
 use super::backend::{Backend, Outcome};
@@ -119,6 +118,8 @@ pub struct Config {
     pub requests: Option<u64>,
     /// How `extend` mode paces its renewals.
     pub renew: Renew,
+    /// Speak TLS (`--tls-ca`).
+    pub tls: Option<crate::tls::Tls>,
 }
 
 /// State shared between the worker threads and the thread that times the run.
@@ -329,7 +330,7 @@ struct Pending {
 }
 
 struct Conn {
-    stream: TcpStream,
+    stream: crate::tls::Stream,
     id: u64,
     /// Read buffer; `rstart..rend` is received and not yet decoded.
     rbuf: Vec<u8>,
@@ -534,13 +535,26 @@ impl<B: Backend> Worker<'_, B> {
     /// Writes until the buffer is empty or the socket is full.
     fn flush(&mut self, c: usize, poll: &Poll) -> io::Result<()> {
         let conn = &mut self.conns[c];
-        super::conn::flush_buffer(
+        while conn.wpos < conn.wbuf.len() {
+            match conn.stream.write(&conn.wbuf[conn.wpos..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => conn.wpos += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let leftover = conn.wpos < conn.wbuf.len();
+        if !leftover {
+            conn.wbuf.clear();
+            conn.wpos = 0;
+        }
+        super::set_write_interest(
             poll.registry(),
-            &mut conn.stream,
+            conn.stream.socket(),
             Token(c),
-            &mut conn.wbuf,
-            &mut conn.wpos,
             &mut conn.want_write,
+            leftover,
         )
     }
 
@@ -897,10 +911,10 @@ pub fn run_worker<B: Backend>(
             let s = b
                 .connect(addr)
                 .map_err(|e| format!("connecting to {addr} ({}): {e}", b.name()))?;
-            s.set_nonblocking(true).map_err(|e| e.to_string())?;
-            let mut stream = TcpStream::from_std(s);
+            let mut stream = crate::tls::Stream::open(s, addr, cfg.tls.as_ref())
+                .map_err(|e| format!("connecting to {addr} ({}): {e}", b.name()))?;
             poll.registry()
-                .register(&mut stream, Token(i), Interest::READABLE)
+                .register(stream.socket(), Token(i), Interest::READABLE)
                 .map_err(|e| e.to_string())?;
             let slot = Slot {
                 state: SlotState::NeedAcquire { retry: false },

@@ -19,6 +19,7 @@ pub mod gen;
 pub mod hist;
 pub mod limit;
 pub mod resp;
+pub mod tls;
 
 use std::fmt::Write as _;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -65,6 +66,10 @@ usage: ticket-bench [FLAGS]
                         extend-flood's extends) after N requests and end when
                         all are answered (not for extend)
   --threads N           generator threads (default 1)
+  --tls-ca FILE         speak TLS (1.3 or 1.2) to ticketd (--tls-cert) or
+                        Redis (--tls-port), trusting this CA (PEM)
+  --tls-name NAME       the name the server certificate must carry (default:
+                        the address's IP)
   --server-pid PID[,PID]  also report the server's CPU time per request
                         (a cluster's nodes together)
   --json                one JSON object on stdout instead of the text report
@@ -191,6 +196,20 @@ pub fn parse_args(args: Vec<String>) -> Result<Args, String> {
     if mode == Mode::Contended && keys == Keys::Uncontended {
         return Err("--mode contended needs --keys hot:N".into());
     }
+    let tls_ca: Option<String> = p
+        .opt_value_from_str("--tls-ca")
+        .map_err(|e| format!("--tls-ca: {e}"))?;
+    let tls_name: Option<String> = p
+        .opt_value_from_str("--tls-name")
+        .map_err(|e| format!("--tls-name: {e}"))?;
+    let tls = match tls_ca {
+        Some(ca) if backend != BackendKind::Etcd => {
+            Some(tls::Tls::load(std::path::Path::new(&ca), tls_name)?)
+        }
+        Some(_) => return Err("--tls-ca: for ticketd and redis only".into()),
+        None if tls_name.is_some() => return Err("--tls-name needs --tls-ca".into()),
+        None => None,
+    };
     let server: Option<String> = p
         .opt_value_from_str("--server")
         .map_err(|e| format!("--server: {e}"))?;
@@ -300,6 +319,7 @@ pub fn parse_args(args: Vec<String>) -> Result<Args, String> {
             threads,
             requests,
             renew,
+            tls,
         },
         backend,
         duration: Duration::from_secs_f64(duration_s),
@@ -496,7 +516,8 @@ pub fn run(args: &Args) -> Result<Report, String> {
         BackendKind::Ticketd => run_backend(Arc::new(Ticketd), args),
         BackendKind::Redis => {
             let addr = args.cfg.addrs[0];
-            let r = resp::Redis::new(addr).map_err(|e| format!("redis at {addr}: {e}"))?;
+            let r = resp::Redis::new(addr, args.cfg.tls.as_ref())
+                .map_err(|e| format!("redis at {addr}: {e}"))?;
             run_backend(Arc::new(r), args)
         }
         BackendKind::Etcd => {

@@ -158,9 +158,19 @@ pub struct Redis {
 impl Redis {
     /// Loads [`RELEASE_SCRIPT`] into the server at `addr` and remembers its
     /// SHA for `EVALSHA`.
-    pub fn new(addr: SocketAddr) -> io::Result<Redis> {
-        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    ///
+    /// # Errors
+    /// The server cannot be reached or does not load the script.
+    pub fn new(addr: SocketAddr, tls: Option<&crate::tls::Tls>) -> io::Result<Redis> {
+        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
         s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        match tls {
+            Some(t) => Redis::load(crate::tls::blocking(s, addr, t)?),
+            None => Redis::load(s),
+        }
+    }
+
+    fn load(mut s: impl Read + Write) -> io::Result<Redis> {
         let mut cmd = Vec::new();
         encode_command(&mut cmd, &[b"SCRIPT", b"LOAD", RELEASE_SCRIPT.as_bytes()]);
         s.write_all(&cmd)?;

@@ -85,7 +85,10 @@ USAGE:
     ticket help [SUBCOMMAND]
 
 Each subcommand takes --help. The server defaults to 127.0.0.1:7470; give
---server several times to list the nodes of a cluster. status, locks and
+--server several times to list the nodes of a cluster. acquire, release,
+extend and run speak TLS with --tls-ca FILE (and a client certificate with
+--tls-cert FILE --tls-key FILE), or TICKET_TLS_CA, TICKET_TLS_CERT and
+TICKET_TLS_KEY in the environment. status, locks and
 cluster status read a server's admin port (ticketd --admin-listen), by
 default 127.0.0.1:7471.
 
@@ -115,6 +118,12 @@ OPTIONS:
     --lease S       whole seconds the grant lives (1..=255, default 30)
     --server ADDR   host:port of a server, or unix:/path; repeat for a cluster
                     (default 127.0.0.1:7470)
+    --tls-ca FILE   speak TLS to TCP servers, trusting this CA (PEM); the
+                    server's certificate must name the host of ADDR
+    --tls-cert FILE, --tls-key FILE
+                    the client certificate and key (PEM) for a server that
+                    requires one (ticketd --tls-client-ca)
+                    The same from TICKET_TLS_CA, TICKET_TLS_CERT, TICKET_TLS_KEY
 
 On success prints the token on stdout and exits 0. The lock stays held
 after `ticket` exits, until `ticket release KEY TOKEN` or the lease ends.
@@ -858,7 +867,7 @@ struct AcquireOpts {
     key: String,
     wait: Duration,
     lease: Duration,
-    servers: Vec<String>,
+    servers: Servers,
 }
 
 fn parse_wait(s: &str) -> Result<Duration, String> {
@@ -890,14 +899,68 @@ fn parse_grace(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(v))
 }
 
-fn servers(args: &mut pico_args::Arguments) -> Result<Vec<String>, Exit> {
+/// Where the servers are and how to speak to them.
+#[derive(Debug)]
+struct Servers {
+    addrs: Vec<String>,
+    /// `--tls-ca`, `--tls-cert`, `--tls-key` (or `TICKET_TLS_CA`,
+    /// `TICKET_TLS_CERT`, `TICKET_TLS_KEY`).
+    tls_ca: Option<std::path::PathBuf>,
+    tls_cert: Option<std::path::PathBuf>,
+    tls_key: Option<std::path::PathBuf>,
+}
+
+/// A TLS file from its flag, else from its environment variable (an empty
+/// variable counts as unset).
+fn tls_file(
+    args: &mut pico_args::Arguments,
+    flag: &'static str,
+    var: &str,
+) -> Result<Option<std::path::PathBuf>, Exit> {
+    let v: Option<std::path::PathBuf> = args
+        .opt_value_from_os_str(flag, |s| {
+            Ok::<_, std::convert::Infallible>(std::path::PathBuf::from(s))
+        })
+        .map_err(|e| Exit::usage(e.to_string()))?;
+    Ok(v.or_else(|| {
+        std::env::var_os(var)
+            .filter(|s| !s.is_empty())
+            .map(std::path::PathBuf::from)
+    }))
+}
+
+fn servers(args: &mut pico_args::Arguments) -> Result<Servers, Exit> {
     let mut s: Vec<String> = args
         .values_from_str("--server")
         .map_err(|e| Exit::usage(e.to_string()))?;
     if s.is_empty() {
         s.push(DEFAULT_ADDRESS.to_owned());
     }
-    Ok(s)
+    let tls_ca = tls_file(args, "--tls-ca", "TICKET_TLS_CA")?;
+    let tls_cert = tls_file(args, "--tls-cert", "TICKET_TLS_CERT")?;
+    let tls_key = tls_file(args, "--tls-key", "TICKET_TLS_KEY")?;
+    if tls_cert.is_some() != tls_key.is_some() {
+        return Err(Exit::usage(
+            "--tls-cert and --tls-key (TICKET_TLS_CERT, TICKET_TLS_KEY) go together",
+        ));
+    }
+    if tls_cert.is_some() && tls_ca.is_none() {
+        return Err(Exit::usage(
+            "--tls-cert needs --tls-ca (TICKET_TLS_CA): the CA the server's certificate \
+             chains to",
+        ));
+    }
+    if tls_ca.is_some() && !cfg!(feature = "tls") {
+        return Err(Exit::usage(
+            "--tls-ca: this ticket was built without TLS (the `tls` feature)",
+        ));
+    }
+    Ok(Servers {
+        addrs: s,
+        tls_ca,
+        tls_cert,
+        tls_key,
+    })
 }
 
 fn free_string(args: &mut pico_args::Arguments, what: &str) -> Result<String, Exit> {
@@ -938,11 +1001,22 @@ fn parse_acquire_opts(args: &mut pico_args::Arguments) -> Result<AcquireOpts, Ex
     })
 }
 
-fn client(servers: &[String]) -> Result<Client, Exit> {
-    Client::builder()
-        .addresses(servers.iter().cloned())
-        .build()
-        .map_err(|e| Exit::usage(e.to_string()))
+fn client(servers: &Servers) -> Result<Client, Exit> {
+    let b = Client::builder().addresses(servers.addrs.iter().cloned());
+    #[cfg(feature = "tls")]
+    let b = {
+        let mut b = b;
+        if let Some(ca) = &servers.tls_ca {
+            b = b.tls_ca(ca);
+        }
+        if let (Some(cert), Some(key)) = (&servers.tls_cert, &servers.tls_key) {
+            b = b.tls_client_cert(cert, key);
+        }
+        b
+    };
+    #[cfg(not(feature = "tls"))]
+    let _ = (&servers.tls_ca, &servers.tls_cert, &servers.tls_key);
+    b.build().map_err(|e| Exit::usage(e.to_string()))
 }
 
 /// Acquires, or ends the process with the status for why not.

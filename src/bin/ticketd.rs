@@ -76,8 +76,13 @@ fn serve(config: Config) -> Result<(), String> {
         format!("cannot open the data directory{dir}: {e}")
     })?;
     let listen = config.listen;
-    let mut server =
-        Server::bind(config, service).map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    let mut server = Server::bind(config, service).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::InvalidInput {
+            format!("cannot start: {e}")
+        } else {
+            format!("cannot listen on {listen}: {e}")
+        }
+    })?;
     server
         .handle_signals()
         .map_err(|e| format!("cannot install signal handlers: {e}"))?;

@@ -50,6 +50,12 @@ pub enum Error {
         /// Which setting, and why.
         reason: &'static str,
     },
+    /// The TLS settings cannot be used: a file is missing or is not what
+    /// it should be (feature `tls`).
+    Tls {
+        /// Which file, and what is wrong with it.
+        reason: String,
+    },
 }
 
 impl fmt::Display for Error {
@@ -72,6 +78,7 @@ impl fmt::Display for Error {
                 write!(f, "cannot resolve server address {addr:?}: {reason}")
             }
             Error::InvalidConfig { reason } => write!(f, "invalid client setting: {reason}"),
+            Error::Tls { reason } => write!(f, "client TLS: {reason}"),
         }
     }
 }

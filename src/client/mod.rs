@@ -66,6 +66,8 @@ mod pool;
 mod renew;
 mod session;
 mod ticket;
+#[cfg(feature = "tls")]
+mod tls;
 mod transport;
 
 #[cfg(test)]
@@ -85,7 +87,7 @@ pub use ticket::Ticket;
 use deadline::Plan;
 use pool::Pool;
 use session::{lock, Answer, Call, Kind, Waited};
-use transport::Target;
+use transport::{Security, Target};
 
 /// The server address the CLI and examples use when given none.
 pub const DEFAULT_ADDRESS: &str = "127.0.0.1:7470";
@@ -177,6 +179,17 @@ pub struct ClientBuilder {
     pool_size: usize,
     connect_timeout: Duration,
     max_key_bytes: usize,
+    #[cfg(feature = "tls")]
+    tls: Option<TlsSettings>,
+}
+
+/// The client's TLS settings (feature `tls`).
+#[cfg(feature = "tls")]
+#[derive(Clone, Debug)]
+struct TlsSettings {
+    ca: std::path::PathBuf,
+    cert_key: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    server_name: Option<String>,
 }
 
 impl Default for ClientBuilder {
@@ -186,6 +199,8 @@ impl Default for ClientBuilder {
             pool_size: DEFAULT_POOL_SIZE,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             max_key_bytes: crate::limits::DEFAULT_MAX_KEY_BYTES,
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 }
@@ -235,6 +250,78 @@ impl ClientBuilder {
         self
     }
 
+    /// Speak TLS (1.3 or 1.2) to every TCP address, trusting the servers
+    /// whose certificate chains to the CA certificates in `ca_file` (PEM)
+    /// and names the address's host (or [`Self::tls_server_name`]). Unix
+    /// socket addresses stay plaintext. Feature `tls`.
+    #[cfg(feature = "tls")]
+    #[must_use]
+    pub fn tls_ca(mut self, ca_file: impl Into<std::path::PathBuf>) -> Self {
+        self.tls_settings().ca = ca_file.into();
+        self
+    }
+
+    /// With TLS, present this client certificate (PEM chain) and key (PEM)
+    /// to servers that ask for one (`ticketd --tls-client-ca`).
+    #[cfg(feature = "tls")]
+    #[must_use]
+    pub fn tls_client_cert(
+        mut self,
+        cert_file: impl Into<std::path::PathBuf>,
+        key_file: impl Into<std::path::PathBuf>,
+    ) -> Self {
+        self.tls_settings().cert_key = Some((cert_file.into(), key_file.into()));
+        self
+    }
+
+    /// With TLS, check every server's certificate against this name
+    /// instead of each address's host.
+    #[cfg(feature = "tls")]
+    #[must_use]
+    pub fn tls_server_name(mut self, name: impl Into<String>) -> Self {
+        self.tls_settings().server_name = Some(name.into());
+        self
+    }
+
+    #[cfg(feature = "tls")]
+    fn tls_settings(&mut self) -> &mut TlsSettings {
+        self.tls.get_or_insert_with(|| TlsSettings {
+            ca: std::path::PathBuf::new(),
+            cert_key: None,
+            server_name: None,
+        })
+    }
+
+    /// The TLS dial settings, with the files read now.
+    #[cfg(feature = "tls")]
+    fn tls_dial(&self) -> Result<Option<tls::TlsDial>, Error> {
+        let Some(t) = &self.tls else {
+            return Ok(None);
+        };
+        if t.ca.as_os_str().is_empty() {
+            return Err(Error::Tls {
+                reason: "a client certificate or a server name without a CA file (tls_ca)".into(),
+            });
+        }
+        let config = crate::tls::client_config(
+            &t.ca,
+            t.cert_key.as_ref().map(|(c, k)| (c.as_path(), k.as_path())),
+        )
+        .map_err(|reason| Error::Tls { reason })?;
+        let server_name = match &t.server_name {
+            Some(n) => Some(
+                rustls::pki_types::ServerName::try_from(n.clone()).map_err(|e| Error::Tls {
+                    reason: format!("server name {n:?}: {e}"),
+                })?,
+            ),
+            None => None,
+        };
+        Ok(Some(tls::TlsDial {
+            config,
+            server_name,
+        }))
+    }
+
     /// Resolves the addresses and makes the client. Connections open lazily,
     /// on the first call that needs one.
     pub fn build(self) -> Result<Client, Error> {
@@ -256,7 +343,10 @@ impl ClientBuilder {
                 reason: "max_key_bytes must be within 1..=65536",
             });
         }
+        #[cfg(feature = "tls")]
+        let dial = self.tls_dial()?;
         let mut resolved: Vec<Target> = Vec::new();
+        let mut security: Vec<Security> = Vec::new();
         for a in &self.addrs {
             if let Some(path) = a.strip_prefix("unix:") {
                 if path.is_empty() {
@@ -266,6 +356,7 @@ impl ClientBuilder {
                     });
                 }
                 resolved.push(Target::Unix(path.into()));
+                security.push(Security::Plain);
                 continue;
             }
             let found = a.to_socket_addrs().map_err(|e| Error::Resolve {
@@ -280,11 +371,29 @@ impl ClientBuilder {
                     reason: "no address found".into(),
                 });
             }
+            #[cfg(feature = "tls")]
+            let how = match &dial {
+                Some(d) => {
+                    let name = match &d.server_name {
+                        Some(n) => n.clone(),
+                        None => tls::name_of(a).map_err(|reason| Error::Resolve {
+                            addr: a.clone(),
+                            reason,
+                        })?,
+                    };
+                    Security::Tls(d.clone(), name)
+                }
+                None => Security::Plain,
+            };
+            #[cfg(not(feature = "tls"))]
+            let how = Security::Plain;
+            security.resize(resolved.len(), how);
         }
         Ok(Client {
             inner: Arc::new(Inner {
                 pool: Pool::new(
                     resolved,
+                    security,
                     self.pool_size,
                     self.connect_timeout,
                     self.max_key_bytes,

@@ -9,7 +9,7 @@
 
 use std::net::SocketAddr;
 
-use crate::client::transport::{ClientStream, Target};
+use crate::client::transport::{ClientStream, Security, Target};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -35,6 +35,8 @@ struct PoolState {
 
 pub(crate) struct Pool {
     addrs: Vec<Target>,
+    /// How to speak to each of `addrs` (plaintext or TLS).
+    security: Vec<Security>,
     /// The TCP ones among `addrs`.
     tcp: Vec<SocketAddr>,
     connect_timeout: Duration,
@@ -46,6 +48,7 @@ pub(crate) struct Pool {
 impl Pool {
     pub(crate) fn new(
         addrs: Vec<Target>,
+        security: Vec<Security>,
         size: usize,
         connect_timeout: Duration,
         max_key_bytes: usize,
@@ -57,8 +60,10 @@ impl Pool {
                 Target::Unix(_) => None,
             })
             .collect();
+        debug_assert_eq!(addrs.len(), security.len());
         Pool {
             addrs,
+            security,
             tcp,
             connect_timeout,
             max_key_bytes,
@@ -177,12 +182,14 @@ impl Pool {
         };
         let mut last = String::from("deadline passed before connecting");
         for k in 0..self.addrs.len() {
-            let addr = &self.addrs[(first + k) % self.addrs.len()];
+            let i = (first + k) % self.addrs.len();
+            let addr = &self.addrs[i];
             let left = send_deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
             }
-            match ClientStream::connect(addr, self.connect_timeout.min(left)) {
+            let security = self.security.get(i).unwrap_or(&Security::Plain);
+            match ClientStream::connect(addr, security, self.connect_timeout.min(left)) {
                 Ok(stream) => match Session::start(stream, self.max_key_bytes) {
                     Ok(s) => return Ok(s),
                     Err(e) => last = format!("{addr}: cannot start session: {e}"),

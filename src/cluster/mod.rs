@@ -1,7 +1,8 @@
 //! Cluster mode: the lock table replicated with Raft (raft-rs 0.7).
 //!
 //! * [`command`]: the replicated commands and their encoding.
-//! * [`state`]: the deterministic state machine (engine + ledger + dedup).
+//! * [`state`]: the deterministic state machine (the engine, tagged with
+//!   requests, + dedup).
 //! * [`members`]: peer addresses and removed ids, replicated with conf changes.
 //! * [`storage`]: raft's in-memory log and the write-ahead log under it.
 //! * [`node`]: one node, sans-IO: Ready handling, proposals, leader timers.

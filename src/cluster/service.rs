@@ -458,7 +458,7 @@ impl Service for ClusterService {
         self.node.leader() != 0
     }
 
-    fn engine(&self) -> Option<&crate::engine::Engine> {
+    fn engine(&self) -> Option<&dyn crate::engine::LockTable> {
         Some(self.node.state_machine().engine())
     }
 

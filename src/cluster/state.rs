@@ -1,17 +1,20 @@
-//! The replicated state machine: the lock engine in replicated mode, a
-//! deterministic ledger of what it holds, and the request dedup table.
+//! The replicated state machine: the lock engine in replicated mode and
+//! the request dedup table.
 //!
 //! Every node applies the same committed commands in the same order and gets
 //! the same state and the same answers. Applying reads only the state, the
 //! entry index and the command: no clock, no randomness, no hash-order
-//! iteration (the ledger is `BTreeMap`s; the engine's hash tables never
-//! decide an answer's order in replicated mode).
+//! iteration (the engine reports what happened in the order it happened,
+//! and its snapshot image is sorted by key).
 //!
-//! The [`Engine`] decides every answer (SPEC §2). The ledger mirrors what it
-//! holds (each key's token and lease, each waiter's request id, origin and
-//! durations) because the engine does not expose its tables: the ledger is
-//! what a snapshot serialises, in sorted order, and what a new leader
-//! rebuilds its timers from. [`StateMachine::check`] cross-checks the two.
+//! The [`Engine`] is the one lock table and decides every answer (SPEC §2).
+//! Each grant and waiter carries a [`ReqTag`] (the request, its origin
+//! connection, the lease and its generation); applying a command turns the
+//! engine's typed events ([`crate::engine::Event`]) into answers for the
+//! requests' origins and effects for the leader's timers. A snapshot is
+//! the engine's image ([`Engine::write_image`]) with the request ledger and
+//! the map of origin connections that have waiters; a new leader rebuilds
+//! its timers from [`StateMachine::holders`] and [`StateMachine::waiters`].
 //!
 //! Fencing tokens are entry indices with random low bits: before applying
 //! entry `i` the engine's next token is raised to `(i << 16) | r`, where `r`
@@ -23,11 +26,15 @@
 //! same bits, so they agree on every token. An entry written before tokens
 //! had random bits grants the bare index, below every later entry's token.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 
-use crate::cluster::command::{Command, DecodeError, Origin, Reader, Rid, Writer};
+use crate::cluster::command::{
+    Command, DecodeError, Origin, Reader, Rid, Writer, MAX_COMMAND_KEY_BYTES,
+};
 use crate::cluster::members::Members;
-use crate::engine::{Acquire, AcquireOutcome, Engine, Outbox, WaiterId};
+use crate::engine::{
+    Acquire, AcquireOutcome, Engine, Event, ImageError, ImageReader, Outbox, TagCodec,
+};
 use crate::limits::EngineLimits;
 use crate::proto::Reply;
 use crate::time::Millis;
@@ -134,31 +141,106 @@ pub struct Applied {
     pub duplicate: bool,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct WaiterRec {
+/// What the engine carries for each grant and queued acquire in cluster
+/// mode: the request, its origin connection, and the lease and its
+/// generation (a waiter's become its grant's when it is handed the key).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReqTag {
+    /// The request. All zero for a grant whose request is unknown (one
+    /// restored from a version-1 snapshot).
     rid: Rid,
+    /// Its client connection on the origin node.
     conn: u64,
-    owner: u64,
-    wait_s: u8,
-    lease_s: u8,
-    /// The engine's id for this waiter: local, not replicated (a node that
-    /// restored a snapshot numbers its waiters differently).
-    local: WaiterId,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct KeyRec {
-    token: u64,
     /// The latest lease: the grant's own, or its latest extension's.
     lease_s: u8,
     /// Extensions that took effect on this grant (SPEC §5.2): an `Expire`
     /// set for an earlier generation does nothing.
     generation: u64,
-    /// The request granted `token`: its origin can answer it from a
-    /// snapshot that covers the granting entry. All zero when unknown (a
-    /// grant restored from a version-1 snapshot).
-    rid: Rid,
-    waiters: VecDeque<WaiterRec>,
+}
+
+/// Writes [`ReqTag`]s in the snapshot layout of `version`: a grant as its
+/// lease, lease generation (version 3) and request id (version 2), a
+/// waiter as its request id and origin connection.
+struct ReqCodec {
+    version: u8,
+}
+
+fn rid_of(r: &mut ImageReader<'_>) -> Result<Rid, ImageError> {
+    Ok(Rid {
+        node: r.u64()?,
+        epoch: r.u64()?,
+        seq: r.u64()?,
+    })
+}
+
+fn put_rid(buf: &mut Vec<u8>, rid: Rid) {
+    for x in [rid.node, rid.epoch, rid.seq] {
+        buf.extend_from_slice(&x.to_be_bytes());
+    }
+}
+
+impl TagCodec<ReqTag> for ReqCodec {
+    fn write_grant(&self, tag: &ReqTag, buf: &mut Vec<u8>) {
+        debug_assert_eq!(
+            self.version, SNAPSHOT_VERSION,
+            "only the current layout is written"
+        );
+        buf.push(tag.lease_s);
+        buf.extend_from_slice(&tag.generation.to_be_bytes());
+        put_rid(buf, tag.rid);
+    }
+
+    fn write_waiter(&self, tag: &ReqTag, buf: &mut Vec<u8>) {
+        put_rid(buf, tag.rid);
+        buf.extend_from_slice(&tag.conn.to_be_bytes());
+    }
+
+    fn read_grant(&self, r: &mut ImageReader<'_>) -> Result<ReqTag, ImageError> {
+        let lease_s = r.u8()?;
+        let generation = if self.version >= 3 { r.u64()? } else { 0 };
+        let rid = if self.version >= 2 {
+            rid_of(r)?
+        } else {
+            Rid::default()
+        };
+        if lease_s == 0 {
+            return Err(ImageError::Invalid("holder"));
+        }
+        Ok(ReqTag {
+            rid,
+            conn: 0,
+            lease_s,
+            generation,
+        })
+    }
+
+    fn read_waiter(&self, r: &mut ImageReader<'_>) -> Result<ReqTag, ImageError> {
+        Ok(ReqTag {
+            rid: rid_of(r)?,
+            conn: r.u64()?,
+            // Set from the waiter's own lease once it is read.
+            lease_s: 0,
+            generation: 0,
+        })
+    }
+
+    fn min_grant_bytes(&self) -> usize {
+        1
+    }
+
+    fn min_waiter_bytes(&self) -> usize {
+        24 + 8
+    }
+}
+
+impl From<ImageError> for DecodeError {
+    fn from(e: ImageError) -> Self {
+        match e {
+            ImageError::Truncated => DecodeError::Truncated,
+            ImageError::BadKey => DecodeError::BadKey,
+            ImageError::Invalid(what) => DecodeError::Invalid(what),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -166,13 +248,6 @@ struct DedupRec {
     epoch: u64,
     floor: u64,
     seen: BTreeSet<u64>,
-}
-
-/// An origin connection's engine connection id and its number of waiters.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct ConnRec {
-    engine_conn: u64,
-    waiters: u32,
 }
 
 /// The engine connection id used for holders and immediate answers; never
@@ -191,13 +266,11 @@ pub const SNAPSHOT_LEDGER_SLACK_BYTES: u64 = 64 << 20;
 /// The replicated lock table. See the module documentation.
 #[derive(Debug)]
 pub struct StateMachine {
-    engine: Engine,
-    out: Outbox,
-    keys: BTreeMap<String, KeyRec>,
-    /// Keys that have waiters, so cancelling a connection scans only those.
-    contended: BTreeSet<String>,
+    engine: Engine<ReqTag>,
+    out: Outbox<ReqTag>,
     dedup: BTreeMap<u64, DedupRec>,
-    conns: BTreeMap<Origin, ConnRec>,
+    /// The engine connection of each origin connection that has waiters.
+    conns: BTreeMap<Origin, u64>,
     next_engine_conn: u64,
     members: Members,
 }
@@ -208,10 +281,8 @@ impl StateMachine {
     #[must_use]
     pub fn new(limits: EngineLimits) -> Self {
         StateMachine {
-            engine: Engine::replicated(limits, 1),
-            out: Outbox::new(),
-            keys: BTreeMap::new(),
-            contended: BTreeSet::new(),
+            engine: Engine::replicated_tagged(limits, 1),
+            out: Outbox::default(),
             dedup: BTreeMap::new(),
             conns: BTreeMap::new(),
             next_engine_conn: NO_CONN + 1,
@@ -239,13 +310,15 @@ impl StateMachine {
     /// The token currently held on `key`.
     #[must_use]
     pub fn holder(&self, key: &str) -> Option<u64> {
-        self.keys.get(key).map(|k| k.token)
+        self.engine.grant(key).map(|(token, _)| token)
     }
 
     /// The grant currently held on `key` as (token, lease generation).
     #[must_use]
     pub fn lease_of(&self, key: &str) -> Option<(u64, u64)> {
-        self.keys.get(key).map(|k| (k.token, k.generation))
+        self.engine
+            .grant(key)
+            .map(|(token, tag)| (token, tag.generation))
     }
 
     /// The token of `key` when it is held by the grant of request `rid`.
@@ -253,7 +326,10 @@ impl StateMachine {
     /// came inside a snapshot) can still be answered with it.
     #[must_use]
     pub fn granted_to(&self, key: &str, rid: Rid) -> Option<u64> {
-        self.keys.get(key).filter(|k| k.rid == rid).map(|k| k.token)
+        self.engine
+            .grant(key)
+            .filter(|(_, tag)| tag.rid == rid)
+            .map(|(token, _)| token)
     }
 
     /// True when request `rid` has applied, or can no longer apply (below
@@ -269,39 +345,36 @@ impl StateMachine {
     /// True when `waiter` is queued on `key`.
     #[must_use]
     pub fn is_waiting(&self, key: &str, waiter: Rid) -> bool {
-        self.keys
-            .get(key)
-            .is_some_and(|k| k.waiters.iter().any(|w| w.rid == waiter))
+        self.engine.find_waiter(key, |t| t.rid == waiter).is_some()
     }
 
     /// The lock engine (replicated mode), for inspection.
     #[must_use]
-    pub fn engine(&self) -> &Engine {
+    pub fn engine(&self) -> &Engine<ReqTag> {
         &self.engine
     }
 
     /// Number of held keys.
     #[must_use]
     pub fn key_count(&self) -> usize {
-        self.keys.len()
+        self.engine.key_count()
     }
 
     /// Every holder as (key, token, latest lease_s, lease generation),
     /// sorted by key.
     pub fn holders(&self) -> impl Iterator<Item = (&str, u64, u8, u64)> + '_ {
-        self.keys
-            .iter()
-            .map(|(k, r)| (k.as_str(), r.token, r.lease_s, r.generation))
+        self.engine.sorted_keys().into_iter().filter_map(|k| {
+            let (token, tag) = self.engine.grant(k)?;
+            Some((k, token, tag.lease_s, tag.generation))
+        })
     }
 
     /// Every waiter as (key, rid, wait_s), sorted by key then queue order.
     pub fn waiters(&self) -> impl Iterator<Item = (&str, Rid, u8)> + '_ {
-        self.contended.iter().flat_map(move |k| {
-            self.keys
-                .get(k)
-                .into_iter()
-                .flat_map(move |r| r.waiters.iter().map(move |w| (k.as_str(), w.rid, w.wait_s)))
-        })
+        self.engine
+            .sorted_queued_keys()
+            .into_iter()
+            .flat_map(move |k| self.engine.queue(k).map(move |w| (k, w.tag.rid, w.wait_s)))
     }
 
     /// Applies the committed entry `index` holding `cmd`, written before
@@ -346,6 +419,8 @@ impl StateMachine {
                 self.cancel(o);
             }
         }
+        let now = Millis::ZERO;
+        let out = &mut self.out;
         match cmd {
             Command::Acquire {
                 rid,
@@ -355,40 +430,50 @@ impl StateMachine {
                 wait_s,
                 lease_s,
                 ..
-            } => self.acquire(*rid, *conn, key, *owner, *wait_s, *lease_s, &mut res),
-            Command::Release {
-                rid,
-                conn,
-                key,
-                token,
-                ..
             } => {
-                let ok = self
-                    .engine
-                    .release(Millis::ZERO, NO_CONN, *token, key, &mut self.out);
-                res.answers.push(Answer {
+                let origin = rid.origin(*conn);
+                let engine_conn = self
+                    .conns
+                    .get(&origin)
+                    .copied()
+                    .unwrap_or(self.next_engine_conn);
+                let tag = ReqTag {
                     rid: *rid,
                     conn: *conn,
-                    owner: 0,
-                    key: key.clone(),
-                    kind: if ok {
-                        AnswerKind::Released(*token)
-                    } else {
-                        AnswerKind::NotReleased(*token)
-                    },
-                });
-                if ok {
-                    self.hand_over(key, &mut res);
+                    lease_s: *lease_s,
+                    generation: 0,
+                };
+                let req = Acquire {
+                    key,
+                    owner: *owner,
+                    wait_s: *wait_s,
+                    lease_s: *lease_s,
+                };
+                if let AcquireOutcome::Queued(_) =
+                    self.engine.acquire_tagged(now, engine_conn, req, tag, out)
+                {
+                    if engine_conn == self.next_engine_conn {
+                        self.next_engine_conn += 1;
+                        self.conns.insert(origin, engine_conn);
+                    }
+                    res.effects.push(Effect::Queued {
+                        key: key.clone(),
+                        waiter: *rid,
+                        wait_s: *wait_s,
+                    });
                 }
             }
+            Command::Release { key, token, .. } => {
+                self.engine.release(now, NO_CONN, *token, key, out);
+            }
             Command::Extend {
-                rid,
-                conn,
                 key,
                 token,
                 lease_s,
                 ..
-            } => self.extend(*rid, *conn, key, *token, *lease_s, &mut res),
+            } => {
+                self.engine.extend(now, NO_CONN, key, *token, *lease_s, out);
+            }
             Command::Expire {
                 key,
                 token,
@@ -396,16 +481,122 @@ impl StateMachine {
             } => {
                 // An Extend applied after this timer was set moved the
                 // grant to a later generation: the lease did not end.
-                let current = self.lease_of(key) == Some((*token, *generation));
-                if current && self.engine.expire(Millis::ZERO, key, *token, &mut self.out) {
-                    self.hand_over(key, &mut res);
+                let current = self.engine.grant(key).map(|(t, tag)| (t, tag.generation));
+                if current == Some((*token, *generation)) {
+                    self.engine.expire(now, key, *token, out);
                 }
             }
-            Command::WaitTimeout { key, waiter } => self.wait_timeout(key, *waiter, &mut res),
+            Command::WaitTimeout { key, waiter } => {
+                if let Some(id) = self.engine.find_waiter(key, |t| t.rid == *waiter) {
+                    self.engine.wait_timeout(now, key, id, out);
+                }
+            }
             Command::CancelWaiters { origin } => self.cancel(*origin),
         }
-        self.out.clear();
+        let (rid, conn) = match cmd {
+            Command::Release { rid, conn, .. } | Command::Extend { rid, conn, .. } => (*rid, *conn),
+            _ => (Rid::default(), 0),
+        };
+        self.take_events(rid, conn, &mut res);
         res
+    }
+
+    /// Turns what the engine reported for one command into answers and
+    /// effects, and forgets the origin connections left without waiters.
+    /// A release's or an extend's own answer goes to `rid` on `conn`;
+    /// every other answer goes to the request its event's tag names.
+    fn take_events(&mut self, rid: Rid, conn: u64, res: &mut Applied) {
+        for ev in self.out.events() {
+            let (tag, kind, key) = match ev {
+                Event::Granted {
+                    key,
+                    token,
+                    lease_s,
+                    tag,
+                    ..
+                } => {
+                    res.effects.push(Effect::Granted {
+                        key: key.to_owned(),
+                        token,
+                        lease_s,
+                    });
+                    (tag, AnswerKind::Acquired(token), key)
+                }
+                Event::TimedOut { key, tag, .. } => (tag, AnswerKind::Timeout, key),
+                Event::Busy { key, tag, .. } => (tag, AnswerKind::Busy, key),
+                Event::Released { key, token, .. } => (
+                    Self::answer_tag(rid, conn),
+                    AnswerKind::Released(token),
+                    key,
+                ),
+                Event::NotReleased { key, token, .. } => (
+                    Self::answer_tag(rid, conn),
+                    AnswerKind::NotReleased(token),
+                    key,
+                ),
+                Event::Extended {
+                    key,
+                    token,
+                    lease_s,
+                    ..
+                } => {
+                    // The grant starts a new lease generation.
+                    let t = self
+                        .engine
+                        .grant_tag_mut(key)
+                        .expect("an extended key is held");
+                    t.generation += 1;
+                    t.lease_s = lease_s;
+                    res.effects.push(Effect::Extended {
+                        key: key.to_owned(),
+                        token,
+                        generation: t.generation,
+                        lease_s,
+                    });
+                    (
+                        Self::answer_tag(rid, conn),
+                        AnswerKind::Extended(token),
+                        key,
+                    )
+                }
+                Event::NotExtended { key, token, .. } => (
+                    Self::answer_tag(rid, conn),
+                    AnswerKind::NotExtended(token),
+                    key,
+                ),
+                Event::Expired { .. } => continue,
+            };
+            let owner = match ev {
+                Event::Granted { owner, .. }
+                | Event::TimedOut { owner, .. }
+                | Event::Busy { owner, .. } => owner,
+                _ => 0,
+            };
+            res.answers.push(Answer {
+                rid: tag.rid,
+                conn: tag.conn,
+                owner,
+                key: key.to_owned(),
+                kind,
+            });
+            // A waiter granted or timed out may have been its
+            // connection's last.
+            if let Event::Granted { conn, .. } | Event::TimedOut { conn, .. } = ev {
+                let origin = tag.rid.origin(tag.conn);
+                if self.conns.get(&origin) == Some(&conn) && !self.engine.has_waiters(conn) {
+                    self.conns.remove(&origin);
+                }
+            }
+        }
+        self.out.clear();
+    }
+
+    fn answer_tag(rid: Rid, conn: u64) -> ReqTag {
+        ReqTag {
+            rid,
+            conn,
+            ..ReqTag::default()
+        }
     }
 
     /// Records `rid` as applied; false when it was applied before, is below
@@ -432,225 +623,10 @@ impl StateMachine {
         true
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn acquire(
-        &mut self,
-        rid: Rid,
-        conn: u64,
-        key: &str,
-        owner: u64,
-        wait_s: u8,
-        lease_s: u8,
-        res: &mut Applied,
-    ) {
-        let origin = rid.origin(conn);
-        let engine_conn = match self.conns.get(&origin) {
-            Some(c) => c.engine_conn,
-            None => self.next_engine_conn,
-        };
-        let outcome = self.engine.acquire(
-            Millis::ZERO,
-            engine_conn,
-            Acquire {
-                key,
-                owner,
-                wait_s,
-                lease_s,
-            },
-            &mut self.out,
-        );
-        let kind = match outcome {
-            AcquireOutcome::Granted(token) => {
-                self.keys.insert(
-                    key.to_owned(),
-                    KeyRec {
-                        token,
-                        lease_s,
-                        generation: 0,
-                        rid,
-                        waiters: VecDeque::new(),
-                    },
-                );
-                res.effects.push(Effect::Granted {
-                    key: key.to_owned(),
-                    token,
-                    lease_s,
-                });
-                AnswerKind::Acquired(token)
-            }
-            AcquireOutcome::Timeout => AnswerKind::Timeout,
-            AcquireOutcome::Busy => AnswerKind::Busy,
-            AcquireOutcome::Queued(local) => {
-                if engine_conn == self.next_engine_conn {
-                    self.next_engine_conn += 1;
-                }
-                self.conns
-                    .entry(origin)
-                    .or_insert(ConnRec {
-                        engine_conn,
-                        waiters: 0,
-                    })
-                    .waiters += 1;
-                let rec = self
-                    .keys
-                    .get_mut(key)
-                    .expect("the engine queues only on a held key");
-                rec.waiters.push_back(WaiterRec {
-                    rid,
-                    conn,
-                    owner,
-                    wait_s,
-                    lease_s,
-                    local,
-                });
-                self.contended.insert(key.to_owned());
-                res.effects.push(Effect::Queued {
-                    key: key.to_owned(),
-                    waiter: rid,
-                    wait_s,
-                });
-                return;
-            }
-        };
-        res.answers.push(Answer {
-            rid,
-            conn,
-            owner,
-            key: key.to_owned(),
-            kind,
-        });
-    }
-
-    /// SPEC §5.2 in the log's order: the grant is extended when its token
-    /// is current, that is when no Expire of it (and no release) applied
-    /// before; it then starts a new lease generation.
-    fn extend(
-        &mut self,
-        rid: Rid,
-        conn: u64,
-        key: &str,
-        token: u64,
-        lease_s: u8,
-        res: &mut Applied,
-    ) {
-        let ok = self
-            .engine
-            .extend(Millis::ZERO, NO_CONN, key, token, lease_s, &mut self.out);
-        let kind = if ok {
-            let rec = self.keys.get_mut(key).expect("ledger mirrors the engine");
-            debug_assert_eq!(rec.token, token, "the engine extended another grant");
-            rec.generation += 1;
-            rec.lease_s = lease_s;
-            res.effects.push(Effect::Extended {
-                key: key.to_owned(),
-                token,
-                generation: rec.generation,
-                lease_s,
-            });
-            AnswerKind::Extended(token)
-        } else {
-            AnswerKind::NotExtended(token)
-        };
-        res.answers.push(Answer {
-            rid,
-            conn,
-            owner: 0,
-            key: key.to_owned(),
-            kind,
-        });
-    }
-
-    /// The engine ended the grant of `key` (release or expire): mirror its
-    /// hand-over to the head waiter, or the key's deletion.
-    fn hand_over(&mut self, key: &str, res: &mut Applied) {
-        let granted = self.out.iter().find_map(|a| match a.reply {
-            Reply::Acquired { token, owner, .. } => Some((a.conn, token, owner)),
-            _ => None,
-        });
-        let rec = self.keys.get_mut(key).expect("ledger mirrors the engine");
-        let Some(w) = rec.waiters.pop_front() else {
-            debug_assert!(granted.is_none());
-            self.keys.remove(key);
-            return;
-        };
-        let (engine_conn, token, owner) = granted.expect("engine hands over to the head waiter");
-        debug_assert_eq!(owner, w.owner);
-        rec.token = token;
-        rec.lease_s = w.lease_s;
-        rec.generation = 0;
-        rec.rid = w.rid;
-        if rec.waiters.is_empty() {
-            self.contended.remove(key);
-        }
-        self.forget_waiter(w.rid.origin(w.conn), engine_conn);
-        res.effects.push(Effect::Granted {
-            key: key.to_owned(),
-            token,
-            lease_s: w.lease_s,
-        });
-        res.answers.push(Answer {
-            rid: w.rid,
-            conn: w.conn,
-            owner: w.owner,
-            key: key.to_owned(),
-            kind: AnswerKind::Acquired(token),
-        });
-    }
-
-    fn forget_waiter(&mut self, origin: Origin, engine_conn: u64) {
-        if let Some(c) = self.conns.get_mut(&origin) {
-            debug_assert_eq!(c.engine_conn, engine_conn);
-            c.waiters -= 1;
-            if c.waiters == 0 {
-                self.conns.remove(&origin);
-            }
-        }
-    }
-
-    fn wait_timeout(&mut self, key: &str, waiter: Rid, res: &mut Applied) {
-        let Some(rec) = self.keys.get_mut(key) else {
-            return;
-        };
-        let Some(pos) = rec.waiters.iter().position(|w| w.rid == waiter) else {
-            return;
-        };
-        let w = rec.waiters.remove(pos).expect("position is in range");
-        if rec.waiters.is_empty() {
-            self.contended.remove(key);
-        }
-        let ok = self
-            .engine
-            .wait_timeout(Millis::ZERO, key, w.local, &mut self.out);
-        debug_assert!(ok, "ledger and engine disagree on a waiter");
-        let origin = w.rid.origin(w.conn);
-        let engine_conn = self.conns.get(&origin).map_or(0, |c| c.engine_conn);
-        self.forget_waiter(origin, engine_conn);
-        res.answers.push(Answer {
-            rid: w.rid,
-            conn: w.conn,
-            owner: w.owner,
-            key: key.to_owned(),
-            kind: AnswerKind::Timeout,
-        });
-    }
-
     fn cancel(&mut self, origin: Origin) {
-        let Some(c) = self.conns.remove(&origin) else {
-            return;
-        };
-        self.engine
-            .disconnect(Millis::ZERO, c.engine_conn, &mut self.out);
-        let mut emptied = Vec::new();
-        for key in &self.contended {
-            if let Some(rec) = self.keys.get_mut(key) {
-                rec.waiters.retain(|w| w.rid.origin(w.conn) != origin);
-                if rec.waiters.is_empty() {
-                    emptied.push(key.clone());
-                }
-            }
-        }
-        for key in emptied {
-            self.contended.remove(&key);
+        if let Some(c) = self.conns.remove(&origin) {
+            self.engine.disconnect(Millis::ZERO, c, &mut self.out);
+            self.out.clear();
         }
     }
 
@@ -726,28 +702,18 @@ impl StateMachine {
     }
 
     /// The table in a canonical byte form: equal states give equal bytes.
+    /// The lock table is the engine's image ([`Engine::write_image`]); the
+    /// request ledger and the connection map follow it.
     #[must_use]
     pub fn snapshot(&self) -> Vec<u8> {
         let mut w = Writer::default();
         w.u8(SNAPSHOT_VERSION);
         w.u64(self.engine.next_token());
         w.u64(self.next_engine_conn);
-        w.u32(len32(self.keys.len()));
-        for (key, rec) in &self.keys {
-            w.key(key);
-            w.u64(rec.token);
-            w.u8(rec.lease_s);
-            w.u64(rec.generation);
-            w.rid(rec.rid);
-            w.u32(len32(rec.waiters.len()));
-            for wr in &rec.waiters {
-                w.rid(wr.rid);
-                w.u64(wr.conn);
-                w.u64(wr.owner);
-                w.u8(wr.wait_s);
-                w.u8(wr.lease_s);
-            }
-        }
+        let codec = ReqCodec {
+            version: SNAPSHOT_VERSION,
+        };
+        self.engine.write_image(&codec, &mut w.buf);
         w.u32(len32(self.dedup.len()));
         for (node, d) in &self.dedup {
             w.u64(*node);
@@ -761,66 +727,33 @@ impl StateMachine {
         w.u32(len32(self.conns.len()));
         for (origin, c) in &self.conns {
             w.origin(*origin);
-            w.u64(c.engine_conn);
+            w.u64(*c);
         }
         self.members.encode(&mut w);
         w.buf
     }
 
-    /// Rebuilds a table from [`StateMachine::snapshot`] bytes. The engine is
-    /// rebuilt by replaying grants in token order and then each queue in
-    /// order, which reproduces its state exactly.
+    /// Rebuilds a table from [`StateMachine::snapshot`] bytes (versions 1
+    /// to 4): the engine restores its image ([`Engine::restore`]), each
+    /// waiter on the engine connection the connection map names.
     pub fn restore(limits: EngineLimits, bytes: &[u8]) -> Result<Self, DecodeError> {
-        let mut sm = StateMachine::new(limits);
         let mut r = Reader::new(bytes);
-        let v = r.u8()?;
-        if !(1..=SNAPSHOT_VERSION).contains(&v) {
-            return Err(DecodeError::BadTag(v));
+        let version = r.u8()?;
+        if !(1..=SNAPSHOT_VERSION).contains(&version) {
+            return Err(DecodeError::BadTag(version));
         }
         let next_token = r.u64()?;
-        sm.next_engine_conn = r.u64()?;
-        let n = r.count(4 + 8 + 1 + 4)?;
-        for _ in 0..n {
-            let key = r.key()?;
-            let token = r.u64()?;
-            let lease_s = r.u8()?;
-            let generation = if v >= 3 { r.u64()? } else { 0 };
-            let rid = if v == 1 { Rid::default() } else { r.rid()? };
-            let nw = r.count(24 + 8 + 8 + 2)?;
-            let mut waiters = VecDeque::with_capacity(nw);
-            for _ in 0..nw {
-                waiters.push_back(WaiterRec {
-                    rid: r.rid()?,
-                    conn: r.u64()?,
-                    owner: r.u64()?,
-                    wait_s: r.u8()?,
-                    lease_s: r.u8()?,
-                    local: 0,
-                });
-            }
-            if token == 0 || token >= next_token || lease_s == 0 {
-                return Err(DecodeError::Invalid("holder"));
-            }
-            if !waiters.is_empty() {
-                sm.contended.insert(key.clone());
-            }
-            if sm
-                .keys
-                .insert(
-                    key,
-                    KeyRec {
-                        token,
-                        lease_s,
-                        generation,
-                        rid,
-                        waiters,
-                    },
-                )
-                .is_some()
-            {
-                return Err(DecodeError::Invalid("duplicate key"));
+        let next_engine_conn = r.u64()?;
+        let mut ir = ImageReader::new(r.rest());
+        let codec = ReqCodec { version };
+        let mut image = Engine::read_image(&mut ir, &codec, MAX_COMMAND_KEY_BYTES)?;
+        for k in &mut image.keys {
+            for w in &mut k.waiters {
+                w.tag.lease_s = w.lease_s;
             }
         }
+        let mut r = Reader::new(ir.rest());
+        let mut dedup = BTreeMap::new();
         let n = r.count(8 + 8 + 8 + 4)?;
         for _ in 0..n {
             let node = r.u64()?;
@@ -831,120 +764,68 @@ impl StateMachine {
             for _ in 0..ns {
                 seen.insert(r.u64()?);
             }
-            sm.dedup.insert(node, DedupRec { epoch, floor, seen });
+            dedup.insert(node, DedupRec { epoch, floor, seen });
         }
+        let mut conns = BTreeMap::new();
+        let mut used = BTreeSet::new();
         let n = r.count(24 + 8)?;
         for _ in 0..n {
             let origin = r.origin()?;
             let engine_conn = r.u64()?;
-            if engine_conn == NO_CONN || engine_conn >= sm.next_engine_conn {
+            if engine_conn == NO_CONN
+                || engine_conn >= next_engine_conn
+                || !used.insert(engine_conn)
+            {
                 return Err(DecodeError::Invalid("connection id"));
             }
-            sm.conns.insert(
-                origin,
-                ConnRec {
-                    engine_conn,
-                    waiters: 0,
-                },
-            );
+            conns.insert(origin, engine_conn);
         }
-        if v >= 4 {
-            sm.members = Members::decode(&mut r)?;
-        }
+        let members = if version >= 4 {
+            Members::decode(&mut r)?
+        } else {
+            Members::default()
+        };
         r.finish()?;
-        sm.replay_into_engine(next_token)?;
-        Ok(sm)
-    }
-
-    fn replay_into_engine(&mut self, next_token: u64) -> Result<(), DecodeError> {
-        let mut by_token: Vec<(u64, &String, u8)> = self
-            .keys
-            .iter()
-            .map(|(k, r)| (r.token, k, r.lease_s))
-            .collect();
-        by_token.sort_unstable();
-        for (token, key, lease_s) in by_token {
-            self.engine.raise_next_token(token);
-            let got = self.engine.acquire(
-                Millis::ZERO,
-                NO_CONN,
-                Acquire {
-                    key,
-                    owner: 0,
-                    wait_s: 0,
-                    lease_s,
-                },
-                &mut self.out,
-            );
-            if got != AcquireOutcome::Granted(token) {
-                return Err(DecodeError::Invalid("holder does not fit the limits"));
-            }
-        }
-        for key in &self.contended {
-            let rec = self.keys.get_mut(key).expect("contended keys are held");
-            for w in &mut rec.waiters {
-                let origin = w.rid.origin(w.conn);
-                let c = self
-                    .conns
-                    .get_mut(&origin)
-                    .ok_or(DecodeError::Invalid("waiter without connection"))?;
-                c.waiters += 1;
-                let got = self.engine.acquire(
-                    Millis::ZERO,
-                    c.engine_conn,
-                    Acquire {
-                        key,
-                        owner: w.owner,
-                        wait_s: w.wait_s,
-                        lease_s: w.lease_s,
-                    },
-                    &mut self.out,
-                );
-                match got {
-                    AcquireOutcome::Queued(local) if w.wait_s > 0 && w.lease_s > 0 => {
-                        w.local = local;
-                    }
-                    _ => return Err(DecodeError::Invalid("waiter does not fit the limits")),
-                }
-            }
-        }
-        if self.conns.values().any(|c| c.waiters == 0) {
+        let engine = Engine::restore(limits, next_token, &image, |t| {
+            conns.get(&t.rid.origin(t.conn)).copied()
+        })?;
+        if conns.values().any(|c| !engine.has_waiters(*c)) {
             return Err(DecodeError::Invalid("connection without waiters"));
         }
-        self.engine.raise_next_token(next_token);
-        self.out.clear();
-        Ok(())
+        Ok(StateMachine {
+            engine,
+            out: Outbox::default(),
+            dedup,
+            conns,
+            next_engine_conn,
+            members,
+        })
     }
 
-    /// Panics unless the ledger and the engine agree and every internal
-    /// count is consistent. For tests; O(keys + waiters).
+    /// Panics unless the engine's invariants hold and the connection map
+    /// names exactly the engine connections that have waiters, each
+    /// waiter's origin mapped to its own. For tests; O(keys + waiters).
     pub fn check(&self) {
         self.engine.check_invariants();
-        assert_eq!(self.engine.key_count(), self.keys.len(), "key count");
-        let mut per_conn: BTreeMap<Origin, u32> = BTreeMap::new();
-        let mut total = 0;
-        for (key, rec) in &self.keys {
-            assert_eq!(
-                self.engine.holder(Millis::ZERO, key),
-                Some((rec.token, false)),
-                "holder of {key:?}"
-            );
-            let owners: Vec<u64> = rec.waiters.iter().map(|w| w.owner).collect();
-            assert_eq!(self.engine.queued_owners(key), owners, "queue of {key:?}");
-            assert_eq!(
-                self.contended.contains(key),
-                !rec.waiters.is_empty(),
-                "contended {key:?}"
-            );
-            for w in &rec.waiters {
-                *per_conn.entry(w.rid.origin(w.conn)).or_default() += 1;
-                total += 1;
+        assert_eq!(
+            self.engine.waiting_conn_count(),
+            self.conns.len(),
+            "connections with waiters"
+        );
+        for c in self.conns.values() {
+            assert!(self.engine.has_waiters(*c), "mapped connection {c} idle");
+        }
+        for key in self.engine.sorted_queued_keys() {
+            for w in self.engine.queue(key) {
+                let origin = w.tag.rid.origin(w.tag.conn);
+                assert_eq!(
+                    self.conns.get(&origin),
+                    Some(&w.conn),
+                    "waiter on {key:?} of {origin:?}"
+                );
+                assert_eq!(w.tag.lease_s, w.lease_s, "waiter lease on {key:?}");
             }
         }
-        assert_eq!(self.engine.waiter_count(), total, "waiter count");
-        let conns: BTreeMap<Origin, u32> =
-            self.conns.iter().map(|(o, c)| (*o, c.waiters)).collect();
-        assert_eq!(conns, per_conn, "per-connection waiters");
     }
 }
 
@@ -1267,6 +1148,48 @@ mod tests {
         old.check();
         assert_eq!(old.holder("k"), Some(3));
         assert_eq!(old.granted_to("k", rid(2, 1)), None);
+    }
+
+    /// The engine's image keeps the version-3 layout byte for byte: a
+    /// snapshot written field by field restores and writes the same bytes.
+    #[test]
+    fn a_version_3_snapshot_reads_and_writes_back_byte_for_byte() {
+        let mut w = Writer::default();
+        w.u8(3);
+        w.u64(9); // next token
+        w.u64(2); // next engine connection
+        w.u32(1); // keys
+        w.key("k");
+        w.u64(4); // token
+        w.u8(10); // lease
+        w.u64(2); // generation
+        w.rid(rid(1, 1));
+        w.u32(1); // waiters
+        w.rid(rid(2, 1));
+        w.u64(8); // origin connection
+        w.u64(200); // owner
+        w.u8(9);
+        w.u8(7);
+        w.u32(1); // dedup
+        w.u64(2);
+        w.u64(1);
+        w.u64(0);
+        w.u32(1);
+        w.u64(1);
+        w.u32(1); // connections
+        w.origin(rid(2, 0).origin(8));
+        w.u64(1);
+        let sm = StateMachine::restore(EngineLimits::default(), &w.buf).unwrap();
+        sm.check();
+        assert_eq!(sm.lease_of("k"), Some((4, 2)));
+        assert_eq!(sm.granted_to("k", rid(1, 1)), Some(4));
+        assert!(sm.is_waiting("k", rid(2, 1)));
+        assert_eq!(sm.snapshot(), w.buf);
+        // A connection id the table never allocated is refused.
+        let mut bad = w.buf.clone();
+        let n = bad.len();
+        bad[n - 1] = 5;
+        assert!(StateMachine::restore(EngineLimits::default(), &bad).is_err());
     }
 
     #[test]

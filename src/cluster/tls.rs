@@ -9,14 +9,12 @@
 //! node ([`PeerTls::names_node`]). docs/SECURITY.md has the threat model.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use rustls::client::ClientConfig;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::server::{ServerConfig, WebPkiClientVerifier};
-use rustls::RootCertStore;
 
 /// The DNS name a node's certificate must carry.
 #[must_use]
@@ -52,38 +50,7 @@ impl std::fmt::Debug for PeerTls {
     }
 }
 
-fn read_certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
-    let bytes = read_pem_file(path, what)?;
-    let certs: Vec<_> = CertificateDer::pem_slice_iter(&bytes)
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("{what} {}: not a PEM certificate file: {e}", path.display()))?;
-    if certs.is_empty() {
-        return Err(format!(
-            "{what} {}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it",
-            path.display()
-        ));
-    }
-    Ok(certs)
-}
-
-/// The largest PEM file read: certificates and keys are a few KiB.
-const MAX_PEM_BYTES: u64 = 1 << 20;
-
-fn read_pem_file(path: &Path, what: &str) -> Result<Vec<u8>, String> {
-    use std::io::Read;
-    let f = std::fs::File::open(path).map_err(|e| format!("{what} {}: {e}", path.display()))?;
-    let mut bytes = Vec::new();
-    f.take(MAX_PEM_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("{what} {}: {e}", path.display()))?;
-    if bytes.len() as u64 > MAX_PEM_BYTES {
-        return Err(format!(
-            "{what} {}: over {MAX_PEM_BYTES} bytes, not a PEM file",
-            path.display()
-        ));
-    }
-    Ok(bytes)
-}
+use crate::tls::{read_certs, read_key, read_roots};
 
 /// Why peer TLS could not be set up from its files, or a TLS session with
 /// a peer could not start. The message names the flag and the file.
@@ -111,25 +78,10 @@ impl PeerTls {
     /// A file is missing, unreadable or not what its flag needs; the
     /// error names the file and what is wrong with it.
     pub fn load(files: &TlsFiles, id: u64, cluster_name: &str) -> Result<PeerTls, TlsError> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = crate::tls::provider();
         let chain = read_certs(&files.cert, "--peer-tls-cert")?;
-        let key_bytes = read_pem_file(&files.key, "--peer-tls-key")?;
-        let key = PrivateKeyDer::from_pem_slice(&key_bytes).map_err(|e| {
-            format!(
-                "--peer-tls-key {}: no PEM private key in it: {e}",
-                files.key.display()
-            )
-        })?;
-        let mut roots = RootCertStore::empty();
-        for c in read_certs(&files.ca, "--peer-tls-ca")? {
-            roots.add(c).map_err(|e| {
-                format!(
-                    "--peer-tls-ca {}: not a usable CA certificate: {e}",
-                    files.ca.display()
-                )
-            })?;
-        }
-        let roots = Arc::new(roots);
+        let key = read_key(&files.key, "--peer-tls-key")?;
+        let roots = read_roots(&files.ca, "--peer-tls-ca")?;
         let ours = node_name(id, cluster_name);
         if !names(&chain[0], &ours) {
             return Err(TlsError(format!(

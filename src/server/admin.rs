@@ -37,7 +37,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Registry, Token};
 use slab::Slab;
 
-use crate::engine::{Engine, LockInfo};
+use crate::engine::{LockInfo, LockTable};
 use crate::metrics::{self, Exposition};
 use crate::service::{MemberChange, Service};
 use crate::time::Millis;
@@ -619,7 +619,7 @@ fn parse_member_change(
 
 /// Advances a listing by one step; the JSON body once it is done.
 fn step_listing<S: Service>(l: &mut Listing, now: Millis, view: &View<'_, S>) -> Option<String> {
-    let engine: &Engine = view.service.engine()?;
+    let engine: &dyn LockTable = view.service.engine()?;
     if l.buckets != engine.key_buckets() {
         // The table grew (or this is the first step): the order of its
         // buckets changed, so start the pass again.
@@ -638,7 +638,7 @@ fn step_listing<S: Service>(l: &mut Listing, now: Millis, view: &View<'_, S>) ->
     if l.cursor < l.buckets {
         let keep = l.limit + 1;
         let (prefix, after, found) = (&l.prefix, l.after.as_deref(), &mut l.found);
-        l.cursor = engine.scan_keys(l.cursor, l.cursor + SCAN_STEP_BUCKETS, |k| {
+        l.cursor = engine.scan_keys(l.cursor, l.cursor + SCAN_STEP_BUCKETS, &mut |k| {
             if !k.starts_with(prefix.as_str()) || after.is_some_and(|a| k <= a) {
                 return;
             }

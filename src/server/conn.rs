@@ -107,9 +107,10 @@ impl Conn {
         }
     }
 
-    /// Unsent reply bytes.
+    /// Unsent reply bytes, with those the stream holds (TLS records).
+    #[inline]
     pub(crate) fn pending_out(&self) -> usize {
-        self.wbuf.len() - self.cursor
+        self.wbuf.len() - self.cursor + self.stream.buffered()
     }
 
     /// Unhandled received bytes.

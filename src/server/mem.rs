@@ -125,7 +125,7 @@ impl<S: Service> Server<S> {
         self.conns.iter().any(|(_, c)| {
             let edges = match &c.stream {
                 Stream::Mem(end) => end.has_edges(),
-                Stream::Tcp(_) | Stream::Unix(_) => false,
+                _ => false,
             };
             let close_due = match c.closing {
                 Closing::No => false,

@@ -49,6 +49,8 @@ mod mem;
 pub(crate) mod ratelimit;
 pub mod systemd;
 pub(crate) mod throttle;
+#[cfg(feature = "tls")]
+mod tls;
 mod transport;
 mod unix;
 
@@ -247,6 +249,9 @@ pub struct Server<S: Service> {
     logs: Logs,
     admin: Option<admin::Admin>,
     notify: Option<systemd::Notifier>,
+    /// TLS on the TCP client listener (`--tls-cert`).
+    #[cfg(feature = "tls")]
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 fn is_fd_exhaustion(e: &io::Error) -> bool {
@@ -268,6 +273,14 @@ impl<S: Service> Server<S> {
         config
             .validate()
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        #[cfg(feature = "tls")]
+        let tls = match &config.tls {
+            Some(t) => Some(
+                crate::tls::server_config(&t.cert, &t.key, t.client_ca.as_deref(), "--tls")
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+            ),
+            None => None,
+        };
         let poll = Poll::new()?;
         let (listener, local_addr) = if config.listen_tcp || config.listen_fd.is_some() {
             let socket = match config.listen_fd {
@@ -337,8 +350,13 @@ impl<S: Service> Server<S> {
             config.describe_limits()
         );
         if config.insecure && config.plaintext_off_loopback() {
+            let how = if config.tls.is_some() {
+                "speak TLS without client certificates (no --tls-client-ca)"
+            } else {
+                "speak plaintext"
+            };
             log::warn!(
-                "--insecure: clients speak plaintext on {local_addr}, which is not loopback: \
+                "--insecure: clients {how} on {local_addr}, which is not loopback: \
                  anyone who can reach it can take, hold and release any lock \
                  (docs/SECURITY.md)"
             );
@@ -353,6 +371,10 @@ impl<S: Service> Server<S> {
             Clock::Monotonic(MonotonicClock::new()),
         );
         server.unix = unix_listeners;
+        #[cfg(feature = "tls")]
+        {
+            server.tls = tls;
+        }
         server.admin = admin;
         server.notify = systemd::Notifier::from_env();
         Ok(server)
@@ -405,6 +427,8 @@ impl<S: Service> Server<S> {
             },
             admin: None,
             notify: None,
+            #[cfg(feature = "tls")]
+            tls: None,
             config,
         }
     }
@@ -734,7 +758,7 @@ impl<S: Service> Server<S> {
                         }
                         continue;
                     }
-                    self.add_conn(stream, peer);
+                    self.add_conn(now, stream, peer);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     self.accept_ready = false;
@@ -845,7 +869,7 @@ impl<S: Service> Server<S> {
         }
     }
 
-    fn add_conn(&mut self, mut stream: TcpStream, peer: SocketAddr) {
+    fn add_conn(&mut self, now: Millis, mut stream: TcpStream, peer: SocketAddr) {
         // Replies are written once per turn already; Nagle would only add delay.
         if let Err(e) = stream.set_nodelay(true) {
             log::debug!("{peer}: cannot set TCP_NODELAY: {e}");
@@ -859,6 +883,17 @@ impl<S: Service> Server<S> {
             log::warn!("{peer}: cannot register the connection: {e}");
             return;
         }
+        #[cfg(feature = "tls")]
+        if let Some(config) = &self.tls {
+            match tls::TlsStream::new(stream, config, now) {
+                Ok(t) => {
+                    self.insert_conn(Stream::Tls(Box::new(t)), peer);
+                }
+                Err(e) => log::warn!("{peer}: cannot start a TLS session: {e}"),
+            }
+            return;
+        }
+        let _ = now;
         self.insert_conn(Stream::Tcp(stream), peer);
     }
 
@@ -957,11 +992,14 @@ impl<S: Service> Server<S> {
                 break End::Idle;
             }
             let mut bad = None;
+            // What `c.guesses.blocked(now)` before every frame would say,
+            // counted down: `now` only moves with a read.
+            let mut room = c.guesses.room(now);
             while budget > 0 && projected_out < soft {
-                if c.guesses.blocked(now) {
+                let Some(left) = room else {
                     throttled = true;
                     break;
-                }
+                };
                 match decode_request(&c.rbuf[c.rstart..c.rend], max_key_bytes) {
                     Decoded::Frame { frame, used } => {
                         if debug {
@@ -969,6 +1007,7 @@ impl<S: Service> Server<S> {
                         }
                         if !matches!(frame, Request::Acquire { .. }) {
                             c.guesses.note_request();
+                            room = left.checked_sub(1);
                         }
                         projected_out += max_reply_frame(frame.key().len());
                         self.stats.requests[match frame {
@@ -1048,6 +1087,11 @@ impl<S: Service> Server<S> {
         } else {
             c.shrink_idle_buffers(soft);
         }
+        if c.stream.buffered() > 0 && !c.dirty {
+            // TLS handshake records the socket did not take: write them.
+            c.dirty = true;
+            self.dirty.push(key);
+        }
         match end {
             End::Idle => {}
             End::Again => {
@@ -1123,18 +1167,21 @@ impl<S: Service> Server<S> {
             if c.closing != Closing::No {
                 continue;
             }
-            let partial = c.partial_since.is_some_and(|t| now.since(t) >= limit);
+            let handshake = c.stream.handshake_expired(now, limit);
+            let partial = handshake || c.partial_since.is_some_and(|t| now.since(t) >= limit);
             let stalled =
                 c.pending_out() > 0 && c.stalled_since.is_some_and(|t| now.since(t) >= limit);
             if partial || stalled {
-                expired.push((key, partial));
+                expired.push((key, partial, handshake));
             }
         }
-        for (key, partial) in expired {
+        for (key, partial, handshake) in expired {
             self.stats.limit_closes += 1;
             if let Some(n) = self.logs.limits.allow(now) {
                 let peer = self.conns[key].peer;
-                let what = if partial {
+                let what = if handshake {
+                    "a TLS handshake unfinished"
+                } else if partial {
                     "a frame half-sent"
                 } else {
                     "unread replies"

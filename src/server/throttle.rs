@@ -66,6 +66,18 @@ impl GuessThrottle {
         ahead > now.add_ms(WINDOW_MS - GUESS_INTERVAL_MS)
     }
 
+    /// How many more releases and extends may be read at `now` (noted with
+    /// `note_request`) while `blocked(now)` stays false; `None` when it is
+    /// true already. The read loop counts this down per frame instead of
+    /// asking `blocked` before each one: its clock only moves between reads.
+    pub(crate) fn room(&self, now: Millis) -> Option<u64> {
+        // blocked(now) is: max(next_free, now) + pending · interval > limit.
+        let base = self.next_free.max(now).0;
+        let limit = now.add_ms(WINDOW_MS - GUESS_INTERVAL_MS).0;
+        let most = limit.checked_sub(base)? / GUESS_INTERVAL_MS;
+        most.checked_sub(self.pending)
+    }
+
     /// When reads resume (the first moment `blocked` is false).
     pub(crate) fn resume_at(&self) -> Millis {
         Millis(
@@ -135,6 +147,49 @@ mod tests {
         assert!(!t.blocked(now));
         t.note_request();
         assert!(t.blocked(now));
+    }
+
+    /// `room` says exactly how many more releases `blocked` lets through,
+    /// from every mix of charged and pending wrong answers and clock.
+    #[test]
+    fn room_counts_down_to_blocked() {
+        let mut states = 0;
+        for charged in 0..130u64 {
+            for offset in [0u64, 1, 9, 10, 11, 500, 999, 1000, 1001, 5000] {
+                let mut t = GuessThrottle::default();
+                let start = Millis(20_000);
+                for _ in 0..charged {
+                    t.charge(start);
+                }
+                let now = start.add_ms(offset);
+                for pending in 0..120u64 {
+                    let mut u = t;
+                    for _ in 0..pending {
+                        u.note_request();
+                    }
+                    let room = u.room(now);
+                    assert_eq!(
+                        room.is_none(),
+                        u.blocked(now),
+                        "{charged} {offset} {pending}"
+                    );
+                    if let Some(r) = room {
+                        let mut v = u;
+                        for i in 0..r {
+                            v.note_request();
+                            assert!(
+                                !v.blocked(now),
+                                "{charged} {offset} {pending}: note {i} of {r}"
+                            );
+                        }
+                        v.note_request();
+                        assert!(v.blocked(now), "{charged} {offset} {pending}: after {r}");
+                    }
+                    states += 1;
+                }
+            }
+        }
+        assert_eq!(states, 130 * 10 * 120);
     }
 
     #[test]

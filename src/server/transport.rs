@@ -3,7 +3,8 @@
 //! The loop sees one small interface: [`Stream`] reads, writes, shuts its
 //! write side and offers the poll something to register
 //! ([`Stream::source`]). Under it: a TCP socket, a Unix-domain socket
-//! (with the peer's credentials checked at accept, `super::unix`), or
+//! (with the peer's credentials checked at accept, `super::unix`), a TLS
+//! session over TCP (feature `tls`, `super::tls`), or
 //! (feature `harness`) the server end of an in-memory pipe.
 
 use std::fmt;
@@ -50,6 +51,10 @@ pub(crate) enum Stream {
     Tcp(TcpStream),
     /// A Unix-domain socket registered with the loop's poll.
     Unix(UnixStream),
+    /// A TLS session over a TCP socket registered with the loop's poll
+    /// (`--tls-cert`, `super::tls`).
+    #[cfg(feature = "tls")]
+    Tls(Box<super::tls::TlsStream>),
     /// The server end of an in-memory pipe (see [`crate::harness`]); no
     /// poll registration, readiness comes from the pipe.
     #[cfg(feature = "harness")]
@@ -62,8 +67,33 @@ impl Stream {
         match self {
             Stream::Tcp(s) => Some(s),
             Stream::Unix(s) => Some(s),
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => Some(&mut s.sock),
             #[cfg(feature = "harness")]
             Stream::Mem(_) => None,
+        }
+    }
+
+    /// Bytes written to the stream that it holds for the socket (TLS
+    /// records): part of the connection's unsent output.
+    #[inline]
+    pub(crate) fn buffered(&self) -> usize {
+        match self {
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => s.buffered(),
+            _ => 0,
+        }
+    }
+
+    /// A TLS handshake still not done `limit_ms` after the accept.
+    pub(crate) fn handshake_expired(&self, now: crate::time::Millis, limit_ms: u64) -> bool {
+        match self {
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => s.handshake_expired(now, limit_ms),
+            _ => {
+                let _ = (now, limit_ms);
+                false
+            }
         }
     }
 
@@ -72,6 +102,8 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Write),
             Stream::Unix(s) => s.shutdown(std::net::Shutdown::Write),
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => s.shutdown_write(),
             #[cfg(feature = "harness")]
             Stream::Mem(p) => {
                 p.shutdown_write();
@@ -86,6 +118,8 @@ impl Read for Stream {
         match self {
             Stream::Tcp(s) => s.read(buf),
             Stream::Unix(s) => s.read(buf),
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => s.read(buf),
             #[cfg(feature = "harness")]
             Stream::Mem(p) => p.read(buf),
         }
@@ -97,6 +131,8 @@ impl Write for Stream {
         match self {
             Stream::Tcp(s) => s.write(buf),
             Stream::Unix(s) => s.write(buf),
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => s.write(buf),
             #[cfg(feature = "harness")]
             Stream::Mem(p) => p.write(buf),
         }

@@ -1,6 +1,7 @@
 //! The official blocking client (`ticketd::client`) against the real
 //! `ticketd`: SPEC §3's rules, contention through one shared client,
-//! keep-alive at scale, and what a client guards against.
+//! keep-alive at scale, what a client guards against, and TLS on the
+//! client port.
 //!
 //! One test binary; `cargo test --test client MODULE::` runs one file. The
 //! thread and descriptor leak test is a binary of its own
@@ -12,3 +13,5 @@ mod contention;
 mod keepalive;
 mod rules;
 mod security;
+#[cfg(feature = "tls")]
+mod tls;

@@ -148,6 +148,9 @@ fn flood_without_reading(stream: &mut TcpStream, max_bytes: usize) -> usize {
     while sent < max_bytes {
         match stream.write(&batch) {
             Ok(n) => sent += n,
+            // A signal reached this process before anything was written (a
+            // socket with a send timeout is never restarted): write again.
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => break,
             // The server closed it (a test with a short --frame-timeout on a
             // slow machine): the flood is over too; the caller checks why.

@@ -1,0 +1,317 @@
+//! The engine's deterministic snapshot: its lock table as bytes, and back.
+//!
+//! [`Engine::write_image`] writes every registered key in byte order of
+//! the key, each with its token, its grant's tag and its queue in order;
+//! equal tables give equal bytes, whatever the hash key. Fields are
+//! big-endian; a key is a `u32` length and its bytes:
+//!
+//! ```text
+//! u32 keys, then per key:   key, u64 token, grant tag, u32 waiters,
+//!   then per waiter:        waiter tag, u64 owner, u8 wait_s, u8 lease_s
+//! ```
+//!
+//! The tags are the caller's ([`TagCodec`]); the engine's connection ids
+//! are not written (they are local to a process), so the caller's tags
+//! must let it name each waiter's connection at [`Engine::restore`].
+//! Restoring is for replicated (cluster-mode) engines only: single mode
+//! keeps no snapshot.
+
+use std::fmt;
+
+use super::{Acquire, AcquireOutcome, ConnId, Engine, Outbox};
+use crate::limits::EngineLimits;
+use crate::time::Millis;
+
+/// Why image bytes were refused. Nothing is changed by a refused image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImageError {
+    /// The bytes end inside a field, or a count is larger than the bytes
+    /// left could hold.
+    Truncated,
+    /// A key is empty, too long, not UTF-8 or holds a newline.
+    BadKey,
+    /// The fields decode but do not describe a table these limits allow.
+    Invalid(&'static str),
+}
+
+impl fmt::Display for ImageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ImageError::Truncated => f.write_str("lock table image truncated"),
+            ImageError::BadKey => f.write_str("lock table image holds a bad key"),
+            ImageError::Invalid(what) => write!(f, "lock table image: invalid {what}"),
+        }
+    }
+}
+
+impl std::error::Error for ImageError {}
+
+/// Reads big-endian fields of an image; every read is bounds-checked.
+#[derive(Debug)]
+pub struct ImageReader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> ImageReader<'a> {
+    /// A reader of `buf`.
+    #[must_use]
+    pub fn new(buf: &'a [u8]) -> Self {
+        ImageReader { buf }
+    }
+
+    /// The bytes not read yet.
+    #[must_use]
+    pub fn rest(&self) -> &'a [u8] {
+        self.buf
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], ImageError> {
+        if self.buf.len() < n {
+            return Err(ImageError::Truncated);
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Ok(head)
+    }
+
+    /// One byte.
+    ///
+    /// # Errors
+    /// [`ImageError::Truncated`] at the end of the bytes.
+    pub fn u8(&mut self) -> Result<u8, ImageError> {
+        Ok(self.take(1)?[0])
+    }
+
+    /// A big-endian `u32`.
+    ///
+    /// # Errors
+    /// [`ImageError::Truncated`] at the end of the bytes.
+    pub fn u32(&mut self) -> Result<u32, ImageError> {
+        let b = self.take(4)?;
+        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    /// A big-endian `u64`.
+    ///
+    /// # Errors
+    /// [`ImageError::Truncated`] at the end of the bytes.
+    pub fn u64(&mut self) -> Result<u64, ImageError> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_be_bytes(a))
+    }
+
+    /// A count prefix, checked against the bytes left: `n` items of at
+    /// least `min_item_bytes` each must fit, so no count allocates more
+    /// than the image itself.
+    fn count(&mut self, min_item_bytes: usize) -> Result<usize, ImageError> {
+        let n = self.u32()? as usize;
+        if n.saturating_mul(min_item_bytes.max(1)) > self.buf.len() {
+            return Err(ImageError::Truncated);
+        }
+        Ok(n)
+    }
+
+    fn key(&mut self, max_key_bytes: usize) -> Result<String, ImageError> {
+        let len = self.u32()? as usize;
+        if len == 0 || len > max_key_bytes {
+            return Err(ImageError::BadKey);
+        }
+        let s = std::str::from_utf8(self.take(len)?).map_err(|_| ImageError::BadKey)?;
+        if s.as_bytes().contains(&b'\n') {
+            return Err(ImageError::BadKey);
+        }
+        Ok(s.to_owned())
+    }
+}
+
+/// How a caller's tags are written into an image and read back. Grants and
+/// waiters may be written differently (a grant's tag may carry what a
+/// waiter's need not).
+pub trait TagCodec<T> {
+    /// Appends the tag of a grant.
+    fn write_grant(&self, tag: &T, buf: &mut Vec<u8>);
+    /// Appends the tag of a waiter.
+    fn write_waiter(&self, tag: &T, buf: &mut Vec<u8>);
+    /// Reads what [`TagCodec::write_grant`] wrote.
+    ///
+    /// # Errors
+    /// Truncated or invalid bytes.
+    fn read_grant(&self, r: &mut ImageReader<'_>) -> Result<T, ImageError>;
+    /// Reads what [`TagCodec::write_waiter`] wrote.
+    ///
+    /// # Errors
+    /// Truncated or invalid bytes.
+    fn read_waiter(&self, r: &mut ImageReader<'_>) -> Result<T, ImageError>;
+    /// The fewest bytes a grant's tag takes (for count checks).
+    fn min_grant_bytes(&self) -> usize;
+    /// The fewest bytes a waiter's tag takes.
+    fn min_waiter_bytes(&self) -> usize;
+}
+
+/// A decoded image: what [`Engine::restore`] rebuilds an engine from. The
+/// fields are public so that a caller can check or complete its tags
+/// between reading and restoring.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Image<T> {
+    /// The registered keys, in the order written (strictly increasing).
+    pub keys: Vec<KeyImage<T>>,
+}
+
+/// One registered key of an [`Image`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyImage<T> {
+    /// The lock name.
+    pub key: String,
+    /// The grant's token.
+    pub token: u64,
+    /// The grant's tag.
+    pub tag: T,
+    /// The queue, head first.
+    pub waiters: Vec<WaiterImage<T>>,
+}
+
+/// One queued acquire of a [`KeyImage`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WaiterImage<T> {
+    /// The acquire's owner.
+    pub owner: u64,
+    /// Its wait, in seconds.
+    pub wait_s: u8,
+    /// The lease it asks for, in seconds.
+    pub lease_s: u8,
+    /// Its tag.
+    pub tag: T,
+}
+
+/// The engine connection the grants of a restored engine are made on (a
+/// grant does not remember its connection).
+const HOLDER_CONN: ConnId = 0;
+
+fn put_u32(buf: &mut Vec<u8>, n: usize) {
+    buf.extend_from_slice(
+        &u32::try_from(n)
+            .expect("table sizes are bounded by the limits")
+            .to_be_bytes(),
+    );
+}
+
+impl<T: Copy + Default> Engine<T> {
+    /// Appends the lock table to `buf` in the canonical form of the module
+    /// documentation. O(keys log keys + waiters).
+    pub fn write_image(&self, codec: &impl TagCodec<T>, buf: &mut Vec<u8>) {
+        let keys = self.sorted_keys();
+        put_u32(buf, keys.len());
+        for key in keys {
+            let (token, tag) = self.grant(key).expect("a sorted key is registered");
+            put_u32(buf, key.len());
+            buf.extend_from_slice(key.as_bytes());
+            buf.extend_from_slice(&token.to_be_bytes());
+            codec.write_grant(tag, buf);
+            put_u32(buf, self.queue(key).count());
+            for w in self.queue(key) {
+                codec.write_waiter(w.tag, buf);
+                buf.extend_from_slice(&w.owner.to_be_bytes());
+                buf.push(w.wait_s);
+                buf.push(w.lease_s);
+            }
+        }
+    }
+
+    /// Reads an image that [`Engine::write_image`] wrote, leaving `r` after
+    /// it. Keys longer than `max_key_bytes` are refused.
+    ///
+    /// # Errors
+    /// Truncated bytes, a bad key, keys out of order, or what `codec`
+    /// refuses.
+    pub fn read_image(
+        r: &mut ImageReader<'_>,
+        codec: &impl TagCodec<T>,
+        max_key_bytes: usize,
+    ) -> Result<Image<T>, ImageError> {
+        let n = r.count(4 + 8 + 4 + codec.min_grant_bytes())?;
+        let mut keys: Vec<KeyImage<T>> = Vec::with_capacity(n);
+        for _ in 0..n {
+            let key = r.key(max_key_bytes)?;
+            if keys.last().is_some_and(|k| k.key >= key) {
+                return Err(ImageError::Invalid("key order"));
+            }
+            let token = r.u64()?;
+            let tag = codec.read_grant(r)?;
+            let nw = r.count(8 + 2 + codec.min_waiter_bytes())?;
+            let mut waiters = Vec::with_capacity(nw);
+            for _ in 0..nw {
+                let tag = codec.read_waiter(r)?;
+                waiters.push(WaiterImage {
+                    owner: r.u64()?,
+                    wait_s: r.u8()?,
+                    lease_s: r.u8()?,
+                    tag,
+                });
+            }
+            keys.push(KeyImage {
+                key,
+                token,
+                tag,
+                waiters,
+            });
+        }
+        Ok(Image { keys })
+    }
+
+    /// A replicated engine holding exactly the table of `image`, whose next
+    /// token is `next_token`; `conn_of` names the engine connection of each
+    /// waiter from its tag. Grants are replayed in token order and then
+    /// each queue in order, which reproduces the engine that wrote the
+    /// image (waiter ids aside: they are local).
+    ///
+    /// # Errors
+    /// A token of 0 or not below `next_token`, a waiter without a
+    /// connection, or a table over `limits`.
+    pub fn restore(
+        limits: EngineLimits,
+        next_token: u64,
+        image: &Image<T>,
+        mut conn_of: impl FnMut(&T) -> Option<ConnId>,
+    ) -> Result<Self, ImageError> {
+        let mut e = Self::replicated_tagged(limits, 1);
+        let mut out = Outbox::default();
+        let mut by_token: Vec<&KeyImage<T>> = image.keys.iter().collect();
+        by_token.sort_unstable_by_key(|k| k.token);
+        for k in by_token {
+            if k.token == 0 || k.token >= next_token {
+                return Err(ImageError::Invalid("holder"));
+            }
+            e.raise_next_token(k.token);
+            let req = Acquire {
+                key: &k.key,
+                owner: 0,
+                wait_s: 0,
+                lease_s: 1,
+            };
+            let got = e.acquire_tagged(Millis::ZERO, HOLDER_CONN, req, k.tag, &mut out);
+            if got != AcquireOutcome::Granted(k.token) {
+                return Err(ImageError::Invalid("holder does not fit the limits"));
+            }
+        }
+        for k in &image.keys {
+            for w in &k.waiters {
+                let conn =
+                    conn_of(&w.tag).ok_or(ImageError::Invalid("waiter without connection"))?;
+                let req = Acquire {
+                    key: &k.key,
+                    owner: w.owner,
+                    wait_s: w.wait_s,
+                    lease_s: w.lease_s,
+                };
+                match e.acquire_tagged(Millis::ZERO, conn, req, w.tag, &mut out) {
+                    AcquireOutcome::Queued(_) if w.wait_s > 0 && w.lease_s > 0 => {}
+                    _ => return Err(ImageError::Invalid("waiter does not fit the limits")),
+                }
+            }
+        }
+        e.raise_next_token(next_token);
+        Ok(e)
+    }
+}
