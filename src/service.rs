@@ -129,4 +129,37 @@ pub trait Service {
         let _ = now;
         None
     }
+
+    /// A membership change asked for on the admin port
+    /// (`POST`/`DELETE /v1/cluster/members/...`): the HTTP status and the
+    /// body. The default: not a cluster node.
+    fn member_change(&mut self, now: Millis, change: MemberChange) -> (u16, String) {
+        let _ = (now, change);
+        (404, "not a cluster node\n".to_owned())
+    }
+}
+
+/// A membership change as the admin port parses it (see
+/// `docs/OPERATIONS.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberChange {
+    /// `POST /v1/cluster/members/ID?address=HOST:PORT`: add a learner.
+    Add {
+        /// The new node's id.
+        id: u64,
+        /// Its peer address.
+        address: std::net::SocketAddr,
+    },
+    /// `POST /v1/cluster/members/ID/promote`: make a learner a voter.
+    Promote {
+        /// The learner's id.
+        id: u64,
+    },
+    /// `DELETE /v1/cluster/members/ID[?force=true]`: remove a member.
+    Remove {
+        /// The member's id.
+        id: u64,
+        /// Skip the check that a majority of the voters stays reachable.
+        force: bool,
+    },
 }

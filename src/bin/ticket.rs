@@ -18,6 +18,7 @@
 
 use std::ffi::OsString;
 use std::io::Write;
+use std::net::ToSocketAddrs;
 use std::process::{Command, ExitStatus};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -77,6 +78,9 @@ USAGE:
     ticket status KEY [--json] [--admin ADDR]
     ticket locks [PREFIX] [--json] [--admin ADDR]
     ticket cluster status [--json] [--admin ADDR]
+    ticket cluster add ID=HOST:PORT [--learner] [--catch-up-timeout S] [--admin ADDR]...
+    ticket cluster promote ID [--admin ADDR]...
+    ticket cluster remove ID [--force] [--admin ADDR]...
     ticket certs init DIR [--cluster-name NAME] [--nodes N]
     ticket help [SUBCOMMAND]
 
@@ -350,12 +354,25 @@ USAGE:
     ticket status KEY [--json] [--admin ADDR]
     ticket locks [PREFIX] [--json] [--admin ADDR]
     ticket cluster status [--json] [--admin ADDR]
+    ticket cluster add ID=HOST:PORT [--learner] [--catch-up-timeout S] [--admin ADDR]...
+    ticket cluster promote ID [--admin ADDR]...
+    ticket cluster remove ID [--force] [--admin ADDR]...
 
 status prints one key's token, time left on its lease, waiters and time
 held; locks every registered key starting with PREFIX, in key order;
 cluster status the node's view of its cluster. Aligned tables, or with
 --json the admin port's own JSON (status: the object of /v1/locks/KEY;
 locks: {\"locks\": [...]} with every page; cluster: /v1/cluster).
+
+cluster add, promote and remove change the members (docs/OPERATIONS.md);
+they go to the leader's admin port: give --admin once per node, and the
+first that is the leader takes the change. add adds ID as a learner, waits
+until its log is within 100 entries of the leader's commit (at most
+--catch-up-timeout seconds, 60 by default: it then says why and leaves it a
+learner), then promotes it, unless --learner. Start the node first with
+`ticketd --cluster --join`. One change at a time; a removed id is never
+accepted again; remove refuses to leave fewer than a majority of the
+current voters reachable, unless --force.
 
 OPTIONS:
     --admin ADDR    host:port of the server's admin port (--admin-listen),
@@ -564,8 +581,15 @@ fn cluster(args: Vec<OsString>) -> Result<u8, Exit> {
     }
     match args.subcommand().map_err(|e| Exit::usage(e.to_string()))? {
         Some(s) if s == "status" => {}
+        Some(s) if s == "add" || s == "promote" || s == "remove" => {
+            return cluster_change(&s, args);
+        }
         Some(other) => return Err(Exit::usage(format!("unknown cluster subcommand {other:?}"))),
-        None => return Err(Exit::usage("cluster: missing subcommand (status)")),
+        None => {
+            return Err(Exit::usage(
+                "cluster: missing subcommand (status, add, promote, remove)",
+            ))
+        }
     }
     let json = args.contains("--json");
     let addr = admin_addr(&mut args)?;
@@ -622,6 +646,221 @@ fn cluster(args: Vec<OsString>) -> Result<u8, Exit> {
     }
     text.push_str(&admin::table(&rows));
     print_out(&text)
+}
+
+/// The most entries a learner may lag the leader's commit to be promoted.
+const CATCH_UP_ENTRIES: u64 = 100;
+
+/// `ticket cluster add | promote | remove`.
+fn cluster_change(sub: &str, mut args: pico_args::Arguments) -> Result<u8, Exit> {
+    let usage = |m: String| Exit::usage(format!("cluster {sub}: {m}"));
+    let learner_only = sub == "add" && args.contains("--learner");
+    let force = sub == "remove" && args.contains("--force");
+    let catch_up: u64 = if sub == "add" {
+        args.opt_value_from_str("--catch-up-timeout")
+            .map_err(|e| usage(e.to_string()))?
+            .unwrap_or(60)
+    } else {
+        60
+    };
+    let mut admins: Vec<String> = args
+        .values_from_str("--admin")
+        .map_err(|e| usage(e.to_string()))?;
+    if admins.is_empty() {
+        admins.push(ticketd::config::DEFAULT_ADMIN_LISTEN.to_owned());
+    }
+    let what: String = args
+        .free_from_str()
+        .map_err(|_| usage("missing the node (ID, or ID=HOST:PORT for add)".into()))?;
+    finish(args)?;
+    let (id, address) = match (sub, what.split_once('=')) {
+        ("add", Some((id, a))) => (id, Some(a)),
+        ("add", None) => return Err(usage(format!("{what:?}: give ID=HOST:PORT"))),
+        (_, None) => (what.as_str(), None),
+        (_, Some(_)) => return Err(usage(format!("{what:?}: give the node id only"))),
+    };
+    let id: u64 = id
+        .parse()
+        .ok()
+        .filter(|i| *i > 0)
+        .ok_or_else(|| usage(format!("{id:?} is not a node id (1, 2, ...)")))?;
+    let address = match address {
+        Some(a) => Some(
+            a.to_socket_addrs()
+                .ok()
+                .and_then(|mut i| i.next())
+                .ok_or_else(|| usage(format!("{a:?} is not a HOST:PORT that resolves")))?,
+        ),
+        None => None,
+    };
+    let (target, method) = match sub {
+        "add" => (
+            format!(
+                "/v1/cluster/members/{id}?address={}",
+                admin::percent_encode(&address.map(|a| a.to_string()).unwrap_or_default())
+            ),
+            "POST",
+        ),
+        "promote" => (format!("/v1/cluster/members/{id}/promote"), "POST"),
+        _ => (
+            format!(
+                "/v1/cluster/members/{id}{}",
+                if force { "?force=true" } else { "" }
+            ),
+            "DELETE",
+        ),
+    };
+    let leader = send_change(&admins, method, &target)?;
+    match sub {
+        "add" => {
+            eprintln!("node {id} added as a learner (via {leader})");
+            if learner_only {
+                return Ok(exit::OK);
+            }
+            wait_caught_up(&leader, id, Duration::from_secs(catch_up))?;
+            let target = format!("/v1/cluster/members/{id}/promote");
+            let leader = send_change(&admins, "POST", &target)?;
+            wait_applied(&leader, |v| member_of(v, "voters", id))?;
+            eprintln!("node {id} promoted to voter");
+        }
+        "promote" => {
+            wait_applied(&leader, |v| member_of(v, "voters", id))?;
+            eprintln!("node {id} promoted to voter");
+        }
+        _ => {
+            // The leader may have removed itself: any node will do.
+            let _ = wait_applied(&leader, |v| {
+                !member_of(v, "voters", id) && !member_of(v, "learners", id)
+            });
+            eprintln!("node {id} removed; its id is never accepted again");
+        }
+    }
+    Ok(exit::OK)
+}
+
+fn member_of(v: &Json, list: &str, id: u64) -> bool {
+    v.get(list)
+        .map(Json::items)
+        .unwrap_or(&[])
+        .iter()
+        .any(|m| m.get("id").and_then(Json::as_u64) == Some(id))
+}
+
+/// Sends a change to the first admin port that is the leader's; returns
+/// that address.
+fn send_change(admins: &[String], method: &str, target: &str) -> Result<String, Exit> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut why = Vec::new();
+        let mut retry = false;
+        for a in admins {
+            match admin::request(a, method, target, ADMIN_TIMEOUT) {
+                Ok((200, _)) => return Ok(a.clone()),
+                Ok((421, body)) => why.push(format!("{a}: {}", body.trim())),
+                Ok((503, body)) => {
+                    retry = true;
+                    why.push(format!("{a}: {}", body.trim()));
+                }
+                Ok((status, body)) => {
+                    return Err(failed(format!("{a}: {status}: {}", body.trim())));
+                }
+                Err(e) => why.push(e.to_string()),
+            }
+        }
+        if !retry || Instant::now() >= deadline {
+            return Err(failed(format!(
+                "no admin port took the change: {}",
+                why.join("; ")
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Waits until `ok` holds of the leader's `/v1/cluster` and no change is
+/// pending.
+fn wait_applied(addr: &str, ok: impl Fn(&Json) -> bool) -> Result<(), Exit> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(Some(body)) = admin_get(addr, "/v1/cluster") {
+            if let Ok(v) = Json::parse(&body) {
+                let pending = matches!(v.get("change_pending"), Some(Json::Bool(true)));
+                if ok(&v) && !pending {
+                    return Ok(());
+                }
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(failed(format!(
+                "{addr}: the change did not apply within 10 s (ticket cluster status)"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits until learner `id`'s match index is within [`CATCH_UP_ENTRIES`]
+/// of the leader's commit, at most `limit`.
+fn wait_caught_up(addr: &str, id: u64, limit: Duration) -> Result<(), Exit> {
+    let start = Instant::now();
+    loop {
+        let last = match admin_get(addr, "/v1/cluster") {
+            Ok(Some(body)) => match Json::parse(&body) {
+                Ok(v) => {
+                    let commit = v.get("commit").and_then(Json::as_u64).unwrap_or(0);
+                    let me = v
+                        .get("learners")
+                        .map(Json::items)
+                        .unwrap_or(&[])
+                        .iter()
+                        .find(|m| m.get("id").and_then(Json::as_u64) == Some(id));
+                    match me.and_then(|m| m.get("match")).and_then(Json::as_u64) {
+                        Some(matched) if matched + CATCH_UP_ENTRIES >= commit && matched > 0 => {
+                            eprintln!(
+                                "node {id} caught up in {:.1} s (match {matched}, commit \
+                                 {commit})",
+                                start.elapsed().as_secs_f64()
+                            );
+                            return Ok(());
+                        }
+                        Some(matched) => {
+                            let reachable = !matches!(
+                                me.and_then(|m| m.get("reachable")),
+                                Some(Json::Bool(false))
+                            );
+                            format!(
+                                "its log reaches index {matched}, the leader's commit is \
+                                 {commit} ({} behind){}",
+                                commit.saturating_sub(matched),
+                                if reachable {
+                                    ""
+                                } else {
+                                    "; the leader has not heard from it recently \
+                                     (is it running and reachable?)"
+                                }
+                            )
+                        }
+                        None => format!(
+                            "{addr} is no longer the leader, or node {id} is no longer a \
+                             learner"
+                        ),
+                    }
+                }
+                Err(e) => e.to_string(),
+            },
+            Ok(None) => format!("{addr} is not a cluster node"),
+            Err(e) => e.message,
+        };
+        if start.elapsed() >= limit {
+            return Err(failed(format!(
+                "node {id} did not catch up within {} s, so it stays a learner (not \
+                 promoted): {last}. Fix it and run `ticket cluster promote {id}`, or \
+                 `ticket cluster remove {id}`",
+                limit.as_secs()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// Options shared by the subcommands that acquire.

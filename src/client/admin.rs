@@ -38,6 +38,20 @@ impl std::error::Error for AdminError {}
 /// The port cannot be reached within `timeout`, or the answer is not an
 /// HTTP response.
 pub fn get(addr: &str, target: &str, timeout: Duration) -> Result<(u16, String), AdminError> {
+    request(addr, "GET", target, timeout)
+}
+
+/// `METHOD target` (no body) to the admin port at `addr`: the status and
+/// the body. `POST` and `DELETE` change a cluster's members.
+///
+/// # Errors
+/// As [`get`].
+pub fn request(
+    addr: &str,
+    method: &str,
+    target: &str,
+    timeout: Duration,
+) -> Result<(u16, String), AdminError> {
     let fail = |what: &str, e: &dyn fmt::Display| AdminError(format!("{addr}: {what}: {e}"));
     if let Some(path) = addr.strip_prefix("unix:") {
         if path.is_empty() {
@@ -48,7 +62,7 @@ pub fn get(addr: &str, target: &str, timeout: Duration) -> Result<(u16, String),
         s.set_read_timeout(Some(timeout))
             .and_then(|()| s.set_write_timeout(Some(timeout)))
             .map_err(|e| fail("socket", &e))?;
-        return exchange(s, addr, "localhost", target);
+        return exchange(s, addr, "localhost", method, target);
     }
     let sock = addr
         .to_socket_addrs()
@@ -59,7 +73,7 @@ pub fn get(addr: &str, target: &str, timeout: Duration) -> Result<(u16, String),
     s.set_read_timeout(Some(timeout))
         .and_then(|()| s.set_write_timeout(Some(timeout)))
         .map_err(|e| fail("socket", &e))?;
-    exchange(s, addr, addr, target)
+    exchange(s, addr, addr, method, target)
 }
 
 /// One request on a connected stream, and the response read to its end.
@@ -67,12 +81,14 @@ fn exchange(
     mut s: impl Read + Write,
     addr: &str,
     host: &str,
+    method: &str,
     target: &str,
 ) -> Result<(u16, String), AdminError> {
     let fail = |what: &str, e: &dyn fmt::Display| AdminError(format!("{addr}: {what}: {e}"));
     write!(
         s,
-        "GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        "{method} {target} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: \
+         close\r\n\r\n"
     )
     .map_err(|e| fail("send", &e))?;
     let mut raw = Vec::new();

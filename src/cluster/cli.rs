@@ -27,15 +27,24 @@ ticketd --cluster: one node of a replicated ticketd cluster (Raft)
 
 USAGE:
     ticketd --cluster --id N --peers 1=HOST:PORT,2=HOST:PORT,3=HOST:PORT \\
-            --data-dir DIR --listen ADDR [FLAGS]
+            --data-dir DIR --listen ADDR [--join] [FLAGS]
 
 CLUSTER FLAGS:
     --id N                 this node's id, one of the ids in --peers
     --peers LIST           every node as ID=HOST:PORT; this node listens for
-                           peers on its own entry. Identical on every node.
+                           peers on its own entry. Identical on every node
+                           at the first start; later the replicated
+                           configuration's addresses win (a difference is
+                           logged)
     --data-dir DIR         write-ahead log and snapshots (required)
     --cluster-name NAME    peers with another name are refused [ticketd]
     --tick-ms MS           Raft tick; elections after 10-20 ticks [100]
+    --join                 a new node: on an empty data dir, start with no
+                           configuration and wait to be added with
+                           `ticket cluster add ID=HOST:PORT`; --peers then
+                           needs this node and at least one member. Once
+                           the data dir holds a configuration (learnt from
+                           the leader), it wins over --peers
 
 PEER SECURITY (docs/SECURITY.md):
     --peer-tls-cert FILE   this node's certificate (PEM), naming
@@ -103,6 +112,7 @@ pub fn parse(args: Vec<OsString>) -> Result<(Config, ClusterConfig), ConfigError
         }
     };
     let insecure_peers = args.contains("--insecure-peers");
+    let join = args.contains("--join");
     if cluster_name.is_empty()
         || !cluster_name
             .bytes()
@@ -144,6 +154,7 @@ pub fn parse(args: Vec<OsString>) -> Result<(Config, ClusterConfig), ConfigError
         tick_ms,
         tls,
         insecure_peers,
+        join,
     };
     cluster.check_protected()?;
     Ok((config, cluster))

@@ -3,6 +3,7 @@
 //! * [`command`]: the replicated commands and their encoding.
 //! * [`state`]: the deterministic state machine (the engine, tagged with
 //!   requests, + dedup).
+//! * [`members`]: peer addresses and removed ids, replicated with conf changes.
 //! * [`storage`]: raft's in-memory log and the write-ahead log under it.
 //! * [`node`]: one node, sans-IO: Ready handling, proposals, leader timers.
 //! * [`transport`]: peer connections in the mio loop.
@@ -21,6 +22,7 @@
 pub mod certs;
 pub mod cli;
 pub mod command;
+pub mod members;
 pub mod node;
 pub(crate) use crate::rng;
 pub mod service;

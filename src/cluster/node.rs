@@ -56,10 +56,14 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 use std::fmt;
 use std::io;
 
-use raft::eraftpb::{ConfState, Entry, EntryType, Message, MessageType};
+use std::net::SocketAddr;
+
+use protobuf::Message as _;
+use raft::eraftpb::{ConfChangeV2, ConfState, Entry, EntryType, Message, MessageType};
 use raft::{RawNode, SnapshotStatus, StateRole};
 
 use crate::cluster::command::{Command, DecodeError, Origin, Rid};
+use crate::cluster::members::{self, Change, Members, Refusal};
 use crate::cluster::rng::SplitMix64;
 use crate::cluster::state::{AnswerKind, Effect, StateMachine};
 use crate::cluster::storage::{Disk, LogStore, Wal};
@@ -75,8 +79,17 @@ use crate::token::TokenRng;
 pub struct NodeConfig {
     /// This node's id (1..).
     pub id: u64,
-    /// Every voter's id, this node's included.
+    /// Every voter's id, this node's included: the configuration of a
+    /// static cluster's first start. Once the data directory holds a
+    /// configuration, that one is used (a difference is logged).
     pub voters: Vec<u64>,
+    /// Start with no configuration of its own on an empty data directory,
+    /// and wait to be added by the leader (`ticketd --join`).
+    pub join: bool,
+    /// Peer addresses from the command line: recorded as the members'
+    /// addresses on a first static start, and for members whose address
+    /// the replicated state lacks (state written by an older version).
+    pub peer_addrs: BTreeMap<u64, SocketAddr>,
     /// Milliseconds per Raft tick.
     pub tick_ms: u64,
     /// Ticks without a leader before an election (randomised in [n, 2n)).
@@ -120,6 +133,8 @@ impl NodeConfig {
         NodeConfig {
             id,
             voters,
+            join: false,
+            peer_addrs: BTreeMap::new(),
             tick_ms: 100,
             election_tick: 10,
             heartbeat_tick: 2,
@@ -145,11 +160,12 @@ pub enum NodeError {
     Io(io::Error),
     /// raft-rs refused its configuration or state.
     Raft(raft::Error),
-    /// The voter set on disk differs from the configured one.
+    /// The data directory's configuration does not include this node (it
+    /// belongs to another node or cluster).
     VoterMismatch {
-        /// Voters recorded in the data directory.
+        /// Voters and learners recorded in the data directory.
         stored: Vec<u64>,
-        /// Voters given on the command line.
+        /// This node's id.
         given: Vec<u64>,
     },
     /// A snapshot that does not decode.
@@ -163,8 +179,8 @@ impl fmt::Display for NodeError {
             NodeError::Raft(e) => write!(f, "raft: {e}"),
             NodeError::VoterMismatch { stored, given } => write!(
                 f,
-                "the data directory belongs to a cluster with voters {stored:?}, \
-                 but --peers names {given:?}; refusing to start"
+                "the data directory belongs to a cluster with voters and learners \
+                 {stored:?}, which do not include node {given:?}; refusing to start"
             ),
             NodeError::BadSnapshot(e) => write!(f, "snapshot: {e}"),
         }
@@ -314,6 +330,14 @@ pub struct Node<D: Disk> {
     /// arrival order): [`Node::end_turn`] proposes them as one raft
     /// message, so a turn's requests travel in one forward and one append.
     batch: Vec<u64>,
+    /// Raised whenever the members (addresses, configuration) change.
+    members_version: u64,
+    /// A conf change applied: snapshot at once, so that a node added
+    /// later gets the configuration in a snapshot, never from entries
+    /// that predate it.
+    snapshot_now: bool,
+    /// Index of the last conf change this node proposed as leader.
+    conf_proposed_at: u64,
 }
 
 impl<D: Disk> fmt::Debug for Node<D> {
@@ -350,16 +374,29 @@ impl<D: Disk> Node<D> {
         let mut given = cfg.voters.clone();
         given.sort_unstable();
         given.dedup();
-        if store.conf_state().voters.is_empty() {
+        let fresh = store.conf_state().voters.is_empty() && store.conf_state().learners.is_empty();
+        if fresh && !cfg.join {
             let mut cs = ConfState::default();
             cs.voters.clone_from(&given);
             wal.stage_conf_state(&cs);
             store.set_conf_state(cs);
-        } else {
+        } else if fresh {
+            log::info!(
+                "node {}: joining: no configuration yet; waiting for the leader to add this \
+                 node (ticket cluster add {}=...)",
+                cfg.id,
+                cfg.id
+            );
+        } else if !cfg.join {
             let mut stored = store.conf_state().voters.clone();
             stored.sort_unstable();
             if stored != given {
-                return Err(NodeError::VoterMismatch { stored, given });
+                log::warn!(
+                    "node {}: the data directory records voters {stored:?} and learners {:?}; \
+                     --peers names {given:?}: the recorded configuration is used",
+                    cfg.id,
+                    store.conf_state().learners
+                );
             }
         }
         if wal.identity().uuid == 0 {
@@ -372,11 +409,27 @@ impl<D: Disk> Node<D> {
         wal.flush(true)?;
         let snap = store.latest_snapshot();
         let applied = snap.get_metadata().index;
-        let sm = if applied > 0 {
+        let mut sm = if applied > 0 {
             StateMachine::restore(cfg.limits.clone(), &snap.data).map_err(NodeError::BadSnapshot)?
         } else {
             StateMachine::new(cfg.limits.clone())
         };
+        let cs = store.conf_state();
+        let member = cs.voters.contains(&cfg.id) || cs.learners.contains(&cfg.id);
+        if !fresh && !member && !sm.members().is_removed(cfg.id) {
+            let mut stored = cs.voters.clone();
+            stored.extend(cs.learners.iter().copied());
+            return Err(NodeError::VoterMismatch {
+                stored,
+                given: vec![cfg.id],
+            });
+        }
+        fill_addrs(
+            cfg.id,
+            sm.members_mut(),
+            store.conf_state(),
+            &cfg.peer_addrs,
+        );
         let raft_cfg = raft::Config {
             id: cfg.id,
             election_tick: cfg.election_tick,
@@ -439,6 +492,9 @@ impl<D: Disk> Node<D> {
             sync_wakes: false,
             failed: None,
             batch: Vec::new(),
+            members_version: 1,
+            snapshot_now: false,
+            conf_proposed_at: 0,
         };
         // Grants restored from the snapshot began before this boot: the
         // boot is the earliest moment this node knows of.
@@ -568,6 +624,115 @@ impl<D: Disk> Node<D> {
         self.sync_wakes = wakes;
     }
 
+    /// Raised whenever the members or their addresses change: the
+    /// transport then reconnects from [`Node::peer_addrs`].
+    #[must_use]
+    pub fn members_version(&self) -> u64 {
+        self.members_version
+    }
+
+    /// The replicated members (addresses, removed ids).
+    #[must_use]
+    pub fn replicated_members(&self) -> &Members {
+        self.sm.members()
+    }
+
+    /// The peer address of every voter and learner but this node, from
+    /// the replicated state (empty before a joining node is added).
+    #[must_use]
+    pub fn peer_addrs(&self) -> BTreeMap<u64, SocketAddr> {
+        let cs = self.rn.raft.prs().conf().to_conf_state();
+        cs.voters
+            .iter()
+            .chain(cs.learners.iter())
+            .filter(|id| **id != self.cfg.id)
+            .filter_map(|id| self.sm.members().addr(*id).map(|a| (*id, a)))
+            .collect()
+    }
+
+    /// True once this node was removed from the cluster: it answers no
+    /// request with a grant again.
+    #[must_use]
+    pub fn removed(&self) -> bool {
+        self.sm.members().is_removed(self.cfg.id)
+    }
+
+    /// True while a conf change is proposed and not yet applied (leader).
+    #[must_use]
+    pub fn conf_change_pending(&self) -> bool {
+        self.rn.raft.has_pending_conf() || self.conf_proposed_at > self.applied
+    }
+
+    /// Proposes one membership change (leaders only), after checking it
+    /// ([`members::check_change`]); `reachable` are the peers heard from
+    /// within an election timeout. Returns what was proposed.
+    ///
+    /// # Errors
+    /// Why the change is refused: not the leader (421, naming the leader),
+    /// a change in flight (409), an id removed before (409), ...
+    pub fn change_members(
+        &mut self,
+        change: Change,
+        reachable: &BTreeSet<u64>,
+    ) -> Result<String, Refusal> {
+        if self.failed.is_some() || self.removed() {
+            return Err(Refusal {
+                status: 503,
+                message: format!("node {} is stopped or removed", self.cfg.id),
+            });
+        }
+        if !self.is_leader() {
+            let message = match self.leader {
+                0 => format!("node {} knows no leader now; try again", self.cfg.id),
+                l => format!(
+                    "node {} is not the leader; node {l} is (peer address {}): send the \
+                     change to its admin port",
+                    self.cfg.id,
+                    self.sm
+                        .members()
+                        .addr(l)
+                        .map_or_else(|| "unknown".to_owned(), |a| a.to_string())
+                ),
+            };
+            let status = if self.leader == 0 { 503 } else { 421 };
+            return Err(Refusal { status, message });
+        }
+        if !self.rn.raft.apply_to_current_term() {
+            return Err(Refusal {
+                status: 503,
+                message: "the leader was just elected and has not applied its first entry; \
+                          try again"
+                    .into(),
+            });
+        }
+        let conf = self.rn.raft.prs().conf().to_conf_state();
+        let mut reachable = reachable.clone();
+        reachable.insert(self.cfg.id);
+        let view = members::View {
+            conf: &conf,
+            pending: self.conf_change_pending(),
+            reachable: &reachable,
+            members: self.sm.members(),
+        };
+        let cc = members::check_change(change, &view)?;
+        let before = self.rn.raft.raft_log.last_index();
+        if let Err(e) = self.rn.propose_conf_change(Vec::new(), cc) {
+            return Err(Refusal {
+                status: 503,
+                message: format!("raft refused the change: {e}"),
+            });
+        }
+        self.conf_proposed_at = self.rn.raft.raft_log.last_index().max(before + 1);
+        self.after_raft_call();
+        let what = match change {
+            Change::AddLearner(id, addr) => format!("add learner {id} at {addr}"),
+            Change::Promote(id) => format!("promote {id} to voter"),
+            Change::Remove(id, _) => format!("remove {id}"),
+        };
+        log::info!("node {}: proposed: {what}", self.cfg.id);
+        Ok(what)
+    }
+
     /// This data directory's id and the ids first seen for its peers.
     #[must_use]
     pub fn identity(&self) -> &crate::cluster::storage::Identity {
@@ -692,6 +857,7 @@ impl<D: Disk> Node<D> {
     pub fn request(&mut self, now: Millis, conn: ConnId, req: Request<'_>, out: &mut Outbox) {
         if self.failed.is_some()
             || self.leader() == 0
+            || self.removed()
             || self.unapplied.len() >= self.cfg.max_pending
         {
             self.refuse(conn, req, out);
@@ -1100,6 +1266,7 @@ impl<D: Disk> Node<D> {
             }
             self.stats.snapshots_installed += 1;
             self.reseed_holds(now);
+            self.members_version += 1;
             self.after_snapshot_install();
             self.rn.mut_store().apply_snapshot(snap);
         }
@@ -1271,6 +1438,11 @@ impl<D: Disk> Node<D> {
                 }
                 self.by_index.pop_first();
             }
+            if e.entry_type == EntryType::EntryConfChangeV2 {
+                self.apply_conf_change(e);
+                self.mark_lost(lost_here, None);
+                continue;
+            }
             if e.entry_type != EntryType::EntryNormal || e.data.is_empty() {
                 self.mark_lost(lost_here, None);
                 continue;
@@ -1433,6 +1605,81 @@ impl<D: Disk> Node<D> {
         }
     }
 
+    /// Applies a committed conf change: raft's configuration (persisted
+    /// with this Ready), then the replicated members. A leader that removed
+    /// itself steps down after the turn.
+    fn apply_conf_change(&mut self, e: &Entry) {
+        let mut cc = ConfChangeV2::default();
+        if let Err(err) = cc.merge_from_bytes(&e.data) {
+            log::error!(
+                "conf change at {} does not decode ({err}); skipped",
+                e.index
+            );
+            return;
+        }
+        match self.rn.apply_conf_change(&cc) {
+            Ok(cs) => {
+                log::info!(
+                    "node {}: configuration at {}: voters {:?}, learners {:?}",
+                    self.cfg.id,
+                    e.index,
+                    cs.voters,
+                    cs.learners
+                );
+                self.wal.stage_conf_state(&cs);
+                self.rn.mut_store().set_conf_state(cs);
+            }
+            Err(err) => {
+                // Every node refuses it alike: the entry changes nothing.
+                log::error!("conf change at {} refused by raft: {err}", e.index);
+                return;
+            }
+        }
+        self.sm.members_mut().apply(&cc);
+        self.members_version += 1;
+        self.snapshot_now = true;
+        if members::removed_ids(&cc).contains(&self.cfg.id) {
+            log::warn!(
+                "node {}: removed from the cluster at index {}; it grants nothing from now on",
+                self.cfg.id,
+                e.index
+            );
+            if self.is_leader() {
+                self.step_down();
+            }
+        }
+    }
+
+    /// A leader that applied its own removal steps down at once (raft-rs
+    /// would keep leading, and trip over its missing progress when its
+    /// own entries persist), and tells the most up-to-date voter to
+    /// campaign now (`MsgTimeoutNow`, as a leadership transfer does) rather
+    /// than after an election timeout. No raft step is taken: this runs
+    /// between a Ready and its advance.
+    fn step_down(&mut self) {
+        let me = self.cfg.id;
+        let voters = self.rn.raft.prs().conf().to_conf_state().voters;
+        let best = self
+            .rn
+            .raft
+            .prs()
+            .iter()
+            .filter(|(id, _)| **id != me && voters.contains(id))
+            .max_by_key(|(id, pr)| (pr.matched, Reverse(**id)))
+            .map(|(id, _)| *id);
+        let term = self.rn.raft.term;
+        if let Some(to) = best {
+            log::info!("node {me}: removed; node {to} is asked to campaign now");
+            let mut m = Message::default();
+            m.set_msg_type(MessageType::MsgTimeoutNow);
+            m.to = to;
+            m.from = me;
+            m.term = term;
+            self.msgs.push(m);
+        }
+        self.rn.raft.become_follower(term, 0);
+    }
+
     /// The entry at an index a local leader gave one of our proposals
     /// applied; if it is not that proposal, the proposal was lost.
     fn mark_lost(&mut self, at: Option<(u64, u64)>, applied_rid: Option<Rid>) {
@@ -1508,7 +1755,9 @@ impl<D: Disk> Node<D> {
             return Ok(());
         }
         let since = self.applied - snap_index;
-        let due = since >= self.cfg.snapshot_every || self.wal.log_bytes() > self.cfg.max_wal_bytes;
+        let due = since >= self.cfg.snapshot_every
+            || self.wal.log_bytes() > self.cfg.max_wal_bytes
+            || self.snapshot_now;
         if !due {
             return Ok(());
         }
@@ -1517,8 +1766,10 @@ impl<D: Disk> Node<D> {
         // the follower could not answer the requests of its own clients
         // that the snapshot covers. Up to four intervals, or the WAL size
         // limit, then it compacts regardless.
-        let forced =
-            since >= 4 * self.cfg.snapshot_every || self.wal.log_bytes() > self.cfg.max_wal_bytes;
+        let forced = since >= 4 * self.cfg.snapshot_every
+            || self.wal.log_bytes() > self.cfg.max_wal_bytes
+            || self.snapshot_now;
+        self.snapshot_now = false;
         if self.is_leader() && !forced {
             let (me, applied) = (self.cfg.id, self.applied);
             let lagging = self
@@ -1544,6 +1795,27 @@ impl<D: Disk> Node<D> {
         self.persisted(self.last_ready);
         self.stats.snapshots_taken += 1;
         Ok(())
+    }
+}
+
+/// Records the `--peers` address of each member whose address the
+/// replicated state lacks (a first static start, or state written before
+/// addresses were replicated), and logs each flag that disagrees with the
+/// recorded address (the recorded one wins).
+fn fill_addrs(me: u64, members: &mut Members, cs: &ConfState, flags: &BTreeMap<u64, SocketAddr>) {
+    for id in cs.voters.iter().chain(cs.learners.iter()) {
+        if let Some(a) = flags.get(id) {
+            members.fill_addr(*id, *a);
+        }
+    }
+    for (id, a) in flags {
+        match members.addr(*id) {
+            Some(stored) if stored != *a => log::warn!(
+                "node {me}: --peers gives node {id} the address {a}, the replicated \
+                 configuration {stored}: the replicated one is used"
+            ),
+            _ => {}
+        }
     }
 }
 

@@ -12,16 +12,17 @@ use std::path::PathBuf;
 use mio::event::Event;
 use mio::Registry;
 
+use crate::cluster::members::Change;
 use crate::cluster::node::{raft_logger, Node, NodeConfig, NodeError};
 use crate::cluster::state::StateMachine;
 use crate::cluster::storage::FileDisk;
 use crate::cluster::tls::{PeerTls, TlsError, TlsFiles};
-use crate::cluster::transport::{hash64, LocalInfo, PeerEvent, Transport};
+use crate::cluster::transport::{hash64, LocalInfo, PeerEvent, Transport, MEMBERSHIP_MARK};
 use crate::config::ConfigError;
 use crate::engine::{ConnId, Outbox};
 use crate::limits::EngineLimits;
 use crate::proto::Request;
-use crate::service::Service;
+use crate::service::{MemberChange, Service};
 use crate::time::Millis;
 
 /// Everything cluster mode needs from the command line.
@@ -49,6 +50,9 @@ pub struct ClusterConfig {
     pub tls: Option<TlsFiles>,
     /// Plaintext peers allowed on addresses that are not loopback.
     pub insecure_peers: bool,
+    /// `--join`: on an empty data directory, start with no configuration
+    /// and wait to be added (`ticket cluster add`).
+    pub join: bool,
 }
 
 impl ClusterConfig {
@@ -148,10 +152,20 @@ pub struct ClusterService {
     fatal: Option<String>,
     stop_on_fatal: bool,
     describe: String,
-    /// Every voter's peer address, for `GET /v1/cluster`.
+    /// Every peer address from `--peers`, for members the replicated
+    /// state has no address for.
     peers: BTreeMap<u64, SocketAddr>,
     /// Snapshots sent to followers in full.
     snapshots_sent: u64,
+    /// When each peer's last raft message arrived (for the reachability
+    /// check of a removal).
+    heard: BTreeMap<u64, Millis>,
+    /// The time of the latest call from the loop.
+    now: Millis,
+    /// The election timeout, in milliseconds.
+    election_ms: u64,
+    /// [`Node::members_version`] the transport's peers were set from.
+    members_seen: u64,
 }
 
 impl fmt::Debug for ClusterService {
@@ -180,8 +194,14 @@ impl ClusterService {
                 Some(PeerTls::load(files, cfg.id, &cfg.cluster_name).map_err(StartError::Tls)?)
             }
         };
-        let voters: Vec<u64> = cfg.peers.keys().copied().collect();
-        let mut ncfg = NodeConfig::new(cfg.id, voters.clone());
+        let voters: Vec<u64> = if cfg.join {
+            Vec::new()
+        } else {
+            cfg.peers.keys().copied().collect()
+        };
+        let mut ncfg = NodeConfig::new(cfg.id, voters);
+        ncfg.join = cfg.join;
+        ncfg.peer_addrs = cfg.peers.clone();
         ncfg.limits = cfg.limits.clone();
         ncfg.tick_ms = cfg.tick_ms.max(1);
         let entropy = std::time::SystemTime::now()
@@ -198,16 +218,22 @@ impl ClusterService {
         })?;
         let election_ms = ncfg.tick_ms.saturating_mul(ncfg.election_tick as u64);
         let node = Node::open(ncfg, disk, &raft_logger()).map_err(StartError::Node)?;
-        let ids: Vec<u8> = voters.iter().flat_map(|v| v.to_be_bytes()).collect();
         let local = LocalInfo {
             id: cfg.id,
             cluster: hash64(&[cfg.cluster_name.as_bytes()]),
-            voters: hash64(&[&ids]),
+            voters: MEMBERSHIP_MARK,
             uuid: node.identity().uuid,
             known: node.identity().peers.clone(),
         };
-        let mut transport =
-            Transport::bind(local, listen, &cfg.peers).map_err(StartError::Listen)?;
+        // The replicated configuration's addresses win over --peers; a
+        // node that has none yet (joining) starts from --peers.
+        let stored = node.peer_addrs();
+        let initial = if stored.is_empty() {
+            &cfg.peers
+        } else {
+            &stored
+        };
+        let mut transport = Transport::bind(local, listen, initial).map_err(StartError::Listen)?;
         if let Some(tls) = tls {
             transport.set_tls(tls);
         }
@@ -224,10 +250,15 @@ impl ClusterService {
             );
         }
         let describe = format!(
-            "cluster node {} of {:?}, peers on {} ({}), data dir {}, boot epoch {}, \
+            "cluster node {} of {:?}{}, peers on {} ({}), data dir {}, boot epoch {}, \
              peer frames up to {} MiB",
             cfg.id,
-            voters,
+            node.members().iter().map(|m| m.id).collect::<Vec<_>>(),
+            if cfg.join && node.members().is_empty() {
+                " (joining: waiting to be added)"
+            } else {
+                ""
+            },
             transport.local_addr().map_or(listen, |a| a),
             if cfg.tls.is_some() {
                 "mutual TLS"
@@ -247,6 +278,10 @@ impl ClusterService {
             describe,
             peers: cfg.peers.clone(),
             snapshots_sent: 0,
+            heard: BTreeMap::new(),
+            now: Millis::ZERO,
+            election_ms,
+            members_seen: 0,
         })
     }
 
@@ -270,10 +305,36 @@ impl ClusterService {
         &self.node
     }
 
+    /// Points the transport at the members of the replicated
+    /// configuration whenever it changed.
+    fn sync_peers(&mut self) {
+        let v = self.node.members_version();
+        if v == self.members_seen {
+            return;
+        }
+        let addrs = self.node.peer_addrs();
+        // Before a joining node is added it has no configuration: keep
+        // the --peers addresses.
+        if addrs.is_empty() && self.node.members().is_empty() {
+            self.members_seen = v;
+            return;
+        }
+        if self.registry.is_none() {
+            return;
+        }
+        self.members_seen = v;
+        self.transport
+            .set_peers(&addrs, self.now, self.registry.as_ref());
+        self.heard.retain(|id, _| addrs.contains_key(id));
+    }
+
     fn handle_peer_events(&mut self) {
         for ev in self.transport.take_events() {
             match ev {
-                PeerEvent::Message(m) if self.fatal.is_none() => self.node.step(m),
+                PeerEvent::Message(m) if self.fatal.is_none() => {
+                    self.heard.insert(m.from, self.now);
+                    self.node.step(m);
+                }
                 PeerEvent::Message(_) => {}
                 PeerEvent::Unreachable(id) => self.node.report_unreachable(id),
                 PeerEvent::Snapshot(id, ok) => {
@@ -319,6 +380,7 @@ impl Service for ClusterService {
     }
 
     fn tick(&mut self, now: Millis, out: &mut Outbox) {
+        self.now = self.now.max(now);
         if self.fatal.is_some() {
             return;
         }
@@ -338,6 +400,7 @@ impl Service for ClusterService {
     }
 
     fn end_turn(&mut self, now: Millis, out: &mut Outbox) -> io::Result<()> {
+        self.now = self.now.max(now);
         if let Some(why) = &self.fatal {
             return Err(io::Error::other(why.clone()));
         }
@@ -350,6 +413,9 @@ impl Service for ClusterService {
             // the node must not go on.
             return Err(self.die(e.to_string()));
         }
+        // A conf change applied this turn: the new node is connected to
+        // before raft's messages to it are sent.
+        self.sync_peers();
         for m in self.node.take_messages() {
             self.transport.send(&m);
         }
@@ -377,6 +443,7 @@ impl Service for ClusterService {
     }
 
     fn event(&mut self, now: Millis, registry: &Registry, event: &Event, _out: &mut Outbox) {
+        self.now = self.now.max(now);
         if self.transport.owns(event.token()) {
             self.transport.event(now, registry, event);
             self.handle_peer_events();
@@ -494,7 +561,8 @@ impl Service for ClusterService {
                 }
                 first = false;
                 let _ = write!(j, "{{\"id\":{},\"address\":", m.id);
-                match self.peers.get(&m.id) {
+                let replicated = n.replicated_members().addr(m.id);
+                match replicated.as_ref().or_else(|| self.peers.get(&m.id)) {
                     Some(a) => crate::server::admin::json_str(&mut j, &a.to_string()),
                     None => j.push_str("null"),
                 }
@@ -505,8 +573,43 @@ impl Service for ClusterService {
             }
             j.push(']');
         }
+        let _ = write!(
+            j,
+            ",\"removed\":{:?},\"change_pending\":{},\"this_node_removed\":{}",
+            n.replicated_members().removed().iter().collect::<Vec<_>>(),
+            n.is_leader() && n.conf_change_pending(),
+            n.removed()
+        );
         j.push_str("}\n");
         Some(j)
+    }
+
+    fn member_change(&mut self, now: Millis, change: MemberChange) -> (u16, String) {
+        self.now = self.now.max(now);
+        if let Some(why) = &self.fatal {
+            return (503, format!("the node stopped: {why}\n"));
+        }
+        let change = match change {
+            MemberChange::Add { id, address } => Change::AddLearner(id, address),
+            MemberChange::Promote { id } => Change::Promote(id),
+            MemberChange::Remove { id, force } => Change::Remove(id, force),
+        };
+        let window = self.election_ms;
+        let reachable = self
+            .heard
+            .iter()
+            .filter(|(_, at)| at.add_ms(window) >= self.now)
+            .map(|(id, _)| *id)
+            .collect();
+        match self.node.change_members(change, &reachable) {
+            Ok(what) => {
+                let mut j = String::from("{\"proposed\":");
+                crate::server::admin::json_str(&mut j, &what);
+                j.push_str("}\n");
+                (200, j)
+            }
+            Err(r) => (r.status, format!("{}\n", r.message)),
+        }
     }
 }
 

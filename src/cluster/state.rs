@@ -31,6 +31,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::cluster::command::{
     Command, DecodeError, Origin, Reader, Rid, Writer, MAX_COMMAND_KEY_BYTES,
 };
+use crate::cluster::members::Members;
 use crate::engine::{
     Acquire, AcquireOutcome, Engine, Event, ImageError, ImageReader, Outbox, TagCodec,
 };
@@ -254,8 +255,9 @@ struct DedupRec {
 const NO_CONN: u64 = 0;
 
 /// Version 2 added each holder's request id, version 3 each grant's lease
-/// generation; versions 1 and 2 are still read (generation 0).
-const SNAPSHOT_VERSION: u8 = 3;
+/// generation, version 4 the members (peer addresses and removed ids,
+/// [`Members`]); versions 1 to 3 are still read (generation 0, no members).
+const SNAPSHOT_VERSION: u8 = 4;
 
 /// The room [`StateMachine::snapshot_bound`] leaves for the request ledger
 /// and the connection map (and a raft message's own fields around it).
@@ -270,6 +272,7 @@ pub struct StateMachine {
     /// The engine connection of each origin connection that has waiters.
     conns: BTreeMap<Origin, u64>,
     next_engine_conn: u64,
+    members: Members,
 }
 
 impl StateMachine {
@@ -283,7 +286,19 @@ impl StateMachine {
             dedup: BTreeMap::new(),
             conns: BTreeMap::new(),
             next_engine_conn: NO_CONN + 1,
+            members: Members::default(),
         }
+    }
+
+    /// The cluster's members: peer addresses and removed ids.
+    #[must_use]
+    pub fn members(&self) -> &Members {
+        &self.members
+    }
+
+    /// The members, to apply a conf change or fill in addresses.
+    pub fn members_mut(&mut self) -> &mut Members {
+        &mut self.members
     }
 
     /// The token the next grant would carry (at least).
@@ -714,11 +729,12 @@ impl StateMachine {
             w.origin(*origin);
             w.u64(*c);
         }
+        self.members.encode(&mut w);
         w.buf
     }
 
     /// Rebuilds a table from [`StateMachine::snapshot`] bytes (versions 1
-    /// to 3): the engine restores its image ([`Engine::restore`]), each
+    /// to 4): the engine restores its image ([`Engine::restore`]), each
     /// waiter on the engine connection the connection map names.
     pub fn restore(limits: EngineLimits, bytes: &[u8]) -> Result<Self, DecodeError> {
         let mut r = Reader::new(bytes);
@@ -764,6 +780,11 @@ impl StateMachine {
             }
             conns.insert(origin, engine_conn);
         }
+        let members = if version >= 4 {
+            Members::decode(&mut r)?
+        } else {
+            Members::default()
+        };
         r.finish()?;
         let engine = Engine::restore(limits, next_token, &image, |t| {
             conns.get(&t.rid.origin(t.conn)).copied()
@@ -777,6 +798,7 @@ impl StateMachine {
             dedup,
             conns,
             next_engine_conn,
+            members,
         })
     }
 
@@ -1131,7 +1153,7 @@ mod tests {
     /// The engine's image keeps the version-3 layout byte for byte: a
     /// snapshot written field by field restores and writes the same bytes.
     #[test]
-    fn a_version_3_snapshot_reads_and_writes_back_byte_for_byte() {
+    fn a_version_3_snapshot_reads_and_writes_back_as_version_4() {
         let mut w = Writer::default();
         w.u8(3);
         w.u64(9); // next token
@@ -1162,7 +1184,12 @@ mod tests {
         assert_eq!(sm.lease_of("k"), Some((4, 2)));
         assert_eq!(sm.granted_to("k", rid(1, 1)), Some(4));
         assert!(sm.is_waiting("k", rid(2, 1)));
-        assert_eq!(sm.snapshot(), w.buf);
+        // Written back as version 4: the same bytes, then an empty members
+        // section (no addresses, no removed ids).
+        let mut v4 = w.buf.clone();
+        v4[0] = 4;
+        v4.extend_from_slice(&[0; 8]);
+        assert_eq!(sm.snapshot(), v4);
         // A connection id the table never allocated is refused.
         let mut bad = w.buf.clone();
         let n = bad.len();

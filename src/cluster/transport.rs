@@ -120,6 +120,11 @@ const REFUSAL_LOG_BURST: u32 = 5;
 const REFUSAL_LOG_WINDOW_MS: u64 = 10_000;
 
 const HELLO_MAGIC: &[u8; 4] = b"TKTD";
+/// The `voters` field of hellos: fixed, since members change at run time.
+pub const MEMBERSHIP_MARK: u64 = 0x6d65_6d62_6572_7321;
+/// Peers one transport connects to (the tokens between the listener's and
+/// the inbound connections').
+const MAX_PEERS: usize = 64;
 const HELLO_VERSION: u8 = 1;
 const HELLO_LEN: usize = 4 + 1 + 8 * 6;
 const BACKOFF_MIN_MS: u64 = 100;
@@ -134,7 +139,9 @@ const DEFAULT_ELECTION_TIMEOUT_MS: u64 = 1000;
 pub struct Hello {
     /// Hash of the cluster name.
     pub cluster: u64,
-    /// Hash of the sorted voter ids.
+    /// The peer hello's membership marker: [`MEMBERSHIP_MARK`] (it was a
+    /// hash of the voter ids while membership was static; the set changes
+    /// now, and every node learns it from the log).
     pub voters: u64,
     /// The sender's node id.
     pub from: u64,
@@ -265,6 +272,25 @@ struct Peer {
     auth_by: Option<Millis>,
 }
 
+impl Peer {
+    fn new(addr: SocketAddr) -> Self {
+        Peer {
+            addr,
+            stream: None,
+            connected: false,
+            buf: Vec::new(),
+            cursor: 0,
+            snaps: Vec::new(),
+            retry_at: Millis::ZERO,
+            backoff_ms: BACKOFF_MIN_MS,
+            connect_by: Millis::ZERO,
+            hello_to_uuid: 0,
+            tls: None,
+            auth_by: None,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Inbound {
     stream: TcpStream,
@@ -287,7 +313,7 @@ pub struct LocalInfo {
     pub id: u64,
     /// Hash of the cluster name.
     pub cluster: u64,
-    /// Hash of the voter set.
+    /// [`MEMBERSHIP_MARK`].
     pub voters: u64,
     /// This data directory's id.
     pub uuid: u64,
@@ -342,25 +368,8 @@ impl Transport {
         let peers = peers
             .iter()
             .filter(|(id, _)| **id != local.id)
-            .map(|(id, addr)| {
-                (
-                    *id,
-                    Peer {
-                        addr: *addr,
-                        stream: None,
-                        connected: false,
-                        buf: Vec::new(),
-                        cursor: 0,
-                        snaps: Vec::new(),
-                        retry_at: Millis::ZERO,
-                        backoff_ms: BACKOFF_MIN_MS,
-                        connect_by: Millis::ZERO,
-                        hello_to_uuid: 0,
-                        tls: None,
-                        auth_by: None,
-                    },
-                )
-            })
+            .take(MAX_PEERS)
+            .map(|(id, addr)| (*id, Peer::new(*addr)))
             .collect();
         Ok(Transport {
             local,
@@ -427,6 +436,67 @@ impl Transport {
     pub fn register(&mut self, registry: &Registry, base: usize) -> io::Result<()> {
         self.base = base;
         registry.register(&mut self.listener, Token(base), Interest::READABLE)
+    }
+
+    /// Changes the peers to `peers` (this node's own id left out): after a
+    /// membership change, with the addresses of the replicated
+    /// configuration. Peer tokens follow the order of the ids, so when the
+    /// set or an address changes every outbound connection is reopened
+    /// (queued messages are reported dropped, as on any lost connection);
+    /// inbound connections of peers no longer listed are closed. Returns
+    /// whether anything changed.
+    pub fn set_peers(
+        &mut self,
+        peers: &BTreeMap<u64, SocketAddr>,
+        now: Millis,
+        registry: Option<&Registry>,
+    ) -> bool {
+        let wanted: BTreeMap<u64, SocketAddr> = peers
+            .iter()
+            .filter(|(id, _)| **id != self.local.id)
+            .take(MAX_PEERS)
+            .map(|(id, a)| (*id, *a))
+            .collect();
+        let same = wanted.len() == self.peers.len()
+            && wanted
+                .iter()
+                .all(|(id, a)| self.peers.get(id).is_some_and(|p| p.addr == *a));
+        if same {
+            return false;
+        }
+        log::info!(
+            "peers now {:?}",
+            wanted
+                .iter()
+                .map(|(id, a)| format!("{id}={a}"))
+                .collect::<Vec<_>>()
+        );
+        let ids: Vec<u64> = self.peers.keys().copied().collect();
+        for id in ids {
+            if let Some(r) = registry {
+                self.fail_peer(id, now, r, "the peer set changed");
+            }
+        }
+        let old = std::mem::take(&mut self.peers);
+        for (id, addr) in wanted {
+            let mut p = Peer::new(addr);
+            if let Some(o) = old.get(&id) {
+                p.hello_to_uuid = o.hello_to_uuid;
+            }
+            self.peers.insert(id, p);
+        }
+        if let Some(r) = registry {
+            let gone: Vec<usize> = self
+                .inbound
+                .iter()
+                .filter(|(_, c)| c.peer.is_some_and(|id| !self.peers.contains_key(&id)))
+                .map(|(k, _)| k)
+                .collect();
+            for key in gone {
+                self.close_inbound(key, now, r, "no longer a member");
+            }
+        }
+        true
     }
 
     fn peer_token(&self, id: u64) -> Token {
@@ -1191,8 +1261,9 @@ impl Transport {
         }
         if h.voters != self.local.voters {
             return Err(format!(
-                "node {} has another voter set (check --peers on every node)",
-                h.from
+                "node {} speaks another version of the peer hello (voter-set hash {:#x}; \
+                 this version sends {:#x})",
+                h.from, h.voters, self.local.voters
             ));
         }
         if h.to != self.local.id || !self.peers.contains_key(&h.from) {

@@ -28,8 +28,10 @@
 //! who may take locks limits who may list them the same way.
 //!
 //! Requests are parsed with `httparse`. Only `GET` is served (405 for
-//! other methods); unknown paths are 404; a bad query or key is 400 with
-//! the reason in the body.
+//! other methods), except the membership changes of cluster mode
+//! (`POST`/`DELETE /v1/cluster/members/...`, `docs/OPERATIONS.md`), which
+//! the loop hands to the service after the turn; unknown paths are 404; a
+//! bad query or key is 400 with the reason in the body.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -44,7 +46,7 @@ use slab::Slab;
 use crate::config::{AdminListen, Config};
 use crate::engine::{LockInfo, LockTable};
 use crate::metrics::{self, Exposition};
-use crate::service::Service;
+use crate::service::{MemberChange, Service};
 use crate::time::Millis;
 
 use super::transport::{PeerAddr, Stream};
@@ -89,6 +91,8 @@ enum State {
     Reading,
     /// `GET /v1/locks`: a pass over the key table in steps.
     Listing(Box<Listing>),
+    /// A membership change, waiting for the loop to hand it to the service.
+    Change(MemberChange),
     /// The response is in `wbuf`.
     Writing,
 }
@@ -162,6 +166,39 @@ pub(crate) struct View<'a, S: Service> {
 }
 
 impl Admin {
+    /// The membership changes read this turn, taken for the loop to hand
+    /// to the service; each gets its answer through [`Admin::answer`].
+    pub(crate) fn take_changes(&mut self) -> Vec<(usize, MemberChange)> {
+        let mut out = Vec::new();
+        for (key, c) in &mut self.conns {
+            if let State::Change(change) = c.state {
+                if !c.done {
+                    out.push((key, change));
+                    c.state = State::Reading;
+                    c.readable = false;
+                }
+            }
+        }
+        out
+    }
+
+    /// Answers a membership change taken with [`Admin::take_changes`].
+    pub(crate) fn answer(&mut self, key: usize, status: u16, body: &str) {
+        let Some(c) = self.conns.get_mut(key) else {
+            return;
+        };
+        let ct = if status == 200 {
+            "application/json"
+        } else {
+            "text/plain"
+        };
+        respond(c, status, ct, body);
+        if !c.queued {
+            c.queued = true;
+            self.active.push(key);
+        }
+    }
+
     /// Binds `at` (a Unix socket with `config`'s mode and allow lists) and
     /// registers the listener.
     pub(crate) fn bind(
@@ -540,6 +577,12 @@ fn route<S: Service>(
         Some((p, q)) => (p, Some(q)),
         None => (target, None),
     };
+    if let Some(rest) = path.strip_prefix("/v1/cluster/members/") {
+        return match parse_member_change(method, rest, query.unwrap_or("")) {
+            Ok(change) => c.state = State::Change(change),
+            Err((status, why)) => respond(c, status, "text/plain", &format!("{why}\n")),
+        };
+    }
     let known = matches!(
         path,
         "/livez" | "/readyz" | "/metrics" | "/v1/locks" | "/v1/cluster"
@@ -601,6 +644,67 @@ fn route<S: Service>(
                 }
             }
         }
+    }
+}
+
+/// `POST /v1/cluster/members/ID?address=HOST:PORT` (add a learner),
+/// `POST /v1/cluster/members/ID/promote`, `DELETE
+/// /v1/cluster/members/ID[?force=true]`.
+fn parse_member_change(
+    method: &str,
+    rest: &str,
+    query: &str,
+) -> Result<MemberChange, (u16, String)> {
+    let (id, action) = match rest.split_once('/') {
+        Some((id, action)) => (id, Some(action)),
+        None => (rest, None),
+    };
+    let id: u64 = id
+        .parse()
+        .ok()
+        .filter(|id| *id > 0)
+        .ok_or_else(|| (400, format!("bad node id {id:?}: a number from 1")))?;
+    let mut address = None;
+    let mut force = false;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = percent_decode(value).map_err(|e| (400, e))?;
+        match name {
+            "address" => {
+                address = Some(value.parse::<SocketAddr>().map_err(|_| {
+                    (
+                        400,
+                        format!("address={value:?}: not an IP:PORT peer address"),
+                    )
+                })?);
+            }
+            "force" => {
+                force = match value.as_str() {
+                    "true" | "1" | "" => true,
+                    "false" | "0" => false,
+                    _ => return Err((400, format!("force={value:?}: true or false"))),
+                };
+            }
+            _ => return Err((400, format!("unknown parameter {name:?}"))),
+        }
+    }
+    match (method, action) {
+        ("POST", None) => match address {
+            Some(address) if !force => Ok(MemberChange::Add { id, address }),
+            Some(_) => Err((400, "force applies to DELETE only".into())),
+            None => Err((400, "adding a node needs ?address=IP:PORT".into())),
+        },
+        ("POST", Some("promote")) if address.is_none() && !force => {
+            Ok(MemberChange::Promote { id })
+        }
+        ("POST", Some("promote")) => Err((400, "promote takes no parameters".into())),
+        ("DELETE", None) if address.is_none() => Ok(MemberChange::Remove { id, force }),
+        ("DELETE", None) => Err((400, "remove takes only ?force=true".into())),
+        (_, Some(a)) if a != "promote" => Err((404, format!("no such action {a:?}"))),
+        _ => Err((
+            405,
+            "members take POST (add, promote) and DELETE (remove)".into(),
+        )),
     }
 }
 
@@ -798,6 +902,8 @@ fn respond(c: &mut AdminConn, status: u16, content_type: &str, body: &str) {
         400 => "Bad Request",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        409 => "Conflict",
+        421 => "Misdirected Request",
         431 => "Request Header Fields Too Large",
         503 => "Service Unavailable",
         _ => "Error",

@@ -720,6 +720,10 @@ impl<S: Service> Server<S> {
         admin.turn(now, self.poll.registry(), &view);
         self.stats.admin_refused = admin.refused;
         self.stats.admin_refused_peer = admin.refused_peer;
+        for (key, change) in admin.take_changes() {
+            let (status, body) = self.service.member_change(now, change);
+            admin.answer(key, status, &body);
+        }
     }
 
     fn accept(&mut self, now: Millis) {

@@ -42,8 +42,17 @@
 //! changes, and every acquire answered once or its session closed. FIFO is not checked here: a
 //! client cannot see when a follower's forwarded request was queued.
 //!
+//! Among the faults are membership changes ([`SimConfig::conf_changes`]),
+//! made through the leader's [`Node::change_members`] as the admin port
+//! makes them: a spare node (started with no configuration, as `--join`
+//! does) is added as a learner, a learner promoted or removed, a voter
+//! removed (the leader half of the time) while more than three remain.
+//! Messages from a node that is not in the receiver's configuration are
+//! dropped, as the peer transport refuses them.
+//!
 //! At the end the network heals and every node restarts; the cluster must
-//! then answer fresh acquires on every node and all tables must be equal.
+//! then answer fresh acquires on every member and all members' tables must
+//! be equal.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -54,6 +63,7 @@ use raft::eraftpb::{Message, MessageType};
 use crate::checker::{ExtendOutcome, History, OpId, Outcome, ReleaseOutcome};
 use crate::rng::SplitMix64;
 use ticketd::cluster::command::Rid;
+use ticketd::cluster::members::Change;
 use ticketd::cluster::node::{quiet_logger, Node, NodeConfig, Traced};
 use ticketd::cluster::storage::MemDisk;
 use ticketd::engine::{ConnId, Outbox};
@@ -91,6 +101,10 @@ pub struct SimConfig {
     pub extend_p: f64,
     /// A deliberate bug in the nodes, to show the checks catch it.
     pub bug: Option<SimBug>,
+    /// Membership changes among the faults.
+    pub conf_changes: bool,
+    /// Spare nodes (ids after `nodes`) that start empty and may be added.
+    pub spares: usize,
 }
 
 /// A deliberate bug, for tests that the simulation's checks catch it. With
@@ -122,6 +136,8 @@ impl SimConfig {
             snapshot_every: 64,
             extend_p: 0.4,
             bug: None,
+            conf_changes: true,
+            spares: 2,
         }
     }
 }
@@ -173,6 +189,12 @@ pub struct SimReport {
     pub digest: u64,
     /// What the history checker found in the clients' history.
     pub checked: crate::checker::Report,
+    /// Membership changes proposed (and accepted by the leader's checks).
+    pub conf_changes: u64,
+    /// Membership changes the leader refused (in flight, too few left...).
+    pub conf_refused: u64,
+    /// Voters at the end.
+    pub final_voters: Vec<u64>,
 }
 
 #[derive(Clone, Debug)]
@@ -256,6 +278,8 @@ pub struct Sim {
     next_conn: ConnId,
     next_owner: u64,
     next_fault: Millis,
+    /// When the next membership change is tried.
+    next_change: Millis,
     beliefs: BTreeMap<usize, Vec<Belief>>,
     max_token: BTreeMap<usize, u64>,
     tokens: BTreeSet<u64>,
@@ -273,6 +297,18 @@ pub struct Sim {
 fn node_config(id: u64, cfg: &SimConfig) -> NodeConfig {
     let (n, seed, snapshot_every) = (cfg.nodes, cfg.seed, cfg.snapshot_every);
     let mut c = NodeConfig::new(id, (1..=n as u64).collect());
+    if id > n as u64 {
+        c.voters.clear();
+        c.join = true;
+    }
+    c.peer_addrs = (1..=slots(cfg) as u64)
+        .map(|i| {
+            (
+                i,
+                std::net::SocketAddr::from(([127, 0, 0, 1], 7000 + i as u16)),
+            )
+        })
+        .collect();
     c.bug_stale_expire = cfg.bug == Some(SimBug::StaleExpireEndsExtendedGrant);
     c.seed = seed.wrapping_mul(31).wrapping_add(id);
     c.os_token_bits = false;
@@ -288,14 +324,119 @@ fn node_config(id: u64, cfg: &SimConfig) -> NodeConfig {
     c
 }
 
+/// Node slots: the first voters and the spares.
+fn slots(cfg: &SimConfig) -> usize {
+    if cfg.conf_changes {
+        cfg.nodes + cfg.spares
+    } else {
+        cfg.nodes
+    }
+}
+
 impl Sim {
+    fn slots(&self) -> usize {
+        slots(&self.cfg)
+    }
+
+    /// The configuration of the node that applied the most: (voters,
+    /// learners).
+    fn conf(&self) -> (Vec<u64>, Vec<u64>) {
+        let Some(n) = self.nodes.iter().flatten().max_by_key(|n| n.applied()) else {
+            return (Vec::new(), Vec::new());
+        };
+        let m = n.members();
+        (
+            m.iter().filter(|m| !m.learner).map(|m| m.id).collect(),
+            m.iter().filter(|m| m.learner).map(|m| m.id).collect(),
+        )
+    }
+
+    /// One membership change through the leader, as the admin port does.
+    fn change_members(&mut self) {
+        let Some(li) = self
+            .nodes
+            .iter()
+            .position(|n| n.as_ref().is_some_and(Node::is_leader))
+        else {
+            return;
+        };
+        let leader = li as u64 + 1;
+        let (voters, learners) = {
+            let m = self.nodes[li]
+                .as_ref()
+                .map(Node::members)
+                .unwrap_or_default();
+            (
+                m.iter()
+                    .filter(|m| !m.learner)
+                    .map(|m| m.id)
+                    .collect::<Vec<_>>(),
+                m.iter()
+                    .filter(|m| m.learner)
+                    .map(|m| m.id)
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let removed = self.nodes[li]
+            .as_ref()
+            .map(|n| n.replicated_members().removed().clone())
+            .unwrap_or_default();
+        let spare = (self.cfg.nodes as u64 + 1..=self.slots() as u64)
+            .find(|id| !voters.contains(id) && !learners.contains(id) && !removed.contains(id));
+        let change = if let Some(&l) = learners.first() {
+            if self.rng.chance(0.8) {
+                Change::Promote(l)
+            } else {
+                Change::Remove(l, false)
+            }
+        } else if let Some(id) = spare.filter(|_| voters.len() < 5 || self.rng.chance(0.3)) {
+            Change::AddLearner(
+                id,
+                std::net::SocketAddr::from(([127, 0, 0, 1], 7000 + id as u16)),
+            )
+        } else if voters.len() > 3 {
+            let id = if self.rng.chance(0.5) {
+                leader
+            } else {
+                voters[self.rng.range(0, voters.len() as u64) as usize]
+            };
+            Change::Remove(id, false)
+        } else {
+            return;
+        };
+        let reachable: BTreeSet<u64> = (1..=self.slots() as u64)
+            .filter(|&id| {
+                self.nodes[id as usize - 1].is_some()
+                    && !self.blocked.contains(&(leader, id))
+                    && !self.blocked.contains(&(id, leader))
+            })
+            .collect();
+        let Some(n) = self.nodes[li].as_mut() else {
+            return;
+        };
+        match n.change_members(change, &reachable) {
+            Ok(what) => {
+                self.report.conf_changes += 1;
+                if self.debug {
+                    eprintln!("{} leader {leader}: {what}", self.now);
+                }
+            }
+            Err(r) => {
+                self.report.conf_refused += 1;
+                if self.debug {
+                    eprintln!("{} leader {leader}: refused: {r}", self.now);
+                }
+            }
+        }
+    }
+
     /// A fresh cluster for `cfg`.
     pub fn new(cfg: SimConfig) -> Result<Self, String> {
         let logger = quiet_logger();
         let mut rng = SplitMix64::new(cfg.seed);
         let mut nodes = Vec::new();
         let mut disks = Vec::new();
-        for id in 1..=cfg.nodes as u64 {
+        for id in 1..=slots(&cfg) as u64 {
             let disk = MemDisk::new();
             let node = Node::open(node_config(id, &cfg), disk.clone(), &logger)
                 .map_err(|e| format!("open node {id}: {e}"))?;
@@ -318,9 +459,14 @@ impl Sim {
             });
         }
         let next_fault = Millis(rng.range(cfg.fault_every_ms / 2, cfg.fault_every_ms * 3 / 2));
+        let next_change = if cfg.conf_changes {
+            Millis(3_000)
+        } else {
+            Millis::NEVER
+        };
         Ok(Sim {
-            restart_at: vec![Millis::NEVER; cfg.nodes],
-            last_applied: vec![0; cfg.nodes],
+            restart_at: vec![Millis::NEVER; slots(&cfg)],
+            last_applied: vec![0; slots(&cfg)],
             next_conn: cfg.clients as ConnId + 1,
             cfg,
             rng,
@@ -334,6 +480,7 @@ impl Sim {
             conn_owner,
             next_owner: 1,
             next_fault,
+            next_change,
             beliefs: BTreeMap::new(),
             max_token: BTreeMap::new(),
             tokens: BTreeSet::new(),
@@ -366,7 +513,7 @@ impl Sim {
         }
         // Heal: reconnect everything, restart every crashed node.
         self.blocked.clear();
-        for i in 0..self.cfg.nodes {
+        for i in 0..self.slots() {
             self.disks[i].disarm();
             if self.nodes[i].is_none() {
                 self.restart_at[i] = self.now;
@@ -417,7 +564,7 @@ impl Sim {
             next = next.min(*r);
         }
         if chaos {
-            next = next.min(self.next_fault);
+            next = next.min(self.next_fault).min(self.next_change);
         }
         let before = self.now;
         self.now = next.max(self.now.add_ms(1));
@@ -442,15 +589,19 @@ impl Sim {
         if chaos && self.now >= self.next_fault {
             self.fault();
         }
+        if chaos && self.now >= self.next_change {
+            self.change_members();
+            self.next_change = self.now.add_ms(self.rng.range(1_000, 4_000));
+        }
         self.restarts()?;
         self.deliver();
-        for i in 0..self.cfg.nodes {
+        for i in 0..self.slots() {
             self.tick_node(i)?;
         }
         if self.clients_active {
             self.clients_act()?;
         }
-        for i in 0..self.cfg.nodes {
+        for i in 0..self.slots() {
             self.end_turn(i)?;
         }
         Ok(())
@@ -551,6 +702,12 @@ impl Sim {
                 continue;
             };
             if let Some(n) = self.nodes[to as usize - 1].as_mut() {
+                // The peer transport refuses nodes outside this node's
+                // configuration (a node that has none yet takes --peers).
+                let peers = n.peer_addrs();
+                if !n.members().is_empty() && !peers.contains_key(&m.from) {
+                    continue;
+                }
                 n.step(m);
             }
         }
@@ -567,19 +724,25 @@ impl Sim {
             .map(Node::id);
         match leader {
             Some(l) if self.rng.chance(0.5) => l,
-            _ => self.rng.range(1, self.cfg.nodes as u64 + 1),
+            _ => self.rng.range(1, self.slots() as u64 + 1),
         }
     }
 
     fn fault(&mut self) {
-        let n = self.cfg.nodes as u64;
-        let live = self.nodes.iter().filter(|x| x.is_some()).count();
+        let n = self.slots() as u64;
+        let (voters, _) = self.conf();
+        let live = voters
+            .iter()
+            .filter(|id| self.nodes[**id as usize - 1].is_some())
+            .count();
         match self.rng.range(0, 10) {
             0..=2 => {
-                // Crash a node (at most a minority down at once, so the run
-                // keeps making progress; safety does not depend on it).
+                // Crash a node (at most a minority of the voters down at
+                // once, so the run keeps making progress; safety does not
+                // depend on it).
                 let i = self.victim() as usize - 1;
-                if live > self.cfg.nodes / 2 + 1 && self.nodes[i].is_some() {
+                let voter = voters.contains(&(i as u64 + 1));
+                if (!voter || live > voters.len() / 2 + 1) && self.nodes[i].is_some() {
                     if self.rng.chance(0.5) {
                         // Die inside the next fsync.
                         self.disks[i].fail_next_sync();
@@ -699,7 +862,7 @@ impl Sim {
             }
             _ => {}
         }
-        let node = self.rng.range(1, self.cfg.nodes as u64 + 1);
+        let node = self.rng.range(1, self.slots() as u64 + 1);
         let conn = self.next_conn;
         self.next_conn += 1;
         self.clients[c].node = node;
@@ -708,7 +871,7 @@ impl Sim {
     }
 
     fn restarts(&mut self) -> Result<(), String> {
-        for i in 0..self.cfg.nodes {
+        for i in 0..self.slots() {
             if self.restart_at[i] > self.now {
                 continue;
             }
@@ -1305,7 +1468,13 @@ impl Sim {
     }
 
     fn final_checks(&mut self) -> Result<(), String> {
+        let (voters, learners) = self.conf();
+        self.report.final_voters.clone_from(&voters);
+        let members: BTreeSet<u64> = voters.iter().chain(learners.iter()).copied().collect();
         for (i, n) in self.nodes.iter().enumerate() {
+            if !members.contains(&(i as u64 + 1)) {
+                continue;
+            }
             let Some(n) = n else {
                 return self.fail(format!("node {} is down after the heal", i + 1));
             };
@@ -1315,16 +1484,33 @@ impl Sim {
             self.report.timer_proposals += s.timer_proposals;
             self.report.reproposals += s.reproposed;
         }
-        let applied: Vec<u64> = self.nodes.iter().flatten().map(Node::applied).collect();
+        let of_members = |nodes: &[Option<Node<MemDisk>>]| -> Vec<usize> {
+            (0..nodes.len())
+                .filter(|i| members.contains(&(*i as u64 + 1)) && nodes[*i].is_some())
+                .collect()
+        };
+        let idx = of_members(&self.nodes);
+        let applied: Vec<u64> = idx
+            .iter()
+            .filter_map(|i| self.nodes[*i].as_ref().map(Node::applied))
+            .collect();
         if applied.iter().any(|&a| a != applied[0]) {
             return self.fail(format!("nodes did not converge: applied {applied:?}"));
         }
-        let tables: Vec<Vec<u8>> = self
-            .nodes
+        let tables: Vec<Vec<u8>> = idx
             .iter()
-            .flatten()
+            .filter_map(|i| self.nodes[*i].as_ref())
             .map(|n| n.state_machine().snapshot())
             .collect();
+        // A removed node grants nothing: no client ever got a grant there
+        // after it applied its removal (its requests are answered B).
+        for (i, n) in self.nodes.iter().enumerate() {
+            if let Some(n) = n {
+                if n.removed() && members.contains(&(i as u64 + 1)) {
+                    return self.fail(format!("node {} is removed and a member", i + 1));
+                }
+            }
+        }
         if tables.iter().any(|t| *t != tables[0]) {
             return self.fail("tables differ after the heal".into());
         }
@@ -1335,9 +1521,13 @@ impl Sim {
     }
 
     fn liveness_checks(&mut self) -> Result<(), String> {
-        // Liveness: every node serves a fresh acquire on a fresh key.
-        for i in 0..self.cfg.nodes {
+        // Liveness: every member serves a fresh acquire on a fresh key.
+        let (voters, learners) = self.conf();
+        for i in 0..self.slots() {
             let id = i as u64 + 1;
+            if !voters.contains(&id) && !learners.contains(&id) {
+                continue;
+            }
             let conn = 1_000_000 + id;
             let key = format!("final{id}");
             let mut got = None;
@@ -1370,7 +1560,7 @@ impl Sim {
                 }
                 self.now = self.now.add_ms(10);
                 self.deliver();
-                for j in 0..self.cfg.nodes {
+                for j in 0..self.slots() {
                     let Some(node) = self.nodes[j].as_mut() else {
                         continue;
                     };

@@ -1,7 +1,7 @@
 //! One cluster node over a real data directory: it elects itself (a
 //! one-voter cluster), answers after commit, survives restarts with its
 //! table and fencing tokens intact, compacts its log, and refuses a data
-//! directory that belongs to another voter set.
+//! directory that belongs to another node.
 #![cfg(feature = "cluster")]
 
 use std::path::PathBuf;
@@ -229,13 +229,23 @@ fn a_full_backlog_is_answered_busy_at_once() {
 }
 
 #[test]
-fn a_data_dir_of_another_voter_set_is_refused() {
+fn the_recorded_configuration_wins_and_another_nodes_data_dir_is_refused() {
     let dir = TempDir::new("node-voters");
     drop(open(&dir, vec![1], 1000).unwrap());
-    match open(&dir, vec![1, 2, 3], 1000) {
+    // Other --peers on a later start: the recorded voters are kept.
+    let mut node = open(&dir, vec![1, 2, 3], 1000).unwrap();
+    let ids: Vec<u64> = node.members().iter().map(|m| m.id).collect();
+    assert_eq!(ids, vec![1]);
+    let mut now = Millis::ZERO;
+    settle(&mut node, &mut now);
+    drop(node);
+    // Node 2 on node 1's data directory: not in its configuration.
+    let mut cfg = NodeConfig::new(2, vec![1, 2]);
+    cfg.snapshot_every = 1000;
+    match Node::open(cfg, FileDisk::open(&dir.0).unwrap(), &quiet_logger()) {
         Err(NodeError::VoterMismatch { stored, given }) => {
             assert_eq!(stored, vec![1]);
-            assert_eq!(given, vec![1, 2, 3]);
+            assert_eq!(given, vec![2]);
         }
         other => panic!("expected a voter mismatch, got {other:?}"),
     }

@@ -13,15 +13,13 @@ use std::time::{Duration, Instant};
 use cluster::{assert_serves, Cluster};
 use protobuf::Message as _;
 use raft::eraftpb::{Message, MessageType};
-use ticketd::cluster::transport::{hash64, Hello};
+use ticketd::cluster::transport::{hash64, Hello, MEMBERSHIP_MARK};
 
 /// The hello a node of `c` would send, with the given fields.
 fn hello(c: &Cluster, from: u64, from_uuid: u64, to: u64, to_uuid: u64) -> Vec<u8> {
-    let n = c.nodes.len() as u64;
-    let ids: Vec<u8> = (1..=n).flat_map(|v| v.to_be_bytes()).collect();
     Hello {
         cluster: hash64(&[c.name.as_bytes()]),
-        voters: hash64(&[&ids]),
+        voters: MEMBERSHIP_MARK,
         from,
         from_uuid,
         to,

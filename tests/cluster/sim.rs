@@ -75,6 +75,34 @@ fn a_forwarded_acquire_lost_again_and_again_after_the_heal_is_still_served() {
 }
 
 #[test]
+fn membership_changes_among_the_faults_keep_every_invariant() {
+    // Spares are added as learners and promoted, voters (the leader among
+    // them) and learners removed, through the leader's checks, while
+    // crashes and partitions go on; tokens rise across every change and
+    // the history checker passes (`check`).
+    let mut changes = 0;
+    let mut moved = 0;
+    for (seed, nodes) in [(7, 3), (8, 5), (9, 3)] {
+        let r = check(SimConfig::new(seed, nodes));
+        println!(
+            "seed {seed}: {} changes, {} refused, voters {:?}",
+            r.conf_changes, r.conf_refused, r.final_voters
+        );
+        changes += r.conf_changes;
+        let initial: Vec<u64> = (1..=nodes as u64).collect();
+        let mut last = r.final_voters.clone();
+        last.sort_unstable();
+        moved += u64::from(last != initial);
+        assert!(r.final_voters.len() >= 3, "seed {seed}: {r:?}");
+    }
+    assert!(
+        changes >= 6,
+        "only {changes} membership changes in three runs"
+    );
+    assert!(moved > 0, "no run ended with another voter set");
+}
+
+#[test]
 fn a_seed_replays_exactly() {
     let a = check(SimConfig::new(42, 3));
     let b = check(SimConfig::new(42, 3));
