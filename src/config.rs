@@ -136,6 +136,9 @@ pub struct Config {
     /// TLS on the TCP client listener (`--tls-cert`, `--tls-key`,
     /// `--tls-client-ca`); plaintext when `None`.
     pub tls: Option<TlsFiles>,
+    /// TLS on a TCP admin port (`--admin-tls-cert`, `--admin-tls-key`,
+    /// `--admin-tls-client-ca`); plaintext when `None`.
+    pub admin_tls: Option<TlsFiles>,
     /// The admin port (HTTP: health, metrics, lock introspection), off
     /// when `None`; [`DEFAULT_ADMIN_LISTEN`] is the suggested address.
     pub admin_listen: Option<AdminListen>,
@@ -169,6 +172,7 @@ impl Default for Config {
             log_level: LevelFilter::Info,
             insecure: false,
             tls: None,
+            admin_tls: None,
             admin_listen: None,
             listen_fd: None,
         }
@@ -280,6 +284,11 @@ FLAGS (defaults in brackets):
                                127.0.0.1:7471 (docs/OPERATIONS.md); `unix:/PATH`
                                serves it on a Unix socket (--socket-mode,
                                --allow-uid and --allow-gid apply to it) [off]
+    --admin-tls-cert FILE      HTTPS (TLS 1.3 and 1.2) on a TCP admin port with this
+                               certificate chain (PEM); needs --admin-tls-key
+    --admin-tls-key FILE       its private key (PEM)
+    --admin-tls-client-ca FILE every admin client (a scraper, `ticket`) must present
+                               a certificate chaining to this CA (PEM)
     -h, --help                 print this help and exit
     -V, --version              print the version and exit
 
@@ -526,22 +535,15 @@ impl Config {
             c.log_level = v;
         }
         c.insecure = args.contains("--insecure");
-        let cert = flag(args, "--tls-cert", file)?;
-        let key = flag(args, "--tls-key", file)?;
-        let client_ca = flag(args, "--tls-client-ca", file)?;
-        c.tls = match (cert, key) {
-            (Some(cert), Some(key)) => Some(TlsFiles {
-                cert,
-                key,
-                client_ca,
-            }),
-            (None, None) if client_ca.is_none() => None,
-            _ => {
-                return Err(ConfigError(
-                    "--tls-cert and --tls-key go together (and --tls-client-ca needs both)".into(),
-                ))
-            }
-        };
+        c.tls = tls_files(args, ["--tls-cert", "--tls-key", "--tls-client-ca"])?;
+        c.admin_tls = tls_files(
+            args,
+            [
+                "--admin-tls-cert",
+                "--admin-tls-key",
+                "--admin-tls-client-ca",
+            ],
+        )?;
         if let Some(v) = flag(args, "--admin-listen", admin_listen)? {
             c.admin_listen = Some(v);
         }
@@ -594,6 +596,18 @@ impl Config {
                     .into(),
             );
         }
+        if self.admin_tls.is_some() && !cfg!(feature = "tls") {
+            return fail(
+                "--admin-tls-cert: this ticketd was built without TLS (the `tls` feature)".into(),
+            );
+        }
+        if self.admin_tls.is_some() && !matches!(self.admin_listen, Some(AdminListen::Tcp(_))) {
+            return fail(
+                "--admin-tls-cert applies to a TCP admin port: give --admin-listen HOST:PORT \
+                 (a Unix socket is guarded by its file mode and --allow-uid instead)"
+                    .into(),
+            );
+        }
         self.check_protected().map_err(ConfigError)?;
         if self.unix_listen.len() > MAX_UNIX_LISTENERS {
             return fail(format!("at most {MAX_UNIX_LISTENERS} --listen unix:/path"));
@@ -641,13 +655,37 @@ impl Config {
         self.tls.as_ref().is_some_and(|t| t.client_ca.is_some())
     }
 
+    /// HTTPS on the admin port with `--admin-tls-client-ca`: only clients
+    /// holding a certificate from that CA reach it.
+    #[must_use]
+    pub fn admin_certs_required(&self) -> bool {
+        self.admin_tls
+            .as_ref()
+            .is_some_and(|t| t.client_ca.is_some())
+    }
+
     /// Protected mode: a listener that is not loopback is refused unless
     /// `insecure` says otherwise.
     ///
     /// # Errors
     /// What to do, when the configuration is refused.
     pub fn check_protected(&self) -> Result<(), String> {
-        if self.insecure || !self.plaintext_off_loopback() {
+        if self.insecure {
+            return Ok(());
+        }
+        if let Some(AdminListen::Tcp(addr)) = &self.admin_listen {
+            if !addr.ip().is_loopback() && !self.admin_certs_required() {
+                return Err(format!(
+                    "--admin-listen {addr} is not a loopback address, and admin clients would \
+                     not be authenticated: anyone who reaches it could list every key and \
+                     holder (and, in cluster mode, change the members). Listen on 127.0.0.1, \
+                     ::1 or unix:/path, require client certificates (--admin-tls-cert, \
+                     --admin-tls-key and --admin-tls-client-ca), or pass --insecure \
+                     (docs/SECURITY.md)"
+                ));
+            }
+        }
+        if !self.plaintext_off_loopback() {
             return Ok(());
         }
         Err(format!(
@@ -686,6 +724,29 @@ impl Config {
             frame_timeout_s,
             self.max_lease_s,
         )
+    }
+}
+
+/// A certificate, its key and an optional client CA from the three flags
+/// named: all three, the first two, or none.
+fn tls_files(
+    args: &mut pico_args::Arguments,
+    [cert, key, ca]: [&'static str; 3],
+) -> Result<Option<TlsFiles>, ConfigError> {
+    let (cert_flag, key_flag, ca_flag) = (cert, key, ca);
+    let cert = flag(args, cert_flag, file)?;
+    let key = flag(args, key_flag, file)?;
+    let client_ca = flag(args, ca_flag, file)?;
+    match (cert, key) {
+        (Some(cert), Some(key)) => Ok(Some(TlsFiles {
+            cert,
+            key,
+            client_ca,
+        })),
+        (None, None) if client_ca.is_none() => Ok(None),
+        _ => Err(ConfigError(format!(
+            "{cert_flag} and {key_flag} go together (and {ca_flag} needs both)"
+        ))),
     }
 }
 
@@ -823,6 +884,54 @@ mod tests {
     fn an_equals_sign_gets_a_hint() {
         let e = parse(&["--max-conns=5"]).unwrap_err();
         assert!(e.0.contains("--max-conns 5"), "{e}");
+    }
+
+    #[test]
+    #[cfg(feature = "tls")]
+    fn admin_tls_flags_go_together_and_protect_an_admin_port_off_loopback() {
+        let e = parse(&["--admin-listen", "0.0.0.0:7471"]).unwrap_err();
+        assert!(
+            e.0.contains("--admin-listen 0.0.0.0:7471") && e.0.contains("--insecure"),
+            "{e}"
+        );
+        let tls = [
+            "--admin-listen",
+            "0.0.0.0:7471",
+            "--admin-tls-cert",
+            "c.pem",
+            "--admin-tls-key",
+            "k.pem",
+        ];
+        let e = parse(&tls).unwrap_err();
+        assert!(
+            e.0.contains("--admin-tls-client-ca"),
+            "HTTPS alone is not protected: {e}"
+        );
+        let mut args = tls.to_vec();
+        args.extend(["--admin-tls-client-ca", "ca.pem"]);
+        let Ok(Parsed::Run(c)) = parse(&args) else {
+            panic!("{:?}", parse(&args));
+        };
+        assert!(c.admin_certs_required() && c.tls.is_none());
+        assert!(parse(&["--admin-listen", "0.0.0.0:7471", "--insecure"]).is_ok());
+        let e = parse(&[
+            "--admin-listen",
+            "127.0.0.1:7471",
+            "--admin-tls-cert",
+            "c.pem",
+        ])
+        .unwrap_err();
+        assert!(e.0.contains("--admin-tls-key"), "{e}");
+        let e = parse(&[
+            "--admin-listen",
+            "unix:/tmp/a.sock",
+            "--admin-tls-cert",
+            "c.pem",
+            "--admin-tls-key",
+            "k.pem",
+        ])
+        .unwrap_err();
+        assert!(e.0.contains("TCP admin port"), "{e}");
     }
 
     #[test]

@@ -376,8 +376,10 @@ current voters reachable, unless --force.
 
 OPTIONS:
     --admin ADDR    host:port of the server's admin port (--admin-listen),
-                    or unix:/PATH for one on a Unix socket
-                    (default 127.0.0.1:7471)
+                    https://HOST:PORT for one with --admin-tls-cert (trusting
+                    --tls-ca, presenting --tls-cert and --tls-key if given,
+                    or TICKET_TLS_CA, TICKET_TLS_CERT, TICKET_TLS_KEY), or
+                    unix:/PATH for one on a Unix socket (default 127.0.0.1:7471)
     --json          print JSON instead of a table
 
 Exits 0, 123 when status finds the key not registered, 125 when the admin
@@ -388,10 +390,79 @@ port cannot be read or answers an error.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn admin_addr(args: &mut pico_args::Arguments) -> Result<String, Exit> {
-    Ok(args
+    let addr = args
         .opt_value_from_str::<_, String>("--admin")
         .map_err(|e| Exit::usage(e.to_string()))?
-        .unwrap_or_else(|| ticketd::config::DEFAULT_ADMIN_LISTEN.to_owned()))
+        .unwrap_or_else(|| ticketd::config::DEFAULT_ADMIN_LISTEN.to_owned());
+    admin_tls(args)?;
+    Ok(addr)
+}
+
+/// The TLS configuration for `--admin https://HOST:PORT`, read once per
+/// run from `--tls-ca`, `--tls-cert` and `--tls-key` (or `TICKET_TLS_*`)
+/// by [`admin_tls`]. `None`: no CA was given.
+#[cfg(feature = "tls")]
+static ADMIN_TLS: std::sync::OnceLock<Option<std::sync::Arc<rustls::ClientConfig>>> =
+    std::sync::OnceLock::new();
+
+/// Reads the TLS files an HTTPS admin port is spoken to with.
+fn admin_tls(args: &mut pico_args::Arguments) -> Result<(), Exit> {
+    let ca = tls_file(args, "--tls-ca", "TICKET_TLS_CA")?;
+    let cert = tls_file(args, "--tls-cert", "TICKET_TLS_CERT")?;
+    let key = tls_file(args, "--tls-key", "TICKET_TLS_KEY")?;
+    if cert.is_some() != key.is_some() {
+        return Err(Exit::usage(
+            "--tls-cert and --tls-key (TICKET_TLS_CERT, TICKET_TLS_KEY) go together",
+        ));
+    }
+    #[cfg(feature = "tls")]
+    {
+        let config = match &ca {
+            Some(ca) => {
+                let pair = cert.as_deref().zip(key.as_deref());
+                Some(ticketd::tls::client_config(ca, pair).map_err(Exit::usage)?)
+            }
+            None if cert.is_some() => {
+                return Err(Exit::usage(
+                    "--tls-cert needs --tls-ca (TICKET_TLS_CA): the CA the admin port's \
+                     certificate chains to",
+                ))
+            }
+            None => None,
+        };
+        let _ = ADMIN_TLS.set(config);
+    }
+    #[cfg(not(feature = "tls"))]
+    if ca.is_some() || cert.is_some() {
+        return Err(Exit::usage(
+            "--tls-ca: this ticket was built without TLS (the `tls` feature)",
+        ));
+    }
+    Ok(())
+}
+
+/// One admin request: HTTPS for an `https://` address (trusting
+/// `--tls-ca`), HTTP otherwise.
+fn admin_request(addr: &str, method: &str, target: &str) -> Result<(u16, String), Exit> {
+    let r = if addr.starts_with("https://") {
+        #[cfg(feature = "tls")]
+        {
+            let Some(config) = ADMIN_TLS.get().and_then(Option::as_ref) else {
+                return Err(Exit::usage(format!(
+                    "--admin {addr}: HTTPS needs --tls-ca (TICKET_TLS_CA), the CA its \
+                     certificate chains to"
+                )));
+            };
+            admin::request_tls(addr, config, method, target, ADMIN_TIMEOUT)
+        }
+        #[cfg(not(feature = "tls"))]
+        return Err(Exit::usage(format!(
+            "--admin {addr}: this ticket was built without TLS (the `tls` feature)"
+        )));
+    } else {
+        admin::request(addr, method, target, ADMIN_TIMEOUT)
+    };
+    r.map_err(|e| failed(e.to_string()))
 }
 
 fn failed(message: impl Into<String>) -> Exit {
@@ -403,8 +474,7 @@ fn failed(message: impl Into<String>) -> Exit {
 
 /// `GET target`; a body for 200, `None` for 404, an error otherwise.
 fn admin_get(addr: &str, target: &str) -> Result<Option<String>, Exit> {
-    let (status, body) =
-        admin::get(addr, target, ADMIN_TIMEOUT).map_err(|e| failed(e.to_string()))?;
+    let (status, body) = admin_request(addr, "GET", target)?;
     match status {
         200 => Ok(Some(body)),
         404 => Ok(None),
@@ -669,6 +739,7 @@ fn cluster_change(sub: &str, mut args: pico_args::Arguments) -> Result<u8, Exit>
     if admins.is_empty() {
         admins.push(ticketd::config::DEFAULT_ADMIN_LISTEN.to_owned());
     }
+    admin_tls(&mut args)?;
     let what: String = args
         .free_from_str()
         .map_err(|_| usage("missing the node (ID, or ID=HOST:PORT for add)".into()))?;
@@ -754,7 +825,7 @@ fn send_change(admins: &[String], method: &str, target: &str) -> Result<String, 
         let mut why = Vec::new();
         let mut retry = false;
         for a in admins {
-            match admin::request(a, method, target, ADMIN_TIMEOUT) {
+            match admin_request(a, method, target) {
                 Ok((200, _)) => return Ok(a.clone()),
                 Ok((421, body)) => why.push(format!("{a}: {}", body.trim())),
                 Ok((503, body)) => {
@@ -764,7 +835,7 @@ fn send_change(admins: &[String], method: &str, target: &str) -> Result<String, 
                 Ok((status, body)) => {
                     return Err(failed(format!("{a}: {status}: {}", body.trim())));
                 }
-                Err(e) => why.push(e.to_string()),
+                Err(e) => why.push(e.message),
             }
         }
         if !retry || Instant::now() >= deadline {

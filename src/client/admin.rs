@@ -53,6 +53,11 @@ pub fn request(
     timeout: Duration,
 ) -> Result<(u16, String), AdminError> {
     let fail = |what: &str, e: &dyn fmt::Display| AdminError(format!("{addr}: {what}: {e}"));
+    if addr.starts_with("https://") {
+        return Err(AdminError(format!(
+            "{addr}: HTTPS needs the CA to trust: use request_tls (ticket: --tls-ca)"
+        )));
+    }
     if let Some(path) = addr.strip_prefix("unix:") {
         if path.is_empty() {
             return Err(AdminError("unix: needs a path".into()));
@@ -74,6 +79,46 @@ pub fn request(
         .and_then(|()| s.set_write_timeout(Some(timeout)))
         .map_err(|e| fail("socket", &e))?;
     exchange(s, addr, addr, method, target)
+}
+
+/// `METHOD target` to an HTTPS admin port (`ticketd --admin-tls-cert`)
+/// at `addr` (`https://host:port` or `host:port`), trusting servers with
+/// `config` (see [`crate::tls::client_config`]; a client certificate in
+/// it is presented when the port asks for one); the certificate must name
+/// the host part of `addr`.
+///
+/// # Errors
+/// As [`get`], and a failed handshake (an untrusted certificate, a client
+/// certificate the port refuses).
+#[cfg(feature = "tls")]
+pub fn request_tls(
+    addr: &str,
+    config: &std::sync::Arc<rustls::ClientConfig>,
+    method: &str,
+    target: &str,
+    timeout: Duration,
+) -> Result<(u16, String), AdminError> {
+    let hostport = addr.strip_prefix("https://").unwrap_or(addr);
+    let fail = |what: &str, e: &dyn fmt::Display| AdminError(format!("{addr}: {what}: {e}"));
+    let name = super::tls::name_of(hostport).map_err(|e| fail("TLS", &e))?;
+    let sock = hostport
+        .to_socket_addrs()
+        .map_err(|e| fail("bad address", &e))?
+        .next()
+        .ok_or_else(|| AdminError(format!("{addr}: no address")))?;
+    let s = TcpStream::connect_timeout(&sock, timeout).map_err(|e| fail("connect", &e))?;
+    s.set_read_timeout(Some(timeout))
+        .and_then(|()| s.set_write_timeout(Some(timeout)))
+        .map_err(|e| fail("socket", &e))?;
+    let session = rustls::ClientConnection::new(std::sync::Arc::clone(config), name)
+        .map_err(|e| fail("TLS", &e))?;
+    exchange(
+        rustls::StreamOwned::new(session, s),
+        addr,
+        hostport,
+        method,
+        target,
+    )
 }
 
 /// One request on a connected stream, and the response read to its end.

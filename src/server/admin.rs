@@ -153,6 +153,9 @@ pub(crate) struct Admin {
     pub refused: u64,
     /// Unix-socket admin connections refused by `--allow-uid` / `--allow-gid`.
     pub refused_peer: u64,
+    /// HTTPS on a TCP admin port (`--admin-tls-cert`).
+    #[cfg(feature = "tls")]
+    tls: Option<std::sync::Arc<rustls::ServerConfig>>,
 }
 
 /// What the admin port reads to answer: the loop's own state.
@@ -234,7 +237,16 @@ impl Admin {
             next_check: Millis::ZERO,
             refused: 0,
             refused_peer: 0,
+            #[cfg(feature = "tls")]
+            tls: None,
         })
+    }
+
+    /// Serves HTTPS with `config` on a TCP admin port: every connection
+    /// accepted from now on is a TLS server session.
+    #[cfg(feature = "tls")]
+    pub(crate) fn set_tls(&mut self, config: std::sync::Arc<rustls::ServerConfig>) {
+        self.tls = Some(config);
     }
 
     /// The TCP address bound; `None` on a Unix socket.
@@ -255,10 +267,22 @@ impl Admin {
 
     /// One pending connection, with its peer; `Ok(None)` when one was
     /// taken from the backlog and dropped (no credentials, not allowed).
-    fn accept_one(&mut self) -> io::Result<Option<(Stream, PeerAddr)>> {
+    fn accept_one(&mut self, now: Millis) -> io::Result<Option<(Stream, PeerAddr)>> {
         match &mut self.listener {
             Listener::Tcp(l, _) => {
                 let (s, peer) = l.accept()?;
+                #[cfg(feature = "tls")]
+                if let Some(config) = &self.tls {
+                    // The handshake runs inside the exchange's own timeout.
+                    return Ok(match super::tls::TlsStream::new(s, config, now) {
+                        Ok(t) => Some((Stream::Tls(Box::new(t)), PeerAddr::Tcp(peer))),
+                        Err(e) => {
+                            log::debug!("admin {peer}: no TLS session: {e}");
+                            None
+                        }
+                    });
+                }
+                let _ = now;
                 Ok(Some((Stream::Tcp(s), PeerAddr::Tcp(peer))))
             }
             Listener::Unix {
@@ -360,7 +384,7 @@ impl Admin {
             return;
         }
         for _ in 0..ACCEPTS_PER_TURN {
-            match self.accept_one() {
+            match self.accept_one(now) {
                 Ok(None) => {}
                 Ok(Some((mut stream, peer))) => {
                     if self.conns.len() >= ADMIN_MAX_CONNS {
@@ -930,10 +954,13 @@ fn write_some(c: &mut AdminConn) {
     if !c.writable {
         return;
     }
+    // With TLS, the session may hold records after the last byte is
+    // taken: an empty write sends them, and the exchange ends when none is
+    // left (`buffered() == 0`).
     match c.stream.write(&c.wbuf[c.cursor..]) {
         Ok(n) => {
             c.cursor += n;
-            if c.cursor >= c.wbuf.len() {
+            if c.cursor >= c.wbuf.len() && c.stream.buffered() == 0 {
                 let _ = c.stream.shutdown_write();
                 c.done = true;
             }

@@ -332,6 +332,21 @@ impl<S: Service> Server<S> {
             ),
             None => None,
         };
+        #[cfg(feature = "tls")]
+        let admin = match (admin, &config.admin_tls) {
+            (Some(mut a), Some(t)) => {
+                let tls = crate::tls::server_config(
+                    &t.cert,
+                    &t.key,
+                    t.client_ca.as_deref(),
+                    "--admin-tls",
+                )
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+                a.set_tls(tls);
+                Some(a)
+            }
+            (a, _) => a,
+        };
         service.register(poll.registry(), SERVICE_TOKEN_BASE)?;
         service.set_waker(Arc::clone(&waker));
         let mut addrs: Vec<String> = Vec::new();
@@ -345,7 +360,9 @@ impl<S: Service> Server<S> {
                 .map(|p| format!("unix:{}", p.display())),
         );
         if let Some(a) = &admin {
-            log::info!("admin port (HTTP) on {}", a.describe());
+            let https = cfg!(feature = "tls") && config.admin_tls.is_some();
+            let scheme = if https { "HTTPS" } else { "HTTP" };
+            log::info!("admin port ({scheme}) on {}", a.describe());
         }
         log::info!(
             "ticketd {} listening on {} {} {}",
@@ -365,6 +382,17 @@ impl<S: Service> Server<S> {
                  anyone who can reach it can take, hold and release any lock \
                  (docs/SECURITY.md)"
             );
+        }
+        if let (true, Some(crate::config::AdminListen::Tcp(a))) =
+            (config.insecure, &config.admin_listen)
+        {
+            if !a.ip().is_loopback() && !config.admin_certs_required() {
+                log::warn!(
+                    "--insecure: the admin port on {a} is not loopback and its clients are not \
+                     authenticated: anyone who can reach it can list every key and holder (and, \
+                     in cluster mode, change the members) (docs/SECURITY.md)"
+                );
+            }
         }
         let mut server = Server::assemble(
             config,

@@ -24,6 +24,7 @@
 //! trace hooks), which must never be on in a production build.
 #![warn(missing_docs)]
 
+pub mod certs;
 pub mod checker;
 pub mod cluster;
 #[cfg(feature = "cluster")]

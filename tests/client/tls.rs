@@ -11,210 +11,32 @@ use ticketd_testkit::process as common;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::Ticketd;
 use ticketd::client::{Acquire, Client, Release};
+use ticketd_testkit::certs::{s_client, Certs};
 
-/// A directory of certificates, removed when dropped.
-struct Certs {
-    dir: PathBuf,
-}
-
-impl Drop for Certs {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+/// A Rust client for `addr` trusting `ca.pem`, with the client
+/// certificate `leaf` when given.
+fn client(certs: &Certs, addr: &str, leaf: Option<&str>) -> Client {
+    let mut b = Client::builder()
+        .address(addr)
+        .tls_ca(certs.path("ca.pem"))
+        .connect_timeout(Duration::from_secs(3));
+    if let Some(leaf) = leaf {
+        b = b.tls_client_cert(
+            certs.path(&format!("{leaf}.pem")),
+            certs.path(&format!("{leaf}-key.pem")),
+        );
     }
-}
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("openssl is installed (.ci/run installs it)");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-impl Certs {
-    /// Two CAs (`ca`, `other`), a server certificate for localhost and
-    /// 127.0.0.1 from `ca`, and a client certificate from each CA
-    /// (`client`, `stranger`).
-    fn make(name: &str) -> Certs {
-        use std::sync::atomic::{AtomicU32, Ordering};
-        static N: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "ticketd-tls-{name}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let certs = Certs { dir };
-        let d = &certs.dir;
-        std::fs::write(
-            d.join("server.ext"),
-            "basicConstraints=CA:FALSE\nsubjectAltName=DNS:localhost,IP:127.0.0.1\n\
-             extendedKeyUsage=serverAuth\n",
-        )
-        .unwrap();
-        std::fs::write(
-            d.join("client.ext"),
-            "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
-        )
-        .unwrap();
-        for ca in ["ca", "other"] {
-            openssl(
-                d,
-                &[
-                    "req",
-                    "-x509",
-                    "-newkey",
-                    "ec",
-                    "-pkeyopt",
-                    "ec_paramgen_curve:P-256",
-                    "-nodes",
-                    "-days",
-                    "2",
-                    "-subj",
-                    &format!("/CN=test {ca}"),
-                    "-keyout",
-                    &format!("{ca}-key.pem"),
-                    "-out",
-                    &format!("{ca}.pem"),
-                ],
-            );
-        }
-        for (leaf, ca, ext) in [
-            ("server", "ca", "server.ext"),
-            ("client", "ca", "client.ext"),
-            ("stranger", "other", "client.ext"),
-        ] {
-            openssl(
-                d,
-                &[
-                    "req",
-                    "-newkey",
-                    "ec",
-                    "-pkeyopt",
-                    "ec_paramgen_curve:P-256",
-                    "-nodes",
-                    "-subj",
-                    &format!("/CN={leaf}"),
-                    "-keyout",
-                    &format!("{leaf}-key.pem"),
-                    "-out",
-                    &format!("{leaf}.csr"),
-                ],
-            );
-            openssl(
-                d,
-                &[
-                    "x509",
-                    "-req",
-                    "-in",
-                    &format!("{leaf}.csr"),
-                    "-CA",
-                    &format!("{ca}.pem"),
-                    "-CAkey",
-                    &format!("{ca}-key.pem"),
-                    "-CAcreateserial",
-                    "-days",
-                    "2",
-                    "-extfile",
-                    ext,
-                    "-out",
-                    &format!("{leaf}.pem"),
-                ],
-            );
-        }
-        certs
-    }
-
-    fn path(&self, file: &str) -> String {
-        self.dir.join(file).display().to_string()
-    }
-
-    /// `--tls-cert` and `--tls-key` of the server certificate.
-    fn server_args(&self) -> Vec<String> {
-        vec![
-            "--tls-cert".into(),
-            self.path("server.pem"),
-            "--tls-key".into(),
-            self.path("server-key.pem"),
-        ]
-    }
-
-    /// A Rust client for `addr` trusting `ca.pem`, with the client
-    /// certificate `leaf` when given.
-    fn client(&self, addr: &str, leaf: Option<&str>) -> Client {
-        let mut b = Client::builder()
-            .address(addr)
-            .tls_ca(self.path("ca.pem"))
-            .connect_timeout(Duration::from_secs(3));
-        if let Some(leaf) = leaf {
-            b = b.tls_client_cert(
-                self.path(&format!("{leaf}.pem")),
-                self.path(&format!("{leaf}-key.pem")),
-            );
-        }
-        b.build().expect("client builds")
-    }
+    b.build().expect("client builds")
 }
 
 fn start(args: &[String]) -> Ticketd {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     Ticketd::start(&args)
-}
-
-/// Runs `openssl s_client` against `addr` with `extra` flags, writes
-/// `input`, and returns what it printed on stdout once `want` bytes came
-/// (or it exited or 10 s passed), and its stderr.
-fn s_client(addr: &str, extra: &[&str], input: &[u8], want: usize) -> (Vec<u8>, String) {
-    let mut child = Command::new("openssl")
-        .args(["s_client", "-connect", addr, "-brief"])
-        .args(extra)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("openssl s_client");
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(input).unwrap();
-    let mut stdout = child.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut got = Vec::new();
-        let mut buf = [0u8; 4096];
-        while got.len() < want {
-            match stdout.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => got.extend_from_slice(&buf[..n]),
-            }
-        }
-        got
-    });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !reader.is_finished() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    drop(stdin);
-    let _ = child.kill();
-    let got = reader.join().unwrap();
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
-    let _ = child.wait();
-    (got, err)
 }
 
 /// The token of an `A` reply frame for `key`, if `bytes` is one.
@@ -249,7 +71,7 @@ fn openssl_s_client_gets_a_lock_over_tls13_and_tls12() {
         assert_ne!(token, 0);
     }
     // The grants are real: the Rust client over TLS finds both keys held.
-    let c = certs.client(&addr, None);
+    let c = client(&certs, &addr, None);
     for key in ["k13", "k12"] {
         let r = c
             .acquire(key, Duration::ZERO, Duration::from_secs(5))
@@ -279,7 +101,7 @@ fn plaintext_on_a_tls_port_is_closed_and_changes_nothing() {
     assert!(closed, "not closed; got {got:?}");
     // At most a TLS alert record (content type 21), never a reply.
     assert!(got.is_empty() || got[0] == 0x15, "{got:?}");
-    let c = certs.client(&server.addr().to_string(), None);
+    let c = client(&certs, &server.addr().to_string(), None);
     let r = c
         .acquire("k", Duration::ZERO, Duration::from_secs(5))
         .unwrap();
@@ -297,7 +119,7 @@ fn client_certificates_are_required_with_tls_client_ca() {
     let server = start(&args);
     let addr = server.addr().to_string();
     for leaf in [None, Some("stranger")] {
-        let c = certs.client(&addr, leaf);
+        let c = client(&certs, &addr, leaf);
         let r = c
             .acquire("k", Duration::ZERO, Duration::from_secs(30))
             .unwrap();
@@ -316,7 +138,7 @@ fn client_certificates_are_required_with_tls_client_ca() {
     );
     assert!(acquired_token(&got, "k").is_none(), "{got:?}");
     // None of them holds the key: a client with a good certificate gets it.
-    let c = certs.client(&addr, Some("client"));
+    let c = client(&certs, &addr, Some("client"));
     let r = c
         .acquire("k", Duration::ZERO, Duration::from_secs(5))
         .unwrap();
@@ -432,7 +254,7 @@ fn a_stalled_handshake_is_closed_by_the_frame_timeout() {
         server.log()
     );
     // A client that does finish its handshake is served.
-    let c = certs.client(&server.addr().to_string(), None);
+    let c = client(&certs, &server.addr().to_string(), None);
     let r = c
         .acquire("k", Duration::ZERO, Duration::from_secs(5))
         .unwrap();
@@ -446,7 +268,7 @@ fn a_tls_client_that_never_reads_is_closed_and_memory_stays_bounded() {
     args.extend(["--frame-timeout".into(), "1".into()]);
     let server = start(&args);
     let addr = server.addr().to_string();
-    let holder = certs.client(&addr, None);
+    let holder = client(&certs, &addr, None);
     let Acquire::Acquired(_held) = holder
         .acquire("held", Duration::ZERO, Duration::from_secs(60))
         .unwrap()

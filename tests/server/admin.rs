@@ -1114,3 +1114,146 @@ fn the_sample_alert_rules_in_the_docs_pass_promtool() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--admin-tls-cert` and `--admin-tls-key`: HTTPS on the admin port,
+/// with `--admin-tls-client-ca` only for holders of a client certificate.
+/// `openssl s_client` (a TLS client no one here wrote) and `ticket --admin
+/// https://...` read it; plain HTTP on it gets no answer; a certificate from
+/// another CA is refused.
+#[cfg(feature = "tls")]
+#[test]
+fn the_admin_port_speaks_https_and_checks_client_certificates() {
+    use ticketd_testkit::certs::{s_client, Certs};
+    let certs = Certs::make("admin");
+    let args = [
+        "--admin-listen".to_string(),
+        "127.0.0.1:0".into(),
+        "--admin-tls-cert".into(),
+        certs.path("server.pem"),
+        "--admin-tls-key".into(),
+        certs.path("server-key.pem"),
+        "--admin-tls-client-ca".into(),
+        certs.path("ca.pem"),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let t = Ticketd::start(&args);
+    let log = t.log();
+    let at = log
+        .find("admin port (HTTPS) on ")
+        .expect("the start-up line says HTTPS")
+        + "admin port (HTTPS) on ".len();
+    let admin: SocketAddr = log[at..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut c = t.connect();
+    let tok = token(&c.acquire_reply("tls/key", 1, 0, 255));
+
+    // openssl s_client with the client certificate: a real HTTPS exchange.
+    let request = b"GET /v1/locks/tls%2Fkey HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n";
+    let (out, err) = s_client(
+        &admin.to_string(),
+        &[
+            "-CAfile",
+            &certs.path("ca.pem"),
+            "-cert",
+            &certs.path("client.pem"),
+            "-key",
+            &certs.path("client-key.pem"),
+        ],
+        request,
+        usize::MAX,
+    );
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}\n{err}");
+    let body = text.split_once("\r\n\r\n").expect("a body").1;
+    assert_eq!(py(body, "j['token']"), tok.to_string(), "{body}");
+
+    // Without a client certificate, or with one from another CA: no answer.
+    for extra in [
+        vec!["-CAfile", &certs.path("ca.pem")],
+        vec![
+            "-CAfile",
+            &certs.path("ca.pem"),
+            "-cert",
+            &certs.path("stranger.pem"),
+            "-key",
+            &certs.path("stranger-key.pem"),
+        ],
+    ] {
+        let extra: Vec<&str> = extra.iter().map(|s| s.as_ref()).collect();
+        let (out, _) = s_client(&admin.to_string(), &extra, request, usize::MAX);
+        let text = String::from_utf8_lossy(&out);
+        assert!(
+            !text.contains("HTTP/1.1"),
+            "answered without a good certificate: {text}"
+        );
+    }
+
+    // Plain HTTP on the HTTPS port: closed without an HTTP answer.
+    assert!(
+        try_http(admin, "GET", "/livez").is_none(),
+        "plain HTTP answered on the HTTPS admin port"
+    );
+
+    // ticket over HTTPS, with its client certificate from flags and from
+    // the environment; without a CA it says what is missing.
+    let url = format!("https://{admin}");
+    let (code, out, err) = ticket(&[
+        "status",
+        "tls/key",
+        "--json",
+        "--admin",
+        &url,
+        "--tls-ca",
+        &certs.path("ca.pem"),
+        "--tls-cert",
+        &certs.path("client.pem"),
+        "--tls-key",
+        &certs.path("client-key.pem"),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(py(&out, "j['token']"), tok.to_string(), "{out}");
+    let out = common::bin_command(common::ticket_bin())
+        .args(["locks", "tls/", "--json", "--admin", &url])
+        .env("TICKET_TLS_CA", certs.path("ca.pem"))
+        .env("TICKET_TLS_CERT", certs.path("client.pem"))
+        .env("TICKET_TLS_KEY", certs.path("client-key.pem"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("tls/key"), "{text}");
+    let (code, _, err) = ticket(&["status", "tls/key", "--admin", &url]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--tls-ca"), "{err}");
+    let (code, _, err) = ticket(&[
+        "status",
+        "tls/key",
+        "--admin",
+        &url,
+        "--tls-ca",
+        &certs.path("ca.pem"),
+    ]);
+    assert_eq!(code, 125, "refused without a client certificate: {err}");
+}
+
+/// A TCP admin port off loopback needs client certificates or
+/// `--insecure` (protected mode), like the client port.
+#[test]
+fn an_admin_port_off_loopback_needs_client_certificates_or_insecure() {
+    let out = common::run_ticketd(&["--admin-listen", "0.0.0.0:0"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--admin-listen 0.0.0.0:0") && err.contains("--insecure"),
+        "{err}"
+    );
+}
