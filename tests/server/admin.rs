@@ -1245,10 +1245,10 @@ fn the_admin_port_speaks_https_and_checks_client_certificates() {
     assert_eq!(code, 125, "refused without a client certificate: {err}");
 }
 
-/// A TCP admin port off loopback needs client certificates or
+/// A TCP admin port off loopback needs HTTPS (`--admin-tls-cert`) or
 /// `--insecure` (protected mode), like the client port.
 #[test]
-fn an_admin_port_off_loopback_needs_client_certificates_or_insecure() {
+fn an_admin_port_off_loopback_needs_https_or_insecure() {
     let out = common::run_ticketd(&["--admin-listen", "0.0.0.0:0"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
