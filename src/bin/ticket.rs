@@ -715,6 +715,21 @@ fn cluster(args: Vec<OsString>) -> Result<u8, Exit> {
         }
     }
     text.push_str(&admin::table(&rows));
+    if matches!(v.get("joint"), Some(Json::Bool(true))) {
+        let outgoing: Vec<String> = v
+            .get("voters_outgoing")
+            .map(Json::items)
+            .unwrap_or(&[])
+            .iter()
+            .filter_map(Json::as_u64)
+            .map(|id| id.to_string())
+            .collect();
+        text.push_str(&format!(
+            "joint configuration: the voters above and the outgoing voters {} must both \
+             agree until the change completes\n",
+            outgoing.join(",")
+        ));
+    }
     print_out(&text)
 }
 
@@ -785,6 +800,8 @@ fn cluster_change(sub: &str, mut args: pico_args::Arguments) -> Result<u8, Exit>
     match sub {
         "add" => {
             eprintln!("node {id} added as a learner (via {leader})");
+            // The change is over once raft has left the joint configuration.
+            wait_applied(&leader, |v| member_of(v, "learners", id))?;
             if learner_only {
                 return Ok(exit::OK);
             }

@@ -19,7 +19,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::SocketAddr;
 
-use raft::eraftpb::{ConfChangeSingle, ConfChangeType, ConfChangeV2, ConfState};
+use raft::eraftpb::{
+    ConfChangeSingle, ConfChangeTransition, ConfChangeType, ConfChangeV2, ConfState,
+};
 
 use crate::cluster::command::{DecodeError, Reader, Writer};
 
@@ -195,6 +197,10 @@ pub fn check_change(change: Change, view: &View<'_>) -> Result<ConfChangeV2, Ref
         }
     }
     cc.changes.push(single);
+    // Every change goes through joint consensus: raft enters the joint
+    // configuration (old and new voters must both agree) when this entry
+    // applies, and the leader proposes the empty change that leaves it.
+    cc.set_transition(ConfChangeTransition::Implicit);
     Ok(cc)
 }
 
@@ -250,9 +256,16 @@ impl Members {
     }
 
     /// Applies a committed conf change: an added learner's address (from
-    /// the context) is recorded, a removed node's id is remembered and its
-    /// address forgotten. Deterministic: reads only the entry.
+    /// the context) is recorded, a removed node's id is remembered. A
+    /// removed node stays an outgoing voter of the joint configuration, so
+    /// its address is forgotten only when the change that leaves the joint
+    /// configuration applies. Deterministic: reads only the entry.
     pub fn apply(&mut self, cc: &ConfChangeV2) {
+        if cc.leave_joint() {
+            let removed = &self.removed;
+            self.addrs.retain(|id, _| !removed.contains(id));
+            return;
+        }
         for c in &cc.changes {
             match c.get_change_type() {
                 ConfChangeType::AddLearnerNode | ConfChangeType::AddNode => {
@@ -261,9 +274,10 @@ impl Members {
                     }
                 }
                 ConfChangeType::RemoveNode => {
-                    self.addrs.remove(&c.node_id);
                     if self.removed.len() < MAX_REMOVED {
                         self.removed.insert(c.node_id);
+                    } else {
+                        self.addrs.remove(&c.node_id);
                     }
                 }
             }
@@ -364,6 +378,9 @@ mod tests {
         }
         let cc = check_change(Change::AddLearner(4, addr(4)), &view(&cs, false, &all, &m)).unwrap();
         assert_eq!(parse_addr(&cc.context), Some(addr(4)));
+        // Through a joint configuration that raft leaves by itself.
+        assert_eq!(cc.enter_joint(), Some(true), "{cc:?}");
+        assert!(!cc.leave_joint());
         let e =
             check_change(Change::AddLearner(4, addr(4)), &view(&cs, true, &all, &m)).unwrap_err();
         assert_eq!(e.status, 409);
@@ -383,8 +400,21 @@ mod tests {
         assert!(check_change(Change::Remove(2, true), &view(&cs, false, &two, &m)).is_ok());
         assert!(check_change(Change::Remove(3, false), &view(&cs, false, &two, &m)).is_ok());
         // Once removed, an id is refused for ever.
-        m.apply(&check_change(Change::Remove(3, false), &view(&cs, false, &all, &m)).unwrap());
+        let cc = check_change(Change::Remove(3, false), &view(&cs, false, &all, &m)).unwrap();
+        assert_eq!(cc.enter_joint(), Some(true), "{cc:?}");
+        m.apply(&cc);
+        // An outgoing voter while joint: its address is still needed.
+        assert!(m.is_removed(3) && m.addr(3) == Some(addr(3)));
+        let joint = ConfState {
+            voters_outgoing: vec![1, 2, 3],
+            auto_leave: true,
+            ..conf(&[1, 2], &[])
+        };
+        let e = check_change(Change::Promote(4), &view(&joint, false, &all, &m)).unwrap_err();
+        assert!(e.message.contains("joint consensus"), "{e}");
+        m.apply(&ConfChangeV2::default());
         assert!(m.is_removed(3) && m.addr(3).is_none());
+        assert_eq!(m.addr(1), Some(addr(1)));
         let e =
             check_change(Change::AddLearner(3, addr(3)), &view(&cs, false, &all, &m)).unwrap_err();
         assert!(e.message.contains("never reused"), "{e}");

@@ -309,6 +309,10 @@ pub struct Node<D: Disk> {
     stats: NodeStats,
     #[cfg(any(test, feature = "testkit"))]
     trace: Vec<Traced>,
+    /// The configurations applied conf changes switched to, latest last
+    /// (at most [`CONF_HISTORY`]).
+    #[cfg(any(test, feature = "testkit"))]
+    conf_history: VecDeque<ConfState>,
     /// Readys written but not known durable, oldest first: their number
     /// and the messages that must wait for that (votes, append acks).
     unsynced: VecDeque<(u64, Vec<Message>)>,
@@ -353,6 +357,9 @@ impl<D: Disk> fmt::Debug for Node<D> {
 
 const MAX_CANCELS: usize = 65_536;
 const MAX_TIMERS_PER_TICK: usize = 4096;
+/// How many applied configurations a test build remembers.
+#[cfg(any(test, feature = "testkit"))]
+const CONF_HISTORY: usize = 64;
 
 #[cfg(any(test, feature = "testkit"))]
 fn fnv(data: &[u8]) -> u64 {
@@ -483,6 +490,8 @@ impl<D: Disk> Node<D> {
             stats: NodeStats::default(),
             #[cfg(any(test, feature = "testkit"))]
             trace: Vec::new(),
+            #[cfg(any(test, feature = "testkit"))]
+            conf_history: VecDeque::new(),
             unsynced: VecDeque::new(),
             syncing: None,
             last_ready: 0,
@@ -644,7 +653,9 @@ impl<D: Disk> Node<D> {
         let cs = self.rn.raft.prs().conf().to_conf_state();
         cs.voters
             .iter()
+            .chain(cs.voters_outgoing.iter())
             .chain(cs.learners.iter())
+            .chain(cs.learners_next.iter())
             .filter(|id| **id != self.cfg.id)
             .filter_map(|id| self.sm.members().addr(*id).map(|a| (*id, a)))
             .collect()
@@ -657,9 +668,50 @@ impl<D: Disk> Node<D> {
         self.sm.members().is_removed(self.cfg.id)
     }
 
-    /// True while a conf change is proposed and not yet applied (leader).
+    /// True while a conf change is proposed and not yet applied (leader),
+    /// or the configuration is joint (until the change that leaves it
+    /// applies).
     #[must_use]
     pub fn conf_change_pending(&self) -> bool {
+        self.conf_change_in_flight() || !self.voters_outgoing().is_empty()
+    }
+
+    /// The outgoing voters while the configuration is joint (every change
+    /// passes through one), empty otherwise.
+    #[must_use]
+    pub fn voters_outgoing(&self) -> Vec<u64> {
+        self.rn.raft.prs().conf().to_conf_state().voters_outgoing
+    }
+
+    /// A leader that finds the configuration joint with nothing in flight
+    /// (it was elected after the change that entered it applied, so raft
+    /// will not leave it by itself) proposes the empty change that leaves
+    /// it.
+    fn leave_joint_if_left_behind(&mut self) {
+        if !self.is_leader()
+            || self.conf_change_in_flight()
+            || !self.rn.raft.apply_to_current_term()
+            || !self.rn.raft.prs().conf().auto_leave()
+        {
+            return;
+        }
+        log::info!("node {}: leaving the joint configuration", self.cfg.id);
+        let before = self.rn.raft.raft_log.last_index();
+        if let Err(e) = self
+            .rn
+            .propose_conf_change(Vec::new(), ConfChangeV2::default())
+        {
+            log::warn!(
+                "node {}: cannot leave the joint configuration: {e}",
+                self.cfg.id
+            );
+            return;
+        }
+        self.conf_proposed_at = self.rn.raft.raft_log.last_index().max(before + 1);
+        self.after_raft_call();
+    }
+
+    fn conf_change_in_flight(&self) -> bool {
         self.rn.raft.has_pending_conf() || self.conf_proposed_at > self.applied
     }
 
@@ -765,6 +817,14 @@ impl<D: Disk> Node<D> {
     #[cfg(any(test, feature = "testkit"))]
     pub fn take_trace(&mut self) -> Vec<Traced> {
         std::mem::take(&mut self.trace)
+    }
+
+    /// The configurations this node's applied conf changes switched to,
+    /// oldest first (the last [`CONF_HISTORY`]; feature `testkit`).
+    #[cfg(any(test, feature = "testkit"))]
+    #[must_use]
+    pub fn conf_history(&self) -> Vec<ConfState> {
+        self.conf_history.iter().cloned().collect()
     }
 
     /// Messages for peers produced so far. Of the append acknowledgements
@@ -1006,6 +1066,7 @@ impl<D: Disk> Node<D> {
             self.next_tick = now.add_ms(self.cfg.tick_ms);
         }
         self.fire_timers(now);
+        self.leave_joint_if_left_behind();
         // Re-proposal looks at every unapplied proposal: once per tick is
         // plenty (it waits two election timeouts anyway).
         if now >= self.next_repropose_check {
@@ -1620,12 +1681,24 @@ impl<D: Disk> Node<D> {
         match self.rn.apply_conf_change(&cc) {
             Ok(cs) => {
                 log::info!(
-                    "node {}: configuration at {}: voters {:?}, learners {:?}",
+                    "node {}: configuration at {}: voters {:?}, learners {:?}{}",
                     self.cfg.id,
                     e.index,
                     cs.voters,
-                    cs.learners
+                    cs.learners,
+                    if cs.voters_outgoing.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (joint, outgoing voters {:?})", cs.voters_outgoing)
+                    }
                 );
+                #[cfg(any(test, feature = "testkit"))]
+                {
+                    if self.conf_history.len() >= CONF_HISTORY {
+                        self.conf_history.pop_front();
+                    }
+                    self.conf_history.push_back(cs.clone());
+                }
                 self.wal.stage_conf_state(&cs);
                 self.rn.mut_store().set_conf_state(cs);
             }
@@ -1644,9 +1717,13 @@ impl<D: Disk> Node<D> {
                 self.cfg.id,
                 e.index
             );
-            if self.is_leader() {
-                self.step_down();
-            }
+        }
+        // A leader that removed itself leads on through the joint
+        // configuration (it is an outgoing voter) and steps down once the
+        // change that leaves it applies.
+        let voter = self.rn.raft.prs().conf().voters().contains(self.cfg.id);
+        if self.removed() && !voter && self.is_leader() {
+            self.step_down();
         }
     }
 
@@ -2290,5 +2367,93 @@ mod tests {
             .take_messages()
             .iter()
             .any(|m| m.msg_type == MessageType::MsgPropose));
+    }
+
+    #[test]
+    fn a_leader_removes_itself_through_a_joint_configuration_that_survives_a_restart() {
+        let disks: Vec<MemDisk> = (0..3).map(|_| MemDisk::new()).collect();
+        let mut out = Outbox::new();
+        let mut now = Millis(0);
+        let mut nodes = elected(&disks, &mut now, &mut out);
+        let leader = nodes.iter().position(Node::is_leader).expect("a leader");
+        let me = leader as u64 + 1;
+        let all: BTreeSet<u64> = [1, 2, 3].into();
+        nodes[leader]
+            .change_members(Change::Remove(me, false), &all)
+            .expect("proposed");
+        let (mut led_while_joint, mut refused, mut restarted) = (false, false, false);
+        for _ in 0..400 {
+            let mut any = false;
+            for i in 0..nodes.len() {
+                for m in nodes[i].take_messages() {
+                    any = true;
+                    let to = usize::try_from(m.to).unwrap() - 1;
+                    nodes[to].step(m);
+                }
+            }
+            if !any {
+                now = now.add_ms(100);
+            }
+            for n in nodes.iter_mut() {
+                n.tick(now, &mut out);
+                n.end_turn(now, &mut out).unwrap();
+            }
+            if nodes[leader].is_leader() && !nodes[leader].voters_outgoing().is_empty() {
+                led_while_joint = true;
+                // A second change waits for the leave (409, see members).
+                refused = nodes[leader].conf_change_pending();
+                assert!(refused, "a change is in progress until the leave applies");
+            }
+            // A follower that restarts while joint reads the joint
+            // configuration back (outgoing voters, auto leave).
+            let f = (leader + 1) % 3;
+            if !restarted && !nodes[f].voters_outgoing().is_empty() {
+                let cs = nodes[f].rn.raft.prs().conf().to_conf_state();
+                nodes[f] = Node::open(
+                    NodeConfig::new(f as u64 + 1, vec![1, 2, 3]),
+                    disks[f].clone(),
+                    &quiet_logger(),
+                )
+                .expect("reopens");
+                assert_eq!(nodes[f].rn.raft.prs().conf().to_conf_state(), cs);
+                assert!(cs.auto_leave && cs.voters_outgoing.contains(&me), "{cs:?}");
+                restarted = true;
+            }
+            let done = nodes.iter().enumerate().all(|(i, n)| {
+                i == leader
+                    || n.voters_outgoing().is_empty()
+                        && !n.rn.raft.prs().conf().voters().contains(me)
+            });
+            if done && nodes.iter().any(Node::is_leader) && restarted {
+                break;
+            }
+        }
+        assert!(
+            led_while_joint && refused && restarted,
+            "saw the joint configuration"
+        );
+        assert!(!nodes[leader].is_leader(), "stepped down after the leave");
+        assert!(nodes[leader].removed());
+        let hist = nodes[leader].conf_history();
+        assert_eq!(hist.len(), 2, "enter, then leave: {hist:?}");
+        assert!(hist[0].voters_outgoing.contains(&me) && !hist[0].voters.contains(&me));
+        assert!(hist[1].voters_outgoing.is_empty() && !hist[1].voters.contains(&me));
+        let new_leader = nodes
+            .iter()
+            .position(Node::is_leader)
+            .expect("a new leader");
+        assert_ne!(new_leader, leader);
+        for (i, n) in nodes.iter().enumerate().filter(|(i, _)| *i != leader) {
+            assert_eq!(
+                n.rn.raft.prs().conf().to_conf_state().voters.len(),
+                2,
+                "node {}",
+                i + 1
+            );
+            assert!(
+                n.replicated_members().addr(me).is_none(),
+                "address forgotten"
+            );
+        }
     }
 }

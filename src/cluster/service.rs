@@ -552,6 +552,7 @@ impl Service for ClusterService {
             n.applied()
         );
         let members = n.members();
+        let outgoing = n.voters_outgoing();
         for (name, learners) in [("voters", false), ("learners", true)] {
             let _ = write!(j, ",\"{name}\":[");
             let mut first = true;
@@ -573,6 +574,12 @@ impl Service for ClusterService {
             }
             j.push(']');
         }
+        let _ = write!(
+            j,
+            ",\"joint\":{},\"voters_outgoing\":{:?}",
+            !outgoing.is_empty(),
+            outgoing
+        );
         let _ = write!(
             j,
             ",\"removed\":{:?},\"change_pending\":{},\"this_node_removed\":{}",
