@@ -195,6 +195,9 @@ pub struct SimReport {
     pub conf_refused: u64,
     /// Voters at the end.
     pub final_voters: Vec<u64>,
+    /// Times a leader was seen in a joint configuration after none was
+    /// (every change passes through one).
+    pub joint_configs: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -280,6 +283,8 @@ pub struct Sim {
     next_fault: Millis,
     /// When the next membership change is tried.
     next_change: Millis,
+    /// A leader was in a joint configuration at the end of the last step.
+    joint: bool,
     beliefs: BTreeMap<usize, Vec<Belief>>,
     max_token: BTreeMap<usize, u64>,
     tokens: BTreeSet<u64>,
@@ -481,6 +486,7 @@ impl Sim {
             next_owner: 1,
             next_fault,
             next_change,
+            joint: false,
             beliefs: BTreeMap::new(),
             max_token: BTreeMap::new(),
             tokens: BTreeSet::new(),
@@ -604,6 +610,15 @@ impl Sim {
         for i in 0..self.slots() {
             self.end_turn(i)?;
         }
+        let joint = self
+            .nodes
+            .iter()
+            .flatten()
+            .any(|n| n.is_leader() && !n.voters_outgoing().is_empty());
+        if joint && !self.joint {
+            self.report.joint_configs += 1;
+        }
+        self.joint = joint;
         Ok(())
     }
 
@@ -1479,6 +1494,12 @@ impl Sim {
                 return self.fail(format!("node {} is down after the heal", i + 1));
             };
             n.state_machine().check();
+            if !n.voters_outgoing().is_empty() {
+                return self.fail(format!(
+                    "node {} is still in a joint configuration after the heal",
+                    i + 1
+                ));
+            }
             let s = n.stats();
             self.report.snapshot_installs += s.snapshots_installed;
             self.report.timer_proposals += s.timer_proposals;

@@ -85,8 +85,13 @@ fn membership_changes_among_the_faults_keep_every_invariant() {
     for (seed, nodes) in [(7, 3), (8, 5), (9, 3)] {
         let r = check(SimConfig::new(seed, nodes));
         println!(
-            "seed {seed}: {} changes, {} refused, voters {:?}",
-            r.conf_changes, r.conf_refused, r.final_voters
+            "seed {seed}: {} changes, {} refused, {} joint configurations, voters {:?}",
+            r.conf_changes, r.conf_refused, r.joint_configs, r.final_voters
+        );
+        // Changes pass through joint configurations.
+        assert!(
+            r.conf_changes == 0 || r.joint_configs > 0,
+            "seed {seed}: {r:?}"
         );
         changes += r.conf_changes;
         let initial: Vec<u64> = (1..=nodes as u64).collect();
