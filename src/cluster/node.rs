@@ -820,7 +820,7 @@ impl<D: Disk> Node<D> {
     }
 
     /// The configurations this node's applied conf changes switched to,
-    /// oldest first (the last [`CONF_HISTORY`]; feature `testkit`).
+    /// oldest first (the last 64; feature `testkit`).
     #[cfg(any(test, feature = "testkit"))]
     #[must_use]
     pub fn conf_history(&self) -> Vec<ConfState> {
