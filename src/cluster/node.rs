@@ -1703,9 +1703,13 @@ impl<D: Disk> Node<D> {
                 self.rn.mut_store().set_conf_state(cs);
             }
             Err(err) => {
-                // Every node refuses it alike: the entry changes nothing.
-                log::error!("conf change at {} refused by raft: {err}", e.index);
-                return;
+                // A restarted node replays the entries after its last
+                // snapshot on the configuration its WAL recorded last, so
+                // raft may refuse one it already applied (e.g. a second
+                // leave). The members apply it all the same: their change
+                // is idempotent and must not depend on when a node last
+                // restarted.
+                log::warn!("conf change at {} refused by raft: {err}", e.index);
             }
         }
         self.sm.members_mut().apply(&cc);
