@@ -294,8 +294,9 @@ fn a_wiped_node_stops_on_an_authenticated_peers_word() {
     let status = node.wait_exit(Duration::from_secs(15));
     assert!(
         status.is_some_and(|s| s.code() == Some(1)),
-        "a wiped node kept running:\n{}",
-        node.log()
+        "a wiped node kept running:\n{}\nthe others:\n{}",
+        node.log(),
+        c.logs()
     );
     assert!(node.log().contains("wiped"), "{}", node.log());
     assert_serves(&c, 0, "wipe-after");
