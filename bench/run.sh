@@ -314,11 +314,13 @@ for ((round = 1; round <= ROUNDS; round++)); do
         bench "cycle-d$d-limit" "$round" "$LPID" --server "127.0.0.1:$LIMIT_PORT" "${common[@]}" --depth "$d"
         bench "cycle-d$d-redis" "$round" "$RPID" --backend redis --server "127.0.0.1:$REDIS_PORT" "${common[@]}" --depth "$d"
     done
-    # TLS (1.3, the same certificate for both): cycle at depth 16.
-    bench cycle-d16-ticketd-tls "$round" "$TTPID" --server "127.0.0.1:$TLS_TICKETD_PORT" \
-        --tls-ca "$TMP/tls/ca.pem" "${common[@]}" --depth 16
-    bench cycle-d16-redis-tls "$round" "$TRPID" --backend redis --server "127.0.0.1:$TLS_REDIS_PORT" \
-        --tls-ca "$TMP/tls/ca.pem" "${common[@]}" --depth 16
+    # TLS (1.3, the same certificate for both): cycle at depth 1, 16 and 64.
+    for d in 1 16 64; do
+        bench "cycle-d$d-ticketd-tls" "$round" "$TTPID" --server "127.0.0.1:$TLS_TICKETD_PORT" \
+            --tls-ca "$TMP/tls/ca.pem" "${common[@]}" --depth "$d"
+        bench "cycle-d$d-redis-tls" "$round" "$TRPID" --backend redis --server "127.0.0.1:$TLS_REDIS_PORT" \
+            --tls-ca "$TMP/tls/ca.pem" "${common[@]}" --depth "$d"
+    done
     bench cycle-d64-ticketd-admin "$round" "$APID" --server "127.0.0.1:$ADMIN_TICKETD_PORT" "${common[@]}" --depth 64
     # Extend flood beside cycle: the same connections and depth, one lock per
     # slot extended back to back, to compare an extend's server CPU with a
@@ -365,8 +367,9 @@ for d in 1 16 64; do
 done
 median cycle-d1-etcd requests_per_s
 median cycle-d64-ticketd-admin requests_per_s
-median cycle-d16-ticketd-tls requests_per_s
-median cycle-d16-redis-tls requests_per_s
+for d in 1 16 64; do
+    for s in ticketd-tls redis-tls; do median "cycle-d$d-$s" requests_per_s; done
+done
 median extend-flood-d16 server_cpu_us_per_extend
 median keepalive server_cpu_core_pct
 median keepalive-single server_cpu_core_pct
@@ -438,8 +441,12 @@ for d in 1 16 64; do
 done
 t=$(rps cycle-d64-ticketd-admin) b=$(rps cycle-d64-ticketd)
 row "cycle depth 64, admin port scraped 10/s" "$t" "" "" "" "" "" "admin/plain $(ratio "$t" "$b") (target: within noise of 1)"
-t=$(rps cycle-d16-ticketd-tls) r=$(rps cycle-d16-redis-tls) b=$(rps cycle-d16-ticketd)
-row "cycle depth 16 over TLS, requests/s" "$t" "$r" "" "" "$(ratio "$t" "$r")" "" "t/redis >= 3; TLS/plaintext $(ratio "$t" "$b") (target >= 0.6)"
+for d in 1 16 64; do
+    t=$(rps "cycle-d$d-ticketd-tls") r=$(rps "cycle-d$d-redis-tls") b=$(rps "cycle-d$d-ticketd")
+    tgt="TLS/plaintext $(ratio "$t" "$b")"
+    [[ $d == 16 ]] && tgt="t/redis >= 3; TLS/plaintext $(ratio "$t" "$b") (target >= 0.6)"
+    row "cycle depth $d over TLS, requests/s" "$t" "$r" "" "" "$(ratio "$t" "$r")" "" "$tgt"
+done
 t=$(cpu cycle-d16-ticketd) r=$(cpu cycle-d16-redis) l=$(cpu cycle-d16-limit)
 row "cycle depth 16, server CPU us/req" "$t" "$r" "$l" "" "$(ratio "$t" "$r")" "$(ratio "$t" "$l")" "t/limit <= 2"
 row "instructions/request, depth 16" "$IR_T" "$IR_R" "$IR_L" "" "$(ratio "$IR_T" "$IR_R")" "$(ratio "$IR_T" "$IR_L")" "ticketd <= 500"
@@ -497,6 +504,13 @@ for d in 1 16 64; do
     done
     printf '  %-26s %s\n' "cycle d$d t/limit:" "$(round_ratios "cycle-d$d-ticketd" "cycle-d$d-limit" requests_per_s)"
     printf '  %-26s %s\n' "cycle d$d t/redis:" "$(round_ratios "cycle-d$d-ticketd" "cycle-d$d-redis" requests_per_s)"
+done
+for d in 1 16 64; do
+    for s in ticketd-tls redis-tls; do
+        printf '  %-26s %s\n' "cycle d$d $s req/s:" "$(rounds "cycle-d$d-$s" requests_per_s)"
+    done
+    printf '  %-26s %s\n' "cycle d$d TLS t/redis:" "$(round_ratios "cycle-d$d-ticketd-tls" "cycle-d$d-redis-tls" requests_per_s)"
+    printf '  %-26s %s\n' "cycle d$d TLS/plaintext:" "$(round_ratios "cycle-d$d-ticketd-tls" "cycle-d$d-ticketd" requests_per_s)"
 done
 printf '  %-26s %s\n' "cycle d16 ticketd CPU us:" "$(rounds cycle-d16-ticketd server_cpu_us_per_request)"
 printf '  %-26s %s\n' "cycle d16 limit CPU us:" "$(rounds cycle-d16-limit server_cpu_us_per_request)"
