@@ -467,7 +467,7 @@ done
 for d in 1 16 64; do
     t=$(rps "cycle-d$d-ticketd-unix") r=$(rps "cycle-d$d-redis-unix")
     bt=$(rps "cycle-d$d-ticketd") br=$(rps "cycle-d$d-redis")
-    row "cycle depth $d over a Unix socket, req/s" "$t" "$r" "" "" "$(ratio "$t" "$r")" "" "unix/TCP: ticketd $(ratio "$t" "$bt"), redis $(ratio "$r" "$br")"
+    row "cycle depth $d, Unix socket, req/s" "$t" "$r" "" "" "$(ratio "$t" "$r")" "" "unix/TCP: ticketd $(ratio "$t" "$bt"), redis $(ratio "$r" "$br")"
 done
 t=$(cpu cycle-d16-ticketd) r=$(cpu cycle-d16-redis) l=$(cpu cycle-d16-limit)
 row "cycle depth 16, server CPU us/req" "$t" "$r" "$l" "" "$(ratio "$t" "$r")" "$(ratio "$t" "$l")" "t/limit <= 2"
@@ -522,28 +522,28 @@ echo
 echo "rounds, in order (the table shows each cell's median round):"
 for d in 1 16 64; do
     for s in ticketd limit redis; do
-        printf '  %-26s %s\n' "cycle d$d $s req/s:" "$(rounds "cycle-d$d-$s" requests_per_s)"
+        printf '  %-30s %s\n' "cycle d$d $s req/s:" "$(rounds "cycle-d$d-$s" requests_per_s)"
     done
-    printf '  %-26s %s\n' "cycle d$d t/limit:" "$(round_ratios "cycle-d$d-ticketd" "cycle-d$d-limit" requests_per_s)"
-    printf '  %-26s %s\n' "cycle d$d t/redis:" "$(round_ratios "cycle-d$d-ticketd" "cycle-d$d-redis" requests_per_s)"
+    printf '  %-30s %s\n' "cycle d$d t/limit:" "$(round_ratios "cycle-d$d-ticketd" "cycle-d$d-limit" requests_per_s)"
+    printf '  %-30s %s\n' "cycle d$d t/redis:" "$(round_ratios "cycle-d$d-ticketd" "cycle-d$d-redis" requests_per_s)"
 done
 for d in 1 16 64; do
     for s in ticketd-tls redis-tls; do
-        printf '  %-26s %s\n' "cycle d$d $s req/s:" "$(rounds "cycle-d$d-$s" requests_per_s)"
+        printf '  %-30s %s\n' "cycle d$d $s req/s:" "$(rounds "cycle-d$d-$s" requests_per_s)"
     done
-    printf '  %-26s %s\n' "cycle d$d TLS t/redis:" "$(round_ratios "cycle-d$d-ticketd-tls" "cycle-d$d-redis-tls" requests_per_s)"
-    printf '  %-26s %s\n' "cycle d$d TLS/plaintext:" "$(round_ratios "cycle-d$d-ticketd-tls" "cycle-d$d-ticketd" requests_per_s)"
+    printf '  %-30s %s\n' "cycle d$d TLS t/redis:" "$(round_ratios "cycle-d$d-ticketd-tls" "cycle-d$d-redis-tls" requests_per_s)"
+    printf '  %-30s %s\n' "cycle d$d TLS/plaintext:" "$(round_ratios "cycle-d$d-ticketd-tls" "cycle-d$d-ticketd" requests_per_s)"
 done
 for d in 1 16 64; do
     for s in ticketd-unix redis-unix; do
-        printf '  %-26s %s\n' "cycle d$d $s req/s:" "$(rounds "cycle-d$d-$s" requests_per_s)"
+        printf '  %-30s %s\n' "cycle d$d $s req/s:" "$(rounds "cycle-d$d-$s" requests_per_s)"
     done
-    printf '  %-26s %s\n' "cycle d$d t unix/TCP:" "$(round_ratios "cycle-d$d-ticketd-unix" "cycle-d$d-ticketd" requests_per_s)"
+    printf '  %-30s %s\n' "cycle d$d t unix/TCP:" "$(round_ratios "cycle-d$d-ticketd-unix" "cycle-d$d-ticketd" requests_per_s)"
 done
-printf '  %-26s %s\n' "cycle d16 ticketd CPU us:" "$(rounds cycle-d16-ticketd server_cpu_us_per_request)"
-printf '  %-26s %s\n' "cycle d16 limit CPU us:" "$(rounds cycle-d16-limit server_cpu_us_per_request)"
-printf '  %-26s %s\n' "contended t p99 wait us:" "$(rounds contended-ticketd wait_p99_us)"
-printf '  %-26s %s\n' "contended redis p99 us:" "$(rounds contended-redis wait_p99_us)"
+printf '  %-30s %s\n' "cycle d16 ticketd CPU us:" "$(rounds cycle-d16-ticketd server_cpu_us_per_request)"
+printf '  %-30s %s\n' "cycle d16 limit CPU us:" "$(rounds cycle-d16-limit server_cpu_us_per_request)"
+printf '  %-30s %s\n' "contended t p99 wait us:" "$(rounds contended-ticketd wait_p99_us)"
+printf '  %-30s %s\n' "contended redis p99 us:" "$(rounds contended-redis wait_p99_us)"
 
 # ---------------------------------------------------------------- targets
 # check LABEL VALUE OP LIMIT [DETAIL]: one line, held or missed (OP is >=,
