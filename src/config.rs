@@ -234,7 +234,7 @@ USAGE:
 FLAGS (defaults in brackets):
     --listen ADDR              address to listen on; port 0 picks a free port [127.0.0.1:7470].
                                An address that is not loopback is refused (protected
-                               mode: exit 2) unless --tls-client-ca or --insecure
+                               mode: exit 2) unless TLS (--tls-cert) or --insecure
                                is given
                                `--listen unix:/PATH` listens on a Unix socket; --listen
                                may be given several times (one TCP address at most)
@@ -642,14 +642,23 @@ impl Config {
     /// this host: allowed only with `insecure` (and then warned about).
     #[must_use]
     pub fn plaintext_off_loopback(&self) -> bool {
-        self.listen_tcp && !self.listen.ip().is_loopback() && !self.client_certs_required()
+        self.listen_tcp && !self.listen.ip().is_loopback() && self.tls.is_none()
+    }
+
+    /// True when the listener speaks TLS beyond this host without
+    /// `--tls-client-ca`: protected mode accepts it (tokens and keys are
+    /// encrypted, the server is proven to the client), and the start-up
+    /// warns that anyone who reaches it can still take and hold any key.
+    #[must_use]
+    pub fn unauthenticated_tls_off_loopback(&self) -> bool {
+        self.listen_tcp
+            && !self.listen.ip().is_loopback()
+            && self.tls.is_some()
+            && !self.client_certs_required()
     }
 
     /// TLS on the client port with `--tls-client-ca`: only clients holding
-    /// a certificate from that CA get to send a request. The one TLS
-    /// setting protected mode accepts off loopback: TLS without a client
-    /// CA encrypts, but anyone who reaches the port can still take and
-    /// hold any lock.
+    /// a certificate from that CA get to send a request.
     #[must_use]
     pub fn client_certs_required(&self) -> bool {
         self.tls.as_ref().is_some_and(|t| t.client_ca.is_some())
@@ -664,6 +673,15 @@ impl Config {
             .is_some_and(|t| t.client_ca.is_some())
     }
 
+    /// A TCP admin port beyond this host that does not require client
+    /// certificates (plaintext with `insecure`, or HTTPS without
+    /// `--admin-tls-client-ca`): warned about at start-up.
+    #[must_use]
+    pub fn admin_unauthenticated_off_loopback(&self) -> bool {
+        matches!(&self.admin_listen, Some(AdminListen::Tcp(a)) if !a.ip().is_loopback())
+            && !self.admin_certs_required()
+    }
+
     /// Protected mode: a listener that is not loopback is refused unless
     /// `insecure` says otherwise.
     ///
@@ -674,14 +692,14 @@ impl Config {
             return Ok(());
         }
         if let Some(AdminListen::Tcp(addr)) = &self.admin_listen {
-            if !addr.ip().is_loopback() && !self.admin_certs_required() {
+            if !addr.ip().is_loopback() && self.admin_tls.is_none() {
                 return Err(format!(
-                    "--admin-listen {addr} is not a loopback address, and admin clients would \
-                     not be authenticated: anyone who reaches it could list every key and \
-                     holder (and, in cluster mode, change the members). Listen on 127.0.0.1, \
-                     ::1 or unix:/path, require client certificates (--admin-tls-cert, \
-                     --admin-tls-key and --admin-tls-client-ca), or pass --insecure \
-                     (docs/SECURITY.md)"
+                    "--admin-listen {addr} is not a loopback address, and the admin port would \
+                     speak plaintext: anyone who reaches it or listens in could read every key \
+                     and token (and, in cluster mode, change the members). Listen on \
+                     127.0.0.1, ::1 or unix:/path, serve HTTPS (--admin-tls-cert and \
+                     --admin-tls-key, with --admin-tls-client-ca to require client \
+                     certificates), or pass --insecure (docs/SECURITY.md)"
                 ));
             }
         }
@@ -689,17 +707,13 @@ impl Config {
             return Ok(());
         }
         Err(format!(
-            "--listen {} is not a loopback address, and clients would not be authenticated{}: \
-             anyone who reaches it could take, hold and release any lock. Listen on \
-             127.0.0.1 or ::1 (and let clients reach it through something you trust), \
-             require client certificates (--tls-cert, --tls-key and --tls-client-ca), or \
-             pass --insecure to serve it anyway on a network you trust (docs/SECURITY.md)",
-            self.listen,
-            if self.tls.is_some() {
-                " (TLS without --tls-client-ca)"
-            } else {
-                " (plaintext)"
-            }
+            "--listen {} is not a loopback address, and clients would speak plaintext, not \
+             authenticated: anyone who reaches it could take, hold and release any lock, and \
+             anyone who listens in could read tokens. Listen on 127.0.0.1 or ::1 (and let \
+             clients reach it through something you trust), turn on TLS (--tls-cert and \
+             --tls-key, with --tls-client-ca to require client certificates), or pass \
+             --insecure to serve it anyway on a network you trust (docs/SECURITY.md)",
+            self.listen
         ))
     }
 
@@ -888,7 +902,7 @@ mod tests {
 
     #[test]
     #[cfg(feature = "tls")]
-    fn admin_tls_flags_go_together_and_protect_an_admin_port_off_loopback() {
+    fn admin_tls_flags_go_together_and_https_protects_an_admin_port_off_loopback() {
         let e = parse(&["--admin-listen", "0.0.0.0:7471"]).unwrap_err();
         assert!(
             e.0.contains("--admin-listen 0.0.0.0:7471") && e.0.contains("--insecure"),
@@ -902,10 +916,12 @@ mod tests {
             "--admin-tls-key",
             "k.pem",
         ];
-        let e = parse(&tls).unwrap_err();
+        let Ok(Parsed::Run(c)) = parse(&tls) else {
+            panic!("HTTPS is refused off loopback: {:?}", parse(&tls));
+        };
         assert!(
-            e.0.contains("--admin-tls-client-ca"),
-            "HTTPS alone is not protected: {e}"
+            c.admin_unauthenticated_off_loopback(),
+            "HTTPS alone is warned about"
         );
         let mut args = tls.to_vec();
         args.extend(["--admin-tls-client-ca", "ca.pem"]);
@@ -913,6 +929,7 @@ mod tests {
             panic!("{:?}", parse(&args));
         };
         assert!(c.admin_certs_required() && c.tls.is_none());
+        assert!(!c.admin_unauthenticated_off_loopback());
         assert!(parse(&["--admin-listen", "0.0.0.0:7471", "--insecure"]).is_ok());
         let e = parse(&[
             "--admin-listen",
@@ -936,17 +953,25 @@ mod tests {
 
     #[test]
     #[cfg(feature = "tls")]
-    fn tls_with_a_client_ca_is_protected_and_tls_without_is_not() {
+    fn tls_is_protected_and_without_a_client_ca_is_warned_about() {
         let tls = ["--tls-cert", "c.pem", "--tls-key", "k.pem"];
         let mut args = vec!["--listen", "0.0.0.0:7470"];
         args.extend(tls);
-        let e = parse(&args).unwrap_err();
-        assert!(e.0.contains("TLS without --tls-client-ca"), "{e}");
+        let Ok(Parsed::Run(c)) = parse(&args) else {
+            panic!("TLS is refused off loopback: {:?}", parse(&args));
+        };
+        assert!(!c.plaintext_off_loopback() && c.unauthenticated_tls_off_loopback());
+        let e = parse(&["--listen", "0.0.0.0:7470"]).unwrap_err();
+        assert!(
+            e.0.contains("plaintext") && e.0.contains("--tls-cert"),
+            "{e}"
+        );
         args.extend(["--tls-client-ca", "ca.pem"]);
         let Ok(Parsed::Run(c)) = parse(&args) else {
             panic!("TLS with a client CA is refused off loopback");
         };
         assert!(c.client_certs_required() && !c.plaintext_off_loopback());
+        assert!(!c.unauthenticated_tls_off_loopback());
         assert_eq!(
             c.tls,
             Some(TlsFiles {

@@ -372,25 +372,31 @@ impl<S: Service> Server<S> {
             config.describe_limits()
         );
         if config.insecure && config.plaintext_off_loopback() {
-            let how = if config.tls.is_some() {
-                "speak TLS without client certificates (no --tls-client-ca)"
-            } else {
-                "speak plaintext"
-            };
             log::warn!(
-                "--insecure: clients {how} on {local_addr}, which is not loopback: \
+                "--insecure: clients speak plaintext on {local_addr}, which is not loopback: \
                  anyone who can reach it can take, hold and release any lock \
                  (docs/SECURITY.md)"
             );
+        } else if config.unauthenticated_tls_off_loopback() {
+            log::warn!(
+                "clients speak TLS without client certificates on {local_addr}, which is not \
+                 loopback: anyone who can reach it can take and hold any key (tokens stay \
+                 private); --tls-client-ca admits only holders of a certificate \
+                 (docs/SECURITY.md)"
+            );
         }
-        if let (true, Some(crate::config::AdminListen::Tcp(a))) =
-            (config.insecure, &config.admin_listen)
-        {
-            if !a.ip().is_loopback() && !config.admin_certs_required() {
+        if let Some(crate::config::AdminListen::Tcp(a)) = &config.admin_listen {
+            if config.admin_unauthenticated_off_loopback() {
+                let how = if config.admin_tls.is_some() {
+                    "speaks HTTPS without client certificates"
+                } else {
+                    "speaks plaintext (--insecure)"
+                };
                 log::warn!(
-                    "--insecure: the admin port on {a} is not loopback and its clients are not \
-                     authenticated: anyone who can reach it can list every key and holder (and, \
-                     in cluster mode, change the members) (docs/SECURITY.md)"
+                    "the admin port on {a} {how}, and it is not loopback: anyone who can \
+                     reach it can list every key and holder (and, in cluster mode, change the \
+                     members); --admin-tls-client-ca admits only holders of a certificate \
+                     (docs/SECURITY.md)"
                 );
             }
         }

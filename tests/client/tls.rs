@@ -80,6 +80,40 @@ fn openssl_s_client_gets_a_lock_over_tls13_and_tls12() {
     }
 }
 
+/// Protected mode: TLS is enough to listen off loopback; without
+/// `--tls-client-ca` the start-up warns that clients are not
+/// authenticated, and with it there is no warning.
+#[test]
+fn tls_off_loopback_starts_and_warns_without_a_client_ca() {
+    let certs = Certs::make("offloop");
+    let mut args = vec!["--listen".to_string(), "0.0.0.0:0".into()];
+    args.extend(certs.server_args());
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = Ticketd::start_raw(&[], &a);
+    assert!(
+        server.wait_for_log(
+            "clients speak TLS without client certificates",
+            Duration::from_secs(5)
+        ),
+        "{}",
+        server.log()
+    );
+    // It serves TLS (reached over loopback here).
+    let addr = format!("127.0.0.1:{}", server.addr().port());
+    let frame = common::acquire_frame("off", 7, 0, 30);
+    let (got, err) = s_client(&addr, &["-CAfile", &certs.path("ca.pem")], &frame, 21);
+    assert!(acquired_token(&got, "off").is_some(), "{got:?} {err}");
+
+    args.extend(["--tls-client-ca".into(), certs.path("ca.pem")]);
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = Ticketd::start_raw(&[], &a);
+    assert!(
+        !server.log().contains("without client certificates"),
+        "{}",
+        server.log()
+    );
+}
+
 #[test]
 fn plaintext_on_a_tls_port_is_closed_and_changes_nothing() {
     let certs = Certs::make("plain");
