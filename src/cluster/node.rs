@@ -1416,6 +1416,9 @@ impl<D: Disk> Node<D> {
             if e.index <= self.applied {
                 continue;
             }
+            // raft hands committed entries over in order, after the
+            // snapshot or the last one applied: a gap would skip a command.
+            debug_assert_eq!(e.index, self.applied + 1, "applied entries have no gap");
             self.applied = e.index;
             #[cfg(any(test, feature = "testkit"))]
             if self.cfg.trace_applied {

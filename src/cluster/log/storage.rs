@@ -92,6 +92,8 @@ impl LogStore {
         let keep = usize::try_from(head.index - first_new).map_err(|_| "index overflow")?;
         self.entries.truncate(keep);
         self.entries.extend(ents.into_iter().cloned());
+        // `entry` and `term` index `entries` from the snapshot's index.
+        debug_assert!(self.entries.first().is_none_or(|e| e.index == first_new));
         Ok(())
     }
 

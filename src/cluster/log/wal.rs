@@ -96,6 +96,13 @@ pub(super) fn pb_bytes<M: protobuf::Message>(m: &M) -> Vec<u8> {
     m.write_to_bytes().expect("raft messages always encode")
 }
 
+/// True when each entry's index is one more than the previous one's and its
+/// term is not lower.
+fn contiguous(ents: &[Entry]) -> bool {
+    ents.windows(2)
+        .all(|w| w[1].index == w[0].index + 1 && w[1].term >= w[0].term)
+}
+
 fn corrupt(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("WAL: {what}"))
 }
@@ -125,6 +132,7 @@ impl<D: Disk> Wal<D> {
             if crc32fast::hash(body) != crc || body[0] == 0 {
                 break;
             }
+            debug_assert!(!body.is_empty() && pos + 8 + len <= bytes.len());
             let (kind, payload) = (body[0], &body[1..]);
             apply_record(&mut store, &mut epoch, &mut identity, kind, payload)?;
             fresh = false;
@@ -170,6 +178,12 @@ impl<D: Disk> Wal<D> {
         if ents.is_empty() {
             return;
         }
+        // Recovery appends each record's entries as one run: raft hands
+        // them over contiguous, each term at least the one before.
+        debug_assert!(
+            contiguous(ents),
+            "entries staged for the WAL are contiguous with monotonic terms"
+        );
         push_entries_record(&mut self.staged, ents);
         self.must_sync = true;
     }
@@ -363,6 +377,9 @@ fn apply_record(
                 ents.push(Entry::parse_from_bytes(&p[pos..pos + n]).map_err(bad)?);
                 pos += n;
             }
+            // Every length prefix was checked against what is left: the
+            // payload decodes exactly, with nothing read past it.
+            debug_assert_eq!(pos, p.len(), "an entries record decodes to its end");
             store.append(&ents).map_err(corrupt)?;
         }
         KIND_HARD_STATE => store.set_hard_state(HardState::parse_from_bytes(p).map_err(bad)?),
