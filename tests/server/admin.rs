@@ -1062,8 +1062,14 @@ fn the_admin_port_on_a_unix_socket_has_its_mode_and_checks_peers() {
 fn the_sample_alert_rules_in_the_docs_pass_promtool() {
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/OPERATIONS.md"))
         .unwrap();
-    let start = doc.find("```yaml\n").expect("a yaml block") + "```yaml\n".len();
-    let yaml = &doc[start..start + doc[start..].find("```").unwrap()];
+    // The rules are the yaml block that starts with `groups:` (another one
+    // shows a scrape configuration).
+    let yaml = doc
+        .split("```yaml\n")
+        .skip(1)
+        .map(|b| &b[..b.find("```").expect("a closed yaml block")])
+        .find(|b| b.starts_with("groups:"))
+        .expect("a yaml block of alert rules");
     let dir = tmp_dir("rules");
     let file = dir.join("rules.yml");
     std::fs::write(&file, yaml).unwrap();
