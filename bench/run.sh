@@ -93,6 +93,17 @@ wait_port() {
     return 1
 }
 
+# wait_sock PATH SECONDS: until a Unix socket exists at PATH.
+wait_sock() {
+    local i
+    for ((i = 0; i < $2 * 10; i++)); do
+        [[ -S $1 ]] && return 0
+        sleep 0.1
+    done
+    echo "no Unix socket at $1 after $2 s" >&2
+    return 1
+}
+
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
 
 # stop PID: SIGTERM, wait for it, forget it.
@@ -289,10 +300,14 @@ if [[ -z ${BENCH_SKIP_MINIMAL:-} ]]; then
 fi
 
 # ---------------------------------------------------------------- throughput
-start_ticketd
+# The same ticketd and Redis also listen on a Unix socket, for the Unix
+# rows beside the loopback TCP ones.
+start_ticketd --listen "unix:$TMP/t.sock"
 TPID=$PID
-start_redis
+wait_sock "$TMP/t.sock" 10
+start_redis --unixsocket "$TMP/r.sock"
 RPID=$PID
+wait_sock "$TMP/r.sock" 10
 start_limit
 LPID=$PID
 start_etcd
@@ -313,12 +328,16 @@ for ((round = 1; round <= ROUNDS; round++)); do
         bench "cycle-d$d-ticketd" "$round" "$TPID" --server "127.0.0.1:$TICKETD_PORT" "${common[@]}" --depth "$d"
         bench "cycle-d$d-limit" "$round" "$LPID" --server "127.0.0.1:$LIMIT_PORT" "${common[@]}" --depth "$d"
         bench "cycle-d$d-redis" "$round" "$RPID" --backend redis --server "127.0.0.1:$REDIS_PORT" "${common[@]}" --depth "$d"
+        bench "cycle-d$d-ticketd-unix" "$round" "$TPID" --server "unix:$TMP/t.sock" "${common[@]}" --depth "$d"
+        bench "cycle-d$d-redis-unix" "$round" "$RPID" --backend redis --server "unix:$TMP/r.sock" "${common[@]}" --depth "$d"
     done
-    # TLS (1.3, the same certificate for both): cycle at depth 16.
-    bench cycle-d16-ticketd-tls "$round" "$TTPID" --server "127.0.0.1:$TLS_TICKETD_PORT" \
-        --tls-ca "$TMP/tls/ca.pem" "${common[@]}" --depth 16
-    bench cycle-d16-redis-tls "$round" "$TRPID" --backend redis --server "127.0.0.1:$TLS_REDIS_PORT" \
-        --tls-ca "$TMP/tls/ca.pem" "${common[@]}" --depth 16
+    # TLS (1.3, the same certificate for both): cycle at depth 1, 16 and 64.
+    for d in 1 16 64; do
+        bench "cycle-d$d-ticketd-tls" "$round" "$TTPID" --server "127.0.0.1:$TLS_TICKETD_PORT" \
+            --tls-ca "$TMP/tls/ca.pem" "${common[@]}" --depth "$d"
+        bench "cycle-d$d-redis-tls" "$round" "$TRPID" --backend redis --server "127.0.0.1:$TLS_REDIS_PORT" \
+            --tls-ca "$TMP/tls/ca.pem" "${common[@]}" --depth "$d"
+    done
     bench cycle-d64-ticketd-admin "$round" "$APID" --server "127.0.0.1:$ADMIN_TICKETD_PORT" "${common[@]}" --depth 64
     # Extend flood beside cycle: the same connections and depth, one lock per
     # slot extended back to back, to compare an extend's server CPU with a
@@ -361,12 +380,13 @@ for ((round = 1; round <= ROUNDS; round++)); do
     bench contended-etcd "$round" "$EPID" --backend etcd --server "127.0.0.1:$ETCD_CLIENT_PORT" "${contended[@]}"
 done
 for d in 1 16 64; do
-    for s in ticketd limit redis; do median "cycle-d$d-$s" requests_per_s; done
+    for s in ticketd limit redis ticketd-unix redis-unix; do median "cycle-d$d-$s" requests_per_s; done
 done
 median cycle-d1-etcd requests_per_s
 median cycle-d64-ticketd-admin requests_per_s
-median cycle-d16-ticketd-tls requests_per_s
-median cycle-d16-redis-tls requests_per_s
+for d in 1 16 64; do
+    for s in ticketd-tls redis-tls; do median "cycle-d$d-$s" requests_per_s; done
+done
 median extend-flood-d16 server_cpu_us_per_extend
 median keepalive server_cpu_core_pct
 median keepalive-single server_cpu_core_pct
@@ -438,8 +458,17 @@ for d in 1 16 64; do
 done
 t=$(rps cycle-d64-ticketd-admin) b=$(rps cycle-d64-ticketd)
 row "cycle depth 64, admin port scraped 10/s" "$t" "" "" "" "" "" "admin/plain $(ratio "$t" "$b") (target: within noise of 1)"
-t=$(rps cycle-d16-ticketd-tls) r=$(rps cycle-d16-redis-tls) b=$(rps cycle-d16-ticketd)
-row "cycle depth 16 over TLS, requests/s" "$t" "$r" "" "" "$(ratio "$t" "$r")" "" "t/redis >= 3; TLS/plaintext $(ratio "$t" "$b") (target >= 0.6)"
+for d in 1 16 64; do
+    t=$(rps "cycle-d$d-ticketd-tls") r=$(rps "cycle-d$d-redis-tls") b=$(rps "cycle-d$d-ticketd")
+    tgt="TLS/plaintext $(ratio "$t" "$b")"
+    [[ $d == 16 ]] && tgt="t/redis >= 3; TLS/plaintext $(ratio "$t" "$b") (target >= 0.6)"
+    row "cycle depth $d over TLS, requests/s" "$t" "$r" "" "" "$(ratio "$t" "$r")" "" "$tgt"
+done
+for d in 1 16 64; do
+    t=$(rps "cycle-d$d-ticketd-unix") r=$(rps "cycle-d$d-redis-unix")
+    bt=$(rps "cycle-d$d-ticketd") br=$(rps "cycle-d$d-redis")
+    row "cycle depth $d, Unix socket, req/s" "$t" "$r" "" "" "$(ratio "$t" "$r")" "" "unix/TCP: ticketd $(ratio "$t" "$bt"), redis $(ratio "$r" "$br")"
+done
 t=$(cpu cycle-d16-ticketd) r=$(cpu cycle-d16-redis) l=$(cpu cycle-d16-limit)
 row "cycle depth 16, server CPU us/req" "$t" "$r" "$l" "" "$(ratio "$t" "$r")" "$(ratio "$t" "$l")" "t/limit <= 2"
 row "instructions/request, depth 16" "$IR_T" "$IR_R" "$IR_L" "" "$(ratio "$IR_T" "$IR_R")" "$(ratio "$IR_T" "$IR_L")" "ticketd <= 500"
@@ -493,15 +522,28 @@ echo
 echo "rounds, in order (the table shows each cell's median round):"
 for d in 1 16 64; do
     for s in ticketd limit redis; do
-        printf '  %-26s %s\n' "cycle d$d $s req/s:" "$(rounds "cycle-d$d-$s" requests_per_s)"
+        printf '  %-30s %s\n' "cycle d$d $s req/s:" "$(rounds "cycle-d$d-$s" requests_per_s)"
     done
-    printf '  %-26s %s\n' "cycle d$d t/limit:" "$(round_ratios "cycle-d$d-ticketd" "cycle-d$d-limit" requests_per_s)"
-    printf '  %-26s %s\n' "cycle d$d t/redis:" "$(round_ratios "cycle-d$d-ticketd" "cycle-d$d-redis" requests_per_s)"
+    printf '  %-30s %s\n' "cycle d$d t/limit:" "$(round_ratios "cycle-d$d-ticketd" "cycle-d$d-limit" requests_per_s)"
+    printf '  %-30s %s\n' "cycle d$d t/redis:" "$(round_ratios "cycle-d$d-ticketd" "cycle-d$d-redis" requests_per_s)"
 done
-printf '  %-26s %s\n' "cycle d16 ticketd CPU us:" "$(rounds cycle-d16-ticketd server_cpu_us_per_request)"
-printf '  %-26s %s\n' "cycle d16 limit CPU us:" "$(rounds cycle-d16-limit server_cpu_us_per_request)"
-printf '  %-26s %s\n' "contended t p99 wait us:" "$(rounds contended-ticketd wait_p99_us)"
-printf '  %-26s %s\n' "contended redis p99 us:" "$(rounds contended-redis wait_p99_us)"
+for d in 1 16 64; do
+    for s in ticketd-tls redis-tls; do
+        printf '  %-30s %s\n' "cycle d$d $s req/s:" "$(rounds "cycle-d$d-$s" requests_per_s)"
+    done
+    printf '  %-30s %s\n' "cycle d$d TLS t/redis:" "$(round_ratios "cycle-d$d-ticketd-tls" "cycle-d$d-redis-tls" requests_per_s)"
+    printf '  %-30s %s\n' "cycle d$d TLS/plaintext:" "$(round_ratios "cycle-d$d-ticketd-tls" "cycle-d$d-ticketd" requests_per_s)"
+done
+for d in 1 16 64; do
+    for s in ticketd-unix redis-unix; do
+        printf '  %-30s %s\n' "cycle d$d $s req/s:" "$(rounds "cycle-d$d-$s" requests_per_s)"
+    done
+    printf '  %-30s %s\n' "cycle d$d t unix/TCP:" "$(round_ratios "cycle-d$d-ticketd-unix" "cycle-d$d-ticketd" requests_per_s)"
+done
+printf '  %-30s %s\n' "cycle d16 ticketd CPU us:" "$(rounds cycle-d16-ticketd server_cpu_us_per_request)"
+printf '  %-30s %s\n' "cycle d16 limit CPU us:" "$(rounds cycle-d16-limit server_cpu_us_per_request)"
+printf '  %-30s %s\n' "contended t p99 wait us:" "$(rounds contended-ticketd wait_p99_us)"
+printf '  %-30s %s\n' "contended redis p99 us:" "$(rounds contended-redis wait_p99_us)"
 
 # ---------------------------------------------------------------- targets
 # check LABEL VALUE OP LIMIT [DETAIL]: one line, held or missed (OP is >=,

@@ -92,8 +92,12 @@ pub enum Keys {
 #[derive(Clone, Debug)]
 pub struct Config {
     /// The servers: connection `i` goes to `addrs[i % addrs.len()]` (one
-    /// address for a single server, every node's for a cluster). Never empty.
+    /// address for a single server, every node's for a cluster). Never
+    /// empty unless `unix` is set.
     pub addrs: Vec<SocketAddr>,
+    /// Dial this Unix-domain stream socket instead of `addrs` (`--server
+    /// unix:/path`; ticketd and Redis, no TLS).
+    pub unix: Option<std::path::PathBuf>,
     /// Connections, over all threads.
     pub connections: usize,
     /// Slots (requests in flight) per connection; in `extend` mode each
@@ -907,12 +911,19 @@ pub fn run_worker<B: Backend>(
         let key_seq = run_nonce() + RUNS.fetch_add(1, Ordering::Relaxed) * 1_000_000_000;
         let mut conns = Vec::with_capacity(ids.len());
         for (i, &id) in ids.iter().enumerate() {
-            let addr = cfg.addrs[id as usize % cfg.addrs.len()];
-            let s = b
-                .connect(addr)
-                .map_err(|e| format!("connecting to {addr} ({}): {e}", b.name()))?;
-            let mut stream = crate::tls::Stream::open(s, addr, cfg.tls.as_ref())
-                .map_err(|e| format!("connecting to {addr} ({}): {e}", b.name()))?;
+            let mut stream = match &cfg.unix {
+                Some(path) => crate::tls::Stream::open_unix(path).map_err(|e| {
+                    format!("connecting to unix:{} ({}): {e}", path.display(), b.name())
+                })?,
+                None => {
+                    let addr = cfg.addrs[id as usize % cfg.addrs.len()];
+                    let s = b
+                        .connect(addr)
+                        .map_err(|e| format!("connecting to {addr} ({}): {e}", b.name()))?;
+                    crate::tls::Stream::open(s, addr, cfg.tls.as_ref())
+                        .map_err(|e| format!("connecting to {addr} ({}): {e}", b.name()))?
+                }
+            };
             poll.registry()
                 .register(stream.socket(), Token(i), Interest::READABLE)
                 .map_err(|e| e.to_string())?;

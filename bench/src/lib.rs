@@ -36,7 +36,9 @@ usage: ticket-bench [FLAGS]
   --server ADDR[,ADDR]  server address (default 127.0.0.1:7470 for ticketd,
                         127.0.0.1:6379 for redis, 127.0.0.1:2379 for etcd);
                         ticketd takes a cluster's nodes separated by commas,
-                        connection i going to node i mod the count
+                        connection i going to node i mod the count;
+                        unix:/PATH dials a Unix-domain stream socket
+                        (ticketd --listen unix:, redis --unixsocket; no TLS)
   --backend NAME        ticketd | redis | etcd (default ticketd; etcd through
                         its v3 HTTP gateway, one locker per connection, depth 1)
   --connections N       connections (default 50)
@@ -218,7 +220,15 @@ pub fn parse_args(args: Vec<String>) -> Result<Args, String> {
         BackendKind::Redis => "127.0.0.1:6379".into(),
         BackendKind::Etcd => "127.0.0.1:2379".into(),
     });
-    let addrs = server_addrs(&server)?;
+    let (addrs, unix) = match server.strip_prefix("unix:") {
+        Some("") => return Err("--server unix: needs a path".into()),
+        Some(_) if backend == BackendKind::Etcd => {
+            return Err("--server unix:PATH is for ticketd and redis only".into())
+        }
+        Some(_) if tls.is_some() => return Err("--tls-ca: not over a Unix socket".into()),
+        Some(path) => (Vec::new(), Some(std::path::PathBuf::from(path))),
+        None => (server_addrs(&server)?, None),
+    };
     if addrs.len() > 1 && backend != BackendKind::Ticketd {
         return Err(format!(
             "--server: {server:?}: several addresses (a cluster) are for ticketd only"
@@ -308,6 +318,7 @@ pub fn parse_args(args: Vec<String>) -> Result<Args, String> {
     Ok(Args {
         cfg: Config {
             addrs,
+            unix,
             connections,
             depth,
             locks,
@@ -515,9 +526,15 @@ pub fn run(args: &Args) -> Result<Report, String> {
     match args.backend {
         BackendKind::Ticketd => run_backend(Arc::new(Ticketd), args),
         BackendKind::Redis => {
-            let addr = args.cfg.addrs[0];
-            let r = resp::Redis::new(addr, args.cfg.tls.as_ref())
-                .map_err(|e| format!("redis at {addr}: {e}"))?;
+            let r = match &args.cfg.unix {
+                Some(path) => resp::Redis::new_unix(path)
+                    .map_err(|e| format!("redis at unix:{}: {e}", path.display()))?,
+                None => {
+                    let addr = args.cfg.addrs[0];
+                    resp::Redis::new(addr, args.cfg.tls.as_ref())
+                        .map_err(|e| format!("redis at {addr}: {e}"))?
+                }
+            };
             run_backend(Arc::new(r), args)
         }
         BackendKind::Etcd => {
@@ -863,7 +880,7 @@ pub(crate) fn make_read_room(rbuf: &mut Vec<u8>, rstart: &mut usize, rend: &mut 
 /// interest costs no system call.
 pub(crate) fn set_write_interest(
     registry: &mio::Registry,
-    stream: &mut mio::net::TcpStream,
+    stream: &mut (impl mio::event::Source + ?Sized),
     token: mio::Token,
     registered: &mut bool,
     want: bool,
@@ -1022,6 +1039,29 @@ mod tests {
         assert_eq!(a.cfg.renew, Renew::Coalesced);
         let s = args(&["--mode", "extend", "--renew", "single"]).unwrap();
         assert_eq!(s.cfg.renew, Renew::Single);
+    }
+
+    #[test]
+    fn a_unix_server_is_a_path_for_ticketd_and_redis_without_tls() {
+        let a = args(&["--server", "unix:/run/t.sock"]).unwrap();
+        assert_eq!(
+            a.cfg.unix.as_deref(),
+            Some(std::path::Path::new("/run/t.sock"))
+        );
+        assert!(a.cfg.addrs.is_empty());
+        let r = args(&["--backend", "redis", "--server", "unix:/run/r.sock"]).unwrap();
+        assert!(r.cfg.unix.is_some());
+        assert!(args(&["--server", "127.0.0.1:1"])
+            .unwrap()
+            .cfg
+            .unix
+            .is_none());
+        for bad in [
+            vec!["--server", "unix:"],
+            vec!["--backend", "etcd", "--server", "unix:/run/e.sock"],
+        ] {
+            assert!(args(&bad).is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]

@@ -170,6 +170,17 @@ impl Redis {
         }
     }
 
+    /// Like [`Redis::new`], over the Unix socket at `path`
+    /// (`redis-server --unixsocket`).
+    ///
+    /// # Errors
+    /// The socket cannot be reached or the server does not load the script.
+    pub fn new_unix(path: &std::path::Path) -> io::Result<Redis> {
+        let s = std::os::unix::net::UnixStream::connect(path)?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        Redis::load(s)
+    }
+
     fn load(mut s: impl Read + Write) -> io::Result<Redis> {
         let mut cmd = Vec::new();
         encode_command(&mut cmd, &[b"SCRIPT", b"LOAD", RELEASE_SCRIPT.as_bytes()]);

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mio::net::TcpStream;
+use mio::net::{TcpStream, UnixStream};
 
 /// What the generator dials TLS with.
 #[derive(Clone)]
@@ -49,6 +49,8 @@ impl Tls {
 /// A generator connection's byte stream.
 pub(crate) enum Stream {
     Plain(TcpStream),
+    /// `--server unix:/path`: a Unix-domain stream socket (no TLS).
+    Unix(UnixStream),
     Tls(Box<TlsConn>),
 }
 
@@ -110,10 +112,18 @@ impl Stream {
         })))
     }
 
+    /// A connected Unix-domain stream socket at `path`, non-blocking.
+    pub(crate) fn open_unix(path: &std::path::Path) -> io::Result<Stream> {
+        let s = std::os::unix::net::UnixStream::connect(path)?;
+        s.set_nonblocking(true)?;
+        Ok(Stream::Unix(UnixStream::from_std(s)))
+    }
+
     /// The socket, to register with the poll.
-    pub(crate) fn socket(&mut self) -> &mut TcpStream {
+    pub(crate) fn socket(&mut self) -> &mut dyn mio::event::Source {
         match self {
             Stream::Plain(s) => s,
+            Stream::Unix(s) => s,
             Stream::Tls(t) => &mut t.sock,
         }
     }
@@ -123,6 +133,7 @@ impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let t = match self {
             Stream::Plain(s) => return s.read(buf),
+            Stream::Unix(s) => return s.read(buf),
             Stream::Tls(t) => t,
         };
         // Fill `buf` as far as the socket's records go: short only when
@@ -158,6 +169,7 @@ impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let t = match self {
             Stream::Plain(s) => return s.write(buf),
+            Stream::Unix(s) => return s.write(buf),
             Stream::Tls(t) => t,
         };
         let n = t.tls.writer().write(buf)?;

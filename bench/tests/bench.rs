@@ -553,3 +553,71 @@ fn cluster_bench_runs_the_cluster_single_mode_and_the_cluster_limit() {
     // The cluster limit's leader and followers report their syncs.
     assert!(out.contains("fdatasync calls"), "{out}");
 }
+
+/// `ticket-bench --server unix:/path` drives a real ticketd over its Unix
+/// socket (`--listen unix:`, the bench given no TCP address) through the
+/// same pipelined cycle as TCP, and a socket that is not there fails the
+/// run with a clear error.
+#[test]
+fn ticket_bench_cycles_over_a_unix_socket() {
+    let dir = std::env::temp_dir().join(format!("ticket-bench-unix-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("t.sock");
+    let listen = format!("unix:{}", sock.display());
+    let server = Ticketd::start(&["--listen", &listen]);
+    let pid = server.pid().to_string();
+    let bin = env!("CARGO_BIN_EXE_ticket-bench");
+    let limit = Duration::from_secs(60);
+    let o = procs::run(
+        bin,
+        &[
+            "--server",
+            &listen,
+            "--server-pid",
+            &pid,
+            "--mode",
+            "cycle",
+            "--connections",
+            "4",
+            "--depth",
+            "16",
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0",
+            "--json",
+            "--quiet",
+        ],
+        &[],
+        limit,
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let json = text(&o.stdout);
+    assert!(json.contains("\"backend\":\"ticketd\""), "{json}");
+    // Completed cycles: acquires granted and released, none refused.
+    let grants = procs::number_after(&json, "\"grants\":");
+    assert!(grants > 0, "{json}");
+    assert!(procs::number_after(&json, "\"released\":") > 0, "{json}");
+    assert_eq!(procs::number_after(&json, "\"not_released\":"), 0, "{json}");
+    assert!(
+        procs::number_after(&json, "\"requests\":") >= grants,
+        "{json}"
+    );
+    assert!(json.contains("\"server_cpu_us_per_request\":"), "{json}");
+
+    let missing = format!("unix:{}", dir.join("nothing.sock").display());
+    let o = procs::run(
+        bin,
+        &["--server", &missing, "--duration", "0.5"],
+        &[],
+        limit,
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("nothing.sock"),
+        "{}",
+        text(&o.stderr)
+    );
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}

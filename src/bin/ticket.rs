@@ -388,6 +388,11 @@ port cannot be read or answers an error.
 
 /// How long one admin request may take.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long `ticket cluster add/promote/remove` looks for a leader that
+/// takes the change (an election may be under way).
+const CHANGE_DEADLINE: Duration = Duration::from_secs(20);
+/// How long one admin port gets to answer a change in that search.
+const CHANGE_TRY_TIMEOUT: Duration = Duration::from_secs(3);
 
 fn admin_addr(args: &mut pico_args::Arguments) -> Result<String, Exit> {
     let addr = args
@@ -443,7 +448,12 @@ fn admin_tls(args: &mut pico_args::Arguments) -> Result<(), Exit> {
 
 /// One admin request: HTTPS for an `https://` address (trusting
 /// `--tls-ca`), HTTP otherwise.
-fn admin_request(addr: &str, method: &str, target: &str) -> Result<(u16, String), Exit> {
+fn admin_request(
+    addr: &str,
+    method: &str,
+    target: &str,
+    timeout: Duration,
+) -> Result<(u16, String), Exit> {
     let r = if addr.starts_with("https://") {
         #[cfg(feature = "tls")]
         {
@@ -453,14 +463,14 @@ fn admin_request(addr: &str, method: &str, target: &str) -> Result<(u16, String)
                      certificate chains to"
                 )));
             };
-            admin::request_tls(addr, config, method, target, ADMIN_TIMEOUT)
+            admin::request_tls(addr, config, method, target, timeout)
         }
         #[cfg(not(feature = "tls"))]
         return Err(Exit::usage(format!(
             "--admin {addr}: this ticket was built without TLS (the `tls` feature)"
         )));
     } else {
-        admin::request(addr, method, target, ADMIN_TIMEOUT)
+        admin::request(addr, method, target, timeout)
     };
     r.map_err(|e| failed(e.to_string()))
 }
@@ -474,7 +484,7 @@ fn failed(message: impl Into<String>) -> Exit {
 
 /// `GET target`; a body for 200, `None` for 404, an error otherwise.
 fn admin_get(addr: &str, target: &str) -> Result<Option<String>, Exit> {
-    let (status, body) = admin_request(addr, "GET", target)?;
+    let (status, body) = admin_request(addr, "GET", target, ADMIN_TIMEOUT)?;
     match status {
         200 => Ok(Some(body)),
         404 => Ok(None),
@@ -837,12 +847,16 @@ fn member_of(v: &Json, list: &str, id: u64) -> bool {
 /// Sends a change to the first admin port that is the leader's; returns
 /// that address.
 fn send_change(admins: &[String], method: &str, target: &str) -> Result<String, Exit> {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + CHANGE_DEADLINE;
     loop {
         let mut why = Vec::new();
         let mut retry = false;
         for a in admins {
-            match admin_request(a, method, target) {
+            // A node that does not answer (stopped, partitioned) must not
+            // use up the whole deadline: each port gets a short turn.
+            let left = deadline.saturating_duration_since(Instant::now());
+            let timeout = CHANGE_TRY_TIMEOUT.min(left).max(Duration::from_millis(100));
+            match admin_request(a, method, target, timeout) {
                 Ok((200, _)) => return Ok(a.clone()),
                 Ok((421, body)) => why.push(format!("{a}: {}", body.trim())),
                 Ok((503, body)) => {
@@ -852,7 +866,12 @@ fn send_change(admins: &[String], method: &str, target: &str) -> Result<String, 
                 Ok((status, body)) => {
                     return Err(failed(format!("{a}: {status}: {}", body.trim())));
                 }
-                Err(e) => why.push(e.message),
+                Err(e) if e.status == exit::USAGE => return Err(e),
+                Err(e) => {
+                    // Unreachable now; it may be the leader once it is back.
+                    retry = true;
+                    why.push(e.message);
+                }
             }
         }
         if !retry || Instant::now() >= deadline {

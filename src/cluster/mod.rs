@@ -4,7 +4,7 @@
 //! * [`state`]: the deterministic state machine (the engine, tagged with
 //!   requests, + dedup).
 //! * [`members`]: peer addresses and removed ids, replicated with conf changes.
-//! * [`storage`]: raft's in-memory log and the write-ahead log under it.
+//! * [`log`]: raft's in-memory log and the write-ahead log under it.
 //! * [`node`]: one node, sans-IO: Ready handling, proposals, leader timers.
 //! * [`transport`]: peer connections in the mio loop.
 //! * [`tls`]: mutual TLS between peers.
@@ -15,7 +15,7 @@
 //!
 //! The deterministic simulation of a whole cluster in one process is
 //! `ticketd_testkit::cluster_sim`, beside the crate; it runs [`node::Node`]s
-//! on `storage::MemDisk`s, which exist only with the `testkit` feature.
+//! on `log::MemDisk`s, which exist only with the `testkit` feature.
 //!
 //! `docs/CLUSTER.md` describes the design.
 
@@ -25,8 +25,8 @@ pub mod command;
 pub mod members;
 pub mod node;
 pub(crate) use crate::rng;
+pub mod log;
 pub mod service;
 pub mod state;
-pub mod storage;
 pub mod tls;
 pub mod transport;

@@ -63,10 +63,10 @@ use raft::eraftpb::{ConfChangeV2, ConfState, Entry, EntryType, Message, MessageT
 use raft::{RawNode, SnapshotStatus, StateRole};
 
 use crate::cluster::command::{Command, DecodeError, Origin, Rid};
+use crate::cluster::log::{Disk, LogStore, Wal};
 use crate::cluster::members::{self, Change, Members, Refusal};
 use crate::cluster::rng::SplitMix64;
 use crate::cluster::state::{AnswerKind, Effect, StateMachine};
-use crate::cluster::storage::{Disk, LogStore, Wal};
 use crate::engine::{ConnId, Outbox};
 use crate::limits::EngineLimits;
 use crate::metrics::{Histogram, HoldIndex, HOLD_BOUNDS_MS, WAIT_BOUNDS_MS};
@@ -787,7 +787,7 @@ impl<D: Disk> Node<D> {
 
     /// This data directory's id and the ids first seen for its peers.
     #[must_use]
-    pub fn identity(&self) -> &crate::cluster::storage::Identity {
+    pub fn identity(&self) -> &crate::cluster::log::Identity {
         self.wal.identity()
     }
 
@@ -1477,6 +1477,9 @@ impl<D: Disk> Node<D> {
             if e.index <= self.applied {
                 continue;
             }
+            // raft hands committed entries over in order, after the
+            // snapshot or the last one applied: a gap would skip a command.
+            debug_assert_eq!(e.index, self.applied + 1, "applied entries have no gap");
             self.applied = e.index;
             #[cfg(any(test, feature = "testkit"))]
             if self.cfg.trace_applied {
@@ -1978,7 +1981,7 @@ impl slog::Drain for LogDrain {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::storage::MemDisk;
+    use crate::cluster::log::MemDisk;
 
     /// Runs turns at `now` (the clock does not move) until `out` holds a
     /// reply or `turns` pass.

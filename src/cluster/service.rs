@@ -12,10 +12,10 @@ use std::path::PathBuf;
 use mio::event::Event;
 use mio::Registry;
 
+use crate::cluster::log::FileDisk;
 use crate::cluster::members::Change;
 use crate::cluster::node::{raft_logger, Node, NodeConfig, NodeError};
 use crate::cluster::state::StateMachine;
-use crate::cluster::storage::FileDisk;
 use crate::cluster::tls::{PeerTls, TlsError, TlsFiles};
 use crate::cluster::transport::{hash64, LocalInfo, PeerEvent, Transport, MEMBERSHIP_MARK};
 use crate::config::ConfigError;

@@ -6,8 +6,8 @@
 
 use std::path::PathBuf;
 
+use ticketd::cluster::log::FileDisk;
 use ticketd::cluster::node::{quiet_logger, Node, NodeConfig, NodeError};
-use ticketd::cluster::storage::FileDisk;
 use ticketd::engine::Outbox;
 use ticketd::proto::Request;
 use ticketd::time::Millis;

@@ -13,8 +13,8 @@ use std::collections::BTreeSet;
 use std::time::Instant;
 
 use raft::eraftpb::{Message, MessageType};
+use ticketd::cluster::log::MemDisk;
 use ticketd::cluster::node::{quiet_logger, Node, NodeConfig};
-use ticketd::cluster::storage::MemDisk;
 use ticketd::engine::Outbox;
 use ticketd::proto::Request;
 use ticketd::time::Millis;

@@ -291,11 +291,12 @@ fn a_wiped_node_stops_on_an_authenticated_peers_word() {
     std::fs::remove_dir_all(&c.dirs[2].0).unwrap();
     c.start_node(2);
     let mut node = c.nodes[2].take().unwrap();
-    let status = node.wait_exit(Duration::from_secs(15));
+    let status = node.wait_exit(Duration::from_secs(30));
     assert!(
         status.is_some_and(|s| s.code() == Some(1)),
-        "a wiped node kept running:\n{}",
-        node.log()
+        "a wiped node kept running:\n{}\nthe others:\n{}",
+        node.log(),
+        c.logs()
     );
     assert!(node.log().contains("wiped"), "{}", node.log());
     assert_serves(&c, 0, "wipe-after");

@@ -24,7 +24,7 @@
 use protobuf::Message as _;
 use raft::eraftpb::{ConfState, Entry, HardState, Message, Snapshot};
 use ticketd::cluster::command::Command;
-use ticketd::cluster::storage::{Disk, LogStore, MemDisk, Recovered, Wal};
+use ticketd::cluster::log::{Disk, LogStore, MemDisk, Recovered, Wal};
 use ticketd::cluster::transport::{frame_len, Hello, MAX_FRAME_BYTES};
 
 /// Size of a hello payload (magic, version, six u64).
@@ -295,7 +295,7 @@ struct State {
     snapshot: Snapshot,
     entries: Vec<Entry>,
     epoch: u64,
-    identity: ticketd::cluster::storage::Identity,
+    identity: ticketd::cluster::log::Identity,
 }
 
 fn state_of(r: &Recovered) -> State {
