@@ -7,13 +7,13 @@
 //! authenticated peer's word.
 #![cfg(feature = "cluster")]
 
+use ticketd_testkit::certs::openssl;
 use ticketd_testkit::cluster;
 use ticketd_testkit::process as common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -300,20 +300,6 @@ fn a_wiped_node_stops_on_an_authenticated_peers_word() {
     );
     assert!(node.log().contains("wiped"), "{}", node.log());
     assert_serves(&c, 0, "wipe-after");
-}
-
-/// Runs openssl with `args` in `dir`.
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("openssl is installed (.ci/run installs it)");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 #[test]
