@@ -317,7 +317,7 @@ fn certs_init(args: Vec<OsString>) -> Result<u8, Exit> {
             }
             Ok(exit::OK)
         }
-        Err(e) if e.starts_with("--") => Err(Exit::usage(format!("certs init: {e}"))),
+        Err(e) if e.is_usage() => Err(Exit::usage(format!("certs init: {e}"))),
         Err(e) => Err(Exit {
             status: exit::FAILED,
             message: format!("certs init: {e}"),
@@ -425,7 +425,10 @@ fn admin_tls(args: &mut pico_args::Arguments) -> Result<(), Exit> {
         let config = match &ca {
             Some(ca) => {
                 let pair = cert.as_deref().zip(key.as_deref());
-                Some(ticketd::tls::client_config(ca, pair).map_err(Exit::usage)?)
+                Some(
+                    ticketd::tls::client_config(ca, pair)
+                        .map_err(|e| Exit::usage(e.to_string()))?,
+                )
             }
             None if cert.is_some() => {
                 return Err(Exit::usage(

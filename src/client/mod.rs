@@ -307,7 +307,9 @@ impl ClientBuilder {
             &t.ca,
             t.cert_key.as_ref().map(|(c, k)| (c.as_path(), k.as_path())),
         )
-        .map_err(|reason| Error::Tls { reason })?;
+        .map_err(|e| Error::Tls {
+            reason: e.to_string(),
+        })?;
         let server_name = match &t.server_name {
             Some(n) => Some(
                 rustls::pki_types::ServerName::try_from(n.clone()).map_err(|e| Error::Tls {
@@ -376,9 +378,9 @@ impl ClientBuilder {
                 Some(d) => {
                     let name = match &d.server_name {
                         Some(n) => n.clone(),
-                        None => tls::name_of(a).map_err(|reason| Error::Resolve {
+                        None => tls::name_of(a).map_err(|e| Error::Resolve {
                             addr: a.clone(),
-                            reason,
+                            reason: e.to_string(),
                         })?,
                     };
                     Security::Tls(d.clone(), name)
