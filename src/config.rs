@@ -478,95 +478,8 @@ impl Config {
     /// A message naming the flag with a bad or missing value.
     pub fn take_flags(args: &mut pico_args::Arguments) -> Result<Config, ConfigError> {
         let mut c = Config::default();
-        let listens: Vec<String> = args
-            .values_from_str("--listen")
-            .map_err(|e| ConfigError::Invalid(format!("--listen: {e}")))?;
-        let mut tcp = None;
-        for l in &listens {
-            if let Some(path) = l.strip_prefix("unix:") {
-                if path.is_empty() {
-                    return Err(ConfigError::Invalid("--listen unix: needs a path".into()));
-                }
-                c.unix_listen.push(PathBuf::from(path));
-            } else if tcp.is_some() {
-                return Err(ConfigError::Invalid(
-                    "--listen is given more than once with a TCP address (one TCP address, \
-                     and any number of unix:/path)"
-                        .into(),
-                ));
-            } else {
-                let a = address(l).map_err(|why| ConfigError::Value {
-                    flag: "--listen",
-                    value: l.clone(),
-                    why: why.into_owned(),
-                })?;
-                tcp = Some(a);
-            }
-        }
-        if let Some(a) = tcp {
-            c.listen = a;
-        }
-        c.listen_tcp = tcp.is_some() || c.unix_listen.is_empty();
-        if let Some(v) = flag(args, "--socket-mode", octal_mode)? {
-            c.socket_mode = v;
-        }
-        for (name, list) in [
-            ("--allow-uid", &mut c.allow_uids),
-            ("--allow-gid", &mut c.allow_gids),
-        ] {
-            let ids: Vec<String> = args
-                .values_from_str(name)
-                .map_err(|e| ConfigError::Invalid(format!("{name}: {e}")))?;
-            for id in ids {
-                list.push(id.parse().map_err(|_| ConfigError::Value {
-                    flag: name,
-                    value: id.clone(),
-                    why: "expected a number".into(),
-                })?);
-            }
-        }
-        if let Some(v) = flag(args, "--max-conns", count)? {
-            c.max_conns = v;
-        }
-        if let Some(v) = flag(args, "--max-keys", count)? {
-            c.engine.max_keys = v;
-        }
-        if let Some(v) = flag(args, "--max-waiters", count)? {
-            c.engine.max_waiters = v;
-        }
-        if let Some(v) = flag(args, "--max-waiters-per-key", count)? {
-            c.engine.max_waiters_per_key = v;
-        }
-        if let Some(v) = flag(args, "--max-key-bytes", count)? {
-            c.max_key_bytes = v;
-        }
-        if let Some(v) = flag(args, "--sweep-interval", seconds)? {
-            c.engine.sweep_interval_ms = v.saturating_mul(1000);
-        }
-        if let Some(v) = flag(args, "--max-hold", seconds)? {
-            c.engine.max_hold_ms = v.saturating_mul(1000);
-        }
-        if let Some(v) = flag(args, "--max-frames-per-turn", count)? {
-            c.max_frames_per_turn = v;
-        }
-        // Output limits not given follow --max-key-bytes, so that every key
-        // length the help allows starts with the defaults.
-        let one_reply = limits::max_reply_frame(c.max_key_bytes);
-        match flag(args, "--out-soft-limit", count)? {
-            Some(v) => c.out_soft_limit_bytes = v,
-            None => c.out_soft_limit_bytes = c.out_soft_limit_bytes.max(one_reply),
-        }
-        match flag(args, "--out-hard-limit", count)? {
-            Some(v) => c.out_hard_limit_bytes = v,
-            None => {
-                c.out_hard_limit_bytes = c
-                    .out_hard_limit_bytes
-                    .max(c.out_soft_limit_bytes.saturating_add(one_reply));
-            }
-        }
-        if let Some(v) = flag(args, "--frame-timeout", seconds)? {
-            c.frame_timeout = (v > 0).then(|| Duration::from_secs(v));
-        }
+        take_listeners(args, &mut c)?;
+        take_limits(args, &mut c)?;
         if let Some(v) = flag(args, "--data-dir", directory)? {
             c.data_dir = Some(v);
         }
@@ -629,6 +542,26 @@ impl Config {
         if self.max_frames_per_turn == 0 {
             return fail("--max-frames-per-turn must be at least 1".into());
         }
+        self.validate_listeners()?;
+        let one_reply = limits::max_reply_frame(self.max_key_bytes);
+        if self.out_soft_limit_bytes < one_reply {
+            return fail(format!(
+                "--out-soft-limit must hold at least one reply ({one_reply} bytes with --max-key-bytes {})",
+                self.max_key_bytes
+            ));
+        }
+        if self.out_hard_limit_bytes < self.out_soft_limit_bytes.saturating_add(one_reply) {
+            return fail(format!(
+                "--out-hard-limit must exceed --out-soft-limit by at least one reply ({one_reply} bytes)"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The listeners' checks: TLS where it applies, protected mode, the
+    /// Unix sockets and who may use them.
+    fn validate_listeners(&self) -> Result<(), ConfigError> {
+        let fail = |m: String| Err(ConfigError::Invalid(m));
         if self.tls.is_some() && !cfg!(feature = "tls") {
             return fail(
                 "--tls-cert: this ticketd was built without TLS (the `tls` feature)".into(),
@@ -667,18 +600,6 @@ impl Config {
                  or --admin-listen unix:/path"
                     .into(),
             );
-        }
-        let one_reply = limits::max_reply_frame(self.max_key_bytes);
-        if self.out_soft_limit_bytes < one_reply {
-            return fail(format!(
-                "--out-soft-limit must hold at least one reply ({one_reply} bytes with --max-key-bytes {})",
-                self.max_key_bytes
-            ));
-        }
-        if self.out_hard_limit_bytes < self.out_soft_limit_bytes.saturating_add(one_reply) {
-            return fail(format!(
-                "--out-hard-limit must exceed --out-soft-limit by at least one reply ({one_reply} bytes)"
-            ));
         }
         Ok(())
     }
@@ -784,6 +705,106 @@ impl Config {
             self.max_lease_s,
         )
     }
+}
+
+/// `--listen` (one TCP address, any number of Unix sockets), the sockets'
+/// mode and the peer ids allowed on them.
+fn take_listeners(args: &mut pico_args::Arguments, c: &mut Config) -> Result<(), ConfigError> {
+    let listens: Vec<String> = args
+        .values_from_str("--listen")
+        .map_err(|e| ConfigError::Invalid(format!("--listen: {e}")))?;
+    let mut tcp = None;
+    for l in &listens {
+        if let Some(path) = l.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err(ConfigError::Invalid("--listen unix: needs a path".into()));
+            }
+            c.unix_listen.push(PathBuf::from(path));
+        } else if tcp.is_some() {
+            return Err(ConfigError::Invalid(
+                "--listen is given more than once with a TCP address (one TCP address, \
+                 and any number of unix:/path)"
+                    .into(),
+            ));
+        } else {
+            let a = address(l).map_err(|why| ConfigError::Value {
+                flag: "--listen",
+                value: l.clone(),
+                why: why.into_owned(),
+            })?;
+            tcp = Some(a);
+        }
+    }
+    if let Some(a) = tcp {
+        c.listen = a;
+    }
+    c.listen_tcp = tcp.is_some() || c.unix_listen.is_empty();
+    if let Some(v) = flag(args, "--socket-mode", octal_mode)? {
+        c.socket_mode = v;
+    }
+    for (name, list) in [
+        ("--allow-uid", &mut c.allow_uids),
+        ("--allow-gid", &mut c.allow_gids),
+    ] {
+        let ids: Vec<String> = args
+            .values_from_str(name)
+            .map_err(|e| ConfigError::Invalid(format!("{name}: {e}")))?;
+        for id in ids {
+            list.push(id.parse().map_err(|_| ConfigError::Value {
+                flag: name,
+                value: id.clone(),
+                why: "expected a number".into(),
+            })?);
+        }
+    }
+    Ok(())
+}
+
+/// The connection and lock-table limits.
+fn take_limits(args: &mut pico_args::Arguments, c: &mut Config) -> Result<(), ConfigError> {
+    if let Some(v) = flag(args, "--max-conns", count)? {
+        c.max_conns = v;
+    }
+    if let Some(v) = flag(args, "--max-keys", count)? {
+        c.engine.max_keys = v;
+    }
+    if let Some(v) = flag(args, "--max-waiters", count)? {
+        c.engine.max_waiters = v;
+    }
+    if let Some(v) = flag(args, "--max-waiters-per-key", count)? {
+        c.engine.max_waiters_per_key = v;
+    }
+    if let Some(v) = flag(args, "--max-key-bytes", count)? {
+        c.max_key_bytes = v;
+    }
+    if let Some(v) = flag(args, "--sweep-interval", seconds)? {
+        c.engine.sweep_interval_ms = v.saturating_mul(1000);
+    }
+    if let Some(v) = flag(args, "--max-hold", seconds)? {
+        c.engine.max_hold_ms = v.saturating_mul(1000);
+    }
+    if let Some(v) = flag(args, "--max-frames-per-turn", count)? {
+        c.max_frames_per_turn = v;
+    }
+    // Output limits not given follow --max-key-bytes, so that every key
+    // length the help allows starts with the defaults.
+    let one_reply = limits::max_reply_frame(c.max_key_bytes);
+    match flag(args, "--out-soft-limit", count)? {
+        Some(v) => c.out_soft_limit_bytes = v,
+        None => c.out_soft_limit_bytes = c.out_soft_limit_bytes.max(one_reply),
+    }
+    match flag(args, "--out-hard-limit", count)? {
+        Some(v) => c.out_hard_limit_bytes = v,
+        None => {
+            c.out_hard_limit_bytes = c
+                .out_hard_limit_bytes
+                .max(c.out_soft_limit_bytes.saturating_add(one_reply));
+        }
+    }
+    if let Some(v) = flag(args, "--frame-timeout", seconds)? {
+        c.frame_timeout = (v > 0).then(|| Duration::from_secs(v));
+    }
+    Ok(())
 }
 
 /// A certificate, its key and an optional client CA from the three flags

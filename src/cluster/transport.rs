@@ -252,13 +252,13 @@ impl std::error::Error for FrameError {}
 /// Why a peer connection closes: what the socket or TLS said, or what the
 /// peer sent.
 #[derive(Debug)]
-enum ConnError {
+enum Closed {
     /// The socket failed.
     Io(io::Error),
     /// The peer closed the connection.
-    ClosedByPeer,
+    ByPeer,
     /// A write made no progress: the connection is gone.
-    WriteClosed,
+    Gone,
     /// TLS failed (a certificate refused, a bad record).
     Tls(rustls::Error),
     /// TLS failed reading records or plaintext.
@@ -273,42 +273,37 @@ enum ConnError {
     Hello(String),
 }
 
-impl ConnError {
+impl Closed {
     /// A TLS failure: a certificate refused, either way, is worth a warning.
     fn is_tls(&self) -> bool {
-        matches!(self, ConnError::Tls(_) | ConnError::TlsIo(_))
+        matches!(self, Closed::Tls(_) | Closed::TlsIo(_))
     }
 }
 
-impl std::fmt::Display for ConnError {
+impl std::fmt::Display for Closed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ConnError::Io(e) => write!(f, "{e}"),
-            ConnError::ClosedByPeer => f.write_str("closed by peer"),
-            ConnError::WriteClosed => f.write_str("connection closed"),
-            ConnError::Tls(e) => write!(f, "TLS: {e}"),
-            ConnError::TlsIo(e) => write!(f, "TLS: {e}"),
-            ConnError::WroteOnOutbound => {
-                f.write_str("the peer wrote on a connection it only reads")
-            }
-            ConnError::Frame(e) => write!(f, "{e}"),
-            ConnError::Undecodable(e) => write!(f, "undecodable message: {e}"),
-            ConnError::Hello(why) => f.write_str(why),
+            Closed::Io(e) => write!(f, "{e}"),
+            Closed::ByPeer => f.write_str("closed by peer"),
+            Closed::Gone => f.write_str("connection closed"),
+            Closed::Tls(e) => write!(f, "TLS: {e}"),
+            Closed::TlsIo(e) => write!(f, "TLS: {e}"),
+            Closed::WroteOnOutbound => f.write_str("the peer wrote on a connection it only reads"),
+            Closed::Frame(e) => write!(f, "{e}"),
+            Closed::Undecodable(e) => write!(f, "undecodable message: {e}"),
+            Closed::Hello(why) => f.write_str(why),
         }
     }
 }
 
-impl std::error::Error for ConnError {
+impl std::error::Error for Closed {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            ConnError::Io(e) | ConnError::TlsIo(e) => Some(e),
-            ConnError::Tls(e) => Some(e),
-            ConnError::Frame(e) => Some(e),
-            ConnError::Undecodable(e) => Some(e),
-            ConnError::ClosedByPeer
-            | ConnError::WriteClosed
-            | ConnError::WroteOnOutbound
-            | ConnError::Hello(_) => None,
+            Closed::Io(e) | Closed::TlsIo(e) => Some(e),
+            Closed::Tls(e) => Some(e),
+            Closed::Frame(e) => Some(e),
+            Closed::Undecodable(e) => Some(e),
+            Closed::ByPeer | Closed::Gone | Closed::WroteOnOutbound | Closed::Hello(_) => None,
         }
     }
 }
@@ -1076,21 +1071,21 @@ impl Transport {
 
     /// Reads the handshake (and nothing else) a peer sends on our TLS
     /// connection to it.
-    fn read_outbound_tls(p: &mut Peer) -> Result<(), ConnError> {
+    fn read_outbound_tls(p: &mut Peer) -> Result<(), Closed> {
         let (Some(s), Some(tls)) = (p.stream.as_mut(), p.tls.as_mut()) else {
             return Ok(());
         };
         loop {
             match tls.read_tls(s) {
-                Ok(0) => return Err(ConnError::ClosedByPeer),
+                Ok(0) => return Err(Closed::ByPeer),
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(ConnError::Io(e)),
+                Err(e) => return Err(Closed::Io(e)),
             }
-            let state = tls.process_new_packets().map_err(ConnError::Tls)?;
+            let state = tls.process_new_packets().map_err(Closed::Tls)?;
             if state.plaintext_bytes_to_read() > 0 || state.peer_has_closed() {
-                return Err(ConnError::WroteOnOutbound);
+                return Err(Closed::WroteOnOutbound);
             }
         }
         if !tls.is_handshaking() {
@@ -1192,12 +1187,7 @@ impl Transport {
     /// socket has, parses the frames they carry, and writes the session's
     /// own records (the handshake) back. `Ok` with the connection gone
     /// means it ended.
-    fn inbound_tls(
-        &mut self,
-        key: usize,
-        now: Millis,
-        registry: &Registry,
-    ) -> Result<(), ConnError> {
+    fn inbound_tls(&mut self, key: usize, now: Millis, registry: &Registry) -> Result<(), Closed> {
         loop {
             let Some(c) = self.inbound.get_mut(key) else {
                 return Ok(());
@@ -1211,18 +1201,18 @@ impl Transport {
                     return Ok(());
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(ConnError::Io(e)),
+                Err(e) => return Err(Closed::Io(e)),
             };
             let mut input = &self.scratch[..n];
             while !input.is_empty() {
                 let tls = c.tls.as_mut().expect("caller checked");
-                tls.read_tls(&mut input).map_err(ConnError::TlsIo)?;
+                tls.read_tls(&mut input).map_err(Closed::TlsIo)?;
                 let state = match tls.process_new_packets() {
                     Ok(state) => state,
                     Err(e) => {
                         // Tell the peer why (a bad certificate, say), if it listens.
                         let _ = Self::write_inbound_tls(c);
-                        return Err(ConnError::Tls(e));
+                        return Err(Closed::Tls(e));
                     }
                 };
                 // Room for exactly the plaintext the session holds (what
@@ -1238,7 +1228,7 @@ impl Transport {
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
                         Err(e) => {
                             c.rbuf.truncate(start);
-                            return Err(ConnError::TlsIo(e));
+                            return Err(Closed::TlsIo(e));
                         }
                     };
                     c.rbuf.truncate(start + got);
@@ -1267,23 +1257,23 @@ impl Transport {
         }
     }
 
-    fn write_inbound_tls(c: &mut Inbound) -> Result<(), ConnError> {
+    fn write_inbound_tls(c: &mut Inbound) -> Result<(), Closed> {
         let Some(tls) = c.tls.as_mut() else {
             return Ok(());
         };
         while tls.wants_write() {
             match tls.write_tls(&mut c.stream) {
-                Ok(0) => return Err(ConnError::WriteClosed),
+                Ok(0) => return Err(Closed::Gone),
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(ConnError::Io(e)),
+                Err(e) => return Err(Closed::Io(e)),
             }
         }
         Ok(())
     }
 
-    fn parse_frames(&mut self, key: usize, now: Millis) -> Result<(), ConnError> {
+    fn parse_frames(&mut self, key: usize, now: Millis) -> Result<(), Closed> {
         let mut used = 0;
         let result = loop {
             let c = self.inbound.get(key).expect("caller checked");
@@ -1297,7 +1287,7 @@ impl Transport {
                 UNTRUSTED_FRAME_BYTES
             };
             let len = match frame_len(rest, c.peer.is_none(), max) {
-                Err(e) => break Err(ConnError::Frame(e)),
+                Err(e) => break Err(Closed::Frame(e)),
                 Ok(None) => break Ok(()),
                 Ok(Some(len)) => len,
             };
@@ -1321,7 +1311,7 @@ impl Transport {
                         );
                         self.drop_message(now, &why);
                     }
-                    Err(e) => break Err(ConnError::Undecodable(e)),
+                    Err(e) => break Err(Closed::Undecodable(e)),
                 },
                 (Some(from), false) => {
                     let why =
@@ -1351,26 +1341,24 @@ impl Transport {
 
     /// Checks a hello in full before anything it says is kept. See
     /// docs/SECURITY.md for what authenticates a peer.
-    fn hello(&mut self, key: usize, hello: Result<Hello, &str>) -> Result<(), ConnError> {
-        let h = hello.map_err(|why| ConnError::Hello(why.to_owned()))?;
+    fn hello(&mut self, key: usize, hello: Result<Hello, &str>) -> Result<(), Closed> {
+        let refused = |why: String| Err(Closed::Hello(why));
+        let h = hello.map_err(|why| Closed::Hello(why.to_owned()))?;
         if h.cluster != self.local.cluster {
-            return Err(ConnError::Hello(format!(
-                "node {} belongs to another cluster",
-                h.from
-            )));
+            return refused(format!("node {} belongs to another cluster", h.from));
         }
         if h.voters != self.local.voters {
-            return Err(ConnError::Hello(format!(
+            return refused(format!(
                 "node {} speaks another version of the peer hello (voter-set hash {:#x}; \
                  this version sends {:#x})",
                 h.from, h.voters, self.local.voters
-            )));
+            ));
         }
         if h.to != self.local.id || !self.peers.contains_key(&h.from) {
-            return Err(ConnError::Hello(format!(
+            return refused(format!(
                 "hello from {} to {} is not for this node",
                 h.from, h.to
-            )));
+            ));
         }
         // Peer TLS: the certificate (verified against the CA in the
         // handshake) must name the node the hello claims to be.
@@ -1384,21 +1372,21 @@ impl Transport {
                     .and_then(|t| t.peer_certificates())
                     .and_then(|c| c.first());
                 if !cert.is_some_and(|c| tls.names_node(c, h.from)) {
-                    return Err(ConnError::Hello(format!(
+                    return refused(format!(
                         "the peer's certificate does not name node {} (its hello claims to be it)",
                         h.from
-                    )));
+                    ));
                 }
                 true
             }
         };
         let pinned = self.local.known.get(&h.from).copied();
         if pinned.is_some_and(|u| u != h.from_uuid) {
-            return Err(ConnError::Hello(format!(
+            return refused(format!(
                 "node {} came back with a wiped or replaced data directory (or someone \
                  else claims to be it); refusing it",
                 h.from
-            )));
+            ));
         }
         if h.to_uuid != 0 && h.to_uuid != self.local.uuid && by_cert {
             // An authenticated peer, itself as we know it, knows us with
@@ -1410,18 +1398,16 @@ impl Transport {
                  (membership change) or restore its data directory",
                 h.from, self.local.id
             )));
-            return Err(ConnError::Hello(
-                "this node's data directory was replaced".into(),
-            ));
+            return refused("this node's data directory was replaced".into());
         }
         if h.to_uuid != 0 && h.to_uuid != self.local.uuid {
-            return Err(ConnError::Hello(format!(
+            return refused(format!(
                 "node {} knows node {} with another data directory: if this node's data \
                  directory was wiped or replaced, it cannot rejoin under its old id with an \
                  empty log (give it a new id or restore its data directory); a plaintext \
                  peer's word is not enough to stop this node",
                 h.from, self.local.id
-            )));
+            ));
         }
         // Plaintext: the sender shows it has seen our data directory id,
         // which only our own hellos to the address --peers gives for it
