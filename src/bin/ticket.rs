@@ -1568,6 +1568,8 @@ fn spawn(
     }
 }
 
+// Long because the poll loop's escalation (forward signals, TERM before the
+// lease ends, KILL at its margin) reads the child and the lease together.
 fn supervise(
     held: &mut Held,
     first_expiry: std::time::SystemTime,

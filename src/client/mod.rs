@@ -324,9 +324,8 @@ impl ClientBuilder {
         }))
     }
 
-    /// Resolves the addresses and makes the client. Connections open lazily,
-    /// on the first call that needs one.
-    pub fn build(self) -> Result<Client, Error> {
+    /// The settings against their ranges.
+    fn check_settings(&self) -> Result<(), Error> {
         if self.addrs.is_empty() {
             return Err(Error::NoAddress);
         }
@@ -345,6 +344,13 @@ impl ClientBuilder {
                 reason: "max_key_bytes must be within 1..=65536",
             });
         }
+        Ok(())
+    }
+
+    /// Resolves the addresses and makes the client. Connections open lazily,
+    /// on the first call that needs one.
+    pub fn build(self) -> Result<Client, Error> {
+        self.check_settings()?;
         #[cfg(feature = "tls")]
         let dial = self.tls_dial()?;
         let mut resolved: Vec<Target> = Vec::new();
