@@ -225,3 +225,35 @@ pub enum MemberChange {
         force: bool,
     },
 }
+
+#[cfg(test)]
+mod tests {
+    use super::NotReady;
+
+    #[test]
+    fn not_ready_says_why_in_a_sentence() {
+        assert_eq!(
+            NotReady::RestartGrace { left_ms: 1500 }.to_string(),
+            "restart grace: every key is held for 1500 ms more, until leases of the earlier \
+             run have ended"
+        );
+        assert_eq!(
+            NotReady::NoLeader { term: 3 }.to_string(),
+            "no leader known (term 3)"
+        );
+        assert_eq!(
+            NotReady::CatchingUp {
+                leader: 2,
+                term: 3,
+                applied: 7,
+                committed: 9
+            }
+            .to_string(),
+            "leader 2 known, but no entry of term 3 applied here yet (applied 7, commit 9)"
+        );
+        assert_eq!(
+            NotReady::Stopped("disk full".into()).to_string(),
+            "the node stopped: disk full"
+        );
+    }
+}

@@ -352,3 +352,53 @@ pub fn client_config(
     };
     Ok(Arc::new(config))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    fn tmp(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("ticketd-tls-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn each_bad_file_is_named_with_its_flag_and_what_is_wrong() {
+        let dir = tmp("errors");
+        let missing = dir.join("missing.pem");
+        let e = read_certs(&missing, "--tls-cert").unwrap_err();
+        assert!(
+            matches!(&e, TlsError::Read { what, path, source }
+                if what == "--tls-cert" && *path == missing
+                    && source.kind() == io::ErrorKind::NotFound),
+            "{e:?}"
+        );
+        assert!(e.source().is_some());
+        assert!(e.to_string().starts_with("--tls-cert "), "{e}");
+
+        let big = dir.join("big.pem");
+        std::fs::write(&big, vec![b'a'; MAX_PEM_BYTES as usize + 1]).unwrap();
+        let e = read_key(&big, "--tls-key").unwrap_err();
+        assert!(matches!(e, TlsError::TooLarge { .. }), "{e:?}");
+        assert!(e.to_string().contains("not a PEM file"), "{e}");
+
+        let junk = dir.join("junk.pem");
+        std::fs::write(&junk, "not pem at all\n").unwrap();
+        let e = read_certs(&junk, "--tls-cert").unwrap_err();
+        assert!(matches!(e, TlsError::NoCertificate { .. }), "{e:?}");
+        assert!(e.source().is_none());
+        let e = read_key(&junk, "--tls-key").unwrap_err();
+        assert!(
+            matches!(&e, TlsError::Pem { what, .. } if what == "--tls-key"),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("no PEM private key in it"), "{e}");
+
+        let e = server_config(&junk, &junk, None, "--admin-tls").unwrap_err();
+        assert!(e.to_string().starts_with("--admin-tls-cert "), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

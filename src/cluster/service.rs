@@ -146,7 +146,17 @@ impl fmt::Display for StartError {
     }
 }
 
-impl std::error::Error for StartError {}
+impl std::error::Error for StartError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        // The first three print as their inner error: transparent.
+        match self {
+            StartError::Config(e) => std::error::Error::source(e),
+            StartError::Tls(e) => std::error::Error::source(e),
+            StartError::Node(e) => std::error::Error::source(e),
+            StartError::Listen(e) => Some(e),
+        }
+    }
+}
 
 /// Cluster mode's service. See the module documentation.
 pub struct ClusterService {
