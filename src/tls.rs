@@ -45,7 +45,7 @@ pub enum TlsError {
         /// What the OS said.
         source: io::Error,
     },
-    /// The file is over [`MAX_PEM_BYTES`]: not a certificate or a key.
+    /// The file is over 1 MiB: not a certificate or a key.
     TooLarge {
         /// The flag or role of the file.
         what: String,
