@@ -241,6 +241,10 @@ impl<D: Disk> Node<D> {
             }
         }
         self.sm.members_mut().apply(&cc);
+        debug_assert!(
+            self.conf_agrees_with_members(),
+            "no voter or learner of the applied configuration is a removed id, none is both"
+        );
         self.members_version += 1;
         self.snapshot_now = true;
         if members::removed_ids(&cc).contains(&self.cfg.id) {
@@ -257,6 +261,20 @@ impl<D: Disk> Node<D> {
         if self.removed() && !voter && self.is_leader() {
             self.step_down();
         }
+    }
+
+    /// The configuration raft applied and the replicated members agree: an
+    /// incoming voter or learner is never a removed id (ids are never
+    /// reused), and no id is both a voter and a learner.
+    fn conf_agrees_with_members(&self) -> bool {
+        let cs = self.rn.raft.prs().conf().to_conf_state();
+        let members = self.sm.members();
+        cs.voters.iter().all(|id| !cs.learners.contains(id))
+            && cs
+                .voters
+                .iter()
+                .chain(cs.learners.iter())
+                .all(|id| !members.is_removed(*id))
     }
 
     /// A leader that applied its own removal steps down at once (raft-rs

@@ -407,34 +407,7 @@ impl<D: Disk> Node<D> {
     pub fn open(cfg: NodeConfig, disk: D, logger: &slog::Logger) -> Result<Self, NodeError> {
         let (mut wal, rec) = Wal::open(disk)?;
         let mut store = rec.store;
-        let mut given = cfg.voters.clone();
-        given.sort_unstable();
-        given.dedup();
-        let fresh = store.conf_state().voters.is_empty() && store.conf_state().learners.is_empty();
-        if fresh && !cfg.join {
-            let mut cs = ConfState::default();
-            cs.voters.clone_from(&given);
-            wal.stage_conf_state(&cs);
-            store.set_conf_state(cs);
-        } else if fresh {
-            log::info!(
-                "node {}: joining: no configuration yet; waiting for the leader to add this \
-                 node (ticket cluster add {}=...)",
-                cfg.id,
-                cfg.id
-            );
-        } else if !cfg.join {
-            let mut stored = store.conf_state().voters.clone();
-            stored.sort_unstable();
-            if stored != given {
-                log::warn!(
-                    "node {}: the data directory records voters {stored:?} and learners {:?}; \
-                     --peers names {given:?}: the recorded configuration is used",
-                    cfg.id,
-                    store.conf_state().learners
-                );
-            }
-        }
+        let fresh = settle_conf(&cfg, &mut wal, &mut store);
         if wal.identity().uuid == 0 {
             let mut r = SplitMix64::new(cfg.uuid_entropy ^ cfg.id.rotate_left(48));
             // Never 0: 0 means "not drawn" / "never seen".
@@ -466,34 +439,31 @@ impl<D: Disk> Node<D> {
             store.conf_state(),
             &cfg.peer_addrs,
         );
-        let raft_cfg = raft::Config {
-            id: cfg.id,
-            election_tick: cfg.election_tick,
-            heartbeat_tick: cfg.heartbeat_tick,
-            pre_vote: true,
-            check_quorum: true,
-            max_size_per_msg: 1 << 20,
-            max_inflight_msgs: 256,
-            // Not `batch_append`: in raft 0.7 it merges new entries into a
-            // waiting append that carries none without checking that they
-            // follow its previous index, and the follower then acknowledges
-            // an index it does not have (the cluster simulation panics on
-            // seed 1 with it). A turn's client requests are proposed
-            // together instead (`propose_batch`).
-            max_uncommitted_size: 32 << 20,
-            max_committed_size_per_ready: 4 << 20,
-            // 0: raft starts applying after the snapshot and hands us every
-            // committed entry after it again (the table is in memory).
-            applied: 0,
-            ..raft::Config::default()
-        };
-        let rn = RawNode::new(&raft_cfg, store, logger)?;
+        let rn = RawNode::new(&raft_config(&cfg), store, logger)?;
         let token_rng = if cfg.os_token_bits {
             TokenRng::os()?
         } else {
             TokenRng::seeded(cfg.seed ^ epoch.rotate_left(16))
         };
-        let mut node = Node {
+        let mut node = Node::with_parts(cfg, rn, wal, sm, applied, epoch, token_rng);
+        // Grants restored from the snapshot began before this boot: the
+        // boot is the earliest moment this node knows of.
+        node.reseed_holds(Millis::ZERO);
+        node.after_raft_call();
+        Ok(node)
+    }
+
+    /// A node just opened: its recovered parts, and nothing in flight.
+    fn with_parts(
+        cfg: NodeConfig,
+        rn: RawNode<LogStore>,
+        wal: Wal<D>,
+        sm: StateMachine,
+        applied: u64,
+        epoch: u64,
+        token_rng: TokenRng,
+    ) -> Self {
+        Node {
             rng: SplitMix64::new(cfg.seed ^ epoch.rotate_left(32)),
             token_rng,
             cfg,
@@ -533,12 +503,7 @@ impl<D: Disk> Node<D> {
             members_version: 1,
             snapshot_now: false,
             conf_proposed_at: 0,
-        };
-        // Grants restored from the snapshot began before this boot: the
-        // boot is the earliest moment this node knows of.
-        node.reseed_holds(Millis::ZERO);
-        node.after_raft_call();
-        Ok(node)
+        }
     }
 
     /// This node's id.
@@ -730,5 +695,66 @@ impl<D: Disk> Node<D> {
             log::debug!("node {}: ignored {kind:?} from {from}: {e}", self.cfg.id);
         }
         self.after_raft_call();
+    }
+}
+
+/// On a fresh disk of a static cluster, records the `--peers` voters; on a
+/// fresh disk of a joining node, waits for the leader; otherwise keeps the
+/// recorded configuration (and says so if `--peers` disagrees). Returns
+/// whether the disk was fresh.
+fn settle_conf<D: Disk>(cfg: &NodeConfig, wal: &mut Wal<D>, store: &mut LogStore) -> bool {
+    let mut given = cfg.voters.clone();
+    given.sort_unstable();
+    given.dedup();
+    let fresh = store.conf_state().voters.is_empty() && store.conf_state().learners.is_empty();
+    if fresh && !cfg.join {
+        let mut cs = ConfState::default();
+        cs.voters.clone_from(&given);
+        wal.stage_conf_state(&cs);
+        store.set_conf_state(cs);
+    } else if fresh {
+        log::info!(
+            "node {}: joining: no configuration yet; waiting for the leader to add this \
+             node (ticket cluster add {}=...)",
+            cfg.id,
+            cfg.id
+        );
+    } else if !cfg.join {
+        let mut stored = store.conf_state().voters.clone();
+        stored.sort_unstable();
+        if stored != given {
+            log::warn!(
+                "node {}: the data directory records voters {stored:?} and learners {:?}; \
+                 --peers names {given:?}: the recorded configuration is used",
+                cfg.id,
+                store.conf_state().learners
+            );
+        }
+    }
+    fresh
+}
+
+/// raft's settings for a node with these.
+fn raft_config(cfg: &NodeConfig) -> raft::Config {
+    raft::Config {
+        id: cfg.id,
+        election_tick: cfg.election_tick,
+        heartbeat_tick: cfg.heartbeat_tick,
+        pre_vote: true,
+        check_quorum: true,
+        max_size_per_msg: 1 << 20,
+        max_inflight_msgs: 256,
+        // Not `batch_append`: in raft 0.7 it merges new entries into a
+        // waiting append that carries none without checking that they
+        // follow its previous index, and the follower then acknowledges
+        // an index it does not have (the cluster simulation panics on
+        // seed 1 with it). A turn's client requests are proposed
+        // together instead (`propose_batch`).
+        max_uncommitted_size: 32 << 20,
+        max_committed_size_per_ready: 4 << 20,
+        // 0: raft starts applying after the snapshot and hands us every
+        // committed entry after it again (the table is in memory).
+        applied: 0,
+        ..raft::Config::default()
     }
 }

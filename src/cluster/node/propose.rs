@@ -64,6 +64,11 @@ impl<D: Disk> Node<D> {
         self.unapplied.insert(seq);
         let floor = self.unapplied.first().copied().unwrap_or(seq);
         let data = Command::encode_request(rid, floor, conn, &req);
+        // The state machine finds the request again in what it decodes.
+        debug_assert!(
+            Command::decode(&data).is_ok_and(|c| c.rid() == Some(rid)),
+            "a proposed request decodes to its own request id"
+        );
         self.next_seq += 1;
         self.batch.push(seq);
         self.pending.insert(

@@ -3,15 +3,12 @@
 
 use std::io;
 
-use raft::eraftpb::{Message, MessageType};
+use raft::eraftpb::{Entry, Message, MessageType};
 
 use crate::cluster::log::Disk;
-use crate::cluster::state::StateMachine;
 use crate::engine::Outbox;
 use crate::time::Millis;
 
-#[cfg(any(test, feature = "testkit"))]
-use super::{fnv, Traced};
 use super::{Node, NodeError};
 
 impl<D: Disk> Node<D> {
@@ -134,33 +131,17 @@ impl<D: Disk> Node<D> {
         // A leader's messages may go out before its own fsync.
         self.msgs.extend(rd.take_messages());
         if !rd.snapshot().is_empty() {
-            let snap = rd.snapshot().clone();
-            self.wal.stage_snapshot(&snap);
-            self.sm = StateMachine::restore(self.cfg.limits.clone(), &snap.data)
-                .map_err(NodeError::BadSnapshot)?;
-            let meta = snap.get_metadata();
-            self.applied = meta.index;
-            #[cfg(any(test, feature = "testkit"))]
-            if self.cfg.trace_applied {
-                self.trace.push(Traced {
-                    index: meta.index,
-                    term: meta.term,
-                    hash: fnv(&snap.data),
-                    snapshot: true,
-                    request: None,
-                });
-            }
-            self.stats.snapshots_installed += 1;
-            self.reseed_holds(now);
-            self.members_version += 1;
-            self.after_snapshot_install();
-            self.rn.mut_store().apply_snapshot(snap);
+            self.install_snapshot(now, rd.snapshot().clone())?;
         }
         // Committed entries are durable here already (raft caps them at the
         // persisted index).
         let committed = rd.take_committed_entries();
         self.apply_entries(now, &committed, out);
         if !rd.entries().is_empty() {
+            debug_assert!(
+                entries_follow_on(rd.entries()),
+                "raft hands the WAL contiguous indices with non-decreasing terms"
+            );
             self.wal.stage_entries(rd.entries());
             self.rn
                 .mut_store()
@@ -266,4 +247,12 @@ pub(super) fn coalesce_acks(msgs: &mut Vec<Message>) {
         i += 1;
         !dropped[i - 1]
     });
+}
+
+/// True when each entry's index is one more than the one before it and no
+/// term goes down: what the WAL's recovery and raft's log rely on.
+fn entries_follow_on(entries: &[Entry]) -> bool {
+    entries
+        .windows(2)
+        .all(|w| w[1].index == w[0].index + 1 && w[1].term >= w[0].term)
 }

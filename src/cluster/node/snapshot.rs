@@ -1,16 +1,51 @@
-//! Snapshots: what a node does after installing one a leader sent, and
-//! compaction (a snapshot of the table, then the log rewritten).
+//! Snapshots: installing one a leader sent (and what that does to this
+//! node's pending requests), and compaction (a snapshot of the table, then the log rewritten).
 
 use std::io;
 
+use raft::eraftpb::Snapshot;
+
 use crate::cluster::command::{Command, Rid};
 use crate::cluster::log::Disk;
+use crate::cluster::state::StateMachine;
 use crate::time::Millis;
 
+#[cfg(any(test, feature = "testkit"))]
+use super::{fnv, Traced};
 use super::{Node, NodeError};
 
 impl<D: Disk> Node<D> {
-    pub(super) fn after_snapshot_install(&mut self) {
+    /// Installs the snapshot a leader sent: staged for the WAL, the table
+    /// restored from it, then raft's log store.
+    pub(super) fn install_snapshot(
+        &mut self,
+        now: Millis,
+        snap: Snapshot,
+    ) -> Result<(), NodeError> {
+        self.wal.stage_snapshot(&snap);
+        self.sm = StateMachine::restore(self.cfg.limits.clone(), &snap.data)
+            .map_err(NodeError::BadSnapshot)?;
+        let meta = snap.get_metadata();
+        self.applied = meta.index;
+        #[cfg(any(test, feature = "testkit"))]
+        if self.cfg.trace_applied {
+            self.trace.push(Traced {
+                index: meta.index,
+                term: meta.term,
+                hash: fnv(&snap.data),
+                snapshot: true,
+                request: None,
+            });
+        }
+        self.stats.snapshots_installed += 1;
+        self.reseed_holds(now);
+        self.members_version += 1;
+        self.after_snapshot_install();
+        self.rn.mut_store().apply_snapshot(snap);
+        Ok(())
+    }
+
+    fn after_snapshot_install(&mut self) {
         // Requests of ours the snapshot already covers: a queued acquire is
         // still answered later. The rest are proposed again at the next
         // tick: the duplicate changes nothing, and when it applies an

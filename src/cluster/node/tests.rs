@@ -398,6 +398,8 @@ fn a_batch_raft_drops_is_answered_busy_and_not_released() {
         .any(|m| m.msg_type == MessageType::MsgPropose));
 }
 
+// Long because it is one scenario: elect, remove the leader, leave the
+// joint configuration, restart, and check the configuration survived.
 #[test]
 fn a_leader_removes_itself_through_a_joint_configuration_that_survives_a_restart() {
     let disks: Vec<MemDisk> = (0..3).map(|_| MemDisk::new()).collect();
