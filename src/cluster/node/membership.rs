@@ -266,7 +266,7 @@ impl<D: Disk> Node<D> {
     /// The configuration raft applied and the replicated members agree: an
     /// incoming voter or learner is never a removed id (ids are never
     /// reused), and no id is both a voter and a learner.
-    fn conf_agrees_with_members(&self) -> bool {
+    pub(super) fn conf_agrees_with_members(&self) -> bool {
         let cs = self.rn.raft.prs().conf().to_conf_state();
         let members = self.sm.members();
         cs.voters.iter().all(|id| !cs.learners.contains(id))

@@ -251,7 +251,7 @@ pub(super) fn coalesce_acks(msgs: &mut Vec<Message>) {
 
 /// True when each entry's index is one more than the one before it and no
 /// term goes down: what the WAL's recovery and raft's log rely on.
-fn entries_follow_on(entries: &[Entry]) -> bool {
+pub(super) fn entries_follow_on(entries: &[Entry]) -> bool {
     entries
         .windows(2)
         .all(|w| w[1].index == w[0].index + 1 && w[1].term >= w[0].term)

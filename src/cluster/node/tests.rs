@@ -3,7 +3,7 @@ use crate::cluster::log::MemDisk;
 use crate::cluster::members::Change;
 use crate::engine::Outbox;
 use crate::proto::{Reply, Request};
-use raft::eraftpb::MessageType;
+use raft::eraftpb::{ConfChangeSingle, ConfChangeType, ConfChangeV2, Entry, MessageType};
 
 /// Runs turns at `now` (the clock does not move) until `out` holds a
 /// reply or `turns` pass.
@@ -485,4 +485,41 @@ fn a_leader_removes_itself_through_a_joint_configuration_that_survives_a_restart
             "address forgotten"
         );
     }
+}
+
+#[test]
+fn the_wal_check_refuses_a_gap_and_a_falling_term() {
+    use super::ready::entries_follow_on;
+    let e = |index, term| Entry {
+        index,
+        term,
+        ..Entry::default()
+    };
+    assert!(entries_follow_on(&[]));
+    assert!(entries_follow_on(&[e(7, 2)]));
+    assert!(entries_follow_on(&[e(7, 2), e(8, 2), e(9, 3)]));
+    assert!(!entries_follow_on(&[e(7, 2), e(9, 2)]), "a gap");
+    assert!(!entries_follow_on(&[e(7, 2), e(7, 2)]), "a repeated index");
+    assert!(!entries_follow_on(&[e(7, 3), e(8, 2)]), "a falling term");
+}
+
+#[test]
+fn applied_conf_changes_keep_raft_and_the_members_in_agreement() {
+    let disks: Vec<MemDisk> = (0..3).map(|_| MemDisk::new()).collect();
+    let mut out = Outbox::new();
+    let mut now = Millis(0);
+    let nodes = elected(&disks, &mut now, &mut out);
+    for n in &nodes {
+        assert!(n.conf_agrees_with_members());
+    }
+    // A removed id that is still an incoming voter is what the check
+    // refuses.
+    let mut n = nodes.into_iter().next().expect("a node");
+    let mut cc = ConfChangeV2::default();
+    let mut single = ConfChangeSingle::default();
+    single.set_change_type(ConfChangeType::RemoveNode);
+    single.node_id = 2;
+    cc.changes.push(single);
+    n.sm.members_mut().apply(&cc);
+    assert!(!n.conf_agrees_with_members());
 }
