@@ -90,38 +90,10 @@ pub fn parse(args: Vec<OsString>) -> Result<(Config, ClusterConfig), ConfigError
     if !(10..=10_000).contains(&tick_ms) {
         return Err(ConfigError::Invalid("--tick-ms must be 10..=10000".into()));
     }
-    let mut tls_file = |flag: &'static str| -> Result<Option<std::path::PathBuf>, ConfigError> {
-        args.opt_value_from_os_str(flag, |s| {
-            Ok::<_, std::convert::Infallible>(std::path::PathBuf::from(s))
-        })
-        .map_err(|e| ConfigError::Invalid(format!("{flag}: {e}")))
-    };
-    let cert = tls_file("--peer-tls-cert")?;
-    let key = tls_file("--peer-tls-key")?;
-    let ca = tls_file("--peer-tls-ca")?;
-    let tls = match (cert, key, ca) {
-        (None, None, None) => None,
-        (Some(cert), Some(key), Some(ca)) => Some(TlsFiles { cert, key, ca }),
-        _ => {
-            return Err(ConfigError::Invalid(
-                "--peer-tls-cert, --peer-tls-key and --peer-tls-ca go together: give all \
-                 three (`ticket certs init DIR` makes them)"
-                    .into(),
-            ))
-        }
-    };
+    let tls = take_tls_files(&mut args)?;
     let insecure_peers = args.contains("--insecure-peers");
     let join = args.contains("--join");
-    if cluster_name.is_empty()
-        || !cluster_name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
-    {
-        return Err(ConfigError::Invalid(format!(
-            "--cluster-name {cluster_name:?}: letters, digits, '-' and '.' only (it is part \
-             of the DNS names in peer certificates)"
-        )));
-    }
+    check_cluster_name(&cluster_name)?;
     let config = Config::take_flags(&mut args)?;
     reject_leftovers(args)?;
     if config.engine.max_hold_ms > 0 {
@@ -159,6 +131,43 @@ pub fn parse(args: Vec<OsString>) -> Result<(Config, ClusterConfig), ConfigError
     };
     cluster.check_protected()?;
     Ok((config, cluster))
+}
+
+/// The peer TLS files: all three flags, or none.
+fn take_tls_files(args: &mut pico_args::Arguments) -> Result<Option<TlsFiles>, ConfigError> {
+    let mut tls_file = |flag: &'static str| -> Result<Option<std::path::PathBuf>, ConfigError> {
+        args.opt_value_from_os_str(flag, |s| {
+            Ok::<_, std::convert::Infallible>(std::path::PathBuf::from(s))
+        })
+        .map_err(|e| ConfigError::Invalid(format!("{flag}: {e}")))
+    };
+    let cert = tls_file("--peer-tls-cert")?;
+    let key = tls_file("--peer-tls-key")?;
+    let ca = tls_file("--peer-tls-ca")?;
+    match (cert, key, ca) {
+        (None, None, None) => Ok(None),
+        (Some(cert), Some(key), Some(ca)) => Ok(Some(TlsFiles { cert, key, ca })),
+        _ => Err(ConfigError::Invalid(
+            "--peer-tls-cert, --peer-tls-key and --peer-tls-ca go together: give all \
+             three (`ticket certs init DIR` makes them)"
+                .into(),
+        )),
+    }
+}
+
+/// A cluster name is part of the DNS names in peer certificates.
+fn check_cluster_name(cluster_name: &str) -> Result<(), ConfigError> {
+    if cluster_name.is_empty()
+        || !cluster_name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+    {
+        return Err(ConfigError::Invalid(format!(
+            "--cluster-name {cluster_name:?}: letters, digits, '-' and '.' only (it is part \
+             of the DNS names in peer certificates)"
+        )));
+    }
+    Ok(())
 }
 
 /// Runs the cluster-mode daemon: the exit status of `ticketd --cluster`.

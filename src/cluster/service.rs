@@ -208,22 +208,7 @@ impl ClusterService {
                 Some(PeerTls::load(files, cfg.id, &cfg.cluster_name).map_err(StartError::Tls)?)
             }
         };
-        let voters: Vec<u64> = if cfg.join {
-            Vec::new()
-        } else {
-            cfg.peers.keys().copied().collect()
-        };
-        let mut ncfg = NodeConfig::new(cfg.id, voters);
-        ncfg.join = cfg.join;
-        ncfg.peer_addrs = cfg.peers.clone();
-        ncfg.limits = cfg.limits.clone();
-        ncfg.tick_ms = cfg.tick_ms.max(1);
-        let entropy = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
-            ^ u64::from(std::process::id()).rotate_left(32);
-        ncfg.uuid_entropy = entropy;
-        ncfg.seed = entropy.rotate_left(17);
+        let ncfg = node_config(cfg);
         let disk = FileDisk::open(&cfg.data_dir).map_err(|e| {
             StartError::Config(ConfigError::Invalid(format!(
                 "data dir {}: {e}",
@@ -232,57 +217,8 @@ impl ClusterService {
         })?;
         let election_ms = ncfg.tick_ms.saturating_mul(ncfg.election_tick as u64);
         let node = Node::open(ncfg, disk, &raft_logger()).map_err(StartError::Node)?;
-        let local = LocalInfo {
-            id: cfg.id,
-            cluster: hash64(&[cfg.cluster_name.as_bytes()]),
-            voters: MEMBERSHIP_MARK,
-            uuid: node.identity().uuid,
-            known: node.identity().peers.clone(),
-        };
-        // The replicated configuration's addresses win over --peers; a
-        // node that has none yet (joining) starts from --peers.
-        let stored = node.peer_addrs();
-        let initial = if stored.is_empty() {
-            &cfg.peers
-        } else {
-            &stored
-        };
-        let mut transport = Transport::bind(local, listen, initial).map_err(StartError::Listen)?;
-        if let Some(tls) = tls {
-            transport.set_tls(tls);
-        }
-        transport.set_election_timeout_ms(election_ms);
-        let snapshot_bound = StateMachine::snapshot_bound(&cfg.limits, cfg.max_key_bytes);
-        transport.set_max_frame_bytes(snapshot_bound);
-        if snapshot_bound > transport.max_frame_bytes() as u64 {
-            log::warn!(
-                "these limits allow a lock table whose snapshot (up to {} MiB) is over the \
-                 {} MiB a peer frame can carry: a follower that needs such a snapshot \
-                 cannot catch up until the table shrinks",
-                snapshot_bound.div_ceil(1 << 20),
-                transport.max_frame_bytes().div_ceil(1 << 20)
-            );
-        }
-        let describe = format!(
-            "cluster node {} of {:?}{}, peers on {} ({}), data dir {}, boot epoch {}, \
-             peer frames up to {} MiB",
-            cfg.id,
-            node.members().iter().map(|m| m.id).collect::<Vec<_>>(),
-            if cfg.join && node.members().is_empty() {
-                " (joining: waiting to be added)"
-            } else {
-                ""
-            },
-            transport.local_addr().map_or(listen, |a| a),
-            if cfg.tls.is_some() {
-                "mutual TLS"
-            } else {
-                "plaintext"
-            },
-            cfg.data_dir.display(),
-            node.epoch(),
-            transport.max_frame_bytes().div_ceil(1 << 20)
-        );
+        let transport = open_transport(cfg, &node, listen, tls, election_ms)?;
+        let describe = describe(cfg, &node, &transport, listen);
         Ok(ClusterService {
             node,
             transport,
@@ -633,6 +569,101 @@ impl Service for ClusterService {
             Err(r) => (r.status, format!("{}\n", r.message)),
         }
     }
+}
+
+/// The node's settings from the daemon's: the voters from `--peers`
+/// (none when joining), and seeds drawn from the clock and the pid.
+fn node_config(cfg: &ClusterConfig) -> NodeConfig {
+    let voters: Vec<u64> = if cfg.join {
+        Vec::new()
+    } else {
+        cfg.peers.keys().copied().collect()
+    };
+    let mut ncfg = NodeConfig::new(cfg.id, voters);
+    ncfg.join = cfg.join;
+    ncfg.peer_addrs = cfg.peers.clone();
+    ncfg.limits = cfg.limits.clone();
+    ncfg.tick_ms = cfg.tick_ms.max(1);
+    let entropy = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+        ^ u64::from(std::process::id()).rotate_left(32);
+    ncfg.uuid_entropy = entropy;
+    ncfg.seed = entropy.rotate_left(17);
+    ncfg
+}
+
+/// Binds the peer listener, with TLS if configured, and sizes its frames
+/// for the largest snapshot the limits allow (warning when a frame cannot
+/// carry one).
+fn open_transport(
+    cfg: &ClusterConfig,
+    node: &Node<FileDisk>,
+    listen: SocketAddr,
+    tls: Option<PeerTls>,
+    election_ms: u64,
+) -> Result<Transport, StartError> {
+    let local = LocalInfo {
+        id: cfg.id,
+        cluster: hash64(&[cfg.cluster_name.as_bytes()]),
+        voters: MEMBERSHIP_MARK,
+        uuid: node.identity().uuid,
+        known: node.identity().peers.clone(),
+    };
+    // The replicated configuration's addresses win over --peers; a
+    // node that has none yet (joining) starts from --peers.
+    let stored = node.peer_addrs();
+    let initial = if stored.is_empty() {
+        &cfg.peers
+    } else {
+        &stored
+    };
+    let mut transport = Transport::bind(local, listen, initial).map_err(StartError::Listen)?;
+    if let Some(tls) = tls {
+        transport.set_tls(tls);
+    }
+    transport.set_election_timeout_ms(election_ms);
+    let snapshot_bound = StateMachine::snapshot_bound(&cfg.limits, cfg.max_key_bytes);
+    transport.set_max_frame_bytes(snapshot_bound);
+    if snapshot_bound > transport.max_frame_bytes() as u64 {
+        log::warn!(
+            "these limits allow a lock table whose snapshot (up to {} MiB) is over the \
+             {} MiB a peer frame can carry: a follower that needs such a snapshot \
+             cannot catch up until the table shrinks",
+            snapshot_bound.div_ceil(1 << 20),
+            transport.max_frame_bytes().div_ceil(1 << 20)
+        );
+    }
+    Ok(transport)
+}
+
+/// The start-up line: who this node is, its peers, its data directory.
+fn describe(
+    cfg: &ClusterConfig,
+    node: &Node<FileDisk>,
+    transport: &Transport,
+    listen: SocketAddr,
+) -> String {
+    format!(
+        "cluster node {} of {:?}{}, peers on {} ({}), data dir {}, boot epoch {}, \
+         peer frames up to {} MiB",
+        cfg.id,
+        node.members().iter().map(|m| m.id).collect::<Vec<_>>(),
+        if cfg.join && node.members().is_empty() {
+            " (joining: waiting to be added)"
+        } else {
+            ""
+        },
+        transport.local_addr().map_or(listen, |a| a),
+        if cfg.tls.is_some() {
+            "mutual TLS"
+        } else {
+            "plaintext"
+        },
+        cfg.data_dir.display(),
+        node.epoch(),
+        transport.max_frame_bytes().div_ceil(1 << 20)
+    )
 }
 
 #[cfg(test)]
