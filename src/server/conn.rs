@@ -1,10 +1,16 @@
-//! One client connection: its byte stream, an explicit read buffer, a write
-//! buffer with a cursor for partial writes, and its closing state.
+//! One client connection: its byte stream and identity, its input (an
+//! explicit read buffer and what the socket may still hold), its output (a
+//! write buffer with a cursor for partial writes, and its limits), its
+//! timers, and its closing state.
 //!
 //! The stream is a [`Stream`] (`super::transport`): a mio TCP or Unix
 //! socket, or (feature `harness`, for tests) the server end of an in-memory
 //! pipe. Everything else about the connection (buffers, limits, closing) is
 //! the same code for all.
+//!
+//! The fields are private: the loop in `super` asks a [`Conn`] for what it
+//! needs (`frame_bytes`, `consume`, `read_more`, `queue_replies`, `flush`,
+//! ...) and keeps only its own lists of which connections have work.
 
 use std::io::{self, Read, Write};
 
@@ -18,6 +24,9 @@ use crate::time::Millis;
 
 /// Initial read buffer size; grown only for a frame that does not fit.
 pub(crate) const RBUF_INITIAL: usize = 4096;
+
+/// Discarding reads per turn on a lingering close.
+const DISCARD_READS_PER_TURN: usize = 16;
 
 /// Why and how a connection is being closed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,148 +48,528 @@ pub(crate) enum Closing {
     Now,
 }
 
-/// A client connection. Fields are the loop's to manage.
+/// What one [`Conn::read_more`] did.
 #[derive(Debug)]
-pub(crate) struct Conn {
-    pub stream: Stream,
-    pub peer: PeerAddr,
-    /// Never reused while the process lives.
-    pub id: ConnId,
-    /// Received bytes live in `rbuf[rstart..rend]`; `rbuf.len()` is the capacity.
-    pub rbuf: Vec<u8>,
-    pub rstart: usize,
-    pub rend: usize,
-    /// Unsent replies live in `wbuf[cursor..]`.
-    pub wbuf: Vec<u8>,
-    pub cursor: usize,
+pub(crate) enum Fill {
+    /// Bytes arrived; they are now at the end of [`Conn::frame_bytes`].
+    Bytes,
+    /// The peer closed its side ([`Conn::peer_closed`] is now true).
+    Eof,
+    /// The socket is empty for now; a new edge will say when it is not.
+    WouldBlock,
+    /// No room: the buffer holds complete frames not yet handled.
+    Full,
+}
+
+/// Received bytes and what the socket may still hold.
+#[derive(Debug)]
+struct Input {
+    /// Received bytes live in `buf[start..end]`; `buf.len()` is the capacity.
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
     /// The socket may have more to read (an edge was seen and not yet drained).
-    pub readable: bool,
+    readable: bool,
     /// Read until `WouldBlock` even after a short read: set when a readiness
     /// event reported the peer's close or an error (and on accept), whose
     /// edge has then been consumed and will not come again.
-    pub drain: bool,
+    drain: bool,
     /// The peer closed its side.
-    pub eof: bool,
-    /// Queued in the loop's list of connections with input to handle.
-    pub active: bool,
-    /// Queued in the loop's list of connections with output to write.
-    pub dirty: bool,
+    eof: bool,
     /// Not read because its unsent replies reached the soft limit.
-    pub paused: bool,
-    pub closing: Closing,
-    /// The write side was shut (lingering close).
-    pub shut_write: bool,
-    /// The interest currently registered with the poll.
-    pub interest: Interest,
-    /// When the incomplete frame at the front of `rbuf` started to arrive.
-    pub partial_since: Option<Millis>,
+    paused: bool,
+    /// When the incomplete frame at the front of `buf` started to arrive.
+    partial_since: Option<Millis>,
+}
+
+/// Unsent replies and how the socket takes them.
+#[derive(Debug)]
+struct Output {
+    /// Unsent replies live in `buf[cursor..]`.
+    buf: Vec<u8>,
+    cursor: usize,
     /// Since when unsent replies have made no progress.
-    pub stalled_since: Option<Millis>,
+    stalled_since: Option<Millis>,
+    /// The interest currently registered with the poll.
+    interest: Interest,
+    /// The write side was shut (lingering close).
+    shut_write: bool,
+}
+
+/// A client connection.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    stream: Stream,
+    peer: PeerAddr,
+    /// Never reused while the process lives.
+    id: ConnId,
+    input: Input,
+    output: Output,
+    /// Queued in the loop's list of connections with input to handle.
+    active: bool,
+    /// Queued in the loop's list of connections with output to write.
+    dirty: bool,
+    closing: Closing,
     /// The wrong-token answers (`N`, `X`) this connection collected.
-    pub guesses: GuessThrottle,
+    guesses: GuessThrottle,
 }
 
 impl Conn {
+    /// A new connection, readable at once (a client may have sent its first
+    /// frames before its socket was registered) but not yet queued: the
+    /// caller queues it with [`Conn::mark_active`].
     pub(crate) fn new(stream: Stream, peer: impl Into<PeerAddr>, id: ConnId) -> Self {
-        let peer = peer.into();
         Conn {
             stream,
-            peer,
+            peer: peer.into(),
             id,
-            rbuf: vec![0; RBUF_INITIAL],
-            rstart: 0,
-            rend: 0,
-            wbuf: Vec::new(),
-            cursor: 0,
-            readable: false,
-            drain: true,
-            eof: false,
+            input: Input {
+                buf: vec![0; RBUF_INITIAL],
+                start: 0,
+                end: 0,
+                readable: true,
+                drain: true,
+                eof: false,
+                paused: false,
+                partial_since: None,
+            },
+            output: Output {
+                buf: Vec::new(),
+                cursor: 0,
+                stalled_since: None,
+                interest: Interest::READABLE,
+                shut_write: false,
+            },
             active: false,
             dirty: false,
-            paused: false,
             closing: Closing::No,
-            shut_write: false,
-            interest: Interest::READABLE,
-            partial_since: None,
-            stalled_since: None,
             guesses: GuessThrottle::default(),
         }
     }
 
-    /// Unsent reply bytes, with those the stream holds (TLS records).
+    // ------------------------------------------------------------ identity
+
+    /// Its id: never reused while the process lives.
     #[inline]
-    pub(crate) fn pending_out(&self) -> usize {
-        self.wbuf.len() - self.cursor + self.stream.buffered()
+    pub(crate) fn id(&self) -> ConnId {
+        self.id
+    }
+
+    /// Who is at the other end.
+    #[inline]
+    pub(crate) fn peer(&self) -> PeerAddr {
+        self.peer
+    }
+
+    /// The poll source of its socket (`None` for an in-memory pipe).
+    pub(crate) fn source(&mut self) -> Option<&mut dyn mio::event::Source> {
+        self.stream.source()
+    }
+
+    /// The server end of its in-memory pipe, if it is one.
+    #[cfg(feature = "harness")]
+    pub(crate) fn pipe(&mut self) -> Option<&mut crate::harness::pipe::ServerEnd> {
+        match &mut self.stream {
+            Stream::Mem(end) => Some(end),
+            _ => None,
+        }
+    }
+
+    /// The read side of an in-memory pipe has an edge not yet taken.
+    #[cfg(feature = "harness")]
+    pub(crate) fn pipe_has_edges(&self) -> bool {
+        match &self.stream {
+            Stream::Mem(end) => end.has_edges(),
+            _ => false,
+        }
+    }
+
+    /// Its guess throttle (the wrong-token answers it collected).
+    #[inline]
+    pub(crate) fn guesses(&mut self) -> &mut GuessThrottle {
+        &mut self.guesses
+    }
+
+    /// When its guess throttle lets it be read again.
+    pub(crate) fn guesses_resume_at(&self) -> Millis {
+        self.guesses.resume_at()
+    }
+
+    // ------------------------------------------------- the loop's work lists
+
+    /// Marks it as having input to handle; true when it was not yet, and so
+    /// must be pushed on the loop's list of active connections.
+    #[inline]
+    pub(crate) fn mark_active(&mut self) -> bool {
+        !std::mem::replace(&mut self.active, true)
+    }
+
+    /// Takes it off the loop's list of active connections (its input is
+    /// being handled).
+    #[inline]
+    pub(crate) fn clear_active(&mut self) {
+        self.active = false;
+    }
+
+    /// Marks it as having output to write; true when it was not yet, and so
+    /// must be pushed on the loop's list of dirty connections.
+    #[inline]
+    pub(crate) fn mark_dirty(&mut self) -> bool {
+        !std::mem::replace(&mut self.dirty, true)
+    }
+
+    /// Takes it off the loop's list of dirty connections.
+    #[inline]
+    pub(crate) fn clear_dirty(&mut self) {
+        self.dirty = false;
+    }
+
+    // --------------------------------------------------------------- input
+
+    /// A readiness event said the socket has input; `closed` when it also
+    /// reported the peer's close or an error, whose edge will not come again.
+    #[inline]
+    pub(crate) fn note_readable(&mut self, closed: bool) {
+        self.input.readable = true;
+        self.input.drain |= closed;
+    }
+
+    /// The received bytes not yet handled: complete frames first, perhaps
+    /// an incomplete one at the end.
+    #[inline]
+    pub(crate) fn frame_bytes(&self) -> &[u8] {
+        &self.input.buf[self.input.start..self.input.end]
+    }
+
+    /// The first `used` bytes of [`Conn::frame_bytes`] were one frame, now
+    /// handled.
+    #[inline]
+    pub(crate) fn consume(&mut self, used: usize) {
+        debug_assert!(used <= self.input.end - self.input.start);
+        self.input.start += used;
+        self.input.partial_since = None;
     }
 
     /// Unhandled received bytes.
     pub(crate) fn pending_in(&self) -> usize {
-        self.rend - self.rstart
+        self.input.end - self.input.start
     }
 
-    /// Makes room at the end of `rbuf` for a read: moves the unhandled bytes
-    /// to the front, and grows the buffer (up to `max_frame` bytes) only when
-    /// it is full of one incomplete frame. Returns false when there is no room
-    /// (the buffer holds complete frames not yet handled).
-    pub(crate) fn make_room(&mut self, max_frame: usize) -> bool {
-        if self.rstart == self.rend {
-            self.rstart = 0;
-            self.rend = 0;
-        } else if self.rend == self.rbuf.len() && self.rstart > 0 {
-            self.rbuf.copy_within(self.rstart..self.rend, 0);
-            self.rend -= self.rstart;
-            self.rstart = 0;
+    /// The peer closed its side.
+    #[inline]
+    pub(crate) fn peer_closed(&self) -> bool {
+        self.input.eof
+    }
+
+    /// The socket may have more to read.
+    #[inline]
+    pub(crate) fn may_read(&self) -> bool {
+        self.input.readable
+    }
+
+    /// One read from the socket into the free end of the buffer, after
+    /// making room for it (the buffer grows up to `max_frame` bytes only for
+    /// one incomplete frame). Keeps track of whether the socket may hold more.
+    pub(crate) fn read_more(&mut self, max_frame: usize) -> io::Result<Fill> {
+        if !self.make_room(max_frame) {
+            return Ok(Fill::Full);
         }
-        if self.rend < self.rbuf.len() {
+        let offered = self.input.buf.len() - self.input.end;
+        match self.read_once() {
+            Ok(0) => {
+                self.input.eof = true;
+                Ok(Fill::Eof)
+            }
+            Ok(n) => {
+                self.input.end += n;
+                // A short read emptied the socket's receive queue. With
+                // edge-triggered epoll (Linux) any byte that arrives later
+                // raises a new edge, so the read that would only say
+                // `WouldBlock` is skipped: one syscall less per request at
+                // pipeline depth 1. A close or error already reported by
+                // the event has no edge to come, hence `drain`.
+                if n < offered && !self.input.drain {
+                    self.input.readable = false;
+                }
+                Ok(Fill::Bytes)
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                // Empty, and no close pending (a close reads as EOF, not
+                // `WouldBlock`): anything later raises a new edge.
+                self.input.readable = false;
+                self.input.drain = false;
+                Ok(Fill::WouldBlock)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Not read any more until its unsent replies drop below the soft limit.
+    pub(crate) fn pause_input(&mut self) {
+        self.input.paused = true;
+    }
+
+    /// Reads again if it was paused and its unsent replies are below `soft`
+    /// now; true when it was resumed (and must be queued as active).
+    pub(crate) fn resume_input_below(&mut self, soft: usize) -> bool {
+        if self.input.paused && self.unsent() < soft {
+            self.input.paused = false;
             return true;
         }
-        if self.rbuf.len() < max_frame {
-            let grown = (self.rbuf.len() * 2).min(max_frame);
-            self.rbuf.resize(grown, 0);
-            return self.rend < self.rbuf.len();
+        false
+    }
+
+    /// The end of a turn's input handling: starts or stops the clock of the
+    /// incomplete frame (not while the server itself chose not to read:
+    /// `held` by the guess throttle or paused by the soft limit), and gives
+    /// back a grown buffer once it is empty.
+    pub(crate) fn end_input_turn(&mut self, now: Millis, held: bool, out_soft_limit: usize) {
+        if held || self.input.paused {
+            // Not reading is the server's choice here; the output stall
+            // timeout covers a peer that never reads.
+            self.input.partial_since = None;
+        } else if self.pending_in() > 0 {
+            self.input.partial_since.get_or_insert(now);
+        } else {
+            self.shrink_idle_buffers(out_soft_limit);
+        }
+    }
+
+    /// Makes room at the end of the read buffer for a read: moves the
+    /// unhandled bytes to the front, and grows the buffer (up to `max_frame`
+    /// bytes) only when it is full of one incomplete frame. Returns false
+    /// when there is no room (the buffer holds complete frames not yet
+    /// handled).
+    fn make_room(&mut self, max_frame: usize) -> bool {
+        let i = &mut self.input;
+        if i.start == i.end {
+            i.start = 0;
+            i.end = 0;
+        } else if i.end == i.buf.len() && i.start > 0 {
+            i.buf.copy_within(i.start..i.end, 0);
+            i.end -= i.start;
+            i.start = 0;
+        }
+        if i.end < i.buf.len() {
+            return true;
+        }
+        if i.buf.len() < max_frame {
+            let grown = (i.buf.len() * 2).min(max_frame);
+            i.buf.resize(grown, 0);
+            return i.end < i.buf.len();
         }
         false
     }
 
     /// Returns a grown read buffer to its initial size once it is empty, so a
     /// connection that once sent a long key does not keep the memory.
-    pub(crate) fn shrink_idle_buffers(&mut self, out_soft_limit: usize) {
-        if self.rstart == self.rend && self.rbuf.len() > RBUF_INITIAL {
-            self.rbuf = vec![0; RBUF_INITIAL];
-            self.rstart = 0;
-            self.rend = 0;
+    fn shrink_idle_buffers(&mut self, out_soft_limit: usize) {
+        let i = &mut self.input;
+        if i.start == i.end && i.buf.len() > RBUF_INITIAL {
+            i.buf = vec![0; RBUF_INITIAL];
+            i.start = 0;
+            i.end = 0;
         }
-        if self.cursor == self.wbuf.len() && self.wbuf.capacity() > out_soft_limit {
-            self.wbuf = Vec::new();
-            self.cursor = 0;
+        let o = &mut self.output;
+        if o.cursor == o.buf.len() && o.buf.capacity() > out_soft_limit {
+            o.buf = Vec::new();
+            o.cursor = 0;
         }
     }
 
-    /// One `read` into the free end of `rbuf`, retrying `Interrupted`.
-    pub(crate) fn read_once(&mut self) -> io::Result<usize> {
+    /// One `read` into the free end of the read buffer, retrying
+    /// `Interrupted`.
+    fn read_once(&mut self) -> io::Result<usize> {
         loop {
-            match self.stream.read(&mut self.rbuf[self.rend..]) {
+            match self.stream.read(&mut self.input.buf[self.input.end..]) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 r => return r,
             }
         }
     }
 
+    // -------------------------------------------------------------- output
+
+    /// Unsent reply bytes, with those the stream holds (TLS records).
+    #[inline]
+    pub(crate) fn unsent(&self) -> usize {
+        self.output.buf.len() - self.output.cursor + self.stream.buffered()
+    }
+
+    /// The stream holds bytes of its own to write (TLS handshake records).
+    pub(crate) fn stream_has_output(&self) -> bool {
+        self.stream.buffered() > 0
+    }
+
+    /// Appends encoded replies to the unsent ones.
+    #[inline]
+    pub(crate) fn queue_replies(&mut self, frames: &[u8]) {
+        self.output.buf.extend_from_slice(frames);
+    }
+
+    /// At most one `write` of the unsent replies, keeping the clock of the
+    /// output stall: stopped once everything is sent, restarted by progress
+    /// or at the first write that makes none. `WouldBlock` is no error.
+    pub(crate) fn flush(&mut self, now: Millis) -> io::Result<()> {
+        if self.unsent() == 0 {
+            return Ok(());
+        }
+        match self.write_once() {
+            Ok(_) if self.unsent() == 0 => self.output.stalled_since = None,
+            Ok(n) => {
+                if n > 0 || self.output.stalled_since.is_none() {
+                    self.output.stalled_since = Some(now);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.output.stalled_since.get_or_insert(now);
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+
+    /// The poll interest it needs now, when that is not the one registered:
+    /// writable too while replies are unsent. Record it with
+    /// [`Conn::set_interest`] once registered.
+    #[inline]
+    pub(crate) fn interest_change(&self) -> Option<Interest> {
+        let want = if self.unsent() > 0 {
+            Interest::READABLE | Interest::WRITABLE
+        } else {
+            Interest::READABLE
+        };
+        (want != self.output.interest).then_some(want)
+    }
+
+    /// The interest now registered with the poll.
+    pub(crate) fn set_interest(&mut self, interest: Interest) {
+        self.output.interest = interest;
+    }
+
     /// One `write` of the unsent replies, retrying `Interrupted`. Advances the
     /// cursor; clears the buffer once everything is sent.
-    pub(crate) fn write_once(&mut self) -> io::Result<usize> {
+    fn write_once(&mut self) -> io::Result<usize> {
+        let o = &mut self.output;
         let n = loop {
-            match self.stream.write(&self.wbuf[self.cursor..]) {
+            match self.stream.write(&o.buf[o.cursor..]) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 r => break r?,
             }
         };
-        self.cursor += n;
-        if self.cursor == self.wbuf.len() {
-            self.wbuf.clear();
-            self.cursor = 0;
+        o.cursor += n;
+        if o.cursor == o.buf.len() {
+            o.buf.clear();
+            o.cursor = 0;
         }
         Ok(n)
+    }
+
+    // -------------------------------------------------------------- timers
+
+    /// An incomplete frame has been arriving for `limit_ms` or more, or the
+    /// TLS handshake has not finished in that time.
+    pub(crate) fn partial_expired(&self, now: Millis, limit_ms: u64) -> bool {
+        self.handshake_expired(now, limit_ms)
+            || self
+                .input
+                .partial_since
+                .is_some_and(|t| now.since(t) >= limit_ms)
+    }
+
+    /// The TLS handshake has not finished in `limit_ms`.
+    pub(crate) fn handshake_expired(&self, now: Millis, limit_ms: u64) -> bool {
+        self.stream.handshake_expired(now, limit_ms)
+    }
+
+    /// Unsent replies have made no progress for `limit_ms` or more.
+    pub(crate) fn output_stalled(&self, now: Millis, limit_ms: u64) -> bool {
+        self.unsent() > 0
+            && self
+                .output
+                .stalled_since
+                .is_some_and(|t| now.since(t) >= limit_ms)
+    }
+
+    // ------------------------------------------------------------- closing
+
+    /// Not closing.
+    #[inline]
+    pub(crate) fn is_open(&self) -> bool {
+        self.closing == Closing::No
+    }
+
+    /// Closing at the end of this turn: its replies are dropped.
+    #[inline]
+    pub(crate) fn closing_now(&self) -> bool {
+        self.closing == Closing::Now
+    }
+
+    /// Starts a close after a flush of the unsent replies, bounded by
+    /// `deadline`; unhandled input is dropped. False when it was closing
+    /// already (nothing changes then).
+    pub(crate) fn begin_drain(&mut self, deadline: Millis, linger: bool) -> bool {
+        if !self.is_open() {
+            return false;
+        }
+        self.closing = Closing::Drain { deadline, linger };
+        self.input.start = self.input.end;
+        true
+    }
+
+    /// Closes it at the end of this turn, unsent replies dropped. True when
+    /// it was open until now.
+    pub(crate) fn close_now(&mut self) -> bool {
+        std::mem::replace(&mut self.closing, Closing::Now) == Closing::No
+    }
+
+    /// A close is due at `now`: closing now, or a drain whose deadline passed.
+    #[cfg(feature = "harness")]
+    pub(crate) fn close_due(&self, now: Millis) -> bool {
+        match self.closing {
+            Closing::No => false,
+            Closing::Now => true,
+            Closing::Drain { deadline, .. } => now >= deadline,
+        }
+    }
+
+    /// Moves a close along; true when it is done and the connection can go.
+    /// `Now` is done at once; `Drain` once flushed (and, lingering, once the
+    /// write side is shut and the peer closed too), or at its deadline.
+    pub(crate) fn close_progress(&mut self, now: Millis) -> bool {
+        let (deadline, linger) = match self.closing {
+            Closing::No => return false,
+            Closing::Now => return true,
+            Closing::Drain { deadline, linger } => (deadline, linger),
+        };
+        if now >= deadline {
+            return true;
+        }
+        if self.unsent() > 0 {
+            return false;
+        }
+        if !linger {
+            return true;
+        }
+        if !self.output.shut_write {
+            self.output.shut_write = true;
+            if self.stream.shutdown_write().is_err() {
+                return true;
+            }
+        }
+        // Read and drop what the peer still sends until it closes, so the
+        // close is not a reset that could destroy the replies just flushed.
+        for _ in 0..DISCARD_READS_PER_TURN {
+            self.input.start = 0;
+            self.input.end = 0;
+            match self.read_once() {
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+                Err(_) => return true,
+            }
+        }
+        false
     }
 }
 
@@ -202,21 +591,22 @@ mod tests {
     #[test]
     fn make_room_compacts_then_grows_only_for_one_big_frame() {
         let mut c = conn();
-        c.rstart = 100;
-        c.rend = RBUF_INITIAL;
+        c.input.start = 100;
+        c.input.end = RBUF_INITIAL;
         assert!(c.make_room(20_000));
-        assert_eq!((c.rstart, c.rend), (0, RBUF_INITIAL - 100));
-        c.rend = RBUF_INITIAL;
+        assert_eq!((c.input.start, c.input.end), (0, RBUF_INITIAL - 100));
+        c.input.end = RBUF_INITIAL;
         assert!(c.make_room(20_000), "a full buffer of one frame grows");
-        assert!(c.rbuf.len() > RBUF_INITIAL && c.rbuf.len() <= 32_768);
-        while c.rbuf.len() < 20_000 {
-            c.rend = c.rbuf.len();
+        assert!(c.input.buf.len() > RBUF_INITIAL && c.input.buf.len() <= 32_768);
+        while c.input.buf.len() < 20_000 {
+            c.input.end = c.input.buf.len();
             assert!(c.make_room(20_000));
         }
-        c.rend = c.rbuf.len();
+        c.input.end = c.input.buf.len();
         assert!(!c.make_room(20_000), "never beyond the largest frame");
-        c.rstart = c.rend;
-        c.shrink_idle_buffers(1024);
-        assert_eq!(c.rbuf.len(), RBUF_INITIAL);
+        assert!(matches!(c.read_more(20_000), Ok(Fill::Full)));
+        c.input.start = c.input.end;
+        c.end_input_turn(Millis::ZERO, false, 1024);
+        assert_eq!(c.input.buf.len(), RBUF_INITIAL);
     }
 }

@@ -14,7 +14,7 @@ use crate::harness::pipe::ServerEnd;
 use crate::service::Service;
 use crate::time::Millis;
 
-use super::conn::{Closing, Stream};
+use super::conn::Stream;
 use super::{Clock, ConnId, ManualClock, Server, Status, SERVICE_TOKEN_BASE, WAKER};
 
 impl<S: Service> Server<S> {
@@ -69,20 +69,17 @@ impl<S: Service> Server<S> {
         }
         let now = self.clock.now();
         for (key, c) in &mut self.conns {
-            let Stream::Mem(end) = &mut c.stream else {
+            let Some(end) = c.pipe() else {
                 continue;
             };
             let (read_edge, write_edge) = end.take_edges();
             if read_edge {
-                c.readable = true;
-                c.drain = true;
-                if !c.active {
-                    c.active = true;
+                c.note_readable(true);
+                if c.mark_active() {
                     self.active.push(key);
                 }
             }
-            if write_edge && !c.dirty {
-                c.dirty = true;
+            if write_edge && c.mark_dirty() {
                 self.dirty.push(key);
             }
         }
@@ -122,18 +119,9 @@ impl<S: Service> Server<S> {
         if !self.conns.is_empty() && now >= self.next_scan {
             return true;
         }
-        self.conns.iter().any(|(_, c)| {
-            let edges = match &c.stream {
-                Stream::Mem(end) => end.has_edges(),
-                _ => false,
-            };
-            let close_due = match c.closing {
-                Closing::No => false,
-                Closing::Now => true,
-                Closing::Drain { deadline, .. } => now >= deadline,
-            };
-            edges || close_due
-        })
+        self.conns
+            .iter()
+            .any(|(_, c)| c.pipe_has_edges() || c.close_due(now))
     }
 
     /// The time on the server's clock.

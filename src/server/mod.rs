@@ -75,14 +75,16 @@ use crate::proto::{decode_request, Decoded, Malformed, Request};
 use crate::service::Service;
 use crate::time::{Millis, MonotonicClock};
 
-use conn::{Closing, Conn, PeerAddr, Stream};
+use conn::{Conn, Fill, PeerAddr, Stream};
 use ratelimit::LogLimit;
 
 const LISTENER: Token = Token(0);
 const SIGNALS: Token = Token(1);
 const WAKER: Token = Token(2);
+// Token(3) is the admin listener (`admin::LISTENER`).
 /// Unix listener `i` has token `UNIX_BASE + i`.
-const UNIX_BASE: usize = 3;
+const UNIX_BASE: usize = 4;
+const _: () = assert!(admin::LISTENER.0 == 3 && admin::LISTENER.0 < UNIX_BASE);
 const _: () = assert!(UNIX_BASE + crate::config::MAX_UNIX_LISTENERS <= CONN_BASE);
 /// Connection `k` of the slab has token `CONN_BASE + k`.
 const CONN_BASE: usize = 16;
@@ -106,8 +108,6 @@ const ACCEPT_PAUSE_MS: u64 = 100;
 const SCAN_INTERVAL_MS: u64 = 1000;
 /// How often closing connections are looked at while some are lingering.
 const CLOSING_RECHECK_MS: u64 = 50;
-/// Discarding reads per turn on a lingering close.
-const DISCARD_READS_PER_TURN: usize = 16;
 
 /// Whether the server goes on after a turn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -181,6 +181,9 @@ pub struct Stats {
     pub accepted: u64,
     /// Connections accepted and closed at once because of `max_conns`.
     pub refused: u64,
+    /// Unix-socket client connections closed at once: the peer's uid and
+    /// gid are not in `--allow-uid` / `--allow-gid`.
+    pub refused_peer: u64,
     /// Connections closed for malformed input.
     pub malformed: u64,
     /// Connections closed at the output hard limit or for a timeout.
@@ -621,7 +624,7 @@ impl<S: Service> Server<S> {
         }
         for &(key, _) in &self.throttled {
             if let Some(c) = self.conns.get(key) {
-                at = at.min(c.guesses.resume_at());
+                at = at.min(c.guesses_resume_at());
             }
         }
         if let Some(t) = self.shutdown_deadline {
@@ -678,18 +681,14 @@ impl<S: Service> Server<S> {
                     return;
                 };
                 if event.is_readable() || event.is_read_closed() || event.is_error() {
-                    c.readable = true;
-                    if event.is_read_closed() || event.is_error() {
-                        c.drain = true;
-                    }
-                    if !c.active {
-                        c.active = true;
+                    c.note_readable(event.is_read_closed() || event.is_error());
+                    if c.mark_active() {
                         self.active.push(key);
                     }
                 }
-                if (event.is_writable() || event.is_write_closed() || event.is_error()) && !c.dirty
+                if (event.is_writable() || event.is_write_closed() || event.is_error())
+                    && c.mark_dirty()
                 {
-                    c.dirty = true;
                     self.dirty.push(key);
                 }
             }
@@ -850,7 +849,7 @@ impl<S: Service> Server<S> {
                     };
                     let peer = PeerAddr::Unix { uid, gid, pid };
                     if !unix::allowed(uid, gid, &self.config.allow_uids, &self.config.allow_gids) {
-                        self.stats.refused += 1;
+                        self.stats.refused_peer += 1;
                         if let Some(n) = self.logs.unix_refused.allow(now) {
                             log::warn!(
                                 "refused {peer} on {}: its uid and gid are not in --allow-uid \
@@ -948,10 +947,10 @@ impl<S: Service> Server<S> {
         self.next_conn_seq += 1;
         self.stats.accepted += 1;
         log::debug!("{peer}: connected as {id}");
+        // A client may have sent its first frames before registration: a
+        // new connection is readable, and read on this turn.
         let mut c = Conn::new(stream, peer, id);
-        // A client may have sent its first frames before registration.
-        c.readable = true;
-        c.active = true;
+        c.mark_active();
         entry.insert(c);
         self.active.push(key);
         id
@@ -963,16 +962,15 @@ impl<S: Service> Server<S> {
         let conns = &mut self.conns;
         let active = &mut self.active;
         self.throttled.retain(|&(key, id)| {
-            let Some(c) = conns.get_mut(key).filter(|c| c.id == id) else {
+            let Some(c) = conns.get_mut(key).filter(|c| c.id() == id) else {
                 return false;
             };
             // The answers to what it sent were delivered last turn.
-            c.guesses.answered();
-            if c.guesses.blocked(now) {
+            c.guesses().answered();
+            if c.guesses().blocked(now) {
                 return true;
             }
-            if !c.active {
-                c.active = true;
+            if c.mark_active() {
                 active.push(key);
             }
             false
@@ -1015,39 +1013,42 @@ impl<S: Service> Server<S> {
         let Some(c) = self.conns.get_mut(key) else {
             return;
         };
-        c.active = false;
-        if c.closing != Closing::No {
+        c.clear_active();
+        if !c.is_open() {
             return; // reads of a closing connection are the reaper's
         }
         // The answers to what was read before are delivered (and charged).
-        c.guesses.answered();
+        c.guesses().answered();
         let mut budget = self.config.max_frames_per_turn;
         // Unsent bytes plus the largest replies the turn's requests can still
         // add: decoding stops when that reaches the soft limit, so a client
         // that does not read overshoots it by at most one reply.
-        let mut projected_out = c.pending_out();
+        let mut projected_out = c.unsent();
         let mut throttled = false;
         let end = loop {
-            if c.pending_out() >= soft {
-                c.paused = true;
+            if c.unsent() >= soft {
+                c.pause_input();
                 break End::Idle;
             }
             let mut bad = None;
             // What `c.guesses.blocked(now)` before every frame would say,
             // counted down: `now` only moves with a read.
-            let mut room = c.guesses.room(now);
+            let mut room = c.guesses().room(now);
             while budget > 0 && projected_out < soft {
                 let Some(left) = room else {
                     throttled = true;
                     break;
                 };
-                match decode_request(&c.rbuf[c.rstart..c.rend], max_key_bytes) {
+                match decode_request(c.frame_bytes(), max_key_bytes) {
                     Decoded::Frame { frame, used } => {
                         if debug {
-                            log::debug!("{} ({}): {:?}", c.peer, c.id, frame);
+                            log::debug!("{} ({}): {:?}", c.peer(), c.id(), frame);
                         }
-                        if !matches!(frame, Request::Acquire { .. }) {
-                            c.guesses.note_request();
+                        // A release or an extend may be a guess; it is
+                        // noted once the frame (borrowed from `c`) is handed
+                        // over.
+                        let may_guess = !matches!(frame, Request::Acquire { .. });
+                        if may_guess {
                             room = left.checked_sub(1);
                         }
                         projected_out += max_reply_frame(frame.key().len());
@@ -1056,9 +1057,11 @@ impl<S: Service> Server<S> {
                             Request::Release { .. } => 1,
                             Request::Extend { .. } => 2,
                         }] += 1;
-                        self.service.request(now, c.id, frame, &mut self.out);
-                        c.rstart += used;
-                        c.partial_since = None;
+                        self.service.request(now, c.id(), frame, &mut self.out);
+                        if may_guess {
+                            c.guesses().note_request();
+                        }
+                        c.consume(used);
                         budget -= 1;
                     }
                     Decoded::Incomplete => break,
@@ -1078,65 +1081,37 @@ impl<S: Service> Server<S> {
                 // Next turn: the replies will be counted for real by then.
                 break End::Again;
             }
-            if c.eof {
+            if c.peer_closed() {
                 break End::PeerClosed;
             }
-            if !c.readable {
+            if !c.may_read() {
                 break End::Idle;
             }
-            if !c.make_room(max_frame) {
-                break End::Again;
-            }
-            let offered = c.rbuf.len() - c.rend;
-            match c.read_once() {
-                Ok(0) => c.eof = true,
-                Ok(n) => {
-                    c.rend += n;
+            match c.read_more(max_frame) {
+                Ok(Fill::Bytes) => {
                     now = now.max(self.clock.now());
                     *now_ref = now;
-                    // A short read emptied the socket's receive queue. With
-                    // edge-triggered epoll (Linux) any byte that arrives later
-                    // raises a new edge, so the read that would only say
-                    // `WouldBlock` is skipped: one syscall less per request
-                    // at pipeline depth 1. A close or error already reported
-                    // by the event has no edge to come, hence `drain`.
-                    if n < offered && !c.drain {
-                        c.readable = false;
-                    }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    // Empty, and no close pending (a close reads as EOF, not
-                    // `WouldBlock`): anything later raises a new edge.
-                    c.readable = false;
-                    c.drain = false;
-                }
+                Ok(Fill::Eof | Fill::WouldBlock) => {}
+                Ok(Fill::Full) => break End::Again,
                 Err(e) => break End::Failed(e),
             }
         };
         if throttled {
             // Reads resume when the throttle says so (see `resume_throttled`).
             if !self.throttled.iter().any(|&(k, _)| k == key) {
-                self.throttled.push((key, c.id));
+                self.throttled.push((key, c.id()));
             }
-            c.partial_since = None;
-        } else if c.paused {
-            // Not reading is the server's choice here; the output stall
-            // timeout covers a peer that never reads.
-            c.partial_since = None;
-        } else if c.pending_in() > 0 {
-            c.partial_since.get_or_insert(now);
-        } else {
-            c.shrink_idle_buffers(soft);
         }
-        if c.stream.buffered() > 0 && !c.dirty {
+        c.end_input_turn(now, throttled, soft);
+        if c.stream_has_output() && c.mark_dirty() {
             // TLS handshake records the socket did not take: write them.
-            c.dirty = true;
             self.dirty.push(key);
         }
         match end {
             End::Idle => {}
             End::Again => {
-                c.active = true;
+                c.mark_active();
                 self.active_next.push(key);
             }
             End::Malformed(m) => {
@@ -1144,17 +1119,17 @@ impl<S: Service> Server<S> {
                 if let Some(n) = self.logs.malformed.allow(now) {
                     log::warn!(
                         "closing {}: malformed frame: {m} ({n} similar closes not logged)",
-                        c.peer
+                        c.peer()
                     );
                 }
                 self.start_close(now, key, true);
             }
             End::PeerClosed => {
-                log::debug!("{}: closed by the peer", c.peer);
+                log::debug!("{}: closed by the peer", c.peer());
                 self.start_close(now, key, false);
             }
             End::Failed(e) => {
-                log::debug!("{}: read failed: {e}", c.peer);
+                log::debug!("{}: read failed: {e}", c.peer());
                 self.close_now(now, key);
             }
         }
@@ -1166,17 +1141,11 @@ impl<S: Service> Server<S> {
         let Some(c) = self.conns.get_mut(key) else {
             return;
         };
-        if c.closing != Closing::No {
+        if !c.begin_drain(now.add_ms(millis(self.config.flush_timeout)), linger) {
             return;
         }
-        c.closing = Closing::Drain {
-            deadline: now.add_ms(millis(self.config.flush_timeout)),
-            linger,
-        };
-        c.rstart = c.rend;
-        let id = c.id;
-        if !c.dirty {
-            c.dirty = true;
+        let id = c.id();
+        if c.mark_dirty() {
             self.dirty.push(key);
         }
         self.closing.push(key);
@@ -1188,10 +1157,8 @@ impl<S: Service> Server<S> {
         let Some(c) = self.conns.get_mut(key) else {
             return;
         };
-        let was_open = c.closing == Closing::No;
-        c.closing = Closing::Now;
-        let id = c.id;
-        if was_open {
+        let id = c.id();
+        if c.close_now() {
             self.closing.push(key);
             self.service.disconnect(now, id, &mut self.out);
         }
@@ -1205,13 +1172,12 @@ impl<S: Service> Server<S> {
         };
         let mut expired = Vec::new();
         for (key, c) in &self.conns {
-            if c.closing != Closing::No {
+            if !c.is_open() {
                 continue;
             }
-            let handshake = c.stream.handshake_expired(now, limit);
-            let partial = handshake || c.partial_since.is_some_and(|t| now.since(t) >= limit);
-            let stalled =
-                c.pending_out() > 0 && c.stalled_since.is_some_and(|t| now.since(t) >= limit);
+            let handshake = c.handshake_expired(now, limit);
+            let partial = c.partial_expired(now, limit);
+            let stalled = c.output_stalled(now, limit);
             if partial || stalled {
                 expired.push((key, partial, handshake));
             }
@@ -1219,7 +1185,7 @@ impl<S: Service> Server<S> {
         for (key, partial, handshake) in expired {
             self.stats.limit_closes += 1;
             if let Some(n) = self.logs.limits.allow(now) {
-                let peer = self.conns[key].peer;
+                let peer = self.conns[key].peer();
                 let what = if handshake {
                     "a TLS handshake unfinished"
                 } else if partial {
@@ -1249,8 +1215,8 @@ impl<S: Service> Server<S> {
             for a in self.out.iter() {
                 let key = usize::try_from(a.conn & CONN_KEY_MASK).unwrap_or(usize::MAX);
                 match self.conns.get(key) {
-                    Some(c) if c.id == a.conn && c.closing != Closing::Now => {
-                        log::debug!("{} ({}) <- {:?}", c.peer, c.id, a.reply);
+                    Some(c) if c.id() == a.conn && !c.closing_now() => {
+                        log::debug!("{} ({}) <- {:?}", c.peer(), c.id(), a.reply);
                     }
                     _ => log::debug!("dropped a reply to closed connection {}", a.conn),
                 }
@@ -1260,18 +1226,18 @@ impl<S: Service> Server<S> {
         // guess throttle.
         for conn in self.out.wrong_token_answers() {
             let key = usize::try_from(conn & CONN_KEY_MASK).unwrap_or(usize::MAX);
-            let Some(c) = self.conns.get_mut(key).filter(|c| c.id == conn) else {
+            let Some(c) = self.conns.get_mut(key).filter(|c| c.id() == conn) else {
                 continue;
             };
-            if c.guesses.charge(now) {
+            if c.guesses().charge(now) {
                 self.stats.throttled += 1;
                 if let Some(n) = self.logs.guesses.allow(now) {
                     log::warn!(
                         "slowing down {}: {} releases or extends with a token it does not \
                          hold; its reads are paused to {} such answers a second ({n} similar \
                          not logged)",
-                        c.peer,
-                        c.guesses.misses,
+                        c.peer(),
+                        c.guesses().misses,
                         throttle::GUESS_PER_SEC
                     );
                 }
@@ -1282,12 +1248,11 @@ impl<S: Service> Server<S> {
             let Some(c) = self.conns.get_mut(key) else {
                 continue;
             };
-            if c.id != conn || c.closing == Closing::Now {
+            if c.id() != conn || c.closing_now() {
                 continue; // the connection is gone: nobody is left to read it
             }
-            c.wbuf.extend_from_slice(frames);
-            if !c.dirty {
-                c.dirty = true;
+            c.queue_replies(frames);
+            if c.mark_dirty() {
                 self.dirty.push(key);
             }
         }
@@ -1303,35 +1268,17 @@ impl<S: Service> Server<S> {
             let Some(c) = self.conns.get_mut(key) else {
                 continue;
             };
-            c.dirty = false;
-            if c.closing == Closing::Now {
+            c.clear_dirty();
+            if c.closing_now() {
                 continue;
             }
-            let mut failed = None;
-            if c.pending_out() > 0 {
-                match c.write_once() {
-                    Ok(n) if c.pending_out() == 0 => {
-                        let _ = n;
-                        c.stalled_since = None;
-                    }
-                    Ok(n) => {
-                        if n > 0 || c.stalled_since.is_none() {
-                            c.stalled_since = Some(now);
-                        }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        c.stalled_since.get_or_insert(now);
-                    }
-                    Err(e) => failed = Some(e),
-                }
-            }
-            if let Some(e) = failed {
-                log::debug!("{}: write failed: {e}", c.peer);
+            if let Err(e) = c.flush(now) {
+                log::debug!("{}: write failed: {e}", c.peer());
                 self.close_now(now, key);
                 continue;
             }
-            if c.pending_out() > hard {
-                let (peer, pending) = (c.peer, c.pending_out());
+            if c.unsent() > hard {
+                let (peer, pending) = (c.peer(), c.unsent());
                 self.stats.limit_closes += 1;
                 if let Some(n) = self.logs.limits.allow(now) {
                     log::warn!(
@@ -1342,29 +1289,20 @@ impl<S: Service> Server<S> {
                 self.close_now(now, key);
                 continue;
             }
-            if c.paused && c.pending_out() < soft {
-                c.paused = false;
-                if !c.active {
-                    c.active = true;
-                    self.active.push(key);
-                }
+            if c.resume_input_below(soft) && c.mark_active() {
+                self.active.push(key);
             }
-            let want = if c.pending_out() > 0 {
-                Interest::READABLE | Interest::WRITABLE
-            } else {
-                Interest::READABLE
-            };
-            if want != c.interest {
-                let registered = match c.stream.source() {
+            if let Some(want) = c.interest_change() {
+                let registered = match c.source() {
                     Some(tcp) => self.poll.registry().reregister(tcp, conn_token(key), want),
                     // A pipe needs no registration: the harness reads its
                     // readiness from the pipe itself.
                     None => Ok(()),
                 };
                 match registered {
-                    Ok(()) => c.interest = want,
+                    Ok(()) => c.set_interest(want),
                     Err(e) => {
-                        log::debug!("{}: reregister failed: {e}", c.peer);
+                        log::debug!("{}: reregister failed: {e}", c.peer());
                         self.close_now(now, key);
                     }
                 }
@@ -1385,12 +1323,12 @@ impl<S: Service> Server<S> {
             if self.closing_done(now, key) {
                 self.closing.swap_remove(i);
                 if let Some(mut c) = self.conns.try_remove(key) {
-                    if let Some(tcp) = c.stream.source() {
+                    if let Some(tcp) = c.source() {
                         if let Err(e) = self.poll.registry().deregister(tcp) {
-                            log::debug!("{}: deregister failed: {e}", c.peer);
+                            log::debug!("{}: deregister failed: {e}", c.peer());
                         }
                     }
-                    log::debug!("{}: closed", c.peer);
+                    log::debug!("{}: closed", c.peer());
                 }
             } else {
                 i += 1;
@@ -1399,42 +1337,9 @@ impl<S: Service> Server<S> {
     }
 
     fn closing_done(&mut self, now: Millis, key: usize) -> bool {
-        let Some(c) = self.conns.get_mut(key) else {
-            return true;
-        };
-        let (deadline, linger) = match c.closing {
-            Closing::No => return false,
-            Closing::Now => return true,
-            Closing::Drain { deadline, linger } => (deadline, linger),
-        };
-        if now >= deadline {
-            return true;
-        }
-        if c.pending_out() > 0 {
-            return false;
-        }
-        if !linger {
-            return true;
-        }
-        if !c.shut_write {
-            c.shut_write = true;
-            if c.stream.shutdown_write().is_err() {
-                return true;
-            }
-        }
-        // Read and drop what the peer still sends until it closes, so the
-        // close is not a reset that could destroy the replies just flushed.
-        for _ in 0..DISCARD_READS_PER_TURN {
-            c.rstart = 0;
-            c.rend = 0;
-            match c.read_once() {
-                Ok(0) => return true,
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
-                Err(_) => return true,
-            }
-        }
-        false
+        self.conns
+            .get_mut(key)
+            .is_none_or(|c| c.close_progress(now))
     }
 
     fn begin_shutdown(&mut self, now: Millis) {
@@ -1461,7 +1366,7 @@ impl<S: Service> Server<S> {
 
     fn finish_shutdown(&mut self, now: Millis) {
         for mut c in self.conns.drain() {
-            if let Some(tcp) = c.stream.source() {
+            if let Some(tcp) = c.source() {
                 let _ = self.poll.registry().deregister(tcp);
             }
         }
