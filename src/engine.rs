@@ -2055,6 +2055,9 @@ impl<T: Copy + Default> Engine<T> {
 
     /// Checks the engine's internal invariants, panicking with a message on
     /// the first one broken. For tests and fuzzing; O(keys + waiters × timers).
+    /// Long on purpose: a checklist read top to bottom, one statement per
+    /// invariant over one walk of the tables; split, the pieces would only
+    /// pass the same tables and tallies to each other.
     pub fn check_invariants(&self) {
         let mut total = 0usize;
         let mut by_conn: HashMap<u32, u32> = HashMap::new();
