@@ -9,7 +9,7 @@
 //! the same code for all.
 //!
 //! The fields are private: the loop in `super` asks a [`Conn`] for what it
-//! needs (`frame_bytes`, `consume`, `read_more`, `queue_replies`, `flush`,
+//! needs (`frame_bytes_and_guesses`, `consume`, `read_more`, `queue_replies`, `flush`,
 //! ...) and keeps only its own lists of which connections have work.
 
 use std::io::{self, Write};
@@ -52,7 +52,7 @@ pub(crate) enum Closing {
 /// What one [`Conn::read_more`] did.
 #[derive(Debug)]
 pub(crate) enum Fill {
-    /// Bytes arrived; they are now at the end of [`Conn::frame_bytes`].
+    /// Bytes arrived; they are now at the end of [`Conn::frame_bytes_and_guesses`].
     Bytes,
     /// The peer closed its side ([`Conn::peer_closed`] is now true).
     Eof,
@@ -233,12 +233,20 @@ impl Conn {
 
     /// The received bytes not yet handled: complete frames first, perhaps
     /// an incomplete one at the end.
-    #[inline]
-    pub(crate) fn frame_bytes(&self) -> &[u8] {
+    #[cfg(test)]
+    fn frame_bytes(&self) -> &[u8] {
         self.input.buf.data()
     }
 
-    /// The first `used` bytes of [`Conn::frame_bytes`] were one frame, now
+    /// The received bytes not yet handled (complete frames first, perhaps
+    /// an incomplete one at the end) and the guess throttle at once, so a frame
+    /// decoded from the one can be noted in the other while it is borrowed.
+    #[inline]
+    pub(crate) fn frame_bytes_and_guesses(&mut self) -> (&[u8], &mut GuessThrottle) {
+        (self.input.buf.data(), &mut self.guesses)
+    }
+
+    /// The first `used` bytes of [`Conn::frame_bytes_and_guesses`] were one frame, now
     /// handled.
     #[inline]
     pub(crate) fn consume(&mut self, used: usize) {
@@ -266,6 +274,7 @@ impl Conn {
     /// One read from the socket into the free end of the buffer, after
     /// making room for it (the buffer grows up to `max_frame` bytes only for
     /// one incomplete frame). Keeps track of whether the socket may hold more.
+    #[inline]
     pub(crate) fn read_more(&mut self, max_frame: usize) -> io::Result<Fill> {
         if !self.input.buf.make_room(1, max_frame) {
             return Ok(Fill::Full);
@@ -318,6 +327,7 @@ impl Conn {
     /// incomplete frame (not while the server itself chose not to read:
     /// `held` by the guess throttle or paused by the soft limit), and gives
     /// back a grown buffer once it is empty.
+    #[inline]
     pub(crate) fn end_input_turn(&mut self, now: Millis, held: bool, out_soft_limit: usize) {
         if held || self.input.paused {
             // Not reading is the server's choice here; the output stall
@@ -363,6 +373,7 @@ impl Conn {
     /// At most one `write` of the unsent replies, keeping the clock of the
     /// output stall: stopped once everything is sent, restarted by progress
     /// or at the first write that makes none. `WouldBlock` is no error.
+    #[inline]
     pub(crate) fn flush(&mut self, now: Millis) -> io::Result<()> {
         if self.unsent() == 0 {
             return Ok(());
