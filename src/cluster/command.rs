@@ -331,6 +331,7 @@ impl<'a> Reader<'a> {
 impl Command {
     /// The command's encoding, as proposed to Raft.
     #[must_use]
+    // Long because it is one match arm per command, each field in order.
     pub fn encode(&self) -> Vec<u8> {
         // The fixed fields take at most ENCODED_FIXED_MAX bytes: one
         // allocation holds all.
@@ -452,6 +453,7 @@ impl Command {
     }
 
     /// Decodes one command; any malformed input is an error.
+    // Long because it is one match arm per command, each field checked.
     pub fn decode(bytes: &[u8]) -> Result<Command, DecodeError> {
         let mut r = Reader::new(bytes);
         let cmd = match r.u8()? {

@@ -1354,8 +1354,8 @@ impl<D: Disk> Node<D> {
             .into_iter()
             .partition(|m| m.msg_type == MessageType::MsgPropose);
         self.msgs.extend(early);
-        // One write for the whole batch (group commit).
-        self.wal.write(rd.must_sync())?;
+        // Written with the turn's other Readys, at the end of the turn.
+        self.wal.end_batch(rd.must_sync());
         self.stats.batches += 1;
         let number = rd.number();
         let installs_snapshot = !rd.snapshot().is_empty();

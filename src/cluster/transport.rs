@@ -588,58 +588,63 @@ impl Transport {
                 .peers
                 .get(&id)
                 .is_some_and(|p| p.stream.is_none() && p.retry_at <= now);
-            if !due {
-                continue;
+            if due {
+                self.connect(id, now, registry);
             }
-            let token = self.peer_token(id);
-            let to_uuid = self.knowledge(id);
-            let hello = Hello {
-                cluster: self.local.cluster,
-                voters: self.local.voters,
-                from: self.local.id,
-                from_uuid: self.local.uuid,
-                to: id,
-                to_uuid,
+        }
+    }
+
+    /// Opens a connection to peer `id` and queues its hello; on failure
+    /// the next attempt waits for the backoff.
+    fn connect(&mut self, id: u64, now: Millis, registry: &Registry) {
+        let token = self.peer_token(id);
+        let to_uuid = self.knowledge(id);
+        let hello = Hello {
+            cluster: self.local.cluster,
+            voters: self.local.voters,
+            from: self.local.id,
+            from_uuid: self.local.uuid,
+            to: id,
+            to_uuid,
+        }
+        .encode();
+        let tls = match self.tls.as_ref().map(|t| t.client(id)) {
+            None => None,
+            Some(Ok(c)) => Some(Box::new(c)),
+            Some(Err(e)) => {
+                self.refusal(now, format_args!("peer {id}: TLS: {e}"));
+                let p = self.peers.get_mut(&id).expect("listed");
+                p.retry_at = now.add_ms(BACKOFF_MAX_MS);
+                return;
             }
-            .encode();
-            let tls = match self.tls.as_ref().map(|t| t.client(id)) {
-                None => None,
-                Some(Ok(c)) => Some(Box::new(c)),
-                Some(Err(e)) => {
-                    self.refusal(now, format_args!("peer {id}: TLS: {e}"));
-                    let p = self.peers.get_mut(&id).expect("listed");
-                    p.retry_at = now.add_ms(BACKOFF_MAX_MS);
-                    continue;
-                }
-            };
-            let p = self.peers.get_mut(&id).expect("listed");
-            match TcpStream::connect(p.addr) {
-                Ok(mut s) => {
-                    set_user_timeout(&s, self.user_timeout_ms);
-                    if registry
-                        .register(&mut s, token, Interest::READABLE | Interest::WRITABLE)
-                        .is_ok()
-                    {
-                        p.stream = Some(s);
-                        p.tls = tls.map(|mut c| {
-                            c.set_buffer_limit(Some(TLS_BUFFER_BYTES));
-                            c
-                        });
-                        p.auth_by = None;
-                        p.connected = false;
-                        p.connect_by = now.add_ms(self.connect_timeout_ms);
-                        p.buf = hello;
-                        p.hello_to_uuid = to_uuid;
-                        p.cursor = 0;
-                        p.snaps.clear();
-                    } else {
-                        p.retry_at = now.add_ms(p.backoff_ms);
-                    }
-                }
-                Err(_) => {
+        };
+        let p = self.peers.get_mut(&id).expect("listed");
+        match TcpStream::connect(p.addr) {
+            Ok(mut s) => {
+                set_user_timeout(&s, self.user_timeout_ms);
+                if registry
+                    .register(&mut s, token, Interest::READABLE | Interest::WRITABLE)
+                    .is_ok()
+                {
+                    p.stream = Some(s);
+                    p.tls = tls.map(|mut c| {
+                        c.set_buffer_limit(Some(TLS_BUFFER_BYTES));
+                        c
+                    });
+                    p.auth_by = None;
+                    p.connected = false;
+                    p.connect_by = now.add_ms(self.connect_timeout_ms);
+                    p.buf = hello;
+                    p.hello_to_uuid = to_uuid;
+                    p.cursor = 0;
+                    p.snaps.clear();
+                } else {
                     p.retry_at = now.add_ms(p.backoff_ms);
-                    p.backoff_ms = (p.backoff_ms * 2).min(BACKOFF_MAX_MS);
                 }
+            }
+            Err(_) => {
+                p.retry_at = now.add_ms(p.backoff_ms);
+                p.backoff_ms = (p.backoff_ms * 2).min(BACKOFF_MAX_MS);
             }
         }
     }
@@ -1254,6 +1259,7 @@ impl Transport {
 
     /// Checks a hello in full before anything it says is kept. See
     /// docs/SECURITY.md for what authenticates a peer.
+    // Long because the checks run in one order, each with its own refusal.
     fn hello(&mut self, key: usize, hello: Result<Hello, &str>) -> Result<(), String> {
         let h = hello.map_err(str::to_owned)?;
         if h.cluster != self.local.cluster {

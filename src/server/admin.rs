@@ -78,7 +78,8 @@ const CHECK_INTERVAL_MS: u64 = 250;
 /// The most headers a request may have.
 const MAX_HEADERS: usize = 32;
 
-/// Token of the admin listener.
+/// Token of the admin listener: below the server's Unix listeners'
+/// (`UNIX_BASE` in the server loop checks it at compile time).
 pub(crate) const LISTENER: Token = Token(3);
 /// Admin connection `k` has token `conn_base + k`; tokens from `conn_base`
 /// up to `conn_base + ADMIN_MAX_CONNS` are the admin port's.
@@ -991,6 +992,7 @@ fn render_metrics<S: Service>(now: Millis, view: &View<'_, S>) -> String {
         "reason",
         &[
             ("max_conns", s.refused),
+            ("peer_not_allowed", s.refused_peer),
             ("admin_max_conns", s.admin_refused),
             ("admin_peer_not_allowed", s.admin_refused_peer),
         ],

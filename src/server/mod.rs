@@ -81,8 +81,10 @@ use ratelimit::LogLimit;
 const LISTENER: Token = Token(0);
 const SIGNALS: Token = Token(1);
 const WAKER: Token = Token(2);
+// Token(3) is the admin listener (`admin::LISTENER`).
 /// Unix listener `i` has token `UNIX_BASE + i`.
-const UNIX_BASE: usize = 3;
+const UNIX_BASE: usize = 4;
+const _: () = assert!(admin::LISTENER.0 == 3 && admin::LISTENER.0 < UNIX_BASE);
 const _: () = assert!(UNIX_BASE + crate::config::MAX_UNIX_LISTENERS <= CONN_BASE);
 /// Connection `k` of the slab has token `CONN_BASE + k`.
 const CONN_BASE: usize = 16;
@@ -179,6 +181,9 @@ pub struct Stats {
     pub accepted: u64,
     /// Connections accepted and closed at once because of `max_conns`.
     pub refused: u64,
+    /// Unix-socket client connections closed at once: the peer's uid and
+    /// gid are not in `--allow-uid` / `--allow-gid`.
+    pub refused_peer: u64,
     /// Connections closed for malformed input.
     pub malformed: u64,
     /// Connections closed at the output hard limit or for a timeout.
@@ -844,7 +849,7 @@ impl<S: Service> Server<S> {
                     };
                     let peer = PeerAddr::Unix { uid, gid, pid };
                     if !unix::allowed(uid, gid, &self.config.allow_uids, &self.config.allow_gids) {
-                        self.stats.refused += 1;
+                        self.stats.refused_peer += 1;
                         if let Some(n) = self.logs.unix_refused.allow(now) {
                             log::warn!(
                                 "refused {peer} on {}: its uid and gid are not in --allow-uid \

@@ -18,6 +18,7 @@ pub(super) struct MemDiskInner {
     pub(super) synced: usize,
     fail_next_sync: bool,
     syncs: u64,
+    appends: u64,
     /// Length a started sync will make durable once polled.
     sync_target: Option<usize>,
     /// Started syncs stay unfinished while set (a slow disk).
@@ -72,6 +73,12 @@ impl MemDisk {
         self.inner.borrow().syncs
     }
 
+    /// Number of appends (write calls) so far.
+    #[must_use]
+    pub fn appends(&self) -> u64 {
+        self.inner.borrow().appends
+    }
+
     /// Flips one byte at `pos` (for corruption tests).
     pub fn corrupt_byte(&self, pos: usize) {
         let mut d = self.inner.borrow_mut();
@@ -96,6 +103,7 @@ impl MemDisk {
 impl Disk for MemDisk {
     fn append(&mut self, bytes: &[u8], sync: bool) -> io::Result<()> {
         let mut d = self.inner.borrow_mut();
+        d.appends += 1;
         d.data.extend_from_slice(bytes);
         if sync {
             if d.fail_next_sync {

@@ -1,4 +1,7 @@
-use super::wal::{pb_bytes, push_entries_record, push_record, KIND_ENTRIES};
+use super::wal::{
+    pb_bytes, push_entries_record, push_pb_entries_record, push_record, KIND_ENTRIES,
+    KIND_ENTRIES_RAW,
+};
 use super::*;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -31,8 +34,80 @@ fn an_entries_record_is_each_entry_length_prefixed_under_one_checksum() {
     let mut expected = b"before".to_vec();
     push_record(&mut expected, KIND_ENTRIES, &payload);
     let mut got = b"before".to_vec();
+    push_pb_entries_record(&mut got, &ents);
+    assert_eq!(got, expected);
+}
+
+#[test]
+fn a_raw_entries_record_is_each_entry_spelled_out_and_old_records_still_read() {
+    let mut conf = entry(2, 1, b"cc");
+    conf.set_entry_type(raft::eraftpb::EntryType::EntryConfChange);
+    conf.context = b"ctx".to_vec().into();
+    let ents = vec![entry(1, 1, b"abc"), conf, entry(3, 2, b"")];
+    let mut payload = Vec::new();
+    for e in &ents {
+        payload.extend_from_slice(&e.index.to_be_bytes());
+        payload.extend_from_slice(&e.term.to_be_bytes());
+        payload.push(e.get_entry_type() as u8);
+        payload.extend_from_slice(&(e.data.len() as u32).to_be_bytes());
+        payload.extend_from_slice(&e.data);
+        payload.extend_from_slice(&(e.context.len() as u32).to_be_bytes());
+        payload.extend_from_slice(&e.context);
+    }
+    let mut expected = Vec::new();
+    push_record(&mut expected, KIND_ENTRIES_RAW, &payload);
+    let mut got = Vec::new();
     push_entries_record(&mut got, &ents);
     assert_eq!(got, expected);
+    // A log whose first entries an older version wrote in the protobuf
+    // layout, and the rest in the raw one, recovers both, field for field.
+    let disk = MemDisk::new();
+    let mut all = Vec::new();
+    push_pb_entries_record(&mut all, &ents[..1]);
+    all.extend_from_slice(&got[..]);
+    {
+        let mut d = disk.clone();
+        d.append(&all, true).unwrap();
+    }
+    let (_, rec) = Wal::open(disk).unwrap();
+    assert_eq!(rec.torn_bytes, 0);
+    let back = rec.store.entries_between(1, 4);
+    assert_eq!(back, ents);
+    // An entry with a field the raw layout lacks is written as protobuf.
+    let mut odd = entry(1, 1, b"x");
+    odd.sync_log = true;
+    let mut rec_bytes = Vec::new();
+    push_entries_record(&mut rec_bytes, std::slice::from_ref(&odd));
+    assert_eq!(rec_bytes[8], KIND_ENTRIES);
+}
+
+#[test]
+fn a_malformed_raw_entries_record_is_refused() {
+    let mut good = Vec::new();
+    good.extend_from_slice(&1u64.to_be_bytes());
+    good.extend_from_slice(&1u64.to_be_bytes());
+    good.push(0);
+    good.extend_from_slice(&2u32.to_be_bytes());
+    good.extend_from_slice(b"ab");
+    good.extend_from_slice(&0u32.to_be_bytes());
+    let mut bad_type = good.clone();
+    bad_type[16] = 7;
+    let mut long_data = good.clone();
+    long_data[17..21].copy_from_slice(&u32::MAX.to_be_bytes());
+    for (payload, why) in [
+        (good[..good.len() - 1].to_vec(), "truncated entry"),
+        (good[..10].to_vec(), "truncated entry"),
+        (long_data, "truncated entry"),
+        (bad_type, "unknown entry type 7"),
+    ] {
+        let disk = MemDisk::new();
+        let mut rec = Vec::new();
+        push_record(&mut rec, KIND_ENTRIES_RAW, &payload);
+        disk.clone().append(&rec, true).unwrap();
+        let e = Wal::open(disk).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains(why), "{e}");
+    }
 }
 
 #[test]
@@ -186,6 +261,64 @@ fn wal_recovers_what_was_synced_and_cuts_a_torn_tail() {
     let (_, rec) = Wal::open(disk.clone()).unwrap();
     assert_eq!(rec.store.hard_state().commit, 1);
     assert_eq!(rec.store.last(), 2);
+}
+
+#[test]
+fn a_turns_batches_are_one_write_and_a_lone_commit_rides_the_next() {
+    let disk = MemDisk::new();
+    let (mut wal, _) = Wal::open(disk.clone()).unwrap();
+    // Three Readys in one turn: entries, a commit-only hard state, more
+    // entries. Nothing reaches the disk until the turn's write.
+    wal.stage_entries(&[entry(1, 1, b"a")]);
+    wal.stage_hard_state(&hs(1, 1, 0));
+    wal.end_batch(true);
+    wal.stage_hard_state(&hs(1, 1, 1));
+    wal.end_batch(false);
+    wal.stage_entries(&[entry(2, 1, b"b")]);
+    wal.end_batch(true);
+    assert_eq!(disk.appends(), 0);
+    assert!(wal.sync_owed());
+    wal.write(false).unwrap();
+    assert_eq!(disk.appends(), 1, "one write for the turn");
+    wal.sync().unwrap();
+    assert_eq!(disk.syncs(), 1);
+    // A turn whose only record is a commit index writes nothing ...
+    wal.stage_hard_state(&hs(1, 1, 2));
+    wal.end_batch(false);
+    wal.write(false).unwrap();
+    assert_eq!(disk.appends(), 1);
+    assert!(!wal.sync_owed(), "a lagging commit needs no fsync");
+    // ... and rides the next write that must happen, in order.
+    wal.stage_entries(&[entry(3, 1, b"c")]);
+    wal.end_batch(true);
+    wal.write(false).unwrap();
+    assert_eq!(disk.appends(), 2);
+    wal.start_sync().unwrap();
+    // While that fsync runs, a turn's records wait: the next fsync writes
+    // them, with one write, before it starts.
+    disk.hold_syncs(true);
+    wal.stage_entries(&[entry(4, 1, b"d")]);
+    wal.end_batch(true);
+    wal.write(false).unwrap();
+    assert_eq!(disk.appends(), 2);
+    assert!(wal.poll_sync().is_none());
+    disk.hold_syncs(false);
+    assert!(matches!(wal.poll_sync(), Some(Ok(()))));
+    wal.start_sync().unwrap();
+    assert_eq!(disk.appends(), 3);
+    assert!(matches!(wal.poll_sync(), Some(Ok(()))));
+    let (_, rec) = Wal::open(disk.clone()).unwrap();
+    assert_eq!(rec.store.last(), 4);
+    assert_eq!(rec.store.hard_state().commit, 2);
+    // A sync owed by staged records writes them first: it never covers
+    // less than what raft was told is on the way.
+    wal.stage_entries(&[entry(5, 1, b"e")]);
+    wal.end_batch(true);
+    wal.sync().unwrap();
+    assert_eq!(disk.appends(), 4);
+    disk.crash(0);
+    let (_, rec) = Wal::open(disk).unwrap();
+    assert_eq!(rec.store.last(), 5, "the synced entry survives a power cut");
 }
 
 #[test]

@@ -4,7 +4,8 @@ use super::{Disk, LogStore};
 use std::io;
 
 use protobuf::Message as _;
-use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
+use protobuf::ProtobufEnum as _;
+use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Snapshot};
 
 pub(super) const KIND_ENTRIES: u8 = 1;
 pub(super) const KIND_HARD_STATE: u8 = 2;
@@ -14,6 +15,10 @@ pub(super) const KIND_EPOCH: u8 = 5;
 pub(super) const KIND_COMMIT: u8 = 6;
 pub(super) const KIND_SELF: u8 = 7;
 pub(super) const KIND_PEER: u8 = 8;
+pub(super) const KIND_ENTRIES_RAW: u8 = 9;
+/// Fixed bytes of each entry in a [`KIND_ENTRIES_RAW`] record: index, term,
+/// type, and the lengths of data and context.
+const RAW_ENTRY_FIXED: usize = 8 + 8 + 1 + 4 + 4;
 
 /// Who this data directory belongs to, and which data directories its peers
 /// had when first seen: a random id is drawn when a data directory is
@@ -52,7 +57,10 @@ pub struct Wal<D: Disk> {
     disk: D,
     staged: Vec<u8>,
     must_sync: bool,
-    /// Written records wait for a sync.
+    /// A staged record (of a batch [`Wal::end_batch`] closed) needs an
+    /// fsync: the next [`Wal::write`] cannot leave it staged.
+    staged_sync: bool,
+    /// Records written or staged wait for a sync.
     sync_owed: bool,
     /// An fsync begun by `start_sync` is not reported yet.
     syncing: bool,
@@ -71,9 +79,88 @@ pub(super) fn push_record(buf: &mut Vec<u8>, kind: u8, payload: &[u8]) {
     buf.extend_from_slice(payload);
 }
 
-/// Appends one entries record to `buf`: each entry as its length (u32, big
-/// endian) and its protobuf bytes, encoded in place.
+/// Appends one entries record to `buf` in the WAL's own layout, with no
+/// protobuf sizing or encoding: for each entry its index and term (u64),
+/// its type (u8), then its data and its context, each a length (u32) and
+/// the bytes; big endian. An entry with a field this layout does not carry
+/// (`sync_log`, fields unknown to this version) makes the record the
+/// protobuf one ([`push_pb_entries_record`]).
 pub(super) fn push_entries_record(buf: &mut Vec<u8>, ents: &[Entry]) {
+    if ents
+        .iter()
+        .any(|e| e.sync_log || e.get_unknown_fields().iter().next().is_some())
+    {
+        push_pb_entries_record(buf, ents);
+        return;
+    }
+    let start = buf.len();
+    let body: usize = ents
+        .iter()
+        .map(|e| RAW_ENTRY_FIXED + e.data.len() + e.context.len())
+        .sum();
+    buf.reserve(9 + body);
+    // Length and checksum, filled in once the payload is there.
+    buf.extend_from_slice(&[0; 8]);
+    buf.push(KIND_ENTRIES_RAW);
+    for e in ents {
+        buf.extend_from_slice(&e.index.to_be_bytes());
+        buf.extend_from_slice(&e.term.to_be_bytes());
+        buf.push(u8::try_from(e.get_entry_type().value()).expect("entry types are small"));
+        for part in [&e.data[..], &e.context[..]] {
+            let n = u32::try_from(part.len()).expect("records are bounded");
+            buf.extend_from_slice(&n.to_be_bytes());
+            buf.extend_from_slice(part);
+        }
+    }
+    let len = u32::try_from(buf.len() - start - 8).expect("records are bounded");
+    let crc = crc32fast::hash(&buf[start + 8..]);
+    buf[start..start + 4].copy_from_slice(&len.to_be_bytes());
+    buf[start + 4..start + 8].copy_from_slice(&crc.to_be_bytes());
+}
+
+/// Decodes a [`KIND_ENTRIES_RAW`] payload; any malformed input is an error.
+fn parse_raw_entries(p: &[u8]) -> io::Result<Vec<Entry>> {
+    let truncated = || corrupt("truncated entry");
+    let mut ents = Vec::new();
+    let mut r = p;
+    while !r.is_empty() {
+        if r.len() < RAW_ENTRY_FIXED - 8 {
+            return Err(truncated());
+        }
+        let index = u64::from_be_bytes(r[..8].try_into().expect("8 bytes"));
+        let term = u64::from_be_bytes(r[8..16].try_into().expect("8 bytes"));
+        let entry_type = EntryType::from_i32(i32::from(r[16]))
+            .ok_or_else(|| corrupt(&format!("unknown entry type {}", r[16])))?;
+        r = &r[17..];
+        let mut parts = [Vec::new(), Vec::new()];
+        for part in &mut parts {
+            if r.len() < 4 {
+                return Err(truncated());
+            }
+            let n = u32::from_be_bytes(r[..4].try_into().expect("4 bytes")) as usize;
+            if r.len() - 4 < n {
+                return Err(truncated());
+            }
+            *part = r[4..4 + n].to_vec();
+            r = &r[4 + n..];
+        }
+        let [data, context] = parts;
+        ents.push(Entry {
+            entry_type,
+            term,
+            index,
+            data: data.into(),
+            context: context.into(),
+            ..Entry::default()
+        });
+    }
+    Ok(ents)
+}
+
+/// Appends one entries record to `buf` in the protobuf layout (the one
+/// WALs written before [`KIND_ENTRIES_RAW`] hold): each entry as its length
+/// (u32, big endian) and its protobuf bytes, encoded in place.
+pub(super) fn push_pb_entries_record(buf: &mut Vec<u8>, ents: &[Entry]) {
     let start = buf.len();
     // Length and checksum, filled in once the payload is there.
     buf.extend_from_slice(&[0; 8]);
@@ -155,6 +242,7 @@ impl<D: Disk> Wal<D> {
             disk,
             staged: Vec::new(),
             must_sync: false,
+            staged_sync: false,
             sync_owed: false,
             syncing: false,
             log_bytes: pos as u64,
@@ -241,7 +329,7 @@ impl<D: Disk> Wal<D> {
     /// Writes everything staged with one write, and fsyncs when `sync` or
     /// when a staged record needs it.
     pub fn flush(&mut self, sync: bool) -> io::Result<()> {
-        let sync = sync || self.must_sync;
+        let sync = sync || self.must_sync || self.staged_sync;
         if self.staged.is_empty() {
             return Ok(());
         }
@@ -249,20 +337,46 @@ impl<D: Disk> Wal<D> {
         self.log_bytes += self.staged.len() as u64;
         self.staged.clear();
         self.must_sync = false;
+        self.staged_sync = false;
         Ok(())
+    }
+
+    /// Closes one batch of staged records (one raft Ready) without writing
+    /// it: the turn's batches go to the disk together, with one write, at
+    /// [`Wal::write`]. `sync` (or a staged record that needs one) owes an
+    /// fsync, as [`Wal::write`] would.
+    pub fn end_batch(&mut self, sync: bool) {
+        let sync = sync || self.must_sync;
+        self.staged_sync |= sync;
+        self.sync_owed |= sync;
+        self.must_sync = false;
     }
 
     /// Writes everything staged with one write and no fsync; records that
     /// need one (or `sync`) leave a sync owed for [`Wal::sync`].
+    ///
+    /// Records that need no fsync (a commit index or a hard state whose
+    /// commit alone moved: it may lag) are left staged while nothing else
+    /// is: they ride the next write that must happen, instead of costing a
+    /// write of their own. While an fsync started by [`Wal::start_sync`]
+    /// runs, nothing is written either: it would not cover the records,
+    /// and the next one writes them first, so each fsync costs one write.
     pub fn write(&mut self, sync: bool) -> io::Result<()> {
-        self.sync_owed |= sync || self.must_sync;
-        self.must_sync = false;
+        self.end_batch(sync);
+        if self.staged.is_empty() || !self.staged_sync || self.syncing {
+            return Ok(());
+        }
+        self.write_staged()
+    }
+
+    fn write_staged(&mut self) -> io::Result<()> {
         if self.staged.is_empty() {
             return Ok(());
         }
         self.disk.append(&self.staged, false)?;
         self.log_bytes += self.staged.len() as u64;
         self.staged.clear();
+        self.staged_sync = false;
         Ok(())
     }
 
@@ -275,6 +389,7 @@ impl<D: Disk> Wal<D> {
     /// The fsync owed by [`Wal::write`] (nothing when none is owed).
     pub fn sync(&mut self) -> io::Result<()> {
         if self.sync_owed || self.syncing {
+            self.write_staged()?;
             self.syncing = false;
             self.disk.sync()?;
             self.sync_owed = false;
@@ -288,6 +403,8 @@ impl<D: Disk> Wal<D> {
         if !self.sync_owed || self.syncing {
             return Ok(());
         }
+        // What the sync covers is on the disk first.
+        self.write_staged()?;
         self.sync_owed = false;
         self.syncing = true;
         self.disk.start_sync()
@@ -331,6 +448,7 @@ impl<D: Disk> Wal<D> {
         self.log_bytes = buf.len() as u64;
         self.staged.clear();
         self.must_sync = false;
+        self.staged_sync = false;
         self.sync_owed = false;
         self.syncing = false;
         Ok(())
@@ -382,6 +500,7 @@ fn apply_record(
             debug_assert_eq!(pos, p.len(), "an entries record decodes to its end");
             store.append(&ents).map_err(corrupt)?;
         }
+        KIND_ENTRIES_RAW => store.append(&parse_raw_entries(p)?).map_err(corrupt)?,
         KIND_HARD_STATE => store.set_hard_state(HardState::parse_from_bytes(p).map_err(bad)?),
         KIND_COMMIT => {
             let c = u64::from_be_bytes(p.try_into().map_err(|_| corrupt("commit record"))?);
