@@ -15,13 +15,14 @@
 //! ```
 //! use ticketd::readbuf::ReadBuf;
 //!
-//! let mut b = ReadBuf::new(8);
+//! let mut b = ReadBuf::new(16);
 //! assert!(b.make_room(1, 64));
 //! let mut input: &[u8] = b"A 1 k\nR 2";
-//! b.read_from(&mut input).unwrap();
+//! assert_eq!(b.read_from(&mut input).unwrap(), 9);
 //! let line = b.data().iter().position(|&c| c == b'\n').unwrap();
+//! assert_eq!(&b.data()[..line], b"A 1 k");
 //! b.consume(line + 1);
-//! assert_eq!(b.data(), b"R");
+//! assert_eq!(b.data(), b"R 2", "the frame not yet complete stays");
 //! ```
 
 use std::io::{self, Read};
