@@ -71,7 +71,7 @@ impl ClusterConfig {
         if self.tls.is_some() || self.insecure_peers || self.peers_all_loopback() {
             return Ok(());
         }
-        Err(ConfigError(format!(
+        Err(ConfigError::Invalid(format!(
             "--peers names addresses that are not loopback ({}), and peers would speak \
              plaintext: anyone who reaches a peer port could pose as a node. Set up peer \
              TLS: `ticket certs init DIR --cluster-name {} --nodes {}` makes a CA and one \
@@ -90,29 +90,33 @@ impl ClusterConfig {
     }
 
     /// Parses `1=HOST:PORT,2=HOST:PORT,...`.
-    pub fn parse_peers(s: &str) -> Result<BTreeMap<u64, SocketAddr>, String> {
+    ///
+    /// # Errors
+    /// The peer at fault and why, as an error of `--peers`.
+    pub fn parse_peers(s: &str) -> Result<BTreeMap<u64, SocketAddr>, ConfigError> {
+        let bad = |why: String| ConfigError::Invalid(format!("--peers: {why}"));
         let mut peers = BTreeMap::new();
         for part in s.split(',').filter(|p| !p.trim().is_empty()) {
             let (id, addr) = part
                 .split_once('=')
-                .ok_or_else(|| format!("peer {part:?}: expected ID=HOST:PORT"))?;
+                .ok_or_else(|| bad(format!("peer {part:?}: expected ID=HOST:PORT")))?;
             let id: u64 = id
                 .trim()
                 .parse()
-                .map_err(|_| format!("peer {part:?}: the id is not a number"))?;
+                .map_err(|_| bad(format!("peer {part:?}: the id is not a number")))?;
             if id == 0 {
-                return Err(format!("peer {part:?}: ids start at 1"));
+                return Err(bad(format!("peer {part:?}: ids start at 1")));
             }
             let addr = std::net::ToSocketAddrs::to_socket_addrs(addr.trim())
-                .map_err(|e| format!("peer {part:?}: {e}"))?
+                .map_err(|e| bad(format!("peer {part:?}: {e}")))?
                 .next()
-                .ok_or_else(|| format!("peer {part:?}: no address"))?;
+                .ok_or_else(|| bad(format!("peer {part:?}: no address")))?;
             if peers.insert(id, addr).is_some() {
-                return Err(format!("peer id {id} is given twice"));
+                return Err(bad(format!("peer id {id} is given twice")));
             }
         }
         if peers.is_empty() {
-            return Err("--peers names no node".into());
+            return Err(bad("--peers names no node".into()));
         }
         Ok(peers)
     }
@@ -142,7 +146,17 @@ impl fmt::Display for StartError {
     }
 }
 
-impl std::error::Error for StartError {}
+impl std::error::Error for StartError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        // The first three print as their inner error: transparent.
+        match self {
+            StartError::Config(e) => std::error::Error::source(e),
+            StartError::Tls(e) => std::error::Error::source(e),
+            StartError::Node(e) => std::error::Error::source(e),
+            StartError::Listen(e) => Some(e),
+        }
+    }
+}
 
 /// Cluster mode's service. See the module documentation.
 pub struct ClusterService {
@@ -180,7 +194,7 @@ impl ClusterService {
     /// Opens the data directory and binds the peer listener.
     pub fn open(cfg: &ClusterConfig) -> Result<Self, StartError> {
         let Some(&listen) = cfg.peers.get(&cfg.id) else {
-            return Err(StartError::Config(ConfigError(format!(
+            return Err(StartError::Config(ConfigError::Invalid(format!(
                 "--id {} is not among --peers {:?}",
                 cfg.id,
                 cfg.peers.keys().collect::<Vec<_>>()
@@ -211,7 +225,7 @@ impl ClusterService {
         ncfg.uuid_entropy = entropy;
         ncfg.seed = entropy.rotate_left(17);
         let disk = FileDisk::open(&cfg.data_dir).map_err(|e| {
-            StartError::Config(ConfigError(format!(
+            StartError::Config(ConfigError::Invalid(format!(
                 "data dir {}: {e}",
                 cfg.data_dir.display()
             )))
@@ -472,22 +486,23 @@ impl Service for ClusterService {
 
     /// Ready when a leader is known and this node has applied an entry of
     /// the leader's term (so its table includes every earlier grant).
-    fn readiness(&self, _now: Millis) -> Result<(), String> {
+    fn readiness(&self, _now: Millis) -> Result<(), crate::service::NotReady> {
+        use crate::service::NotReady;
         if let Some(why) = &self.fatal {
-            return Err(format!("the node stopped: {why}"));
+            return Err(NotReady::Stopped(why.clone()));
         }
         if self.node.leader() == 0 {
-            return Err(format!("no leader known (term {})", self.node.term()));
+            return Err(NotReady::NoLeader {
+                term: self.node.term(),
+            });
         }
         if !self.node.applied_current_term() {
-            return Err(format!(
-                "leader {} known, but no entry of term {} applied here yet (applied {}, \
-                 commit {})",
-                self.node.leader(),
-                self.node.term(),
-                self.node.applied(),
-                self.node.committed()
-            ));
+            return Err(NotReady::CatchingUp {
+                leader: self.node.leader(),
+                term: self.node.term(),
+                applied: self.node.applied(),
+                committed: self.node.committed(),
+            });
         }
         Ok(())
     }

@@ -689,7 +689,7 @@ impl StateMachine {
             Some(left) if left >= one_key => format!("--max-keys {} or less", left / one_key),
             _ => "a smaller --max-waiters".to_owned(),
         };
-        Err(crate::config::ConfigError(format!(
+        Err(crate::config::ConfigError::Invalid(format!(
             "--max-keys {}, --max-key-bytes {max_key_bytes} and --max-waiters {} allow a lock \
              table whose snapshot (up to {} MiB) is more than this {}-bit build can hold in \
              memory at once ({} MiB); use {hint}",
