@@ -579,7 +579,14 @@ impl<B: Backend> Worker<'_, B> {
             let r = conn.stream.read(&mut conn.rbuf[rend..]);
             match r {
                 Ok(0) => {
-                    return Err("the server closed a connection".into());
+                    // ticketd closes a connection whose request it cannot
+                    // answer (a cluster node that caught up by snapshot
+                    // past it): those requests' outcomes are unknown.
+                    let n = conn.outstanding.len();
+                    return Err(format!(
+                        "the server closed a connection with {n} request(s) unanswered \
+                         (their outcome is unknown)"
+                    ));
                 }
                 Ok(n) => {
                     conn.rend += n;

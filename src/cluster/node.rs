@@ -236,6 +236,9 @@ pub struct NodeStats {
     pub reproposed: u64,
     /// Requests refused without proposing (no leader, full backlog).
     pub refused: u64,
+    /// Requests of ours that applied inside an installed snapshot with an
+    /// answer the table cannot tell: their connections were closed.
+    pub unanswerable: u64,
     /// Expire / WaitTimeout proposals made by this node as leader.
     pub timer_proposals: u64,
     /// Ready batches written.
@@ -302,6 +305,9 @@ pub struct Node<D: Disk> {
     by_index: BTreeMap<u64, (u64, u64)>,
     conns: BTreeMap<ConnId, BTreeSet<u64>>,
     cancels: VecDeque<Origin>,
+    /// Local connections to close: a request of theirs applied where this
+    /// node cannot tell its answer ([`Node::take_closes`]).
+    closes: Vec<ConnId>,
     timers: BinaryHeap<Reverse<(Millis, u64, Timer)>>,
     timer_seq: u64,
     timers_ready: bool,
@@ -483,6 +489,7 @@ impl<D: Disk> Node<D> {
             by_index: BTreeMap::new(),
             conns: BTreeMap::new(),
             cancels: VecDeque::new(),
+            closes: Vec::new(),
             timers: BinaryHeap::new(),
             timer_seq: 0,
             timers_ready: false,
@@ -1039,6 +1046,14 @@ impl<D: Disk> Node<D> {
         }
     }
 
+    /// Moves into `out` the local connections to close: each had a request
+    /// that applied inside a snapshot this node installed and whose answer
+    /// the table cannot tell (see [`Node::request`]). Closing it is the
+    /// answer: its client reports the outcome unknown at once.
+    pub fn take_closes(&mut self, out: &mut Vec<ConnId>) {
+        out.append(&mut self.closes);
+    }
+
     fn queue_cancel(&mut self, origin: Origin) {
         if self.cancels.len() >= MAX_CANCELS {
             // The leader's wait timers clear those waiters anyway.
@@ -1413,8 +1428,8 @@ impl<D: Disk> Node<D> {
         // still answered later. The rest are proposed again at the next
         // tick: the duplicate changes nothing, and when it applies an
         // acquire still granted to it is answered from the table (see
-        // `apply_entries`); other answers are gone with the entries (the
-        // client's own deadline ends its wait).
+        // `apply_entries`); other answers are gone with the entries, and
+        // the request's connection is closed then (`take_closes`).
         let seqs: Vec<u64> = self.unapplied.iter().copied().collect();
         for seq in seqs {
             let rid = Rid {
@@ -1560,18 +1575,30 @@ impl<D: Disk> Node<D> {
                     // Applied before (e.g. inside a snapshot we installed):
                     // nothing more will come for it. Were it answered here,
                     // it would no longer be pending; an acquire whose grant
-                    // is still current gets that grant as its answer.
+                    // is still current gets that grant as its answer. Any
+                    // other answer went with the entries this node never
+                    // applied (a release's R or N, an acquire's T or N, an
+                    // extend's E or X): the connection is closed, so that
+                    // its client learns at once that the outcome is unknown
+                    // (Indeterminate) instead of waiting for a reply that
+                    // never comes.
                     if let Some(p) = self.pending.get(&rid.seq) {
                         if !p.queued {
-                            if let Command::Acquire { key, owner, .. } = &cmd {
-                                if let Some(token) = self.sm.granted_to(key, rid) {
-                                    self.wait_ms.observe(now.since(p.received_at));
-                                    let reply = Reply::Acquired {
-                                        token,
-                                        owner: *owner,
-                                        key,
-                                    };
-                                    out.push(p.conn, reply, 0);
+                            let granted = match &cmd {
+                                Command::Acquire { key, owner, .. } => self
+                                    .sm
+                                    .granted_to(key, rid)
+                                    .map(|token| (key.as_str(), *owner, token)),
+                                _ => None,
+                            };
+                            if let Some((key, owner, token)) = granted {
+                                self.wait_ms.observe(now.since(p.received_at));
+                                let reply = Reply::Acquired { token, owner, key };
+                                out.push(p.conn, reply, 0);
+                            } else {
+                                self.stats.unanswerable += 1;
+                                if !self.closes.contains(&p.conn) {
+                                    self.closes.push(p.conn);
                                 }
                             }
                             self.finish(rid.seq);
@@ -2374,6 +2401,129 @@ mod tests {
             .take_messages()
             .iter()
             .any(|m| m.msg_type == MessageType::MsgPropose));
+    }
+
+    /// Delivers every message between `nodes` until none is left, except
+    /// those to or from node index `cut` (dropped), running a turn on each
+    /// receiver.
+    fn settle_without(nodes: &mut [Node<MemDisk>], cut: usize, now: Millis, out: &mut Outbox) {
+        for _ in 0..50 {
+            let mut any = false;
+            for i in 0..nodes.len() {
+                for m in nodes[i].take_messages() {
+                    let to = usize::try_from(m.to).unwrap() - 1;
+                    if i == cut || to == cut {
+                        continue;
+                    }
+                    any = true;
+                    nodes[to].step(m);
+                }
+            }
+            for (i, n) in nodes.iter_mut().enumerate() {
+                if i != cut {
+                    n.tick(now, out);
+                    n.end_turn(now, out).unwrap();
+                }
+            }
+            if !any {
+                return;
+            }
+        }
+    }
+
+    #[test]
+    fn requests_applied_inside_an_installed_snapshot_are_answered_or_their_connection_closed() {
+        let disks: Vec<MemDisk> = (0..3).map(|_| MemDisk::new()).collect();
+        let mut out = Outbox::new();
+        let mut now = Millis(0);
+        let mut nodes = elected(&disks, &mut now, &mut out);
+        let leader = nodes.iter().position(Node::is_leader).expect("a leader");
+        let follower = (leader + 1) % 3;
+        out.clear();
+        // Three clients of the follower: an acquire that is granted, an
+        // acquire of a key that is held (wait 0: not granted) and a
+        // release of a token that is not held.
+        nodes[leader].request(
+            now,
+            1,
+            Request::Acquire {
+                wait_s: 0,
+                lease_s: 30,
+                owner: 1,
+                key: "held",
+            },
+            &mut out,
+        );
+        settle_net(&mut nodes, now, &mut out);
+        out.clear();
+        let acquire = |key| Request::Acquire {
+            wait_s: 0,
+            lease_s: 30,
+            owner: 2,
+            key,
+        };
+        nodes[follower].request(now, 7, acquire("free"), &mut out);
+        nodes[follower].request(now, 8, acquire("held"), &mut out);
+        nodes[follower].request(now, 9, Request::Release { token: 1, key: "b" }, &mut out);
+        nodes[follower].end_turn(now, &mut out).unwrap();
+        // The forward reaches the leader, then the follower stops hearing
+        // from it: the three requests commit and apply without it.
+        let forward: Vec<Message> = nodes[follower].take_messages();
+        assert!(forward
+            .iter()
+            .any(|m| m.msg_type == MessageType::MsgPropose));
+        for m in forward {
+            let to = usize::try_from(m.to).unwrap() - 1;
+            nodes[to].step(m);
+        }
+        settle_without(&mut nodes, follower, now, &mut out);
+        assert!(
+            !out.iter().any(|a| (7..=9).contains(&a.conn)),
+            "only the follower answers its clients"
+        );
+        assert_eq!(nodes[follower].pending_requests(), 3);
+        // The leader compacts its log through them: the follower can only
+        // catch up from a snapshot that covers its own requests.
+        nodes[leader].snapshot_now = true;
+        nodes[leader].request(now, 2, acquire("other"), &mut out);
+        settle_without(&mut nodes, follower, now, &mut out);
+        assert!(nodes[leader].snapshot_index() > nodes[follower].applied());
+        out.clear();
+        for _ in 0..50 {
+            now = now.add_ms(100);
+            settle_net(&mut nodes, now, &mut out);
+            if nodes[follower].pending_requests() == 0 {
+                break;
+            }
+        }
+        assert!(
+            nodes[follower].stats().snapshots_installed >= 1,
+            "caught up by snapshot"
+        );
+        assert_eq!(
+            nodes[follower].pending_requests(),
+            0,
+            "nothing left waiting"
+        );
+        let replies: Vec<(ConnId, String)> = out
+            .iter()
+            .map(|a| (a.conn, format!("{:?}", a.reply)))
+            .filter(|(c, _)| (7..=9).contains(c))
+            .collect();
+        let mut closes = Vec::new();
+        nodes[follower].take_closes(&mut closes);
+        closes.sort_unstable();
+        // The grant is still current: it is the answer. The other two
+        // answers went with the entries: their connections are closed.
+        assert_eq!(replies.len(), 1, "{replies:?}");
+        assert_eq!(replies[0].0, 7, "{replies:?}");
+        assert!(replies[0].1.starts_with("Acquired"), "{replies:?}");
+        assert_eq!(
+            closes,
+            vec![8, 9],
+            "every other request's connection is closed"
+        );
+        assert_eq!(nodes[follower].stats().unanswerable, 2);
     }
 
     #[test]
