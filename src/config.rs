@@ -7,6 +7,7 @@
 //! parses the server's flags out of a [`pico_args::Arguments`] and leaves the
 //! rest, so a mode with flags of its own can parse them from the same list.
 
+use std::borrow::Cow;
 use std::ffi::OsString;
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -191,13 +192,60 @@ pub struct TlsFiles {
     pub client_ca: Option<PathBuf>,
 }
 
-/// A command-line or configuration error, with a message for a person.
+/// A command-line or configuration error: which flag, the value given and
+/// why it is refused. Its `Display` is the message for a person.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ConfigError(pub String);
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A flag's value does not parse: `invalid value 'VALUE' for FLAG: WHY`.
+    Value {
+        /// The flag, like `--max-conns`.
+        flag: &'static str,
+        /// The value as given.
+        value: String,
+        /// What was expected instead.
+        why: String,
+    },
+    /// A flag is given without its value.
+    NoValue {
+        /// The flag.
+        flag: &'static str,
+    },
+    /// A flag that takes one value is given twice.
+    Repeated {
+        /// The flag.
+        flag: &'static str,
+    },
+    /// An argument no parser took (a misspelt flag, `--flag=value`).
+    Unknown {
+        /// The argument as given.
+        arg: String,
+    },
+    /// Values that parse but are out of range, do not go together, or are
+    /// refused by protected mode; the message names the flags.
+    Invalid(String),
+}
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        match self {
+            ConfigError::Value { flag, value, why } => {
+                write!(f, "invalid value '{value}' for {flag}: {why}")
+            }
+            ConfigError::NoValue { flag } => write!(f, "{flag} needs a value"),
+            ConfigError::Repeated { flag } => write!(f, "{flag} is given more than once"),
+            ConfigError::Unknown { arg } => {
+                write!(f, "unknown argument '{arg}'")?;
+                // `--flag=value` is not accepted: say how to write it.
+                match arg.split_once('=') {
+                    Some((name, value)) if name.starts_with("--") => {
+                        write!(f, " (write the value after a space: {name} {value})")
+                    }
+                    _ => Ok(()),
+                }
+            }
+            ConfigError::Invalid(message) => f.write_str(message),
+        }
     }
 }
 
@@ -318,83 +366,77 @@ pub fn parse_args(args: Vec<OsString>) -> Result<Parsed, ConfigError> {
 /// # Errors
 /// "unknown argument" naming the first leftover.
 pub fn reject_leftovers(args: pico_args::Arguments) -> Result<(), ConfigError> {
-    let rest = args.finish();
-    match rest.first() {
+    match args.finish().first() {
         None => Ok(()),
-        Some(a) => {
-            let a = a.to_string_lossy();
-            // `--flag=value` is not accepted: say how to write it.
-            let hint = match a.split_once('=') {
-                Some((name, value)) if name.starts_with("--") => {
-                    format!(" (write the value after a space: {name} {value})")
-                }
-                _ => String::new(),
-            };
-            Err(ConfigError(format!("unknown argument '{a}'{hint}")))
-        }
+        Some(a) => Err(ConfigError::Unknown {
+            arg: a.to_string_lossy().into_owned(),
+        }),
     }
 }
+
+/// Why a flag's value is refused, for [`ConfigError::Value`].
+type Why = Cow<'static, str>;
 
 fn flag<T>(
     args: &mut pico_args::Arguments,
     name: &'static str,
-    parse: fn(&str) -> Result<T, String>,
+    parse: fn(&str) -> Result<T, Why>,
 ) -> Result<Option<T>, ConfigError> {
     let value = args.opt_value_from_fn(name, parse).map_err(|e| match e {
-        pico_args::Error::Utf8ArgumentParsingFailed { value, cause } => {
-            ConfigError(format!("invalid value '{value}' for {name}: {cause}"))
-        }
-        pico_args::Error::OptionWithoutAValue(_) => ConfigError(format!("{name} needs a value")),
-        other => ConfigError(format!("{name}: {other}")),
+        pico_args::Error::Utf8ArgumentParsingFailed { value, cause } => ConfigError::Value {
+            flag: name,
+            value,
+            why: cause,
+        },
+        pico_args::Error::OptionWithoutAValue(_) => ConfigError::NoValue { flag: name },
+        other => ConfigError::Invalid(format!("{name}: {other}")),
     })?;
     // A second occurrence would otherwise be left over and reported as an
     // unknown argument, or silently lose to the first.
     if value.is_some() && !matches!(args.opt_value_from_str::<_, String>(name), Ok(None)) {
-        return Err(ConfigError(format!("{name} is given more than once")));
+        return Err(ConfigError::Repeated { flag: name });
     }
     Ok(value)
 }
 
-fn count(s: &str) -> Result<usize, String> {
-    let n: usize = s
-        .parse()
-        .map_err(|_| "expected a whole number".to_string())?;
+fn count(s: &str) -> Result<usize, Why> {
+    let n: usize = s.parse().map_err(|_| "expected a whole number")?;
     if n == 0 {
         return Err("must be at least 1".into());
     }
     Ok(n)
 }
 
-fn seconds(s: &str) -> Result<u64, String> {
+fn seconds(s: &str) -> Result<u64, Why> {
     s.parse()
-        .map_err(|_| "expected a whole number of seconds".to_string())
+        .map_err(|_| "expected a whole number of seconds".into())
 }
 
-fn address(s: &str) -> Result<SocketAddr, String> {
+fn address(s: &str) -> Result<SocketAddr, Why> {
     s.to_socket_addrs()
         .map_err(|e| format!("expected HOST:PORT ({e})"))?
         .next()
-        .ok_or_else(|| "the name resolves to no address".to_string())
+        .ok_or_else(|| "the name resolves to no address".into())
 }
 
-fn admin_listen(s: &str) -> Result<AdminListen, String> {
+fn admin_listen(s: &str) -> Result<AdminListen, Why> {
     match s.strip_prefix("unix:") {
         Some("") => Err("unix: needs a path".into()),
         Some(path) => Ok(AdminListen::Unix(PathBuf::from(path))),
         None => address(s)
             .map(AdminListen::Tcp)
-            .map_err(|e| format!("{e}, or unix:/PATH")),
+            .map_err(|e| format!("{e}, or unix:/PATH").into()),
     }
 }
 
-fn directory(s: &str) -> Result<PathBuf, String> {
+fn directory(s: &str) -> Result<PathBuf, Why> {
     if s.is_empty() {
         return Err("expected a directory".into());
     }
     Ok(PathBuf::from(s))
 }
 
-fn grace(s: &str) -> Result<RestartGrace, String> {
+fn grace(s: &str) -> Result<RestartGrace, Why> {
     match s {
         "auto" => Ok(RestartGrace::Auto),
         "off" => Ok(RestartGrace::Off),
@@ -402,30 +444,30 @@ fn grace(s: &str) -> Result<RestartGrace, String> {
     }
 }
 
-fn file(s: &str) -> Result<PathBuf, String> {
+fn file(s: &str) -> Result<PathBuf, Why> {
     if s.is_empty() {
         return Err("needs a file name".into());
     }
     Ok(PathBuf::from(s))
 }
 
-fn octal_mode(s: &str) -> Result<u32, String> {
+fn octal_mode(s: &str) -> Result<u32, Why> {
     match u32::from_str_radix(s.trim_start_matches("0o"), 8) {
         Ok(m) if m <= 0o777 => Ok(m),
         _ => Err("expected permissions in octal, 0..=777 (like 0660)".into()),
     }
 }
 
-fn lease_seconds(s: &str) -> Result<u8, String> {
+fn lease_seconds(s: &str) -> Result<u8, Why> {
     match s.parse::<u8>() {
         Ok(n) if n > 0 => Ok(n),
         _ => Err("expected a whole number of seconds, 1..=255".into()),
     }
 }
 
-fn level(s: &str) -> Result<LevelFilter, String> {
+fn level(s: &str) -> Result<LevelFilter, Why> {
     s.parse()
-        .map_err(|_| "expected off, error, warn, info, debug or trace".to_string())
+        .map_err(|_| "expected off, error, warn, info, debug or trace".into())
 }
 
 impl Config {
@@ -436,92 +478,8 @@ impl Config {
     /// A message naming the flag with a bad or missing value.
     pub fn take_flags(args: &mut pico_args::Arguments) -> Result<Config, ConfigError> {
         let mut c = Config::default();
-        let listens: Vec<String> = args
-            .values_from_str("--listen")
-            .map_err(|e| ConfigError(format!("--listen: {e}")))?;
-        let mut tcp = None;
-        for l in &listens {
-            if let Some(path) = l.strip_prefix("unix:") {
-                if path.is_empty() {
-                    return Err(ConfigError("--listen unix: needs a path".into()));
-                }
-                c.unix_listen.push(PathBuf::from(path));
-            } else if tcp.is_some() {
-                return Err(ConfigError(
-                    "--listen is given more than once with a TCP address (one TCP address, \
-                     and any number of unix:/path)"
-                        .into(),
-                ));
-            } else {
-                let a = address(l)
-                    .map_err(|e| ConfigError(format!("invalid value '{l}' for --listen: {e}")))?;
-                tcp = Some(a);
-            }
-        }
-        if let Some(a) = tcp {
-            c.listen = a;
-        }
-        c.listen_tcp = tcp.is_some() || c.unix_listen.is_empty();
-        if let Some(v) = flag(args, "--socket-mode", octal_mode)? {
-            c.socket_mode = v;
-        }
-        for (name, list) in [
-            ("--allow-uid", &mut c.allow_uids),
-            ("--allow-gid", &mut c.allow_gids),
-        ] {
-            let ids: Vec<String> = args
-                .values_from_str(name)
-                .map_err(|e| ConfigError(format!("{name}: {e}")))?;
-            for id in ids {
-                list.push(id.parse().map_err(|_| {
-                    ConfigError(format!(
-                        "invalid value '{id}' for {name}: expected a number"
-                    ))
-                })?);
-            }
-        }
-        if let Some(v) = flag(args, "--max-conns", count)? {
-            c.max_conns = v;
-        }
-        if let Some(v) = flag(args, "--max-keys", count)? {
-            c.engine.max_keys = v;
-        }
-        if let Some(v) = flag(args, "--max-waiters", count)? {
-            c.engine.max_waiters = v;
-        }
-        if let Some(v) = flag(args, "--max-waiters-per-key", count)? {
-            c.engine.max_waiters_per_key = v;
-        }
-        if let Some(v) = flag(args, "--max-key-bytes", count)? {
-            c.max_key_bytes = v;
-        }
-        if let Some(v) = flag(args, "--sweep-interval", seconds)? {
-            c.engine.sweep_interval_ms = v.saturating_mul(1000);
-        }
-        if let Some(v) = flag(args, "--max-hold", seconds)? {
-            c.engine.max_hold_ms = v.saturating_mul(1000);
-        }
-        if let Some(v) = flag(args, "--max-frames-per-turn", count)? {
-            c.max_frames_per_turn = v;
-        }
-        // Output limits not given follow --max-key-bytes, so that every key
-        // length the help allows starts with the defaults.
-        let one_reply = limits::max_reply_frame(c.max_key_bytes);
-        match flag(args, "--out-soft-limit", count)? {
-            Some(v) => c.out_soft_limit_bytes = v,
-            None => c.out_soft_limit_bytes = c.out_soft_limit_bytes.max(one_reply),
-        }
-        match flag(args, "--out-hard-limit", count)? {
-            Some(v) => c.out_hard_limit_bytes = v,
-            None => {
-                c.out_hard_limit_bytes = c
-                    .out_hard_limit_bytes
-                    .max(c.out_soft_limit_bytes.saturating_add(one_reply));
-            }
-        }
-        if let Some(v) = flag(args, "--frame-timeout", seconds)? {
-            c.frame_timeout = (v > 0).then(|| Duration::from_secs(v));
-        }
+        take_listeners(args, &mut c)?;
+        take_limits(args, &mut c)?;
         if let Some(v) = flag(args, "--data-dir", directory)? {
             c.data_dir = Some(v);
         }
@@ -557,7 +515,7 @@ impl Config {
     /// # Errors
     /// A message naming the offending flag.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let fail = |m: String| Err(ConfigError(m));
+        let fail = |m: String| Err(ConfigError::Invalid(m));
         if self.max_conns == 0 || self.max_conns > MAX_CONNS_CEILING {
             return fail(format!("--max-conns must be 1..={MAX_CONNS_CEILING}"));
         }
@@ -584,6 +542,26 @@ impl Config {
         if self.max_frames_per_turn == 0 {
             return fail("--max-frames-per-turn must be at least 1".into());
         }
+        self.validate_listeners()?;
+        let one_reply = limits::max_reply_frame(self.max_key_bytes);
+        if self.out_soft_limit_bytes < one_reply {
+            return fail(format!(
+                "--out-soft-limit must hold at least one reply ({one_reply} bytes with --max-key-bytes {})",
+                self.max_key_bytes
+            ));
+        }
+        if self.out_hard_limit_bytes < self.out_soft_limit_bytes.saturating_add(one_reply) {
+            return fail(format!(
+                "--out-hard-limit must exceed --out-soft-limit by at least one reply ({one_reply} bytes)"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The listeners' checks: TLS where it applies, protected mode, the
+    /// Unix sockets and who may use them.
+    fn validate_listeners(&self) -> Result<(), ConfigError> {
+        let fail = |m: String| Err(ConfigError::Invalid(m));
         if self.tls.is_some() && !cfg!(feature = "tls") {
             return fail(
                 "--tls-cert: this ticketd was built without TLS (the `tls` feature)".into(),
@@ -608,7 +586,7 @@ impl Config {
                     .into(),
             );
         }
-        self.check_protected().map_err(ConfigError)?;
+        self.check_protected()?;
         if self.unix_listen.len() > MAX_UNIX_LISTENERS {
             return fail(format!("at most {MAX_UNIX_LISTENERS} --listen unix:/path"));
         }
@@ -622,18 +600,6 @@ impl Config {
                  or --admin-listen unix:/path"
                     .into(),
             );
-        }
-        let one_reply = limits::max_reply_frame(self.max_key_bytes);
-        if self.out_soft_limit_bytes < one_reply {
-            return fail(format!(
-                "--out-soft-limit must hold at least one reply ({one_reply} bytes with --max-key-bytes {})",
-                self.max_key_bytes
-            ));
-        }
-        if self.out_hard_limit_bytes < self.out_soft_limit_bytes.saturating_add(one_reply) {
-            return fail(format!(
-                "--out-hard-limit must exceed --out-soft-limit by at least one reply ({one_reply} bytes)"
-            ));
         }
         Ok(())
     }
@@ -687,26 +653,26 @@ impl Config {
     ///
     /// # Errors
     /// What to do, when the configuration is refused.
-    pub fn check_protected(&self) -> Result<(), String> {
+    pub fn check_protected(&self) -> Result<(), ConfigError> {
         if self.insecure {
             return Ok(());
         }
         if let Some(AdminListen::Tcp(addr)) = &self.admin_listen {
             if !addr.ip().is_loopback() && self.admin_tls.is_none() {
-                return Err(format!(
+                return Err(ConfigError::Invalid(format!(
                     "--admin-listen {addr} is not a loopback address, and the admin port would \
                      speak plaintext: anyone who reaches it or listens in could read every key \
                      and token (and, in cluster mode, change the members). Listen on \
                      127.0.0.1, ::1 or unix:/path, serve HTTPS (--admin-tls-cert and \
                      --admin-tls-key, with --admin-tls-client-ca to require client \
                      certificates), or pass --insecure (docs/SECURITY.md)"
-                ));
+                )));
             }
         }
         if !self.plaintext_off_loopback() {
             return Ok(());
         }
-        Err(format!(
+        Err(ConfigError::Invalid(format!(
             "--listen {} is not a loopback address, and clients would speak plaintext, not \
              authenticated: anyone who reaches it could take, hold and release any lock, and \
              anyone who listens in could read tokens. Listen on 127.0.0.1 or ::1 (and let \
@@ -714,7 +680,7 @@ impl Config {
              --tls-key, with --tls-client-ca to require client certificates), or pass \
              --insecure to serve it anyway on a network you trust (docs/SECURITY.md)",
             self.listen
-        ))
+        )))
     }
 
     /// The limits as `name=value` pairs, for the start-up log line.
@@ -741,6 +707,106 @@ impl Config {
     }
 }
 
+/// `--listen` (one TCP address, any number of Unix sockets), the sockets'
+/// mode and the peer ids allowed on them.
+fn take_listeners(args: &mut pico_args::Arguments, c: &mut Config) -> Result<(), ConfigError> {
+    let listens: Vec<String> = args
+        .values_from_str("--listen")
+        .map_err(|e| ConfigError::Invalid(format!("--listen: {e}")))?;
+    let mut tcp = None;
+    for l in &listens {
+        if let Some(path) = l.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err(ConfigError::Invalid("--listen unix: needs a path".into()));
+            }
+            c.unix_listen.push(PathBuf::from(path));
+        } else if tcp.is_some() {
+            return Err(ConfigError::Invalid(
+                "--listen is given more than once with a TCP address (one TCP address, \
+                 and any number of unix:/path)"
+                    .into(),
+            ));
+        } else {
+            let a = address(l).map_err(|why| ConfigError::Value {
+                flag: "--listen",
+                value: l.clone(),
+                why: why.into_owned(),
+            })?;
+            tcp = Some(a);
+        }
+    }
+    if let Some(a) = tcp {
+        c.listen = a;
+    }
+    c.listen_tcp = tcp.is_some() || c.unix_listen.is_empty();
+    if let Some(v) = flag(args, "--socket-mode", octal_mode)? {
+        c.socket_mode = v;
+    }
+    for (name, list) in [
+        ("--allow-uid", &mut c.allow_uids),
+        ("--allow-gid", &mut c.allow_gids),
+    ] {
+        let ids: Vec<String> = args
+            .values_from_str(name)
+            .map_err(|e| ConfigError::Invalid(format!("{name}: {e}")))?;
+        for id in ids {
+            list.push(id.parse().map_err(|_| ConfigError::Value {
+                flag: name,
+                value: id.clone(),
+                why: "expected a number".into(),
+            })?);
+        }
+    }
+    Ok(())
+}
+
+/// The connection and lock-table limits.
+fn take_limits(args: &mut pico_args::Arguments, c: &mut Config) -> Result<(), ConfigError> {
+    if let Some(v) = flag(args, "--max-conns", count)? {
+        c.max_conns = v;
+    }
+    if let Some(v) = flag(args, "--max-keys", count)? {
+        c.engine.max_keys = v;
+    }
+    if let Some(v) = flag(args, "--max-waiters", count)? {
+        c.engine.max_waiters = v;
+    }
+    if let Some(v) = flag(args, "--max-waiters-per-key", count)? {
+        c.engine.max_waiters_per_key = v;
+    }
+    if let Some(v) = flag(args, "--max-key-bytes", count)? {
+        c.max_key_bytes = v;
+    }
+    if let Some(v) = flag(args, "--sweep-interval", seconds)? {
+        c.engine.sweep_interval_ms = v.saturating_mul(1000);
+    }
+    if let Some(v) = flag(args, "--max-hold", seconds)? {
+        c.engine.max_hold_ms = v.saturating_mul(1000);
+    }
+    if let Some(v) = flag(args, "--max-frames-per-turn", count)? {
+        c.max_frames_per_turn = v;
+    }
+    // Output limits not given follow --max-key-bytes, so that every key
+    // length the help allows starts with the defaults.
+    let one_reply = limits::max_reply_frame(c.max_key_bytes);
+    match flag(args, "--out-soft-limit", count)? {
+        Some(v) => c.out_soft_limit_bytes = v,
+        None => c.out_soft_limit_bytes = c.out_soft_limit_bytes.max(one_reply),
+    }
+    match flag(args, "--out-hard-limit", count)? {
+        Some(v) => c.out_hard_limit_bytes = v,
+        None => {
+            c.out_hard_limit_bytes = c
+                .out_hard_limit_bytes
+                .max(c.out_soft_limit_bytes.saturating_add(one_reply));
+        }
+    }
+    if let Some(v) = flag(args, "--frame-timeout", seconds)? {
+        c.frame_timeout = (v > 0).then(|| Duration::from_secs(v));
+    }
+    Ok(())
+}
+
 /// A certificate, its key and an optional client CA from the three flags
 /// named: all three, the first two, or none.
 fn tls_files(
@@ -758,7 +824,7 @@ fn tls_files(
             client_ca,
         })),
         (None, None) if client_ca.is_none() => Ok(None),
-        _ => Err(ConfigError(format!(
+        _ => Err(ConfigError::Invalid(format!(
             "{cert_flag} and {key_flag} go together (and {ca_flag} needs both)"
         ))),
     }
@@ -839,23 +905,71 @@ mod tests {
     #[test]
     fn bad_values_name_the_flag() {
         let e = parse(&["--max-conns", "lots"]).unwrap_err();
-        assert!(e.0.contains("--max-conns") && e.0.contains("lots"), "{e}");
+        assert!(
+            e.to_string().contains("--max-conns") && e.to_string().contains("lots"),
+            "{e}"
+        );
         let e = parse(&["--max-key-bytes", "70000"]).unwrap_err();
-        assert!(e.0.contains("--max-key-bytes"), "{e}");
+        assert!(e.to_string().contains("--max-key-bytes"), "{e}");
         let e = parse(&["--bogus"]).unwrap_err();
-        assert!(e.0.contains("--bogus"), "{e}");
+        assert!(e.to_string().contains("--bogus"), "{e}");
         let e = parse(&["--listen"]).unwrap_err();
-        assert!(e.0.contains("--listen"), "{e}");
+        assert!(e.to_string().contains("--listen"), "{e}");
         let e = parse(&["--out-soft-limit", "10"]).unwrap_err();
-        assert!(e.0.contains("--out-soft-limit"), "{e}");
+        assert!(e.to_string().contains("--out-soft-limit"), "{e}");
         for bad in ["0", "256", "x"] {
             let e = parse(&["--max-lease", bad]).unwrap_err();
-            assert!(e.0.contains("--max-lease"), "{e}");
+            assert!(e.to_string().contains("--max-lease"), "{e}");
         }
         let e = parse(&["--restart-grace", "sometimes"]).unwrap_err();
-        assert!(e.0.contains("--restart-grace"), "{e}");
+        assert!(e.to_string().contains("--restart-grace"), "{e}");
         let e = parse(&["--log-level", "loud"]).unwrap_err();
-        assert!(e.0.contains("--log-level"), "{e}");
+        assert!(e.to_string().contains("--log-level"), "{e}");
+    }
+
+    #[test]
+    fn errors_carry_the_flag_and_the_value() {
+        assert_eq!(
+            parse(&["--max-conns", "lots"]).unwrap_err(),
+            ConfigError::Value {
+                flag: "--max-conns",
+                value: "lots".into(),
+                why: "expected a whole number".into(),
+            }
+        );
+        assert_eq!(
+            parse(&["--allow-uid", "root"]).unwrap_err(),
+            ConfigError::Value {
+                flag: "--allow-uid",
+                value: "root".into(),
+                why: "expected a number".into(),
+            }
+        );
+        assert_eq!(
+            parse(&["--max-lease"]).unwrap_err(),
+            ConfigError::NoValue {
+                flag: "--max-lease"
+            }
+        );
+        assert_eq!(
+            parse(&["--max-keys", "1", "--max-keys", "2"]).unwrap_err(),
+            ConfigError::Repeated { flag: "--max-keys" }
+        );
+        let e = parse(&["--nope=1"]).unwrap_err();
+        assert_eq!(
+            e,
+            ConfigError::Unknown {
+                arg: "--nope=1".into()
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "unknown argument '--nope=1' (write the value after a space: --nope 1)"
+        );
+        assert!(matches!(
+            parse(&["--listen", "0.0.0.0:7470"]).unwrap_err(),
+            ConfigError::Invalid(m) if m.starts_with("--listen 0.0.0.0:7470 is not a loopback")
+        ));
     }
 
     #[test]
@@ -868,7 +982,7 @@ mod tests {
         ] {
             let e = parse(args).unwrap_err();
             assert!(
-                e.0.contains(args[0]) && e.0.contains("more than once"),
+                e.to_string().contains(args[0]) && e.to_string().contains("more than once"),
                 "{args:?}: {e}"
             );
         }
@@ -885,19 +999,19 @@ mod tests {
         }
         // Limits given explicitly are still checked against the key length.
         let e = parse(&["--max-key-bytes", "65536", "--out-soft-limit", "65536"]).unwrap_err();
-        assert!(e.0.contains("--out-soft-limit"), "{e}");
+        assert!(e.to_string().contains("--out-soft-limit"), "{e}");
     }
 
     #[test]
     fn an_empty_data_dir_is_refused() {
         let e = parse(&["--data-dir", ""]).unwrap_err();
-        assert!(e.0.contains("--data-dir"), "{e}");
+        assert!(e.to_string().contains("--data-dir"), "{e}");
     }
 
     #[test]
     fn an_equals_sign_gets_a_hint() {
         let e = parse(&["--max-conns=5"]).unwrap_err();
-        assert!(e.0.contains("--max-conns 5"), "{e}");
+        assert!(e.to_string().contains("--max-conns 5"), "{e}");
     }
 
     #[test]
@@ -905,7 +1019,8 @@ mod tests {
     fn admin_tls_flags_go_together_and_https_protects_an_admin_port_off_loopback() {
         let e = parse(&["--admin-listen", "0.0.0.0:7471"]).unwrap_err();
         assert!(
-            e.0.contains("--admin-listen 0.0.0.0:7471") && e.0.contains("--insecure"),
+            e.to_string().contains("--admin-listen 0.0.0.0:7471")
+                && e.to_string().contains("--insecure"),
             "{e}"
         );
         let tls = [
@@ -938,7 +1053,7 @@ mod tests {
             "c.pem",
         ])
         .unwrap_err();
-        assert!(e.0.contains("--admin-tls-key"), "{e}");
+        assert!(e.to_string().contains("--admin-tls-key"), "{e}");
         let e = parse(&[
             "--admin-listen",
             "unix:/tmp/a.sock",
@@ -948,7 +1063,7 @@ mod tests {
             "k.pem",
         ])
         .unwrap_err();
-        assert!(e.0.contains("TCP admin port"), "{e}");
+        assert!(e.to_string().contains("TCP admin port"), "{e}");
     }
 
     #[test]
@@ -963,7 +1078,7 @@ mod tests {
         assert!(!c.plaintext_off_loopback() && c.unauthenticated_tls_off_loopback());
         let e = parse(&["--listen", "0.0.0.0:7470"]).unwrap_err();
         assert!(
-            e.0.contains("plaintext") && e.0.contains("--tls-cert"),
+            e.to_string().contains("plaintext") && e.to_string().contains("--tls-cert"),
             "{e}"
         );
         args.extend(["--tls-client-ca", "ca.pem"]);
@@ -981,9 +1096,9 @@ mod tests {
             })
         );
         let e = parse(&["--tls-cert", "c.pem"]).unwrap_err();
-        assert!(e.0.contains("--tls-key"), "{e}");
+        assert!(e.to_string().contains("--tls-key"), "{e}");
         let e = parse(&["--tls-client-ca", "ca.pem"]).unwrap_err();
-        assert!(e.0.contains("--tls-cert"), "{e}");
+        assert!(e.to_string().contains("--tls-cert"), "{e}");
         let e = parse(&[
             "--listen",
             "unix:/tmp/x.sock",
@@ -993,15 +1108,18 @@ mod tests {
             "k",
         ])
         .unwrap_err();
-        assert!(e.0.contains("TCP listener"), "{e}");
+        assert!(e.to_string().contains("TCP listener"), "{e}");
     }
 
     #[test]
     fn protected_mode_refuses_plaintext_off_loopback_unless_insecure() {
         for addr in ["0.0.0.0:7470", "[::]:0", "192.0.2.1:7470"] {
             let e = parse(&["--listen", addr]).unwrap_err();
-            assert!(e.0.contains("not a loopback address"), "{addr}: {e}");
-            assert!(e.0.contains("--insecure"), "{addr}: {e}");
+            assert!(
+                e.to_string().contains("not a loopback address"),
+                "{addr}: {e}"
+            );
+            assert!(e.to_string().contains("--insecure"), "{addr}: {e}");
             let Ok(Parsed::Run(c)) = parse(&["--listen", addr, "--insecure"]) else {
                 panic!("{addr} --insecure is refused");
             };
@@ -1062,7 +1180,7 @@ mod tests {
             (&["--allow-gid", "3"][..], "give --listen unix:/path"),
         ] {
             let e = parse(args).unwrap_err();
-            assert!(e.0.contains(needle), "{args:?}: {e}");
+            assert!(e.to_string().contains(needle), "{args:?}: {e}");
         }
     }
 
@@ -1089,7 +1207,7 @@ mod tests {
         assert_eq!(c.allow_uids, [5]);
         for bad in ["unix:", "nowhere", "127.0.0.1"] {
             let e = parse(&["--admin-listen", bad]).unwrap_err();
-            assert!(e.0.contains("--admin-listen"), "{bad:?}: {e}");
+            assert!(e.to_string().contains("--admin-listen"), "{bad:?}: {e}");
         }
     }
 
@@ -1105,7 +1223,7 @@ mod tests {
         assert!(c.listen.ip().is_loopback() && c.listen.port() == 7);
         for bad in ["[::1]", "127.0.0.1", "127.0.0.1:65536", ":0", ""] {
             let e = parse(&["--listen", bad]).unwrap_err();
-            assert!(e.0.contains("--listen"), "{bad:?}: {e}");
+            assert!(e.to_string().contains("--listen"), "{bad:?}: {e}");
         }
     }
 

@@ -16,6 +16,68 @@ use crate::metrics::Exposition;
 use crate::proto::Request;
 use crate::time::Millis;
 
+/// Why a service cannot grant now: `GET /readyz` answers 503 with it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NotReady {
+    /// Single mode's restart grace holds every key for this much longer.
+    RestartGrace {
+        /// Milliseconds until the leases of the earlier run have ended.
+        left_ms: u64,
+    },
+    /// Single mode: the token high-water mark or the lease bound is not on
+    /// disk yet.
+    TokensNotDurable,
+    /// Cluster mode: the node stopped after a fatal error.
+    Stopped(String),
+    /// Cluster mode: no leader is known.
+    NoLeader {
+        /// This node's term.
+        term: u64,
+    },
+    /// Cluster mode: a leader is known, but no entry of its term is
+    /// applied here yet, so the table may lack earlier grants.
+    CatchingUp {
+        /// The leader's id.
+        leader: u64,
+        /// The term.
+        term: u64,
+        /// The last entry applied here.
+        applied: u64,
+        /// The last entry known committed.
+        committed: u64,
+    },
+}
+
+impl std::fmt::Display for NotReady {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotReady::RestartGrace { left_ms } => write!(
+                f,
+                "restart grace: every key is held for {left_ms} ms more, until leases of the \
+                 earlier run have ended"
+            ),
+            NotReady::TokensNotDurable => f.write_str(
+                "the token high-water mark or the lease bound is not durable yet (see the log)",
+            ),
+            NotReady::Stopped(why) => write!(f, "the node stopped: {why}"),
+            NotReady::NoLeader { term } => write!(f, "no leader known (term {term})"),
+            NotReady::CatchingUp {
+                leader,
+                term,
+                applied,
+                committed,
+            } => write!(
+                f,
+                "leader {leader} known, but no entry of term {term} applied here yet (applied \
+                 {applied}, commit {committed})"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for NotReady {}
+
 /// What the server loop drives. Every method gets `now`, read once per loop
 /// turn; replies go into `out`, addressed by connection.
 pub trait Service {
@@ -124,7 +186,7 @@ pub trait Service {
     ///
     /// # Errors
     /// Not ready, and why.
-    fn readiness(&self, now: Millis) -> Result<(), String> {
+    fn readiness(&self, now: Millis) -> Result<(), NotReady> {
         let _ = now;
         Ok(())
     }
@@ -173,4 +235,36 @@ pub enum MemberChange {
         /// Skip the check that a majority of the voters stays reachable.
         force: bool,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NotReady;
+
+    #[test]
+    fn not_ready_says_why_in_a_sentence() {
+        assert_eq!(
+            NotReady::RestartGrace { left_ms: 1500 }.to_string(),
+            "restart grace: every key is held for 1500 ms more, until leases of the earlier \
+             run have ended"
+        );
+        assert_eq!(
+            NotReady::NoLeader { term: 3 }.to_string(),
+            "no leader known (term 3)"
+        );
+        assert_eq!(
+            NotReady::CatchingUp {
+                leader: 2,
+                term: 3,
+                applied: 7,
+                committed: 9
+            }
+            .to_string(),
+            "leader 2 known, but no entry of term 3 applied here yet (applied 7, commit 9)"
+        );
+        assert_eq!(
+            NotReady::Stopped("disk full".into()).to_string(),
+            "the node stopped: disk full"
+        );
+    }
 }

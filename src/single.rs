@@ -762,19 +762,15 @@ impl Service for SingleService {
 
     /// Ready once a grant can be made: no restart grace in force, and a
     /// durable token mark (and lease bound) above the next token.
-    fn readiness(&self, now: Millis) -> Result<(), String> {
+    fn readiness(&self, now: Millis) -> Result<(), crate::service::NotReady> {
+        use crate::service::NotReady;
         if let Some(until) = self.engine.restart_grace(now) {
-            return Err(format!(
-                "restart grace: every key is held for {} ms more, until leases of the earlier \
-                 run have ended",
-                until.since(now)
-            ));
+            return Err(NotReady::RestartGrace {
+                left_ms: until.since(now),
+            });
         }
         if self.engine.tokens_exhausted() {
-            return Err(
-                "the token high-water mark or the lease bound is not durable yet (see the log)"
-                    .into(),
-            );
+            return Err(NotReady::TokensNotDurable);
         }
         Ok(())
     }

@@ -40,7 +40,7 @@ impl Tls {
     /// The file is missing or holds no usable CA certificate.
     pub fn load(ca: &std::path::Path, name: Option<String>) -> Result<Tls, String> {
         Ok(Tls {
-            config: ticketd::tls::client_config(ca, None)?,
+            config: ticketd::tls::client_config(ca, None).map_err(|e| e.to_string())?,
             name,
         })
     }

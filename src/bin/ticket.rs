@@ -18,7 +18,7 @@
 
 use std::ffi::OsString;
 use std::io::Write;
-use std::net::ToSocketAddrs;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::{Command, ExitStatus};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -317,7 +317,7 @@ fn certs_init(args: Vec<OsString>) -> Result<u8, Exit> {
             }
             Ok(exit::OK)
         }
-        Err(e) if e.starts_with("--") => Err(Exit::usage(format!("certs init: {e}"))),
+        Err(e) if e.is_usage() => Err(Exit::usage(format!("certs init: {e}"))),
         Err(e) => Err(Exit {
             status: exit::FAILED,
             message: format!("certs init: {e}"),
@@ -425,7 +425,10 @@ fn admin_tls(args: &mut pico_args::Arguments) -> Result<(), Exit> {
         let config = match &ca {
             Some(ca) => {
                 let pair = cert.as_deref().zip(key.as_deref());
-                Some(ticketd::tls::client_config(ca, pair).map_err(Exit::usage)?)
+                Some(
+                    ticketd::tls::client_config(ca, pair)
+                        .map_err(|e| Exit::usage(e.to_string()))?,
+                )
             }
             None if cert.is_some() => {
                 return Err(Exit::usage(
@@ -680,6 +683,11 @@ fn cluster(args: Vec<OsString>) -> Result<u8, Exit> {
         return print_out(&body);
     }
     let v = parse_json(&body)?;
+    print_out(&cluster_text(&v))
+}
+
+/// `ticket cluster status`: the node's view and a table of the members.
+fn cluster_text(v: &Json) -> String {
     let leader = v.get("leader").and_then(Json::as_u64).unwrap_or(0);
     let mut text = format!(
         "node {}: leader {}, term {}, commit {}, applied {}\n\n",
@@ -740,11 +748,64 @@ fn cluster(args: Vec<OsString>) -> Result<u8, Exit> {
             outgoing.join(",")
         ));
     }
-    print_out(&text)
+    text
 }
 
 /// The most entries a learner may lag the leader's commit to be promoted.
 const CATCH_UP_ENTRIES: u64 = 100;
+
+/// The node of `cluster add | promote | remove`: `ID`, or `ID=HOST:PORT`
+/// for add.
+fn parse_member(sub: &str, what: &str) -> Result<(u64, Option<SocketAddr>), Exit> {
+    let usage = |m: String| Exit::usage(format!("cluster {sub}: {m}"));
+    let (id, address) = match (sub, what.split_once('=')) {
+        ("add", Some((id, a))) => (id, Some(a)),
+        ("add", None) => return Err(usage(format!("{what:?}: give ID=HOST:PORT"))),
+        (_, None) => (what, None),
+        (_, Some(_)) => return Err(usage(format!("{what:?}: give the node id only"))),
+    };
+    let id: u64 = id
+        .parse()
+        .ok()
+        .filter(|i| *i > 0)
+        .ok_or_else(|| usage(format!("{id:?} is not a node id (1, 2, ...)")))?;
+    let address = match address {
+        Some(a) => Some(
+            a.to_socket_addrs()
+                .ok()
+                .and_then(|mut i| i.next())
+                .ok_or_else(|| usage(format!("{a:?} is not a HOST:PORT that resolves")))?,
+        ),
+        None => None,
+    };
+    Ok((id, address))
+}
+
+/// The admin request that makes the change.
+fn member_request(
+    sub: &str,
+    id: u64,
+    address: Option<SocketAddr>,
+    force: bool,
+) -> (String, &'static str) {
+    match sub {
+        "add" => (
+            format!(
+                "/v1/cluster/members/{id}?address={}",
+                admin::percent_encode(&address.map(|a| a.to_string()).unwrap_or_default())
+            ),
+            "POST",
+        ),
+        "promote" => (format!("/v1/cluster/members/{id}/promote"), "POST"),
+        _ => (
+            format!(
+                "/v1/cluster/members/{id}{}",
+                if force { "?force=true" } else { "" }
+            ),
+            "DELETE",
+        ),
+    }
+}
 
 /// `ticket cluster add | promote | remove`.
 fn cluster_change(sub: &str, mut args: pico_args::Arguments) -> Result<u8, Exit> {
@@ -769,43 +830,8 @@ fn cluster_change(sub: &str, mut args: pico_args::Arguments) -> Result<u8, Exit>
         .free_from_str()
         .map_err(|_| usage("missing the node (ID, or ID=HOST:PORT for add)".into()))?;
     finish(args)?;
-    let (id, address) = match (sub, what.split_once('=')) {
-        ("add", Some((id, a))) => (id, Some(a)),
-        ("add", None) => return Err(usage(format!("{what:?}: give ID=HOST:PORT"))),
-        (_, None) => (what.as_str(), None),
-        (_, Some(_)) => return Err(usage(format!("{what:?}: give the node id only"))),
-    };
-    let id: u64 = id
-        .parse()
-        .ok()
-        .filter(|i| *i > 0)
-        .ok_or_else(|| usage(format!("{id:?} is not a node id (1, 2, ...)")))?;
-    let address = match address {
-        Some(a) => Some(
-            a.to_socket_addrs()
-                .ok()
-                .and_then(|mut i| i.next())
-                .ok_or_else(|| usage(format!("{a:?} is not a HOST:PORT that resolves")))?,
-        ),
-        None => None,
-    };
-    let (target, method) = match sub {
-        "add" => (
-            format!(
-                "/v1/cluster/members/{id}?address={}",
-                admin::percent_encode(&address.map(|a| a.to_string()).unwrap_or_default())
-            ),
-            "POST",
-        ),
-        "promote" => (format!("/v1/cluster/members/{id}/promote"), "POST"),
-        _ => (
-            format!(
-                "/v1/cluster/members/{id}{}",
-                if force { "?force=true" } else { "" }
-            ),
-            "DELETE",
-        ),
-    };
+    let (id, address) = parse_member(sub, &what)?;
+    let (target, method) = member_request(sub, id, address, force);
     let leader = send_change(&admins, method, &target)?;
     match sub {
         "add" => {
@@ -1282,6 +1308,38 @@ enum Renew {
     Until(Option<Duration>),
 }
 
+/// `--kill-grace`, `--no-renew` and `--max-hold` of `ticket run`, checked
+/// against the lease.
+fn renew_policy(
+    args: &mut pico_args::Arguments,
+    lease: Duration,
+) -> Result<(Duration, Renew), Exit> {
+    let grace = args
+        .opt_value_from_fn("--kill-grace", parse_grace)
+        .map_err(|e| Exit::usage(e.to_string()))?
+        .unwrap_or(Duration::from_secs_f64(DEFAULT_KILL_GRACE_S));
+    let no_renew = args.contains("--no-renew");
+    let max_hold = args
+        .opt_value_from_fn("--max-hold", parse_max_hold)
+        .map_err(|e| Exit::usage(e.to_string()))?;
+    let renew = match (no_renew, max_hold) {
+        (true, Some(_)) => return Err(Exit::usage("--no-renew and --max-hold exclude each other")),
+        (true, None) => Renew::Never,
+        (false, hold) => {
+            if (grace + KILL_MARGIN) * 3 >= lease * 2 {
+                return Err(Exit::usage(format!(
+                    "with renewal, --kill-grace ({grace:?}) plus 0.5 s must stay below two \
+                     thirds of --lease ({:?}): give a longer lease, a shorter --kill-grace, \
+                     or --no-renew",
+                    lease
+                )));
+            }
+            Renew::Until(hold)
+        }
+    };
+    Ok((grace, renew))
+}
+
 fn run(mut args: Vec<OsString>) -> Result<u8, Exit> {
     // Everything after the first `--` is the command, untouched.
     let command = match args.iter().position(|a| a == "--") {
@@ -1298,30 +1356,8 @@ fn run(mut args: Vec<OsString>) -> Result<u8, Exit> {
         return Ok(exit::OK);
     }
     let o = parse_acquire_opts(&mut args)?;
-    let grace = args
-        .opt_value_from_fn("--kill-grace", parse_grace)
-        .map_err(|e| Exit::usage(e.to_string()))?
-        .unwrap_or(Duration::from_secs_f64(DEFAULT_KILL_GRACE_S));
-    let no_renew = args.contains("--no-renew");
-    let max_hold = args
-        .opt_value_from_fn("--max-hold", parse_max_hold)
-        .map_err(|e| Exit::usage(e.to_string()))?;
+    let (grace, renew) = renew_policy(&mut args, o.lease)?;
     finish(args)?;
-    let renew = match (no_renew, max_hold) {
-        (true, Some(_)) => return Err(Exit::usage("--no-renew and --max-hold exclude each other")),
-        (true, None) => Renew::Never,
-        (false, hold) => {
-            if (grace + KILL_MARGIN) * 3 >= o.lease * 2 {
-                return Err(Exit::usage(format!(
-                    "with renewal, --kill-grace ({grace:?}) plus 0.5 s must stay below two \
-                     thirds of --lease ({:?}): give a longer lease, a shorter --kill-grace, \
-                     or --no-renew",
-                    o.lease
-                )));
-            }
-            Renew::Until(hold)
-        }
-    };
     let Some((program, program_args)) = command.split_first() else {
         return Err(Exit::usage(
             "missing the command: ticket run KEY -- CMD [ARGS...]",
@@ -1476,15 +1512,14 @@ fn signal_group(pid: u32, sig: i32) {
 /// lock is lost, or when its lease is about to end and no renewal can move
 /// it any more; SIGKILL goes out at the latest [`KILL_MARGIN`] before the
 /// conservative expiry, whatever else happens.
-fn supervise(
-    held: &mut Held,
+/// Starts the command in its own process group with the ticket in its
+/// environment, to die with `ticket`.
+fn spawn(
+    held: &Held,
     first_expiry: std::time::SystemTime,
-    hold_until: Option<Instant>,
     program: &OsString,
     args: &[OsString],
-    grace: Duration,
-    signals: &Forwarded,
-) -> Result<u8, Exit> {
+) -> Result<std::process::Child, Exit> {
     use std::os::unix::process::CommandExt;
 
     let expires_unix_s = first_expiry
@@ -1517,20 +1552,34 @@ fn supervise(
             Ok(())
         });
     }
-    let mut child = match command.spawn() {
-        Ok(c) => c,
+    match command.spawn() {
+        Ok(c) => Ok(c),
         Err(e) => {
             let status = if e.kind() == std::io::ErrorKind::NotFound {
                 exit::NOT_FOUND
             } else {
                 exit::CANNOT_RUN
             };
-            return Err(Exit {
+            Err(Exit {
                 status,
                 message: format!("cannot run {:?}: {e}", program.to_string_lossy()),
-            });
+            })
         }
-    };
+    }
+}
+
+// Long because the poll loop's escalation (forward signals, TERM before the
+// lease ends, KILL at its margin) reads the child and the lease together.
+fn supervise(
+    held: &mut Held,
+    first_expiry: std::time::SystemTime,
+    hold_until: Option<Instant>,
+    program: &OsString,
+    args: &[OsString],
+    grace: Duration,
+    signals: &Forwarded,
+) -> Result<u8, Exit> {
+    let mut child = spawn(held, first_expiry, program, args)?;
     let pid = child.id();
     let mut term_at: Option<Instant> = None;
     let mut termed = false;

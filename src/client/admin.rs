@@ -277,6 +277,7 @@ impl Parser<'_> {
         }
     }
 
+    // Long because it is the JSON grammar, one arm per kind of value.
     fn value(&mut self, depth: usize) -> Result<Json, AdminError> {
         if depth > MAX_DEPTH {
             return Err(self.err("nested too deep"));

@@ -361,6 +361,8 @@ impl Machine {
         self.rbuf.drain(..used_total);
     }
 
+    // Long because each reply kind is matched to its call and judged against
+    // the call's deadline in one place (SPEC §3).
     fn matched(&mut self, now: Millis, reply: OwnedReply) {
         let found = self.in_flight.iter().position(|c| match (&reply, c.kind) {
             (OwnedReply::Acquire { owner, key, .. }, Kind::Acquire { owner: o, .. }) => {
@@ -430,28 +432,7 @@ impl Machine {
                 return;
             }
             OwnedReply::Extend { extended, .. } => {
-                let until = match call.kind {
-                    Kind::Extend { until, .. } => until,
-                    _ => now,
-                };
-                let outcome = if extended && now < until {
-                    let lease = Duration::from_secs(u64::from(lease_s));
-                    let written = call.written_at.unwrap_or(now);
-                    let token = match call.kind {
-                        Kind::Extend { token, .. } => token,
-                        _ => 0,
-                    };
-                    ExtendOutcome::Extended(Held {
-                        key: call.key.clone(),
-                        token,
-                        lease,
-                        expires_at: deadline::Moment::plus(written, lease),
-                    })
-                } else {
-                    // X, or an E that came after the expiry: whoever
-                    // watched the expiry has been told the grant is lost.
-                    ExtendOutcome::Lost
-                };
+                let outcome = extend_outcome(&call, now, extended, lease_s);
                 self.report(&call, Outcome::Extend(outcome));
                 return;
             }
@@ -538,6 +519,27 @@ impl Machine {
     pub fn pending(&self) -> usize {
         self.queued.len() + self.in_flight.len()
     }
+}
+
+/// What an extend's reply means: `E` before the grant's expiry is a new
+/// lease from when the extend was written; `X`, or an `E` after the expiry
+/// (whoever watched the expiry has been told the grant is lost), is lost.
+fn extend_outcome(call: &Call, now: Millis, extended: bool, lease_s: u8) -> ExtendOutcome {
+    let (token, until) = match call.kind {
+        Kind::Extend { token, until, .. } => (token, until),
+        _ => (0, now),
+    };
+    if !(extended && now < until) {
+        return ExtendOutcome::Lost;
+    }
+    let lease = Duration::from_secs(u64::from(lease_s));
+    let written = call.written_at.unwrap_or(now);
+    ExtendOutcome::Extended(Held {
+        key: call.key.clone(),
+        token,
+        lease,
+        expires_at: deadline::Moment::plus(written, lease),
+    })
 }
 
 /// A reply, owned, reduced to what matching needs.

@@ -307,7 +307,9 @@ impl ClientBuilder {
             &t.ca,
             t.cert_key.as_ref().map(|(c, k)| (c.as_path(), k.as_path())),
         )
-        .map_err(|reason| Error::Tls { reason })?;
+        .map_err(|e| Error::Tls {
+            reason: e.to_string(),
+        })?;
         let server_name = match &t.server_name {
             Some(n) => Some(
                 rustls::pki_types::ServerName::try_from(n.clone()).map_err(|e| Error::Tls {
@@ -322,9 +324,8 @@ impl ClientBuilder {
         }))
     }
 
-    /// Resolves the addresses and makes the client. Connections open lazily,
-    /// on the first call that needs one.
-    pub fn build(self) -> Result<Client, Error> {
+    /// The settings against their ranges.
+    fn check_settings(&self) -> Result<(), Error> {
         if self.addrs.is_empty() {
             return Err(Error::NoAddress);
         }
@@ -343,6 +344,13 @@ impl ClientBuilder {
                 reason: "max_key_bytes must be within 1..=65536",
             });
         }
+        Ok(())
+    }
+
+    /// Resolves the addresses and makes the client. Connections open lazily,
+    /// on the first call that needs one.
+    pub fn build(self) -> Result<Client, Error> {
+        self.check_settings()?;
         #[cfg(feature = "tls")]
         let dial = self.tls_dial()?;
         let mut resolved: Vec<Target> = Vec::new();
@@ -376,9 +384,9 @@ impl ClientBuilder {
                 Some(d) => {
                     let name = match &d.server_name {
                         Some(n) => n.clone(),
-                        None => tls::name_of(a).map_err(|reason| Error::Resolve {
+                        None => tls::name_of(a).map_err(|e| Error::Resolve {
                             addr: a.clone(),
-                            reason,
+                            reason: e.to_string(),
                         })?,
                     };
                     Security::Tls(d.clone(), name)

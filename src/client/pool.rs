@@ -7,6 +7,7 @@
 //! by it, and with nothing reachable the caller backs off and tries again
 //! until the deadline passes.
 
+use std::io;
 use std::net::SocketAddr;
 
 use crate::client::transport::{ClientStream, Security, Target};
@@ -155,7 +156,7 @@ impl Pool {
                         }
                         Err(e) => {
                             st.slots[i] = Slot::Empty;
-                            st.last_error = Some(e);
+                            st.last_error = Some(e.to_string());
                             self.cv.notify_all();
                             if let Some(s) = any_live(&st) {
                                 return Some(s);
@@ -173,14 +174,14 @@ impl Pool {
 
     /// Tries every address once, starting from the next in rotation, each
     /// connect capped by the connect timeout and by the send deadline.
-    fn connect(&self, send_deadline: Instant) -> Result<Arc<Session>, String> {
+    fn connect(&self, send_deadline: Instant) -> Result<Arc<Session>, ConnectError> {
         let first = {
             let mut st = lock(&self.state);
             let a = st.next_addr;
             st.next_addr = st.next_addr.wrapping_add(1);
             a
         };
-        let mut last = String::from("deadline passed before connecting");
+        let mut last = ConnectError::DeadlinePassed;
         for k in 0..self.addrs.len() {
             let i = (first + k) % self.addrs.len();
             let addr = &self.addrs[i];
@@ -192,12 +193,22 @@ impl Pool {
             match ClientStream::connect(addr, security, self.connect_timeout.min(left)) {
                 Ok(stream) => match Session::start(stream, self.max_key_bytes) {
                     Ok(s) => return Ok(s),
-                    Err(e) => last = format!("{addr}: cannot start session: {e}"),
+                    Err(source) => {
+                        last = ConnectError::Session {
+                            addr: addr.to_string(),
+                            source,
+                        }
+                    }
                 },
-                Err(e) => last = format!("{addr}: {e}"),
+                Err(source) => {
+                    last = ConnectError::Connect {
+                        addr: addr.to_string(),
+                        source,
+                    }
+                }
             }
             // Kept even if a later address answers: it explains a slow call.
-            lock(&self.state).last_error = Some(last.clone());
+            lock(&self.state).last_error = Some(last.to_string());
         }
         Err(last)
     }
@@ -220,6 +231,40 @@ impl Pool {
             s.close("client closed");
         }
         join_all(sessions);
+    }
+}
+
+/// Why no address gave a session, kept as [`Pool::last_error`].
+#[derive(Debug)]
+enum ConnectError {
+    /// The send deadline passed before any address was tried.
+    DeadlinePassed,
+    /// The connect (or the TLS handshake) failed.
+    Connect { addr: String, source: io::Error },
+    /// Connected, but the session's threads could not start.
+    Session { addr: String, source: io::Error },
+}
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnectError::DeadlinePassed => f.write_str("deadline passed before connecting"),
+            ConnectError::Connect { addr, source } => write!(f, "{addr}: {source}"),
+            ConnectError::Session { addr, source } => {
+                write!(f, "{addr}: cannot start session: {source}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConnectError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ConnectError::DeadlinePassed => None,
+            ConnectError::Connect { source, .. } | ConnectError::Session { source, .. } => {
+                Some(source)
+            }
+        }
     }
 }
 

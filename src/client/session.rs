@@ -221,6 +221,52 @@ pub(crate) struct Session {
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
+/// Encodes one call into the batch and files it where its reply will be
+/// matched: by owner (acquire) or by token (release, extend).
+fn encode_call(st: &mut State, call: &Arc<Call>, wait_s: u8, buf: &mut Vec<u8>) {
+    match call.kind {
+        Kind::Acquire { owner, lease_s } => {
+            encode_request(
+                &Request::Acquire {
+                    wait_s,
+                    lease_s,
+                    owner,
+                    key: &call.key,
+                },
+                buf,
+            );
+            if let Some(old) = st.acquires.insert(owner, Arc::clone(call)) {
+                // Owners are fresh per call and a call is
+                // queued on one session at a time; should it
+                // ever happen, the older call cannot be told
+                // apart any more.
+                old.finish(Outcome::Lost);
+            }
+        }
+        Kind::Release { token } => {
+            encode_request(
+                &Request::Release {
+                    token,
+                    key: &call.key,
+                },
+                buf,
+            );
+            st.releases.entry(token).or_default().push(Arc::clone(call));
+        }
+        Kind::Extend { token, lease_s } => {
+            encode_request(
+                &Request::Extend {
+                    lease_s,
+                    token,
+                    key: &call.key,
+                },
+                buf,
+            );
+            st.extends.entry(token).or_default().push(Arc::clone(call));
+        }
+    }
+}
+
 impl Session {
     /// Starts the reader and writer threads of a connected stream.
     pub(crate) fn start(stream: ClientStream, max_key_bytes: usize) -> io::Result<Arc<Session>> {
@@ -486,50 +532,7 @@ impl Session {
                         call.finish(Outcome::NotSent);
                         continue;
                     };
-                    match call.kind {
-                        Kind::Acquire { owner, lease_s } => {
-                            encode_request(
-                                &Request::Acquire {
-                                    wait_s,
-                                    lease_s,
-                                    owner,
-                                    key: &call.key,
-                                },
-                                &mut buf,
-                            );
-                            if let Some(old) = st.acquires.insert(owner, Arc::clone(&call)) {
-                                // Owners are fresh per call and a call is
-                                // queued on one session at a time; should it
-                                // ever happen, the older call cannot be told
-                                // apart any more.
-                                old.finish(Outcome::Lost);
-                            }
-                        }
-                        Kind::Release { token } => {
-                            encode_request(
-                                &Request::Release {
-                                    token,
-                                    key: &call.key,
-                                },
-                                &mut buf,
-                            );
-                            st.releases
-                                .entry(token)
-                                .or_default()
-                                .push(Arc::clone(&call));
-                        }
-                        Kind::Extend { token, lease_s } => {
-                            encode_request(
-                                &Request::Extend {
-                                    lease_s,
-                                    token,
-                                    key: &call.key,
-                                },
-                                &mut buf,
-                            );
-                            st.extends.entry(token).or_default().push(Arc::clone(&call));
-                        }
-                    }
+                    encode_call(&mut st, &call, wait_s, &mut buf);
                     call.set_sent(now);
                     st.frames_written += 1;
                 }

@@ -958,6 +958,7 @@ fn kept_tickets_due_together_are_renewed_in_one_write() {
 /// released once its answer is in, and renewed no more; one answered X is
 /// lost; the others renew on. Then the renewer thread ends with the last
 /// kept ticket.
+// Long because it is one scenario across a batch, step by step.
 #[test]
 fn a_ticket_dropped_or_lost_while_its_batch_is_in_flight() {
     let fake = Fake::new();

@@ -40,7 +40,7 @@ impl std::fmt::Debug for TlsDial {
 
 /// The name to check a server's certificate against, from an address as
 /// given to the builder (`host:port`, `[v6]:port`).
-pub(crate) fn name_of(addr: &str) -> Result<ServerName<'static>, String> {
+pub(crate) fn name_of(addr: &str) -> Result<ServerName<'static>, NotAServerName> {
     let host = match addr.rsplit_once(':') {
         Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host,
         _ => addr,
@@ -49,7 +49,23 @@ pub(crate) fn name_of(addr: &str) -> Result<ServerName<'static>, String> {
         .strip_prefix('[')
         .and_then(|h| h.strip_suffix(']'))
         .unwrap_or(host);
-    ServerName::try_from(host.to_owned()).map_err(|e| format!("not a TLS server name: {e}"))
+    ServerName::try_from(host.to_owned()).map_err(NotAServerName)
+}
+
+/// An address whose host is no name a certificate can be checked against.
+#[derive(Debug)]
+pub(crate) struct NotAServerName(rustls::pki_types::InvalidDnsNameError);
+
+impl std::fmt::Display for NotAServerName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "not a TLS server name: {}", self.0)
+    }
+}
+
+impl std::error::Error for NotAServerName {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
 }
 
 /// A TLS session and its socket.

@@ -34,6 +34,71 @@ pub struct InitOptions {
     pub nodes: u64,
 }
 
+/// Why `ticket certs init` wrote nothing (or, for [`CertsError::Io`],
+/// stopped at a file).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum CertsError {
+    /// `--nodes` is 0 or over [`MAX_NODES`].
+    Nodes,
+    /// `--cluster-name` has characters a DNS name cannot hold.
+    ClusterName(String),
+    /// One of the files exists already: nothing is overwritten.
+    Exists(PathBuf),
+    /// rcgen could not make a key or a certificate.
+    Generate(rcgen::Error),
+    /// The directory is something else.
+    NotADirectory(PathBuf),
+    /// Creating the directory or writing a file failed.
+    Io {
+        /// The directory or file.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+}
+
+impl CertsError {
+    /// An option is at fault (a usage error), not the disk or rcgen.
+    #[must_use]
+    pub fn is_usage(&self) -> bool {
+        matches!(self, CertsError::Nodes | CertsError::ClusterName(_))
+    }
+}
+
+impl std::fmt::Display for CertsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CertsError::Nodes => write!(f, "--nodes must be 1..={MAX_NODES}"),
+            CertsError::ClusterName(name) => {
+                write!(
+                    f,
+                    "--cluster-name {name:?}: letters, digits, '-' and '.' only"
+                )
+            }
+            CertsError::Exists(p) => write!(
+                f,
+                "{} exists; refusing to overwrite anything (choose another directory, or \
+                 remove the old files)",
+                p.display()
+            ),
+            CertsError::Generate(e) => write!(f, "making a certificate: {e}"),
+            CertsError::NotADirectory(p) => write!(f, "{}: not a directory", p.display()),
+            CertsError::Io { path, source } => write!(f, "{}: {source}", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for CertsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            CertsError::Generate(e) => Some(e),
+            CertsError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
 /// The current year (UTC), from the clock.
 fn this_year() -> i32 {
     let secs = std::time::SystemTime::now()
@@ -43,8 +108,8 @@ fn this_year() -> i32 {
     1970 + i32::try_from(secs / 31_556_952).unwrap_or(0)
 }
 
-fn params(names: Vec<String>) -> Result<CertificateParams, String> {
-    let mut p = CertificateParams::new(names).map_err(|e| e.to_string())?;
+fn params(names: Vec<String>) -> Result<CertificateParams, CertsError> {
+    let mut p = CertificateParams::new(names).map_err(CertsError::Generate)?;
     let year = this_year();
     p.not_before = rcgen::date_time_ymd(year - 1, 1, 1);
     p.not_after = rcgen::date_time_ymd(year + VALID_YEARS, 1, 1);
@@ -56,9 +121,9 @@ fn params(names: Vec<String>) -> Result<CertificateParams, String> {
 /// # Errors
 /// A message naming the file or the option at fault; no file is written
 /// when any of them exists already.
-pub fn init(opts: &InitOptions) -> Result<Vec<PathBuf>, String> {
+pub fn init(opts: &InitOptions) -> Result<Vec<PathBuf>, CertsError> {
     if opts.nodes == 0 || opts.nodes > MAX_NODES {
-        return Err(format!("--nodes must be 1..={MAX_NODES}"));
+        return Err(CertsError::Nodes);
     }
     let name = &opts.cluster_name;
     if name.is_empty()
@@ -66,9 +131,7 @@ pub fn init(opts: &InitOptions) -> Result<Vec<PathBuf>, String> {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
     {
-        return Err(format!(
-            "--cluster-name {name:?}: letters, digits, '-' and '.' only"
-        ));
+        return Err(CertsError::ClusterName(name.clone()));
     }
     let mut files = vec![
         ("ca.pem".to_owned(), false),
@@ -81,15 +144,11 @@ pub fn init(opts: &InitOptions) -> Result<Vec<PathBuf>, String> {
     for (f, _) in &files {
         let p = opts.dir.join(f);
         if p.symlink_metadata().is_ok() {
-            return Err(format!(
-                "{} exists; refusing to overwrite anything (choose another directory, or \
-                 remove the old files)",
-                p.display()
-            ));
+            return Err(CertsError::Exists(p));
         }
     }
     // Everything is made before anything is written.
-    let gen = |e: rcgen::Error| format!("making a certificate: {e}");
+    let gen = CertsError::Generate;
     let ca_key = KeyPair::generate().map_err(gen)?;
     let mut ca = params(Vec::new())?;
     ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
@@ -130,7 +189,7 @@ pub fn init(opts: &InitOptions) -> Result<Vec<PathBuf>, String> {
     Ok(written)
 }
 
-fn create_dir(dir: &Path) -> Result<(), String> {
+fn create_dir(dir: &Path) -> Result<(), CertsError> {
     use std::os::unix::fs::DirBuilderExt;
     match std::fs::DirBuilder::new()
         .recursive(true)
@@ -138,31 +197,38 @@ fn create_dir(dir: &Path) -> Result<(), String> {
         .create(dir)
     {
         Ok(()) if dir.is_dir() => Ok(()),
-        Ok(()) => Err(format!("{}: not a directory", dir.display())),
-        Err(e) => Err(format!("{}: {e}", dir.display())),
+        Ok(()) => Err(CertsError::NotADirectory(dir.to_owned())),
+        Err(source) => Err(CertsError::Io {
+            path: dir.to_owned(),
+            source,
+        }),
     }
 }
 
-fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), String> {
+fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), CertsError> {
     use std::os::unix::fs::PermissionsExt;
+    let failed = |source| CertsError::Io {
+        path: path.to_owned(),
+        source,
+    };
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(mode)
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(failed)?;
     // Whatever the umask: exactly `mode`.
     f.set_permissions(std::fs::Permissions::from_mode(mode))
         .and_then(|()| f.write_all(bytes))
         .and_then(|()| f.sync_all())
-        .map_err(|e| format!("{}: {e}", path.display()))
+        .map_err(failed)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::tls::{PeerTls, TlsFiles};
+    use crate::cluster::tls::{PeerTls, TlsError, TlsFiles};
     use std::os::unix::fs::PermissionsExt;
 
     fn tmp(name: &str) -> PathBuf {
@@ -202,11 +268,15 @@ mod tests {
         // A second run refuses and changes nothing.
         let before = std::fs::read(dir.join("ca.pem")).unwrap();
         let e = init(&opts).unwrap_err();
-        assert!(e.contains("exists"), "{e}");
+        assert!(
+            matches!(&e, CertsError::Exists(p) if p.starts_with(&dir)),
+            "{e}"
+        );
+        assert!(e.to_string().contains("exists"), "{e}");
         assert_eq!(std::fs::read(dir.join("ca.pem")).unwrap(), before);
         // So does a run that would add a node next to existing files.
         let e = init(&InitOptions { nodes: 3, ..opts }).unwrap_err();
-        assert!(e.contains("exists"), "{e}");
+        assert!(e.to_string().contains("exists"), "{e}");
         assert!(!dir.join("node3.pem").exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -226,6 +296,8 @@ mod tests {
                 nodes,
             })
             .unwrap_err();
+            assert!(e.is_usage(), "{e:?}");
+            let e = e.to_string();
             assert!(e.contains("--nodes") || e.contains("--cluster-name"), "{e}");
         }
         assert!(!dir.exists(), "nothing was made");
@@ -235,7 +307,9 @@ mod tests {
             nodes: 1,
         })
         .unwrap_err();
-        assert!(e.contains("/proc/version"), "{e}");
+        assert!(!e.is_usage(), "{e:?}");
+        assert!(std::error::Error::source(&e).is_some(), "{e:?}");
+        assert!(e.to_string().contains("/proc/version"), "{e}");
     }
 
     #[test]
@@ -268,8 +342,13 @@ mod tests {
             1,
             "t",
         )
-        .unwrap_err()
-        .to_string();
+        .unwrap_err();
+        assert!(
+            matches!(&e, TlsError::Read { what, source, .. }
+                if what == "--peer-tls-cert" && source.kind() == std::io::ErrorKind::NotFound),
+            "{e:?}"
+        );
+        let e = e.to_string();
         assert!(e.contains("missing.pem"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -72,74 +72,47 @@ pub fn parse(args: Vec<OsString>) -> Result<(Config, ClusterConfig), ConfigError
     let _ = args.contains("--cluster");
     let id: u64 = args
         .opt_value_from_str("--id")
-        .map_err(|e| ConfigError(format!("--id: {e}")))?
-        .ok_or_else(|| ConfigError("cluster mode needs --id N".into()))?;
+        .map_err(|e| ConfigError::Invalid(format!("--id: {e}")))?
+        .ok_or_else(|| ConfigError::Invalid("cluster mode needs --id N".into()))?;
     let peers: String = args
         .opt_value_from_str("--peers")
-        .map_err(|e| ConfigError(format!("--peers: {e}")))?
-        .ok_or_else(|| ConfigError("cluster mode needs --peers 1=HOST:PORT,...".into()))?;
-    let peers =
-        ClusterConfig::parse_peers(&peers).map_err(|e| ConfigError(format!("--peers: {e}")))?;
+        .map_err(|e| ConfigError::Invalid(format!("--peers: {e}")))?
+        .ok_or_else(|| ConfigError::Invalid("cluster mode needs --peers 1=HOST:PORT,...".into()))?;
+    let peers = ClusterConfig::parse_peers(&peers)?;
     let cluster_name: String = args
         .opt_value_from_str("--cluster-name")
-        .map_err(|e| ConfigError(format!("--cluster-name: {e}")))?
+        .map_err(|e| ConfigError::Invalid(format!("--cluster-name: {e}")))?
         .unwrap_or_else(|| DEFAULT_CLUSTER_NAME.to_owned());
     let tick_ms: u64 = args
         .opt_value_from_str("--tick-ms")
-        .map_err(|e| ConfigError(format!("--tick-ms: {e}")))?
+        .map_err(|e| ConfigError::Invalid(format!("--tick-ms: {e}")))?
         .unwrap_or(DEFAULT_TICK_MS);
     if !(10..=10_000).contains(&tick_ms) {
-        return Err(ConfigError("--tick-ms must be 10..=10000".into()));
+        return Err(ConfigError::Invalid("--tick-ms must be 10..=10000".into()));
     }
-    let mut tls_file = |flag: &'static str| -> Result<Option<std::path::PathBuf>, ConfigError> {
-        args.opt_value_from_os_str(flag, |s| {
-            Ok::<_, std::convert::Infallible>(std::path::PathBuf::from(s))
-        })
-        .map_err(|e| ConfigError(format!("{flag}: {e}")))
-    };
-    let cert = tls_file("--peer-tls-cert")?;
-    let key = tls_file("--peer-tls-key")?;
-    let ca = tls_file("--peer-tls-ca")?;
-    let tls = match (cert, key, ca) {
-        (None, None, None) => None,
-        (Some(cert), Some(key), Some(ca)) => Some(TlsFiles { cert, key, ca }),
-        _ => {
-            return Err(ConfigError(
-                "--peer-tls-cert, --peer-tls-key and --peer-tls-ca go together: give all \
-                 three (`ticket certs init DIR` makes them)"
-                    .into(),
-            ))
-        }
-    };
+    let tls = take_tls_files(&mut args)?;
     let insecure_peers = args.contains("--insecure-peers");
     let join = args.contains("--join");
-    if cluster_name.is_empty()
-        || !cluster_name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
-    {
-        return Err(ConfigError(format!(
-            "--cluster-name {cluster_name:?}: letters, digits, '-' and '.' only (it is part \
-             of the DNS names in peer certificates)"
-        )));
-    }
+    check_cluster_name(&cluster_name)?;
     let config = Config::take_flags(&mut args)?;
     reject_leftovers(args)?;
     if config.engine.max_hold_ms > 0 {
         // The replicated state machine reads no clock, so it cannot tell
         // how long a grant has been held.
-        return Err(ConfigError(
+        return Err(ConfigError::Invalid(
             "--max-hold is a single-mode flag; cluster mode has no hold cap".into(),
         ));
     }
     if !peers.contains_key(&id) {
-        return Err(ConfigError(format!(
+        return Err(ConfigError::Invalid(format!(
             "--id {id} is not among the ids of --peers ({:?})",
             peers.keys().collect::<Vec<_>>()
         )));
     }
     let Some(data_dir) = config.data_dir.clone() else {
-        return Err(ConfigError("cluster mode needs --data-dir DIR".into()));
+        return Err(ConfigError::Invalid(
+            "cluster mode needs --data-dir DIR".into(),
+        ));
     };
     // A 32-bit build cannot hold the snapshot of the fullest table the
     // default limits allow: refuse such limits now, not when it fills.
@@ -158,6 +131,43 @@ pub fn parse(args: Vec<OsString>) -> Result<(Config, ClusterConfig), ConfigError
     };
     cluster.check_protected()?;
     Ok((config, cluster))
+}
+
+/// The peer TLS files: all three flags, or none.
+fn take_tls_files(args: &mut pico_args::Arguments) -> Result<Option<TlsFiles>, ConfigError> {
+    let mut tls_file = |flag: &'static str| -> Result<Option<std::path::PathBuf>, ConfigError> {
+        args.opt_value_from_os_str(flag, |s| {
+            Ok::<_, std::convert::Infallible>(std::path::PathBuf::from(s))
+        })
+        .map_err(|e| ConfigError::Invalid(format!("{flag}: {e}")))
+    };
+    let cert = tls_file("--peer-tls-cert")?;
+    let key = tls_file("--peer-tls-key")?;
+    let ca = tls_file("--peer-tls-ca")?;
+    match (cert, key, ca) {
+        (None, None, None) => Ok(None),
+        (Some(cert), Some(key), Some(ca)) => Ok(Some(TlsFiles { cert, key, ca })),
+        _ => Err(ConfigError::Invalid(
+            "--peer-tls-cert, --peer-tls-key and --peer-tls-ca go together: give all \
+             three (`ticket certs init DIR` makes them)"
+                .into(),
+        )),
+    }
+}
+
+/// A cluster name is part of the DNS names in peer certificates.
+fn check_cluster_name(cluster_name: &str) -> Result<(), ConfigError> {
+    if cluster_name.is_empty()
+        || !cluster_name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+    {
+        return Err(ConfigError::Invalid(format!(
+            "--cluster-name {cluster_name:?}: letters, digits, '-' and '.' only (it is part \
+             of the DNS names in peer certificates)"
+        )));
+    }
+    Ok(())
 }
 
 /// Runs the cluster-mode daemon: the exit status of `ticketd --cluster`.
@@ -274,13 +284,13 @@ mod tests {
         if usize::BITS == 64 {
             assert!(defaults.is_ok());
         } else {
-            let e = defaults.unwrap_err().0;
+            let e = defaults.unwrap_err().to_string();
             assert!(e.contains("--max-keys") && e.contains("32-bit"), "{e}");
         }
         // A table no build can snapshot in one allocation is refused anywhere.
         let huge = format!("{line} --max-keys 100000000000000000 --max-key-bytes 65536");
         if let Err(e) = parse(args(&huge)) {
-            assert!(e.0.contains("--max-keys"), "{}", e.0);
+            assert!(e.to_string().contains("--max-keys"), "{e}");
         } else {
             panic!("a table of 6.5 ZB was accepted");
         }

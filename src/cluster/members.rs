@@ -105,93 +105,22 @@ pub fn check_change(change: Change, view: &View<'_>) -> Result<ConfChangeV2, Ref
                 .into(),
         ));
     }
-    let voter = |id| view.conf.voters.contains(&id);
-    let learner = |id| view.conf.learners.contains(&id);
     let mut single = ConfChangeSingle::default();
     let mut cc = ConfChangeV2::default();
     match change {
         Change::AddLearner(id, addr) => {
-            if id == 0 {
-                return Err(refuse(400, "node ids start at 1".into()));
-            }
-            if view.members.is_removed(id) {
-                return Err(refuse(
-                    409,
-                    format!(
-                        "node {id} was removed from this cluster, and ids are never reused; \
-                         give the new node another id"
-                    ),
-                ));
-            }
-            if voter(id) || learner(id) {
-                return Err(refuse(
-                    409,
-                    format!("node {id} is already a member (ticket cluster status)"),
-                ));
-            }
-            if view.conf.voters.len() + view.conf.learners.len() >= MAX_MEMBERS {
-                return Err(refuse(
-                    409,
-                    format!("the cluster has {MAX_MEMBERS} members already"),
-                ));
-            }
-            if let Some((other, _)) = view.members.addrs.iter().find(|(_, a)| **a == addr) {
-                return Err(refuse(
-                    409,
-                    format!("address {addr} is node {other}'s peer address"),
-                ));
-            }
+            check_add(id, addr, view)?;
             single.set_change_type(ConfChangeType::AddLearnerNode);
             single.node_id = id;
             cc.context = addr.to_string().into_bytes().into();
         }
         Change::Promote(id) => {
-            if voter(id) {
-                return Err(refuse(409, format!("node {id} is a voter already")));
-            }
-            if !learner(id) {
-                return Err(refuse(
-                    409,
-                    format!("node {id} is not a learner of this cluster (add it first)"),
-                ));
-            }
+            check_promote(id, view)?;
             single.set_change_type(ConfChangeType::AddNode);
             single.node_id = id;
         }
         Change::Remove(id, force) => {
-            if learner(id) {
-                // A learner has no vote: removing it never costs a quorum.
-            } else if voter(id) {
-                if view.conf.voters.len() == 1 {
-                    return Err(refuse(
-                        409,
-                        format!("node {id} is the only voter; a cluster needs one"),
-                    ));
-                }
-                let majority = view.conf.voters.len() / 2 + 1;
-                let left = view
-                    .conf
-                    .voters
-                    .iter()
-                    .filter(|v| **v != id && view.reachable.contains(v))
-                    .count();
-                if left < majority && !force {
-                    return Err(refuse(
-                        409,
-                        format!(
-                            "removing node {id} would leave {left} reachable voter(s), fewer \
-                             than a majority ({majority}) of the {} current voters; bring \
-                             the others back first, or use --force",
-                            view.conf.voters.len()
-                        ),
-                    ));
-                }
-            } else {
-                return Err(refuse(
-                    409,
-                    format!("node {id} is not a member of this cluster"),
-                ));
-            }
+            check_remove(id, force, view)?;
             single.set_change_type(ConfChangeType::RemoveNode);
             single.node_id = id;
         }
@@ -202,6 +131,102 @@ pub fn check_change(change: Change, view: &View<'_>) -> Result<ConfChangeV2, Ref
     // applies, and the leader proposes the empty change that leaves it.
     cc.set_transition(ConfChangeTransition::Implicit);
     Ok(cc)
+}
+
+fn is_voter(view: &View<'_>, id: u64) -> bool {
+    view.conf.voters.contains(&id)
+}
+
+fn is_learner(view: &View<'_>, id: u64) -> bool {
+    view.conf.learners.contains(&id)
+}
+
+/// A new learner `id` at `addr`: a fresh id, a free address, room left.
+fn check_add(id: u64, addr: SocketAddr, view: &View<'_>) -> Result<(), Refusal> {
+    if id == 0 {
+        return Err(refuse(400, "node ids start at 1".into()));
+    }
+    if view.members.is_removed(id) {
+        return Err(refuse(
+            409,
+            format!(
+                "node {id} was removed from this cluster, and ids are never reused; \
+                 give the new node another id"
+            ),
+        ));
+    }
+    if is_voter(view, id) || is_learner(view, id) {
+        return Err(refuse(
+            409,
+            format!("node {id} is already a member (ticket cluster status)"),
+        ));
+    }
+    if view.conf.voters.len() + view.conf.learners.len() >= MAX_MEMBERS {
+        return Err(refuse(
+            409,
+            format!("the cluster has {MAX_MEMBERS} members already"),
+        ));
+    }
+    if let Some((other, _)) = view.members.addrs.iter().find(|(_, a)| **a == addr) {
+        return Err(refuse(
+            409,
+            format!("address {addr} is node {other}'s peer address"),
+        ));
+    }
+    Ok(())
+}
+
+/// Promoting `id`: a learner, not yet a voter.
+fn check_promote(id: u64, view: &View<'_>) -> Result<(), Refusal> {
+    if is_voter(view, id) {
+        return Err(refuse(409, format!("node {id} is a voter already")));
+    }
+    if !is_learner(view, id) {
+        return Err(refuse(
+            409,
+            format!("node {id} is not a learner of this cluster (add it first)"),
+        ));
+    }
+    Ok(())
+}
+
+/// Removing `id`: a member, never the only voter, and (unless `force`)
+/// leaving a reachable majority of the current voters.
+fn check_remove(id: u64, force: bool, view: &View<'_>) -> Result<(), Refusal> {
+    if is_learner(view, id) {
+        // A learner has no vote: removing it never costs a quorum.
+    } else if is_voter(view, id) {
+        if view.conf.voters.len() == 1 {
+            return Err(refuse(
+                409,
+                format!("node {id} is the only voter; a cluster needs one"),
+            ));
+        }
+        let majority = view.conf.voters.len() / 2 + 1;
+        let left = view
+            .conf
+            .voters
+            .iter()
+            .filter(|v| **v != id && view.reachable.contains(v))
+            .count();
+        if left < majority && !force {
+            return Err(refuse(
+                409,
+                format!(
+                    "removing node {id} would leave {left} reachable voter(s), fewer \
+                     than a majority ({majority}) of the {} current voters; bring \
+                     the others back first, or use --force",
+                    view.conf.voters.len()
+                ),
+            ));
+        }
+    } else {
+        return Err(refuse(
+            409,
+            format!("node {id} is not a member of this cluster"),
+        ));
+    }
+    Ok(())
 }
 
 impl Members {

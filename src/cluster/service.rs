@@ -71,7 +71,7 @@ impl ClusterConfig {
         if self.tls.is_some() || self.insecure_peers || self.peers_all_loopback() {
             return Ok(());
         }
-        Err(ConfigError(format!(
+        Err(ConfigError::Invalid(format!(
             "--peers names addresses that are not loopback ({}), and peers would speak \
              plaintext: anyone who reaches a peer port could pose as a node. Set up peer \
              TLS: `ticket certs init DIR --cluster-name {} --nodes {}` makes a CA and one \
@@ -90,29 +90,33 @@ impl ClusterConfig {
     }
 
     /// Parses `1=HOST:PORT,2=HOST:PORT,...`.
-    pub fn parse_peers(s: &str) -> Result<BTreeMap<u64, SocketAddr>, String> {
+    ///
+    /// # Errors
+    /// The peer at fault and why, as an error of `--peers`.
+    pub fn parse_peers(s: &str) -> Result<BTreeMap<u64, SocketAddr>, ConfigError> {
+        let bad = |why: String| ConfigError::Invalid(format!("--peers: {why}"));
         let mut peers = BTreeMap::new();
         for part in s.split(',').filter(|p| !p.trim().is_empty()) {
             let (id, addr) = part
                 .split_once('=')
-                .ok_or_else(|| format!("peer {part:?}: expected ID=HOST:PORT"))?;
+                .ok_or_else(|| bad(format!("peer {part:?}: expected ID=HOST:PORT")))?;
             let id: u64 = id
                 .trim()
                 .parse()
-                .map_err(|_| format!("peer {part:?}: the id is not a number"))?;
+                .map_err(|_| bad(format!("peer {part:?}: the id is not a number")))?;
             if id == 0 {
-                return Err(format!("peer {part:?}: ids start at 1"));
+                return Err(bad(format!("peer {part:?}: ids start at 1")));
             }
             let addr = std::net::ToSocketAddrs::to_socket_addrs(addr.trim())
-                .map_err(|e| format!("peer {part:?}: {e}"))?
+                .map_err(|e| bad(format!("peer {part:?}: {e}")))?
                 .next()
-                .ok_or_else(|| format!("peer {part:?}: no address"))?;
+                .ok_or_else(|| bad(format!("peer {part:?}: no address")))?;
             if peers.insert(id, addr).is_some() {
-                return Err(format!("peer id {id} is given twice"));
+                return Err(bad(format!("peer id {id} is given twice")));
             }
         }
         if peers.is_empty() {
-            return Err("--peers names no node".into());
+            return Err(bad("--peers names no node".into()));
         }
         Ok(peers)
     }
@@ -142,7 +146,17 @@ impl fmt::Display for StartError {
     }
 }
 
-impl std::error::Error for StartError {}
+impl std::error::Error for StartError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        // The first three print as their inner error: transparent.
+        match self {
+            StartError::Config(e) => std::error::Error::source(e),
+            StartError::Tls(e) => std::error::Error::source(e),
+            StartError::Node(e) => std::error::Error::source(e),
+            StartError::Listen(e) => Some(e),
+        }
+    }
+}
 
 /// Cluster mode's service. See the module documentation.
 pub struct ClusterService {
@@ -180,7 +194,7 @@ impl ClusterService {
     /// Opens the data directory and binds the peer listener.
     pub fn open(cfg: &ClusterConfig) -> Result<Self, StartError> {
         let Some(&listen) = cfg.peers.get(&cfg.id) else {
-            return Err(StartError::Config(ConfigError(format!(
+            return Err(StartError::Config(ConfigError::Invalid(format!(
                 "--id {} is not among --peers {:?}",
                 cfg.id,
                 cfg.peers.keys().collect::<Vec<_>>()
@@ -194,81 +208,17 @@ impl ClusterService {
                 Some(PeerTls::load(files, cfg.id, &cfg.cluster_name).map_err(StartError::Tls)?)
             }
         };
-        let voters: Vec<u64> = if cfg.join {
-            Vec::new()
-        } else {
-            cfg.peers.keys().copied().collect()
-        };
-        let mut ncfg = NodeConfig::new(cfg.id, voters);
-        ncfg.join = cfg.join;
-        ncfg.peer_addrs = cfg.peers.clone();
-        ncfg.limits = cfg.limits.clone();
-        ncfg.tick_ms = cfg.tick_ms.max(1);
-        let entropy = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
-            ^ u64::from(std::process::id()).rotate_left(32);
-        ncfg.uuid_entropy = entropy;
-        ncfg.seed = entropy.rotate_left(17);
+        let ncfg = node_config(cfg);
         let disk = FileDisk::open(&cfg.data_dir).map_err(|e| {
-            StartError::Config(ConfigError(format!(
+            StartError::Config(ConfigError::Invalid(format!(
                 "data dir {}: {e}",
                 cfg.data_dir.display()
             )))
         })?;
         let election_ms = ncfg.tick_ms.saturating_mul(ncfg.election_tick as u64);
         let node = Node::open(ncfg, disk, &raft_logger()).map_err(StartError::Node)?;
-        let local = LocalInfo {
-            id: cfg.id,
-            cluster: hash64(&[cfg.cluster_name.as_bytes()]),
-            voters: MEMBERSHIP_MARK,
-            uuid: node.identity().uuid,
-            known: node.identity().peers.clone(),
-        };
-        // The replicated configuration's addresses win over --peers; a
-        // node that has none yet (joining) starts from --peers.
-        let stored = node.peer_addrs();
-        let initial = if stored.is_empty() {
-            &cfg.peers
-        } else {
-            &stored
-        };
-        let mut transport = Transport::bind(local, listen, initial).map_err(StartError::Listen)?;
-        if let Some(tls) = tls {
-            transport.set_tls(tls);
-        }
-        transport.set_election_timeout_ms(election_ms);
-        let snapshot_bound = StateMachine::snapshot_bound(&cfg.limits, cfg.max_key_bytes);
-        transport.set_max_frame_bytes(snapshot_bound);
-        if snapshot_bound > transport.max_frame_bytes() as u64 {
-            log::warn!(
-                "these limits allow a lock table whose snapshot (up to {} MiB) is over the \
-                 {} MiB a peer frame can carry: a follower that needs such a snapshot \
-                 cannot catch up until the table shrinks",
-                snapshot_bound.div_ceil(1 << 20),
-                transport.max_frame_bytes().div_ceil(1 << 20)
-            );
-        }
-        let describe = format!(
-            "cluster node {} of {:?}{}, peers on {} ({}), data dir {}, boot epoch {}, \
-             peer frames up to {} MiB",
-            cfg.id,
-            node.members().iter().map(|m| m.id).collect::<Vec<_>>(),
-            if cfg.join && node.members().is_empty() {
-                " (joining: waiting to be added)"
-            } else {
-                ""
-            },
-            transport.local_addr().map_or(listen, |a| a),
-            if cfg.tls.is_some() {
-                "mutual TLS"
-            } else {
-                "plaintext"
-            },
-            cfg.data_dir.display(),
-            node.epoch(),
-            transport.max_frame_bytes().div_ceil(1 << 20)
-        );
+        let transport = open_transport(cfg, &node, listen, tls, election_ms)?;
+        let describe = describe(cfg, &node, &transport, listen);
         Ok(ClusterService {
             node,
             transport,
@@ -476,22 +426,23 @@ impl Service for ClusterService {
 
     /// Ready when a leader is known and this node has applied an entry of
     /// the leader's term (so its table includes every earlier grant).
-    fn readiness(&self, _now: Millis) -> Result<(), String> {
+    fn readiness(&self, _now: Millis) -> Result<(), crate::service::NotReady> {
+        use crate::service::NotReady;
         if let Some(why) = &self.fatal {
-            return Err(format!("the node stopped: {why}"));
+            return Err(NotReady::Stopped(why.clone()));
         }
         if self.node.leader() == 0 {
-            return Err(format!("no leader known (term {})", self.node.term()));
+            return Err(NotReady::NoLeader {
+                term: self.node.term(),
+            });
         }
         if !self.node.applied_current_term() {
-            return Err(format!(
-                "leader {} known, but no entry of term {} applied here yet (applied {}, \
-                 commit {})",
-                self.node.leader(),
-                self.node.term(),
-                self.node.applied(),
-                self.node.committed()
-            ));
+            return Err(NotReady::CatchingUp {
+                leader: self.node.leader(),
+                term: self.node.term(),
+                applied: self.node.applied(),
+                committed: self.node.committed(),
+            });
         }
         Ok(())
     }
@@ -633,6 +584,101 @@ impl Service for ClusterService {
             Err(r) => (r.status, format!("{}\n", r.message)),
         }
     }
+}
+
+/// The node's settings from the daemon's: the voters from `--peers`
+/// (none when joining), and seeds drawn from the clock and the pid.
+fn node_config(cfg: &ClusterConfig) -> NodeConfig {
+    let voters: Vec<u64> = if cfg.join {
+        Vec::new()
+    } else {
+        cfg.peers.keys().copied().collect()
+    };
+    let mut ncfg = NodeConfig::new(cfg.id, voters);
+    ncfg.join = cfg.join;
+    ncfg.peer_addrs = cfg.peers.clone();
+    ncfg.limits = cfg.limits.clone();
+    ncfg.tick_ms = cfg.tick_ms.max(1);
+    let entropy = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+        ^ u64::from(std::process::id()).rotate_left(32);
+    ncfg.uuid_entropy = entropy;
+    ncfg.seed = entropy.rotate_left(17);
+    ncfg
+}
+
+/// Binds the peer listener, with TLS if configured, and sizes its frames
+/// for the largest snapshot the limits allow (warning when a frame cannot
+/// carry one).
+fn open_transport(
+    cfg: &ClusterConfig,
+    node: &Node<FileDisk>,
+    listen: SocketAddr,
+    tls: Option<PeerTls>,
+    election_ms: u64,
+) -> Result<Transport, StartError> {
+    let local = LocalInfo {
+        id: cfg.id,
+        cluster: hash64(&[cfg.cluster_name.as_bytes()]),
+        voters: MEMBERSHIP_MARK,
+        uuid: node.identity().uuid,
+        known: node.identity().peers.clone(),
+    };
+    // The replicated configuration's addresses win over --peers; a
+    // node that has none yet (joining) starts from --peers.
+    let stored = node.peer_addrs();
+    let initial = if stored.is_empty() {
+        &cfg.peers
+    } else {
+        &stored
+    };
+    let mut transport = Transport::bind(local, listen, initial).map_err(StartError::Listen)?;
+    if let Some(tls) = tls {
+        transport.set_tls(tls);
+    }
+    transport.set_election_timeout_ms(election_ms);
+    let snapshot_bound = StateMachine::snapshot_bound(&cfg.limits, cfg.max_key_bytes);
+    transport.set_max_frame_bytes(snapshot_bound);
+    if snapshot_bound > transport.max_frame_bytes() as u64 {
+        log::warn!(
+            "these limits allow a lock table whose snapshot (up to {} MiB) is over the \
+             {} MiB a peer frame can carry: a follower that needs such a snapshot \
+             cannot catch up until the table shrinks",
+            snapshot_bound.div_ceil(1 << 20),
+            transport.max_frame_bytes().div_ceil(1 << 20)
+        );
+    }
+    Ok(transport)
+}
+
+/// The start-up line: who this node is, its peers, its data directory.
+fn describe(
+    cfg: &ClusterConfig,
+    node: &Node<FileDisk>,
+    transport: &Transport,
+    listen: SocketAddr,
+) -> String {
+    format!(
+        "cluster node {} of {:?}{}, peers on {} ({}), data dir {}, boot epoch {}, \
+         peer frames up to {} MiB",
+        cfg.id,
+        node.members().iter().map(|m| m.id).collect::<Vec<_>>(),
+        if cfg.join && node.members().is_empty() {
+            " (joining: waiting to be added)"
+        } else {
+            ""
+        },
+        transport.local_addr().map_or(listen, |a| a),
+        if cfg.tls.is_some() {
+            "mutual TLS"
+        } else {
+            "plaintext"
+        },
+        cfg.data_dir.display(),
+        node.epoch(),
+        transport.max_frame_bytes().div_ceil(1 << 20)
+    )
 }
 
 #[cfg(test)]

@@ -33,7 +33,7 @@ use crate::cluster::command::{
 };
 use crate::cluster::members::Members;
 use crate::engine::{
-    Acquire, AcquireOutcome, Engine, Event, ImageError, ImageReader, Outbox, TagCodec,
+    Acquire, AcquireOutcome, ConnId, Engine, Event, ImageError, ImageReader, Outbox, TagCodec,
 };
 use crate::limits::EngineLimits;
 use crate::proto::Reply;
@@ -395,72 +395,16 @@ impl StateMachine {
         };
         self.engine.raise_next_token(floor);
         let mut res = Applied::default();
-        if let Some(rid) = cmd.rid() {
-            let floor = match cmd {
-                Command::Acquire { floor, .. }
-                | Command::Release { floor, .. }
-                | Command::Extend { floor, .. } => *floor,
-                _ => 0,
-            };
-            if !self.first_time(rid, floor) {
-                res.duplicate = true;
-                return res;
-            }
-            // The origin restarted: its older boot's connections are gone,
-            // so their queued acquires are cancelled now rather than when
-            // their waits run out.
-            let stale: Vec<Origin> = self
-                .conns
-                .keys()
-                .filter(|o| o.node == rid.node && o.epoch < rid.epoch)
-                .copied()
-                .collect();
-            for o in stale {
-                self.cancel(o);
-            }
+        if !self.admit(cmd) {
+            res.duplicate = true;
+            return res;
         }
         let now = Millis::ZERO;
         let out = &mut self.out;
         match cmd {
-            Command::Acquire {
-                rid,
-                conn,
-                key,
-                owner,
-                wait_s,
-                lease_s,
-                ..
-            } => {
-                let origin = rid.origin(*conn);
-                let engine_conn = self
-                    .conns
-                    .get(&origin)
-                    .copied()
-                    .unwrap_or(self.next_engine_conn);
-                let tag = ReqTag {
-                    rid: *rid,
-                    conn: *conn,
-                    lease_s: *lease_s,
-                    generation: 0,
-                };
-                let req = Acquire {
-                    key,
-                    owner: *owner,
-                    wait_s: *wait_s,
-                    lease_s: *lease_s,
-                };
-                if let AcquireOutcome::Queued(_) =
-                    self.engine.acquire_tagged(now, engine_conn, req, tag, out)
-                {
-                    if engine_conn == self.next_engine_conn {
-                        self.next_engine_conn += 1;
-                        self.conns.insert(origin, engine_conn);
-                    }
-                    res.effects.push(Effect::Queued {
-                        key: key.clone(),
-                        waiter: *rid,
-                        wait_s: *wait_s,
-                    });
+            Command::Acquire { .. } => {
+                if let Some(queued) = self.apply_acquire(cmd) {
+                    res.effects.push(queued);
                 }
             }
             Command::Release { key, token, .. } => {
@@ -501,10 +445,90 @@ impl StateMachine {
         res
     }
 
+    /// True when `cmd` is not a client request this table applied (or
+    /// forgot) already. A request from a later boot of its origin first
+    /// cancels the queued acquires of the earlier boots' connections, which
+    /// are gone, rather than letting their waits run out.
+    fn admit(&mut self, cmd: &Command) -> bool {
+        let Some(rid) = cmd.rid() else {
+            return true;
+        };
+        let floor = match cmd {
+            Command::Acquire { floor, .. }
+            | Command::Release { floor, .. }
+            | Command::Extend { floor, .. } => *floor,
+            _ => 0,
+        };
+        if !self.first_time(rid, floor) {
+            return false;
+        }
+        let stale: Vec<Origin> = self
+            .conns
+            .keys()
+            .filter(|o| o.node == rid.node && o.epoch < rid.epoch)
+            .copied()
+            .collect();
+        for o in stale {
+            self.cancel(o);
+        }
+        true
+    }
+
+    /// Applies an acquire; if it queued, the effect that says so (the
+    /// leader's wait timer).
+    fn apply_acquire(&mut self, cmd: &Command) -> Option<Effect> {
+        let Command::Acquire {
+            rid,
+            conn,
+            key,
+            owner,
+            wait_s,
+            lease_s,
+            ..
+        } = cmd
+        else {
+            return None;
+        };
+        let origin = rid.origin(*conn);
+        let engine_conn = self
+            .conns
+            .get(&origin)
+            .copied()
+            .unwrap_or(self.next_engine_conn);
+        let tag = ReqTag {
+            rid: *rid,
+            conn: *conn,
+            lease_s: *lease_s,
+            generation: 0,
+        };
+        let req = Acquire {
+            key,
+            owner: *owner,
+            wait_s: *wait_s,
+            lease_s: *lease_s,
+        };
+        if let AcquireOutcome::Queued(_) =
+            self.engine
+                .acquire_tagged(Millis::ZERO, engine_conn, req, tag, &mut self.out)
+        {
+            if engine_conn == self.next_engine_conn {
+                self.next_engine_conn += 1;
+                self.conns.insert(origin, engine_conn);
+            }
+            return Some(Effect::Queued {
+                key: key.clone(),
+                waiter: *rid,
+                wait_s: *wait_s,
+            });
+        }
+        None
+    }
+
     /// Turns what the engine reported for one command into answers and
     /// effects, and forgets the origin connections left without waiters.
     /// A release's or an extend's own answer goes to `rid` on `conn`;
     /// every other answer goes to the request its event's tag names.
+    // Long because it is one match over the kinds of event the engine reports.
     fn take_events(&mut self, rid: Rid, conn: u64, res: &mut Applied) {
         for ev in self.out.events() {
             let (tag, kind, key) = match ev {
@@ -540,19 +564,8 @@ impl StateMachine {
                     lease_s,
                     ..
                 } => {
-                    // The grant starts a new lease generation.
-                    let t = self
-                        .engine
-                        .grant_tag_mut(key)
-                        .expect("an extended key is held");
-                    t.generation += 1;
-                    t.lease_s = lease_s;
-                    res.effects.push(Effect::Extended {
-                        key: key.to_owned(),
-                        token,
-                        generation: t.generation,
-                        lease_s,
-                    });
+                    res.effects
+                        .push(new_generation(&mut self.engine, key, token, lease_s));
                     (
                         Self::answer_tag(rid, conn),
                         AnswerKind::Extended(token),
@@ -582,10 +595,12 @@ impl StateMachine {
             // A waiter granted or timed out may have been its
             // connection's last.
             if let Event::Granted { conn, .. } | Event::TimedOut { conn, .. } = ev {
-                let origin = tag.rid.origin(tag.conn);
-                if self.conns.get(&origin) == Some(&conn) && !self.engine.has_waiters(conn) {
-                    self.conns.remove(&origin);
-                }
+                forget_if_idle(
+                    &mut self.conns,
+                    &self.engine,
+                    tag.rid.origin(tag.conn),
+                    conn,
+                );
             }
         }
         self.out.clear();
@@ -689,7 +704,7 @@ impl StateMachine {
             Some(left) if left >= one_key => format!("--max-keys {} or less", left / one_key),
             _ => "a smaller --max-waiters".to_owned(),
         };
-        Err(crate::config::ConfigError(format!(
+        Err(crate::config::ConfigError::Invalid(format!(
             "--max-keys {}, --max-key-bytes {max_key_bytes} and --max-waiters {} allow a lock \
              table whose snapshot (up to {} MiB) is more than this {}-bit build can hold in \
              memory at once ({} MiB); use {hint}",
@@ -831,6 +846,33 @@ impl StateMachine {
 
 fn len32(n: usize) -> u32 {
     u32::try_from(n).expect("table sizes are bounded by the limits")
+}
+
+/// An extend took effect: the grant of `key` starts a new lease
+/// generation, which the leader's next timer for it names. (Free of
+/// `self`: the caller is iterating over the outbox's events.)
+fn new_generation(engine: &mut Engine<ReqTag>, key: &str, token: u64, lease_s: u8) -> Effect {
+    let t = engine.grant_tag_mut(key).expect("an extended key is held");
+    t.generation += 1;
+    t.lease_s = lease_s;
+    Effect::Extended {
+        key: key.to_owned(),
+        token,
+        generation: t.generation,
+        lease_s,
+    }
+}
+
+/// Forgets the engine connection `conn` of `origin` once it has no waiter.
+fn forget_if_idle(
+    conns: &mut BTreeMap<Origin, ConnId>,
+    engine: &Engine<ReqTag>,
+    origin: Origin,
+    conn: ConnId,
+) {
+    if conns.get(&origin) == Some(&conn) && !engine.has_waiters(conn) {
+        conns.remove(&origin);
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,6 @@
 //! says which node is talking, checks that the certificate names that
 //! node ([`PeerTls::names_node`]). docs/SECURITY.md has the threat model.
 
-use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -53,23 +52,9 @@ impl std::fmt::Debug for PeerTls {
 use crate::tls::{read_certs, read_key, read_roots};
 
 /// Why peer TLS could not be set up from its files, or a TLS session with
-/// a peer could not start. The message names the flag and the file.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TlsError(String);
-
-impl fmt::Display for TlsError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for TlsError {}
-
-impl From<String> for TlsError {
-    fn from(message: String) -> TlsError {
-        TlsError(message)
-    }
-}
+/// a peer could not start: the crate's one TLS error, which names the flag
+/// and the file.
+pub use crate::tls::TlsError;
 
 impl PeerTls {
     /// Loads the files and builds both configurations.
@@ -84,41 +69,33 @@ impl PeerTls {
         let roots = read_roots(&files.ca, "--peer-tls-ca")?;
         let ours = node_name(id, cluster_name);
         if !names(&chain[0], &ours) {
-            return Err(TlsError(format!(
-                "--peer-tls-cert {}: the certificate does not name {ours} in its \
-                 subjectAltName; make one with `ticket certs init`",
-                files.cert.display()
-            )));
+            return Err(TlsError::NotNamed {
+                what: "--peer-tls-cert".to_owned(),
+                path: files.cert.clone(),
+                name: ours,
+            });
         }
         let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
             .build()
-            .map_err(|e| format!("--peer-tls-ca {}: {e}", files.ca.display()))?;
+            .map_err(|source| TlsError::Verifier {
+                what: "--peer-tls-ca".to_owned(),
+                path: files.ca.clone(),
+                source,
+            })?;
         let mut server = ServerConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS13])
-            .map_err(|e| e.to_string())?
+            .map_err(TlsError::Rustls)?
             .with_client_cert_verifier(verifier)
             .with_single_cert(chain.clone(), key.clone_key())
-            .map_err(|e| {
-                format!(
-                    "--peer-tls-key {}: does not go with --peer-tls-cert {}: {e}",
-                    files.key.display(),
-                    files.cert.display()
-                )
-            })?;
+            .map_err(|source| key_mismatch(files, source))?;
         // Peers never resume: no tickets to send or keep.
         server.send_tls13_tickets = 0;
         let client = ClientConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])
-            .map_err(|e| e.to_string())?
+            .map_err(TlsError::Rustls)?
             .with_root_certificates(roots)
             .with_client_auth_cert(chain, key)
-            .map_err(|e| {
-                format!(
-                    "--peer-tls-key {}: does not go with --peer-tls-cert {}: {e}",
-                    files.key.display(),
-                    files.cert.display()
-                )
-            })?;
+            .map_err(|source| key_mismatch(files, source))?;
         Ok(PeerTls {
             client: Arc::new(client),
             server: Arc::new(server),
@@ -132,10 +109,13 @@ impl PeerTls {
     /// # Errors
     /// The name is no DNS name, or rustls refuses the session.
     pub fn client(&self, id: u64) -> Result<rustls::ClientConnection, TlsError> {
-        let name = ServerName::try_from(node_name(id, &self.cluster_name))
-            .map_err(|e| TlsError(format!("peer name for node {id}: {e}")))?;
-        rustls::ClientConnection::new(self.client.clone(), name)
-            .map_err(|e| TlsError(e.to_string()))
+        let name = ServerName::try_from(node_name(id, &self.cluster_name)).map_err(|source| {
+            TlsError::ServerName {
+                what: format!("peer name for node {id}"),
+                source,
+            }
+        })?;
+        rustls::ClientConnection::new(self.client.clone(), name).map_err(TlsError::Rustls)
     }
 
     /// A server connection for a peer that connected to us.
@@ -143,13 +123,23 @@ impl PeerTls {
     /// # Errors
     /// rustls refuses the session.
     pub fn server(&self) -> Result<rustls::ServerConnection, TlsError> {
-        rustls::ServerConnection::new(self.server.clone()).map_err(|e| TlsError(e.to_string()))
+        rustls::ServerConnection::new(self.server.clone()).map_err(TlsError::Rustls)
     }
 
     /// Whether `cert` (already verified to chain to the CA) names node `id`.
     #[must_use]
     pub fn names_node(&self, cert: &CertificateDer<'_>, id: u64) -> bool {
         names(cert, &node_name(id, &self.cluster_name))
+    }
+}
+
+fn key_mismatch(files: &TlsFiles, source: rustls::Error) -> TlsError {
+    TlsError::KeyMismatch {
+        what: "--peer-tls-key".to_owned(),
+        key: files.key.clone(),
+        cert_what: "--peer-tls-cert".to_owned(),
+        cert: files.cert.clone(),
+        source: Box::new(source),
     }
 }
 

@@ -204,21 +204,108 @@ impl Hello {
 /// stranger on the peer port cannot make us buffer a large frame. Public for
 /// the fuzz targets.
 #[doc(hidden)]
-pub fn frame_len(buf: &[u8], before_hello: bool, max: usize) -> Result<Option<usize>, String> {
+pub fn frame_len(buf: &[u8], before_hello: bool, max: usize) -> Result<Option<usize>, FrameError> {
     if buf.len() < 4 {
         return Ok(None);
     }
     let len = u32::from_be_bytes(buf[..4].try_into().expect("4 bytes")) as usize;
     if before_hello && len != HELLO_LEN {
-        return Err("the first frame is not a hello".into());
+        return Err(FrameError::NotHello);
     }
     if len > max {
-        return Err(format!("frame of {len} bytes is over the limit of {max}"));
+        return Err(FrameError::TooLarge { len, max });
     }
     if buf.len() - 4 < len {
         return Ok(None);
     }
     Ok(Some(len))
+}
+
+/// Why [`frame_len`] refuses a frame (and the connection closes).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameError {
+    /// Before the hello, a frame that is not hello-sized.
+    NotHello,
+    /// A frame over the limit.
+    TooLarge {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+}
+
+impl std::fmt::Display for FrameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FrameError::NotHello => f.write_str("the first frame is not a hello"),
+            FrameError::TooLarge { len, max } => {
+                write!(f, "frame of {len} bytes is over the limit of {max}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+/// Why a peer connection closes: what the socket or TLS said, or what the
+/// peer sent.
+#[derive(Debug)]
+enum Closed {
+    /// The socket failed.
+    Io(io::Error),
+    /// The peer closed the connection.
+    ByPeer,
+    /// A write made no progress: the connection is gone.
+    Gone,
+    /// TLS failed (a certificate refused, a bad record).
+    Tls(rustls::Error),
+    /// TLS failed reading records or plaintext.
+    TlsIo(io::Error),
+    /// The peer wrote on our outbound connection, which it only reads.
+    WroteOnOutbound,
+    /// A frame is refused.
+    Frame(FrameError),
+    /// A message that is not raft's protobuf.
+    Undecodable(protobuf::ProtobufError),
+    /// The hello is refused: why.
+    Hello(String),
+}
+
+impl Closed {
+    /// A TLS failure: a certificate refused, either way, is worth a warning.
+    fn is_tls(&self) -> bool {
+        matches!(self, Closed::Tls(_) | Closed::TlsIo(_))
+    }
+}
+
+impl std::fmt::Display for Closed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Closed::Io(e) => write!(f, "{e}"),
+            Closed::ByPeer => f.write_str("closed by peer"),
+            Closed::Gone => f.write_str("connection closed"),
+            Closed::Tls(e) => write!(f, "TLS: {e}"),
+            Closed::TlsIo(e) => write!(f, "TLS: {e}"),
+            Closed::WroteOnOutbound => f.write_str("the peer wrote on a connection it only reads"),
+            Closed::Frame(e) => write!(f, "{e}"),
+            Closed::Undecodable(e) => write!(f, "undecodable message: {e}"),
+            Closed::Hello(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for Closed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Closed::Io(e) | Closed::TlsIo(e) => Some(e),
+            Closed::Tls(e) => Some(e),
+            Closed::Frame(e) => Some(e),
+            Closed::Undecodable(e) => Some(e),
+            Closed::ByPeer | Closed::Gone | Closed::WroteOnOutbound | Closed::Hello(_) => None,
+        }
+    }
 }
 
 /// FNV-1a, for the cluster name and voter set hashes.
@@ -958,12 +1045,12 @@ impl Transport {
         }
         if p.tls.is_some() && (event.is_readable() || event.is_read_closed()) {
             if let Err(why) = Self::read_outbound_tls(p) {
-                if why.starts_with("TLS") {
+                if why.is_tls() {
                     // A certificate refused, either way: worth a warning.
                     let addr = p.addr;
                     self.refusal(now, format_args!("peer {id} at {addr}: {why}"));
                 }
-                self.fail_peer(id, now, registry, &why);
+                self.fail_peer(id, now, registry, &why.to_string());
                 return;
             }
         } else if event.is_readable() || event.is_read_closed() {
@@ -989,21 +1076,21 @@ impl Transport {
 
     /// Reads the handshake (and nothing else) a peer sends on our TLS
     /// connection to it.
-    fn read_outbound_tls(p: &mut Peer) -> Result<(), String> {
+    fn read_outbound_tls(p: &mut Peer) -> Result<(), Closed> {
         let (Some(s), Some(tls)) = (p.stream.as_mut(), p.tls.as_mut()) else {
             return Ok(());
         };
         loop {
             match tls.read_tls(s) {
-                Ok(0) => return Err("closed by peer".into()),
+                Ok(0) => return Err(Closed::ByPeer),
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(Closed::Io(e)),
             }
-            let state = tls.process_new_packets().map_err(|e| format!("TLS: {e}"))?;
+            let state = tls.process_new_packets().map_err(Closed::Tls)?;
             if state.plaintext_bytes_to_read() > 0 || state.peer_has_closed() {
-                return Err("the peer wrote on a connection it only reads".into());
+                return Err(Closed::WroteOnOutbound);
             }
         }
         if !tls.is_handshaking() {
@@ -1048,7 +1135,7 @@ impl Transport {
     fn inbound_event(&mut self, key: usize, now: Millis, registry: &Registry, drain: bool) {
         if self.inbound.get(key).is_some_and(|c| c.tls.is_some()) {
             if let Err(why) = self.inbound_tls(key, now, registry) {
-                self.close_inbound(key, now, registry, &why);
+                self.close_inbound(key, now, registry, &why.to_string());
             }
             return;
         }
@@ -1082,7 +1169,7 @@ impl Transport {
                     }
                     self.refresh_outbound(now, registry);
                     if let Err(why) = parsed {
-                        self.close_inbound(key, now, registry, &why);
+                        self.close_inbound(key, now, registry, &why.to_string());
                         return;
                     }
                     if n < self.scratch.len() && !drain {
@@ -1105,7 +1192,7 @@ impl Transport {
     /// socket has, parses the frames they carry, and writes the session's
     /// own records (the handshake) back. `Ok` with the connection gone
     /// means it ended.
-    fn inbound_tls(&mut self, key: usize, now: Millis, registry: &Registry) -> Result<(), String> {
+    fn inbound_tls(&mut self, key: usize, now: Millis, registry: &Registry) -> Result<(), Closed> {
         loop {
             let Some(c) = self.inbound.get_mut(key) else {
                 return Ok(());
@@ -1119,18 +1206,18 @@ impl Transport {
                     return Ok(());
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(Closed::Io(e)),
             };
             let mut input = &self.scratch[..n];
             while !input.is_empty() {
                 let tls = c.tls.as_mut().expect("caller checked");
-                tls.read_tls(&mut input).map_err(|e| format!("TLS: {e}"))?;
+                tls.read_tls(&mut input).map_err(Closed::TlsIo)?;
                 let state = match tls.process_new_packets() {
                     Ok(state) => state,
                     Err(e) => {
                         // Tell the peer why (a bad certificate, say), if it listens.
                         let _ = Self::write_inbound_tls(c);
-                        return Err(format!("TLS: {e}"));
+                        return Err(Closed::Tls(e));
                     }
                 };
                 // Room for exactly the plaintext the session holds (what
@@ -1146,7 +1233,7 @@ impl Transport {
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
                         Err(e) => {
                             c.rbuf.truncate(start);
-                            return Err(format!("TLS: {e}"));
+                            return Err(Closed::TlsIo(e));
                         }
                     };
                     c.rbuf.truncate(start + got);
@@ -1175,23 +1262,23 @@ impl Transport {
         }
     }
 
-    fn write_inbound_tls(c: &mut Inbound) -> Result<(), String> {
+    fn write_inbound_tls(c: &mut Inbound) -> Result<(), Closed> {
         let Some(tls) = c.tls.as_mut() else {
             return Ok(());
         };
         while tls.wants_write() {
             match tls.write_tls(&mut c.stream) {
-                Ok(0) => return Err("connection closed".into()),
+                Ok(0) => return Err(Closed::Gone),
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(Closed::Io(e)),
             }
         }
         Ok(())
     }
 
-    fn parse_frames(&mut self, key: usize, now: Millis) -> Result<(), String> {
+    fn parse_frames(&mut self, key: usize, now: Millis) -> Result<(), Closed> {
         let mut used = 0;
         let result = loop {
             let c = self.inbound.get(key).expect("caller checked");
@@ -1205,7 +1292,7 @@ impl Transport {
                 UNTRUSTED_FRAME_BYTES
             };
             let len = match frame_len(rest, c.peer.is_none(), max) {
-                Err(e) => break Err(e),
+                Err(e) => break Err(Closed::Frame(e)),
                 Ok(None) => break Ok(()),
                 Ok(Some(len)) => len,
             };
@@ -1229,7 +1316,7 @@ impl Transport {
                         );
                         self.drop_message(now, &why);
                     }
-                    Err(e) => break Err(format!("undecodable message: {e}")),
+                    Err(e) => break Err(Closed::Undecodable(e)),
                 },
                 (Some(from), false) => {
                     let why =
@@ -1260,20 +1347,21 @@ impl Transport {
     /// Checks a hello in full before anything it says is kept. See
     /// docs/SECURITY.md for what authenticates a peer.
     // Long because the checks run in one order, each with its own refusal.
-    fn hello(&mut self, key: usize, hello: Result<Hello, &str>) -> Result<(), String> {
-        let h = hello.map_err(str::to_owned)?;
+    fn hello(&mut self, key: usize, hello: Result<Hello, &str>) -> Result<(), Closed> {
+        let refused = |why: String| Err(Closed::Hello(why));
+        let h = hello.map_err(|why| Closed::Hello(why.to_owned()))?;
         if h.cluster != self.local.cluster {
-            return Err(format!("node {} belongs to another cluster", h.from));
+            return refused(format!("node {} belongs to another cluster", h.from));
         }
         if h.voters != self.local.voters {
-            return Err(format!(
+            return refused(format!(
                 "node {} speaks another version of the peer hello (voter-set hash {:#x}; \
                  this version sends {:#x})",
                 h.from, h.voters, self.local.voters
             ));
         }
         if h.to != self.local.id || !self.peers.contains_key(&h.from) {
-            return Err(format!(
+            return refused(format!(
                 "hello from {} to {} is not for this node",
                 h.from, h.to
             ));
@@ -1290,7 +1378,7 @@ impl Transport {
                     .and_then(|t| t.peer_certificates())
                     .and_then(|c| c.first());
                 if !cert.is_some_and(|c| tls.names_node(c, h.from)) {
-                    return Err(format!(
+                    return refused(format!(
                         "the peer's certificate does not name node {} (its hello claims to be it)",
                         h.from
                     ));
@@ -1300,7 +1388,7 @@ impl Transport {
         };
         let pinned = self.local.known.get(&h.from).copied();
         if pinned.is_some_and(|u| u != h.from_uuid) {
-            return Err(format!(
+            return refused(format!(
                 "node {} came back with a wiped or replaced data directory (or someone \
                  else claims to be it); refusing it",
                 h.from
@@ -1316,10 +1404,10 @@ impl Transport {
                  (membership change) or restore its data directory",
                 h.from, self.local.id
             )));
-            return Err("this node's data directory was replaced".into());
+            return refused("this node's data directory was replaced".into());
         }
         if h.to_uuid != 0 && h.to_uuid != self.local.uuid {
-            return Err(format!(
+            return refused(format!(
                 "node {} knows node {} with another data directory: if this node's data \
                  directory was wiped or replaced, it cannot rejoin under its old id with an \
                  empty log (give it a new id or restore its data directory); a plaintext \
@@ -1767,9 +1855,18 @@ mod tests {
         // Frames over the limit close the connection; the hello rule holds.
         let mut frame = (100u32 << 20).to_be_bytes().to_vec();
         frame.push(0);
-        assert!(frame_len(&frame, false, MAX_FRAME_BYTES).is_err());
+        assert_eq!(
+            frame_len(&frame, false, MAX_FRAME_BYTES),
+            Err(FrameError::TooLarge {
+                len: 100 << 20,
+                max: MAX_FRAME_BYTES
+            })
+        );
         assert_eq!(frame_len(&frame, false, 200 << 20), Ok(None));
-        assert!(frame_len(&frame, true, 200 << 20).is_err());
+        assert_eq!(
+            frame_len(&frame, true, 200 << 20),
+            Err(FrameError::NotHello)
+        );
     }
 
     #[test]

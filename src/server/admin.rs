@@ -34,7 +34,7 @@
 //! bad query or key is 400 with the reason in the body.
 
 use std::collections::BTreeSet;
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 
@@ -693,7 +693,7 @@ fn parse_member_change(
     let mut force = false;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let value = percent_decode(value).map_err(|e| (400, e))?;
+        let value = percent_decode(value).map_err(|e| (400, e.to_string()))?;
         match name {
             "address" => {
                 address = Some(value.parse::<SocketAddr>().map_err(|_| {
@@ -792,7 +792,51 @@ fn step_listing<S: Service>(l: &mut Listing, now: Millis, view: &View<'_, S>) ->
     Some(json)
 }
 
-fn parse_listing(query: &str, max_key_bytes: usize) -> Result<Listing, String> {
+/// Why a path or a query is answered 400.
+#[derive(Debug, PartialEq, Eq)]
+enum BadRequest {
+    /// A `%` not followed by two hex digits, at this byte.
+    PercentEncoding(usize),
+    /// Not UTF-8 once percent-decoded.
+    NotUtf8,
+    /// `/v1/locks/` with no key.
+    EmptyKey,
+    /// A key over `--max-key-bytes`.
+    KeyTooLong(usize),
+    /// A key with a newline.
+    KeyNewline,
+    /// A query parameter `/v1/locks` does not take.
+    UnknownParameter(String),
+    /// A query parameter given twice.
+    Repeated(String),
+    /// `limit` out of range.
+    Limit(String),
+    /// `prefix` or `after` longer than any key can be.
+    LongerThanKeys(&'static str, usize),
+}
+
+impl fmt::Display for BadRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BadRequest::PercentEncoding(i) => write!(f, "bad percent-encoding at byte {i}"),
+            BadRequest::NotUtf8 => f.write_str("not UTF-8 once percent-decoded"),
+            BadRequest::EmptyKey => f.write_str("empty key"),
+            BadRequest::KeyTooLong(max) => write!(f, "key longer than {max} bytes"),
+            BadRequest::KeyNewline => f.write_str("a key cannot contain a newline"),
+            BadRequest::UnknownParameter(name) => write!(
+                f,
+                "unknown query parameter {name:?}: expected prefix, limit, after"
+            ),
+            BadRequest::Repeated(name) => write!(f, "query parameter {name} given twice"),
+            BadRequest::Limit(v) => write!(f, "limit must be 1..={MAX_PAGE}, not {v:?}"),
+            BadRequest::LongerThanKeys(what, max) => {
+                write!(f, "{what} longer than the longest key ({max} bytes)")
+            }
+        }
+    }
+}
+
+fn parse_listing(query: &str, max_key_bytes: usize) -> Result<Listing, BadRequest> {
     let mut prefix = None;
     let mut after = None;
     let mut limit = None;
@@ -803,14 +847,10 @@ fn parse_listing(query: &str, max_key_bytes: usize) -> Result<Listing, String> {
             "prefix" => &mut prefix,
             "after" => &mut after,
             "limit" => &mut limit,
-            _ => {
-                return Err(format!(
-                    "unknown query parameter {name:?}: expected prefix, limit, after"
-                ))
-            }
+            _ => return Err(BadRequest::UnknownParameter(name.to_owned())),
         };
         if slot.is_some() {
-            return Err(format!("query parameter {name} given twice"));
+            return Err(BadRequest::Repeated(name.to_owned()));
         }
         *slot = Some(value);
     }
@@ -818,19 +858,15 @@ fn parse_listing(query: &str, max_key_bytes: usize) -> Result<Listing, String> {
         None => DEFAULT_PAGE,
         Some(v) => match v.parse::<usize>() {
             Ok(n) if (1..=MAX_PAGE).contains(&n) => n,
-            _ => return Err(format!("limit must be 1..={MAX_PAGE}, not {v:?}")),
+            _ => return Err(BadRequest::Limit(v)),
         },
     };
     let prefix = prefix.unwrap_or_default();
     if prefix.len() > max_key_bytes {
-        return Err(format!(
-            "prefix longer than the longest key ({max_key_bytes} bytes)"
-        ));
+        return Err(BadRequest::LongerThanKeys("prefix", max_key_bytes));
     }
     if after.as_ref().is_some_and(|a| a.len() > max_key_bytes) {
-        return Err(format!(
-            "after longer than the longest key ({max_key_bytes} bytes)"
-        ));
+        return Err(BadRequest::LongerThanKeys("after", max_key_bytes));
     }
     Ok(Listing {
         prefix,
@@ -845,22 +881,22 @@ fn parse_listing(query: &str, max_key_bytes: usize) -> Result<Listing, String> {
 
 /// A key from a request path: percent-decoded, UTF-8, 1..=`max` bytes,
 /// no newline (SPEC §1).
-fn decode_key(raw: &str, max: usize) -> Result<String, String> {
+fn decode_key(raw: &str, max: usize) -> Result<String, BadRequest> {
     let key = percent_decode(raw)?;
     if key.is_empty() {
-        return Err("empty key".into());
+        return Err(BadRequest::EmptyKey);
     }
     if key.len() > max {
-        return Err(format!("key longer than {max} bytes"));
+        return Err(BadRequest::KeyTooLong(max));
     }
     if key.contains('\n') {
-        return Err("a key cannot contain a newline".into());
+        return Err(BadRequest::KeyNewline);
     }
     Ok(key)
 }
 
 /// `%XX` escapes decoded; the result must be UTF-8. `+` stays `+`.
-fn percent_decode(s: &str) -> Result<String, String> {
+fn percent_decode(s: &str) -> Result<String, BadRequest> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -871,7 +907,7 @@ fn percent_decode(s: &str) -> Result<String, String> {
                 .and_then(|h| std::str::from_utf8(h).ok());
             match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
                 Some(v) => out.push(v),
-                None => return Err(format!("bad percent-encoding at byte {i}")),
+                None => return Err(BadRequest::PercentEncoding(i)),
             }
             i += 3;
         } else {
@@ -879,7 +915,7 @@ fn percent_decode(s: &str) -> Result<String, String> {
             i += 1;
         }
     }
-    String::from_utf8(out).map_err(|_| "not UTF-8 once percent-decoded".to_string())
+    String::from_utf8(out).map_err(|_| BadRequest::NotUtf8)
 }
 
 /// `{"key":..,"token":..,"expires_in_ms":..,"waiters":..,"held_for_ms":..}`
@@ -1089,17 +1125,24 @@ mod tests {
     fn percent_decoding_takes_escapes_and_refuses_bad_ones() {
         assert_eq!(percent_decode("a%2Fb%20c+d").unwrap(), "a/b c+d");
         assert_eq!(percent_decode("%e2%82%ac").unwrap(), "\u{20ac}");
-        assert!(percent_decode("a%2").is_err());
-        assert!(percent_decode("a%zz").is_err());
-        assert!(percent_decode("%ff").is_err());
+        assert_eq!(percent_decode("a%2"), Err(BadRequest::PercentEncoding(1)));
+        assert_eq!(percent_decode("a%zz"), Err(BadRequest::PercentEncoding(1)));
+        assert_eq!(percent_decode("%ff"), Err(BadRequest::NotUtf8));
     }
 
     #[test]
     fn a_key_is_checked_like_one_on_the_wire() {
         assert_eq!(decode_key("db%2F1", 10).unwrap(), "db/1");
-        assert!(decode_key("", 10).is_err());
-        assert!(decode_key("a%0Ab", 10).is_err());
-        assert!(decode_key("abcdefghijk", 10).is_err());
+        assert_eq!(decode_key("", 10), Err(BadRequest::EmptyKey));
+        assert_eq!(decode_key("a%0Ab", 10), Err(BadRequest::KeyNewline));
+        assert_eq!(
+            decode_key("abcdefghijk", 10),
+            Err(BadRequest::KeyTooLong(10))
+        );
+        assert_eq!(
+            decode_key("abcdefghijk", 10).unwrap_err().to_string(),
+            "key longer than 10 bytes"
+        );
     }
 
     #[test]

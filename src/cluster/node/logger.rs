@@ -1,0 +1,34 @@
+//! raft-rs logs through slog: these loggers forward it to the `log` crate,
+//! or drop it.
+
+/// A logger for raft that forwards Info and above to the `log` crate
+/// (raft's Debug output is filtered here, since slog's bridge would bypass
+/// the `log` level).
+pub fn raft_logger() -> slog::Logger {
+    slog::Logger::root(LogDrain, slog::o!())
+}
+
+/// A logger that drops everything (simulations, tests).
+pub fn quiet_logger() -> slog::Logger {
+    slog::Logger::root(slog::Discard, slog::o!())
+}
+
+struct LogDrain;
+
+impl slog::Drain for LogDrain {
+    type Ok = ();
+    type Err = slog::Never;
+
+    fn log(&self, record: &slog::Record<'_>, _: &slog::OwnedKVList) -> Result<(), slog::Never> {
+        let level = match record.level() {
+            slog::Level::Critical | slog::Level::Error => log::Level::Error,
+            slog::Level::Warning => log::Level::Warn,
+            slog::Level::Info => log::Level::Info,
+            slog::Level::Debug | slog::Level::Trace => return Ok(()),
+        };
+        if log::log_enabled!(target: "raft", level) {
+            log::log!(target: "raft", level, "{}", record.msg());
+        }
+        Ok(())
+    }
+}

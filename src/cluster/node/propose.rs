@@ -1,0 +1,260 @@
+//! Client requests on their way into the log: refusals, the turn's batch,
+//! the tracking of each proposal until it applies, and re-proposal.
+
+use raft::eraftpb::{Entry, Message, MessageType};
+
+use crate::cluster::command::{Command, Origin, Rid};
+use crate::cluster::log::Disk;
+use crate::engine::{ConnId, Outbox};
+use crate::proto::{Reply, Request};
+use crate::time::Millis;
+
+use super::{Node, Pending, MAX_CANCELS};
+
+impl<D: Disk> Node<D> {
+    pub(super) fn refuse(&mut self, conn: ConnId, req: Request<'_>, out: &mut Outbox) {
+        self.stats.refused += 1;
+        match req {
+            Request::Acquire { owner, key, .. } => out.push(conn, Reply::Busy { owner, key }, 0),
+            Request::Release { token, key } => {
+                out.push(conn, Reply::NotReleased { token, key }, 0);
+            }
+            // Never X: that would say the grant is gone, and a node that
+            // cannot propose does not know (SPEC §5.3). Unanswered, the
+            // client gives this attempt up and tries another node.
+            Request::Extend { .. } => {}
+        }
+    }
+
+    pub(super) fn propose_data(&mut self, seq: Option<u64>, data: &[u8]) -> bool {
+        let before = self.rn.raft.raft_log.last_index();
+        let entry = Command::encode_entry(self.token_rng.bits(), data);
+        if self.rn.propose(Vec::new(), entry).is_err() {
+            return false;
+        }
+        let after = self.rn.raft.raft_log.last_index();
+        if let Some(seq) = seq {
+            if after > before {
+                self.by_index.insert(after, (self.rn.raft.term, seq));
+            }
+        }
+        true
+    }
+
+    /// A client request from local connection `conn`. Answers now (B or N)
+    /// if no leader is known or the backlog is full; otherwise it is
+    /// proposed with the turn's other requests in [`Node::end_turn`], which
+    /// answers B or N if raft drops that proposal, and it is answered after
+    /// it applies.
+    pub fn request(&mut self, now: Millis, conn: ConnId, req: Request<'_>, out: &mut Outbox) {
+        if self.failed.is_some()
+            || self.leader() == 0
+            || self.removed()
+            || self.unapplied.len() >= self.cfg.max_pending
+        {
+            self.refuse(conn, req, out);
+            return;
+        }
+        let seq = self.next_seq;
+        let rid = Rid {
+            node: self.cfg.id,
+            epoch: self.epoch,
+            seq,
+        };
+        self.unapplied.insert(seq);
+        let floor = self.unapplied.first().copied().unwrap_or(seq);
+        let data = Command::encode_request(rid, floor, conn, &req);
+        // The state machine finds the request again in what it decodes.
+        debug_assert!(
+            Command::decode(&data).is_ok_and(|c| c.rid() == Some(rid)),
+            "a proposed request decodes to its own request id"
+        );
+        self.next_seq += 1;
+        self.batch.push(seq);
+        self.pending.insert(
+            seq,
+            Pending {
+                conn,
+                data,
+                received_at: now,
+                proposed_at: now,
+                queued: false,
+                acquire: matches!(req, Request::Acquire { .. }),
+            },
+        );
+        self.conns.entry(conn).or_default().insert(seq);
+    }
+
+    /// Proposes this turn's client requests, all in one raft message: on a
+    /// leader one append per follower carries them, on a follower one
+    /// forward. If raft drops it (no leader after all, the uncommitted
+    /// limit), each is answered as a refused request (B, N, or nothing for
+    /// an extend) and forgotten: it was never proposed.
+    pub(super) fn propose_batch(&mut self, out: &mut Outbox) {
+        if self.batch.is_empty() {
+            return;
+        }
+        let seqs = std::mem::take(&mut self.batch);
+        let mut entries = Vec::with_capacity(seqs.len());
+        let mut proposed = Vec::with_capacity(seqs.len());
+        for seq in seqs {
+            // A request whose connection closed in this turn is gone.
+            if let Some(p) = self.pending.get(&seq) {
+                // The entry carries the token bits this node draws for it,
+                // as every proposal does (`propose_data`).
+                entries.push(Entry {
+                    data: Command::encode_entry(self.token_rng.bits(), &p.data).into(),
+                    ..Entry::default()
+                });
+                proposed.push(seq);
+            }
+        }
+        if entries.is_empty() {
+            return;
+        }
+        let mut m = Message::default();
+        m.set_msg_type(MessageType::MsgPropose);
+        m.from = self.cfg.id;
+        m.set_entries(entries.into());
+        let before = self.rn.raft.raft_log.last_index();
+        let ok = self.failed.is_none() && self.rn.step(m).is_ok();
+        self.after_raft_call();
+        if ok {
+            self.stats.proposed += proposed.len() as u64;
+            let after = self.rn.raft.raft_log.last_index();
+            // A leader appended them in order at before + 1 ..= after.
+            if after - before == proposed.len() as u64 {
+                let term = self.rn.raft.term;
+                for (i, seq) in (before + 1..).zip(proposed) {
+                    self.by_index.insert(i, (term, seq));
+                }
+            }
+            return;
+        }
+        for seq in proposed {
+            let Some(p) = self.pending.remove(&seq) else {
+                continue;
+            };
+            self.unapplied.remove(&seq);
+            if let Some(set) = self.conns.get_mut(&p.conn) {
+                set.remove(&seq);
+            }
+            self.stats.refused += 1;
+            match Command::decode(&p.data) {
+                Ok(Command::Acquire { owner, key, .. }) => {
+                    out.push(p.conn, Reply::Busy { owner, key: &key }, 0);
+                }
+                Ok(Command::Release { token, key, .. }) => {
+                    out.push(p.conn, Reply::NotReleased { token, key: &key }, 0);
+                }
+                // An extend that could not be proposed gets no answer
+                // (never X, see `refuse`).
+                _ => {}
+            }
+        }
+    }
+
+    /// Local connection `conn` is gone: forget its requests and have its
+    /// queued acquires cancelled cluster-wide.
+    pub fn disconnect(&mut self, conn: ConnId) {
+        let Some(seqs) = self.conns.remove(&conn) else {
+            return;
+        };
+        let mut had_acquire = false;
+        for seq in seqs {
+            if let Some(p) = self.pending.remove(&seq) {
+                had_acquire |= p.acquire;
+            }
+            self.unapplied.remove(&seq);
+        }
+        if had_acquire {
+            self.queue_cancel(Origin {
+                node: self.cfg.id,
+                epoch: self.epoch,
+                conn,
+            });
+        }
+    }
+
+    /// Moves into `out` the local connections to close: each had a request
+    /// that applied inside a snapshot this node installed and whose answer
+    /// the table cannot tell (see [`Node::request`]). Closing it is the
+    /// answer: its client reports the outcome unknown at once.
+    pub fn take_closes(&mut self, out: &mut Vec<ConnId>) {
+        out.append(&mut self.closes);
+    }
+
+    pub(super) fn queue_cancel(&mut self, origin: Origin) {
+        if self.cancels.len() >= MAX_CANCELS {
+            // The leader's wait timers clear those waiters anyway.
+            self.cancels.pop_front();
+        }
+        self.cancels.push_back(origin);
+    }
+
+    pub(super) fn repropose_ms(&self) -> u64 {
+        2 * self.cfg.election_tick as u64 * self.cfg.tick_ms
+    }
+
+    pub(super) fn repropose(&mut self, now: Millis) {
+        if self.leader() == 0 {
+            return;
+        }
+        let after = self.repropose_ms();
+        // `proposed_at == ZERO` marks a proposal to make again at once (the
+        // leader changed, its index applied with another command, a
+        // snapshot covered it), also in the first `after` ms of the clock.
+        let due: Vec<u64> = self
+            .unapplied
+            .iter()
+            .copied()
+            .filter(|s| {
+                self.pending.get(s).is_some_and(|p| {
+                    !p.queued
+                        && (p.proposed_at == Millis::ZERO || now.since(p.proposed_at) >= after)
+                })
+            })
+            .collect();
+        for seq in due {
+            let data = self
+                .pending
+                .get(&seq)
+                .map(|p| p.data.clone())
+                .unwrap_or_default();
+            if !self.propose_data(Some(seq), &data) {
+                break;
+            }
+            self.stats.reproposed += 1;
+            if let Some(p) = self.pending.get_mut(&seq) {
+                p.proposed_at = now;
+            }
+        }
+    }
+
+    /// The entry at an index a local leader gave one of our proposals
+    /// applied; if it is not that proposal, the proposal was lost.
+    pub(super) fn mark_lost(&mut self, at: Option<(u64, u64)>, applied_rid: Option<Rid>) {
+        let Some((_, seq)) = at else {
+            return;
+        };
+        let ours = applied_rid
+            .is_some_and(|r| r.node == self.cfg.id && r.epoch == self.epoch && r.seq == seq);
+        if !ours {
+            if let Some(p) = self.pending.get_mut(&seq) {
+                p.proposed_at = Millis::ZERO;
+            }
+        }
+    }
+
+    pub(super) fn finish(&mut self, seq: u64) {
+        self.unapplied.remove(&seq);
+        if let Some(p) = self.pending.remove(&seq) {
+            if let Some(s) = self.conns.get_mut(&p.conn) {
+                s.remove(&seq);
+                if s.is_empty() {
+                    self.conns.remove(&p.conn);
+                }
+            }
+        }
+    }
+}
