@@ -10,6 +10,9 @@
 //!
 //! * [`proto`]: the wire codec, both directions. No I/O, no allocation on
 //!   decode.
+//! * [`readbuf`]: [`readbuf::ReadBuf`], the one read buffer of everything
+//!   that reads frames (the server's connections, the client's reader, the
+//!   benchmark's load generator): compaction, growth up to a cap.
 //! * [`time`]: the [`time::Millis`] newtype and the one place that reads the
 //!   OS monotonic clock.
 //! * [`limits`]: every bound with its default.
@@ -87,6 +90,7 @@ pub mod metrics;
 // with the `testkit` feature, so that the tests' simulations and fault
 // schedules draw from the same generator; not part of the API.
 pub mod proto;
+pub mod readbuf;
 #[cfg(feature = "testkit")]
 #[doc(hidden)]
 pub mod rng;

@@ -354,10 +354,9 @@ fn lead(
                 if !peer.fill(usize::MAX, usize::MAX)? {
                     return Err(io::Error::other("a follower closed its connection"));
                 }
-                while peer.rend - peer.rstart >= 8 {
-                    let at = peer.rstart;
+                while peer.input.len() >= 8 {
                     let mut b = [0u8; 8];
-                    b.copy_from_slice(&peer.rbuf[at..at + 8]);
+                    b.copy_from_slice(&peer.input.data()[..8]);
                     let ack = u64::from_le_bytes(b);
                     if ack > seq {
                         return Err(io::Error::other(format!(
@@ -404,9 +403,9 @@ fn lead(
                     continue;
                 }
             }
-            let mut at = c.rstart;
+            let mut at = 0;
             loop {
-                match proto::decode_request(&c.rbuf[at..c.rend], DEFAULT_MAX_KEY_BYTES) {
+                match proto::decode_request(&c.input.data()[at..], DEFAULT_MAX_KEY_BYTES) {
                     Decoded::Incomplete => break,
                     Decoded::Malformed(_) => {
                         to_close.push(k);
@@ -417,7 +416,7 @@ fn lead(
                             c.more_to_read = true;
                             break;
                         }
-                        batch.extend_from_slice(&c.rbuf[at..at + used]);
+                        batch.extend_from_slice(&c.input.data()[at..at + used]);
                         at += used;
                         stats.requests += 1;
                         let reply = match frame {
@@ -437,8 +436,7 @@ fn lead(
                     }
                 }
             }
-            let used = at - c.rstart;
-            c.consumed(used);
+            c.consumed(at);
         }
         for k in to_close.drain(..) {
             if clients.contains(k) {
@@ -608,8 +606,8 @@ fn follow(
             Err(e) => leader_gone(Err(e))?,
         };
         // Every whole frame read is written, even when the leader is gone.
-        while c.rend - c.rstart >= FRAME_HEADER_BYTES {
-            let h = &c.rbuf[c.rstart..c.rstart + FRAME_HEADER_BYTES];
+        while c.input.len() >= FRAME_HEADER_BYTES {
+            let h = &c.input.data()[..FRAME_HEADER_BYTES];
             let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
             if len > MAX_BATCH_BYTES {
                 return Err(io::Error::other(format!(
@@ -624,11 +622,11 @@ fn follow(
                     "batch {seq} came after batch {received}"
                 )));
             }
-            if c.rend - c.rstart < FRAME_HEADER_BYTES + len {
+            if c.input.len() < FRAME_HEADER_BYTES + len {
                 break;
             }
-            let at = c.rstart + FRAME_HEADER_BYTES;
-            batch.extend_from_slice(&c.rbuf[at..at + len]);
+            let at = FRAME_HEADER_BYTES;
+            batch.extend_from_slice(&c.input.data()[at..at + len]);
             received = seq;
             stats.batches += 1;
             c.consumed(FRAME_HEADER_BYTES + len);

@@ -7,15 +7,15 @@ use std::time::Duration;
 
 use mio::{Events, Poll, Token};
 
-use super::{make_read_room, set_write_interest};
+use super::{set_write_interest, READ_CHUNK_BYTES};
+use ticketd::readbuf::ReadBuf;
 
 /// A stream with explicit read and write buffers.
 pub(crate) struct BufferedConn {
     pub(crate) stream: mio::net::TcpStream,
-    /// Read buffer, zeroed once when it grows; `rstart..rend` is unparsed.
-    pub(crate) rbuf: Vec<u8>,
-    pub(crate) rstart: usize,
-    pub(crate) rend: usize,
+    /// Received and not yet parsed. Its size is bounded by the read budget
+    /// a caller gives [`BufferedConn::fill`] on top of what it left unparsed.
+    pub(crate) input: ReadBuf,
     pub(crate) wbuf: Vec<u8>,
     pub(crate) wpos: usize,
     want_write: bool,
@@ -33,9 +33,7 @@ impl BufferedConn {
     pub(crate) fn new(stream: mio::net::TcpStream) -> Self {
         BufferedConn {
             stream,
-            rbuf: Vec::new(),
-            rstart: 0,
-            rend: 0,
+            input: ReadBuf::new(READ_CHUNK_BYTES),
             wbuf: Vec::new(),
             wpos: 0,
             want_write: false,
@@ -55,7 +53,7 @@ impl BufferedConn {
         }
     }
 
-    /// Reads what has arrived into `rbuf[rstart..rend]`: at most about `cap`
+    /// Reads what has arrived into `input`: at most about `cap`
     /// bytes, and nothing while more than `max_pending` bytes wait to be
     /// sent (`more_to_read` then says input may remain). Like ticketd, it
     /// stops after a short read: with edge-triggered epoll any byte that
@@ -71,16 +69,16 @@ impl BufferedConn {
                 self.more_to_read = true;
                 break;
             }
-            make_read_room(&mut self.rbuf, &mut self.rstart, &mut self.rend);
-            let offered = self.rbuf.len() - self.rend;
-            match self.stream.read(&mut self.rbuf[self.rend..]) {
+            self.input.make_room(READ_CHUNK_BYTES, usize::MAX);
+            let offered = self.input.spare_len();
+            match self.stream.read(self.input.spare()) {
                 Ok(0) => return Ok(false),
                 Ok(n) => {
                     if n < offered && !self.drain {
                         self.readable = false;
                     }
                     got += n;
-                    self.rend += n;
+                    self.input.filled(n);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     self.readable = false;
@@ -93,13 +91,9 @@ impl BufferedConn {
         Ok(true)
     }
 
-    /// Marks `used` bytes at `rstart` as parsed.
+    /// Marks the first `used` unparsed bytes as parsed.
     pub(crate) fn consumed(&mut self, used: usize) {
-        self.rstart += used;
-        if self.rstart == self.rend {
-            self.rstart = 0;
-            self.rend = 0;
-        }
+        self.input.consume(used);
     }
 
     /// Writes what it can of `wbuf` and asks for writable events only while

@@ -39,7 +39,8 @@ use mio::{Events, Interest, Poll, Token};
 
 use super::backend::{Backend, Outcome};
 use super::hist::Histogram;
-use super::{make_read_room, READ_CHUNK_BYTES};
+use super::{READ_BUFFER_CAP_BYTES, READ_CHUNK_BYTES};
+use ticketd::readbuf::ReadBuf;
 
 /// Every key the generator makes is this long (the 24-byte keys).
 pub const KEY_BYTES: usize = 24;
@@ -336,10 +337,8 @@ struct Pending {
 struct Conn {
     stream: crate::tls::Stream,
     id: u64,
-    /// Read buffer; `rstart..rend` is received and not yet decoded.
-    rbuf: Vec<u8>,
-    rstart: usize,
-    rend: usize,
+    /// Received and not yet decoded.
+    input: ReadBuf,
     wbuf: Vec<u8>,
     wpos: usize,
     want_write: bool,
@@ -573,10 +572,16 @@ impl<B: Backend> Worker<'_, B> {
     fn read(&mut self, c: usize, now: u64, drain: bool) -> Result<(), String> {
         loop {
             let conn = &mut self.conns[c];
-            make_read_room(&mut conn.rbuf, &mut conn.rstart, &mut conn.rend);
-            let rend = conn.rend;
-            let offered = conn.rbuf.len() - rend;
-            let r = conn.stream.read(&mut conn.rbuf[rend..]);
+            if !conn
+                .input
+                .make_room(READ_CHUNK_BYTES, READ_BUFFER_CAP_BYTES)
+            {
+                return Err(format!(
+                    "the server sent a reply over {READ_BUFFER_CAP_BYTES} bytes"
+                ));
+            }
+            let offered = conn.input.spare_len();
+            let r = conn.stream.read(conn.input.spare());
             match r {
                 Ok(0) => {
                     // ticketd closes a connection whose request it cannot
@@ -589,7 +594,7 @@ impl<B: Backend> Worker<'_, B> {
                     ));
                 }
                 Ok(n) => {
-                    conn.rend += n;
+                    conn.input.filled(n);
                     // Read the clock after the read: every byte it returned
                     // was produced by the server before this moment, which
                     // the FIFO check relies on.
@@ -611,16 +616,11 @@ impl<B: Backend> Worker<'_, B> {
     fn handle_replies(&mut self, c: usize, now: u64) -> Result<(), String> {
         loop {
             let conn = &mut self.conns[c];
-            let Some((outcome, used)) = self.b.decode(&conn.rbuf[conn.rstart..conn.rend])? else {
+            let Some((outcome, used)) = self.b.decode(conn.input.data())? else {
                 break;
             };
-            conn.rstart += used;
+            conn.input.consume(used);
             self.on_reply(c, outcome, now)?;
-        }
-        let conn = &mut self.conns[c];
-        if conn.rstart == conn.rend {
-            conn.rstart = 0;
-            conn.rend = 0;
         }
         Ok(())
     }
@@ -949,9 +949,7 @@ pub fn run_worker<B: Backend>(
             conns.push(Conn {
                 stream,
                 id,
-                rbuf: vec![0; 4 * READ_CHUNK_BYTES],
-                rstart: 0,
-                rend: 0,
+                input: ReadBuf::new(4 * READ_CHUNK_BYTES),
                 wbuf: Vec::with_capacity(16 * 1024),
                 wpos: 0,
                 want_write: false,

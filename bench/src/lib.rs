@@ -860,20 +860,9 @@ impl Report {
 /// Bytes offered to one `read` of the generator and of the limit server.
 pub(crate) const READ_CHUNK_BYTES: usize = 16 * 1024;
 
-/// Makes room for one read of [`READ_CHUNK_BYTES`] after the unread bytes
-/// `rbuf[*rstart..*rend]`: moves them to the front, and grows the buffer
-/// only when that is not enough (it is zeroed when it grows, never per read).
-pub(crate) fn make_read_room(rbuf: &mut Vec<u8>, rstart: &mut usize, rend: &mut usize) {
-    if rbuf.len() - *rend < READ_CHUNK_BYTES {
-        rbuf.copy_within(*rstart..*rend, 0);
-        *rend -= *rstart;
-        *rstart = 0;
-        if rbuf.len() - *rend < READ_CHUNK_BYTES {
-            let n = rbuf.len() + READ_CHUNK_BYTES;
-            rbuf.resize(n, 0);
-        }
-    }
-}
+/// The most a load generator's read buffer holds: far beyond any reply
+/// of any backend, so only a broken server reaches it.
+pub(crate) const READ_BUFFER_CAP_BYTES: usize = 64 << 20;
 
 /// Asks for writable events on `stream` only while it has unsent bytes
 /// (`want`); `registered` remembers what is asked now, so an unchanged

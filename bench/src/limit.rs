@@ -44,9 +44,9 @@ fn read_and_answer(conn: &mut BufferedConn, next_token: &mut u64, stats: &mut Li
         Ok(true) => {}
         Ok(false) | Err(_) => return Step::Close,
     }
-    let mut at = conn.rstart;
+    let mut at = 0;
     loop {
-        match proto::decode_request(&conn.rbuf[at..conn.rend], DEFAULT_MAX_KEY_BYTES) {
+        match proto::decode_request(&conn.input.data()[at..], DEFAULT_MAX_KEY_BYTES) {
             Decoded::Incomplete => break,
             Decoded::Malformed(_) => return Step::Close,
             Decoded::Frame { frame, used } => {
@@ -68,8 +68,7 @@ fn read_and_answer(conn: &mut BufferedConn, next_token: &mut u64, stats: &mut Li
             }
         }
     }
-    let used = at - conn.rstart;
-    conn.consumed(used);
+    conn.consumed(at);
     Step::Open
 }
 

@@ -48,6 +48,7 @@ use super::deadline::{self, Plan};
 use super::owner::mix;
 use super::{Error, Release};
 use crate::proto::{self, Decoded, Reply, Request};
+use crate::readbuf::ReadBuf;
 use crate::time::Millis;
 
 /// One call made on a [`Machine`], to match it with its outcome.
@@ -157,7 +158,8 @@ pub struct Machine {
     queued: VecDeque<Call>,
     /// Handed out, waiting for a reply, in the order written.
     in_flight: Vec<Call>,
-    rbuf: Vec<u8>,
+    /// Received bytes of a reply not yet complete.
+    rbuf: ReadBuf,
     outcomes: VecDeque<(CallId, Outcome)>,
     wants_close: bool,
 }
@@ -181,7 +183,7 @@ impl Machine {
             max_key_bytes,
             queued: VecDeque::new(),
             in_flight: Vec::new(),
-            rbuf: Vec::new(),
+            rbuf: ReadBuf::new(0),
             outcomes: VecDeque::new(),
             wants_close: false,
         }
@@ -343,22 +345,21 @@ impl Machine {
         if self.wants_close {
             return;
         }
-        self.rbuf.extend_from_slice(bytes);
-        let mut used_total = 0;
+        // Complete replies are handled at once: what stays is at most one
+        // incomplete reply, which the decoder bounds.
+        self.rbuf.append(bytes);
         loop {
-            let (reply, used) =
-                match proto::decode_reply(&self.rbuf[used_total..], self.max_key_bytes) {
-                    Decoded::Frame { frame, used } => (owned(&frame), used),
-                    Decoded::Incomplete => break,
-                    Decoded::Malformed(_) => {
-                        self.close_session();
-                        return;
-                    }
-                };
-            used_total += used;
+            let (reply, used) = match proto::decode_reply(self.rbuf.data(), self.max_key_bytes) {
+                Decoded::Frame { frame, used } => (owned(&frame), used),
+                Decoded::Incomplete => break,
+                Decoded::Malformed(_) => {
+                    self.close_session();
+                    return;
+                }
+            };
+            self.rbuf.consume(used);
             self.matched(now, reply);
         }
-        self.rbuf.drain(..used_total);
     }
 
     // Long because each reply kind is matched to its call and judged against

@@ -13,7 +13,7 @@
 //! one answer for the writer, the reader and the waiting caller.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::Shutdown;
 
 use crate::client::transport::ClientStream;
@@ -23,7 +23,9 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use super::deadline::Plan;
+use crate::limits::max_reply_frame;
 use crate::proto::{decode_reply, encode_request, Decoded, Reply, Request};
+use crate::readbuf::ReadBuf;
 
 /// Most bytes the writer hands to one `write_all`. Bounds how many queued
 /// requests one stalled write turns from "unsent" into "may have been sent".
@@ -549,31 +551,36 @@ impl Session {
     }
 
     fn reader_loop(&self, mut stream: ClientStream) {
-        let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
-        let mut chunk = vec![0u8; READ_CHUNK];
+        // Every read is offered at least `READ_CHUNK` bytes; what the
+        // buffer holds beyond them is at most one incomplete reply, which
+        // the decoder bounds.
+        let cap = 2 * READ_CHUNK + max_reply_frame(self.max_key_bytes);
+        let mut buf = ReadBuf::new(READ_CHUNK);
         loop {
-            match stream.read(&mut chunk) {
+            if !buf.make_room(READ_CHUNK, cap) {
+                self.close("a reply longer than the longest the protocol allows");
+                return;
+            }
+            match buf.read_from(&mut stream) {
                 Ok(0) => {
                     self.close("connection closed by the server");
                     return;
                 }
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Ok(_) => {}
                 Err(e) => {
                     self.close(&format!("read failed: {e}"));
                     return;
                 }
             }
-            let mut used_total = 0;
             loop {
-                match decode_reply(&buf[used_total..], self.max_key_bytes) {
+                match decode_reply(buf.data(), self.max_key_bytes) {
                     Decoded::Incomplete => break,
                     Decoded::Frame { frame, used } => {
-                        used_total += used;
                         if let Err(why) = self.deliver(frame) {
                             self.close(why);
                             return;
                         }
+                        buf.consume(used);
                     }
                     Decoded::Malformed(m) => {
                         self.close(&format!("malformed reply from the server: {m}"));
@@ -581,8 +588,6 @@ impl Session {
                     }
                 }
             }
-            // Bounded: an incomplete frame is at most one maximal reply.
-            buf.drain(..used_total);
         }
     }
 

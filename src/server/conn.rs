@@ -9,16 +9,17 @@
 //! the same code for all.
 //!
 //! The fields are private: the loop in `super` asks a [`Conn`] for what it
-//! needs (`frame_bytes`, `consume`, `read_more`, `queue_replies`, `flush`,
+//! needs (`frame_bytes_and_guesses`, `consume`, `read_more`, `queue_replies`, `flush`,
 //! ...) and keeps only its own lists of which connections have work.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 
 use mio::Interest;
 
 pub(crate) use super::transport::{PeerAddr, Stream};
 
 use crate::engine::ConnId;
+use crate::readbuf::ReadBuf;
 use crate::server::throttle::GuessThrottle;
 use crate::time::Millis;
 
@@ -51,7 +52,7 @@ pub(crate) enum Closing {
 /// What one [`Conn::read_more`] did.
 #[derive(Debug)]
 pub(crate) enum Fill {
-    /// Bytes arrived; they are now at the end of [`Conn::frame_bytes`].
+    /// Bytes arrived; they are now at the end of [`Conn::frame_bytes_and_guesses`].
     Bytes,
     /// The peer closed its side ([`Conn::peer_closed`] is now true).
     Eof,
@@ -64,10 +65,8 @@ pub(crate) enum Fill {
 /// Received bytes and what the socket may still hold.
 #[derive(Debug)]
 struct Input {
-    /// Received bytes live in `buf[start..end]`; `buf.len()` is the capacity.
-    buf: Vec<u8>,
-    start: usize,
-    end: usize,
+    /// Received bytes not yet handled.
+    buf: ReadBuf,
     /// The socket may have more to read (an edge was seen and not yet drained).
     readable: bool,
     /// Read until `WouldBlock` even after a short read: set when a readiness
@@ -124,9 +123,7 @@ impl Conn {
             peer: peer.into(),
             id,
             input: Input {
-                buf: vec![0; RBUF_INITIAL],
-                start: 0,
-                end: 0,
+                buf: ReadBuf::new(RBUF_INITIAL),
                 readable: true,
                 drain: true,
                 eof: false,
@@ -236,23 +233,30 @@ impl Conn {
 
     /// The received bytes not yet handled: complete frames first, perhaps
     /// an incomplete one at the end.
-    #[inline]
-    pub(crate) fn frame_bytes(&self) -> &[u8] {
-        &self.input.buf[self.input.start..self.input.end]
+    #[cfg(test)]
+    fn frame_bytes(&self) -> &[u8] {
+        self.input.buf.data()
     }
 
-    /// The first `used` bytes of [`Conn::frame_bytes`] were one frame, now
+    /// The received bytes not yet handled (complete frames first, perhaps
+    /// an incomplete one at the end) and the guess throttle at once, so a frame
+    /// decoded from the one can be noted in the other while it is borrowed.
+    #[inline]
+    pub(crate) fn frame_bytes_and_guesses(&mut self) -> (&[u8], &mut GuessThrottle) {
+        (self.input.buf.data(), &mut self.guesses)
+    }
+
+    /// The first `used` bytes of [`Conn::frame_bytes_and_guesses`] were one frame, now
     /// handled.
     #[inline]
     pub(crate) fn consume(&mut self, used: usize) {
-        debug_assert!(used <= self.input.end - self.input.start);
-        self.input.start += used;
+        self.input.buf.consume(used);
         self.input.partial_since = None;
     }
 
     /// Unhandled received bytes.
     pub(crate) fn pending_in(&self) -> usize {
-        self.input.end - self.input.start
+        self.input.buf.len()
     }
 
     /// The peer closed its side.
@@ -270,18 +274,18 @@ impl Conn {
     /// One read from the socket into the free end of the buffer, after
     /// making room for it (the buffer grows up to `max_frame` bytes only for
     /// one incomplete frame). Keeps track of whether the socket may hold more.
+    #[inline]
     pub(crate) fn read_more(&mut self, max_frame: usize) -> io::Result<Fill> {
-        if !self.make_room(max_frame) {
+        if !self.input.buf.make_room(1, max_frame) {
             return Ok(Fill::Full);
         }
-        let offered = self.input.buf.len() - self.input.end;
-        match self.read_once() {
+        let offered = self.input.buf.spare_len();
+        match self.input.buf.read_from(&mut self.stream) {
             Ok(0) => {
                 self.input.eof = true;
                 Ok(Fill::Eof)
             }
             Ok(n) => {
-                self.input.end += n;
                 // A short read emptied the socket's receive queue. With
                 // edge-triggered epoll (Linux) any byte that arrives later
                 // raises a new edge, so the read that would only say
@@ -323,6 +327,7 @@ impl Conn {
     /// incomplete frame (not while the server itself chose not to read:
     /// `held` by the guess throttle or paused by the soft limit), and gives
     /// back a grown buffer once it is empty.
+    #[inline]
     pub(crate) fn end_input_turn(&mut self, now: Millis, held: bool, out_soft_limit: usize) {
         if held || self.input.paused {
             // Not reading is the server's choice here; the output stall
@@ -335,56 +340,14 @@ impl Conn {
         }
     }
 
-    /// Makes room at the end of the read buffer for a read: moves the
-    /// unhandled bytes to the front, and grows the buffer (up to `max_frame`
-    /// bytes) only when it is full of one incomplete frame. Returns false
-    /// when there is no room (the buffer holds complete frames not yet
-    /// handled).
-    fn make_room(&mut self, max_frame: usize) -> bool {
-        let i = &mut self.input;
-        if i.start == i.end {
-            i.start = 0;
-            i.end = 0;
-        } else if i.end == i.buf.len() && i.start > 0 {
-            i.buf.copy_within(i.start..i.end, 0);
-            i.end -= i.start;
-            i.start = 0;
-        }
-        if i.end < i.buf.len() {
-            return true;
-        }
-        if i.buf.len() < max_frame {
-            let grown = (i.buf.len() * 2).min(max_frame);
-            i.buf.resize(grown, 0);
-            return i.end < i.buf.len();
-        }
-        false
-    }
-
     /// Returns a grown read buffer to its initial size once it is empty, so a
     /// connection that once sent a long key does not keep the memory.
     fn shrink_idle_buffers(&mut self, out_soft_limit: usize) {
-        let i = &mut self.input;
-        if i.start == i.end && i.buf.len() > RBUF_INITIAL {
-            i.buf = vec![0; RBUF_INITIAL];
-            i.start = 0;
-            i.end = 0;
-        }
+        self.input.buf.shrink_if_empty();
         let o = &mut self.output;
         if o.cursor == o.buf.len() && o.buf.capacity() > out_soft_limit {
             o.buf = Vec::new();
             o.cursor = 0;
-        }
-    }
-
-    /// One `read` into the free end of the read buffer, retrying
-    /// `Interrupted`.
-    fn read_once(&mut self) -> io::Result<usize> {
-        loop {
-            match self.stream.read(&mut self.input.buf[self.input.end..]) {
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                r => return r,
-            }
         }
     }
 
@@ -410,6 +373,7 @@ impl Conn {
     /// At most one `write` of the unsent replies, keeping the clock of the
     /// output stall: stopped once everything is sent, restarted by progress
     /// or at the first write that makes none. `WouldBlock` is no error.
+    #[inline]
     pub(crate) fn flush(&mut self, now: Millis) -> io::Result<()> {
         if self.unsent() == 0 {
             return Ok(());
@@ -513,7 +477,7 @@ impl Conn {
             return false;
         }
         self.closing = Closing::Drain { deadline, linger };
-        self.input.start = self.input.end;
+        self.input.buf.clear();
         true
     }
 
@@ -560,9 +524,8 @@ impl Conn {
         // Read and drop what the peer still sends until it closes, so the
         // close is not a reset that could destroy the replies just flushed.
         for _ in 0..DISCARD_READS_PER_TURN {
-            self.input.start = 0;
-            self.input.end = 0;
-            match self.read_once() {
+            self.input.buf.clear();
+            match self.input.buf.read_from(&mut self.stream) {
                 Ok(0) => return true,
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
@@ -577,36 +540,63 @@ impl Conn {
 mod tests {
     use super::*;
 
-    fn conn() -> Conn {
-        // A connected pair on loopback, so the Conn has a real socket.
+    /// A connected pair on loopback: the server's `Conn` and the peer.
+    fn pair() -> (Conn, std::net::TcpStream) {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         let c = std::net::TcpStream::connect(addr).unwrap();
         let (s, _) = l.accept().unwrap();
-        std::mem::forget(c);
         s.set_nonblocking(true).unwrap();
-        Conn::new(Stream::Tcp(mio::net::TcpStream::from_std(s)), addr, 1)
+        (
+            Conn::new(Stream::Tcp(mio::net::TcpStream::from_std(s)), addr, 1),
+            c,
+        )
+    }
+
+    /// Reads until `want` bytes are unhandled (the peer wrote them already).
+    fn read_until(c: &mut Conn, want: usize, max_frame: usize) -> Fill {
+        loop {
+            c.note_readable(true);
+            match c.read_more(max_frame).unwrap() {
+                Fill::Bytes if c.pending_in() < want => {}
+                Fill::WouldBlock => std::thread::yield_now(),
+                f => return f,
+            }
+        }
     }
 
     #[test]
-    fn make_room_compacts_then_grows_only_for_one_big_frame() {
-        let mut c = conn();
-        c.input.start = 100;
-        c.input.end = RBUF_INITIAL;
-        assert!(c.make_room(20_000));
-        assert_eq!((c.input.start, c.input.end), (0, RBUF_INITIAL - 100));
-        c.input.end = RBUF_INITIAL;
-        assert!(c.make_room(20_000), "a full buffer of one frame grows");
-        assert!(c.input.buf.len() > RBUF_INITIAL && c.input.buf.len() <= 32_768);
-        while c.input.buf.len() < 20_000 {
-            c.input.end = c.input.buf.len();
-            assert!(c.make_room(20_000));
-        }
-        c.input.end = c.input.buf.len();
-        assert!(!c.make_room(20_000), "never beyond the largest frame");
-        assert!(matches!(c.read_more(20_000), Ok(Fill::Full)));
-        c.input.start = c.input.end;
+    fn input_grows_only_for_one_big_frame_and_shrinks_once_handled() {
+        let (mut c, mut peer) = pair();
+        let big = vec![b'x'; 3 * RBUF_INITIAL];
+        peer.write_all(&big).unwrap();
+        assert!(matches!(read_until(&mut c, big.len(), 20_000), Fill::Bytes));
+        assert_eq!(c.frame_bytes(), &big[..]);
+        // Three buffers' worth is no full frame yet; at the largest frame
+        // there is no more room.
+        peer.write_all(&vec![b'y'; 20_000 - big.len() + 10])
+            .unwrap();
+        assert!(matches!(read_until(&mut c, 20_001, 20_000), Fill::Full));
+        assert_eq!(c.pending_in(), 20_000);
+        c.consume(20_000);
         c.end_input_turn(Millis::ZERO, false, 1024);
-        assert_eq!(c.input.buf.len(), RBUF_INITIAL);
+        assert_eq!(c.input.buf.capacity(), RBUF_INITIAL);
+    }
+
+    #[test]
+    fn the_peers_close_reads_as_eof_and_a_drain_drops_unhandled_input() {
+        let (mut c, mut peer) = pair();
+        peer.write_all(b"A 1 k").unwrap();
+        drop(peer);
+        let mut f = read_until(&mut c, 5, 1000);
+        while !matches!(f, Fill::Eof) {
+            f = read_until(&mut c, 6, 1000);
+        }
+        assert!(c.peer_closed());
+        assert_eq!(c.frame_bytes(), b"A 1 k");
+        assert!(c.begin_drain(Millis::ZERO.add_ms(10), false));
+        assert_eq!(c.pending_in(), 0, "a closing connection's input is dropped");
+        assert!(!c.begin_drain(Millis::ZERO.add_ms(10), false));
+        assert!(c.close_progress(Millis::ZERO), "nothing unsent, no linger");
     }
 }

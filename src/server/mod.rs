@@ -1023,6 +1023,7 @@ impl<S: Service> Server<S> {
         }
         // The answers to what was read before are delivered (and charged).
         c.guesses().answered();
+        let (id, peer) = (c.id(), c.peer());
         let mut budget = self.config.max_frames_per_turn;
         // Unsent bytes plus the largest replies the turn's requests can still
         // add: decoding stops when that reaches the soft limit, so a client
@@ -1043,17 +1044,15 @@ impl<S: Service> Server<S> {
                     throttled = true;
                     break;
                 };
-                match decode_request(c.frame_bytes(), max_key_bytes) {
+                let (input, guesses) = c.frame_bytes_and_guesses();
+                match decode_request(input, max_key_bytes) {
                     Decoded::Frame { frame, used } => {
-                        if debug {
-                            log::debug!("{} ({}): {:?}", c.peer(), c.id(), frame);
-                        }
-                        // A release or an extend may be a guess; it is
-                        // noted once the frame (borrowed from `c`) is handed
-                        // over.
-                        let may_guess = !matches!(frame, Request::Acquire { .. });
-                        if may_guess {
+                        if !matches!(frame, Request::Acquire { .. }) {
+                            guesses.note_request();
                             room = left.checked_sub(1);
+                        }
+                        if debug {
+                            log::debug!("{peer} ({id}): {frame:?}");
                         }
                         projected_out += max_reply_frame(frame.key().len());
                         self.stats.requests[match frame {
@@ -1061,10 +1060,7 @@ impl<S: Service> Server<S> {
                             Request::Release { .. } => 1,
                             Request::Extend { .. } => 2,
                         }] += 1;
-                        self.service.request(now, c.id(), frame, &mut self.out);
-                        if may_guess {
-                            c.guesses().note_request();
-                        }
+                        self.service.request(now, id, frame, &mut self.out);
                         c.consume(used);
                         budget -= 1;
                     }
