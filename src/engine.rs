@@ -2209,6 +2209,8 @@ mod tests {
     /// The server copies `frames()` to the sockets and services read
     /// `iter()`: both must tell the same replies, in order, the bytes being
     /// the codec's, a run per connection, and nothing of a withheld grant.
+    /// Long because every check reuses the one table of replies, which
+    /// rustfmt spreads a field to a line.
     #[test]
     fn outbox_frames_are_the_encoded_replies_in_runs_per_connection() {
         let replies = [
@@ -2297,6 +2299,7 @@ mod tests {
 
     /// What happened reads back as typed events, each carrying the tag of
     /// the request it answers: a grant's tag moves from waiter to holder.
+    /// Long because it walks one scenario, step by step, with its events.
     #[test]
     fn events_tell_how_each_grant_came_and_which_lease_ran_out() {
         let mut e: Engine<u32> = Engine::replicated_tagged(EngineLimits::default(), 1);

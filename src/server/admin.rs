@@ -591,6 +591,9 @@ fn read_request<S: Service>(c: &mut AdminConn, now: Millis, view: &View<'_, S>) 
     }
 }
 
+/// Answers one request line: the member-change paths, then the GET paths.
+/// Long because it is one match over the admin API's paths, read as its
+/// table of contents; each arm is a few lines.
 fn route<S: Service>(
     c: &mut AdminConn,
     now: Millis,
