@@ -1449,6 +1449,10 @@ impl<T: Copy + Default> Engine<T> {
     /// [`Engine::acquire`] with the request's `tag`: the grant carries it
     /// ([`Engine::grant`]), and so does the waiter until it is granted;
     /// every event that answers this acquire reports it.
+    // Long because it is the per-request acquire, kept in one piece for
+    // speed: one hash of the key and one entry decide among a fresh grant,
+    // a takeover, a busy or timeout answer and a queued waiter; split, each
+    // step would hash the key again or carry the entry and half the tables.
     pub fn acquire_tagged(
         &mut self,
         now: Millis,

@@ -1035,6 +1035,11 @@ impl<S: Service> Server<S> {
     /// was written, or its lease would be counted from before the client's
     /// own start and could end before the client's conservative expiry
     /// (SPEC §3: written + lease).
+    // Long because it is the per-request loop (read, decode, handle, until
+    // the connection is drained), kept in one piece for speed: the
+    // connection and its frame bytes stay borrowed from the table while the
+    // service, the outbox and the stats are used beside them, which no
+    // method on `self` could do, and the outcome is settled once after it.
     fn handle_conn_input(&mut self, now_ref: &mut Millis, key: usize) {
         let mut now = *now_ref;
         enum End {
