@@ -24,6 +24,7 @@ bin=${CB_BIN:-target/release/ticketd}
 ticket=${CB_TICKET:-target/release/ticket}
 gen=${CB_GEN:-target/release/ticket-bench}
 tmp=$(mktemp -d)
+. "$(dirname "$0")/warm-up.sh"
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -65,18 +66,7 @@ vgpid=${pids[0]}
 servers=$(IFS=,; echo "${addrs[*]}")
 # Warm up until every request is granted through every node (the cluster
 # has a leader and node 1 applies what it is sent).
-ready=0
-for _ in $(seq 1 120); do
-  if "$gen" --server "$servers" --connections 3 --mode cycle --requests 30 \
-       --quiet --json >"$tmp/warm.json" 2>/dev/null &&
-     grep -q '"busy":0,' "$tmp/warm.json" && grep -q '"not_granted":0,' "$tmp/warm.json"; then
-    ready=1; break
-  fi
-  sleep 1
-done
-[ "$ready" = 1 ] || { echo "the cluster never granted" >&2; exit 1; }
-"$gen" --server "$servers" --connections "$conns" --depth "$depth" --mode cycle \
-  --requests 2000 --quiet --json >/dev/null
+warm_up "the cluster"
 callgrind_control -z "$vgpid" >/dev/null
 "$gen" --server "$servers" --connections "$conns" --depth "$depth" --mode cycle \
   --requests "$reqs" --quiet --json >"$tmp/report.json"

@@ -28,6 +28,7 @@ limit=${CB_LIMIT:-target/release/cluster-limit-server}
 gen=${CB_GEN:-target/release/ticket-bench}
 command -v perf >/dev/null || { echo "needs perf (linux-perf)" >&2; exit 2; }
 tmp=$(mktemp -d)
+. "$(dirname "$0")/warm-up.sh"
 pids=()
 perfs=()
 cleanup() {
@@ -65,18 +66,7 @@ case $what in
     ;;
   *) echo "cluster or limit" >&2; exit 2 ;;
 esac
-ready=0
-for _ in $(seq 1 120); do
-  if "$gen" --server "$servers" --connections 3 --mode cycle --requests 30 \
-       --quiet --json >"$tmp/warm.json" 2>/dev/null &&
-     grep -q '"busy":0,' "$tmp/warm.json" && grep -q '"not_granted":0,' "$tmp/warm.json"; then
-    ready=1; break
-  fi
-  sleep 1
-done
-[ "$ready" = 1 ] || { echo "the service never granted" >&2; exit 1; }
-"$gen" --server "$servers" --connections "$conns" --depth "$depth" --mode cycle \
-  --requests 2000 --quiet --json >/dev/null
+warm_up "the service"
 calls=(sendto sendmsg write writev pwrite64 recvfrom read readv epoll_wait epoll_pwait
        epoll_ctl fdatasync fsync futex accept4)
 events=(-e raw_syscalls:sys_enter -e context-switches)

@@ -103,6 +103,17 @@ pub trait Service {
         Ok(())
     }
 
+    /// Connections the service wants closed, moved into `out`: asked after
+    /// each turn's replies are delivered, so each is closed after what was
+    /// already answered on it is flushed (its pending requests are then
+    /// dropped through [`Service::disconnect`]). Cluster mode closes a
+    /// connection whose request applied where this node cannot tell its
+    /// answer (inside a snapshot it installed), so that the client learns
+    /// at once that the outcome is unknown. The default closes none.
+    fn take_closes(&mut self, out: &mut Vec<ConnId>) {
+        let _ = out;
+    }
+
     /// Why the server must stop at once, if it must: asked after an
     /// [`Service::end_turn`] that failed. The loop then writes none of the
     /// turn's replies and [`crate::server::Server::run`] returns the reason

@@ -584,7 +584,14 @@ impl<B: Backend> Worker<'_, B> {
             let r = conn.stream.read(conn.input.spare());
             match r {
                 Ok(0) => {
-                    return Err("the server closed a connection".into());
+                    // ticketd closes a connection whose request it cannot
+                    // answer (a cluster node that caught up by snapshot
+                    // past it): those requests' outcomes are unknown.
+                    let n = conn.outstanding.len();
+                    return Err(format!(
+                        "the server closed a connection with {n} request(s) unanswered \
+                         (their outcome is unknown)"
+                    ));
                 }
                 Ok(n) => {
                     conn.input.filled(n);

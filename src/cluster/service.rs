@@ -329,6 +329,10 @@ impl Service for ClusterService {
         self.node.disconnect(conn);
     }
 
+    fn take_closes(&mut self, out: &mut Vec<ConnId>) {
+        self.node.take_closes(out);
+    }
+
     fn tick(&mut self, now: Millis, out: &mut Outbox) {
         self.now = self.now.max(now);
         if self.fatal.is_some() {
@@ -475,6 +479,17 @@ impl Service for ClusterService {
             "ticketd_raft_proposals_pending",
             "Client requests proposed or queued and not yet answered.",
             n.pending_requests() as u64,
+        );
+        out.counter(
+            "ticketd_raft_snapshots_installed_total",
+            "Snapshots this node installed in place of the entries they cover.",
+            n.stats().snapshots_installed,
+        );
+        out.counter(
+            "ticketd_raft_unanswerable_total",
+            "Requests of this node's clients that applied inside an installed snapshot \
+             with an answer the table cannot tell (their connections were closed).",
+            n.stats().unanswerable,
         );
         out.histogram(
             "ticketd_wal_fsync_seconds",

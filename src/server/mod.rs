@@ -240,6 +240,8 @@ pub struct Server<S: Service> {
     dirty: Vec<usize>,
     /// Connections marked closing, reaped when done.
     closing: Vec<usize>,
+    /// Reused buffer for [`Service::take_closes`].
+    close_ids: Vec<ConnId>,
     /// Connections whose reads the guess throttle paused, by key and id.
     throttled: Vec<(usize, ConnId)>,
     out: Outbox,
@@ -477,6 +479,7 @@ impl<S: Service> Server<S> {
             active_next: Vec::new(),
             dirty: Vec::new(),
             closing: Vec::new(),
+            close_ids: Vec::new(),
             throttled: Vec::new(),
             out: Outbox::new(),
             accept_ready: true,
@@ -752,6 +755,7 @@ impl<S: Service> Server<S> {
             }
         }
         self.deliver(now);
+        self.close_asked(now);
         self.write(now);
         // After the lock replies are written: the admin port never delays one.
         self.admin_turn(now);
@@ -1172,6 +1176,22 @@ impl<S: Service> Server<S> {
                 self.close_now(now, key);
             }
         }
+    }
+
+    /// Closes, after a flush of what they were answered, the connections the
+    /// service asked to close ([`Service::take_closes`]).
+    fn close_asked(&mut self, now: Millis) {
+        let mut ids = std::mem::take(&mut self.close_ids);
+        self.service.take_closes(&mut ids);
+        for &conn in &ids {
+            let key = usize::try_from(conn & CONN_KEY_MASK).unwrap_or(usize::MAX);
+            if self.conns.get(key).is_some_and(|c| c.id() == conn) {
+                log::debug!("closing connection {conn}: the service cannot answer it");
+                self.start_close(now, key, true);
+            }
+        }
+        ids.clear();
+        self.close_ids = ids;
     }
 
     /// Marks `key` closing after a flush of its unsent replies (bounded by the

@@ -171,8 +171,12 @@ pub struct SimReport {
     pub busy: u64,
     /// NotReleased (N) received.
     pub not_released: u64,
-    /// Requests given up by their client (no answer in time).
+    /// Requests given up by their client (no answer in time, or its
+    /// connection closed).
     pub given_up: u64,
+    /// Connections a node closed because a request of theirs applied
+    /// inside a snapshot it installed, with an answer it could not tell.
+    pub closed_by_node: u64,
     /// Crashes (including at an fsync).
     pub crashes: u64,
     /// Highest index applied anywhere.
@@ -666,6 +670,19 @@ impl Sim {
         self.out.clear();
         for (conn, key, reply) in replies {
             self.on_reply(id, conn, &key, reply)?;
+        }
+        // Connections the node closes (a request of theirs applied inside
+        // a snapshot it installed, with an answer it cannot tell): their
+        // clients see the close, as a real client does (Indeterminate).
+        let mut closes = Vec::new();
+        if let Some(node) = self.nodes[i].as_mut() {
+            node.take_closes(&mut closes);
+        }
+        for conn in closes {
+            if let Some(&c) = self.conn_owner.get(&(id, conn)) {
+                self.report.closed_by_node += 1;
+                self.reconnect(c);
+            }
         }
         if let Err(e) = res {
             // The disk failed at an fsync: the node is dead from here on.

@@ -622,3 +622,93 @@ fn an_acquire_that_reaches_its_node_inside_a_snapshot_is_answered() {
     );
     assert_eq!(t.nodes[f].pending_requests(), 0);
 }
+
+#[test]
+fn requests_whose_answer_went_inside_a_snapshot_have_their_connection_closed() {
+    // A release, and an acquire that is not granted, reach their node only
+    // inside a snapshot: the table cannot tell their answers (R or N, T or
+    // N), so the node closes their connections at once (the client reports
+    // Indeterminate) instead of leaving them waiting for a reply that never
+    // comes. A grant still current is answered as before.
+    let mut t = Trio::new();
+    let mut out = Outbox::new();
+    let keep = |_: &Message| false;
+    let mut steps = 0;
+    while t.leader().is_none() {
+        t.step(0, &mut out, &keep);
+        steps += 1;
+        assert!(steps < 1000, "no leader");
+    }
+    let leader = t.leader().expect("a leader");
+    let f = (leader + 1) % 3;
+    let f_id = f as u64 + 1;
+    let installs_before = t.nodes[f].stats().snapshots_installed;
+    let acquire = |owner, key| Request::Acquire {
+        wait_s: 0,
+        lease_s: 30,
+        owner,
+        key,
+    };
+    // "held" is held by a client of the leader.
+    let mut scratch = Outbox::new();
+    t.nodes[leader].request(t.now, 1, acquire(1, "held"), &mut scratch);
+    for _ in 0..20 {
+        t.step(f, &mut out, &keep);
+    }
+    assert!(t.nodes[f].state_machine().holder("held").is_some());
+    out.clear();
+    let base = t.nodes[leader].applied();
+    t.nodes[f].request(t.now, 7, acquire(7, "free"), &mut out);
+    t.nodes[f].request(t.now, 8, acquire(8, "held"), &mut out);
+    t.nodes[f].request(t.now, 9, Request::Release { token: 5, key: "b" }, &mut out);
+    assert_eq!(out.iter().count(), 0, "proposed, not refused");
+    // The follower misses every append carrying entries until the leader
+    // has compacted its log past the three requests.
+    let mut closes = Vec::new();
+    let mut replies = Vec::new();
+    let mut installed_at = None;
+    let mut done_at = None;
+    for step in 0..300 {
+        if step % 10 == 0 {
+            // More traffic on the leader, so that it compacts on.
+            let key = format!("x{step}");
+            let req = Request::Acquire {
+                wait_s: 0,
+                lease_s: 30,
+                owner: 2,
+                key: &key,
+            };
+            t.nodes[leader].request(t.now, 2, req, &mut scratch);
+        }
+        let cut = t.nodes[leader].snapshot_index() < base + 3;
+        let drop = |m: &Message| {
+            cut && m.to == f_id && m.msg_type == MessageType::MsgAppend && !m.entries.is_empty()
+        };
+        t.step(f, &mut out, &drop);
+        if installed_at.is_none() && t.nodes[f].stats().snapshots_installed > installs_before {
+            installed_at = Some(step);
+        }
+        replies.extend(
+            out.iter()
+                .filter(|a| (7..=9).contains(&a.conn))
+                .map(|a| (a.conn, format!("{:?}", a.reply))),
+        );
+        out.clear();
+        t.nodes[f].take_closes(&mut closes);
+        if t.nodes[f].pending_requests() == 0 {
+            done_at = Some(step);
+            break;
+        }
+    }
+    let installed_at = installed_at.expect("the follower installed a snapshot");
+    let done_at = done_at.expect("every request of the follower was settled");
+    closes.sort_unstable();
+    assert_eq!(replies.len(), 1, "{replies:?}");
+    assert_eq!(replies[0].0, 7, "{replies:?}");
+    assert!(replies[0].1.starts_with("Acquired"), "{replies:?}");
+    assert_eq!(closes, vec![8, 9], "the other two connections are closed");
+    assert_eq!(t.nodes[f].stats().unanswerable, 2);
+    // Settled soon after the snapshot, well before the re-proposal that
+    // waits two election timeouts (2 s: 200 steps).
+    assert!(done_at - installed_at < 50, "{installed_at} {done_at}");
+}

@@ -613,31 +613,38 @@ fn cluster_status_metrics_and_readyz_follow_the_majority() {
     for i in 0..3 {
         c.wait_ready(i, 200, Duration::from_secs(30));
     }
-    // Every node names the same leader and the three voters.
-    let (_, body) = get(c.admin(0), "/v1/cluster");
-    let leader: usize = py(&body, "j['leader']").parse().unwrap();
-    assert!((1..=3).contains(&leader), "{body}");
-    for i in 0..3 {
-        let (status, body) = get(c.admin(i), "/v1/cluster");
-        assert_eq!(status, 200, "{body}");
-        assert_eq!(py(&body, "j['id']"), (i + 1).to_string());
-        assert_eq!(py(&body, "j['leader']"), leader.to_string(), "{body}");
+    // Every node names the same leader and the three voters. (Under load
+    // an election can follow start-up: wait until the three agree.)
+    let agreed = Instant::now() + Duration::from_secs(30);
+    let (leader, bodies) = loop {
+        let bodies: Vec<(u16, String)> = (0..3).map(|i| get(c.admin(i), "/v1/cluster")).collect();
+        let named: Vec<String> = bodies.iter().map(|(_, b)| py(b, "j['leader']")).collect();
+        let leader = named[0].parse::<usize>().unwrap_or(0);
+        if (1..=3).contains(&leader) && named.iter().all(|n| *n == named[0]) {
+            break (leader, bodies);
+        }
+        assert!(Instant::now() < agreed, "no agreed leader: {bodies:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for (i, (status, body)) in bodies.iter().enumerate() {
+        assert_eq!(*status, 200, "{body}");
+        assert_eq!(py(body, "j['id']"), (i + 1).to_string());
         let want: Vec<String> = c.peers.iter().map(ToString::to_string).collect();
         assert_eq!(
             py(
-                &body,
+                body,
                 "','.join(str(v['id']) + '=' + v['address'] for v in j['voters'])"
             ),
             format!("1={},2={},3={}", want[0], want[1], want[2])
         );
-        assert_eq!(py(&body, "j['learners']"), "[]");
-        let applied: u64 = py(&body, "j['applied']").parse().unwrap();
-        let commit: u64 = py(&body, "j['commit']").parse().unwrap();
+        assert_eq!(py(body, "j['learners']"), "[]");
+        let applied: u64 = py(body, "j['applied']").parse().unwrap();
+        let commit: u64 = py(body, "j['commit']").parse().unwrap();
         assert!(applied >= 1 && applied <= commit, "{body}");
         let on_leader = i + 1 == leader;
         assert_eq!(
             py(
-                &body,
+                body,
                 "all('match' in v and 'reachable' in v for v in j['voters'])"
             ),
             if on_leader { "True" } else { "False" },
@@ -661,12 +668,18 @@ fn cluster_status_metrics_and_readyz_follow_the_majority() {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-    let (_, body) = get(c.admin(l), "/v1/cluster");
-    assert_eq!(
-        py(&body, "all(v['reachable'] for v in j['voters'])"),
-        "True",
-        "{body}"
-    );
+    let reachable = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, body) = get(c.admin(l), "/v1/cluster");
+        if py(&body, "all(v['reachable'] for v in j['voters'])") == "True" {
+            break;
+        }
+        assert!(
+            Instant::now() < reachable,
+            "a voter stays unreachable: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let (_, m) = get(c.admin(l), "/metrics");
     assert_eq!(sample(&m, "ticketd_raft_is_leader"), 1.0);
     assert_eq!(sample(&m, "ticketd_raft_leader_id"), leader as f64);

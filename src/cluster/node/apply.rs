@@ -149,7 +149,12 @@ impl<D: Disk> Node<D> {
     /// One of our requests applied before (e.g. inside a snapshot we
     /// installed): nothing more will come for it. Were it answered, it
     /// would no longer be pending; an acquire whose grant is still current
-    /// gets that grant as its answer.
+    /// gets that grant as its answer. Any other answer went with the
+    /// entries this node never applied (a release's R or N, an acquire's T
+    /// or N, an extend's E or X): the connection is closed
+    /// ([`Node::take_closes`]), so that its client learns at once that the
+    /// outcome is unknown (Indeterminate) instead of waiting for a reply
+    /// that never comes.
     fn answer_duplicate(&mut self, now: Millis, rid: Rid, cmd: &Command, out: &mut Outbox) {
         let Some(p) = self.pending.get(&rid.seq) else {
             return;
@@ -157,15 +162,20 @@ impl<D: Disk> Node<D> {
         if p.queued {
             return;
         }
-        if let Command::Acquire { key, owner, .. } = cmd {
-            if let Some(token) = self.sm.granted_to(key, rid) {
-                self.wait_ms.observe(now.since(p.received_at));
-                let reply = Reply::Acquired {
-                    token,
-                    owner: *owner,
-                    key,
-                };
-                out.push(p.conn, reply, 0);
+        let granted = match cmd {
+            Command::Acquire { key, owner, .. } => self
+                .sm
+                .granted_to(key, rid)
+                .map(|token| (key.as_str(), *owner, token)),
+            _ => None,
+        };
+        if let Some((key, owner, token)) = granted {
+            self.wait_ms.observe(now.since(p.received_at));
+            out.push(p.conn, Reply::Acquired { token, owner, key }, 0);
+        } else {
+            self.stats.unanswerable += 1;
+            if !self.closes.contains(&p.conn) {
+                self.closes.push(p.conn);
             }
         }
         self.finish(rid.seq);

@@ -265,6 +265,9 @@ pub struct NodeStats {
     pub reproposed: u64,
     /// Requests refused without proposing (no leader, full backlog).
     pub refused: u64,
+    /// Requests of ours that applied inside an installed snapshot with an
+    /// answer the table cannot tell: their connections were closed.
+    pub unanswerable: u64,
     /// Expire / WaitTimeout proposals made by this node as leader.
     pub timer_proposals: u64,
     /// Ready batches written.
@@ -331,6 +334,9 @@ pub struct Node<D: Disk> {
     by_index: BTreeMap<u64, (u64, u64)>,
     conns: BTreeMap<ConnId, BTreeSet<u64>>,
     cancels: VecDeque<Origin>,
+    /// Local connections to close: a request of theirs applied where this
+    /// node cannot tell its answer ([`Node::take_closes`]).
+    closes: Vec<ConnId>,
     timers: BinaryHeap<Reverse<(Millis, u64, Timer)>>,
     timer_seq: u64,
     timers_ready: bool,
@@ -482,6 +488,7 @@ impl<D: Disk> Node<D> {
             by_index: BTreeMap::new(),
             conns: BTreeMap::new(),
             cancels: VecDeque::new(),
+            closes: Vec::new(),
             timers: BinaryHeap::new(),
             timer_seq: 0,
             timers_ready: false,

@@ -176,6 +176,14 @@ impl<D: Disk> Node<D> {
         }
     }
 
+    /// Moves into `out` the local connections to close: each had a request
+    /// that applied inside a snapshot this node installed and whose answer
+    /// the table cannot tell (see [`Node::request`]). Closing it is the
+    /// answer: its client reports the outcome unknown at once.
+    pub fn take_closes(&mut self, out: &mut Vec<ConnId>) {
+        out.append(&mut self.closes);
+    }
+
     pub(super) fn queue_cancel(&mut self, origin: Origin) {
         if self.cancels.len() >= MAX_CANCELS {
             // The leader's wait timers clear those waiters anyway.

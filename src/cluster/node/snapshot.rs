@@ -50,8 +50,8 @@ impl<D: Disk> Node<D> {
         // still answered later. The rest are proposed again at the next
         // tick: the duplicate changes nothing, and when it applies an
         // acquire still granted to it is answered from the table (see
-        // `apply_entries`); other answers are gone with the entries (the
-        // client's own deadline ends its wait).
+        // `apply_entries`); other answers are gone with the entries, and
+        // the request's connection is closed then (`take_closes`).
         let seqs: Vec<u64> = self.unapplied.iter().copied().collect();
         for seq in seqs {
             let rid = Rid {

@@ -400,6 +400,129 @@ fn a_batch_raft_drops_is_answered_busy_and_not_released() {
 
 // Long because it is one scenario: elect, remove the leader, leave the
 // joint configuration, restart, and check the configuration survived.
+/// Delivers every message between `nodes` until none is left, except
+/// those to or from node index `cut` (dropped), running a turn on each
+/// receiver.
+fn settle_without(nodes: &mut [Node<MemDisk>], cut: usize, now: Millis, out: &mut Outbox) {
+    for _ in 0..50 {
+        let mut any = false;
+        for i in 0..nodes.len() {
+            for m in nodes[i].take_messages() {
+                let to = usize::try_from(m.to).unwrap() - 1;
+                if i == cut || to == cut {
+                    continue;
+                }
+                any = true;
+                nodes[to].step(m);
+            }
+        }
+        for (i, n) in nodes.iter_mut().enumerate() {
+            if i != cut {
+                n.tick(now, out);
+                n.end_turn(now, out).unwrap();
+            }
+        }
+        if !any {
+            return;
+        }
+    }
+}
+
+#[test]
+fn requests_applied_inside_an_installed_snapshot_are_answered_or_their_connection_closed() {
+    let disks: Vec<MemDisk> = (0..3).map(|_| MemDisk::new()).collect();
+    let mut out = Outbox::new();
+    let mut now = Millis(0);
+    let mut nodes = elected(&disks, &mut now, &mut out);
+    let leader = nodes.iter().position(Node::is_leader).expect("a leader");
+    let follower = (leader + 1) % 3;
+    out.clear();
+    // Three clients of the follower: an acquire that is granted, an
+    // acquire of a key that is held (wait 0: not granted) and a
+    // release of a token that is not held.
+    nodes[leader].request(
+        now,
+        1,
+        Request::Acquire {
+            wait_s: 0,
+            lease_s: 30,
+            owner: 1,
+            key: "held",
+        },
+        &mut out,
+    );
+    settle_net(&mut nodes, now, &mut out);
+    out.clear();
+    let acquire = |key| Request::Acquire {
+        wait_s: 0,
+        lease_s: 30,
+        owner: 2,
+        key,
+    };
+    nodes[follower].request(now, 7, acquire("free"), &mut out);
+    nodes[follower].request(now, 8, acquire("held"), &mut out);
+    nodes[follower].request(now, 9, Request::Release { token: 1, key: "b" }, &mut out);
+    nodes[follower].end_turn(now, &mut out).unwrap();
+    // The forward reaches the leader, then the follower stops hearing
+    // from it: the three requests commit and apply without it.
+    let forward: Vec<Message> = nodes[follower].take_messages();
+    assert!(forward
+        .iter()
+        .any(|m| m.msg_type == MessageType::MsgPropose));
+    for m in forward {
+        let to = usize::try_from(m.to).unwrap() - 1;
+        nodes[to].step(m);
+    }
+    settle_without(&mut nodes, follower, now, &mut out);
+    assert!(
+        !out.iter().any(|a| (7..=9).contains(&a.conn)),
+        "only the follower answers its clients"
+    );
+    assert_eq!(nodes[follower].pending_requests(), 3);
+    // The leader compacts its log through them: the follower can only
+    // catch up from a snapshot that covers its own requests.
+    nodes[leader].snapshot_now = true;
+    nodes[leader].request(now, 2, acquire("other"), &mut out);
+    settle_without(&mut nodes, follower, now, &mut out);
+    assert!(nodes[leader].snapshot_index() > nodes[follower].applied());
+    out.clear();
+    for _ in 0..50 {
+        now = now.add_ms(100);
+        settle_net(&mut nodes, now, &mut out);
+        if nodes[follower].pending_requests() == 0 {
+            break;
+        }
+    }
+    assert!(
+        nodes[follower].stats().snapshots_installed >= 1,
+        "caught up by snapshot"
+    );
+    assert_eq!(
+        nodes[follower].pending_requests(),
+        0,
+        "nothing left waiting"
+    );
+    let replies: Vec<(ConnId, String)> = out
+        .iter()
+        .map(|a| (a.conn, format!("{:?}", a.reply)))
+        .filter(|(c, _)| (7..=9).contains(c))
+        .collect();
+    let mut closes = Vec::new();
+    nodes[follower].take_closes(&mut closes);
+    closes.sort_unstable();
+    // The grant is still current: it is the answer. The other two
+    // answers went with the entries: their connections are closed.
+    assert_eq!(replies.len(), 1, "{replies:?}");
+    assert_eq!(replies[0].0, 7, "{replies:?}");
+    assert!(replies[0].1.starts_with("Acquired"), "{replies:?}");
+    assert_eq!(
+        closes,
+        vec![8, 9],
+        "every other request's connection is closed"
+    );
+    assert_eq!(nodes[follower].stats().unanswerable, 2);
+}
+
 #[test]
 fn a_leader_removes_itself_through_a_joint_configuration_that_survives_a_restart() {
     let disks: Vec<MemDisk> = (0..3).map(|_| MemDisk::new()).collect();
