@@ -1449,6 +1449,10 @@ impl<T: Copy + Default> Engine<T> {
     /// [`Engine::acquire`] with the request's `tag`: the grant carries it
     /// ([`Engine::grant`]), and so does the waiter until it is granted;
     /// every event that answers this acquire reports it.
+    // Long because it is the per-request acquire, kept in one piece for
+    // speed: one hash of the key and one entry decide among a fresh grant,
+    // a takeover, a busy or timeout answer and a queued waiter; split, each
+    // step would hash the key again or carry the entry and half the tables.
     pub fn acquire_tagged(
         &mut self,
         now: Millis,
@@ -2209,6 +2213,8 @@ mod tests {
     /// The server copies `frames()` to the sockets and services read
     /// `iter()`: both must tell the same replies, in order, the bytes being
     /// the codec's, a run per connection, and nothing of a withheld grant.
+    /// Long because every check reuses the one table of replies, which
+    /// rustfmt spreads a field to a line.
     #[test]
     fn outbox_frames_are_the_encoded_replies_in_runs_per_connection() {
         let replies = [
@@ -2297,6 +2303,7 @@ mod tests {
 
     /// What happened reads back as typed events, each carrying the tag of
     /// the request it answers: a grant's tag moves from waiter to holder.
+    /// Long because it walks one scenario, step by step, with its events.
     #[test]
     fn events_tell_how_each_grant_came_and_which_lease_ran_out() {
         let mut e: Engine<u32> = Engine::replicated_tagged(EngineLimits::default(), 1);

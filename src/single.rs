@@ -372,30 +372,8 @@ impl SingleService {
         grace: RestartGrace,
         max_lease_s: u8,
     ) -> io::Result<Self> {
-        datadir::create_private_dir(dir)?;
-        let lock = lock_dir(dir)?;
-        let loaded = read_mark(dir)?;
-        let mark = loaded.mark;
-        if loaded.v1 {
-            log::info!(
-                "{} is in the format without a checksum; rewriting it with one",
-                dir.join(MARK_FILE).display()
-            );
-        }
-        if !loaded.initialised {
-            // First use: the floor goes first, so that a crash before the
-            // first mark leaves a directory that still starts.
-            write_floor(dir, mark)?;
-        }
-        let first = mark
-            .checked_add(1)
-            .and_then(token::step_at_or_above)
-            .ok_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    "token high-water mark is at its maximum",
-                )
-            })?;
+        let (lock, loaded) = open_dir(dir)?;
+        let first = first_token_above(loaded.mark)?;
         let mut engine = Engine::new(limits, first);
         engine.set_token_rng(Some(os_rng()));
         let reserved = first.saturating_add(TOKEN_BLOCK - 1);
@@ -403,22 +381,7 @@ impl SingleService {
         // (for this boot) with the new mark, so that a crash during the
         // grace leaves the same bound.
         let host = HostTime::read();
-        let mut leases = read_bound(dir)?;
-        if leases == LeaseRecord::Unknown && loaded.initialised && !loaded.v1 && mark > 0 {
-            // Every start of this format writes the bound before the mark:
-            // a mark without one means the file was removed.
-            log::warn!(
-                "{} is missing beside {}: holding every key for the longest lease",
-                dir.join(BOUND_FILE).display(),
-                dir.join(MARK_FILE).display()
-            );
-            leases = LeaseRecord::Damaged;
-        } else if leases == LeaseRecord::Damaged {
-            log::warn!(
-                "{} is damaged (a torn write?): holding every key for the longest lease",
-                dir.join(BOUND_FILE).display()
-            );
-        }
+        let leases = earlier_leases(dir, &loaded)?;
         let (remaining_ms, why) = grace_for(&leases, &host);
         let old_max = match leases {
             LeaseRecord::Until { max_lease_s, .. } if remaining_ms > 0 => max_lease_s,
@@ -435,21 +398,10 @@ impl SingleService {
         write_mark(dir, reserved)?;
         write_floor(dir, reserved)?;
         engine.set_token_ceiling(reserved.saturating_add(1));
-        let grace_note = match (grace, remaining_ms) {
-            (RestartGrace::Off, 0) => format!("restart_grace=off (none was due: {why})"),
-            (RestartGrace::Off, ms) => {
-                format!("restart_grace=off (leases of the earlier run may run {ms} ms more: {why})")
-            }
-            (RestartGrace::Auto, 0) => format!("restart_grace=none ({why})"),
-            (RestartGrace::Auto, ms) => {
-                engine.set_restart_grace(bound);
-                format!(
-                    "restart_grace=in-force for {ms} ms, until {} ({why}): every key is held \
-                     until then",
-                    utc(host.wall_ms.saturating_add(ms))
-                )
-            }
-        };
+        if grace == RestartGrace::Auto && remaining_ms > 0 {
+            engine.set_restart_grace(bound);
+        }
+        let grace_note = describe_grace(grace, remaining_ms, why, &host);
         if loaded.v1 && grace == RestartGrace::Auto {
             log::warn!(
                 "{} is from a ticketd that kept no lease bound: leases it granted are not \
@@ -569,6 +521,77 @@ fn read_optional(path: &Path) -> io::Result<Option<Vec<u8>>> {
 fn field(body: &str, name: &str) -> Option<u64> {
     body.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Creates `dir` if missing, locks it against a second server and reads
+/// its mark, writing the floor first on first use.
+fn open_dir(dir: &Path) -> io::Result<(File, Loaded)> {
+    datadir::create_private_dir(dir)?;
+    let lock = lock_dir(dir)?;
+    let loaded = read_mark(dir)?;
+    if loaded.v1 {
+        log::info!(
+            "{} is in the format without a checksum; rewriting it with one",
+            dir.join(MARK_FILE).display()
+        );
+    }
+    if !loaded.initialised {
+        // First use: the floor goes first, so that a crash before the first
+        // mark leaves a directory that still starts.
+        write_floor(dir, loaded.mark)?;
+    }
+    Ok((lock, loaded))
+}
+
+/// The first token above `mark`, on a step of the token sequence.
+fn first_token_above(mark: u64) -> io::Result<u64> {
+    mark.checked_add(1)
+        .and_then(token::step_at_or_above)
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                "token high-water mark is at its maximum",
+            )
+        })
+}
+
+/// The lease bound the earlier run left in `dir` beside its mark
+/// (`loaded`); a missing or damaged one reads as [`LeaseRecord::Damaged`],
+/// with a warning.
+fn earlier_leases(dir: &Path, loaded: &Loaded) -> io::Result<LeaseRecord> {
+    let mut leases = read_bound(dir)?;
+    if leases == LeaseRecord::Unknown && loaded.initialised && !loaded.v1 && loaded.mark > 0 {
+        // Every start of this format writes the bound before the mark:
+        // a mark without one means the file was removed.
+        log::warn!(
+            "{} is missing beside {}: holding every key for the longest lease",
+            dir.join(BOUND_FILE).display(),
+            dir.join(MARK_FILE).display()
+        );
+        leases = LeaseRecord::Damaged;
+    } else if leases == LeaseRecord::Damaged {
+        log::warn!(
+            "{} is damaged (a torn write?): holding every key for the longest lease",
+            dir.join(BOUND_FILE).display()
+        );
+    }
+    Ok(leases)
+}
+
+/// The start-up note on the restart grace: `grace` as configured, the
+/// `remaining_ms` the earlier run's leases may still run and `why`.
+fn describe_grace(grace: RestartGrace, remaining_ms: u64, why: &str, host: &HostTime) -> String {
+    match (grace, remaining_ms) {
+        (RestartGrace::Off, 0) => format!("restart_grace=off (none was due: {why})"),
+        (RestartGrace::Off, ms) => {
+            format!("restart_grace=off (leases of the earlier run may run {ms} ms more: {why})")
+        }
+        (RestartGrace::Auto, 0) => format!("restart_grace=none ({why})"),
+        (RestartGrace::Auto, ms) => format!(
+            "restart_grace=in-force for {ms} ms, until {} ({why}): every key is held until then",
+            utc(host.wall_ms.saturating_add(ms))
+        ),
+    }
 }
 
 /// The mark as read from the data directory.

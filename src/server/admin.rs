@@ -591,6 +591,9 @@ fn read_request<S: Service>(c: &mut AdminConn, now: Millis, view: &View<'_, S>) 
     }
 }
 
+/// Answers one request line: the member-change paths, then the GET paths.
+/// Long because it is one match over the admin API's paths, read as its
+/// table of contents; each arm is a few lines.
 fn route<S: Service>(
     c: &mut AdminConn,
     now: Millis,
@@ -1010,8 +1013,19 @@ fn write_some(c: &mut AdminConn) {
 
 /// The scrape: the server's counters, the engine's, then the service's own.
 fn render_metrics<S: Service>(now: Millis, view: &View<'_, S>) -> String {
-    let s = view.stats;
     let mut e = Exposition::new();
+    connection_metrics(&mut e, view);
+    request_metrics(&mut e, view.stats);
+    if let Some(engine) = view.service.engine() {
+        lock_metrics(&mut e, now, engine, view.service);
+    }
+    view.service.write_metrics(now, &mut e);
+    e.finish()
+}
+
+/// The build, and the client connections: open, refused, malformed.
+fn connection_metrics<S: Service>(e: &mut Exposition, view: &View<'_, S>) {
+    let s = view.stats;
     e.info(
         "ticketd_build_info",
         "Always 1; the version of this ticketd.",
@@ -1038,6 +1052,10 @@ fn render_metrics<S: Service>(now: Millis, view: &View<'_, S>) -> String {
         "Client connections closed for a malformed frame.",
         s.malformed,
     );
+}
+
+/// The requests handled and the replies produced, by kind.
+fn request_metrics(e: &mut Exposition, s: &Stats) {
     e.labelled_counter(
         "ticketd_requests_total",
         "Well-formed requests handled, by operation.",
@@ -1063,58 +1081,57 @@ fn render_metrics<S: Service>(now: Millis, view: &View<'_, S>) -> String {
             ("not_extended", r[6]),
         ],
     );
-    if let Some(engine) = view.service.engine() {
-        let es = engine.stats();
-        e.gauge(
-            "ticketd_keys",
-            "Registered keys.",
-            engine.key_count() as u64,
-        );
-        e.gauge(
-            "ticketd_waiters",
-            "Queued acquires over all keys.",
-            engine.waiter_count() as u64,
-        );
-        e.labelled_counter(
-            "ticketd_grants_total",
-            "Grants, by path: a free key, an expired one taken over, a hand-over to the head waiter.",
-            "path",
-            &[
-                ("fresh", es.grants_fresh),
-                ("takeover", es.grants_takeover),
-                ("handover", es.grants_handover),
-            ],
-        );
-        e.counter(
-            "ticketd_lease_expiries_total",
-            "Grants whose lease ran out before a release.",
-            es.lease_expiries,
-        );
-        let (wait, hold) = view
-            .service
-            .lock_histograms()
-            .unwrap_or((&es.wait_ms, &es.hold_ms));
-        e.histogram(
-            "ticketd_wait_seconds",
-            "Request to grant, for every grant.",
-            wait,
-            1000,
-        );
-        e.histogram(
-            "ticketd_hold_seconds",
-            "Grant to release or expiry.",
-            hold,
-            1000,
-        );
-        e.gauge_seconds(
-            "ticketd_oldest_hold_seconds",
-            "How long the longest-held current lock has been held; 0 when none is.",
-            view.service.oldest_hold_ms(now).unwrap_or(0),
-            1000,
-        );
-    }
-    view.service.write_metrics(now, &mut e);
-    e.finish()
+}
+
+/// The lock table: keys, waiters, grants, expiries, wait and hold times.
+fn lock_metrics<S: Service>(e: &mut Exposition, now: Millis, engine: &dyn LockTable, service: &S) {
+    let es = engine.stats();
+    e.gauge(
+        "ticketd_keys",
+        "Registered keys.",
+        engine.key_count() as u64,
+    );
+    e.gauge(
+        "ticketd_waiters",
+        "Queued acquires over all keys.",
+        engine.waiter_count() as u64,
+    );
+    e.labelled_counter(
+        "ticketd_grants_total",
+        "Grants, by path: a free key, an expired one taken over, a hand-over to the head waiter.",
+        "path",
+        &[
+            ("fresh", es.grants_fresh),
+            ("takeover", es.grants_takeover),
+            ("handover", es.grants_handover),
+        ],
+    );
+    e.counter(
+        "ticketd_lease_expiries_total",
+        "Grants whose lease ran out before a release.",
+        es.lease_expiries,
+    );
+    let (wait, hold) = service
+        .lock_histograms()
+        .unwrap_or((&es.wait_ms, &es.hold_ms));
+    e.histogram(
+        "ticketd_wait_seconds",
+        "Request to grant, for every grant.",
+        wait,
+        1000,
+    );
+    e.histogram(
+        "ticketd_hold_seconds",
+        "Grant to release or expiry.",
+        hold,
+        1000,
+    );
+    e.gauge_seconds(
+        "ticketd_oldest_hold_seconds",
+        "How long the longest-held current lock has been held; 0 when none is.",
+        service.oldest_hold_ms(now).unwrap_or(0),
+        1000,
+    );
 }
 
 #[cfg(test)]

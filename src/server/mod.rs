@@ -266,6 +266,136 @@ fn is_fd_exhaustion(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
 }
 
+/// The TCP client listener (`--listen`, or the one inherited by
+/// `--listen-fd`), registered with `poll`; none when clients come only over
+/// Unix sockets, with an unspecified address in its place.
+fn bind_tcp(config: &Config, poll: &Poll) -> io::Result<(Option<TcpListener>, SocketAddr)> {
+    if !config.listen_tcp && config.listen_fd.is_none() {
+        return Ok((None, SocketAddr::from(([0, 0, 0, 0], 0))));
+    }
+    let socket = match config.listen_fd {
+        Some(fd) => inherited_listener(fd)?,
+        None => {
+            let socket = Socket::new(
+                Domain::for_address(config.listen),
+                Type::STREAM,
+                Some(Protocol::TCP),
+            )?;
+            // Restarting on the same port must not wait for TIME_WAIT to
+            // clear.
+            socket.set_reuse_address(true)?;
+            socket.bind(&config.listen.into())?;
+            socket.listen(i32::try_from(config.backlog).unwrap_or(i32::MAX))?;
+            socket
+        }
+    };
+    socket.set_nonblocking(true)?;
+    let mut listener = TcpListener::from_std(socket.into());
+    let local_addr = listener.local_addr()?;
+    poll.registry()
+        .register(&mut listener, LISTENER, Interest::READABLE)?;
+    Ok((Some(listener), local_addr))
+}
+
+/// The Unix-socket client listeners (`--unix-listen`), registered with
+/// `poll`, each marked as maybe having connections ready.
+fn bind_unix(config: &Config, poll: &Poll) -> io::Result<Vec<(unix::UnixListen, bool)>> {
+    let mut listeners = Vec::with_capacity(config.unix_listen.len());
+    for (i, path) in config.unix_listen.iter().enumerate() {
+        let mut l = unix::bind(path, config.socket_mode)?;
+        poll.registry()
+            .register(&mut l.listener, Token(UNIX_BASE + i), Interest::READABLE)?;
+        listeners.push((l, true));
+    }
+    Ok(listeners)
+}
+
+/// The admin port (`--admin-listen`), registered with `poll`, with its TLS
+/// (`--admin-tls`) when built with it.
+fn bind_admin(config: &Config, poll: &Poll) -> io::Result<Option<admin::Admin>> {
+    let Some(addr) = &config.admin_listen else {
+        return Ok(None);
+    };
+    #[cfg_attr(not(feature = "tls"), allow(unused_mut))]
+    let mut admin =
+        admin::Admin::bind(addr, config, poll.registry(), ADMIN_CONN_BASE).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot listen on {addr} (--admin-listen): {e}"),
+            )
+        })?;
+    #[cfg(feature = "tls")]
+    if let Some(t) = &config.admin_tls {
+        let tls = crate::tls::server_config(&t.cert, &t.key, t.client_ca.as_deref(), "--admin-tls")
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        admin.set_tls(tls);
+    }
+    Ok(Some(admin))
+}
+
+/// The start-up lines: the admin port, then version, the addresses clients
+/// connect to (`tcp`, when listening on TCP), service and limits.
+fn log_start<S: Service>(
+    config: &Config,
+    tcp: Option<SocketAddr>,
+    admin: Option<&admin::Admin>,
+    service: &S,
+) {
+    let mut addrs: Vec<String> = tcp.iter().map(ToString::to_string).collect();
+    addrs.extend(
+        config
+            .unix_listen
+            .iter()
+            .map(|p| format!("unix:{}", p.display())),
+    );
+    if let Some(a) = admin {
+        let https = cfg!(feature = "tls") && config.admin_tls.is_some();
+        let scheme = if https { "HTTPS" } else { "HTTP" };
+        log::info!("admin port ({scheme}) on {}", a.describe());
+    }
+    log::info!(
+        "ticketd {} listening on {} {} {}",
+        env!("CARGO_PKG_VERSION"),
+        addrs.join(" "),
+        service.describe(),
+        config.describe_limits()
+    );
+}
+
+/// Warns at start-up when clients or the admin port can be reached off
+/// loopback by anyone, unauthenticated (docs/SECURITY.md).
+fn warn_if_exposed(config: &Config, local_addr: SocketAddr) {
+    if config.insecure && config.plaintext_off_loopback() {
+        log::warn!(
+            "--insecure: clients speak plaintext on {local_addr}, which is not loopback: \
+             anyone who can reach it can take, hold and release any lock \
+             (docs/SECURITY.md)"
+        );
+    } else if config.unauthenticated_tls_off_loopback() {
+        log::warn!(
+            "clients speak TLS without client certificates on {local_addr}, which is not \
+             loopback: anyone who can reach it can take and hold any key (tokens stay \
+             private); --tls-client-ca admits only holders of a certificate \
+             (docs/SECURITY.md)"
+        );
+    }
+    if let Some(crate::config::AdminListen::Tcp(a)) = &config.admin_listen {
+        if config.admin_unauthenticated_off_loopback() {
+            let how = if config.admin_tls.is_some() {
+                "speaks HTTPS without client certificates"
+            } else {
+                "speaks plaintext (--insecure)"
+            };
+            log::warn!(
+                "the admin port on {a} {how}, and it is not loopback: anyone who can \
+                 reach it can list every key and holder (and, in cluster mode, change the \
+                 members); --admin-tls-client-ca admits only holders of a certificate \
+                 (docs/SECURITY.md)"
+            );
+        }
+    }
+}
+
 fn conn_token(key: usize) -> Token {
     Token(CONN_BASE + key)
 }
@@ -290,121 +420,19 @@ impl<S: Service> Server<S> {
             None => None,
         };
         let poll = Poll::new()?;
-        let (listener, local_addr) = if config.listen_tcp || config.listen_fd.is_some() {
-            let socket = match config.listen_fd {
-                Some(fd) => inherited_listener(fd)?,
-                None => {
-                    let socket = Socket::new(
-                        Domain::for_address(config.listen),
-                        Type::STREAM,
-                        Some(Protocol::TCP),
-                    )?;
-                    // Restarting on the same port must not wait for
-                    // TIME_WAIT to clear.
-                    socket.set_reuse_address(true)?;
-                    socket.bind(&config.listen.into())?;
-                    socket.listen(i32::try_from(config.backlog).unwrap_or(i32::MAX))?;
-                    socket
-                }
-            };
-            socket.set_nonblocking(true)?;
-            let mut listener = TcpListener::from_std(socket.into());
-            let local_addr = listener.local_addr()?;
-            poll.registry()
-                .register(&mut listener, LISTENER, Interest::READABLE)?;
-            (Some(listener), local_addr)
-        } else {
-            (None, SocketAddr::from(([0, 0, 0, 0], 0)))
-        };
-        let mut unix_listeners = Vec::new();
-        for (i, path) in config.unix_listen.iter().enumerate() {
-            let mut l = unix::bind(path, config.socket_mode)?;
-            poll.registry()
-                .register(&mut l.listener, Token(UNIX_BASE + i), Interest::READABLE)?;
-            unix_listeners.push((l, true));
-        }
+        let (listener, local_addr) = bind_tcp(&config, &poll)?;
+        let unix_listeners = bind_unix(&config, &poll)?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-        let admin = match &config.admin_listen {
-            Some(addr) => Some(
-                admin::Admin::bind(addr, &config, poll.registry(), ADMIN_CONN_BASE).map_err(
-                    |e| {
-                        io::Error::new(
-                            e.kind(),
-                            format!("cannot listen on {addr} (--admin-listen): {e}"),
-                        )
-                    },
-                )?,
-            ),
-            None => None,
-        };
-        #[cfg(feature = "tls")]
-        let admin = match (admin, &config.admin_tls) {
-            (Some(mut a), Some(t)) => {
-                let tls = crate::tls::server_config(
-                    &t.cert,
-                    &t.key,
-                    t.client_ca.as_deref(),
-                    "--admin-tls",
-                )
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-                a.set_tls(tls);
-                Some(a)
-            }
-            (a, _) => a,
-        };
+        let admin = bind_admin(&config, &poll)?;
         service.register(poll.registry(), SERVICE_TOKEN_BASE)?;
         service.set_waker(Arc::clone(&waker));
-        let mut addrs: Vec<String> = Vec::new();
-        if listener.is_some() {
-            addrs.push(local_addr.to_string());
-        }
-        addrs.extend(
-            config
-                .unix_listen
-                .iter()
-                .map(|p| format!("unix:{}", p.display())),
+        log_start(
+            &config,
+            listener.is_some().then_some(local_addr),
+            admin.as_ref(),
+            &service,
         );
-        if let Some(a) = &admin {
-            let https = cfg!(feature = "tls") && config.admin_tls.is_some();
-            let scheme = if https { "HTTPS" } else { "HTTP" };
-            log::info!("admin port ({scheme}) on {}", a.describe());
-        }
-        log::info!(
-            "ticketd {} listening on {} {} {}",
-            env!("CARGO_PKG_VERSION"),
-            addrs.join(" "),
-            service.describe(),
-            config.describe_limits()
-        );
-        if config.insecure && config.plaintext_off_loopback() {
-            log::warn!(
-                "--insecure: clients speak plaintext on {local_addr}, which is not loopback: \
-                 anyone who can reach it can take, hold and release any lock \
-                 (docs/SECURITY.md)"
-            );
-        } else if config.unauthenticated_tls_off_loopback() {
-            log::warn!(
-                "clients speak TLS without client certificates on {local_addr}, which is not \
-                 loopback: anyone who can reach it can take and hold any key (tokens stay \
-                 private); --tls-client-ca admits only holders of a certificate \
-                 (docs/SECURITY.md)"
-            );
-        }
-        if let Some(crate::config::AdminListen::Tcp(a)) = &config.admin_listen {
-            if config.admin_unauthenticated_off_loopback() {
-                let how = if config.admin_tls.is_some() {
-                    "speaks HTTPS without client certificates"
-                } else {
-                    "speaks plaintext (--insecure)"
-                };
-                log::warn!(
-                    "the admin port on {a} {how}, and it is not loopback: anyone who can \
-                     reach it can list every key and holder (and, in cluster mode, change the \
-                     members); --admin-tls-client-ca admits only holders of a certificate \
-                     (docs/SECURITY.md)"
-                );
-            }
-        }
+        warn_if_exposed(&config, local_addr);
         let mut server = Server::assemble(
             config,
             service,
@@ -781,25 +809,21 @@ impl<S: Service> Server<S> {
                 self.accept_unix(now, i);
             }
         }
-        if !self.accept_ready || self.accept_paused_until.is_some() {
-            return;
+        if self.accept_ready && self.accept_paused_until.is_none() {
+            self.accept_tcp(now);
         }
+    }
+
+    /// Accepts what the TCP listener has.
+    fn accept_tcp(&mut self, now: Millis) {
         for _ in 0..ACCEPTS_PER_TURN {
             let Some(listener) = self.listener.as_ref() else {
                 return;
             };
             match listener.accept() {
                 Ok((stream, peer)) => {
-                    if self.conns.len() >= self.config.max_conns {
+                    if self.refused_at_max_conns(now, &peer) {
                         drop(stream);
-                        self.stats.refused += 1;
-                        if let Some(n) = self.logs.refused.allow(now) {
-                            log::warn!(
-                                "refused {peer}: {} connections open, the --max-conns limit \
-                                 ({n} similar refusals suppressed)",
-                                self.conns.len()
-                            );
-                        }
                         continue;
                     }
                     self.add_conn(now, stream, peer);
@@ -818,9 +842,7 @@ impl<S: Service> Server<S> {
                     // EMFILE, ENFILE, ENOBUFS, ENOMEM: the pending connection
                     // stays in the backlog and the listener stays readable, so
                     // retrying now would spin. Pause, and retry on a timer.
-                    self.accept_paused_until = Some(now.add_ms(ACCEPT_PAUSE_MS));
-                    self.stats.accept_pauses += 1;
-                    if let Some(n) = self.logs.accept.allow(now) {
+                    if let Some(n) = self.pause_accepts(now) {
                         let why = if is_fd_exhaustion(&e) {
                             "out of file descriptors"
                         } else {
@@ -863,15 +885,7 @@ impl<S: Service> Server<S> {
                         }
                         continue;
                     }
-                    if self.conns.len() >= self.config.max_conns {
-                        self.stats.refused += 1;
-                        if let Some(n) = self.logs.refused.allow(now) {
-                            log::warn!(
-                                "refused {peer}: {} connections open, the --max-conns limit \
-                                 ({n} similar refusals suppressed)",
-                                self.conns.len()
-                            );
-                        }
+                    if self.refused_at_max_conns(now, &peer) {
                         continue;
                     }
                     let key = self.conns.vacant_key();
@@ -898,19 +912,43 @@ impl<S: Service> Server<S> {
                     ) => {}
                 Err(e) => {
                     // As for TCP: the connection stays in the backlog; pause.
-                    self.accept_paused_until = Some(now.add_ms(ACCEPT_PAUSE_MS));
-                    self.stats.accept_pauses += 1;
-                    if let Some(n) = self.logs.accept.allow(now) {
+                    if let Some(n) = self.pause_accepts(now) {
                         log::warn!(
                             "accept on {} failed ({e}); pausing accepts for {ACCEPT_PAUSE_MS} \
                              ms ({n} similar pauses not logged)",
-                            l.path.display()
+                            self.unix[i].0.path.display()
                         );
                     }
                     return;
                 }
             }
         }
+    }
+
+    /// Whether a connection from `peer` is refused for `--max-conns`: if
+    /// so, counted and (rate-limited) logged; the caller drops it.
+    fn refused_at_max_conns(&mut self, now: Millis, peer: &dyn std::fmt::Display) -> bool {
+        if self.conns.len() < self.config.max_conns {
+            return false;
+        }
+        self.stats.refused += 1;
+        if let Some(n) = self.logs.refused.allow(now) {
+            log::warn!(
+                "refused {peer}: {} connections open, the --max-conns limit \
+                 ({n} similar refusals suppressed)",
+                self.conns.len()
+            );
+        }
+        true
+    }
+
+    /// Pauses every accept for `ACCEPT_PAUSE_MS` after a failure that
+    /// leaves the connection in the backlog (retrying now would spin), and
+    /// counts it; `Some(similar pauses not logged)` when this one may be.
+    fn pause_accepts(&mut self, now: Millis) -> Option<u64> {
+        self.accept_paused_until = Some(now.add_ms(ACCEPT_PAUSE_MS));
+        self.stats.accept_pauses += 1;
+        self.logs.accept.allow(now)
     }
 
     fn add_conn(&mut self, now: Millis, mut stream: TcpStream, peer: SocketAddr) {
@@ -1001,6 +1039,11 @@ impl<S: Service> Server<S> {
     /// was written, or its lease would be counted from before the client's
     /// own start and could end before the client's conservative expiry
     /// (SPEC §3: written + lease).
+    // Long because it is the per-request loop (read, decode, handle, until
+    // the connection is drained), kept in one piece for speed: the
+    // connection and its frame bytes stay borrowed from the table while the
+    // service, the outbox and the stats are used beside them, which no
+    // method on `self` could do, and the outcome is settled once after it.
     fn handle_conn_input(&mut self, now_ref: &mut Millis, key: usize) {
         let mut now = *now_ref;
         enum End {
