@@ -428,6 +428,7 @@ fn settle_without(nodes: &mut [Node<MemDisk>], cut: usize, now: Millis, out: &mu
     }
 }
 
+// Long because it is one scenario, step by step.
 #[test]
 fn requests_applied_inside_an_installed_snapshot_are_answered_or_their_connection_closed() {
     let disks: Vec<MemDisk> = (0..3).map(|_| MemDisk::new()).collect();
@@ -523,6 +524,7 @@ fn requests_applied_inside_an_installed_snapshot_are_answered_or_their_connectio
     assert_eq!(nodes[follower].stats().unanswerable, 2);
 }
 
+// Long because it is one scenario, step by step.
 #[test]
 fn a_leader_removes_itself_through_a_joint_configuration_that_survives_a_restart() {
     let disks: Vec<MemDisk> = (0..3).map(|_| MemDisk::new()).collect();
