@@ -90,6 +90,30 @@ fn settle_net(nodes: &mut [Node<MemDisk>], now: Millis, out: &mut Outbox) {
     }
 }
 
+/// Three fresh nodes on memory disks, one of them elected leader.
+struct Elected {
+    disks: Vec<MemDisk>,
+    out: Outbox,
+    now: Millis,
+    nodes: Vec<Node<MemDisk>>,
+    leader: usize,
+}
+
+fn elected_three() -> Elected {
+    let disks: Vec<MemDisk> = (0..3).map(|_| MemDisk::new()).collect();
+    let mut out = Outbox::new();
+    let mut now = Millis(0);
+    let nodes = elected(&disks, &mut now, &mut out);
+    let leader = nodes.iter().position(Node::is_leader).expect("a leader");
+    Elected {
+        disks,
+        out,
+        now,
+        nodes,
+        leader,
+    }
+}
+
 /// Three nodes on `disks`, settled until one leads with its timers
 /// rebuilt.
 fn elected(disks: &[MemDisk], now: &mut Millis, out: &mut Outbox) -> Vec<Node<MemDisk>> {
@@ -125,11 +149,13 @@ struct Trio {
 }
 
 fn trio_with_a_slow_follower() -> Trio {
-    let disks: Vec<MemDisk> = (0..3).map(|_| MemDisk::new()).collect();
-    let mut out = Outbox::new();
-    let mut now = Millis(0);
-    let nodes = elected(&disks, &mut now, &mut out);
-    let leader = nodes.iter().position(Node::is_leader).expect("a leader");
+    let Elected {
+        disks,
+        out,
+        now,
+        leader,
+        nodes,
+    } = elected_three();
     let follower = (leader + 1) % 3;
     disks[follower].hold_syncs(true);
     Trio {
@@ -301,11 +327,13 @@ fn a_follower_acknowledges_entries_only_after_its_fsync_ends() {
 
 #[test]
 fn a_turns_requests_travel_in_one_forward_and_one_append_per_follower() {
-    let disks: Vec<MemDisk> = (0..3).map(|_| MemDisk::new()).collect();
-    let mut out = Outbox::new();
-    let mut now = Millis(0);
-    let mut nodes = elected(&disks, &mut now, &mut out);
-    let leader = nodes.iter().position(Node::is_leader).expect("a leader");
+    let Elected {
+        disks: _,
+        mut out,
+        now,
+        leader,
+        mut nodes,
+    } = elected_three();
     let follower = (leader + 1) % 3;
     let keys: Vec<String> = (0..5).map(|i| format!("k{i}")).collect();
     out.clear();
@@ -362,11 +390,13 @@ fn a_turns_requests_travel_in_one_forward_and_one_append_per_follower() {
 
 #[test]
 fn a_batch_raft_drops_is_answered_busy_and_not_released() {
-    let disks: Vec<MemDisk> = (0..3).map(|_| MemDisk::new()).collect();
-    let mut out = Outbox::new();
-    let mut now = Millis(0);
-    let mut nodes = elected(&disks, &mut now, &mut out);
-    let leader = nodes.iter().position(Node::is_leader).expect("a leader");
+    let Elected {
+        disks: _,
+        mut out,
+        now,
+        leader,
+        mut nodes,
+    } = elected_three();
     let follower = (leader + 1) % 3;
     out.clear();
     nodes[follower].request(
@@ -431,11 +461,13 @@ fn settle_without(nodes: &mut [Node<MemDisk>], cut: usize, now: Millis, out: &mu
 // Long because it is one scenario, step by step.
 #[test]
 fn requests_applied_inside_an_installed_snapshot_are_answered_or_their_connection_closed() {
-    let disks: Vec<MemDisk> = (0..3).map(|_| MemDisk::new()).collect();
-    let mut out = Outbox::new();
-    let mut now = Millis(0);
-    let mut nodes = elected(&disks, &mut now, &mut out);
-    let leader = nodes.iter().position(Node::is_leader).expect("a leader");
+    let Elected {
+        disks: _,
+        mut out,
+        mut now,
+        leader,
+        mut nodes,
+    } = elected_three();
     let follower = (leader + 1) % 3;
     out.clear();
     // Three clients of the follower: an acquire that is granted, an
@@ -527,11 +559,13 @@ fn requests_applied_inside_an_installed_snapshot_are_answered_or_their_connectio
 // Long because it is one scenario, step by step.
 #[test]
 fn a_leader_removes_itself_through_a_joint_configuration_that_survives_a_restart() {
-    let disks: Vec<MemDisk> = (0..3).map(|_| MemDisk::new()).collect();
-    let mut out = Outbox::new();
-    let mut now = Millis(0);
-    let mut nodes = elected(&disks, &mut now, &mut out);
-    let leader = nodes.iter().position(Node::is_leader).expect("a leader");
+    let Elected {
+        disks,
+        mut out,
+        mut now,
+        leader,
+        mut nodes,
+    } = elected_three();
     let me = leader as u64 + 1;
     let all: BTreeSet<u64> = [1, 2, 3].into();
     nodes[leader]
@@ -630,10 +664,7 @@ fn the_wal_check_refuses_a_gap_and_a_falling_term() {
 
 #[test]
 fn applied_conf_changes_keep_raft_and_the_members_in_agreement() {
-    let disks: Vec<MemDisk> = (0..3).map(|_| MemDisk::new()).collect();
-    let mut out = Outbox::new();
-    let mut now = Millis(0);
-    let nodes = elected(&disks, &mut now, &mut out);
+    let Elected { nodes, .. } = elected_three();
     for n in &nodes {
         assert!(n.conf_agrees_with_members());
     }
