@@ -555,20 +555,24 @@ impl Trio {
         let ready = self.nodes[l].timers_ready() && self.nodes.iter().all(|n| n.leader() == id);
         ready.then_some(l)
     }
+
+    /// Steps (every message delivered) until a leader is ready; its index.
+    fn elect(&mut self, out: &mut Outbox) -> usize {
+        for _ in 0..1000 {
+            if let Some(l) = self.leader() {
+                return l;
+            }
+            self.step(0, out, &|_: &Message| false);
+        }
+        panic!("no leader");
+    }
 }
 
 #[test]
 fn an_acquire_that_reaches_its_node_inside_a_snapshot_is_answered() {
     let mut t = Trio::new();
     let mut out = Outbox::new();
-    let keep = |_: &Message| false;
-    let mut steps = 0;
-    while t.leader().is_none() {
-        t.step(0, &mut out, &keep);
-        steps += 1;
-        assert!(steps < 1000, "no leader");
-    }
-    let leader = t.leader().expect("a leader");
+    let leader = t.elect(&mut out);
     let f = (leader + 1) % 3;
     let f_id = f as u64 + 1;
     let installs_before = t.nodes[f].stats().snapshots_installed;
@@ -633,13 +637,7 @@ fn requests_whose_answer_went_inside_a_snapshot_have_their_connection_closed() {
     let mut t = Trio::new();
     let mut out = Outbox::new();
     let keep = |_: &Message| false;
-    let mut steps = 0;
-    while t.leader().is_none() {
-        t.step(0, &mut out, &keep);
-        steps += 1;
-        assert!(steps < 1000, "no leader");
-    }
-    let leader = t.leader().expect("a leader");
+    let leader = t.elect(&mut out);
     let f = (leader + 1) % 3;
     let f_id = f as u64 + 1;
     let installs_before = t.nodes[f].stats().snapshots_installed;
