@@ -581,7 +581,8 @@ impl<T: Copy + Default> Outbox<T> {
     }
 
     /// Appends a reply with how a grant came about and its request's tag.
-    #[inline]
+    #[cfg_attr(not(ticketd_profile), inline)]
+    #[cfg_attr(ticketd_profile, inline(never))]
     fn push_event(&mut self, conn: ConnId, reply: Reply<'_>, lease_s: u8, how: Grant, tag: T) {
         let (kind, token, owner) = match reply {
             Reply::Acquired { token, owner, .. } => (Kind::Acquired(how), token, owner),
@@ -1453,6 +1454,7 @@ impl<T: Copy + Default> Engine<T> {
     // speed: one hash of the key and one entry decide among a fresh grant,
     // a takeover, a busy or timeout answer and a queued waiter; split, each
     // step would hash the key again or carry the entry and half the tables.
+    #[cfg_attr(ticketd_profile, inline(never))]
     pub fn acquire_tagged(
         &mut self,
         now: Millis,
@@ -1653,6 +1655,7 @@ impl<T: Copy + Default> Engine<T> {
     }
 
     /// SPEC §2.2. Returns true when the release took effect (`R`).
+    #[cfg_attr(ticketd_profile, inline(never))]
     pub fn release(
         &mut self,
         now: Millis,

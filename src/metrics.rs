@@ -186,68 +186,84 @@ impl HoldIndex {
 /// (single mode): nothing per grant, only one counter per second that
 /// still has a current grant.
 ///
-/// Grants begin at a clock that never goes back, so a grant adds to the
-/// last second's count or opens a new one at the back; an end finds its
-/// second by binary search and takes one off. Emptied seconds are popped
-/// from the front, and swept out when they outnumber the others
-/// (amortised O(1)). [`GrantAges::oldest`] is the front: O(1), to the
-/// second.
+/// Grants begin at a clock that never goes back, so nearly every start
+/// and end is of the newest second: that second's count is two plain
+/// fields (its first millisecond and its count), compared and counted
+/// without a division or a queue access. The older seconds are a queue;
+/// a start in a later second moves the newest count to its back, an end
+/// of an older second finds it by binary search and takes one off.
+/// Emptied seconds are popped from the front, and swept out when they
+/// outnumber the others (amortised O(1)). [`GrantAges::oldest`] is the
+/// front, or the newest second: O(1), to the second.
 #[derive(Clone, Debug, Default)]
 pub struct GrantAges {
-    /// `(second, current grants begun in it)`, increasing seconds.
+    /// `(second, current grants begun in it)`, increasing seconds, all
+    /// before the newest second.
     q: VecDeque<(u64, u64)>,
     /// Entries of `q` whose count is 0.
     empty: usize,
     live: usize,
+    /// The first millisecond of the newest second a grant began in.
+    newest_ms: u64,
+    /// Current grants begun in that second (may be 0).
+    newest_n: u64,
 }
 
 impl GrantAges {
     /// A grant began at `at`.
     #[inline]
     pub fn start(&mut self, at: Millis) {
-        let s = at.0 / 1000;
         self.live += 1;
-        match self.q.back_mut() {
-            Some((last, n)) if *last == s => {
+        if at.0.wrapping_sub(self.newest_ms) < 1000 {
+            self.newest_n += 1;
+        } else {
+            self.start_other(at.0 / 1000);
+        }
+    }
+
+    /// [`GrantAges::start`] outside the newest second: a later one becomes
+    /// the newest, an earlier one (not expected: the clock does not go
+    /// back) is counted in the queue, kept sorted.
+    #[cold]
+    #[inline(never)]
+    fn start_other(&mut self, s: u64) {
+        let newest = self.newest_ms / 1000;
+        if s > newest || (self.newest_n == 0 && self.q.is_empty()) {
+            if self.newest_n > 0 {
+                self.q.push_back((newest, self.newest_n));
+            }
+            self.newest_ms = s * 1000;
+            self.newest_n = 1;
+            return;
+        }
+        let i = self.q.partition_point(|&(t, _)| t < s);
+        match self.q.get_mut(i) {
+            Some((t, n)) if *t == s => {
                 if *n == 0 {
                     self.empty -= 1;
                 }
                 *n += 1;
             }
-            Some(&mut (last, _)) if last > s => {
-                // Not expected (the clock does not go back); kept sorted.
-                let i = self.q.partition_point(|&(t, _)| t < s);
-                match self.q.get_mut(i) {
-                    Some((t, n)) if *t == s => {
-                        if *n == 0 {
-                            self.empty -= 1;
-                        }
-                        *n += 1;
-                    }
-                    _ => self.q.insert(i, (s, 1)),
-                }
-            }
-            _ => self.q.push_back((s, 1)),
+            _ => self.q.insert(i, (s, 1)),
         }
     }
 
     /// A grant that began at `at` ended.
     #[inline]
     pub fn end(&mut self, at: Millis) {
-        let s = at.0 / 1000;
         // Most grants end while another grant of the newest second is
-        // current: one off the back, nothing emptied, nothing to search.
-        if let Some((t, n)) = self.q.back_mut() {
-            if *t == s && *n > 1 {
-                *n -= 1;
-                self.live -= 1;
-                return;
-            }
+        // current: one off its count, nothing to search.
+        if at.0.wrapping_sub(self.newest_ms) < 1000 && self.newest_n > 0 {
+            self.newest_n -= 1;
+            self.live -= 1;
+            return;
         }
-        self.end_searched(s);
+        self.end_searched(at.0 / 1000);
     }
 
-    /// [`GrantAges::end`] for second `s`, found by binary search.
+    /// [`GrantAges::end`] for an older second `s`, found by binary search.
+    #[cold]
+    #[inline(never)]
     fn end_searched(&mut self, s: u64) {
         let i = self.q.partition_point(|&(t, _)| t < s);
         let Some((_, n)) = self.q.get_mut(i).filter(|(t, n)| *t == s && *n > 0) else {
@@ -272,7 +288,10 @@ impl GrantAges {
     /// The start of the second the longest-held current grant began in.
     #[must_use]
     pub fn oldest(&self) -> Option<Millis> {
-        self.q.front().map(|&(s, _)| Millis(s * 1000))
+        match self.q.front() {
+            Some(&(s, _)) => Some(Millis(s * 1000)),
+            None => (self.newest_n > 0).then_some(Millis(self.newest_ms)),
+        }
     }
 
     /// Current grants.
@@ -492,6 +511,30 @@ mod tests {
         }
         assert_eq!((g.oldest(), g.len()), (Some(Millis(0)), 1));
         assert!(g.q.len() <= 70, "{} entries", g.q.len());
+    }
+
+    #[test]
+    fn grant_ages_count_a_start_before_the_newest_second() {
+        // Not expected of the clock, but counted: the oldest is right.
+        let mut g = GrantAges::default();
+        g.start(Millis(5_500));
+        g.start(Millis(3_100));
+        assert_eq!((g.oldest(), g.len()), (Some(Millis(3_000)), 2));
+        g.start(Millis(3_900));
+        g.end(Millis(3_100));
+        assert_eq!(g.oldest(), Some(Millis(3_000)));
+        g.end(Millis(3_900));
+        assert_eq!((g.oldest(), g.len()), (Some(Millis(5_000)), 1));
+        g.end(Millis(5_500));
+        assert!(g.is_empty() && g.oldest().is_none());
+        // Nothing current: an earlier second simply becomes the newest.
+        g.start(Millis(2_000));
+        assert_eq!((g.oldest(), g.len()), (Some(Millis(2_000)), 1));
+        g.start(Millis(7_000));
+        g.end(Millis(7_000));
+        assert_eq!(g.oldest(), Some(Millis(2_000)));
+        g.end(Millis(2_000));
+        assert!(g.is_empty() && g.oldest().is_none());
     }
 
     #[test]

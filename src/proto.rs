@@ -456,7 +456,8 @@ pub fn encode_request(req: &Request<'_>, out: &mut Vec<u8>) {
 /// Appends the encoding of `reply` to `out`.
 ///
 /// One reservation, the header built in a fixed 17-byte array and copied
-/// whole (then cut to its length), the key, the newline: a push per byte
+/// whole (the key then written over its unused tail), the key, the
+/// newline, with no capacity check after the reservation: a push per byte
 /// checked the capacity at every byte.
 pub fn encode_reply(reply: &Reply<'_>, out: &mut Vec<u8>) {
     let (op, a, b) = match *reply {
@@ -474,12 +475,23 @@ pub fn encode_reply(reply: &Reply<'_>, out: &mut Vec<u8>) {
     head[0] = op;
     head[1..9].copy_from_slice(&a.to_be_bytes());
     head[9..17].copy_from_slice(&b.to_be_bytes());
+    let len = header + key.len() + 1;
     out.reserve(17 + key.len() + 1);
     let start = out.len();
-    out.extend_from_slice(&head);
-    out.truncate(start + header);
-    out.extend_from_slice(key);
-    out.push(NEWLINE);
+    // SAFETY: `reserve` left room for 17 + key.len() + 1 bytes past
+    // `start`: the whole 17-byte header array lands there, the key at
+    // `header` (9 or 17) over its unused tail, then the newline, all
+    // inside the reserved room; the source and the vector do not overlap
+    // (`out` is borrowed mutably, `key` and `head` are not in it), and
+    // every byte up to the new length `start + len` is written before
+    // `set_len`.
+    unsafe {
+        let p = out.as_mut_ptr().add(start);
+        std::ptr::copy_nonoverlapping(head.as_ptr(), p, head.len());
+        std::ptr::copy_nonoverlapping(key.as_ptr(), p.add(header), key.len());
+        p.add(header + key.len()).write(NEWLINE);
+        out.set_len(start + len);
+    }
 }
 
 #[cfg(test)]

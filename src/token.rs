@@ -89,29 +89,37 @@ impl TokenRng {
         }
     }
 
-    /// Sixteen fresh random bits.
+    /// Sixteen fresh random bits: two bytes of the buffer, refilled from
+    /// the source once used up (every 128 draws).
+    #[inline]
     pub fn bits(&mut self) -> u16 {
         if self.pos + 2 > self.buf.len() {
-            if let Err(e) = self.refill() {
-                // getrandom(2) does not fail once the pool is initialised
-                // (it was at start); a failure here keeps serving on a
-                // generator seeded from the last random bytes and the clock.
-                log::error!("cannot read the OS random number generator: {e}; using a fallback");
-                let mut seed = 0u64;
-                for c in self.buf.chunks_exact(8) {
-                    seed ^= u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
-                }
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_nanos() as u64);
-                self.source = Source::Seeded(seed ^ now);
-                // A seeded source cannot fail.
-                let _ = self.refill();
-            }
+            self.refill_or_fall_back();
         }
         let b = u16::from_le_bytes([self.buf[self.pos], self.buf[self.pos + 1]]);
         self.pos += 2;
         b
+    }
+
+    /// Refills the buffer. getrandom(2) does not fail once the pool is
+    /// initialised (it was at start); a failure here keeps serving on a
+    /// generator seeded from the last random bytes and the clock.
+    #[cold]
+    #[inline(never)]
+    fn refill_or_fall_back(&mut self) {
+        if let Err(e) = self.refill() {
+            log::error!("cannot read the OS random number generator: {e}; using a fallback");
+            let mut seed = 0u64;
+            for c in self.buf.chunks_exact(8) {
+                seed ^= u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
+            }
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            self.source = Source::Seeded(seed ^ now);
+            // A seeded source cannot fail.
+            let _ = self.refill();
+        }
     }
 
     fn refill(&mut self) -> io::Result<()> {

@@ -1021,6 +1021,7 @@ impl<S: Service> Server<S> {
 
     /// Handles the input of every active connection; returns `now` as it
     /// stands after the last read of the turn.
+    #[cfg_attr(ticketd_profile, inline(never))]
     fn handle_input(&mut self, mut now: Millis) -> Millis {
         let mut list = std::mem::take(&mut self.active);
         for &key in &list {
@@ -1044,6 +1045,7 @@ impl<S: Service> Server<S> {
     // connection and its frame bytes stay borrowed from the table while the
     // service, the outbox and the stats are used beside them, which no
     // method on `self` could do, and the outcome is settled once after it.
+    #[cfg_attr(ticketd_profile, inline(never))]
     fn handle_conn_input(&mut self, now_ref: &mut Millis, key: usize) {
         let mut now = *now_ref;
         enum End {
@@ -1268,6 +1270,7 @@ impl<S: Service> Server<S> {
     /// connections' write buffers: a run of replies to one connection in
     /// one copy. Counts the wrong-token answers (`N`, `X`) against each
     /// connection's guess throttle.
+    #[cfg_attr(ticketd_profile, inline(never))]
     fn deliver(&mut self, now: Millis) {
         self.out.tally(&mut self.stats.replies);
         if log::log_enabled!(log::Level::Debug) {
@@ -1319,6 +1322,7 @@ impl<S: Service> Server<S> {
     }
 
     /// At most one `write` per connection with output.
+    #[cfg_attr(ticketd_profile, inline(never))]
     fn write(&mut self, now: Millis) {
         let soft = self.config.out_soft_limit_bytes;
         let hard = self.config.out_hard_limit_bytes;
