@@ -1,7 +1,7 @@
 # ticketd developer targets. `make help` lists them.
 CARGO ?= cargo
 
-.PHONY: help build run test lint doc bench vendor-check cross-check cross-sizes example example-test clean python-test
+.PHONY: help build run test lint doc bench profile vendor-check cross-check cross-sizes example example-test clean python-test
 
 help:
 	@echo "build         release build of ticketd and ticket"
@@ -10,6 +10,7 @@ help:
 	@echo "lint          cargo fmt --check and clippy -D warnings"
 	@echo "doc           cargo doc with warnings as errors"
 	@echo "bench         ticketd vs Redis vs the limit server vs etcd (BENCH_SECONDS=3 for a quick run)"
+	@echo "profile       callgrind of cycle at depth 16 (DEPTH=64), instructions per request by function"
 	@echo "vendor-check  cargo vendor, then build offline from it (with and without default features)"
 	@echo "cross-check   aarch64 and armv7 builds from vendored sources, tests under qemu (Debian toolchain)"
 	@echo "cross-sizes   stripped release binary sizes per target and feature set"
@@ -44,6 +45,10 @@ doc:
 
 bench:
 	bash bench/run.sh
+
+DEPTH ?= 16
+profile:
+	bash bench/profile.sh $(DEPTH)
 
 vendor-check:
 	./.ci/vendor-check

@@ -132,7 +132,10 @@ pub use image::{Image, ImageError, ImageReader, KeyImage, TagCodec, WaiterImage}
 use crate::hash::{KeyStr, SipKey, StrEntry, StrMap};
 use crate::limits::EngineLimits;
 use crate::metrics::{GrantAges, Histogram, HOLD_BOUNDS_MS, WAIT_BOUNDS_MS};
-use crate::proto::{encode_reply, Reply, Request};
+use crate::proto::{
+    encode_reply_parts, Reply, Request, OP_ACQUIRE, OP_BUSY, OP_EXTEND, OP_NOT_EXTENDED,
+    OP_NOT_RELEASED, OP_RELEASE, OP_TIMEOUT,
+};
 use crate::time::Millis;
 use crate::token::{self, TokenRng};
 
@@ -197,6 +200,21 @@ enum Kind {
 }
 
 impl Kind {
+    /// The reply's op byte; 0 for an event without a reply (never encoded).
+    #[inline]
+    fn op(self) -> u8 {
+        match self {
+            Kind::Acquired(_) => OP_ACQUIRE,
+            Kind::Timeout => OP_TIMEOUT,
+            Kind::Busy => OP_BUSY,
+            Kind::Released => OP_RELEASE,
+            Kind::NotReleased => OP_NOT_RELEASED,
+            Kind::Extended => OP_EXTEND,
+            Kind::NotExtended => OP_NOT_EXTENDED,
+            Kind::Expired => 0,
+        }
+    }
+
     /// Bytes of the frame before the key: the op and one or two words.
     fn header_len(self) -> usize {
         match self {
@@ -584,20 +602,47 @@ impl<T: Copy + Default> Outbox<T> {
     #[cfg_attr(not(ticketd_profile), inline)]
     #[cfg_attr(ticketd_profile, inline(never))]
     fn push_event(&mut self, conn: ConnId, reply: Reply<'_>, lease_s: u8, how: Grant, tag: T) {
-        let (kind, token, owner) = match reply {
-            Reply::Acquired { token, owner, .. } => (Kind::Acquired(how), token, owner),
-            Reply::Timeout { owner, .. } => (Kind::Timeout, 0, owner),
-            Reply::Busy { owner, .. } => (Kind::Busy, 0, owner),
-            Reply::Released { token, .. } => (Kind::Released, token, 0),
-            Reply::NotReleased { token, .. } => (Kind::NotReleased, token, 0),
-            Reply::Extended { token, .. } => (Kind::Extended, token, 0),
-            Reply::NotExtended { token, .. } => (Kind::NotExtended, token, 0),
+        let (kind, token, owner, key) = match reply {
+            Reply::Acquired { token, owner, key } => (Kind::Acquired(how), token, owner, key),
+            Reply::Timeout { owner, key } => (Kind::Timeout, 0, owner, key),
+            Reply::Busy { owner, key } => (Kind::Busy, 0, owner, key),
+            Reply::Released { token, key } => (Kind::Released, token, 0, key),
+            Reply::NotReleased { token, key } => (Kind::NotReleased, token, 0, key),
+            Reply::Extended { token, key } => (Kind::Extended, token, 0, key),
+            Reply::NotExtended { token, key } => (Kind::NotExtended, token, 0, key),
         };
+        self.push_reply(conn, kind, token, owner, key, lease_s, tag);
+    }
+
+    /// Appends a reply of `kind` (not [`Kind::Expired`]) from its parts:
+    /// what [`Outbox::push_event`] does once it has taken the reply apart.
+    /// The hot paths (a fresh grant, a release) call it with the kind known,
+    /// so the reply is neither built nor matched.
+    // Eight because it takes the frame's parts apart on purpose: packing
+    // them into a `Reply` and matching it again is the cost it saves.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn push_reply(
+        &mut self,
+        conn: ConnId,
+        kind: Kind,
+        token: u64,
+        owner: u64,
+        key: &str,
+        lease_s: u8,
+        tag: T,
+    ) {
+        debug_assert!(kind != Kind::Expired, "an expiry has no frame");
         if let Some(i) = kind.tally_index() {
             self.counts[i] += 1;
         }
+        let (a, b) = match kind {
+            Kind::Acquired(_) => (token, owner),
+            Kind::Timeout | Kind::Busy => (owner, 0),
+            _ => (token, 0),
+        };
         let frame_start = self.frames.len();
-        encode_reply(&reply, &mut self.frames);
+        encode_reply_parts(kind.op(), a, b, key.as_bytes(), &mut self.frames);
         self.msgs.push(OutMsg {
             conn,
             kind,
@@ -1528,11 +1573,13 @@ impl<T: Copy + Default> Engine<T> {
                     self.stats.wait_ms.observe(0);
                     self.holds.start(now);
                 }
-                out.push_event(
+                out.push_reply(
                     conn,
-                    Reply::Acquired { token, owner, key },
+                    Kind::Acquired(Grant::Fresh),
+                    token,
+                    owner,
+                    key,
                     lease_s,
-                    Grant::Fresh,
                     tag,
                 );
                 return AcquireOutcome::Granted(token);
@@ -1679,7 +1726,7 @@ impl<T: Copy + Default> Engine<T> {
                     self.stats.hold_ms.observe(now.since(slot.granted_at));
                     self.holds.end(slot.granted_at);
                 }
-                out.push(conn, Reply::Released { token, key }, 0);
+                out.push_reply(conn, Kind::Released, token, 0, key, 0, T::default());
                 return true;
             }
         }
@@ -2212,6 +2259,7 @@ impl<T: Copy + Default> Engine<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::encode_reply;
 
     /// The server copies `frames()` to the sockets and services read
     /// `iter()`: both must tell the same replies, in order, the bytes being

@@ -469,8 +469,17 @@ pub fn encode_reply(reply: &Reply<'_>, out: &mut Vec<u8>) {
         Reply::Extended { token, .. } => (OP_EXTEND, token, 0),
         Reply::NotExtended { token, .. } => (OP_NOT_EXTENDED, token, 0),
     };
+    encode_reply_parts(op, a, b, reply.key().as_bytes(), out);
+}
+
+/// What [`encode_reply`] appends, from the reply's parts: the op, its first
+/// word `a` (the token, or the owner of `T` and `B`), its second word `b`
+/// (the owner, `A` only: ignored for every other op), the key and the
+/// newline. The engine's outbox calls it with the op known at the call
+/// site, so nothing is matched at run time.
+#[inline]
+pub(crate) fn encode_reply_parts(op: u8, a: u64, b: u64, key: &[u8], out: &mut Vec<u8>) {
     let header = if op == OP_ACQUIRE { 17 } else { 9 };
-    let key = reply.key().as_bytes();
     let mut head = [0u8; 17];
     head[0] = op;
     head[1..9].copy_from_slice(&a.to_be_bytes());
