@@ -587,3 +587,30 @@ def test_a_grant_for_an_owner_nobody_waits_for_is_released_at_once(
     while server.holds("orphan"):
         assert time.monotonic() < end, "the orphan grant was not released"
         time.sleep(0.01)
+
+
+def test_a_queued_acquire_is_answered_after_later_calls_on_the_same_connection(
+    server: Ticketd, make_proxy: MakeProxy, make_client: MakeClient
+) -> None:
+    """One connection: an acquire waits on a held key while later acquires
+    and releases on it are answered first; every reply finds its call."""
+    px = make_proxy(server)
+    direct = make_client(server.addr)
+    holder = direct.acquire("q", wait=1, lease=30).ticket
+    assert holder is not None
+    c = make_client(px.addr, pool_size=1)
+    got: list[ticketd.AcquireResult] = []
+    waiter = threading.Thread(target=lambda: got.append(c.acquire("q", wait=10, lease=5)))
+    waiter.start()
+    assert px.wait_until(5, lambda p: len(p.forwarded_for("q", "A")) == 1)
+    for i in range(20):
+        t = c.acquire(f"other-{i}", wait=1, lease=5).ticket
+        assert t is not None and t.release() == "released"
+    assert got == [], "the queued acquire was answered by someone else's reply"
+    assert holder.release() == "released"
+    waiter.join()
+    t = got[0].ticket
+    assert got[0].outcome == "acquired" and t is not None
+    assert t.token > holder.token and server.holds("q")
+    assert t.release() == "released"
+    assert px.accepted == 1
