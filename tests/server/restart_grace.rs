@@ -47,8 +47,9 @@ fn hold(server: &Ticketd) -> Instant {
 fn every_key_waits_for_the_lease(server: &Ticketd, written: Instant) {
     let lease_end = written + Duration::from_secs(u64::from(LEASE_S));
     assert!(
-        server.log().contains("restart_grace=in-force"),
-        "the start-up line names the grace:\n{}",
+        server.log().contains("restart_grace=in-force for ")
+            && server.log().contains(" ms, until 20"),
+        "the start-up line names the grace and until when:\n{}",
         server.log()
     );
     let mut waiter = server.connect();
@@ -246,4 +247,32 @@ fn ticket_names_max_lease_when_a_long_lease_is_busy() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(121), "busy: {err}");
     assert!(err.contains("--max-lease"), "{err}");
+}
+
+/// `ticket extend` says why when a lease above `--max-lease` gets X, and
+/// the grant keeps its lease.
+#[test]
+fn ticket_names_max_lease_when_a_long_extend_is_refused() {
+    let server = Ticketd::start(&["--max-lease", "10"]);
+    let addr = server.addr().to_string();
+    let mut c = server.connect();
+    let token = c.acquire_reply("k", 1, 0, 10).token();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ticket"))
+        .args([
+            "extend",
+            "k",
+            &token.to_string(),
+            "--lease",
+            "30",
+            "--server",
+            &addr,
+        ])
+        .output()
+        .expect("run ticket");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(123), "not held: {err}");
+    assert!(err.contains("--max-lease"), "{err}");
+    // Still held under the same token: the refused extend changed nothing.
+    c.extend("k", token, 10);
+    assert!(matches!(c.recv(), Reply::Extended { .. }));
 }
