@@ -568,6 +568,11 @@ fn first_token_above(mark: u64) -> io::Result<u64> {
         })
 }
 
+/// What an operator may do about a grace held for a lost lease bound.
+const GRACE_OFF_ADVICE: &str = "255 s plus the step; only if no lease of the earlier run can \
+     still be in use, restart with --restart-grace off to grant at once (the next start \
+     writes a good bound)";
+
 /// The lease bound the earlier run left in `dir` beside its mark
 /// (`loaded`); a missing or damaged one reads as [`LeaseRecord::Damaged`],
 /// with a warning.
@@ -577,14 +582,16 @@ fn earlier_leases(dir: &Path, loaded: &Loaded) -> io::Result<LeaseRecord> {
         // Every start of this format writes the bound before the mark:
         // a mark without one means the file was removed.
         log::warn!(
-            "{} is missing beside {}: holding every key for the longest lease",
+            "{} is missing beside {}: holding every key for the longest lease \
+             ({GRACE_OFF_ADVICE})",
             dir.join(BOUND_FILE).display(),
             dir.join(MARK_FILE).display()
         );
         leases = LeaseRecord::Damaged;
     } else if leases == LeaseRecord::Damaged {
         log::warn!(
-            "{} is damaged (a torn write?): holding every key for the longest lease",
+            "{} is damaged (a torn write?): holding every key for the longest lease \
+             ({GRACE_OFF_ADVICE})",
             dir.join(BOUND_FILE).display()
         );
     }
