@@ -333,3 +333,35 @@ fn a_damaged_lease_bound_holds_every_key_for_the_longest_lease_and_says_so() {
     assert!(text.starts_with("ticketd lease bound v1\n"), "{text:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Without `--data-dir` there is nothing to remember: `--help` and the
+/// start-up line say so, and a restart after SIGKILL grants a key that
+/// was held at once (only leases and tokens protect its holder).
+#[test]
+fn without_a_data_dir_there_is_no_grace_and_help_says_why() {
+    let help = common::run_ticketd(&["--help"]);
+    let text = String::from_utf8_lossy(&help.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        text.contains("Without --data-dir there is nothing to remember and no grace"),
+        "{text}"
+    );
+    let mut server = Ticketd::start(&[]);
+    assert!(
+        server
+            .log()
+            .contains("restart_grace=none (no data directory: nothing to remember)"),
+        "{}",
+        server.log()
+    );
+    assert!(server.connect().acquire_reply("k", 1, 0, 30).token() > 0);
+    server.signal(libc::SIGKILL);
+    server.wait_exit(Duration::from_secs(5)).expect("killed");
+    let server = Ticketd::start(&[]);
+    assert!(matches!(
+        server.connect().acquire_reply("k", 2, 0, 30),
+        Reply::Acquired { .. }
+    ));
+}
