@@ -345,6 +345,15 @@ impl SingleService {
         self
     }
 
+    /// Caps the leases an acquire or extend may ask for at `max_lease_s`
+    /// (`--max-lease`, [`Engine::set_max_lease`]): as [`SingleService::open`]
+    /// does with the configuration's value.
+    #[must_use]
+    pub fn with_max_lease(mut self, max_lease_s: u8) -> Self {
+        self.engine.set_max_lease(max_lease_s);
+        self
+    }
+
     /// Takes tokens' random low bits from `rng` (a seeded one makes runs
     /// repeatable, for tests and simulations: such tokens are guessable).
     #[must_use]
