@@ -208,7 +208,7 @@ impl LeaseRecord {
 ///   restart does not reset and which counts suspend.
 /// * After a reboot: the wall clock, if it reads no earlier than when the
 ///   record was written; the wait is then never longer than the record's
-///   own distance from its writing.
+///   own distance from its writing, nor than the writer's longest lease.
 /// * After a reboot with a wall clock before the record's writing (set
 ///   back, or a host without a real-time clock that boots at a fixed
 ///   date): the full longest lease of the writer.
@@ -244,7 +244,8 @@ pub fn grace_for(record: &LeaseRecord, host: &HostTime) -> (u64, &'static str) {
         _ => (
             wall_ms
                 .saturating_sub(host.wall_ms)
-                .min(wall_ms.saturating_sub(*written_wall_ms)),
+                .min(wall_ms.saturating_sub(*written_wall_ms))
+                .min(longest),
             "after a reboot: the wall clock",
         ),
     }
@@ -275,6 +276,9 @@ struct MarkStore {
     record_max_lease_s: u8,
     /// `DIR/lease-bound`, open for writes in place.
     bound_file: File,
+    /// Successful writes of the lease bound (each one `fdatasync`), from
+    /// the start's on: `ticketd_lease_bound_writes_total`.
+    bound_writes: u64,
     errors: LogLimit,
     /// No write is attempted before this, after a failed one.
     retry_at: Millis,
@@ -338,6 +342,15 @@ impl SingleService {
     #[must_use]
     pub fn with_sequential_tokens(mut self) -> Self {
         self.engine.set_token_rng(None);
+        self
+    }
+
+    /// Caps the leases an acquire or extend may ask for at `max_lease_s`
+    /// (`--max-lease`, [`Engine::set_max_lease`]): as [`SingleService::open`]
+    /// does with the configuration's value.
+    #[must_use]
+    pub fn with_max_lease(mut self, max_lease_s: u8) -> Self {
+        self.engine.set_max_lease(max_lease_s);
         self
     }
 
@@ -418,6 +431,7 @@ impl SingleService {
                 durable_bound: bound,
                 record_max_lease_s,
                 bound_file,
+                bound_writes: 1,
                 errors: LogLimit::new(1, 10_000),
                 retry_at: Millis::ZERO,
             }),
@@ -442,6 +456,14 @@ impl SingleService {
     #[must_use]
     pub fn durable_lease_bound(&self) -> Option<Millis> {
         self.store.as_ref().map(|s| s.durable_bound)
+    }
+
+    /// How many times the lease bound was written (each one in-place write
+    /// and `fdatasync`), the start's own write included, when there is a
+    /// data directory.
+    #[must_use]
+    pub fn lease_bound_writes(&self) -> Option<u64> {
+        self.store.as_ref().map(|s| s.bound_writes)
     }
 }
 
@@ -555,6 +577,11 @@ fn first_token_above(mark: u64) -> io::Result<u64> {
         })
 }
 
+/// What an operator may do about a grace held for a lost lease bound.
+const GRACE_OFF_ADVICE: &str = "255 s plus the step; only if no lease of the earlier run can \
+     still be in use, restart with --restart-grace off to grant at once (the next start \
+     writes a good bound)";
+
 /// The lease bound the earlier run left in `dir` beside its mark
 /// (`loaded`); a missing or damaged one reads as [`LeaseRecord::Damaged`],
 /// with a warning.
@@ -564,14 +591,16 @@ fn earlier_leases(dir: &Path, loaded: &Loaded) -> io::Result<LeaseRecord> {
         // Every start of this format writes the bound before the mark:
         // a mark without one means the file was removed.
         log::warn!(
-            "{} is missing beside {}: holding every key for the longest lease",
+            "{} is missing beside {}: holding every key for the longest lease \
+             ({GRACE_OFF_ADVICE})",
             dir.join(BOUND_FILE).display(),
             dir.join(MARK_FILE).display()
         );
         leases = LeaseRecord::Damaged;
     } else if leases == LeaseRecord::Damaged {
         log::warn!(
-            "{} is damaged (a torn write?): holding every key for the longest lease",
+            "{} is damaged (a torn write?): holding every key for the longest lease \
+             ({GRACE_OFF_ADVICE})",
             dir.join(BOUND_FILE).display()
         );
     }
@@ -700,9 +729,22 @@ fn write_mark(dir: &Path, mark: u64) -> io::Result<()> {
 /// Reads `DIR/lease-bound`: [`LeaseRecord::Unknown`] when there is none,
 /// [`LeaseRecord::Damaged`] when it does not check.
 fn read_bound(dir: &Path) -> io::Result<LeaseRecord> {
-    let Some(bytes) = read_optional(&dir.join(BOUND_FILE))? else {
-        return Ok(LeaseRecord::Unknown);
+    use std::io::Read;
+    let path = dir.join(BOUND_FILE);
+    let file = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(LeaseRecord::Unknown),
+        Err(e) => return Err(datadir::at(&path, &e)),
     };
+    // Never more than the file's fixed size and one byte: a longer file
+    // is not one ticketd wrote (and is not read whole into memory).
+    let mut bytes = Vec::with_capacity(BOUND_BYTES + 1);
+    file.take(BOUND_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| datadir::at(&path, &e))?;
+    if bytes.len() > BOUND_BYTES {
+        return Ok(LeaseRecord::Damaged);
+    }
     let end = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
     let Ok(body) = datadir::unseal(&bytes[..end]) else {
         return Ok(LeaseRecord::Damaged);
@@ -760,9 +802,11 @@ impl MarkStore {
     }
 
     /// Writes the lease bound `bound` (engine timeline, seen at `now`).
-    fn write_bound(&self, now: Millis, bound: Millis) -> io::Result<()> {
+    fn write_bound(&mut self, now: Millis, bound: Millis) -> io::Result<()> {
         let record = LeaseRecord::at(bound, now, &HostTime::read(), self.record_max_lease_s);
-        write_bound(&self.bound_file, &self.dir.join(BOUND_FILE), &record)
+        write_bound(&self.bound_file, &self.dir.join(BOUND_FILE), &record)?;
+        self.bound_writes += 1;
+        Ok(())
     }
 }
 
@@ -903,6 +947,30 @@ impl Service for SingleService {
                  earlier bound",
                 store.dir.display()
             ),
+        }
+    }
+
+    /// The restart grace left, and the lease bound's writes (with a data
+    /// directory).
+    fn write_metrics(&self, now: Millis, out: &mut crate::metrics::Exposition) {
+        let left_ms = self
+            .engine
+            .restart_grace(now)
+            .map_or(0, |until| until.since(now));
+        out.gauge_seconds(
+            "ticketd_restart_grace_seconds",
+            "Seconds the restart grace still holds every key for leases of the earlier run \
+             (0: none in force).",
+            left_ms,
+            1000,
+        );
+        if let Some(store) = &self.store {
+            out.counter(
+                "ticketd_lease_bound_writes_total",
+                "Writes of the durable lease bound (each one in-place write and fdatasync), \
+                 the start's included.",
+                store.bound_writes,
+            );
         }
     }
 
@@ -1135,6 +1203,9 @@ mod tests {
         // lease of the writer.
         let (ms, _) = grace_for(&record, &host("boot-b", 50, 999_999));
         assert_eq!(ms, 30_000 + LEASE_BOUND_STEP_MS);
+        // No real-time clock: the host boots at the epoch.
+        let (ms, why) = grace_for(&record, &host("boot-b", 50, 0));
+        assert_eq!(ms, 30_000 + LEASE_BOUND_STEP_MS, "{why}");
         // No boot id or boot time readable now: the wall clock decides.
         let blind = HostTime {
             boot_id: None,
@@ -1250,6 +1321,141 @@ mod tests {
         let s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
         assert_eq!(s.engine().restart_grace(Millis(0)), Some(longest));
         drop(s);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Grants and extends within the durable bound write nothing; the first
+    /// one whose lease passes it moves the bound (one write, before the
+    /// reply goes out), an extend like a grant.
+    #[test]
+    fn the_bound_moves_in_steps_not_per_grant_and_extends_move_it_too() {
+        let dir = temp_dir("grace-steps");
+        let mut out = Outbox::new();
+        let mut s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
+        assert_eq!(s.lease_bound_writes(), Some(1), "the start's own write");
+        assert!(acquire(&mut s, 0, "k0", 5, &mut out).contains("Acquired"));
+        assert_eq!(s.lease_bound_writes(), Some(2));
+        let bound = s.durable_lease_bound().unwrap();
+        assert_eq!(bound, Millis(5_001 + LEASE_BOUND_STEP_MS));
+        // 500 grants in the step's first 900 ms: no further write.
+        for i in 1..=500_u64 {
+            let key = format!("k{i}");
+            assert!(acquire(&mut s, i * 9 / 5, &key, 5, &mut out).contains("Acquired"));
+        }
+        assert_eq!(s.lease_bound_writes(), Some(2), "no write per grant");
+        // An extend that carries a lease past the bound moves it first.
+        let token = s.engine().holder(Millis(900), "k0").unwrap().0;
+        out.clear();
+        s.request(
+            Millis(900),
+            1,
+            Request::Extend {
+                lease_s: 10,
+                token,
+                key: "k0",
+            },
+            &mut out,
+        );
+        s.end_turn(Millis(900), &mut out).unwrap();
+        assert!(
+            format!("{:?}", out.iter().next().map(|a| a.reply)).contains("Extended"),
+            "the extend is answered"
+        );
+        assert_eq!(s.lease_bound_writes(), Some(3));
+        assert_eq!(
+            s.durable_lease_bound(),
+            Some(Millis(10_901 + LEASE_BOUND_STEP_MS))
+        );
+        // What is on disk is that bound: a crash now holds keys until it.
+        drop(s);
+        let s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
+        let until = s.engine().restart_grace(Millis(0)).expect("a grace");
+        assert!(until > Millis(10_000) && until <= Millis(11_901), "{until}");
+        drop(s);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Writes a sealed lease bound record by hand, as an earlier run (on
+    /// this boot or another) would have left it.
+    fn plant_bound(dir: &Path, line: &str) {
+        let body = format!("{BOUND_HEADER}\n{line}\n");
+        fs::write(dir.join(BOUND_FILE), datadir::seal(&body)).unwrap();
+    }
+
+    /// The real start path, with the real clocks, on bounds an earlier run
+    /// on this boot or before a reboot (another boot id) left: each case of
+    /// the module documentation picks its clock and says so.
+    #[test]
+    fn a_start_measures_the_bound_on_the_clock_its_case_calls_for() {
+        let dir = temp_dir("grace-clocks");
+        drop(SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap());
+        let now = HostTime::read();
+        let boot = now.boot_id.clone().unwrap();
+        let boottime = now.boottime_ms.unwrap();
+        let wall = now.wall_ms;
+        let start = |dir: &Path| {
+            let s = SingleService::with_data_dir(EngineLimits::default(), dir).unwrap();
+            let left = s.engine().restart_grace(Millis(0)).map_or(0, |u| u.0);
+            (left, s.describe())
+        };
+        // Same boot: CLOCK_BOOTTIME, whatever the wall clock record says.
+        plant_bound(
+            &dir,
+            &format!(
+                "leases until boot_id={boot} boottime_ms={} wall_ms=1 written_wall_ms=1 \
+                 max_lease_s=30",
+                boottime + 4_000
+            ),
+        );
+        let (left, line) = start(&dir);
+        assert!((3_000..=4_000).contains(&left), "{left} ms: {line}");
+        assert!(line.contains("same boot: CLOCK_BOOTTIME"), "{line}");
+        assert!(
+            line.contains("until 20"),
+            "the start-up line says until when: {line}"
+        );
+        // Another boot: the wall clock (CLOCK_BOOTTIME of that boot means
+        // nothing here).
+        plant_bound(
+            &dir,
+            &format!(
+                "leases until boot_id=another-boot boottime_ms={} wall_ms={} \
+                 written_wall_ms={} max_lease_s=30",
+                boottime + 100_000,
+                wall + 4_000,
+                wall - 1_000
+            ),
+        );
+        let (left, line) = start(&dir);
+        assert!((3_000..=4_000).contains(&left), "{left} ms: {line}");
+        assert!(line.contains("after a reboot: the wall clock"), "{line}");
+        // Another boot, the wall clock before the record's writing (set
+        // back, or no real-time clock): the writer's full longest lease.
+        plant_bound(
+            &dir,
+            &format!(
+                "leases until boot_id=another-boot boottime_ms=5 wall_ms={} \
+                 written_wall_ms={} max_lease_s=30",
+                wall + 86_400_000 + 1_000,
+                wall + 86_400_000
+            ),
+        );
+        let (left, line) = start(&dir);
+        assert_eq!(left, 30_000 + LEASE_BOUND_STEP_MS, "{line}");
+        assert!(line.contains("the full longest lease"), "{line}");
+        // A record that claims more than its own longest lease is held to it.
+        plant_bound(
+            &dir,
+            &format!(
+                "leases until boot_id=another-boot boottime_ms=5 wall_ms={} \
+                 written_wall_ms=0 max_lease_s=3",
+                wall + 86_400_000
+            ),
+        );
+        assert_eq!(start(&dir).0, 3_000 + LEASE_BOUND_STEP_MS);
+        // An over-long file is not read whole: damaged, the longest lease.
+        fs::write(dir.join(BOUND_FILE), vec![b'x'; 1 << 20]).unwrap();
+        assert_eq!(start(&dir).0, 255_000 + LEASE_BOUND_STEP_MS);
         fs::remove_dir_all(&dir).unwrap();
     }
 

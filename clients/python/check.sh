@@ -3,13 +3,15 @@
 # installed the way users install it (pip install ./clients/python), ruff,
 # mypy --strict, the tests against the real ticketd under target/
 # (TICKETD_BIN= to choose another binary; built with cargo if absent), and
-# a short run of bench.py. redis-py is installed for bench.py only.
+# a short run of bench.py. redis-py is installed for bench.py only. ruff
+# and mypy are pinned: a new release may format or judge the same code
+# differently, and CI must not fail for that.
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${VENV:-.venv}
 python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check . \
-    'pytest>=7' 'mypy>=1.0' 'ruff>=0.4' 'redis>=4'
+    'pytest>=7' 'mypy==2.4.1' 'ruff==0.17.6' 'redis>=4'
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
 "$VENV/bin/mypy" --strict src tests bench.py

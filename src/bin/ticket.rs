@@ -1281,7 +1281,8 @@ fn extend(args: Vec<OsString>) -> Result<u8, Exit> {
         ExtendToken::NotHeld => Err(Exit {
             status: exit::NOT_HELD,
             message: format!(
-                "not held: {key:?} is not held under token {token} (or a --max-hold cap was reached)"
+                "not held: {key:?} is not held under token {token} (or a --max-hold cap was \
+                 reached, or the lease is longer than the server's --max-lease)"
             ),
         }),
         ExtendToken::Indeterminate => Err(Exit {

@@ -26,7 +26,9 @@ pub enum Extend {
     /// is now the time this extend was written plus the new lease.
     Extended,
     /// The grant is gone (`X`: it expired, was released or taken over, or a
-    /// `--max-hold` cap was reached), or the ticket's conservative expiry
+    /// `--max-hold` cap was reached; or the lease asked for is longer than
+    /// the server's `--max-lease`, which also answers `X` and leaves the
+    /// grant's lease as it was), or the ticket's conservative expiry
     /// passed without an `E`. Stop using the token: the lock may already
     /// be someone else's.
     Lost,
@@ -39,7 +41,8 @@ pub enum Extend {
 pub enum ExtendToken {
     /// `E`: the grant lives `lease` from about when the call was made.
     Extended,
-    /// `X`: the grant is gone or capped; nothing changed.
+    /// `X`: the grant is gone or capped, or the lease asked for is longer
+    /// than the server's `--max-lease`; nothing changed.
     NotHeld,
     /// No reply within the 5 s transport deadline: the extend may or may
     /// not have applied.

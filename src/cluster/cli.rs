@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use crate::cluster::service::{ClusterConfig, ClusterService};
 use crate::cluster::state::StateMachine;
 use crate::cluster::tls::TlsFiles;
-use crate::config::{reject_leftovers, Config, ConfigError};
+use crate::config::{reject_leftovers, Config, ConfigError, RestartGrace, DEFAULT_MAX_LEASE_S};
 use crate::limits::MAX_ALLOC_BYTES;
 use crate::server::Server;
 
@@ -61,6 +61,8 @@ PEER SECURITY (docs/SECURITY.md):
 
 Every single-mode flag (--listen, --max-conns, limits, --log-level, ...) is
 accepted too; see `ticketd --help`. Lock limits must be equal on every node.
+Not --max-hold, --restart-grace or --max-lease: a cluster restart keeps every
+lease in the replicated state (WAL and snapshot), so it needs no grace.
 ";
 
 /// Parses a cluster-mode command line (with `--cluster` in it).
@@ -101,6 +103,23 @@ pub fn parse(args: Vec<OsString>) -> Result<(Config, ClusterConfig), ConfigError
         // how long a grant has been held.
         return Err(ConfigError::Invalid(
             "--max-hold is a single-mode flag; cluster mode has no hold cap".into(),
+        ));
+    }
+    // A cluster restart keeps every lease in the replicated state (WAL and
+    // snapshot), so there is no grace to turn off; and the state machine
+    // applies the protocol's full lease range on every node alike.
+    if config.restart_grace != RestartGrace::Auto {
+        return Err(ConfigError::Invalid(
+            "--restart-grace is a single-mode flag; a cluster restart keeps every lease in \
+             the replicated state, so it needs no grace"
+                .into(),
+        ));
+    }
+    if config.max_lease_s != DEFAULT_MAX_LEASE_S {
+        return Err(ConfigError::Invalid(
+            "--max-lease is a single-mode flag; cluster mode grants the protocol's leases of \
+             1..=255 s"
+                .into(),
         ));
     }
     if !peers.contains_key(&id) {
@@ -296,6 +315,23 @@ mod tests {
         }
         // A small table is fine everywhere.
         assert!(parse(args(&format!("{line} --max-keys 100000"))).is_ok());
+    }
+
+    /// Single mode's restart flags would do nothing in cluster mode: refused,
+    /// saying why.
+    #[test]
+    fn restart_grace_and_max_lease_are_single_mode_flags() {
+        let line = "--cluster --id 1 --peers 1=127.0.0.1:7001 --data-dir /tmp/x --max-keys 1000";
+        for (flag, value) in [("--restart-grace", "off"), ("--max-lease", "10")] {
+            let e = parse(args(&format!("{line} {flag} {value}")))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(flag) && e.contains("single-mode"), "{e}");
+        }
+        assert!(parse(args(&format!(
+            "{line} --restart-grace auto --max-lease 255"
+        )))
+        .is_ok());
     }
 
     #[test]

@@ -82,9 +82,12 @@ pub struct Harness<S: Service = SingleService> {
 }
 
 impl Harness<SingleService> {
-    /// Single mode with `config`'s limits, tokens from the first sequence
-    /// step with seeded (repeatable) random low bits, nothing persisted,
-    /// the clock at 0 ms. `config.listen` and `config.data_dir` are not used.
+    /// Single mode with `config`'s limits (the server's, the engine's and
+    /// `max_lease_s`, as `ticketd` applies them), tokens from the first
+    /// sequence step with seeded (repeatable) random low bits, nothing
+    /// persisted, the clock at 0 ms. `config.listen`, `config.data_dir` and
+    /// `config.restart_grace` are not used (a restart grace needs a data
+    /// directory: pass such a service to [`Harness::with_service`]).
     ///
     /// # Errors
     /// An invalid `config`, or the poll behind the service's waker cannot
@@ -92,7 +95,8 @@ impl Harness<SingleService> {
     pub fn new(config: Config) -> io::Result<Self> {
         // Seeded random token bits: a run repeats exactly.
         let service = SingleService::with_first_token(config.engine.clone(), 1)
-            .with_token_rng(crate::token::TokenRng::seeded(1));
+            .with_token_rng(crate::token::TokenRng::seeded(1))
+            .with_max_lease(config.max_lease_s);
         Harness::with_service(config, service)
     }
 }

@@ -11,6 +11,9 @@
 //!   are cancelled; nothing else changes.
 //! * The output limits hold on in-memory connections: a client that does
 //!   not read is paused at the soft limit and closed at the hard limit.
+//! * `Harness::new` applies a command line's limits as the `ticketd` binary
+//!   does (`--max-lease` for acquires and extends, `--max-key-bytes`):
+//!   the same reply kinds as a real `ticketd` process started with them.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
@@ -153,7 +156,10 @@ struct Mem {
 
 impl Mem {
     fn new(config: Config) -> Mem {
-        let mut h = sequential_harness(config).expect("harness");
+        Mem::around(sequential_harness(config).expect("harness"))
+    }
+
+    fn around(mut h: Harness) -> Mem {
         h.advance(Duration::from_millis(START_MS));
         Mem {
             h,
@@ -597,6 +603,37 @@ fn the_same_scenario_twice_gives_byte_identical_transcripts() {
 }
 
 #[test]
+fn the_same_calls_twice_give_the_same_random_token_bits_and_bytes() {
+    // `Harness::new` as a user gets it: tokens with random low bits, from
+    // a seeded generator. The scenario's scripted releases mostly miss
+    // (their tokens are guesses), which changes nothing: what matters is
+    // that both runs give the same bytes.
+    let ops = scenario();
+    let run = || {
+        play(
+            &mut Mem::around(Harness::new(Config::default()).unwrap()),
+            &ops,
+        )
+    };
+    let (first, second) = (run(), run());
+    assert_eq!(first, second);
+    let r0 = answers(&first[0].0);
+    let Some(token) = r0[0]
+        .strip_prefix("Acquired { token: ")
+        .and_then(|r| r.split(',').next())
+        .and_then(|t| t.parse::<u64>().ok())
+    else {
+        panic!("{r0:?}");
+    };
+    assert_eq!(token >> ticketd::token::RANDOM_BITS, 1, "the first step");
+    assert_ne!(
+        token & ((1 << ticketd::token::RANDOM_BITS) - 1),
+        0,
+        "random low bits"
+    );
+}
+
+#[test]
 fn a_malformed_frame_on_an_in_memory_connection_closes_as_on_tcp() {
     // The bad connection holds "db", queues for "queue" behind connection
     // 1, pipelines two good frames, then a malformed one, then a good one
@@ -942,4 +979,123 @@ fn an_extend_through_the_harness_keeps_the_key_past_the_first_lease() {
         holder.poll_outcome().map(|(_, o)| o),
         Some(Outcome::Extend(ExtendOutcome::Lost))
     );
+}
+
+/// The kind of each reply in `bytes` (`A`, `T`, `B`, `R`, `N`, `E`, `X`)
+/// and, for `A`, its token: what two servers with different token bases
+/// must agree on.
+fn kinds(bytes: &[u8]) -> (String, Vec<u64>) {
+    let mut kinds = String::new();
+    let mut tokens = Vec::new();
+    let mut at = 0;
+    while let Decoded::Frame { frame, used } = proto::decode_reply(&bytes[at..], 1024) {
+        let (k, token) = match frame {
+            Reply::Acquired { token, .. } => ('A', Some(token)),
+            Reply::Timeout { .. } => ('T', None),
+            Reply::Busy { .. } => ('B', None),
+            Reply::Released { .. } => ('R', None),
+            Reply::NotReleased { .. } => ('N', None),
+            Reply::Extended { .. } => ('E', None),
+            Reply::NotExtended { .. } => ('X', None),
+        };
+        kinds.push(k);
+        tokens.extend(token);
+        at += used;
+    }
+    assert_eq!(at, bytes.len(), "whole replies only: {bytes:?}");
+    (kinds, tokens)
+}
+
+/// Writes frames expecting this many replies; returns the bytes read back
+/// and whether the server closed the connection.
+type Send<'a> = dyn FnMut(&[u8], usize) -> (Vec<u8>, bool) + 'a;
+
+#[test]
+fn the_harness_applies_a_command_lines_limits_as_the_ticketd_binary_does() {
+    // One command line for both: the longest lease, the key limit.
+    let args = ["--max-lease", "3", "--max-key-bytes", "16"];
+    let ticketd::config::Parsed::Run(config) =
+        ticketd::config::parse_args(args.iter().map(Into::into).collect()).expect("parses")
+    else {
+        panic!("not a run");
+    };
+    // Each step sends its frames on one connection and returns what came
+    // back; the extends use the token the first acquire got.
+    let script = |send: &mut Send<'_>| {
+        let mut got = Vec::new();
+        // A lease of 3 s is granted, 4 s is over --max-lease: Busy.
+        let (b, _) = send(
+            &[acquire("db", 1, 0, 3), acquire("queue", 2, 0, 4)].concat(),
+            2,
+        );
+        let (k, tokens) = kinds(&b);
+        got.push(k);
+        let t = tokens[0];
+        // Extend (protocol 1.1) by 3 s: E; by 4 s, over the cap: X; the
+        // refused extend leaves the key held (a second acquire: T).
+        let (b, _) = send(
+            &[
+                extend("db", t, 3),
+                extend("db", t, 4),
+                acquire("db", 3, 0, 3),
+                release("db", t),
+            ]
+            .concat(),
+            4,
+        );
+        got.push(kinds(&b).0);
+        // A 17-byte key is over --max-key-bytes: malformed, the connection
+        // is closed after the replies before it.
+        let (b, closed) = send(
+            &[
+                acquire("cache", 4, 0, 1),
+                acquire("k".repeat(17).as_str(), 5, 0, 1),
+            ]
+            .concat(),
+            2,
+        );
+        got.push(format!("{} closed={closed}", kinds(&b).0));
+        got
+    };
+
+    let mut h = Harness::new(config).expect("harness");
+    let mut conn = h.connect();
+    let mem = script(&mut |frames: &[u8], _| {
+        assert_eq!(conn.write(frames), frames.len());
+        h.run_until_idle();
+        (conn.take(), conn.is_closed_by_server())
+    });
+
+    let server = ticketd_testkit::process::Ticketd::start(&args);
+    let mut s = TcpStream::connect(server.addr()).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let real = script(&mut |frames: &[u8], want: usize| {
+        s.write_all(frames).expect("write");
+        // A reply to each frame, or EOF (the malformed-frame close).
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let mut closed = false;
+        while replies(&got)
+            .iter()
+            .filter(|r| !r.starts_with("incomplete"))
+            .count()
+            < want
+        {
+            match s.read(&mut chunk) {
+                Ok(0) => {
+                    closed = true;
+                    break;
+                }
+                Ok(n) => got.extend_from_slice(&chunk[..n]),
+                Err(e) => panic!("read: {e}"),
+            }
+        }
+        (got, closed)
+    });
+    assert_eq!(
+        mem,
+        vec!["AB", "EXTR", "A closed=true"],
+        "the harness: {mem:?}"
+    );
+    assert_eq!(mem, real, "the harness and ticketd differ");
 }

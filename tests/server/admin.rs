@@ -428,13 +428,24 @@ fn readyz_is_503_during_a_restart_grace_and_200_after() {
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("restart grace"), "{body}");
     assert_eq!(get(admin, "/livez").0, 200);
+    // The scrape says so too: seconds left (at most the 2 s lease and the
+    // 1 s step), and the bound's writes so far (this start's own).
+    let (_, m) = get(admin, "/metrics");
+    let left = sample(&m, "ticketd_restart_grace_seconds");
+    assert!(left > 0.0 && left <= 3.0, "{left}\n{m}");
+    assert_eq!(sample(&m, "ticketd_lease_bound_writes_total"), 1.0, "{m}");
     let deadline = Instant::now() + Duration::from_secs(10);
     while get(admin, "/readyz").0 != 200 {
         assert!(Instant::now() < deadline, "still not ready after the grace");
         std::thread::sleep(Duration::from_millis(50));
     }
+    let (_, m) = get(admin, "/metrics");
+    assert_eq!(sample(&m, "ticketd_restart_grace_seconds"), 0.0, "{m}");
     let mut c = t2.connect();
     token(&c.acquire_reply("g", 2, 0, 2));
+    // That grant passed the bound: one more write.
+    let (_, m) = get(admin, "/metrics");
+    assert_eq!(sample(&m, "ticketd_lease_bound_writes_total"), 2.0, "{m}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -187,6 +187,11 @@ fn deterministic_test_hands_the_crashed_holders_key_over_with_a_higher_token() {
             "two runs, identical transcripts\n",
         ],
     );
+    // "Runs in milliseconds": both runs together, timed by the example
+    // (about 1 ms in a debug build; the bound leaves room for a loaded
+    // machine).
+    let took_us = number_after(&out, "(both runs took ");
+    assert!(took_us < 250_000, "{took_us} us: {out}");
 }
 
 #[test]
@@ -204,4 +209,44 @@ fn examples_directory_has_a_test_for_every_example() {
             "examples/{name}.rs is run by no test in tests/server/examples.rs"
         );
     }
+}
+
+/// The first code block of `text` that follows the line `after`, its lines
+/// as written.
+fn code_block_after<'a>(text: &'a str, after: &str) -> Vec<&'a str> {
+    let at = text
+        .find(after)
+        .unwrap_or_else(|| panic!("{after:?} not found"));
+    text[at..]
+        .lines()
+        .skip(1)
+        .take_while(|l| {
+            !l.trim_start().starts_with("```") && !l.trim_start().starts_with("/// ```")
+        })
+        .collect()
+}
+
+#[test]
+fn the_readme_harness_test_is_the_compiled_doc_test() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let client = std::fs::read_to_string(root.join("src/harness/client.rs")).expect("client.rs");
+    // The README's test function, its body unindented, without its
+    // `Ok(())` (the doc test's is a hidden line).
+    let body: Vec<&str> = code_block_after(&readme, "fn the_key_passes_to_the_waiter_when")
+        .into_iter()
+        .map(|l| l.strip_prefix("    ").unwrap_or(l))
+        .take_while(|l| *l != "Ok(())")
+        .collect();
+    // The doc test of `HarnessClient`, without its hidden lines.
+    let doc: Vec<&str> = code_block_after(&client, "/// ```")
+        .into_iter()
+        .map(|l| {
+            l.strip_prefix("/// ")
+                .unwrap_or(l.trim_start_matches("///"))
+        })
+        .filter(|l| !l.starts_with("# "))
+        .collect();
+    assert!(body.len() > 10, "README block found: {body:?}");
+    assert_eq!(body, doc, "README.md and HarnessClient's doc test differ");
 }

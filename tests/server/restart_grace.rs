@@ -47,8 +47,9 @@ fn hold(server: &Ticketd) -> Instant {
 fn every_key_waits_for_the_lease(server: &Ticketd, written: Instant) {
     let lease_end = written + Duration::from_secs(u64::from(LEASE_S));
     assert!(
-        server.log().contains("restart_grace=in-force"),
-        "the start-up line names the grace:\n{}",
+        server.log().contains("restart_grace=in-force for ")
+            && server.log().contains(" ms, until 20"),
+        "the start-up line names the grace and until when:\n{}",
         server.log()
     );
     let mut waiter = server.connect();
@@ -246,4 +247,121 @@ fn ticket_names_max_lease_when_a_long_lease_is_busy() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(121), "busy: {err}");
     assert!(err.contains("--max-lease"), "{err}");
+}
+
+/// `ticket extend` says why when a lease above `--max-lease` gets X, and
+/// the grant keeps its lease.
+#[test]
+fn ticket_names_max_lease_when_a_long_extend_is_refused() {
+    let server = Ticketd::start(&["--max-lease", "10"]);
+    let addr = server.addr().to_string();
+    let mut c = server.connect();
+    let token = c.acquire_reply("k", 1, 0, 10).token();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ticket"))
+        .args([
+            "extend",
+            "k",
+            &token.to_string(),
+            "--lease",
+            "30",
+            "--server",
+            &addr,
+        ])
+        .output()
+        .expect("run ticket");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(123), "not held: {err}");
+    assert!(err.contains("--max-lease"), "{err}");
+    // Still held under the same token: the refused extend changed nothing.
+    c.extend("k", token, 10);
+    assert!(matches!(c.recv(), Reply::Extended { .. }));
+}
+
+/// A damaged `lease-bound` (one byte changed: its checksum fails) is not
+/// trusted and not fatal: the start names the file, holds every key for
+/// the protocol's longest lease and says so; `--restart-grace off` (the
+/// operator's word that nothing of the earlier run is in use) grants at
+/// once and leaves a good bound for the next start. The token mark is
+/// untouched by either: tokens go on above the earlier ones.
+#[test]
+fn a_damaged_lease_bound_holds_every_key_for_the_longest_lease_and_says_so() {
+    let dir = temp_dir("damaged");
+    let mut server = start(&dir, &[]);
+    let before = server.connect().acquire_reply("k", 1, 0, 1).token();
+    std::thread::sleep(Duration::from_millis(1_100));
+    assert_eq!(server.terminate().code(), Some(0));
+    let path = dir.join("lease-bound");
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[0] ^= 0x20;
+    std::fs::write(&path, &bytes).unwrap();
+    let mut server = start(&dir, &[]);
+    let log = server.log();
+    assert!(
+        log.contains(&format!("{} is damaged", path.display()))
+            && log.contains("--restart-grace off"),
+        "the warning names the file and the way out:\n{log}"
+    );
+    let ms: u64 = log
+        .split("restart_grace=in-force for ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no grace on the start-up line:\n{log}"));
+    assert!((255_000..=256_000).contains(&ms), "{ms} ms");
+    let mut c = server.connect();
+    assert!(matches!(
+        c.acquire_reply("k", 2, 0, 5),
+        Reply::Timeout { .. }
+    ));
+    assert!(matches!(
+        c.acquire_reply("new", 3, 0, 5),
+        Reply::Timeout { .. }
+    ));
+    // A SIGKILL in that grace leaves it in force for the next start.
+    server.signal(libc::SIGKILL);
+    server.wait_exit(Duration::from_secs(5)).expect("killed");
+    let server = start(&dir, &["--restart-grace", "off"]);
+    assert!(
+        server.log().contains("restart_grace=off"),
+        "{}",
+        server.log()
+    );
+    let after = server.connect().acquire_reply("k", 4, 0, 1).token();
+    assert!(after > before, "{after} above {before}");
+    drop(server);
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.starts_with("ticketd lease bound v1\n"), "{text:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Without `--data-dir` there is nothing to remember: `--help` and the
+/// start-up line say so, and a restart after SIGKILL grants a key that
+/// was held at once (only leases and tokens protect its holder).
+#[test]
+fn without_a_data_dir_there_is_no_grace_and_help_says_why() {
+    let help = common::run_ticketd(&["--help"]);
+    let text = String::from_utf8_lossy(&help.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        text.contains("Without --data-dir there is nothing to remember and no grace"),
+        "{text}"
+    );
+    let mut server = Ticketd::start(&[]);
+    assert!(
+        server
+            .log()
+            .contains("restart_grace=none (no data directory: nothing to remember)"),
+        "{}",
+        server.log()
+    );
+    assert!(server.connect().acquire_reply("k", 1, 0, 30).token() > 0);
+    server.signal(libc::SIGKILL);
+    server.wait_exit(Duration::from_secs(5)).expect("killed");
+    let server = Ticketd::start(&[]);
+    assert!(matches!(
+        server.connect().acquire_reply("k", 2, 0, 30),
+        Reply::Acquired { .. }
+    ));
 }

@@ -447,3 +447,39 @@ def refused_addr() -> str:
     host, port = s.getsockname()
     s.close()
     return f"{host}:{port}"
+
+
+# -- certificates ------------------------------------------------------------
+
+
+def openssl(cwd: Path, *args: str) -> None:
+    """Runs ``openssl ARGS`` in ``cwd``; raises with its output if it fails."""
+    p = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"openssl {' '.join(args)}: {p.stderr}")
+
+
+def make_certs(d: Path) -> Path:
+    """Two CAs (``ca``, ``other``), a server certificate for localhost and
+    127.0.0.1 from ``ca``, and a client certificate from each CA
+    (``client``, ``stranger``), made by ``openssl`` in ``d``."""
+    (d / "server.ext").write_text(
+        "basicConstraints=CA:FALSE\nsubjectAltName=DNS:localhost,IP:127.0.0.1\n"
+        "extendedKeyUsage=serverAuth\n"
+    )
+    (d / "client.ext").write_text("basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    for ca in ("ca", "other"):
+        openssl(d, "req", "-x509", *ec, "-days", "2", "-subj", f"/CN=test {ca}",
+                "-keyout", f"{ca}-key.pem", "-out", f"{ca}.pem")  # fmt: skip
+    for leaf, ca, ext in (
+        ("server", "ca", "server.ext"),
+        ("client", "ca", "client.ext"),
+        ("stranger", "other", "client.ext"),
+    ):
+        openssl(d, "req", *ec, "-subj", f"/CN={leaf}", "-keyout", f"{leaf}-key.pem",
+                "-out", f"{leaf}.csr")  # fmt: skip
+        openssl(d, "x509", "-req", "-in", f"{leaf}.csr", "-CA", f"{ca}.pem", "-CAkey",
+                f"{ca}-key.pem", "-CAcreateserial", "-days", "2", "-extfile", ext,
+                "-out", f"{leaf}.pem")  # fmt: skip
+    return d

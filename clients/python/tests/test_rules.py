@@ -587,3 +587,73 @@ def test_a_grant_for_an_owner_nobody_waits_for_is_released_at_once(
     while server.holds("orphan"):
         assert time.monotonic() < end, "the orphan grant was not released"
         time.sleep(0.01)
+
+
+def test_a_queued_acquire_is_answered_after_later_calls_on_the_same_connection(
+    server: Ticketd, make_proxy: MakeProxy, make_client: MakeClient
+) -> None:
+    """One connection: an acquire waits on a held key while later acquires
+    and releases on it are answered first; every reply finds its call."""
+    px = make_proxy(server)
+    direct = make_client(server.addr)
+    holder = direct.acquire("q", wait=1, lease=30).ticket
+    assert holder is not None
+    c = make_client(px.addr, pool_size=1)
+    got: list[ticketd.AcquireResult] = []
+    waiter = threading.Thread(target=lambda: got.append(c.acquire("q", wait=10, lease=5)))
+    waiter.start()
+    assert px.wait_until(5, lambda p: len(p.forwarded_for("q", "A")) == 1)
+    for i in range(20):
+        t = c.acquire(f"other-{i}", wait=1, lease=5).ticket
+        assert t is not None and t.release() == "released"
+    assert got == [], "the queued acquire was answered by someone else's reply"
+    assert holder.release() == "released"
+    waiter.join()
+    t = got[0].ticket
+    assert got[0].outcome == "acquired" and t is not None
+    assert t.token > holder.token and server.holds("q")
+    assert t.release() == "released"
+    assert px.accepted == 1
+
+
+def test_an_acquire_whose_connection_dies_while_it_is_queued_is_retried_with_its_owner_and_d(
+    server: Ticketd,
+    make_proxy: MakeProxy,
+    make_client: MakeClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first connection dies with the acquire still in its queue (no
+    byte of it handed to the socket): the call moves to a new connection
+    with the same owner and the same deadline, and is sent exactly once."""
+    from ticketd import _session
+
+    px = make_proxy(server)
+    c = make_client(px.addr, pool_size=1)
+    assert c.acquire("warm", wait=1, lease=5).outcome == "acquired"
+    real_submit = _session.Session.submit
+    queued: list[tuple[int, int]] = []
+
+    def submit_then_die(self: _session.Session, call: _session.Call) -> bool:
+        if call.kind != _session.ACQUIRE or queued:
+            return real_submit(self, call)
+        ok = real_submit(self, call)
+        with self._lock:
+            # The writer has not run yet (we hold its lock): still queued.
+            assert call.phase == _session.QUEUED
+            queued.append((call.owner, self.id))
+            self._close_locked("connection died under a queued call")
+        # The retry comes 1.2 s into the call: its wire wait must show D.
+        time.sleep(1.2)
+        return ok
+
+    monkeypatch.setattr(_session.Session, "submit", submit_then_die)
+    start = time.monotonic()
+    res = c.acquire("moved", wait=5, lease=5)
+    assert res.outcome == "acquired"
+    assert time.monotonic() - start < 2.5
+    fwd = px.forwarded_for("moved", "A")
+    assert len(queued) == 1 and len(fwd) == 1, (queued, fwd)
+    assert fwd[0].owner == queued[0][0], "the retry kept the owner"
+    assert fwd[0].conn == 1, "sent on the new connection, never on the dead one"
+    assert fwd[0].wait == 4, "5 s wait, 1.2 s gone: the same D, rounded up"
+    assert len(px.received_for("moved")) == 1, "no byte of it reached the first connection"

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import math
 import os
+import socket
+import struct
 import threading
+import time
 
 import pytest
 
@@ -203,3 +206,62 @@ def test_client_settings_are_checked_at_construction() -> None:
     c = ticketd.Client(["127.0.0.1:7470", "[::1]:7470", "unix:/run/ticketd.sock"])
     assert c.addresses == ["127.0.0.1:7470", "[::1]:7470", "unix:/run/ticketd.sock"]
     c.close()
+
+
+def test_a_session_matches_replies_in_any_order_by_owner_and_by_token_and_key() -> None:
+    """Five pipelined requests on one connection, answered in reverse order
+    by a fake server on the other end of a socket pair: each call gets its
+    own reply. Two releases share a token and differ by key; a release and
+    an extend share token and key and differ by kind (R/N against E/X)."""
+    from ticketd._session import ACQUIRE, ANSWERED, EXTEND, RELEASE, Call, Session
+    from ticketd._transport import Plain
+
+    ours, theirs = socket.socketpair()
+    s = Session(Plain(ours), 1024, "pair")
+    s.start()
+    try:
+        plan = _plan.transport_plan(time.monotonic())
+        calls = [
+            Call(ACQUIRE, b"k1", plan, owner=11, lease_s=5),
+            Call(ACQUIRE, b"k2", plan, owner=22, lease_s=5),
+            Call(RELEASE, b"x", plan, token=5),
+            Call(RELEASE, b"y", plan, token=5),
+            Call(EXTEND, b"x", plan, token=5, lease_s=9),
+        ]
+        for c in calls:
+            assert s.submit(c)
+        want = b"".join(
+            [
+                _proto.encode_acquire(0, 5, 11, b"k1"),
+                _proto.encode_acquire(0, 5, 22, b"k2"),
+                _proto.encode_release(5, b"x"),
+                _proto.encode_release(5, b"y"),
+                _proto.encode_extend(9, 5, b"x"),
+            ]
+        )
+        theirs.settimeout(5)
+        got = b""
+        while len(got) < len(want):
+            got += theirs.recv(4096)
+        assert got == want
+        u64 = struct.Struct(">Q").pack
+        theirs.sendall(
+            b"E" + u64(5) + b"x\n"
+            + b"N" + u64(5) + b"y\n"
+            + b"R" + u64(5) + b"x\n"
+            + b"T" + u64(22) + b"k2\n"
+            + b"A" + u64(9) + u64(11) + b"k1\n"
+        )  # fmt: skip
+        outcomes = [s.await_call(c) for c in calls]
+        assert outcomes == [ANSWERED] * 5
+        assert [(chr(c.reply_op), c.reply_token) for c in calls] == [
+            ("A", 9),
+            ("T", 22),
+            ("R", 5),
+            ("N", 5),
+            ("E", 5),
+        ]
+    finally:
+        s.close("test over")
+        s.join()
+        theirs.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import ssl
 import threading
 import time
 import weakref
@@ -11,7 +13,7 @@ from contextlib import contextmanager
 from typing import Literal
 
 from . import _owner, _plan, _proto
-from ._pool import Address, Pool, resolve
+from ._pool import Address, Pool, TlsDial, resolve
 from ._session import ACQUIRE, ANSWERED, EXTEND, LOST, NOT_SENT, RELEASE, Call
 
 AcquireOutcome = Literal["acquired", "timeout", "busy", "indeterminate"]
@@ -224,7 +226,14 @@ class Client:
     ``address`` is ``"host:port"``, ``"unix:/path"``, or a list of them
     (connections rotate over them and skip the ones that do not answer).
     Addresses are resolved here; connections open lazily, on the first call
-    that needs one. A bad setting raises ``ValueError`` / ``TypeError``."""
+    that needs one. A bad setting raises ``ValueError`` / ``TypeError``.
+
+    TLS (1.3 or 1.2) to every TCP address: ``tls_ca`` (a PEM file of the CA
+    certificates to trust), with ``tls_cert`` and ``tls_key`` for servers
+    that ask for a client certificate (``ticketd --tls-client-ca``) and
+    ``tls_server_name`` to check every server's certificate against that
+    name instead of each address's host; or a ready ``ssl_context``. Unix
+    socket addresses stay plaintext."""
 
     def __init__(
         self,
@@ -233,6 +242,11 @@ class Client:
         pool_size: int = DEFAULT_POOL_SIZE,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
         max_key_bytes: int = _plan.DEFAULT_MAX_KEY_BYTES,
+        tls_ca: str | os.PathLike[str] | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
+        tls_server_name: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         texts = [address] if isinstance(address, str) else list(address)
         if not texts:
@@ -249,11 +263,12 @@ class Client:
             raise TypeError("max_key_bytes must be an int")
         if not 1 <= max_key_bytes <= _plan.MAX_KEY_BYTES_CEILING:
             raise ValueError(f"max_key_bytes must be within 1..={_plan.MAX_KEY_BYTES_CEILING}")
+        tls = _tls_dial(tls_ca, tls_cert, tls_key, tls_server_name, ssl_context)
         addrs: list[Address] = []
         for t in texts:
             addrs.extend(resolve(t))
         self._max_key_bytes = max_key_bytes
-        self._pool = Pool(addrs, pool_size, float(connect_timeout), max_key_bytes)
+        self._pool = Pool(addrs, pool_size, float(connect_timeout), max_key_bytes, tls)
         # A client dropped without close() still ends its connections and
         # their threads (tickets and background releases keep it alive).
         weakref.finalize(self, self._pool.abandon)
@@ -508,6 +523,39 @@ class Client:
     def _background_busy(self) -> bool:
         with self._bg_lock:
             return self._bg_running
+
+
+def _tls_dial(
+    ca: str | os.PathLike[str] | None,
+    cert: str | os.PathLike[str] | None,
+    key: str | os.PathLike[str] | None,
+    server_name: str | None,
+    context: ssl.SSLContext | None,
+) -> TlsDial | None:
+    """The TLS settings, with the files read now; ``ValueError`` for a file
+    that cannot be read or a combination that makes no sense."""
+    if server_name is not None and (not isinstance(server_name, str) or not server_name):
+        raise ValueError("tls_server_name must be a non-empty str")
+    if context is not None:
+        if not isinstance(context, ssl.SSLContext):
+            raise TypeError("ssl_context must be an ssl.SSLContext")
+        if ca is not None or cert is not None or key is not None:
+            raise ValueError("give either ssl_context or tls_ca/tls_cert/tls_key, not both")
+        return TlsDial(context, server_name)
+    if ca is None:
+        if cert is not None or key is not None or server_name is not None:
+            raise ValueError("a client certificate or a server name without a CA file (tls_ca)")
+        return None
+    if (cert is None) != (key is None):
+        raise ValueError("tls_cert and tls_key go together")
+    try:
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=os.fspath(ca))
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        if cert is not None and key is not None:
+            ctx.load_cert_chain(os.fspath(cert), os.fspath(key))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"TLS settings: {e}") from None
+    return TlsDial(ctx, server_name)
 
 
 def _check_token(token: int) -> None:

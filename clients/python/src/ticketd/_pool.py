@@ -11,11 +11,13 @@ the deadline passes.
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 import time
 from typing import Any, NamedTuple
 
 from ._session import Session
+from ._transport import Plain, Tls
 
 FIRST_BACKOFF_S = 0.01
 MAX_BACKOFF_S = 0.5
@@ -29,6 +31,9 @@ class Address(NamedTuple):
     family: int
     sockaddr: tuple[Any, ...] | str
     text: str
+    #: The host as given (without brackets): the name a TLS server's
+    #: certificate is checked against. Empty for a unix socket.
+    host: str = ""
 
 
 def resolve(text: str) -> list[Address]:
@@ -60,7 +65,7 @@ def resolve(text: str) -> list[Address]:
         raise ValueError(f"cannot resolve server address {text!r}: {e}") from None
     out: list[Address] = []
     for family, _, _, _, sockaddr in infos:
-        a = Address(family, sockaddr, text)
+        a = Address(family, sockaddr, text, host)
         if a not in out:
             out.append(a)
     if not out:
@@ -68,18 +73,38 @@ def resolve(text: str) -> list[Address]:
     return out
 
 
-def _connect(addr: Address, timeout: float, max_key_bytes: int) -> Session:
+class TlsDial(NamedTuple):
+    """How to speak TLS to the TCP addresses."""
+
+    context: ssl.SSLContext
+    #: Checked against every server's certificate instead of each host.
+    server_name: str | None
+
+
+def _connect(addr: Address, timeout: float, max_key_bytes: int, tls: TlsDial | None) -> Session:
+    """Connects (and, over TCP with ``tls``, runs the TLS handshake), all
+    within ``timeout``; raises ``OSError`` (``ssl.SSLError`` among them)."""
+    deadline = time.monotonic() + timeout
     sock = socket.socket(addr.family, socket.SOCK_STREAM)
+    conn: Plain
     try:
         sock.settimeout(timeout)
         sock.connect(addr.sockaddr)
-        sock.settimeout(None)
-        if addr.family != getattr(socket, "AF_UNIX", None):
+        unix = addr.family == getattr(socket, "AF_UNIX", None)
+        if not unix:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls is not None and not unix:
+            t = Tls(sock, tls.context, tls.server_name or addr.host)
+            # The rest of the connect timeout bounds the handshake.
+            t.handshake(deadline)
+            conn = t
+        else:
+            conn = Plain(sock)
+        sock.settimeout(None)
     except BaseException:
         sock.close()
         raise
-    s = Session(sock, max_key_bytes, addr.text)
+    s = Session(conn, max_key_bytes, addr.text)
     try:
         s.start()
     except BaseException:
@@ -93,9 +118,15 @@ class Pool:
     """Up to ``size`` sessions over ``addrs``."""
 
     def __init__(
-        self, addrs: list[Address], size: int, connect_timeout: float, max_key_bytes: int
+        self,
+        addrs: list[Address],
+        size: int,
+        connect_timeout: float,
+        max_key_bytes: int,
+        tls: TlsDial | None = None,
     ) -> None:
         self.addrs = addrs
+        self._tls = tls
         self._connect_timeout = connect_timeout
         self._max_key_bytes = max_key_bytes
         self._lock = threading.Lock()
@@ -198,9 +229,14 @@ class Pool:
             if left <= 0:
                 break
             try:
-                return _connect(addr, min(self._connect_timeout, left), self._max_key_bytes)
+                return _connect(
+                    addr, min(self._connect_timeout, left), self._max_key_bytes, self._tls
+                )
             except OSError as e:
                 what = "timed out" if isinstance(e, socket.timeout) else str(e)
+                if isinstance(e, ssl.SSLError):
+                    what = f"TLS: {what}"
+
                 last = f"{addr.text} ({_fmt(addr)}): cannot connect: {what}"
             except RuntimeError as e:  # no thread to spare
                 last = f"{addr.text}: cannot start a session: {e}"

@@ -16,22 +16,18 @@ waiting caller.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import socket
 import threading
 import time
 from collections import deque
 
 from . import _proto
 from ._plan import Plan, transport_plan
+from ._transport import Plain, Tls
 
 #: Most bytes the writer hands to one ``sendall``: bounds how many queued
 #: requests one stalled write turns from "unsent" into "may have been sent".
 BATCH_BYTES = 16 * 1024
-#: Bytes the reader asks for per ``recv``.
-READ_CHUNK = 8 * 1024
-
 ACQUIRE = "A"
 RELEASE = "R"
 EXTEND = "E"
@@ -48,8 +44,6 @@ NOT_SENT = "not_sent"
 LOST = "lost"
 
 _session_ids = itertools.count(1)
-
-Sock = socket.socket
 
 
 class Call:
@@ -112,20 +106,30 @@ class Call:
 class Session:
     """A connected socket with its writer and reader threads."""
 
-    def __init__(self, sock: Sock, max_key_bytes: int, peer: str) -> None:
+    def __init__(self, conn: Plain, max_key_bytes: int, peer: str) -> None:
         self.id = next(_session_ids)
         self.peer = peer
-        self._sock = sock
+        self._conn = conn
         self._max_key_bytes = max_key_bytes
         self._lock = threading.Lock()
         self._writer_cv = threading.Condition(self._lock)
         self._dead = False
+        #: Set when the transport holds bytes of its own for the writer (TLS
+        #: records the reader's side produced).
+        self._flush = False
         self.why: str | None = None
         self._queue: deque[Call] = deque()
         self._acquires: dict[int, Call] = {}
         self._by_token: dict[tuple[str, int], list[Call]] = {}
         self.frames_written = 0
         self._threads: list[threading.Thread] = []
+        if isinstance(conn, Tls):
+            conn.on_output = self._wake_writer
+
+    def _wake_writer(self) -> None:
+        with self._lock:
+            self._flush = True
+            self._writer_cv.notify()
 
     def start(self) -> None:
         """Starts both threads (daemons: they never keep a process alive)."""
@@ -200,14 +204,12 @@ class Session:
         self._by_token.clear()
         self._writer_cv.notify_all()
         # Wakes the reader (recv returns b"") and a writer blocked in sendall.
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
+        self._conn.shutdown()
 
     def abort(self) -> None:
         """Shuts the socket down without the session lock; the reader then
         closes the session. For finalisers only."""
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
+        self._conn.shutdown()
 
     def join(self) -> None:
         """Joins both threads and closes the socket; only after :meth:`close`."""
@@ -215,22 +217,23 @@ class Session:
         for t in self._threads:
             if t is not me:
                 t.join()
-        self._sock.close()
+        self._conn.close()
 
     # -- writer ----------------------------------------------------------
 
     def _writer_loop(self) -> None:
         while True:
             with self._lock:
-                while not self._dead and not self._queue:
+                while not self._dead and not self._queue and not self._flush:
                     self._writer_cv.wait()
                 if self._dead:
                     return
+                flush, self._flush = self._flush, False
                 buf = self._take_batch_locked()
-            if not buf:
+            if not buf and not flush:
                 continue
             try:
-                self._sock.sendall(buf)
+                self._conn.send(buf)
             except OSError as e:
                 self.close(f"write failed: {e}")
                 return
@@ -274,7 +277,7 @@ class Session:
         buf = bytearray()
         while True:
             try:
-                chunk = self._sock.recv(READ_CHUNK)
+                chunk = self._conn.recv()
             except InterruptedError:
                 continue
             except OSError as e:
