@@ -49,12 +49,13 @@ impl<S: Service> Server<S> {
     /// `max_conns` it is closed at once (the end is dropped, the peer reads
     /// EOF). `peer` names it in the logs.
     pub(crate) fn connect_mem(&mut self, end: ServerEnd, peer: SocketAddr) -> Option<ConnId> {
-        if self.conns.len() >= self.config.max_conns || self.shutdown_deadline.is_some() {
-            self.stats.refused += 1;
-            log::warn!(
-                "refused {peer}: {} connections open, the --max-conns limit",
-                self.conns.len()
-            );
+        // Once shutting down there is no listener to accept on: closed, as
+        // the socket listeners' peers are refused by the kernel.
+        if self.shutdown_deadline.is_some() {
+            return None;
+        }
+        let now = self.clock.now();
+        if self.refused_at_max_conns(now, &peer) {
             return None;
         }
         Some(self.insert_conn(Stream::Mem(end), peer))
