@@ -71,18 +71,29 @@ fn a_grant_applied_in_the_request_millisecond_expires_only_after_written_plus_le
 /// Delivers every message between `nodes` (ids 1..) until none is left,
 /// running a turn on each receiver.
 fn settle_net(nodes: &mut [Node<MemDisk>], now: Millis, out: &mut Outbox) {
+    settle_cut(nodes, None, now, out);
+}
+
+/// [`settle_net`], except that messages to or from node index `cut` are
+/// dropped and `cut` runs no turn.
+fn settle_cut(nodes: &mut [Node<MemDisk>], cut: Option<usize>, now: Millis, out: &mut Outbox) {
     for _ in 0..50 {
         let mut any = false;
         for i in 0..nodes.len() {
             for m in nodes[i].take_messages() {
-                any = true;
                 let to = usize::try_from(m.to).unwrap() - 1;
+                if cut == Some(i) || cut == Some(to) {
+                    continue;
+                }
+                any = true;
                 nodes[to].step(m);
             }
         }
-        for n in nodes.iter_mut() {
-            n.tick(now, out);
-            n.end_turn(now, out).unwrap();
+        for (i, n) in nodes.iter_mut().enumerate() {
+            if cut != Some(i) {
+                n.tick(now, out);
+                n.end_turn(now, out).unwrap();
+            }
         }
         if !any {
             return;
@@ -428,36 +439,6 @@ fn a_batch_raft_drops_is_answered_busy_and_not_released() {
         .any(|m| m.msg_type == MessageType::MsgPropose));
 }
 
-// Long because it is one scenario: elect, remove the leader, leave the
-// joint configuration, restart, and check the configuration survived.
-/// Delivers every message between `nodes` until none is left, except
-/// those to or from node index `cut` (dropped), running a turn on each
-/// receiver.
-fn settle_without(nodes: &mut [Node<MemDisk>], cut: usize, now: Millis, out: &mut Outbox) {
-    for _ in 0..50 {
-        let mut any = false;
-        for i in 0..nodes.len() {
-            for m in nodes[i].take_messages() {
-                let to = usize::try_from(m.to).unwrap() - 1;
-                if i == cut || to == cut {
-                    continue;
-                }
-                any = true;
-                nodes[to].step(m);
-            }
-        }
-        for (i, n) in nodes.iter_mut().enumerate() {
-            if i != cut {
-                n.tick(now, out);
-                n.end_turn(now, out).unwrap();
-            }
-        }
-        if !any {
-            return;
-        }
-    }
-}
-
 // Long because it is one scenario, step by step.
 #[test]
 fn requests_applied_inside_an_installed_snapshot_are_answered_or_their_connection_closed() {
@@ -506,7 +487,7 @@ fn requests_applied_inside_an_installed_snapshot_are_answered_or_their_connectio
         let to = usize::try_from(m.to).unwrap() - 1;
         nodes[to].step(m);
     }
-    settle_without(&mut nodes, follower, now, &mut out);
+    settle_cut(&mut nodes, Some(follower), now, &mut out);
     assert!(
         !out.iter().any(|a| (7..=9).contains(&a.conn)),
         "only the follower answers its clients"
@@ -516,7 +497,7 @@ fn requests_applied_inside_an_installed_snapshot_are_answered_or_their_connectio
     // catch up from a snapshot that covers its own requests.
     nodes[leader].snapshot_now = true;
     nodes[leader].request(now, 2, acquire("other"), &mut out);
-    settle_without(&mut nodes, follower, now, &mut out);
+    settle_cut(&mut nodes, Some(follower), now, &mut out);
     assert!(nodes[leader].snapshot_index() > nodes[follower].applied());
     out.clear();
     for _ in 0..50 {
