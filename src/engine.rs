@@ -983,6 +983,26 @@ struct Queue<T> {
     timer_seq: u64,
 }
 
+/// [`take_token`] unless a grant now would exceed `ceiling` (what
+/// [`Engine::tokens_exhausted`] tells): then `None`, and nothing changes.
+/// The step is found once for the check and the token.
+#[inline]
+fn try_take_token(next_token: &mut u64, rng: Option<&mut TokenRng>, ceiling: u64) -> Option<u64> {
+    let t = *next_token;
+    let Some(rng) = rng else {
+        if t >= ceiling {
+            return None;
+        }
+        // `t < ceiling <= u64::MAX`: the next one exists.
+        *next_token = t + 1;
+        return Some(t);
+    };
+    // The highest token the step may carry must be below the ceiling.
+    let step = token::step_at_or_above(t).filter(|s| s | token::RANDOM_MASK < ceiling)?;
+    *next_token = step.saturating_add(token::STEP);
+    Some(step | u64::from(rng.bits()))
+}
+
 /// Issues the next token and advances `next_token` past it: `next_token`
 /// itself without `rng`, else the next sequence step at or above it with
 /// fresh random low bits ([`crate::token`]). The caller has checked
@@ -1669,7 +1689,6 @@ impl<T: Copy + Default> Engine<T> {
         }
         let expires_at = self.lease_end(now, lease_s);
         let full = self.keys.len() >= self.limits.max_keys;
-        let exhausted = self.tokens_exhausted();
         let in_grace = self.clocked && now < self.grace_until;
         // One hash of the key for the whole decision (the entry borrows
         // only the `keys` field, so the token is issued by field).
@@ -1698,11 +1717,14 @@ impl<T: Copy + Default> Engine<T> {
                 )
             }
             StrEntry::Vacant(v) => {
-                if exhausted {
+                let Some(token) = try_take_token(
+                    &mut self.next_token,
+                    self.token_rng.as_mut(),
+                    self.token_ceiling,
+                ) else {
                     out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
                     return AcquireOutcome::Busy;
-                }
-                let token = take_token(&mut self.next_token, self.token_rng.as_mut());
+                };
                 v.insert(
                     KeyStr::new(key),
                     Slot {
@@ -1736,14 +1758,17 @@ impl<T: Copy + Default> Engine<T> {
         };
         let holder_expiry = slot.expires_at;
         if self.clocked && slot.expires_at <= now {
-            if exhausted {
+            let Some(token) = try_take_token(
+                &mut self.next_token,
+                self.token_rng.as_mut(),
+                self.token_ceiling,
+            ) else {
                 out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
                 return AcquireOutcome::Busy;
-            }
+            };
             // Lazy takeover: the non-FIFO expiry path, ahead of any queue.
             // The key's timer (if it has waiters) is at or before the old
             // expiry, so it is early now, never late.
-            let token = take_token(&mut self.next_token, self.token_rng.as_mut());
             if slot.token != 0 {
                 out.push_expired(key, slot.token);
                 self.stats.lease_expiries += 1;
