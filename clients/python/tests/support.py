@@ -295,6 +295,15 @@ class Proxy:
             time.sleep(0.005)
         return pred(self)
 
+    def cut_connections(self) -> None:
+        """Closes every connection made so far, both sides; new ones are
+        accepted as before."""
+        with self.lock:
+            socks = list(self._socks)
+            self._socks.clear()
+        for s in socks:
+            _kill(s)
+
     def close(self) -> None:
         self._stop = True
         with contextlib.suppress(OSError):

@@ -312,11 +312,8 @@ class Client:
             if session is None:
                 return AcquireResult("timeout")
             call = Call(ACQUIRE, raw, plan, owner=owner, lease_s=lease_s)
-            if not session.submit(call):
-                backoff.pause()
-                continue
-            outcome = session.await_call(call)
-            if outcome == NOT_SENT:
+            outcome = session.run(call)
+            if outcome is None or outcome == NOT_SENT:
                 backoff.pause()
                 continue
             if outcome == LOST:
@@ -432,11 +429,8 @@ class Client:
                 # Nothing was sent; the lease ends the lock.
                 return "indeterminate"
             call = Call(RELEASE, raw, plan, token=token)
-            if not session.submit(call):
-                backoff.pause()
-                continue
-            outcome = session.await_call(call)
-            if outcome == NOT_SENT:
+            outcome = session.run(call)
+            if outcome is None or outcome == NOT_SENT:
                 backoff.pause()
                 continue
             if outcome != ANSWERED:
@@ -480,10 +474,7 @@ class Client:
                 backoff.pause()
                 continue
             call = Call(EXTEND, raw, plan, token=token, lease_s=lease_s)
-            if not session.submit(call):
-                backoff.pause()
-                continue
-            if session.await_call(call) == ANSWERED:
+            if session.run(call) == ANSWERED:
                 if call.reply_op == _proto.OP_NOT_EXTENDED:
                     return "x"
                 if time.monotonic() < until:
