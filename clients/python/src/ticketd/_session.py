@@ -195,7 +195,8 @@ class Session:
                 and not self._pending_out
             )
             if lone:
-                call.cv = threading.Condition(self._lock)
+                # No condition: the caller reads for itself and never waits
+                # on one.
                 self._leader = call
                 self._writing = True
         if lone:
