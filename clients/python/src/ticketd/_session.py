@@ -31,6 +31,7 @@ import itertools
 import threading
 import time
 from collections import deque
+from typing import Callable
 
 from . import _proto
 from ._plan import Plan, transport_plan
@@ -78,6 +79,7 @@ class Call:
         "reply_op",
         "reply_token",
         "cv",
+        "on_done",
     )
 
     def __init__(
@@ -103,6 +105,9 @@ class Call:
         self.reply_op = 0
         self.reply_token = 0
         self.cv: threading.Condition | None = None
+        #: Called (under the session lock) when the call ends, for a caller
+        #: that does not wait in :meth:`Session.await_call`.
+        self.on_done: Callable[[], None] | None = None
 
     def _finish(self, outcome: str) -> None:
         if self.phase != DONE:
@@ -110,6 +115,8 @@ class Call:
             self.outcome = outcome
             if self.cv is not None:
                 self.cv.notify_all()
+            if self.on_done is not None:
+                self.on_done()
 
     def _answer(self, op: int, token: int) -> None:
         if self.phase == SENT:
@@ -230,6 +237,13 @@ class Session:
                     return ended
                 limit = call.plan.send_deadline if call.phase == QUEUED else call.plan.give_up
                 cv.wait(limit - time.monotonic())
+
+    def check(self, call: Call) -> str | None:
+        """The outcome of ``call`` (submitted here) if it has ended, else
+        ``None``; enforces its plan as :meth:`await_call` does, for a caller
+        that does not wait there."""
+        with self._lock:
+            return self._check_plan_locked(call)
 
     def _check_plan_locked(self, call: Call) -> str | None:
         """The outcome if ``call`` has ended or its plan ends it now."""
