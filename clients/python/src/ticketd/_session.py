@@ -58,6 +58,11 @@ LOST = "lost"
 #: How often a reader thread with nothing to read looks whether the
 #: session was aborted (:meth:`Session.abort` may not take the lock).
 PARKED_CHECK_S = 0.25
+#: How long a reader thread that had replies to read goes on reading after
+#: nothing is in flight any more, before it leaves the read role to the
+#: next lone caller: requests that follow one another closely then need no
+#: wake-up of the reader.
+LINGER_S = 0.05
 
 _session_ids = itertools.count(1)
 
@@ -284,7 +289,7 @@ class Session:
                     break
                 if not chunk:
                     return self._unsent_on_dead(call, "connection closed by the server")
-                why = self._consume(chunk, True)
+                why, _ = self._consume(chunk, True)
                 if why is not None:
                     return self._unsent_on_dead(call, why)
             with self._lock:
@@ -349,7 +354,7 @@ class Session:
             if not chunk:
                 self.close("connection closed by the server")
                 continue
-            why = self._consume(chunk, True)
+            why, _ = self._consume(chunk, True)
             if why is not None:
                 self.close(why)
 
@@ -397,8 +402,13 @@ class Session:
     # -- writer ----------------------------------------------------------
 
     def _writer_loop(self) -> None:
+        mine = False
         while True:
             with self._lock:
+                if mine:
+                    # The last write is done (no caller can have taken the
+                    # write role meanwhile: it needs it free).
+                    self._writing = mine = False
                 while not self._dead and (
                     self._writing or not (self._queue or self._flush or self._pending_out)
                 ):
@@ -410,7 +420,7 @@ class Session:
                 buf = self._take_batch_locked()
                 if not buf and not flush and not pending:
                     continue
-                self._writing = True
+                self._writing = mine = True
                 if buf and self._leader is None and not self._reader_on:
                     # Requests go in flight with nobody reading: wake the
                     # reader thread before their bytes leave.
@@ -424,8 +434,6 @@ class Session:
             except OSError as e:
                 self.close(f"write failed: {e}")
                 return
-            with self._lock:
-                self._writing = False
 
     def _register_locked(self, call: Call, now: float) -> bytes | None:
         """Encodes ``call`` with its wire wait at ``now`` and enters it in the
@@ -485,6 +493,8 @@ class Session:
         return bool(self._acquires or self._by_token)
 
     def _reader_loop(self) -> None:
+        #: When nothing was last in flight, if the reader keeps reading.
+        idle_since: float | None = None
         while True:
             look = False
             with self._lock:
@@ -504,84 +514,109 @@ class Session:
                         self._reader_on = look = True
                 if self._dead:
                     return
+                # How long to wait for bytes: 0 for a look, the rest of the
+                # lingering time with nothing in flight, else until they come.
+                wait: float | None = None
+                if look:
+                    wait = 0.0
+                elif idle_since is not None and not self._in_flight_locked():
+                    wait = max(0.0, idle_since + LINGER_S - time.monotonic())
             try:
-                chunk = self._conn.recv_by(0) if look else self._conn.recv()
+                chunk = self._conn.recv() if wait is None else self._conn.recv_by(wait)
             except InterruptedError:
                 continue
             except OSError as e:
                 self.close(f"read failed: {e}")
                 return
+            idle = True
             if chunk is not None:
                 if not chunk:
                     self.close("connection closed by the server")
                     return
-                why = self._consume(chunk, False)
+                why, idle = self._consume(chunk, False)
                 if why is not None:
                     self.close(why)
                     return
+            if not CALLER_IO or not idle:
+                continue
             with self._lock:
-                if CALLER_IO and not self._in_flight_locked():
+                if self._in_flight_locked():
+                    continue
+                now = time.monotonic()
+                if look or (idle_since is not None and now >= idle_since + LINGER_S):
                     # Nothing more to read: sleep until a write needs it,
                     # so that a lone caller can read for itself.
                     self._reader_on = False
+                    idle_since = None
+                elif idle_since is None:
+                    # Busy a moment ago: keep reading a little while, so
+                    # that the next batch needs no wake-up.
+                    idle_since = now
 
-    def _consume(self, chunk: bytes, by_caller: bool) -> str | None:
-        """Decodes and delivers every whole reply (the read role only); why
-        the session must close, or ``None``."""
+    def _consume(self, chunk: bytes, by_caller: bool) -> tuple[str | None, bool]:
+        """Decodes every whole reply and delivers them, under one taking of
+        the lock (the read role only). Returns why the session must close
+        (or ``None``) and whether nothing is in flight any more."""
         buf = self._buf
         buf += chunk
         pos = 0
-        why: str | None = None
+        replies: list[_proto.Reply] = []
+        bad: str | None = None
         while True:
             d = _proto.decode_reply(buf, pos, self._max_key_bytes)
             if d is None:
                 break
             if isinstance(d, _proto.Malformed):
-                why = f"malformed reply from the server: {d.reason}"
+                bad = f"malformed reply from the server: {d.reason}"
                 break
             pos += d.used
-            why = self._deliver(d.reply, by_caller)
-            if why is not None:
-                break
+            replies.append(d.reply)
         # Bounded: what stays is at most one incomplete, maximal reply.
         del buf[:pos]
-        return why
+        why: str | None = None
+        with self._lock:
+            if not self._dead:
+                for r in replies:
+                    why = self._deliver(r, by_caller)
+                    if why is not None:
+                        break
+            idle = not self._in_flight_locked()
+        return why or bad, idle
 
     def _deliver(self, r: _proto.Reply, by_caller: bool = False) -> str | None:
-        with self._lock:
-            if self._dead:
+        """Hands ``r`` to its call (under the lock); why the session must
+        close, or ``None``."""
+        if by_caller:
+            self.replies_read_by_callers += 1
+        else:
+            self.replies_read_by_reader += 1
+        if r.op in (_proto.OP_ACQUIRE, _proto.OP_TIMEOUT, _proto.OP_BUSY):
+            owner = r.owner if r.op == _proto.OP_ACQUIRE else r.a
+            call = self._acquires.pop(owner, None)
+            if call is None:
+                if r.op == _proto.OP_ACQUIRE:
+                    # A grant nobody waits for: give it back at once
+                    # rather than leave the key held for a lease.
+                    self._enqueue_orphan_release_locked(r.key, r.a)
                 return None
-            if by_caller:
-                self.replies_read_by_callers += 1
-            else:
-                self.replies_read_by_reader += 1
-            if r.op in (_proto.OP_ACQUIRE, _proto.OP_TIMEOUT, _proto.OP_BUSY):
-                owner = r.owner if r.op == _proto.OP_ACQUIRE else r.a
-                call = self._acquires.pop(owner, None)
-                if call is None:
-                    if r.op == _proto.OP_ACQUIRE:
-                        # A grant nobody waits for: give it back at once
-                        # rather than leave the key held for a lease.
-                        self._enqueue_orphan_release_locked(r.key, r.a)
-                    return None
-                if call.key_str != r.key:
-                    call._finish(LOST)
-                    return "reply key does not match the request"
-                call._answer(r.op, r.a)
-                return None
-            kind: str | None
-            kind = RELEASE if r.op in (_proto.OP_RELEASE, _proto.OP_NOT_RELEASED) else EXTEND
-            calls = self._by_token.get((kind, r.a))
-            if not calls:
-                return None
-            for i, c in enumerate(calls):
-                if c.key_str == r.key:
-                    del calls[i]
-                    if not calls:
-                        del self._by_token[(kind, r.a)]
-                    c._answer(r.op, r.a)
-                    break
+            if call.key_str != r.key:
+                call._finish(LOST)
+                return "reply key does not match the request"
+            call._answer(r.op, r.a)
             return None
+        kind: str | None
+        kind = RELEASE if r.op in (_proto.OP_RELEASE, _proto.OP_NOT_RELEASED) else EXTEND
+        calls = self._by_token.get((kind, r.a))
+        if not calls:
+            return None
+        for i, c in enumerate(calls):
+            if c.key_str == r.key:
+                del calls[i]
+                if not calls:
+                    del self._by_token[(kind, r.a)]
+                c._answer(r.op, r.a)
+                break
+        return None
 
     def _enqueue_orphan_release_locked(self, key: str, token: int) -> None:
         call = Call(RELEASE, key.encode("utf-8"), transport_plan(time.monotonic()), token=token)
