@@ -7,18 +7,20 @@ own frame without blocking and takes the *read role*, reading the socket on
 its own thread until its reply comes, delivering any other reply it reads
 to the caller waiting for it. It then gives the role back: to the reader
 thread while other requests are still in flight, else to nobody (the reader
-thread sleeps until a write puts a request in flight). Callers that arrive
+thread sleeps until a write puts a request in flight; after it had replies
+to read it goes on reading for :data:`LINGER_S` first). Callers that arrive
 while a request is in flight queue for the writer thread, which batches
 them into one write; whoever holds the read role reads their replies. One
 thread at a time writes to the socket, one at a time reads from it.
 
 A call is *queued* while it sits in the session's queue: not one byte of it
 has been handed to the socket, so it can still be withdrawn and retried
-elsewhere. The writer marks it *sent* before its bytes go to ``sendall``,
-which is the conservative reading of "may have been sent": from then on it
-is never sent again (an Extend may be sent again as a new call, SPEC §5.3;
-an Acquire or a Release never). The reader matches A/T/B by owner, R/N and
-E/X by token and key, in any order.
+elsewhere. Whoever writes it (the writer thread, or its lone caller) marks
+it *sent* before its bytes go to the socket, which is the conservative
+reading of "may have been sent": from then on it is never sent again (an
+Extend may be sent again as a new call, SPEC §5.3; an Acquire or a Release
+never). Replies are matched, A/T/B by owner, R/N and E/X by token and key,
+in any order.
 
 One lock per session guards the queue, the tables and every call's phase,
 so "is it still queued?" has one answer for the writer, the reader and the
@@ -56,7 +58,8 @@ NOT_SENT = "not_sent"
 LOST = "lost"
 
 #: How often a reader thread with nothing to read looks whether the
-#: session was aborted (:meth:`Session.abort` may not take the lock).
+#: session was aborted (:meth:`Session.abort` may not take the lock) and
+#: whether the server closed the idle connection.
 PARKED_CHECK_S = 0.25
 #: How long a reader thread that had replies to read goes on reading after
 #: nothing is in flight any more, before it leaves the read role to the
