@@ -327,7 +327,10 @@ class Session:
         finally:
             with self._lock:
                 if writing:
+                    # Nothing was written: a call queued while the write
+                    # role was taken is the writer's now.
                     self._writing = False
+                    self._writer_cv.notify()
                 self._leader = None
                 if not self._dead and self._in_flight_locked():
                     self._reader_on = True
