@@ -437,6 +437,38 @@ impl Command {
         v
     }
 
+    /// Appends to `out` the log entry client request `req` becomes: what
+    /// [`Command::encode_entry`] makes of the bits and of
+    /// [`Command::encode_request`]'s command, in one pass.
+    pub fn write_request_entry(
+        out: &mut Vec<u8>,
+        bits: u16,
+        rid: Rid,
+        floor: u64,
+        conn: u64,
+        req: &Request<'_>,
+    ) {
+        let mut w = Writer {
+            buf: std::mem::take(out),
+        };
+        w.buf.reserve(3 + ENCODED_FIXED_MAX + req.key().len());
+        w.u8(TAG_TOKEN_BITS);
+        w.buf.extend_from_slice(&bits.to_le_bytes());
+        w.request(rid, floor, conn, req);
+        *out = w.buf;
+    }
+
+    /// The command of a log entry's bytes (as [`Command::encode_entry`]
+    /// writes them): what follows the token bits, or the whole of an entry
+    /// written before tokens had random bits.
+    #[must_use]
+    pub fn entry_command(bytes: &[u8]) -> &[u8] {
+        match bytes {
+            [TAG_TOKEN_BITS, _, _, rest @ ..] => rest,
+            _ => bytes,
+        }
+    }
+
     /// Decodes a log entry: the command and its proposer's token bits
     /// (`None` for an entry written before tokens had random bits).
     ///
@@ -632,6 +664,46 @@ mod tests {
         for c in samples() {
             assert_eq!(Command::decode(&c.encode()), Ok(c.clone()), "{c:?}");
         }
+    }
+
+    #[test]
+    fn a_request_entry_written_in_one_pass_is_its_entry_and_gives_its_command_back() {
+        let rid = Rid {
+            node: 3,
+            epoch: 4,
+            seq: 5,
+        };
+        let reqs = [
+            Request::Acquire {
+                wait_s: 2,
+                lease_s: 9,
+                owner: 77,
+                key: "db\u{e9}",
+            },
+            Request::Release {
+                token: 1 << 20,
+                key: "k",
+            },
+            Request::Extend {
+                lease_s: 3,
+                token: 99,
+                key: "e",
+            },
+        ];
+        let mut out = b"before".to_vec();
+        for req in &reqs {
+            out.truncate(6);
+            Command::write_request_entry(&mut out, 0xBEEF, rid, 8, 21, req);
+            assert_eq!(&out[..6], b"before");
+            let cmd = Command::encode_request(rid, 8, 21, req);
+            assert_eq!(out[6..], Command::encode_entry(0xBEEF, &cmd)[..]);
+            assert_eq!(Command::entry_command(&out[6..]), &cmd[..]);
+            let (decoded, bits) = Command::decode_entry(&out[6..]).unwrap();
+            assert_eq!((decoded.rid(), bits), (Some(rid), Some(0xBEEF)));
+        }
+        // An entry from before token bits is all command.
+        let old = Command::encode_request(rid, 8, 21, &reqs[1]);
+        assert_eq!(Command::entry_command(&old), &old[..]);
     }
 
     #[test]

@@ -235,7 +235,11 @@ impl<D: Disk> Node<D> {
     /// is cancelled.
     fn mark_queued(&mut self, waiter: Rid, cmd: &Command) {
         match self.pending.get_mut(&waiter.seq) {
-            Some(p) => p.queued = true,
+            Some(p) => {
+                // Never proposed again: its entry need not hold its buffer.
+                p.queued = true;
+                p.entry = bytes::Bytes::new();
+            }
             None => {
                 if let Command::Acquire { conn, .. } = cmd {
                     self.queue_cancel(waiter.origin(*conn));
