@@ -1344,7 +1344,7 @@ impl Transport {
                         break Err(e);
                     }
                 }
-                (Some(from), true) => match Message::parse_from_bytes(payload) {
+                (Some(from), true) => match decode_message(payload) {
                     Ok(m) if m.from == from && m.to == self.local.id => {
                         self.events.push(PeerEvent::Message(m));
                     }
@@ -1513,6 +1513,26 @@ impl Transport {
 
 /// Bounds how long data may go unacknowledged on `s` before the kernel
 /// fails the connection (Linux; elsewhere the default applies).
+/// Frames at least this long are decoded from a `Bytes` copy of their own.
+const SHARED_DECODE_BYTES: usize = 128;
+
+/// Decodes one frame's message. A frame long enough to carry entries is
+/// first copied into a `Bytes` of its own and decoded from that: each
+/// entry's data is then a slice of it, where decoding from the read buffer
+/// allocates one buffer per entry (and raft's clone of each into its log
+/// one more). Short frames (acknowledgements, heartbeats, votes) carry no
+/// data and are decoded in place.
+fn decode_message(payload: &[u8]) -> protobuf::ProtobufResult<Message> {
+    if payload.len() >= SHARED_DECODE_BYTES {
+        let mut v = Vec::new();
+        if v.try_reserve_exact(payload.len()).is_ok() {
+            v.extend_from_slice(payload);
+            return Message::parse_from_carllerche_bytes(&bytes::Bytes::from(v));
+        }
+    }
+    Message::parse_from_bytes(payload)
+}
+
 /// What identifies an append's entries within one turn: the first and the
 /// last entry's index, term and data. Entries with the same index and term
 /// are the same entry (Raft's log matching), and raft hands each follower
@@ -1903,6 +1923,44 @@ mod tests {
             }
         }
         got
+    }
+
+    #[test]
+    fn a_long_frame_decodes_to_entries_that_share_one_buffer() {
+        let entries: Vec<raft::eraftpb::Entry> = (1..4)
+            .map(|i| raft::eraftpb::Entry {
+                index: i,
+                term: 1,
+                data: vec![i as u8; 60].into(),
+                ..Default::default()
+            })
+            .collect();
+        let m = Message {
+            entries: entries.into(),
+            ..msg(MessageType::MsgAppend)
+        };
+        let bytes = m.write_to_bytes().unwrap();
+        assert!(bytes.len() >= SHARED_DECODE_BYTES);
+        let got = decode_message(&bytes).unwrap();
+        assert_eq!(got, m);
+        // Each entry is a slice of one copy of the frame: the data lie as
+        // far apart as in the frame.
+        let at = |i: usize| got.entries[i].data.as_ptr() as usize;
+        let frame_step = bytes.windows(60).position(|w| w == [2u8; 60]).unwrap()
+            - bytes.windows(60).position(|w| w == [1u8; 60]).unwrap();
+        assert_eq!(at(1) - at(0), frame_step);
+        assert_eq!(at(2) - at(1), frame_step);
+        // A short frame (no entries) decodes the same way, in place.
+        let ack = Message {
+            index: 9,
+            ..msg(MessageType::MsgAppendResponse)
+        };
+        let bytes = ack.write_to_bytes().unwrap();
+        assert!(bytes.len() < SHARED_DECODE_BYTES);
+        assert_eq!(decode_message(&bytes).unwrap(), ack);
+        // Garbage is an error either way.
+        assert!(decode_message(&[0xFF; 200]).is_err());
+        assert!(decode_message(&[0xFF; 3]).is_err());
     }
 
     #[test]
