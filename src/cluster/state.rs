@@ -516,7 +516,7 @@ impl StateMachine {
                 self.conns.insert(origin, engine_conn);
             }
             return Some(Effect::Queued {
-                key: key.clone(),
+                key: key.to_string(),
                 waiter: *rid,
                 wait_s: *wait_s,
             });
@@ -887,7 +887,7 @@ mod tests {
         }
     }
 
-    fn acq(r: Rid, conn: u64, key: &str, owner: u64, wait_s: u8) -> Command {
+    fn acq(r: Rid, conn: u64, key: &str, owner: u64, wait_s: u8) -> Command<'_> {
         Command::Acquire {
             rid: r,
             floor: 0,
@@ -899,7 +899,7 @@ mod tests {
         }
     }
 
-    fn rel(r: Rid, key: &str, token: u64) -> Command {
+    fn rel(r: Rid, key: &str, token: u64) -> Command<'_> {
         Command::Release {
             rid: r,
             floor: 0,

@@ -80,7 +80,7 @@ impl<D: Disk> Node<D> {
 
     /// The simulation's planted bug: an `Expire` applies whatever its
     /// generation (`NodeConfig::bug_stale_expire`, never in production).
-    fn with_planted_bug(&self, cmd: Command) -> Command {
+    fn with_planted_bug<'a>(&self, cmd: Command<'a>) -> Command<'a> {
         match cmd {
             Command::Expire { key, token, .. } if self.bug_stale_expire() => {
                 let generation = match self.sm.lease_of(&key) {
@@ -166,7 +166,7 @@ impl<D: Disk> Node<D> {
             Command::Acquire { key, owner, .. } => self
                 .sm
                 .granted_to(key, rid)
-                .map(|token| (key.as_str(), *owner, token)),
+                .map(|token| (&**key, *owner, token)),
             _ => None,
         };
         if let Some((key, owner, token)) = granted {
