@@ -96,7 +96,7 @@ use raft::{RawNode, SnapshotStatus, StateRole};
 use crate::cluster::command::{DecodeError, Origin, Rid};
 use crate::cluster::log::{Disk, LogStore, Wal};
 use crate::cluster::rng::SplitMix64;
-use crate::cluster::state::StateMachine;
+use crate::cluster::state::{Applied, StateMachine};
 use crate::engine::ConnId;
 use crate::limits::EngineLimits;
 use crate::metrics::{Histogram, HoldIndex, HOLD_BOUNDS_MS, WAIT_BOUNDS_MS};
@@ -350,6 +350,8 @@ pub struct Node<D: Disk> {
     entry_buf: bytes::BytesMut,
     /// One request's entry on its way into `entry_buf`.
     entry_scratch: Vec<u8>,
+    /// What applying an entry did, its buffers kept from entry to entry.
+    apply_out: Applied,
     stats: NodeStats,
     #[cfg(any(test, feature = "testkit"))]
     trace: Vec<Traced>,
@@ -504,6 +506,7 @@ impl<D: Disk> Node<D> {
             msgs: Vec::new(),
             entry_buf: bytes::BytesMut::new(),
             entry_scratch: Vec::new(),
+            apply_out: Applied::default(),
             stats: NodeStats::default(),
             #[cfg(any(test, feature = "testkit"))]
             trace: Vec::new(),
