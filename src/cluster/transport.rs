@@ -7,6 +7,8 @@
 //!   from the lock table's capacity ([`Transport::set_max_frame_bytes`]);
 //!   it is never below [`MAX_FRAME_BYTES`]. A frame's buffer grows only
 //!   with the bytes that arrive, never from the length a peer announces.
+//!   Appends with the same entries share one encoding of them
+//!   ([`Transport::send_all`]).
 //! * **Connections**: one outbound connection per peer, written only; the
 //!   connections peers open to us are read only. The first frame on every
 //!   connection is a [`Hello`] naming the cluster, the voter set, the sender
