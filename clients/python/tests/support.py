@@ -206,6 +206,15 @@ class Inject:
     data: bytes
 
 
+@dataclass(frozen=True)
+class StallRepliesFor:
+    """Forward everything, but swallow the replies for this key whose op
+    is one of ``ops`` (by default an Extend's ``E`` and ``X``)."""
+
+    key: str
+    ops: str = "EX"
+
+
 Fault = object
 
 
@@ -294,6 +303,15 @@ class Proxy:
                 return True
             time.sleep(0.005)
         return pred(self)
+
+    def cut_connections(self) -> None:
+        """Closes every connection made so far, both sides; new ones are
+        accepted as before."""
+        with self.lock:
+            socks = list(self._socks)
+            self._socks.clear()
+        for s in socks:
+            _kill(s)
 
     def close(self) -> None:
         self._stop = True
@@ -391,6 +409,7 @@ class Proxy:
     def _down(
         self, fault: Fault, client: socket.socket, server: socket.socket, cut: threading.Event
     ) -> None:
+        pending = bytearray()
         while True:
             try:
                 data = server.recv(65536)
@@ -401,11 +420,31 @@ class Proxy:
                 return
             if fault == STALL_REPLIES or cut.is_set():
                 continue
+            if isinstance(fault, StallRepliesFor):
+                pending += data
+                data = _drop_replies_for(pending, fault.key.encode(), fault.ops.encode())
+                if not data:
+                    continue
             try:
                 client.sendall(data)
             except OSError:
                 _kill(server)
                 return
+
+
+def _drop_replies_for(buf: bytearray, key: bytes, ops: bytes) -> bytes:
+    """Takes every whole reply off the front of ``buf``; returns all but
+    those for ``key`` with an op in ``ops``."""
+    out = bytearray()
+    while buf:
+        header = 17 if buf[0] == 0x41 else 9
+        nl = buf.find(b"\n", header)
+        if len(buf) < header or nl < 0:
+            break
+        if bytes(buf[header:nl]) != key or buf[0] not in ops:
+            out += buf[: nl + 1]
+        del buf[: nl + 1]
+    return bytes(out)
 
 
 def _kill(s: socket.socket) -> None:

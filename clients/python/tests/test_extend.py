@@ -10,7 +10,7 @@ import time
 from typing import Callable
 
 import pytest
-from support import STALL_REPLIES, CutAfter, Proxy, Ticketd
+from support import STALL_REPLIES, CutAfter, Proxy, StallRepliesFor, Ticketd
 
 import ticketd
 
@@ -282,3 +282,62 @@ def test_an_extend_past_the_max_hold_is_x_and_the_current_lease_stands(
     assert t.expires_at == expiry
     time.sleep(max(0.0, expiry - 0.3 - time.monotonic()))
     assert server.holds("capped"), "the current lease stays as it was"
+
+
+def test_every_lock_of_a_client_is_renewed_by_one_thread_that_ends_with_the_last(
+    server: Ticketd, make_proxy: MakeProxy, make_client: MakeClient
+) -> None:
+    px = make_proxy(server)
+    c = make_client(px.addr, pool_size=1)
+
+    def renewers() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("ticketd-renew")]
+
+    def none_left() -> bool:
+        deadline = time.monotonic() + 2
+        while renewers() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return renewers() == []
+
+    # Those of earlier tests' clients end with their locks.
+    assert none_left()
+    with c.lock("k1", wait=1, lease=3, renew_every=0.3) as t1:
+        with c.lock("k2", wait=1, lease=3, renew_every=0.3) as t2:  # noqa: SIM117
+            with c.lock("k3", wait=1, lease=3, renew_every=0.3) as t3:
+                assert len(renewers()) == 1
+                time.sleep(1.5)
+                assert not (t1.lost.is_set() or t2.lost.is_set() or t3.lost.is_set())
+        assert len(renewers()) == 1
+    for key in ("k1", "k2", "k3"):
+        assert len(px.forwarded_for(key, "E")) >= 3, key
+        assert not server.holds(key)
+    assert none_left(), "the renewer ends with the last lock"
+    # And comes back for the next one.
+    with c.lock("k4", wait=1, lease=3, renew_every=0.3) as t4:
+        assert len(renewers()) == 1
+        assert not t4.lost.wait(1.0)
+    assert len(px.forwarded_for("k4", "E")) >= 2
+
+
+def test_one_locks_stalled_renewal_never_delays_another_locks(
+    server: Ticketd, make_proxy: MakeProxy, make_client: MakeClient
+) -> None:
+    """Both locks share the renewer thread and one connection; the replies
+    for one key are swallowed. That lock is told lost at its renewal
+    deadline; the other keeps being renewed on time all along."""
+    px = make_proxy(server)
+    px.set_fault(StallRepliesFor("slow"))
+    c = make_client(px.addr, pool_size=1)
+    with c.lock("fast", wait=1, lease=4, renew_every=0.5) as fast:
+        with c.lock("slow", wait=1, lease=4, renew_every=0.5) as slow:
+            expiry = slow.expires_at
+            assert slow.lost.wait(8)
+            told = time.monotonic()
+            assert expiry - 0.4 <= told < expiry, told - expiry
+            assert not fast.lost.is_set()
+            # Renewed about every half second while the other stalled
+            # (its connection closed once, at the other's give-up).
+            assert len(px.forwarded_for("fast", "E")) >= 5
+            assert fast.remaining() > 2.5
+        assert not fast.lost.wait(1.0)
+    assert not server.holds("fast")

@@ -624,12 +624,20 @@ def test_an_acquire_whose_connection_dies_while_it_is_queued_is_retried_with_its
 ) -> None:
     """The first connection dies with the acquire still in its queue (no
     byte of it handed to the socket): the call moves to a new connection
-    with the same owner and the same deadline, and is sent exactly once."""
+    with the same owner and the same deadline, and is sent exactly once.
+    Another caller's request is in flight on the connection meanwhile, so
+    the acquire queues for the writer thread instead of being written by
+    its caller."""
     from ticketd import _session
 
     px = make_proxy(server)
     c = make_client(px.addr, pool_size=1)
-    assert c.acquire("warm", wait=1, lease=5).outcome == "acquired"
+    holder = make_client(server.addr).acquire("held", wait=1, lease=30).ticket
+    assert holder is not None
+    waited: list[str] = []
+    waiter = threading.Thread(target=lambda: waited.append(c.acquire("held", wait=5).outcome))
+    waiter.start()
+    assert px.wait_until(5, lambda p: len(p.forwarded_for("held", "A")) == 1)
     real_submit = _session.Session.submit
     queued: list[tuple[int, int]] = []
 
@@ -657,3 +665,25 @@ def test_an_acquire_whose_connection_dies_while_it_is_queued_is_retried_with_its
     assert fwd[0].conn == 1, "sent on the new connection, never on the dead one"
     assert fwd[0].wait == 4, "5 s wait, 1.2 s gone: the same D, rounded up"
     assert len(px.received_for("moved")) == 1, "no byte of it reached the first connection"
+    waiter.join()
+    # The request in flight on the connection that died may have been sent.
+    assert waited == ["indeterminate"]
+
+
+def test_a_connection_the_server_closed_while_idle_is_not_written_to(
+    server: Ticketd, make_proxy: MakeProxy, make_client: MakeClient
+) -> None:
+    """The server side of an idle connection goes away; the next acquire,
+    written by its own caller, finds the end of the stream before writing
+    and goes, definitely unsent, to a new connection: acquired, not
+    indeterminate, sent once."""
+    px = make_proxy(server)
+    c = make_client(px.addr, pool_size=1)
+    t = c.acquire("warm", wait=1, lease=5).ticket
+    assert t is not None and t.release() == "released"
+    px.cut_connections()
+    res = c.acquire("after", wait=2, lease=5)
+    assert res.outcome == "acquired"
+    fwd = px.forwarded_for("after", "A")
+    assert [r.conn for r in fwd] == [1]
+    assert len(px.received_for("after")) == 1

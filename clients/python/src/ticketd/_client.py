@@ -14,7 +14,7 @@ from typing import Literal
 
 from . import _owner, _plan, _proto
 from ._pool import Address, Pool, TlsDial, resolve
-from ._session import ACQUIRE, ANSWERED, EXTEND, LOST, NOT_SENT, RELEASE, Call
+from ._session import ACQUIRE, ANSWERED, EXTEND, LOST, NOT_SENT, QUEUED, RELEASE, Call, Session
 
 AcquireOutcome = Literal["acquired", "timeout", "busy", "indeterminate"]
 ReleaseOutcome = Literal["released", "not_held", "indeterminate"]
@@ -275,6 +275,7 @@ class Client:
         self._bg_lock = threading.Lock()
         self._bg_queue: deque[tuple[bytes, int, _plan.Plan]] = deque()
         self._bg_running = False
+        self._renewer = _Renewer(self._pool)
 
     # -- public API -------------------------------------------------------
 
@@ -312,11 +313,8 @@ class Client:
             if session is None:
                 return AcquireResult("timeout")
             call = Call(ACQUIRE, raw, plan, owner=owner, lease_s=lease_s)
-            if not session.submit(call):
-                backoff.pause()
-                continue
-            outcome = session.await_call(call)
-            if outcome == NOT_SENT:
+            outcome = session.run(call)
+            if outcome is None or outcome == NOT_SENT:
                 backoff.pause()
                 continue
             if outcome == LOST:
@@ -380,13 +378,8 @@ class Client:
         if t is None:
             raise NotAcquired(key, res.outcome)
         every = float(renew_every) if renew_every is not None else lease_s / 3.0
-        stop = threading.Event()
-        keeper = threading.Thread(
-            target=_keep_alive, args=(t, every, stop), name=f"ticketd-keep-{t.token}", daemon=True
-        )
-        try:
-            keeper.start()
-        except RuntimeError:
+        renewal = self._renewer.add(t, every)
+        if renewal is None:
             # No thread, no renewals: the holder must know at once.
             t._mark_lost()
         try:
@@ -394,9 +387,8 @@ class Client:
         finally:
             # Stop renewing (waiting for an attempt in flight, at most the
             # transport deadline), then release.
-            stop.set()
-            if keeper.is_alive():
-                keeper.join()
+            if renewal is not None:
+                self._renewer.stop(renewal)
             t.release()
 
     def close(self) -> None:
@@ -432,11 +424,8 @@ class Client:
                 # Nothing was sent; the lease ends the lock.
                 return "indeterminate"
             call = Call(RELEASE, raw, plan, token=token)
-            if not session.submit(call):
-                backoff.pause()
-                continue
-            outcome = session.await_call(call)
-            if outcome == NOT_SENT:
+            outcome = session.run(call)
+            if outcome is None or outcome == NOT_SENT:
                 backoff.pause()
                 continue
             if outcome != ANSWERED:
@@ -480,10 +469,7 @@ class Client:
                 backoff.pause()
                 continue
             call = Call(EXTEND, raw, plan, token=token, lease_s=lease_s)
-            if not session.submit(call):
-                backoff.pause()
-                continue
-            if session.await_call(call) == ANSWERED:
+            if session.run(call) == ANSWERED:
                 if call.reply_op == _proto.OP_NOT_EXTENDED:
                     return "x"
                 if time.monotonic() < until:
@@ -565,22 +551,194 @@ def _check_token(token: int) -> None:
         raise ValueError(f"token {token} is not a 64-bit unsigned integer")
 
 
-def _keep_alive(t: Ticket, every: float, stop: threading.Event) -> None:
-    """Renews ``t`` every ``every`` seconds, counted from the write of the
-    grant or of the last extension answered ``E``, with its own lease, until
-    ``stop``. Each renewal must be answered by a tenth of the lease before
-    the conservative expiry; otherwise, or on an ``X``, ``t.lost`` is set
-    while the lease still runs, and the renewals end."""
-    while True:
-        wake = t._renewed_at + every
-        if stop.wait(max(0.0, wake - time.monotonic())):
-            return
-        with t._extend_lock:
-            if stop.is_set():
-                return
-            until = t._expires_at - t._lease_s / 10.0
-            if time.monotonic() >= until:
-                t._mark_lost()
-                return
-            if t._extend_locked(t._lease_s, until, stop) == "lost":
-                return
+class _Renewal:
+    """One :meth:`Client.lock` keep-alive, worked by the client's renewer."""
+
+    __slots__ = (
+        "ticket",
+        "every",
+        "stopping",
+        "done",
+        "renewing",
+        "until",
+        "call",
+        "session",
+        "retry_at",
+        "pause",
+    )
+
+    def __init__(self, ticket: Ticket, every: float) -> None:
+        self.ticket = ticket
+        self.every = every
+        #: Set (under the renewer's lock) when the holder leaves the block.
+        self.stopping = False
+        #: Set once the renewer is done with it: nothing of it in flight.
+        self.done = threading.Event()
+        #: A renewal is under way: the ticket's extend lock is held, as a
+        #: call to :meth:`Ticket.extend` would hold it.
+        self.renewing = False
+        #: The renewal deadline of the renewal under way.
+        self.until = 0.0
+        self.call: Call | None = None
+        self.session: Session | None = None
+        self.retry_at = 0.0
+        self.pause = 0.0
+
+
+class _Renewer:
+    """One thread per client renewing every :meth:`Client.lock` ticket.
+
+    Each ticket is renewed with its own lease every ``every`` seconds,
+    counted from the write of the grant or of the last extension answered
+    ``E``. A renewal must be answered by its *renewal deadline*, a tenth of
+    the lease before the conservative expiry; otherwise, or on an ``X``,
+    ``ticket.lost`` is set while the lease still runs and that ticket's
+    renewals end. An attempt with no reply within the transport deadline is
+    given up (its connection closed) and sent again, as
+    :meth:`Ticket.extend` does. Attempts are queued on a connection and
+    watched, never waited for, so one ticket's stalled renewal never delays
+    another's. The thread runs while any keep-alive does."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._entries: list[_Renewal] = []
+        self._running = False
+        self._kicked = False
+
+    def add(self, t: Ticket, every: float) -> _Renewal | None:
+        """Starts renewing ``t``; ``None`` if no thread could be started."""
+        r = _Renewal(t, every)
+        with self._lock:
+            self._entries.append(r)
+            self._kicked = True
+            self._cv.notify()
+            if self._running:
+                return r
+            self._running = True
+        try:
+            threading.Thread(target=self._loop, name="ticketd-renew", daemon=True).start()
+        except RuntimeError:
+            with self._lock:
+                self._running = False
+                self._entries.remove(r)
+            return None
+        return r
+
+    def stop(self, r: _Renewal) -> None:
+        """Ends the renewals of ``r``, waiting for an attempt in flight."""
+        with self._lock:
+            r.stopping = True
+            self._kicked = True
+            self._cv.notify()
+        r.done.wait()
+
+    def kick(self) -> None:
+        """An attempt ended (called under its session's lock)."""
+        with self._lock:
+            self._kicked = True
+            self._cv.notify()
+
+    def running(self) -> bool:
+        with self._lock:
+            return self._running
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    self._entries = [r for r in self._entries if not r.done.is_set()]
+                    if not self._entries:
+                        self._running = False
+                        return
+                    entries = list(self._entries)
+                    self._kicked = False
+                # Never under our lock: a session calls kick() under its own.
+                wake = min(self._step(r) for r in entries)
+                if wake == float("inf"):
+                    # Every one of them ended: look at the list again.
+                    continue
+                with self._lock:
+                    if not self._kicked:
+                        self._cv.wait(max(0.0, wake - time.monotonic()))
+        except BaseException:
+            # Never leave a holder believing in renewals that stopped.
+            with self._lock:
+                for r in self._entries:
+                    r.ticket._mark_lost()
+                    r.done.set()
+                self._entries = []
+                self._running = False
+            raise
+
+    def _end(self, r: _Renewal, lost: bool) -> float:
+        if lost:
+            r.ticket._mark_lost()
+        if r.renewing:
+            r.renewing = False
+            r.ticket._extend_lock.release()
+        r.done.set()
+        return float("inf")
+
+    def _step(self, r: _Renewal) -> float:
+        """Moves ``r`` on; returns when it next needs the thread."""
+        t = r.ticket
+        if r.call is not None:
+            assert r.session is not None
+            outcome = r.session.check(r.call)
+            if outcome is None:
+                c = r.call
+                return c.plan.send_deadline if c.phase == QUEUED else c.plan.give_up
+            call, r.call, r.session = r.call, None, None
+            now = time.monotonic()
+            if outcome == ANSWERED:
+                if call.reply_op == _proto.OP_NOT_EXTENDED:
+                    return self._end(r, lost=True)
+                if now < r.until:
+                    # Counted from the write, never from the reply.
+                    t._renewed_at = call.written_at
+                    t._expires_at = call.written_at + call.lease_s
+                    r.renewing = False
+                    t._extend_lock.release()
+                    return self._step(r)
+            # Not sent, sent into a connection that died, no reply in time,
+            # or an E too late to count: sent again after a pause.
+            r.retry_at = now + r.pause
+            r.pause = min(max(r.pause * 2, 0.01), 0.5)
+        now = time.monotonic()
+        if r.renewing:
+            if r.stopping:
+                # Stopped between attempts: the holder is releasing.
+                return self._end(r, lost=False)
+            if now >= r.until or self._pool.closed:
+                return self._end(r, lost=True)
+            if now < r.retry_at:
+                return min(r.retry_at, r.until)
+            plan = _plan.extend_plan(now, r.until)
+            session = self._pool.get(plan.send_deadline)
+            call = Call(EXTEND, t._key_raw, plan, token=t._token, lease_s=t._lease_s)
+            call.on_done = self.kick
+            if session is None or not session.submit(call):
+                r.retry_at = time.monotonic() + r.pause
+                r.pause = min(max(r.pause * 2, 0.01), 0.5)
+                return min(r.retry_at, r.until)
+            r.call, r.session = call, session
+            return plan.give_up
+        if r.stopping:
+            return self._end(r, lost=False)
+        wake = t._renewed_at + r.every
+        if now < wake:
+            return wake
+        if not t._extend_lock.acquire(blocking=False):
+            # The holder is extending it right now: look again shortly.
+            return now + 0.01
+        r.renewing = True
+        if t._released:
+            return self._end(r, lost=False)
+        r.until = t._expires_at - t._lease_s / 10.0
+        if t.lost.is_set() or now >= r.until:
+            return self._end(r, lost=True)
+        r.retry_at = now
+        r.pause = 0.0
+        return self._step(r)
