@@ -380,6 +380,43 @@ pub struct Outbox<T = ()> {
     /// pushed, so that neither [`Outbox::tally`] nor a turn without
     /// wrong-token answers walks the replies.
     counts: [u64; 7],
+    /// Replies written straight into a connection's write buffer.
+    direct: Direct,
+}
+
+/// No connection: [`Direct::conn`] while no write buffer is lent.
+const NO_CONN: ConnId = ConnId::MAX;
+
+/// The write buffer a server lends the outbox while it handles one
+/// connection's requests ([`Outbox::begin_direct`]): replies to that
+/// connection are encoded into it at once, with no message kept and no
+/// second copy. What a turn may still take back is recorded beside it.
+#[derive(Debug)]
+struct Direct {
+    /// The connection whose buffer `buf` is, or [`NO_CONN`].
+    conn: ConnId,
+    buf: Vec<u8>,
+    /// Every buffer lent this turn: its connection and its length when lent
+    /// (what [`Outbox::direct_lent`] cuts back to if the turn's replies
+    /// must not leave).
+    lent: Vec<(ConnId, usize)>,
+    /// The grants and extensions (which `retain_leases` may withhold) and
+    /// the wrong-token answers (which the guess throttle counts) written
+    /// into lent buffers this turn.
+    marks: Vec<DirectMark>,
+    /// Byte ranges of lent buffers withheld by `retain_leases`:
+    /// connection, start, end, in the order written.
+    withdrawn: Vec<(ConnId, usize, usize)>,
+}
+
+/// One reply written into a lent buffer, at `buf[start..end]`.
+#[derive(Clone, Copy, Debug)]
+struct DirectMark {
+    conn: ConnId,
+    start: usize,
+    end: usize,
+    kind: Kind,
+    lease_s: u8,
 }
 
 impl<T> Default for Outbox<T> {
@@ -389,6 +426,13 @@ impl<T> Default for Outbox<T> {
             frames: Vec::new(),
             expired_keys: Vec::new(),
             counts: [0; 7],
+            direct: Direct {
+                conn: NO_CONN,
+                buf: Vec::new(),
+                lent: Vec::new(),
+                marks: Vec::new(),
+                withdrawn: Vec::new(),
+            },
         }
     }
 }
@@ -402,7 +446,8 @@ impl Outbox {
 }
 
 impl<T: Copy + Default> Outbox<T> {
-    /// Number of replies and events held.
+    /// Number of replies and events held (not counting replies written
+    /// into a lent write buffer, see [`Outbox::begin_direct`]).
     #[must_use]
     pub fn len(&self) -> usize {
         self.msgs.len()
@@ -423,12 +468,76 @@ impl<T: Copy + Default> Outbox<T> {
         }
     }
 
-    /// Forgets every reply and event, keeping the allocations.
+    /// Forgets every reply and event, keeping the allocations (and what
+    /// was recorded about lent buffers: a turn's end).
     pub fn clear(&mut self) {
         self.msgs.clear();
         self.frames.clear();
         self.expired_keys.clear();
         self.counts = [0; 7];
+        debug_assert!(self.direct.conn == NO_CONN, "a write buffer is still lent");
+        self.direct.lent.clear();
+        self.direct.marks.clear();
+        self.direct.withdrawn.clear();
+    }
+
+    /// Whether replies to `conn` may be written straight into its write
+    /// buffer now: not while the outbox holds a reply to it already, which
+    /// must reach the buffer first (replies to one connection keep their
+    /// order).
+    #[must_use]
+    pub fn may_lend(&self, conn: ConnId) -> bool {
+        conn != NO_CONN
+            && self.direct.conn == NO_CONN
+            && !self
+                .msgs
+                .iter()
+                .any(|m| m.conn == conn && m.kind != Kind::Expired)
+    }
+
+    /// Lends the outbox `conn`'s write buffer: until [`Outbox::end_direct`]
+    /// gives it back, every reply to `conn` is encoded at its end at once
+    /// (as [`Outbox::frames`] would have carried it), and is not read back
+    /// by [`Outbox::iter`], [`Outbox::events`] or [`Outbox::frames`]. It is
+    /// still counted by [`Outbox::tally`] and
+    /// [`Outbox::wrong_token_answers`], and a grant or extension among
+    /// them that [`Outbox::retain_leases`] refuses is listed by
+    /// [`Outbox::direct_withdrawn`] for the caller to cut out. The caller
+    /// has checked [`Outbox::may_lend`].
+    pub fn begin_direct(&mut self, conn: ConnId, buf: Vec<u8>) {
+        debug_assert!(self.may_lend(conn), "lent while replies to it are held");
+        self.direct.lent.push((conn, buf.len()));
+        self.direct.conn = conn;
+        self.direct.buf = buf;
+    }
+
+    /// The lent buffer's length now (0 while none is lent).
+    #[must_use]
+    pub fn direct_len(&self) -> usize {
+        self.direct.buf.len()
+    }
+
+    /// Gives the lent write buffer back, with the replies written into it.
+    pub fn end_direct(&mut self) -> Vec<u8> {
+        self.direct.conn = NO_CONN;
+        std::mem::take(&mut self.direct.buf)
+    }
+
+    /// The buffers lent since the last [`Outbox::clear`], in order: each
+    /// connection and the buffer's length when lent (cut back to it, the
+    /// turn's direct replies are gone).
+    #[must_use]
+    pub fn direct_lent(&self) -> &[(ConnId, usize)] {
+        &self.direct.lent
+    }
+
+    /// The byte ranges of lent buffers that [`Outbox::retain_leases`]
+    /// withheld since the last [`Outbox::clear`], in the order written:
+    /// connection, start, end. Cut out last first, each range is where it
+    /// was written.
+    #[must_use]
+    pub fn direct_withdrawn(&self) -> &[(ConnId, usize, usize)] {
+        &self.direct.withdrawn
     }
 
     fn key_of(&self, m: &OutMsg<T>) -> &str {
@@ -533,10 +642,21 @@ impl<T: Copy + Default> Outbox<T> {
     pub fn wrong_token_answers(&self) -> impl Iterator<Item = ConnId> + '_ {
         let wrong = self.counts[Kind::NotReleased.tally_index().unwrap_or(4)]
             + self.counts[Kind::NotExtended.tally_index().unwrap_or(6)];
-        let msgs = if wrong == 0 { &[][..] } else { &self.msgs[..] };
+        let (msgs, marks) = if wrong == 0 {
+            (&[][..], &[][..])
+        } else {
+            (&self.msgs[..], &self.direct.marks[..])
+        };
+        let wrong_token = |k: Kind| matches!(k, Kind::NotReleased | Kind::NotExtended);
         msgs.iter()
-            .filter(|m| matches!(m.kind, Kind::NotReleased | Kind::NotExtended))
+            .filter(move |m| wrong_token(m.kind))
             .map(|m| m.conn)
+            .chain(
+                marks
+                    .iter()
+                    .filter(move |m| wrong_token(m.kind))
+                    .map(|m| m.conn),
+            )
     }
 
     /// The replies' wire bytes, in order, as runs of consecutive replies to
@@ -576,7 +696,7 @@ impl<T: Copy + Default> Outbox<T> {
     /// durable lease bound could not be written: a client that never saw a
     /// grant never acts on it, and its lease ends by itself.
     pub fn retain_leases(&mut self, mut keep: impl FnMut(u8) -> bool) -> usize {
-        let before = self.msgs.len();
+        let before = self.msgs.len() + self.direct.marks.len();
         let counts = &mut self.counts;
         self.msgs.retain(|m| {
             let kept = !matches!(m.kind, Kind::Acquired(_) | Kind::Extended) || keep(m.lease_s);
@@ -587,7 +707,18 @@ impl<T: Copy + Default> Outbox<T> {
             }
             kept
         });
-        before - self.msgs.len()
+        let withdrawn = &mut self.direct.withdrawn;
+        self.direct.marks.retain(|m| {
+            let kept = !matches!(m.kind, Kind::Acquired(_) | Kind::Extended) || keep(m.lease_s);
+            if !kept {
+                if let Some(i) = m.kind.tally_index() {
+                    counts[i] -= 1;
+                }
+                withdrawn.push((m.conn, m.start, m.end));
+            }
+            kept
+        });
+        before - self.msgs.len() - self.direct.marks.len()
     }
 
     /// Appends a reply addressed to `conn`. Used by the engine, and by
@@ -620,8 +751,11 @@ impl<T: Copy + Default> Outbox<T> {
     /// so the reply is neither built nor matched.
     // Eight because it takes the frame's parts apart on purpose: packing
     // them into a `Reply` and matching it again is the cost it saves.
+    // Always inlined: the kind is then known at each call site and the
+    // frame's header, tally slot and mark test fold to constants (out of
+    // line, the call and the run-time matches cost more than the copy).
     #[allow(clippy::too_many_arguments)]
-    #[inline]
+    #[inline(always)]
     fn push_reply(
         &mut self,
         conn: ConnId,
@@ -641,6 +775,20 @@ impl<T: Copy + Default> Outbox<T> {
             Kind::Timeout | Kind::Busy => (owner, 0),
             _ => (token, 0),
         };
+        if conn == self.direct.conn {
+            let start = self.direct.buf.len();
+            encode_reply_parts(kind.op(), a, b, key.as_bytes(), &mut self.direct.buf);
+            if !matches!(kind, Kind::Released | Kind::Timeout | Kind::Busy) {
+                self.direct.marks.push(DirectMark {
+                    conn,
+                    start,
+                    end: self.direct.buf.len(),
+                    kind,
+                    lease_s,
+                });
+            }
+            return;
+        }
         let frame_start = self.frames.len();
         encode_reply_parts(kind.op(), a, b, key.as_bytes(), &mut self.frames);
         self.msgs.push(OutMsg {
@@ -833,6 +981,26 @@ struct Queue<T> {
     timer_at: Millis,
     /// Sequence number of that entry: with `timer_at`, its index key.
     timer_seq: u64,
+}
+
+/// [`take_token`] unless a grant now would exceed `ceiling` (what
+/// [`Engine::tokens_exhausted`] tells): then `None`, and nothing changes.
+/// The step is found once for the check and the token.
+#[inline]
+fn try_take_token(next_token: &mut u64, rng: Option<&mut TokenRng>, ceiling: u64) -> Option<u64> {
+    let t = *next_token;
+    let Some(rng) = rng else {
+        if t >= ceiling {
+            return None;
+        }
+        // `t < ceiling <= u64::MAX`: the next one exists.
+        *next_token = t + 1;
+        return Some(t);
+    };
+    // The highest token the step may carry must be below the ceiling.
+    let step = token::step_at_or_above(t).filter(|s| s | token::RANDOM_MASK < ceiling)?;
+    *next_token = step.saturating_add(token::STEP);
+    Some(step | u64::from(rng.bits()))
 }
 
 /// Issues the next token and advances `next_token` past it: `next_token`
@@ -1521,7 +1689,6 @@ impl<T: Copy + Default> Engine<T> {
         }
         let expires_at = self.lease_end(now, lease_s);
         let full = self.keys.len() >= self.limits.max_keys;
-        let exhausted = self.tokens_exhausted();
         let in_grace = self.clocked && now < self.grace_until;
         // One hash of the key for the whole decision (the entry borrows
         // only the `keys` field, so the token is issued by field).
@@ -1550,11 +1717,14 @@ impl<T: Copy + Default> Engine<T> {
                 )
             }
             StrEntry::Vacant(v) => {
-                if exhausted {
+                let Some(token) = try_take_token(
+                    &mut self.next_token,
+                    self.token_rng.as_mut(),
+                    self.token_ceiling,
+                ) else {
                     out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
                     return AcquireOutcome::Busy;
-                }
-                let token = take_token(&mut self.next_token, self.token_rng.as_mut());
+                };
                 v.insert(
                     KeyStr::new(key),
                     Slot {
@@ -1588,14 +1758,17 @@ impl<T: Copy + Default> Engine<T> {
         };
         let holder_expiry = slot.expires_at;
         if self.clocked && slot.expires_at <= now {
-            if exhausted {
+            let Some(token) = try_take_token(
+                &mut self.next_token,
+                self.token_rng.as_mut(),
+                self.token_ceiling,
+            ) else {
                 out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
                 return AcquireOutcome::Busy;
-            }
+            };
             // Lazy takeover: the non-FIFO expiry path, ahead of any queue.
             // The key's timer (if it has waiters) is at or before the old
             // expiry, so it is early now, never late.
-            let token = take_token(&mut self.next_token, self.token_rng.as_mut());
             if slot.token != 0 {
                 out.push_expired(key, slot.token);
                 self.stats.lease_expiries += 1;
@@ -2350,6 +2523,91 @@ mod tests {
         assert_eq!(out.wrong_token_answers().collect::<Vec<_>>(), [3, 5]);
         out.tally(&mut counts);
         assert_eq!(counts, [0, 1, 1, 2, 2, 0, 2]);
+    }
+
+    /// Replies to the connection whose write buffer is lent are encoded at
+    /// its end, byte for byte what `frames()` would have carried, in order
+    /// after what the buffer held; replies to others stay in the outbox.
+    /// They are counted, their wrong-token answers listed, and a withheld
+    /// grant or extension among them is listed as the range to cut out.
+    #[test]
+    fn a_lent_write_buffer_gets_its_replies_encoded_and_withheld_ranges_listed() {
+        let mine = [
+            (
+                Reply::Acquired {
+                    token: 7,
+                    owner: 1,
+                    key: "db",
+                },
+                30,
+            ),
+            (
+                Reply::Released {
+                    token: 7,
+                    key: "db",
+                },
+                0,
+            ),
+            (Reply::Extended { token: 9, key: "k" }, 5),
+            (Reply::NotReleased { token: 2, key: "x" }, 0),
+            (Reply::Busy { owner: 4, key: "k" }, 0),
+        ];
+        let other = Reply::Acquired {
+            token: 11,
+            owner: 2,
+            key: "q",
+        };
+        let mut routed = Outbox::new();
+        let mut out = Outbox::new();
+        assert!(out.may_lend(1));
+        out.begin_direct(1, b"old".to_vec());
+        assert!(!out.may_lend(2), "one buffer at a time");
+        for (i, &(reply, lease_s)) in mine.iter().enumerate() {
+            out.push(1, reply, lease_s);
+            routed.push(1, reply, lease_s);
+            if i == 1 {
+                out.push(2, other, 10);
+            }
+        }
+        let buf = out.end_direct();
+        let want: Vec<u8> = routed.frames().flat_map(|(_, f)| f.to_vec()).collect();
+        assert_eq!(buf[..3], *b"old");
+        assert_eq!(buf[3..], want[..]);
+        // Only the reply to connection 2 is held as a message.
+        assert_eq!(out.len(), 1);
+        let runs: Vec<(ConnId, Vec<u8>)> = out.frames().map(|(c, f)| (c, f.to_vec())).collect();
+        let mut wire = Vec::new();
+        encode_reply(&other, &mut wire);
+        assert_eq!(runs, vec![(2, wire)]);
+        assert!(!out.may_lend(2), "a reply to 2 is held: it goes first");
+        assert!(out.may_lend(1));
+        let mut counts = [0; 7];
+        out.tally(&mut counts);
+        assert_eq!(counts, [2, 0, 1, 1, 1, 1, 0]);
+        assert_eq!(out.wrong_token_answers().collect::<Vec<_>>(), [1]);
+        assert_eq!(out.direct_lent(), [(1, 3)]);
+        // Withholding leases over 10 s: the 30 s grant in the buffer goes,
+        // the 5 s extension and the 10 s grant to connection 2 stay.
+        assert_eq!(out.retain_leases(|lease_s| lease_s <= 10), 1);
+        let mut first = Vec::new();
+        encode_reply(&mine[0].0, &mut first);
+        assert_eq!(out.direct_withdrawn(), [(1, 3, 3 + first.len())]);
+        let mut counts = [0; 7];
+        out.tally(&mut counts);
+        assert_eq!(counts, [1, 0, 1, 1, 1, 1, 0]);
+        assert_eq!(
+            out.retain_leases(|_| false),
+            2,
+            "the extension and the grant to 2"
+        );
+        assert_eq!(out.direct_withdrawn().len(), 2);
+        out.clear();
+        assert!(out.direct_lent().is_empty() && out.direct_withdrawn().is_empty());
+        assert_eq!(out.wrong_token_answers().count(), 0);
+        // Not lent: replies are held as before.
+        out.push(1, mine[0].0, 30);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out.direct_len(), 0);
     }
 
     /// What happened reads back as typed events, each carrying the tag of

@@ -114,6 +114,16 @@ pub trait Service {
         let _ = out;
     }
 
+    /// Whether the server may have the replies to a connection's requests
+    /// encoded straight into that connection's write buffer while it handles
+    /// them ([`Outbox::begin_direct`]): they are then not read back from the
+    /// outbox ([`Outbox::iter`], [`Outbox::events`]), though
+    /// [`Outbox::retain_leases`] still withholds them. Single mode says yes;
+    /// the default, no.
+    fn replies_direct(&self) -> bool {
+        false
+    }
+
     /// Why the server must stop at once, if it must: asked after an
     /// [`Service::end_turn`] that failed. The loop then writes none of the
     /// turn's replies and [`crate::server::Server::run`] returns the reason

@@ -827,6 +827,11 @@ impl Service for SingleService {
         Some(&self.engine)
     }
 
+    /// Nothing reads the replies back: `end_turn` only withholds grants.
+    fn replies_direct(&self) -> bool {
+        true
+    }
+
     /// Ready once a grant can be made: no restart grace in force, and a
     /// durable token mark (and lease bound) above the next token.
     fn readiness(&self, now: Millis) -> Result<(), crate::service::NotReady> {

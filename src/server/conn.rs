@@ -356,7 +356,46 @@ impl Conn {
     /// Unsent reply bytes, with those the stream holds (TLS records).
     #[inline]
     pub(crate) fn unsent(&self) -> usize {
-        self.output.buf.len() - self.output.cursor + self.stream.buffered()
+        self.unsent_lent(self.output.buf.len())
+    }
+
+    /// [`Conn::unsent`] while the write buffer is lent out
+    /// ([`Conn::lend_output`]) and holds `buf_len` bytes.
+    #[inline]
+    pub(crate) fn unsent_lent(&self, buf_len: usize) -> usize {
+        buf_len - self.output.cursor + self.stream.buffered()
+    }
+
+    /// Lends the write buffer out (to the outbox, which encodes replies
+    /// into it): until [`Conn::return_output`], nothing else may touch the
+    /// output. Its cursor stays.
+    #[inline]
+    pub(crate) fn lend_output(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.output.buf)
+    }
+
+    /// Takes the lent write buffer back; true when it grew.
+    #[inline]
+    pub(crate) fn return_output(&mut self, buf: Vec<u8>, lent_len: usize) -> bool {
+        debug_assert!(self.output.buf.is_empty() && buf.len() >= lent_len);
+        self.output.buf = buf;
+        self.output.buf.len() > lent_len
+    }
+
+    /// Cuts the unsent bytes `start..end` out (replies withheld after they
+    /// were encoded into the buffer); a range not wholly unsent is left.
+    pub(crate) fn withdraw(&mut self, start: usize, end: usize) {
+        let o = &mut self.output;
+        if o.cursor <= start && start <= end && end <= o.buf.len() {
+            o.buf.drain(start..end);
+        }
+    }
+
+    /// Cuts the write buffer back to `len` bytes (none of a turn's replies
+    /// may leave), never below what was already sent.
+    pub(crate) fn cut_back(&mut self, len: usize) {
+        let o = &mut self.output;
+        o.buf.truncate(len.max(o.cursor));
     }
 
     /// The stream holds bytes of its own to write (TLS handshake records).

@@ -746,7 +746,9 @@ impl<S: Service> Server<S> {
         if let Err(e) = self.service.end_turn(now, &mut self.out) {
             if let Some(why) = self.service.must_stop() {
                 // None of this turn's replies leaves: the node that made
-                // them cannot vouch for them.
+                // them cannot vouch for them (those already encoded into
+                // write buffers are cut out again).
+                self.cut_back_direct();
                 self.fatal = Some(why);
                 return;
             }
@@ -1075,8 +1077,22 @@ impl<S: Service> Server<S> {
         // that does not read overshoots it by at most one reply.
         let mut projected_out = c.unsent();
         let mut throttled = false;
+        // The replies to this connection's requests are encoded straight
+        // into its write buffer, lent to the outbox for the loop (not while
+        // debug logging reads them back from the outbox, nor while the
+        // outbox holds a reply to it that must go first).
+        let lent = (self.service.replies_direct() && !debug && self.out.may_lend(id)).then(|| {
+            let buf = c.lend_output();
+            let len = buf.len();
+            self.out.begin_direct(id, buf);
+            len
+        });
         let end = loop {
-            if c.unsent() >= soft {
+            let unsent = match lent {
+                Some(_) => c.unsent_lent(self.out.direct_len()),
+                None => c.unsent(),
+            };
+            if unsent >= soft {
                 c.pause_input();
                 break End::Idle;
             }
@@ -1142,6 +1158,11 @@ impl<S: Service> Server<S> {
                 Err(e) => break End::Failed(e),
             }
         };
+        if let Some(len) = lent {
+            if c.return_output(self.out.end_direct(), len) && c.mark_dirty() {
+                self.dirty.push(key);
+            }
+        }
         if throttled {
             // Reads resume when the throttle says so (see `resume_throttled`).
             if !self.throttled.iter().any(|&(k, _)| k == key) {
@@ -1266,12 +1287,24 @@ impl<S: Service> Server<S> {
         }
     }
 
-    /// Copies the turn's replies (encoded once, in the outbox) into their
-    /// connections' write buffers: a run of replies to one connection in
-    /// one copy. Counts the wrong-token answers (`N`, `X`) against each
-    /// connection's guess throttle.
+    /// Cuts out of the write buffers what the service withheld of the
+    /// replies encoded straight into them while their requests were
+    /// handled, and copies the turn's other replies (encoded once, in the
+    /// outbox: those to a connection not being handled, such as a waiter's
+    /// grant) into their connections' write buffers, a run of replies to
+    /// one connection in one copy. Counts the wrong-token answers (`N`,
+    /// `X`) against each connection's guess throttle.
     #[cfg_attr(ticketd_profile, inline(never))]
     fn deliver(&mut self, now: Millis) {
+        // Grants encoded straight into write buffers that the service then
+        // withheld (`Outbox::retain_leases`) are cut out, last first so
+        // that each range is still where it was written.
+        for &(conn, start, end) in self.out.direct_withdrawn().iter().rev() {
+            let key = usize::try_from(conn & CONN_KEY_MASK).unwrap_or(usize::MAX);
+            if let Some(c) = self.conns.get_mut(key).filter(|c| c.id() == conn) {
+                c.withdraw(start, end);
+            }
+        }
         self.out.tally(&mut self.stats.replies);
         if log::log_enabled!(log::Level::Debug) {
             for a in self.out.iter() {
@@ -1319,6 +1352,17 @@ impl<S: Service> Server<S> {
             }
         }
         self.out.clear();
+    }
+
+    /// Cuts every write buffer lent to the outbox this turn back to its
+    /// length when lent: none of the turn's replies leaves.
+    fn cut_back_direct(&mut self) {
+        for &(conn, len) in self.out.direct_lent() {
+            let key = usize::try_from(conn & CONN_KEY_MASK).unwrap_or(usize::MAX);
+            if let Some(c) = self.conns.get_mut(key).filter(|c| c.id() == conn) {
+                c.cut_back(len);
+            }
+        }
     }
 
     /// At most one `write` per connection with output.

@@ -1099,3 +1099,139 @@ fn the_harness_applies_a_command_lines_limits_as_the_ticketd_binary_does() {
     );
     assert_eq!(mem, real, "the harness and ticketd differ");
 }
+
+// ---- replies encoded into the write buffer, then withheld ---------------
+
+/// Single mode, except that `end_turn` withholds every grant and extension
+/// of the turn whose lease is longer than `withhold_over` seconds, as
+/// single mode does when the lease bound cannot be written.
+struct Withholding {
+    inner: SingleService,
+    withhold_over: Option<u8>,
+    withheld: usize,
+}
+
+impl ticketd::service::Service for Withholding {
+    fn request(
+        &mut self,
+        now: Millis,
+        conn: u64,
+        req: Request<'_>,
+        out: &mut ticketd::engine::Outbox,
+    ) {
+        self.inner.request(now, conn, req, out);
+    }
+    fn disconnect(&mut self, now: Millis, conn: u64, out: &mut ticketd::engine::Outbox) {
+        self.inner.disconnect(now, conn, out);
+    }
+    fn tick(&mut self, now: Millis, out: &mut ticketd::engine::Outbox) {
+        self.inner.tick(now, out);
+    }
+    fn next_deadline(&self) -> Option<Millis> {
+        self.inner.next_deadline()
+    }
+    fn replies_direct(&self) -> bool {
+        self.inner.replies_direct()
+    }
+    fn end_turn(&mut self, now: Millis, out: &mut ticketd::engine::Outbox) -> std::io::Result<()> {
+        if let Some(over) = self.withhold_over {
+            self.withheld += out.retain_leases(|lease_s| lease_s <= over);
+        }
+        self.inner.end_turn(now, out)
+    }
+}
+
+/// A pipelined batch answered straight into the connection's write buffer
+/// loses exactly the withheld grants and extension, the replies around them
+/// intact and in order; a waiter's grant made by another connection's
+/// release is withheld the same way, and reaches its connection before the
+/// replies to that connection's own later requests of the same turn.
+#[test]
+fn withheld_grants_are_cut_out_of_replies_encoded_into_the_write_buffer() {
+    let service = Withholding {
+        inner: SingleService::with_first_token(Config::default().engine.clone(), 1)
+            .with_sequential_tokens(),
+        withhold_over: Some(10),
+        withheld: 0,
+    };
+    let mut h = Harness::with_service(Config::default(), service).expect("harness");
+    let mut a = h.connect();
+    let mut batch = Vec::new();
+    batch.extend(acquire("k1", 1, 0, 5));
+    batch.extend(acquire("k2", 1, 0, 30)); // withheld
+    batch.extend(release("k9", 4)); // N
+    batch.extend(acquire("k3", 1, 0, 10));
+    batch.extend(extend("k1", 1, 60)); // withheld
+    batch.extend(extend("k3", 3, 7));
+    a.write(&batch);
+    h.run_until_idle();
+    assert_eq!(
+        replies(&a.take()),
+        [
+            "Acquired { token: 1, owner: 1, key: \"k1\" }",
+            "NotReleased { token: 4, key: \"k9\" }",
+            "Acquired { token: 3, owner: 1, key: \"k3\" }",
+            "Extended { token: 3, key: \"k3\" }",
+        ]
+    );
+    assert_eq!(h.service().withheld, 2);
+    // The withheld grant still holds its key until its lease ends.
+    a.write(&acquire("k2", 2, 0, 5));
+    h.run_until_idle();
+    assert_eq!(replies(&a.take()), ["Timeout { owner: 2, key: \"k2\" }"]);
+    let stats = h.stats();
+    assert_eq!(stats.replies[0], 2, "grants counted, less the withheld");
+    assert_eq!(stats.replies[5], 1, "extensions counted, less the withheld");
+
+    // A waiter's grant, made while another connection is handled.
+    let (mut b, mut c) = (h.connect(), h.connect());
+    b.write(&acquire("w", 5, 0, 5));
+    c.write(&acquire("v", 6, 0, 5));
+    h.run_until_idle();
+    assert_eq!(
+        replies(&b.take()),
+        ["Acquired { token: 4, owner: 5, key: \"w\" }"]
+    );
+    assert_eq!(
+        replies(&c.take()),
+        ["Acquired { token: 5, owner: 6, key: \"v\" }"]
+    );
+    c.write(&acquire("w", 7, 10, 30)); // queued behind b; withheld when granted
+    h.run_until_idle();
+    assert!(c.take().is_empty());
+    // b's release hands "w" to c's waiter (30 s: withheld, the waiter is
+    // gone), in the same turn c asks for another key.
+    b.write(&release("w", 4));
+    c.write(&acquire("u", 9, 0, 5));
+    h.run_until_idle();
+    assert_eq!(replies(&b.take()), ["Released { token: 4, key: \"w\" }"]);
+    assert_eq!(
+        replies(&c.take()),
+        ["Acquired { token: 7, owner: 9, key: \"u\" }"]
+    );
+    assert_eq!(h.service().withheld, 3);
+    // Nothing withheld: the waiter's grant comes first, then the reply to
+    // c's own request of the same turn.
+    h.service_mut().withhold_over = None;
+    h.advance(Duration::from_secs(31));
+    b.write(&acquire("w", 10, 0, 5));
+    h.run_until_idle();
+    assert_eq!(
+        replies(&b.take()),
+        ["Acquired { token: 8, owner: 10, key: \"w\" }"]
+    );
+    c.write(&acquire("w", 11, 10, 5));
+    h.run_until_idle();
+    assert!(c.take().is_empty());
+    b.write(&release("w", 8));
+    c.write(&acquire("t", 12, 0, 5));
+    h.run_until_idle();
+    assert_eq!(replies(&b.take()), ["Released { token: 8, key: \"w\" }"]);
+    assert_eq!(
+        replies(&c.take()),
+        [
+            "Acquired { token: 9, owner: 11, key: \"w\" }",
+            "Acquired { token: 10, owner: 12, key: \"t\" }",
+        ]
+    );
+}
