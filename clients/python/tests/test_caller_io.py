@@ -6,6 +6,7 @@ thread when the caller that held it is done, however its call ended."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from typing import Callable
@@ -14,7 +15,7 @@ import pytest
 from support import STALL_REPLIES, Proxy, Ticketd
 
 import ticketd
-from ticketd import _session, _transport
+from ticketd import _plan, _proto, _session, _transport
 
 MakeClient = Callable[..., ticketd.Client]
 MakeProxy = Callable[..., Proxy]
@@ -189,3 +190,79 @@ def test_a_caller_whose_reply_stalls_is_indeterminate_and_the_next_caller_reads_
     assert deliveries[(s2.id, "next")] == [threading.current_thread().name] * 2
     # Neither stalled request was delivered to anyone.
     assert (s.id, "stalled") not in deliveries and (s.id, "behind") not in deliveries
+
+
+def test_a_lone_caller_past_its_deadline_leaves_the_writer_to_a_call_queued_meanwhile(
+    server: Ticketd, make_client: MakeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lone caller whose send deadline has passed by the time it would
+    write sends nothing; a call queued while it held the write role is then
+    written by the writer thread at once, not left until its own deadline."""
+    c = make_client(server.addr, pool_size=1)
+    warm = c.acquire("warm", wait=1, lease=5).ticket
+    assert warm is not None and warm.release() == "released"
+    s = only_session(c)
+    assert wait_for(lambda: not s._reader_on)
+    now = time.monotonic()
+    late = _session.Call(
+        _session.ACQUIRE, b"late", _plan.Plan(None, now, now, now), owner=1, lease_s=5
+    )
+    queued = _session.Call(
+        _session.ACQUIRE, b"queued", _plan.transport_plan(now), owner=2, lease_s=5
+    )
+    real = s._conn.recv_by
+
+    def pre_read(timeout: float) -> bytes | None:
+        # The lone caller's first look at the socket: another caller
+        # queues meanwhile, while the write role is taken.
+        monkeypatch.setattr(s._conn, "recv_by", real)
+        assert s.submit(queued)
+        return real(timeout)
+
+    monkeypatch.setattr(s._conn, "recv_by", pre_read)
+    assert s.run(late) == _session.NOT_SENT
+    start = time.monotonic()
+    assert s.await_call(queued) == _session.ANSWERED
+    assert time.monotonic() - start < 1.0
+    assert queued.reply_op == _proto.OP_ACQUIRE
+    assert c.release("queued", queued.reply_token) == "released"
+
+
+def test_a_caller_reading_when_its_session_is_closed_and_reaped_returns_at_once(
+    server: Ticketd, make_client: MakeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session of a caller that reads for itself is closed and joined
+    (as the pool does when it reaps it) just before the caller waits for
+    bytes, and a new connection opens at once. The caller still sees the
+    end at once: its socket is not closed under it, so it never waits on
+    whatever descriptor got the old number."""
+    holder = make_client(server.addr)
+    held = holder.acquire("held", wait=1, lease=30).ticket
+    assert held is not None
+    c = make_client(server.addr, pool_size=1)
+    warm = c.acquire("warm", wait=1, lease=5).ticket
+    assert warm is not None and warm.release() == "released"
+    s = only_session(c)
+    assert wait_for(lambda: not s._reader_on)
+    real = s._conn.recv_by
+    opened: list[socket.socket] = []
+
+    def closed_meanwhile(timeout: float) -> bytes | None:
+        if timeout > 0 and not opened:
+            s.close("closed meanwhile")
+            s.join()
+            opened.append(socket.create_connection(server.sockaddr))
+        return real(timeout)
+
+    monkeypatch.setattr(s._conn, "recv_by", closed_meanwhile)
+    call = _session.Call(
+        _session.ACQUIRE, b"held", _plan.acquire_plan(time.monotonic(), 3), owner=7, lease_s=5
+    )
+    start = time.monotonic()
+    try:
+        assert s.run(call) == _session.LOST
+        assert time.monotonic() - start < 1.0
+    finally:
+        for o in opened:
+            o.close()
+    assert held.release() == "released"

@@ -10,7 +10,7 @@ import time
 from typing import Callable
 
 import pytest
-from support import STALL_REPLIES, CutAfter, Proxy, StallRepliesFor, Ticketd
+from support import STALL_REPLIES, Blackhole, CutAfter, Proxy, StallRepliesFor, Ticketd
 
 import ticketd
 
@@ -341,3 +341,26 @@ def test_one_locks_stalled_renewal_never_delays_another_locks(
             assert fast.remaining() > 2.5
         assert not fast.lost.wait(1.0)
     assert not server.holds("fast")
+
+
+def test_a_renewal_that_must_connect_never_delays_another_locks_lost(
+    server: Ticketd, make_proxy: MakeProxy, make_client: MakeClient
+) -> None:
+    """The one connection dies; the next connect goes first to an address
+    where it hangs for the connect timeout. A lock whose renewal comes due
+    meanwhile is still told lost at its renewal deadline, before its
+    expiry, rather than when that connect gives up."""
+    px = make_proxy(server)
+    hole = Blackhole()
+    try:
+        c = make_client([px.addr, hole.addr], pool_size=1, connect_timeout=2.5)
+        with c.lock("short", wait=1, lease=2, renew_every=1.2) as short:  # noqa: SIM117
+            with c.lock("long", wait=1, lease=30, renew_every=0.2):
+                px.cut_connections()
+                expiry = short.expires_at
+                assert short.lost.wait(max(0.0, expiry - time.monotonic())), (
+                    "not told lost by the expiry"
+                )
+                assert time.monotonic() < expiry
+    finally:
+        hole.close()

@@ -131,13 +131,19 @@ def test_a_server_certificate_from_another_ca_or_for_another_name_is_refused(
         {"tls_ca": certs / "ca.pem", "tls_server_name": "db.example"},
     ):
         c = make_client(server.addr, pool_size=1, **kw)
-        start = time.monotonic()
-        res = c.acquire("k", wait=0.5, lease=5)
-        # Refused before a byte of the request was sent: definitely not
-        # acquired, and no later than the wait.
-        assert res.outcome == "timeout", (kw, res)
-        assert time.monotonic() - start < 1.0
-        err = c.last_connect_error or ""
+        # On a loaded machine one handshake can outlast a short wait, and
+        # the attempt the deadline cuts short is the error kept: a few
+        # tries, each of which must be refused before a byte of the request
+        # was sent (definitely not acquired, no later than the wait).
+        err = ""
+        for _ in range(3):
+            start = time.monotonic()
+            res = c.acquire("k", wait=1.0, lease=5)
+            assert res.outcome == "timeout", (kw, res)
+            assert time.monotonic() - start < 2.0
+            err = c.last_connect_error or ""
+            if "certificate verify failed" in err:
+                break
         assert "TLS" in err and "certificate verify failed" in err, err
     assert not holds(plain, "k")
     # The name the certificate does carry works.

@@ -565,6 +565,8 @@ class _Renewal:
         "session",
         "retry_at",
         "pause",
+        "connecting",
+        "connected",
     )
 
     def __init__(self, ticket: Ticket, every: float) -> None:
@@ -583,6 +585,10 @@ class _Renewal:
         self.session: Session | None = None
         self.retry_at = 0.0
         self.pause = 0.0
+        #: A thread is opening a connection for the next attempt; then the
+        #: session it found (or ``None``). Both under the renewer's lock.
+        self.connecting = False
+        self.connected: Session | None = None
 
 
 class _Renewer:
@@ -597,7 +603,8 @@ class _Renewer:
     given up (its connection closed) and sent again, as
     :meth:`Ticket.extend` does. Attempts are queued on a connection and
     watched, never waited for, so one ticket's stalled renewal never delays
-    another's. The thread runs while any keep-alive does."""
+    another's; nor does opening a connection, which a short-lived thread
+    does when none is open. The thread runs while any keep-alive does."""
 
     def __init__(self, pool: Pool) -> None:
         self._pool = pool
@@ -606,6 +613,9 @@ class _Renewer:
         self._entries: list[_Renewal] = []
         self._running = False
         self._kicked = False
+        #: The pause after a connection attempt for the renewals that found
+        #: nothing reachable; doubles while they keep failing.
+        self._connect_pause = 0.0
 
     def add(self, t: Ticket, every: float) -> _Renewal | None:
         """Starts renewing ``t``; ``None`` if no thread could be started."""
@@ -643,6 +653,45 @@ class _Renewer:
     def running(self) -> bool:
         with self._lock:
             return self._running
+
+    def _connect(self, r: _Renewal, slot: int, send_deadline: float) -> bool:
+        """Has a short-lived thread fill the pool's claimed ``slot`` for the
+        next attempt of ``r``; ``False`` (with the slot given back) if no
+        thread could be started."""
+        with self._lock:
+            r.connecting = True
+        try:
+            threading.Thread(
+                target=self._connect_slot,
+                args=(r, slot, send_deadline),
+                name="ticketd-connect",
+                daemon=True,
+            ).start()
+        except RuntimeError:
+            with self._lock:
+                r.connecting = False
+            self._pool.unclaim(slot)
+            return False
+        return True
+
+    def _connect_slot(self, r: _Renewal, slot: int, send_deadline: float) -> None:
+        got: Session | None = None
+        try:
+            got = self._pool.fill(slot, send_deadline)
+            with self._lock:
+                pause = self._connect_pause
+                self._connect_pause = 0.0 if got is not None else min(max(pause * 2, 0.01), 0.5)
+            if got is None:
+                # Nothing reachable: pause before the next attempt claims
+                # the slot again, as Pool.get does, never past the deadline.
+                time.sleep(max(0.0, min(pause, send_deadline - time.monotonic())))
+        finally:
+            with self._lock:
+                # What Pool.get would have returned: that attempt goes there.
+                r.connected = got
+                r.connecting = False
+                self._kicked = True
+                self._cv.notify()
 
     def _loop(self) -> None:
         try:
@@ -716,7 +765,26 @@ class _Renewer:
             if now < r.retry_at:
                 return min(r.retry_at, r.until)
             plan = _plan.extend_plan(now, r.until)
-            session = self._pool.get(plan.send_deadline)
+            with self._lock:
+                if r.connecting:
+                    # Kicked when that connection attempt ends.
+                    return r.until
+                fresh, r.connected = r.connected, None
+            got: Session | int | None = fresh
+            if fresh is None or fresh.dead:
+                got = self._pool.get_nowait()
+            if got is None and not self._pool.closed:
+                # Someone else is connecting: look again shortly.
+                return min(now + 0.02, r.until)
+            if isinstance(got, int):
+                if self._connect(r, got, plan.send_deadline):
+                    # Opening a connection may take the whole connect
+                    # timeout: another thread does it, and kicks this one
+                    # when it is done, so every other lock is still told
+                    # lost in time.
+                    return r.until
+                got = None
+            session = got
             call = Call(EXTEND, t._key_raw, plan, token=t._token, lease_s=t._lease_s)
             call.on_done = self.kick
             if session is None or not session.submit(call):

@@ -136,10 +136,48 @@ class Pool:
         self._next_addr = 0
         self.last_error: str | None = None
         self.closed = False
+        #: Dead sessions taken out of their slots but not yet joined.
+        self._unjoined: list[Session] = []
 
     def live(self) -> list[Session]:
         with self._lock:
             return [s for s in self._slots if isinstance(s, Session) and not s.dead]
+
+    def get_nowait(self) -> Session | int | None:
+        """What :meth:`get` would pick, without ever blocking: a live
+        session; or the index of the empty slot whose turn it is, now
+        claimed, which the caller has filled by a thread that may block
+        (:meth:`fill`); or ``None`` (the pool is closed, or someone else is
+        connecting with nothing live: look again shortly). Dead sessions
+        are taken out here and joined by the next :meth:`fill`."""
+        with self._lock:
+            if self.closed:
+                return None
+            self._unjoined += self._reap_locked()
+            i = self._rr % len(self._slots)
+            self._rr += 1
+            slot = self._slots[i]
+            if isinstance(slot, Session):
+                return slot
+            if slot == _CONNECTING:
+                return self._any_live_locked()
+            self._slots[i] = _CONNECTING
+            return i
+
+    def fill(self, i: int, send_deadline: float) -> Session | None:
+        """Connects the slot ``i`` claimed by :meth:`get_nowait` (blocking,
+        as :meth:`get` does); the session, or ``None``."""
+        with self._lock:
+            dead, self._unjoined = self._unjoined, []
+        for d in dead:
+            d.join()
+        return self._fill(i, send_deadline)
+
+    def unclaim(self, i: int) -> None:
+        """Gives back the slot ``i`` claimed by :meth:`get_nowait` unfilled."""
+        with self._lock:
+            self._slots[i] = None
+            self._cv.notify_all()
 
     def get(self, send_deadline: float) -> Session | None:
         """A live session, connecting one if the next slot is empty; ``None``
@@ -275,6 +313,8 @@ class Pool:
             self.closed = True
             self._cv.notify_all()
             sessions = [s for s in self._slots if isinstance(s, Session)]
+            sessions += self._unjoined
+            self._unjoined = []
             self._slots = [None] * len(self._slots)
         for s in sessions:
             s.close("client closed")

@@ -156,6 +156,9 @@ class Session:
         #: The read role: the call whose caller reads on its own thread, or
         #: the reader thread (``_reader_on``), or nobody (neither).
         self._leader: Call | None = None
+        #: The session was joined while a caller held the read role: that
+        #: caller closes the socket when it leaves.
+        self._close_on_leave = False
         #: (Without :data:`CALLER_IO` the reader thread always reads.)
         self._reader_on = not CALLER_IO
         #: A thread (the writer, or a lone caller) is writing to the socket.
@@ -327,11 +330,17 @@ class Session:
         finally:
             with self._lock:
                 if writing:
+                    # Nothing was written: a call queued while the write
+                    # role was taken is the writer's now.
                     self._writing = False
+                    self._writer_cv.notify()
                 self._leader = None
                 if not self._dead and self._in_flight_locked():
                     self._reader_on = True
                     self._reader_cv.notify()
+                close_now, self._close_on_leave = self._close_on_leave, False
+            if close_now:
+                self._conn.close()
 
     def _unsent_on_dead(self, call: Call, why: str) -> str:
         with self._lock:
@@ -395,11 +404,18 @@ class Session:
         self._conn.shutdown()
 
     def join(self) -> None:
-        """Joins both threads and closes the socket; only after :meth:`close`."""
+        """Joins both threads and closes the socket; only after :meth:`close`.
+        A caller still holding the read role closes the socket itself when
+        it leaves: closed under it, its descriptor's number could go to a
+        new connection, and the caller would wait on that one."""
         me = threading.current_thread()
         for t in self._threads:
             if t is not me:
                 t.join()
+        with self._lock:
+            if self._leader is not None:
+                self._close_on_leave = True
+                return
         self._conn.close()
 
     # -- writer ----------------------------------------------------------
