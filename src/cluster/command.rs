@@ -6,6 +6,7 @@
 //! (big-endian integers, a length-prefixed key) so that it is small, has no
 //! schema machinery, and decoding bad bytes is an error, never a panic.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use crate::proto::Request;
@@ -47,9 +48,11 @@ impl Rid {
 }
 
 /// One replicated command. Applying one is deterministic; each is validated
-/// on apply, so a stale timer or a duplicate does nothing.
+/// on apply, so a stale timer or a duplicate does nothing. A decoded
+/// command borrows its key from the entry's bytes (checked once, never
+/// copied); one made here to be proposed may own it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Command {
+pub enum Command<'a> {
     /// A client's acquire (SPEC §2.1).
     Acquire {
         /// Request id.
@@ -60,7 +63,7 @@ pub enum Command {
         /// The client connection on the origin node.
         conn: u64,
         /// The lock name.
-        key: String,
+        key: Cow<'a, str>,
         /// Correlation id echoed in the reply.
         owner: u64,
         /// Seconds the client may queue.
@@ -77,7 +80,7 @@ pub enum Command {
         /// The client connection on the origin node.
         conn: u64,
         /// The lock name.
-        key: String,
+        key: Cow<'a, str>,
         /// The token being released.
         token: u64,
     },
@@ -90,7 +93,7 @@ pub enum Command {
         /// The client connection on the origin node.
         conn: u64,
         /// The lock name.
-        key: String,
+        key: Cow<'a, str>,
         /// The token being extended.
         token: u64,
         /// Seconds the grant lives from the leader's apply on.
@@ -101,7 +104,7 @@ pub enum Command {
     /// of it applied since the timer was set).
     Expire {
         /// The lock name.
-        key: String,
+        key: Cow<'a, str>,
         /// The grant the timer was set for.
         token: u64,
         /// The grant's lease generation when the timer was set: 0 for the
@@ -111,7 +114,7 @@ pub enum Command {
     /// The leader's wait timer: answer the queued acquire `waiter` with T.
     WaitTimeout {
         /// The lock name.
-        key: String,
+        key: Cow<'a, str>,
         /// The rid of the queued acquire.
         waiter: Rid,
     },
@@ -299,6 +302,10 @@ impl<'a> Reader<'a> {
         })
     }
     pub(crate) fn key(&mut self) -> Result<String, DecodeError> {
+        self.key_str().map(str::to_owned)
+    }
+    /// A key, checked (length, UTF-8, no newline), borrowed from the input.
+    pub(crate) fn key_str(&mut self) -> Result<&'a str, DecodeError> {
         let len = self.u32()? as usize;
         if len == 0 || len > MAX_COMMAND_KEY_BYTES {
             return Err(DecodeError::BadKey);
@@ -308,7 +315,7 @@ impl<'a> Reader<'a> {
         if s.as_bytes().contains(&b'\n') {
             return Err(DecodeError::BadKey);
         }
-        Ok(s.to_owned())
+        Ok(s)
     }
     /// The count prefix of a sequence, checked against the bytes left so a
     /// corrupt count cannot make the caller reserve memory it has no data for.
@@ -328,7 +335,7 @@ impl<'a> Reader<'a> {
     }
 }
 
-impl Command {
+impl<'a> Command<'a> {
     /// The command's encoding, as proposed to Raft.
     #[must_use]
     // Long because it is one match arm per command, each field in order.
@@ -437,12 +444,44 @@ impl Command {
         v
     }
 
+    /// Appends to `out` the log entry client request `req` becomes: what
+    /// [`Command::encode_entry`] makes of the bits and of
+    /// [`Command::encode_request`]'s command, in one pass.
+    pub fn write_request_entry(
+        out: &mut Vec<u8>,
+        bits: u16,
+        rid: Rid,
+        floor: u64,
+        conn: u64,
+        req: &Request<'_>,
+    ) {
+        let mut w = Writer {
+            buf: std::mem::take(out),
+        };
+        w.buf.reserve(3 + ENCODED_FIXED_MAX + req.key().len());
+        w.u8(TAG_TOKEN_BITS);
+        w.buf.extend_from_slice(&bits.to_le_bytes());
+        w.request(rid, floor, conn, req);
+        *out = w.buf;
+    }
+
+    /// The command of a log entry's bytes (as [`Command::encode_entry`]
+    /// writes them): what follows the token bits, or the whole of an entry
+    /// written before tokens had random bits.
+    #[must_use]
+    pub fn entry_command(bytes: &[u8]) -> &[u8] {
+        match bytes {
+            [TAG_TOKEN_BITS, _, _, rest @ ..] => rest,
+            _ => bytes,
+        }
+    }
+
     /// Decodes a log entry: the command and its proposer's token bits
     /// (`None` for an entry written before tokens had random bits).
     ///
     /// # Errors
     /// Any malformed input (see [`Command::decode`]).
-    pub fn decode_entry(bytes: &[u8]) -> Result<(Command, Option<u16>), DecodeError> {
+    pub fn decode_entry(bytes: &'a [u8]) -> Result<(Command<'a>, Option<u16>), DecodeError> {
         match bytes {
             [TAG_TOKEN_BITS, a, b, rest @ ..] => {
                 Ok((Command::decode(rest)?, Some(u16::from_le_bytes([*a, *b]))))
@@ -454,7 +493,7 @@ impl Command {
 
     /// Decodes one command; any malformed input is an error.
     // Long because it is one match arm per command, each field checked.
-    pub fn decode(bytes: &[u8]) -> Result<Command, DecodeError> {
+    pub fn decode(bytes: &'a [u8]) -> Result<Command<'a>, DecodeError> {
         let mut r = Reader::new(bytes);
         let cmd = match r.u8()? {
             TAG_ACQUIRE => {
@@ -471,7 +510,7 @@ impl Command {
                     rid,
                     floor,
                     conn,
-                    key: r.key()?,
+                    key: Cow::Borrowed(r.key_str()?),
                     owner,
                     wait_s,
                     lease_s,
@@ -486,7 +525,7 @@ impl Command {
                     rid,
                     floor,
                     conn,
-                    key: r.key()?,
+                    key: Cow::Borrowed(r.key_str()?),
                     token,
                 }
             }
@@ -503,7 +542,7 @@ impl Command {
                     rid,
                     floor,
                     conn,
-                    key: r.key()?,
+                    key: Cow::Borrowed(r.key_str()?),
                     token,
                     lease_s,
                 }
@@ -511,7 +550,7 @@ impl Command {
             TAG_EXPIRE => {
                 let token = r.u64()?;
                 Command::Expire {
-                    key: r.key()?,
+                    key: Cow::Borrowed(r.key_str()?),
                     token,
                     generation: 0,
                 }
@@ -526,7 +565,7 @@ impl Command {
                     ));
                 }
                 Command::Expire {
-                    key: r.key()?,
+                    key: Cow::Borrowed(r.key_str()?),
                     token,
                     generation,
                 }
@@ -534,7 +573,7 @@ impl Command {
             TAG_WAIT_TIMEOUT => {
                 let waiter = r.rid()?;
                 Command::WaitTimeout {
-                    key: r.key()?,
+                    key: Cow::Borrowed(r.key_str()?),
                     waiter,
                 }
             }
@@ -576,7 +615,7 @@ impl Command {
 mod tests {
     use super::*;
 
-    fn samples() -> Vec<Command> {
+    fn samples() -> Vec<Command<'static>> {
         let rid = Rid {
             node: 2,
             epoch: 7,
@@ -632,6 +671,71 @@ mod tests {
         for c in samples() {
             assert_eq!(Command::decode(&c.encode()), Ok(c.clone()), "{c:?}");
         }
+    }
+
+    #[test]
+    fn a_decoded_key_is_borrowed_from_the_entry() {
+        for c in samples() {
+            let bytes = c.encode();
+            let d = Command::decode(&bytes).unwrap();
+            let key = match &d {
+                Command::Acquire { key, .. }
+                | Command::Release { key, .. }
+                | Command::Extend { key, .. }
+                | Command::Expire { key, .. }
+                | Command::WaitTimeout { key, .. } => key,
+                Command::CancelWaiters { .. } => continue,
+            };
+            let Cow::Borrowed(k) = key else {
+                panic!("owned key in {d:?}");
+            };
+            // The key lies inside the entry's own bytes.
+            let (start, end) = (
+                bytes.as_ptr() as usize,
+                bytes.as_ptr() as usize + bytes.len(),
+            );
+            assert!((start..end).contains(&(k.as_ptr() as usize)), "{d:?}");
+        }
+    }
+
+    #[test]
+    fn a_request_entry_written_in_one_pass_is_its_entry_and_gives_its_command_back() {
+        let rid = Rid {
+            node: 3,
+            epoch: 4,
+            seq: 5,
+        };
+        let reqs = [
+            Request::Acquire {
+                wait_s: 2,
+                lease_s: 9,
+                owner: 77,
+                key: "db\u{e9}",
+            },
+            Request::Release {
+                token: 1 << 20,
+                key: "k",
+            },
+            Request::Extend {
+                lease_s: 3,
+                token: 99,
+                key: "e",
+            },
+        ];
+        let mut out = b"before".to_vec();
+        for req in &reqs {
+            out.truncate(6);
+            Command::write_request_entry(&mut out, 0xBEEF, rid, 8, 21, req);
+            assert_eq!(&out[..6], b"before");
+            let cmd = Command::encode_request(rid, 8, 21, req);
+            assert_eq!(out[6..], Command::encode_entry(0xBEEF, &cmd)[..]);
+            assert_eq!(Command::entry_command(&out[6..]), &cmd[..]);
+            let (decoded, bits) = Command::decode_entry(&out[6..]).unwrap();
+            assert_eq!((decoded.rid(), bits), (Some(rid), Some(0xBEEF)));
+        }
+        // An entry from before token bits is all command.
+        let old = Command::encode_request(rid, 8, 21, &reqs[1]);
+        assert_eq!(Command::entry_command(&old), &old[..]);
     }
 
     #[test]

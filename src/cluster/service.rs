@@ -370,9 +370,7 @@ impl Service for ClusterService {
         // A conf change applied this turn: the new node is connected to
         // before raft's messages to it are sent.
         self.sync_peers();
-        for m in self.node.take_messages() {
-            self.transport.send(&m);
-        }
+        self.transport.send_all(self.node.take_messages());
         if let Some(r) = &self.registry {
             self.transport.flush(now, r);
         }

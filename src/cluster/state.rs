@@ -69,19 +69,34 @@ pub struct Answer {
     pub conn: u64,
     /// The acquire's owner (0 for releases and extends).
     pub owner: u64,
-    /// The lock name.
-    pub key: String,
+    /// The lock name, in the [`Applied`] it came with.
+    pub key: KeyAt,
     /// What the answer says.
     pub kind: AnswerKind,
 }
 
-impl Answer {
-    /// The wire reply.
+/// Where the key of an [`Answer`] or an [`Effect`] lies in its
+/// [`Applied`]: the keys of one entry's answers and effects share one
+/// buffer, kept from entry to entry, instead of a `String` each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyAt {
+    start: usize,
+    end: usize,
+}
+
+impl Applied {
+    /// The key at `at`.
     #[must_use]
-    pub fn reply(&self) -> Reply<'_> {
-        let key = self.key.as_str();
-        let owner = self.owner;
-        match self.kind {
+    pub fn key(&self, at: KeyAt) -> &str {
+        &self.keys[at.start..at.end]
+    }
+
+    /// The wire reply of answer `a`.
+    #[must_use]
+    pub fn reply(&self, a: &Answer) -> Reply<'_> {
+        let key = self.key(a.key);
+        let owner = a.owner;
+        match a.kind {
             AnswerKind::Acquired(token) => Reply::Acquired { token, owner, key },
             AnswerKind::Timeout => Reply::Timeout { owner, key },
             AnswerKind::Busy => Reply::Busy { owner, key },
@@ -95,12 +110,12 @@ impl Answer {
 
 /// What applying one entry did, beyond answers: the leader schedules timers
 /// from these.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Effect {
     /// `key` was granted with `token` for `lease_s` seconds.
     Granted {
-        /// The lock name.
-        key: String,
+        /// The lock name, in the [`Applied`] it came with.
+        key: KeyAt,
         /// The new token.
         token: u64,
         /// The lease.
@@ -109,8 +124,8 @@ pub enum Effect {
     /// The grant `token` of `key` was extended: it is now in lease
     /// generation `generation`, for `lease_s` seconds from this apply.
     Extended {
-        /// The lock name.
-        key: String,
+        /// The lock name, in the [`Applied`] it came with.
+        key: KeyAt,
         /// The grant's token (unchanged).
         token: u64,
         /// Its new lease generation.
@@ -120,8 +135,8 @@ pub enum Effect {
     },
     /// An acquire queued on `key` for at most `wait_s` seconds.
     Queued {
-        /// The lock name.
-        key: String,
+        /// The lock name, in the [`Applied`] it came with.
+        key: KeyAt,
         /// The queued request.
         waiter: Rid,
         /// Its wait.
@@ -139,6 +154,27 @@ pub struct Applied {
     /// The command was a client request already applied (or forgotten):
     /// it changed nothing.
     pub duplicate: bool,
+    /// The answers' and effects' keys, one after the other.
+    keys: String,
+}
+
+impl Applied {
+    /// Empties it for the next entry, keeping its buffers.
+    pub fn clear(&mut self) {
+        self.answers.clear();
+        self.effects.clear();
+        self.duplicate = false;
+        self.keys.clear();
+    }
+
+    fn push_key(&mut self, key: &str) -> KeyAt {
+        let start = self.keys.len();
+        self.keys.push_str(key);
+        KeyAt {
+            start,
+            end: self.keys.len(),
+        }
+    }
 }
 
 /// What the engine carries for each grant and queued acquire in cluster
@@ -388,25 +424,35 @@ impl StateMachine {
     /// ([`token::for_entry`]), or the bare index without bits (an entry
     /// written before tokens had them; such entries all come first).
     pub fn apply_entry(&mut self, index: u64, bits: Option<u16>, cmd: &Command) -> Applied {
+        let mut res = Applied::default();
+        self.apply_entry_into(index, bits, cmd, &mut res);
+        res
+    }
+
+    /// [`StateMachine::apply_entry`] into `res` (cleared first), whose
+    /// buffers the caller keeps from entry to entry.
+    pub fn apply_entry_into(
+        &mut self,
+        index: u64,
+        bits: Option<u16>,
+        cmd: &Command,
+        res: &mut Applied,
+    ) {
+        res.clear();
         let floor = match bits {
             None => index,
             // Past 2^48 entries (never reached) the tokens go on by one.
             Some(b) => token::for_entry(index, b).unwrap_or(index),
         };
         self.engine.raise_next_token(floor);
-        let mut res = Applied::default();
         if !self.admit(cmd) {
             res.duplicate = true;
-            return res;
+            return;
         }
         let now = Millis::ZERO;
         let out = &mut self.out;
         match cmd {
-            Command::Acquire { .. } => {
-                if let Some(queued) = self.apply_acquire(cmd) {
-                    res.effects.push(queued);
-                }
-            }
+            Command::Acquire { .. } => self.apply_acquire(cmd, res),
             Command::Release { key, token, .. } => {
                 self.engine.release(now, NO_CONN, *token, key, out);
             }
@@ -441,8 +487,7 @@ impl StateMachine {
             Command::Release { rid, conn, .. } | Command::Extend { rid, conn, .. } => (*rid, *conn),
             _ => (Rid::default(), 0),
         };
-        self.take_events(rid, conn, &mut res);
-        res
+        self.take_events(rid, conn, res);
     }
 
     /// True when `cmd` is not a client request this table applied (or
@@ -474,9 +519,9 @@ impl StateMachine {
         true
     }
 
-    /// Applies an acquire; if it queued, the effect that says so (the
-    /// leader's wait timer).
-    fn apply_acquire(&mut self, cmd: &Command) -> Option<Effect> {
+    /// Applies an acquire; if it queued, adds the effect that says so (the
+    /// leader's wait timer) to `res`.
+    fn apply_acquire(&mut self, cmd: &Command, res: &mut Applied) {
         let Command::Acquire {
             rid,
             conn,
@@ -487,7 +532,7 @@ impl StateMachine {
             ..
         } = cmd
         else {
-            return None;
+            return;
         };
         let origin = rid.origin(*conn);
         let engine_conn = self
@@ -515,13 +560,13 @@ impl StateMachine {
                 self.next_engine_conn += 1;
                 self.conns.insert(origin, engine_conn);
             }
-            return Some(Effect::Queued {
-                key: key.clone(),
+            let key = res.push_key(key);
+            res.effects.push(Effect::Queued {
+                key,
                 waiter: *rid,
                 wait_s: *wait_s,
             });
         }
-        None
     }
 
     /// Turns what the engine reported for one command into answers and
@@ -539,8 +584,9 @@ impl StateMachine {
                     tag,
                     ..
                 } => {
+                    let at = res.push_key(key);
                     res.effects.push(Effect::Granted {
-                        key: key.to_owned(),
+                        key: at,
                         token,
                         lease_s,
                     });
@@ -564,8 +610,9 @@ impl StateMachine {
                     lease_s,
                     ..
                 } => {
+                    let at = res.push_key(key);
                     res.effects
-                        .push(new_generation(&mut self.engine, key, token, lease_s));
+                        .push(new_generation(&mut self.engine, key, at, token, lease_s));
                     (
                         Self::answer_tag(rid, conn),
                         AnswerKind::Extended(token),
@@ -585,11 +632,21 @@ impl StateMachine {
                 | Event::Busy { owner, .. } => owner,
                 _ => 0,
             };
+            // A grant's key is in already, for its effect.
+            let at = match res.effects.last() {
+                Some(Effect::Granted { key: at, .. } | Effect::Extended { key: at, .. })
+                    if matches!(kind, AnswerKind::Acquired(_) | AnswerKind::Extended(_))
+                        && res.key(*at) == key =>
+                {
+                    *at
+                }
+                _ => res.push_key(key),
+            };
             res.answers.push(Answer {
                 rid: tag.rid,
                 conn: tag.conn,
                 owner,
-                key: key.to_owned(),
+                key: at,
                 kind,
             });
             // A waiter granted or timed out may have been its
@@ -851,12 +908,18 @@ fn len32(n: usize) -> u32 {
 /// An extend took effect: the grant of `key` starts a new lease
 /// generation, which the leader's next timer for it names. (Free of
 /// `self`: the caller is iterating over the outbox's events.)
-fn new_generation(engine: &mut Engine<ReqTag>, key: &str, token: u64, lease_s: u8) -> Effect {
+fn new_generation(
+    engine: &mut Engine<ReqTag>,
+    key: &str,
+    at: KeyAt,
+    token: u64,
+    lease_s: u8,
+) -> Effect {
     let t = engine.grant_tag_mut(key).expect("an extended key is held");
     t.generation += 1;
     t.lease_s = lease_s;
     Effect::Extended {
-        key: key.to_owned(),
+        key: at,
         token,
         generation: t.generation,
         lease_s,
@@ -887,7 +950,7 @@ mod tests {
         }
     }
 
-    fn acq(r: Rid, conn: u64, key: &str, owner: u64, wait_s: u8) -> Command {
+    fn acq(r: Rid, conn: u64, key: &str, owner: u64, wait_s: u8) -> Command<'_> {
         Command::Acquire {
             rid: r,
             floor: 0,
@@ -899,7 +962,7 @@ mod tests {
         }
     }
 
-    fn rel(r: Rid, key: &str, token: u64) -> Command {
+    fn rel(r: Rid, key: &str, token: u64) -> Command<'_> {
         Command::Release {
             rid: r,
             floor: 0,
@@ -1009,6 +1072,72 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("a smaller --max-waiters"), "{err}");
+    }
+
+    #[test]
+    fn answers_and_effects_name_their_keys_in_a_reused_applied() {
+        let mut sm = StateMachine::new(EngineLimits::default());
+        let mut res = Applied::default();
+        let replies = |res: &Applied| -> Vec<String> {
+            res.answers
+                .iter()
+                .map(|a| format!("{:?}", res.reply(a)))
+                .collect()
+        };
+        let effects = |res: &Applied| -> Vec<(String, u64)> {
+            res.effects
+                .iter()
+                .map(|e| match *e {
+                    Effect::Granted { key, token, .. } | Effect::Extended { key, token, .. } => {
+                        (res.key(key).to_owned(), token)
+                    }
+                    Effect::Queued { key, waiter, .. } => (res.key(key).to_owned(), waiter.seq),
+                })
+                .collect()
+        };
+        sm.apply_entry_into(
+            5,
+            None,
+            &acq(rid(1, 1), 7, "a-longer-key", 100, 0),
+            &mut res,
+        );
+        assert_eq!(
+            replies(&res),
+            [format!(
+                "{:?}",
+                Reply::Acquired {
+                    token: 5,
+                    owner: 100,
+                    key: "a-longer-key"
+                }
+            )]
+        );
+        assert_eq!(effects(&res), [("a-longer-key".to_owned(), 5)]);
+        // A shorter key next: nothing of the previous entry's is left.
+        sm.apply_entry_into(6, None, &acq(rid(2, 1), 8, "b", 200, 0), &mut res);
+        sm.apply_entry_into(7, None, &acq(rid(3, 1), 9, "b", 300, 9), &mut res);
+        assert!(res.answers.is_empty());
+        assert_eq!(effects(&res), [("b".to_owned(), 1)]);
+        sm.apply_entry_into(8, None, &rel(rid(2, 2), "b", 6), &mut res);
+        assert_eq!(
+            replies(&res),
+            [
+                format!("{:?}", Reply::Released { token: 6, key: "b" }),
+                format!(
+                    "{:?}",
+                    Reply::Acquired {
+                        token: 8,
+                        owner: 300,
+                        key: "b"
+                    }
+                ),
+            ]
+        );
+        assert_eq!(effects(&res), [("b".to_owned(), 8)]);
+        // A duplicate: cleared, nothing in it.
+        sm.apply_entry_into(9, None, &rel(rid(2, 2), "b", 6), &mut res);
+        assert!(res.duplicate && res.answers.is_empty() && res.effects.is_empty());
+        sm.check();
     }
 
     #[test]

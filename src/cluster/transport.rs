@@ -7,6 +7,8 @@
 //!   from the lock table's capacity ([`Transport::set_max_frame_bytes`]);
 //!   it is never below [`MAX_FRAME_BYTES`]. A frame's buffer grows only
 //!   with the bytes that arrive, never from the length a peer announces.
+//!   Appends with the same entries share one encoding of them
+//!   ([`Transport::send_all`]).
 //! * **Connections**: one outbound connection per peer, written only; the
 //!   connections peers open to us are read only. The first frame on every
 //!   connection is a [`Hello`] naming the cluster, the voter set, the sender
@@ -779,6 +781,44 @@ impl Transport {
 
     /// Queues a message for its peer (written by [`Transport::flush`]).
     pub fn send(&mut self, m: &Message) {
+        self.queue(m, &[]);
+    }
+
+    /// Queues a turn's messages, each for its peer. The entries of an
+    /// append are encoded once for every follower they go to: raft gives
+    /// each follower's append the same entries from its log (the same
+    /// `Bytes`) when their progress is the same, and only the header
+    /// (recipient, previous index and term, commit) differs. Such a frame
+    /// carries the header's fields first and the entries (field 7) after
+    /// them; protobuf reads fields in any order, so it decodes to the same
+    /// message.
+    pub fn send_all(&mut self, msgs: Vec<Message>) {
+        let mut shared: Option<(EntriesKey, Vec<u8>)> = None;
+        for mut m in msgs {
+            let Some(key) = EntriesKey::of(&m) else {
+                self.queue(&m, &[]);
+                continue;
+            };
+            let entries = std::mem::take(&mut m.entries);
+            if shared.as_ref().is_none_or(|(k, _)| *k != key) {
+                match encode_entries(&entries, self.max_frame) {
+                    Some(block) => shared = Some((key, block)),
+                    None => {
+                        // Over the frame limit: `queue` refuses it.
+                        m.entries = entries;
+                        self.queue(&m, &[]);
+                        continue;
+                    }
+                }
+            }
+            let block = shared.as_ref().map_or(&[][..], |(_, b)| b.as_slice());
+            self.queue(&m, block);
+        }
+    }
+
+    /// Queues `m` followed by `tail`, protobuf fields already encoded that
+    /// `m` leaves out (see [`Transport::send_all`]).
+    fn queue(&mut self, m: &Message, tail: &[u8]) {
         let id = m.to;
         let snapshot = m.msg_type == MessageType::MsgSnapshot;
         let Some(p) = self.peers.get_mut(&id) else {
@@ -790,7 +830,7 @@ impl Transport {
         let size = if too_big {
             usize::MAX
         } else {
-            m.compute_size() as usize
+            (m.compute_size() as usize).saturating_add(tail.len())
         };
         if size > self.max_frame {
             if snapshot {
@@ -834,6 +874,7 @@ impl Transport {
         let written = {
             let mut os = protobuf::CodedOutputStream::vec(&mut p.buf);
             m.write_to_with_cached_sizes(&mut os)
+                .and_then(|()| os.write_raw_bytes(tail))
                 .and_then(|()| os.flush())
         };
         if written.is_err() || p.buf.len() != start + 4 + size {
@@ -1305,7 +1346,7 @@ impl Transport {
                         break Err(e);
                     }
                 }
-                (Some(from), true) => match Message::parse_from_bytes(payload) {
+                (Some(from), true) => match decode_message(payload) {
                     Ok(m) if m.from == from && m.to == self.local.id => {
                         self.events.push(PeerEvent::Message(m));
                     }
@@ -1474,6 +1515,87 @@ impl Transport {
 
 /// Bounds how long data may go unacknowledged on `s` before the kernel
 /// fails the connection (Linux; elsewhere the default applies).
+/// Frames at least this long are decoded from a `Bytes` copy of their own.
+const SHARED_DECODE_BYTES: usize = 128;
+
+/// Decodes one frame's message. A frame long enough to carry entries is
+/// first copied into a `Bytes` of its own and decoded from that: each
+/// entry's data is then a slice of it, where decoding from the read buffer
+/// allocates one buffer per entry (and raft's clone of each into its log
+/// one more). Short frames (acknowledgements, heartbeats, votes) carry no
+/// data and are decoded in place.
+fn decode_message(payload: &[u8]) -> protobuf::ProtobufResult<Message> {
+    if payload.len() >= SHARED_DECODE_BYTES {
+        let mut v = Vec::new();
+        if v.try_reserve_exact(payload.len()).is_ok() {
+            v.extend_from_slice(payload);
+            return Message::parse_from_carllerche_bytes(&bytes::Bytes::from(v));
+        }
+    }
+    Message::parse_from_bytes(payload)
+}
+
+/// What identifies an append's entries within one turn: the first and the
+/// last entry's index, term and data. Entries with the same index and term
+/// are the same entry (Raft's log matching), and raft hands each follower
+/// clones of its log's `Bytes`, so equal keys mean equal entries. `None`
+/// for any other message, or an append without entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct EntriesKey {
+    count: usize,
+    first: (u64, u64, usize, usize),
+    last: (u64, u64, usize, usize),
+}
+
+impl EntriesKey {
+    fn of(m: &Message) -> Option<EntriesKey> {
+        if m.msg_type != MessageType::MsgAppend || m.has_snapshot() {
+            return None;
+        }
+        let id =
+            |e: &raft::eraftpb::Entry| (e.index, e.term, e.data.as_ptr() as usize, e.data.len());
+        Some(EntriesKey {
+            count: m.entries.len(),
+            first: id(m.entries.first()?),
+            last: id(m.entries.last()?),
+        })
+    }
+}
+
+/// The entries as a message's field 7 (tag, length, entry, for each), as
+/// protobuf writes them; `None` if they are over `max` bytes.
+fn encode_entries(entries: &[raft::eraftpb::Entry], max: usize) -> Option<Vec<u8>> {
+    let mut total = 0usize;
+    for e in entries {
+        let n = e.compute_size();
+        total = total
+            .saturating_add(n as usize)
+            .saturating_add(1 + varint_len(n));
+    }
+    if total > max {
+        return None;
+    }
+    let mut block = Vec::new();
+    block.try_reserve_exact(total).ok()?;
+    let written = {
+        let mut os = protobuf::CodedOutputStream::vec(&mut block);
+        entries
+            .iter()
+            .try_for_each(|e| {
+                os.write_tag(7, protobuf::wire_format::WireTypeLengthDelimited)?;
+                os.write_raw_varint32(e.get_cached_size())?;
+                e.write_to_with_cached_sizes(&mut os)
+            })
+            .and_then(|()| os.flush())
+    };
+    (written.is_ok() && block.len() == total).then_some(block)
+}
+
+/// Bytes of `n` as a protobuf varint.
+fn varint_len(n: u32) -> usize {
+    (32 - n.leading_zeros() as usize).max(1).div_ceil(7)
+}
+
 fn set_user_timeout(s: &TcpStream, ms: u64) {
     #[cfg(any(target_os = "linux", target_os = "android"))]
     {
@@ -1769,6 +1891,126 @@ mod tests {
             }
         }
         (ev1, ev2)
+    }
+
+    /// Sends `msgs` from node 1 to node 2 with [`Transport::send_all`] and
+    /// returns what node 2 decodes, once all have arrived (or after 20 s).
+    fn ship_all(msgs: Vec<Message>) -> Vec<Message> {
+        let mut poll1 = mio::Poll::new().unwrap();
+        let mut poll2 = mio::Poll::new().unwrap();
+        let mut t2 = node2();
+        t2.register(poll2.registry(), 0).unwrap();
+        let mut t1 = node1(&[(2, t2.local_addr().unwrap())]);
+        t1.set_known(2, 7);
+        t1.register(poll1.registry(), 0).unwrap();
+        t1.tick(Millis(0), poll1.registry());
+        let want = msgs.len();
+        t1.send_all(msgs);
+        let mut got = Vec::new();
+        let mut events = mio::Events::with_capacity(64);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while got.len() < want && std::time::Instant::now() < deadline {
+            t1.flush(Millis(0), poll1.registry());
+            for (poll, t) in [(&mut poll1, &mut t1), (&mut poll2, &mut t2)] {
+                poll.poll(&mut events, Some(std::time::Duration::from_millis(1)))
+                    .unwrap();
+                for e in &events {
+                    t.event(Millis(0), poll.registry(), e);
+                }
+            }
+            for e in t2.take_events() {
+                if let PeerEvent::Message(m) = e {
+                    got.push(m);
+                }
+            }
+        }
+        got
+    }
+
+    #[test]
+    fn a_long_frame_decodes_to_entries_that_share_one_buffer() {
+        let entries: Vec<raft::eraftpb::Entry> = (1..4)
+            .map(|i| raft::eraftpb::Entry {
+                index: i,
+                term: 1,
+                data: vec![i as u8; 60].into(),
+                ..Default::default()
+            })
+            .collect();
+        let m = Message {
+            entries: entries.into(),
+            ..msg(MessageType::MsgAppend)
+        };
+        let bytes = m.write_to_bytes().unwrap();
+        assert!(bytes.len() >= SHARED_DECODE_BYTES);
+        let got = decode_message(&bytes).unwrap();
+        assert_eq!(got, m);
+        // Each entry is a slice of one copy of the frame: the data lie as
+        // far apart as in the frame.
+        let at = |i: usize| got.entries[i].data.as_ptr() as usize;
+        let frame_step = bytes.windows(60).position(|w| w == [2u8; 60]).unwrap()
+            - bytes.windows(60).position(|w| w == [1u8; 60]).unwrap();
+        assert_eq!(at(1) - at(0), frame_step);
+        assert_eq!(at(2) - at(1), frame_step);
+        // A short frame (no entries) decodes the same way, in place.
+        let ack = Message {
+            index: 9,
+            ..msg(MessageType::MsgAppendResponse)
+        };
+        let bytes = ack.write_to_bytes().unwrap();
+        assert!(bytes.len() < SHARED_DECODE_BYTES);
+        assert_eq!(decode_message(&bytes).unwrap(), ack);
+        // Garbage is an error either way.
+        assert!(decode_message(&[0xFF; 200]).is_err());
+        assert!(decode_message(&[0xFF; 3]).is_err());
+    }
+
+    #[test]
+    fn appends_sharing_their_entries_arrive_as_sent() {
+        let entry = |index: u64, term: u64, data: Vec<u8>| raft::eraftpb::Entry {
+            index,
+            term,
+            data: data.into(),
+            ..Default::default()
+        };
+        let log: Vec<raft::eraftpb::Entry> = (5..9)
+            .map(|i| entry(i, 2, vec![i as u8; 100 + i as usize]))
+            .collect();
+        let append = |index: u64, commit: u64, ents: &[raft::eraftpb::Entry]| Message {
+            msg_type: MessageType::MsgAppend,
+            to: 2,
+            from: 1,
+            term: 2,
+            log_term: 2,
+            index,
+            commit,
+            entries: ents.to_vec().into(),
+            ..Default::default()
+        };
+        let msgs = vec![
+            // The same entries (clones of the same `Bytes`) twice, with
+            // different headers: encoded once, sent twice.
+            append(4, 3, &log),
+            append(4, 4, &log),
+            // Not an append: sent whole between them.
+            Message {
+                commit: 7,
+                ..msg(MessageType::MsgHeartbeat)
+            },
+            // A different slice of the log: encoded on its own.
+            append(6, 4, &log[2..]),
+            // Equal indices and terms but other data (not from the same
+            // log): not taken for the entries above.
+            append(
+                6,
+                4,
+                &[entry(7, 2, vec![1u8; 3]), entry(8, 2, vec![2u8; 9])],
+            ),
+            // An append without entries.
+            append(8, 8, &[]),
+        ];
+        let got = ship_all(msgs.clone());
+        assert_eq!(got, msgs);
     }
 
     #[test]

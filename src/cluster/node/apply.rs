@@ -5,7 +5,7 @@ use raft::eraftpb::{Entry, EntryType};
 
 use crate::cluster::command::{Command, Rid};
 use crate::cluster::log::Disk;
-use crate::cluster::state::{Answer, AnswerKind, Effect};
+use crate::cluster::state::{Answer, AnswerKind, Applied, Effect};
 use crate::engine::Outbox;
 use crate::proto::Reply;
 use crate::time::Millis;
@@ -80,7 +80,7 @@ impl<D: Disk> Node<D> {
 
     /// The simulation's planted bug: an `Expire` applies whatever its
     /// generation (`NodeConfig::bug_stale_expire`, never in production).
-    fn with_planted_bug(&self, cmd: Command) -> Command {
+    fn with_planted_bug<'a>(&self, cmd: Command<'a>) -> Command<'a> {
         match cmd {
             Command::Expire { key, token, .. } if self.bug_stale_expire() => {
                 let generation = match self.sm.lease_of(&key) {
@@ -114,7 +114,9 @@ impl<D: Disk> Node<D> {
             }
             _ => None,
         };
-        let res = self.sm.apply_entry(index, token_bits, cmd);
+        // The answers and effects go into buffers kept from entry to entry.
+        let mut res = std::mem::take(&mut self.apply_out);
+        self.sm.apply_entry_into(index, token_bits, cmd, &mut res);
         if let Command::Expire { key, .. } = cmd {
             if let Some(t) = expiring.filter(|&t| self.sm.holder(key) != Some(t)) {
                 self.hold_ended(now, t);
@@ -133,12 +135,14 @@ impl<D: Disk> Node<D> {
                 self.unapplied.remove(&rid.seq);
             }
         }
-        for eff in res.effects {
-            self.take_effect(now, cmd, eff);
+        for eff in &res.effects {
+            self.take_effect(now, cmd, *eff, &res);
         }
         for ans in &res.answers {
-            self.deliver(now, ans, out);
+            self.deliver(now, ans, &res, out);
         }
+        res.clear();
+        self.apply_out = res;
     }
 
     /// True for a request id this node gave in this boot.
@@ -166,7 +170,7 @@ impl<D: Disk> Node<D> {
             Command::Acquire { key, owner, .. } => self
                 .sm
                 .granted_to(key, rid)
-                .map(|token| (key.as_str(), *owner, token)),
+                .map(|token| (&**key, *owner, token)),
             _ => None,
         };
         if let Some((key, owner, token)) = granted {
@@ -183,42 +187,54 @@ impl<D: Disk> Node<D> {
 
     /// A grant or a queued acquire: the leader's timer for it, the grant's
     /// start time, and our own queued acquire marked as such.
-    fn take_effect(&mut self, now: Millis, cmd: &Command, eff: Effect) {
+    fn take_effect(&mut self, now: Millis, cmd: &Command, eff: Effect, res: &Applied) {
+        // Only a leader with its timers keeps the key.
+        let key = |at| {
+            if self.timers_ready {
+                res.key(at).to_owned()
+            } else {
+                String::new()
+            }
+        };
         let (at, timer) = match eff {
             Effect::Queued {
-                key,
+                key: key_at,
                 waiter,
                 wait_s,
             } => {
+                let timer = Timer::Wait {
+                    key: key(key_at),
+                    waiter,
+                };
                 if self.is_mine(waiter) {
                     self.mark_queued(waiter, cmd);
                 }
-                (now.add_secs(u64::from(wait_s)), Timer::Wait { key, waiter })
+                (now.add_secs(u64::from(wait_s)), timer)
             }
             Effect::Granted {
-                key,
+                key: key_at,
                 token,
                 lease_s,
             } => {
-                self.holds.start(token, now);
                 let timer = Timer::Expire {
-                    key,
+                    key: key(key_at),
                     token,
                     generation: 0,
                 };
+                self.holds.start(token, now);
                 (lease_deadline(now, lease_s), timer)
             }
             // The leader's deadline for an extended grant is set when it
             // applies the Extend; the earlier generation's timer is now
             // stale and proposes nothing.
             Effect::Extended {
-                key,
+                key: key_at,
                 token,
                 generation,
                 lease_s,
             } => {
                 let timer = Timer::Expire {
-                    key,
+                    key: key(key_at),
                     token,
                     generation,
                 };
@@ -235,7 +251,11 @@ impl<D: Disk> Node<D> {
     /// is cancelled.
     fn mark_queued(&mut self, waiter: Rid, cmd: &Command) {
         match self.pending.get_mut(&waiter.seq) {
-            Some(p) => p.queued = true,
+            Some(p) => {
+                // Never proposed again: its entry need not hold its buffer.
+                p.queued = true;
+                p.entry = bytes::Bytes::new();
+            }
             None => {
                 if let Command::Acquire { conn, .. } = cmd {
                     self.queue_cancel(waiter.origin(*conn));
@@ -246,7 +266,7 @@ impl<D: Disk> Node<D> {
 
     /// An answer of the state machine: the hold it ends is measured, and
     /// if it is for one of this node's open requests, it goes out.
-    fn deliver(&mut self, now: Millis, ans: &Answer, out: &mut Outbox) {
+    fn deliver(&mut self, now: Millis, ans: &Answer, res: &Applied, out: &mut Outbox) {
         if let AnswerKind::Released(t) = ans.kind {
             self.hold_ended(now, t);
         }
@@ -262,7 +282,7 @@ impl<D: Disk> Node<D> {
         if matches!(ans.kind, AnswerKind::Acquired(_)) {
             self.wait_ms.observe(now.since(p.received_at));
         }
-        out.push(ans.conn, ans.reply(), 0);
+        out.push(ans.conn, res.reply(ans), 0);
         self.finish(ans.rid.seq);
     }
 }

@@ -96,7 +96,7 @@ use raft::{RawNode, SnapshotStatus, StateRole};
 use crate::cluster::command::{DecodeError, Origin, Rid};
 use crate::cluster::log::{Disk, LogStore, Wal};
 use crate::cluster::rng::SplitMix64;
-use crate::cluster::state::StateMachine;
+use crate::cluster::state::{Applied, StateMachine};
 use crate::engine::ConnId;
 use crate::limits::EngineLimits;
 use crate::metrics::{Histogram, HoldIndex, HOLD_BOUNDS_MS, WAIT_BOUNDS_MS};
@@ -233,7 +233,10 @@ impl From<raft::Error> for NodeError {
 #[derive(Debug)]
 struct Pending {
     conn: ConnId,
-    data: Vec<u8>,
+    /// The log entry the request is (token bits, then the command), a
+    /// slice of [`Node::entry_buf`]; emptied once the acquire is queued,
+    /// as it is never proposed again.
+    entry: bytes::Bytes,
     /// When the request arrived (for `ticketd_wait_seconds`).
     received_at: Millis,
     proposed_at: Millis,
@@ -341,6 +344,14 @@ pub struct Node<D: Disk> {
     timer_seq: u64,
     timers_ready: bool,
     msgs: Vec<Message>,
+    /// Where client requests' entries are written, one after the other:
+    /// each is split off as a `Bytes` sharing the buffer, so raft's clones
+    /// of it (into its log, into each follower's append) allocate nothing.
+    entry_buf: bytes::BytesMut,
+    /// One request's entry on its way into `entry_buf`.
+    entry_scratch: Vec<u8>,
+    /// What applying an entry did, its buffers kept from entry to entry.
+    apply_out: Applied,
     stats: NodeStats,
     #[cfg(any(test, feature = "testkit"))]
     trace: Vec<Traced>,
@@ -493,6 +504,9 @@ impl<D: Disk> Node<D> {
             timer_seq: 0,
             timers_ready: false,
             msgs: Vec::new(),
+            entry_buf: bytes::BytesMut::new(),
+            entry_scratch: Vec::new(),
+            apply_out: Applied::default(),
             stats: NodeStats::default(),
             #[cfg(any(test, feature = "testkit"))]
             trace: Vec::new(),

@@ -1,6 +1,7 @@
 //! Client requests on their way into the log: refusals, the turn's batch,
 //! the tracking of each proposal until it applies, and re-proposal.
 
+use bytes::Bytes;
 use raft::eraftpb::{Entry, Message, MessageType};
 
 use crate::cluster::command::{Command, Origin, Rid};
@@ -10,6 +11,9 @@ use crate::proto::{Reply, Request};
 use crate::time::Millis;
 
 use super::{Node, Pending, MAX_CANCELS};
+
+/// The size of the buffers client requests' entries are written into.
+const ENTRY_BUF_BYTES: usize = 8 << 10;
 
 impl<D: Disk> Node<D> {
     pub(super) fn refuse(&mut self, conn: ConnId, req: Request<'_>, out: &mut Outbox) {
@@ -63,10 +67,10 @@ impl<D: Disk> Node<D> {
         };
         self.unapplied.insert(seq);
         let floor = self.unapplied.first().copied().unwrap_or(seq);
-        let data = Command::encode_request(rid, floor, conn, &req);
+        let entry = self.request_entry(rid, floor, conn, &req);
         // The state machine finds the request again in what it decodes.
         debug_assert!(
-            Command::decode(&data).is_ok_and(|c| c.rid() == Some(rid)),
+            Command::decode_entry(&entry).is_ok_and(|(c, _)| c.rid() == Some(rid)),
             "a proposed request decodes to its own request id"
         );
         self.next_seq += 1;
@@ -75,7 +79,7 @@ impl<D: Disk> Node<D> {
             seq,
             Pending {
                 conn,
-                data,
+                entry,
                 received_at: now,
                 proposed_at: now,
                 queued: false,
@@ -83,6 +87,29 @@ impl<D: Disk> Node<D> {
             },
         );
         self.conns.entry(conn).or_default().insert(seq);
+    }
+
+    /// The log entry of client request `req`, with the token bits drawn
+    /// for it: written after the ones before it in [`Node::entry_buf`] and
+    /// split off, so it shares that buffer (one allocation for many
+    /// entries; raft's clones of it only count references).
+    fn request_entry(&mut self, rid: Rid, floor: u64, conn: ConnId, req: &Request<'_>) -> Bytes {
+        self.entry_scratch.clear();
+        Command::write_request_entry(
+            &mut self.entry_scratch,
+            self.token_rng.bits(),
+            rid,
+            floor,
+            conn,
+            req,
+        );
+        let n = self.entry_scratch.len();
+        if self.entry_buf.capacity() < n {
+            // A buffer that outlives its entries is at most this size.
+            self.entry_buf.reserve(n.max(ENTRY_BUF_BYTES));
+        }
+        self.entry_buf.extend_from_slice(&self.entry_scratch);
+        self.entry_buf.split().freeze()
     }
 
     /// Proposes this turn's client requests, all in one raft message: on a
@@ -100,10 +127,10 @@ impl<D: Disk> Node<D> {
         for seq in seqs {
             // A request whose connection closed in this turn is gone.
             if let Some(p) = self.pending.get(&seq) {
-                // The entry carries the token bits this node draws for it,
-                // as every proposal does (`propose_data`).
+                // The entry carries the token bits this node drew for it
+                // (`request_entry`), as every proposal does.
                 entries.push(Entry {
-                    data: Command::encode_entry(self.token_rng.bits(), &p.data).into(),
+                    data: p.entry.clone(),
                     ..Entry::default()
                 });
                 proposed.push(seq);
@@ -140,7 +167,7 @@ impl<D: Disk> Node<D> {
                 set.remove(&seq);
             }
             self.stats.refused += 1;
-            match Command::decode(&p.data) {
+            match Command::decode(Command::entry_command(&p.entry)) {
                 Ok(Command::Acquire { owner, key, .. }) => {
                     out.push(p.conn, Reply::Busy { owner, key: &key }, 0);
                 }
@@ -216,12 +243,13 @@ impl<D: Disk> Node<D> {
             })
             .collect();
         for seq in due {
-            let data = self
+            // Proposed again with token bits drawn afresh.
+            let entry = self
                 .pending
                 .get(&seq)
-                .map(|p| p.data.clone())
+                .map(|p| p.entry.clone())
                 .unwrap_or_default();
-            if !self.propose_data(Some(seq), &data) {
+            if !self.propose_data(Some(seq), Command::entry_command(&entry)) {
                 break;
             }
             self.stats.reproposed += 1;

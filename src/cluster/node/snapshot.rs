@@ -62,12 +62,13 @@ impl<D: Disk> Node<D> {
             let Some(p) = self.pending.get_mut(&seq) else {
                 continue;
             };
-            let Ok(cmd) = Command::decode(&p.data) else {
+            let Ok(cmd) = Command::decode(Command::entry_command(&p.entry)) else {
                 continue;
             };
             if let Command::Acquire { key, .. } = &cmd {
                 if self.sm.is_waiting(key, rid) {
                     p.queued = true;
+                    p.entry = bytes::Bytes::new();
                     self.unapplied.remove(&seq);
                     continue;
                 }

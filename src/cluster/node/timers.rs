@@ -74,14 +74,14 @@ impl<D: Disk> Node<D> {
                     || (self.bug_stale_expire() && self.sm.holder(key) == Some(*token)) =>
                 {
                     Command::Expire {
-                        key: key.clone(),
+                        key: key.as_str().into(),
                         token: *token,
                         generation: *generation,
                     }
                 }
                 Timer::Wait { key, waiter } if self.sm.is_waiting(key, *waiter) => {
                     Command::WaitTimeout {
-                        key: key.clone(),
+                        key: key.as_str().into(),
                         waiter: *waiter,
                     }
                 }
