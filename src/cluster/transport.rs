@@ -1839,15 +1839,22 @@ mod tests {
     /// Sends `m` from a fresh node 1 to a fresh node 2, both with the frame
     /// limit `limit` (None: the default), and pumps both until node 1
     /// reports the snapshot's fate; returns that and what node 2 received.
-    fn ship(m: &Message, limit: Option<u64>) -> (Vec<PeerEvent>, Vec<PeerEvent>) {
-        let mut poll1 = mio::Poll::new().unwrap();
-        let mut poll2 = mio::Poll::new().unwrap();
+    /// A fresh node 2 and a fresh node 1 that knows it, each registered
+    /// with its own poll: `(poll1, t1, poll2, t2)`.
+    fn linked_pair() -> (mio::Poll, Transport, mio::Poll, Transport) {
+        let poll1 = mio::Poll::new().unwrap();
+        let poll2 = mio::Poll::new().unwrap();
         let mut t2 = node2();
         t2.register(poll2.registry(), 0).unwrap();
         let mut t1 = node1(&[(2, t2.local_addr().unwrap())]);
         // Node 1 has seen node 2 before: its hello authenticates it.
         t1.set_known(2, 7);
         t1.register(poll1.registry(), 0).unwrap();
+        (poll1, t1, poll2, t2)
+    }
+
+    fn ship(m: &Message, limit: Option<u64>) -> (Vec<PeerEvent>, Vec<PeerEvent>) {
+        let (mut poll1, mut t1, mut poll2, mut t2) = linked_pair();
         if let Some(l) = limit {
             t1.set_max_frame_bytes(l);
             t2.set_max_frame_bytes(l);
@@ -1896,13 +1903,7 @@ mod tests {
     /// Sends `msgs` from node 1 to node 2 with [`Transport::send_all`] and
     /// returns what node 2 decodes, once all have arrived (or after 20 s).
     fn ship_all(msgs: Vec<Message>) -> Vec<Message> {
-        let mut poll1 = mio::Poll::new().unwrap();
-        let mut poll2 = mio::Poll::new().unwrap();
-        let mut t2 = node2();
-        t2.register(poll2.registry(), 0).unwrap();
-        let mut t1 = node1(&[(2, t2.local_addr().unwrap())]);
-        t1.set_known(2, 7);
-        t1.register(poll1.registry(), 0).unwrap();
+        let (mut poll1, mut t1, mut poll2, mut t2) = linked_pair();
         t1.tick(Millis(0), poll1.registry());
         let want = msgs.len();
         t1.send_all(msgs);

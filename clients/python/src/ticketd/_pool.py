@@ -154,15 +154,7 @@ class Pool:
             if self.closed:
                 return None
             self._unjoined += self._reap_locked()
-            i = self._rr % len(self._slots)
-            self._rr += 1
-            slot = self._slots[i]
-            if isinstance(slot, Session):
-                return slot
-            if slot == _CONNECTING:
-                return self._any_live_locked()
-            self._slots[i] = _CONNECTING
-            return i
+            return self._pick_locked(0.0)
 
     def fill(self, i: int, send_deadline: float) -> Session | None:
         """Connects the slot ``i`` claimed by :meth:`get_nowait` (blocking,
@@ -192,10 +184,10 @@ class Pool:
                     return None
                 dead = self._reap_locked()
                 if not dead:
-                    got = self._pick_locked(now, send_deadline)
+                    got = self._pick_locked(min(send_deadline - now, MAX_BACKOFF_S))
                     if isinstance(got, Session):
                         return got
-                    slot = got
+                    slot = -1 if got is None else got
                 else:
                     slot = -1
             if dead:
@@ -214,9 +206,11 @@ class Pool:
                     time.sleep(min(backoff, left))
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
 
-    def _pick_locked(self, now: float, send_deadline: float) -> Session | int:
-        """A live session, or the index of a slot this caller should fill, or
-        -1 after waiting for someone else who is connecting."""
+    def _pick_locked(self, wait_s: float) -> Session | int | None:
+        """The slot whose turn it is: its live session, or its index, now
+        claimed for this caller to fill; or, when someone else is connecting
+        it, any other live session, else ``None`` after waiting up to
+        ``wait_s`` for them (rather than open a connection per caller)."""
         i = self._rr % len(self._slots)
         self._rr += 1
         slot = self._slots[i]
@@ -224,12 +218,9 @@ class Pool:
             return slot
         if slot == _CONNECTING:
             live = self._any_live_locked()
-            if live is not None:
-                return live
-            # Someone is connecting and nothing else is up: wait for them
-            # rather than open a connection per caller.
-            self._cv.wait(min(send_deadline - now, MAX_BACKOFF_S))
-            return -1
+            if live is None and wait_s > 0:
+                self._cv.wait(wait_s)
+            return live
         self._slots[i] = _CONNECTING
         return i
 
