@@ -75,6 +75,16 @@ fn a_forwarded_acquire_lost_again_and_again_after_the_heal_is_still_served() {
 }
 
 #[test]
+fn a_leader_that_stops_after_applying_its_own_removal_restarts() {
+    // Node 3, leading, removes itself; it applies the joint configuration
+    // (where it is only an outgoing voter) and its disk fails before the
+    // snapshot that lists it as removed is written. Its restart must open
+    // the data directory and replay the removal, not refuse it.
+    let r = check(SimConfig::new(717, 5));
+    assert!(!r.final_voters.contains(&3), "{r:?}");
+}
+
+#[test]
 fn membership_changes_among_the_faults_keep_every_invariant() {
     // Spares are added as learners and promoted, voters (the leader among
     // them) and learners removed, through the leader's checks, while

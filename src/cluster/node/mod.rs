@@ -441,7 +441,18 @@ impl<D: Disk> Node<D> {
             StateMachine::new(cfg.limits.clone())
         };
         let cs = store.conf_state();
-        let member = cs.voters.contains(&cfg.id) || cs.learners.contains(&cfg.id);
+        // A member of the recorded configuration: as an outgoing voter of a
+        // joint one too, or in the configuration of the snapshot the log
+        // resumes from. A node that applied its own removal and stopped
+        // before the snapshot that records it was written (the WAL keeps
+        // the new configuration, the snapshot's table does not yet list the
+        // id as removed) replays that removal from its log after opening.
+        let names = |cs: &ConfState| {
+            cs.voters.contains(&cfg.id)
+                || cs.learners.contains(&cfg.id)
+                || cs.voters_outgoing.contains(&cfg.id)
+        };
+        let member = names(cs) || names(snap.get_metadata().get_conf_state());
         if !fresh && !member && !sm.members().is_removed(cfg.id) {
             let mut stored = cs.voters.clone();
             stored.extend(cs.learners.iter().copied());
