@@ -311,11 +311,14 @@ impl<'a> Reader<'a> {
             return Err(DecodeError::BadKey);
         }
         let bytes = self.take(len)?;
-        let s = std::str::from_utf8(bytes).map_err(|_| DecodeError::BadKey)?;
-        if s.as_bytes().contains(&b'\n') {
+        if ascii_without_newline(bytes) {
+            // SAFETY: every ASCII byte sequence is valid UTF-8.
+            return Ok(unsafe { std::str::from_utf8_unchecked(bytes) });
+        }
+        if bytes.contains(&b'\n') {
             return Err(DecodeError::BadKey);
         }
-        Ok(s)
+        std::str::from_utf8(bytes).map_err(|_| DecodeError::BadKey)
     }
     /// The count prefix of a sequence, checked against the bytes left so a
     /// corrupt count cannot make the caller reserve memory it has no data for.
@@ -333,6 +336,29 @@ impl<'a> Reader<'a> {
             Err(DecodeError::Trailing)
         }
     }
+}
+
+/// True when every byte of `b` is ASCII and none is a newline: the common
+/// key, checked eight bytes at a time in one pass (a key of any other kind
+/// goes through the full UTF-8 check).
+fn ascii_without_newline(b: &[u8]) -> bool {
+    const LOW: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    const NEWLINES: u64 = LOW * b'\n' as u64;
+    let mut words = b.chunks_exact(8);
+    for w in &mut words {
+        let w = u64::from_le_bytes(w.try_into().expect("chunks of 8"));
+        // With no high bit set, `v` has a zero byte exactly where `w` has
+        // a newline, and the borrow test below finds one if there is one.
+        let v = w ^ NEWLINES;
+        if w & HIGH != 0 || v.wrapping_sub(LOW) & !v & HIGH != 0 {
+            return false;
+        }
+    }
+    words
+        .remainder()
+        .iter()
+        .all(|&c| c.is_ascii() && c != b'\n')
 }
 
 impl<'a> Command<'a> {
@@ -807,6 +833,33 @@ mod tests {
     }
 
     #[test]
+    fn ascii_without_newline_matches_a_byte_by_byte_check() {
+        let naive = |b: &[u8]| b.iter().all(|&c| c.is_ascii() && c != b'\n');
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for len in 0..40 {
+            // Printable ASCII, then one byte changed to each value in turn.
+            let mut b: Vec<u8> = (0..len).map(|_| b' ' + (next() % 95) as u8).collect();
+            assert!(ascii_without_newline(&b), "{b:?}");
+            for at in 0..len {
+                let keep = b[at];
+                for c in 0..=255u8 {
+                    b[at] = c;
+                    assert_eq!(ascii_without_newline(&b), naive(&b), "{b:?}");
+                }
+                b[at] = keep;
+            }
+            let any: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            assert_eq!(ascii_without_newline(&any), naive(&any), "{any:?}");
+        }
+    }
+
+    #[test]
     fn bad_tags_keys_and_leases_are_errors() {
         assert_eq!(Command::decode(&[9]), Err(DecodeError::BadTag(9)));
         let mut w = Writer::default();
@@ -820,6 +873,15 @@ mod tests {
         w.u32(2);
         w.buf.extend_from_slice(&[0xff, 0xfe]);
         assert_eq!(Command::decode(&w.buf), Err(DecodeError::BadKey));
+        // A newline, in an ASCII key and in one that is not.
+        for key in [&b"a\nb"[..], "\u{e9}\n".as_bytes()] {
+            let mut w = Writer::default();
+            w.u8(TAG_EXPIRE);
+            w.u64(1);
+            w.u32(u32::try_from(key.len()).unwrap());
+            w.buf.extend_from_slice(key);
+            assert_eq!(Command::decode(&w.buf), Err(DecodeError::BadKey), "{key:?}");
+        }
         let mut w = Writer::default();
         w.u8(TAG_EXPIRE);
         w.u64(1);

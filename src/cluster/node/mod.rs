@@ -335,7 +335,10 @@ pub struct Node<D: Disk> {
     pending: BTreeMap<u64, Pending>,
     unapplied: BTreeSet<u64>,
     by_index: BTreeMap<u64, (u64, u64)>,
-    conns: BTreeMap<ConnId, BTreeSet<u64>>,
+    /// The requests in `pending` of each local connection, as (connection,
+    /// sequence): one set for all, so a connection's first request and its
+    /// last answer add and drop no set of their own.
+    conns: BTreeSet<(ConnId, u64)>,
     cancels: VecDeque<Origin>,
     /// Local connections to close: a request of theirs applied where this
     /// node cannot tell its answer ([`Node::take_closes`]).
@@ -508,7 +511,7 @@ impl<D: Disk> Node<D> {
             pending: BTreeMap::new(),
             unapplied: BTreeSet::new(),
             by_index: BTreeMap::new(),
-            conns: BTreeMap::new(),
+            conns: BTreeSet::new(),
             cancels: VecDeque::new(),
             closes: Vec::new(),
             timers: BinaryHeap::new(),

@@ -86,7 +86,7 @@ impl<D: Disk> Node<D> {
                 acquire: matches!(req, Request::Acquire { .. }),
             },
         );
-        self.conns.entry(conn).or_default().insert(seq);
+        self.conns.insert((conn, seq));
     }
 
     /// The log entry of client request `req`, with the token bits drawn
@@ -163,9 +163,7 @@ impl<D: Disk> Node<D> {
                 continue;
             };
             self.unapplied.remove(&seq);
-            if let Some(set) = self.conns.get_mut(&p.conn) {
-                set.remove(&seq);
-            }
+            self.conns.remove(&(p.conn, seq));
             self.stats.refused += 1;
             match Command::decode(Command::entry_command(&p.entry)) {
                 Ok(Command::Acquire { owner, key, .. }) => {
@@ -184,11 +182,17 @@ impl<D: Disk> Node<D> {
     /// Local connection `conn` is gone: forget its requests and have its
     /// queued acquires cancelled cluster-wide.
     pub fn disconnect(&mut self, conn: ConnId) {
-        let Some(seqs) = self.conns.remove(&conn) else {
+        let seqs: Vec<u64> = self
+            .conns
+            .range((conn, 0)..=(conn, u64::MAX))
+            .map(|&(_, seq)| seq)
+            .collect();
+        if seqs.is_empty() {
             return;
-        };
+        }
         let mut had_acquire = false;
         for seq in seqs {
+            self.conns.remove(&(conn, seq));
             if let Some(p) = self.pending.remove(&seq) {
                 had_acquire |= p.acquire;
             }
@@ -277,12 +281,7 @@ impl<D: Disk> Node<D> {
     pub(super) fn finish(&mut self, seq: u64) {
         self.unapplied.remove(&seq);
         if let Some(p) = self.pending.remove(&seq) {
-            if let Some(s) = self.conns.get_mut(&p.conn) {
-                s.remove(&seq);
-                if s.is_empty() {
-                    self.conns.remove(&p.conn);
-                }
-            }
+            self.conns.remove(&(p.conn, seq));
         }
     }
 }
