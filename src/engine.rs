@@ -490,10 +490,9 @@ impl<T: Copy + Default> Outbox<T> {
     /// [`Outbox::retain_leases`] can withhold them (on by default). A
     /// service that never withholds a grant turns it off: a grant then
     /// costs no mark (a pipelined turn at depth 64 writes some 1,600, more
-    /// than the L1 cache holds). While it is
-    /// off, [`Outbox::retain_leases`] after a buffer was lent (since the
-    /// last [`Outbox::clear`]) panics rather than let a grant it cannot
-    /// withhold go out.
+    /// than the L1 cache holds). While it is off, [`Outbox::retain_leases`]
+    /// after a buffer was lent (since the last [`Outbox::clear`]) panics
+    /// rather than let a grant it cannot withhold go out.
     pub fn set_direct_grant_marks(&mut self, on: bool) {
         self.direct.mark_grants = on;
     }
@@ -2636,9 +2635,6 @@ mod tests {
         assert_eq!(out.direct_len(), 0);
     }
 
-    /// What happened reads back as typed events, each carrying the tag of
-    /// the request it answers: a grant's tag moves from waiter to holder.
-    /// Long because it walks one scenario, step by step, with its events.
     #[test]
     fn unmarked_direct_grants_keep_their_bytes_counts_and_wrong_token_marks() {
         let replies = [
@@ -2713,6 +2709,9 @@ mod tests {
         out.retain_leases(|_| false);
     }
 
+    /// What happened reads back as typed events, each carrying the tag of
+    /// the request it answers: a grant's tag moves from waiter to holder.
+    /// Long because it walks one scenario, step by step, with its events.
     #[test]
     fn events_tell_how_each_grant_came_and_which_lease_ran_out() {
         let mut e: Engine<u32> = Engine::replicated_tagged(EngineLimits::default(), 1);
