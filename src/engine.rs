@@ -400,10 +400,13 @@ struct Direct {
     /// (what [`Outbox::direct_lent`] cuts back to if the turn's replies
     /// must not leave).
     lent: Vec<(ConnId, usize)>,
-    /// The grants and extensions (which `retain_leases` may withhold) and
-    /// the wrong-token answers (which the guess throttle counts) written
-    /// into lent buffers this turn.
+    /// The grants and extensions (which `retain_leases` may withhold, while
+    /// `mark_grants`) and the wrong-token answers (which the guess throttle
+    /// counts) written into lent buffers this turn.
     marks: Vec<DirectMark>,
+    /// Whether grants and extensions written into lent buffers are marked
+    /// ([`Outbox::set_direct_grant_marks`]).
+    mark_grants: bool,
     /// Byte ranges of lent buffers withheld by `retain_leases`:
     /// connection, start, end, in the order written.
     withdrawn: Vec<(ConnId, usize, usize)>,
@@ -431,6 +434,7 @@ impl<T> Default for Outbox<T> {
                 buf: Vec::new(),
                 lent: Vec::new(),
                 marks: Vec::new(),
+                mark_grants: true,
                 withdrawn: Vec::new(),
             },
         }
@@ -479,6 +483,18 @@ impl<T: Copy + Default> Outbox<T> {
         self.direct.lent.clear();
         self.direct.marks.clear();
         self.direct.withdrawn.clear();
+    }
+
+    /// Whether the grants and extensions written into lent write buffers
+    /// ([`Outbox::begin_direct`]) are marked, so that
+    /// [`Outbox::retain_leases`] can withhold them (on by default). A
+    /// service that never withholds a grant turns it off: a grant then
+    /// costs no mark (a pipelined turn at depth 64 writes some 1,600, more
+    /// than the L1 cache holds). While it is off, [`Outbox::retain_leases`]
+    /// after a buffer was lent (since the last [`Outbox::clear`]) panics
+    /// rather than let a grant it cannot withhold go out.
+    pub fn set_direct_grant_marks(&mut self, on: bool) {
+        self.direct.mark_grants = on;
     }
 
     /// Whether replies to `conn` may be written straight into its write
@@ -706,6 +722,10 @@ impl<T: Copy + Default> Outbox<T> {
     /// durable lease bound could not be written: a client that never saw a
     /// grant never acts on it, and its lease ends by itself.
     pub fn retain_leases(&mut self, mut keep: impl FnMut(u8) -> bool) -> usize {
+        assert!(
+            self.direct.mark_grants || self.direct.lent.is_empty(),
+            "retain_leases after a buffer was lent with its grants not marked"
+        );
         let before = self.msgs.len() + self.direct.marks.len();
         let counts = &mut self.counts;
         self.msgs.retain(|m| {
@@ -788,7 +808,12 @@ impl<T: Copy + Default> Outbox<T> {
         if conn == self.direct.conn {
             let start = self.direct.buf.len();
             encode_reply_parts(kind.op(), a, b, key.as_bytes(), &mut self.direct.buf);
-            if !matches!(kind, Kind::Released | Kind::Timeout | Kind::Busy) {
+            // `kind` is known at each call site: an `R`, `T` or `B` folds
+            // to no mark, an `N` or `X` to a mark, a grant or extension to
+            // the one test of `mark_grants`.
+            let grant = matches!(kind, Kind::Acquired(_) | Kind::Extended);
+            let wrong_token = matches!(kind, Kind::NotReleased | Kind::NotExtended);
+            if wrong_token || (grant && self.direct.mark_grants) {
                 self.direct.marks.push(DirectMark {
                     conn,
                     start,
@@ -2618,6 +2643,80 @@ mod tests {
         out.push(1, mine[0].0, 30);
         assert_eq!(out.len(), 1);
         assert_eq!(out.direct_len(), 0);
+    }
+
+    #[test]
+    fn unmarked_direct_grants_keep_their_bytes_counts_and_wrong_token_marks() {
+        let replies = [
+            (
+                Reply::Acquired {
+                    token: 7,
+                    owner: 1,
+                    key: "db",
+                },
+                30,
+            ),
+            (
+                Reply::Extended {
+                    token: 7,
+                    key: "db",
+                },
+                5,
+            ),
+            (Reply::NotReleased { token: 2, key: "x" }, 0),
+            (Reply::NotExtended { token: 3, key: "y" }, 0),
+            (
+                Reply::Released {
+                    token: 7,
+                    key: "db",
+                },
+                0,
+            ),
+        ];
+        let mut routed = Outbox::new();
+        for (marked, want_marks) in [(true, 4), (false, 2)] {
+            let mut out = Outbox::new();
+            out.set_direct_grant_marks(marked);
+            out.begin_direct(1, Vec::new());
+            for &(reply, lease_s) in &replies {
+                out.push(1, reply, lease_s);
+                if marked {
+                    routed.push(1, reply, lease_s);
+                }
+            }
+            let buf = out.end_direct();
+            let want: Vec<u8> = routed.frames().flat_map(|(_, f)| f.to_vec()).collect();
+            assert_eq!(buf, want, "marked: {marked}");
+            assert_eq!(out.direct.marks.len(), want_marks, "marked: {marked}");
+            let mut counts = [0; 7];
+            out.tally(&mut counts);
+            assert_eq!(counts, [1, 0, 0, 1, 1, 1, 1]);
+            assert_eq!(out.wrong_token_answers().collect::<Vec<_>>(), [1, 1]);
+            out.clear();
+            // Nothing lent since the clear: held grants are withheld as
+            // ever, whatever the setting.
+            out.push(2, replies[0].0, 30);
+            assert_eq!(out.retain_leases(|_| false), 1);
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "not marked")]
+    fn retain_leases_refuses_a_turn_whose_lent_grants_are_not_marked() {
+        let mut out = Outbox::new();
+        out.set_direct_grant_marks(false);
+        out.begin_direct(1, Vec::new());
+        out.push(
+            1,
+            Reply::Acquired {
+                token: 7,
+                owner: 1,
+                key: "db",
+            },
+            30,
+        );
+        let _ = out.end_direct();
+        out.retain_leases(|_| false);
     }
 
     /// What happened reads back as typed events, each carrying the tag of

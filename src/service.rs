@@ -124,6 +124,15 @@ pub trait Service {
         false
     }
 
+    /// Whether [`Service::end_turn`] may withhold the turn's grants and
+    /// extensions ([`Outbox::retain_leases`]). When not, the server has the
+    /// outbox skip the marks it keeps of the grants written straight into
+    /// write buffers ([`Outbox::set_direct_grant_marks`]). Asked once, when
+    /// the server is made; the default, yes.
+    fn withholds_grants(&self) -> bool {
+        true
+    }
+
     /// Why the server must stop at once, if it must: asked after an
     /// [`Service::end_turn`] that failed. The loop then writes none of the
     /// turn's replies and [`crate::server::Server::run`] returns the reason

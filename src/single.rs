@@ -832,6 +832,12 @@ impl Service for SingleService {
         true
     }
 
+    /// Only with a data directory: `end_turn` withholds grants only when
+    /// the lease bound cannot be written.
+    fn withholds_grants(&self) -> bool {
+        self.store.is_some()
+    }
+
     /// Ready once a grant can be made: no restart grace in force, and a
     /// durable token mark (and lease bound) above the next token.
     fn readiness(&self, now: Millis) -> Result<(), crate::service::NotReady> {
@@ -1037,6 +1043,23 @@ mod tests {
         let mut s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
         let t2 = grant(&mut s, "b", &mut out).unwrap();
         assert!(t2 > first_mark, "{t2} must be above the whole first block");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn only_a_service_with_a_data_dir_withholds_grants() {
+        let s = SingleService::with_wall_clock_seed(EngineLimits::default());
+        assert!(
+            !s.withholds_grants(),
+            "no data dir: end_turn never withholds"
+        );
+        let dir = temp_dir("withholds");
+        let s = SingleService::with_data_dir(EngineLimits::default(), &dir).unwrap();
+        assert!(
+            s.withholds_grants(),
+            "a failed bound write withholds grants"
+        );
+        drop(s);
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -462,6 +462,8 @@ impl<S: Service> Server<S> {
         local_addr: SocketAddr,
         clock: Clock,
     ) -> Self {
+        let mut out = Outbox::new();
+        out.set_direct_grant_marks(service.withholds_grants());
         Server {
             poll,
             events: Some(Events::with_capacity(1024)),
@@ -481,7 +483,7 @@ impl<S: Service> Server<S> {
             closing: Vec::new(),
             close_ids: Vec::new(),
             throttled: Vec::new(),
-            out: Outbox::new(),
+            out,
             accept_ready: true,
             accept_paused_until: None,
             shutdown_deadline: None,
