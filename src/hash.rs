@@ -733,6 +733,16 @@ impl<'a, K, V> StrVacant<'a, K, V> {
     }
 }
 
+/// A small deterministic generator (xorshift64) for the tests' keys,
+/// messages and random inputs.
+#[cfg(test)]
+pub(crate) fn xorshift(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -779,14 +789,6 @@ mod tests {
 
     fn counting(n: usize) -> Vec<u8> {
         (0..n).map(|i| i as u8).collect()
-    }
-
-    /// A small deterministic generator for keys and messages.
-    fn xorshift(state: &mut u64) -> u64 {
-        *state ^= *state << 13;
-        *state ^= *state >> 7;
-        *state ^= *state << 17;
-        *state
     }
 
     #[test]

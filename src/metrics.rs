@@ -546,12 +546,7 @@ mod tests {
         let mut model = std::collections::BTreeMap::<u64, u64>::new();
         let mut current: Vec<Millis> = Vec::new();
         let mut state = 0x2545_f491_4f6c_dd1d_u64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = || crate::hash::xorshift(&mut state);
         let mut now = 0u64;
         for _ in 0..200_000 {
             let r = next();

@@ -836,12 +836,7 @@ mod tests {
     fn ascii_without_newline_matches_a_byte_by_byte_check() {
         let naive = |b: &[u8]| b.iter().all(|&c| c.is_ascii() && c != b'\n');
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = move || crate::hash::xorshift(&mut seed);
         for len in 0..40 {
             // Printable ASCII, then one byte changed to each value in turn.
             let mut b: Vec<u8> = (0..len).map(|_| b' ' + (next() % 95) as u8).collect();

@@ -1985,12 +1985,7 @@ mod tests {
     fn encoded_entries_are_protobufs_bytes() {
         use raft::eraftpb::{Entry, EntryType};
         let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = move || crate::hash::xorshift(&mut seed);
         let mut entries = Vec::new();
         for i in 0..400u64 {
             let big = |r: u64| match r % 4 {
