@@ -68,14 +68,7 @@ impl<D: Disk> Node<D> {
     /// ones placed at earlier indices can no longer apply there and are
     /// forgotten.
     fn take_proposed_at(&mut self, index: u64) -> Option<(u64, u64)> {
-        let here = self.by_index.remove(&index);
-        while let Some((&i, _)) = self.by_index.first_key_value() {
-            if i > index {
-                break;
-            }
-            self.by_index.pop_first();
-        }
-        here
+        self.by_index.take_upto(index)
     }
 
     /// The simulation's planted bug: an `Expire` applies whatever its
@@ -132,7 +125,7 @@ impl<D: Disk> Node<D> {
             if res.duplicate {
                 self.answer_duplicate(now, rid, cmd, out);
             } else {
-                self.unapplied.remove(&rid.seq);
+                self.unapplied.remove(rid.seq);
             }
         }
         for eff in &res.effects {

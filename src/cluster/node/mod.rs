@@ -72,6 +72,7 @@ mod logger;
 mod membership;
 mod propose;
 mod ready;
+mod seqs;
 mod snapshot;
 #[cfg(test)]
 mod tests;
@@ -82,6 +83,7 @@ pub use timers::lease_deadline;
 
 use membership::fill_addrs;
 use ready::coalesce_acks;
+use seqs::{ByIndex, SeqMap, SeqSet};
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
@@ -332,9 +334,13 @@ pub struct Node<D: Disk> {
     next_tick: Millis,
     next_repropose_check: Millis,
     next_seq: u64,
-    pending: BTreeMap<u64, Pending>,
-    unapplied: BTreeSet<u64>,
-    by_index: BTreeMap<u64, (u64, u64)>,
+    /// This node's client requests not yet answered, by sequence.
+    pending: SeqMap<Pending>,
+    /// The sequences of requests in `pending` not yet applied; the lowest is
+    /// the floor written into each proposed entry.
+    unapplied: SeqSet,
+    /// Log index -> (term, sequence) of the proposals a local leader placed.
+    by_index: ByIndex,
     /// The requests in `pending` of each local connection, as (connection,
     /// sequence): one set for all, so a connection's first request and its
     /// last answer add and drop no set of their own.
@@ -508,9 +514,9 @@ impl<D: Disk> Node<D> {
             next_tick: Millis::ZERO,
             next_repropose_check: Millis::ZERO,
             next_seq: 1,
-            pending: BTreeMap::new(),
-            unapplied: BTreeSet::new(),
-            by_index: BTreeMap::new(),
+            pending: SeqMap::default(),
+            unapplied: SeqSet::default(),
+            by_index: ByIndex::default(),
             conns: BTreeSet::new(),
             cancels: VecDeque::new(),
             closes: Vec::new(),

@@ -39,7 +39,7 @@ impl<D: Disk> Node<D> {
         let after = self.rn.raft.raft_log.last_index();
         if let Some(seq) = seq {
             if after > before {
-                self.by_index.insert(after, (self.rn.raft.term, seq));
+                self.by_index.insert(after, self.rn.raft.term, seq);
             }
         }
         true
@@ -66,7 +66,7 @@ impl<D: Disk> Node<D> {
             seq,
         };
         self.unapplied.insert(seq);
-        let floor = self.unapplied.first().copied().unwrap_or(seq);
+        let floor = self.unapplied.first().unwrap_or(seq);
         let entry = self.request_entry(rid, floor, conn, &req);
         // The state machine finds the request again in what it decodes.
         debug_assert!(
@@ -153,7 +153,7 @@ impl<D: Disk> Node<D> {
             if after - before == proposed.len() as u64 {
                 let term = self.rn.raft.term;
                 for (i, seq) in (before + 1..).zip(proposed) {
-                    self.by_index.insert(i, (term, seq));
+                    self.by_index.insert(i, term, seq);
                 }
             }
             return;
@@ -162,7 +162,7 @@ impl<D: Disk> Node<D> {
             let Some(p) = self.pending.remove(&seq) else {
                 continue;
             };
-            self.unapplied.remove(&seq);
+            self.unapplied.remove(seq);
             self.conns.remove(&(p.conn, seq));
             self.stats.refused += 1;
             match Command::decode(Command::entry_command(&p.entry)) {
@@ -177,6 +177,7 @@ impl<D: Disk> Node<D> {
                 _ => {}
             }
         }
+        super::seqs::shrink(&mut self.pending);
     }
 
     /// Local connection `conn` is gone: forget its requests and have its
@@ -196,8 +197,9 @@ impl<D: Disk> Node<D> {
             if let Some(p) = self.pending.remove(&seq) {
                 had_acquire |= p.acquire;
             }
-            self.unapplied.remove(&seq);
+            self.unapplied.remove(seq);
         }
+        super::seqs::shrink(&mut self.pending);
         if had_acquire {
             self.queue_cancel(Origin {
                 node: self.cfg.id,
@@ -238,7 +240,6 @@ impl<D: Disk> Node<D> {
         let due: Vec<u64> = self
             .unapplied
             .iter()
-            .copied()
             .filter(|s| {
                 self.pending.get(s).is_some_and(|p| {
                     !p.queued
@@ -279,9 +280,10 @@ impl<D: Disk> Node<D> {
     }
 
     pub(super) fn finish(&mut self, seq: u64) {
-        self.unapplied.remove(&seq);
+        self.unapplied.remove(seq);
         if let Some(p) = self.pending.remove(&seq) {
             self.conns.remove(&(p.conn, seq));
+            super::seqs::shrink(&mut self.pending);
         }
     }
 }

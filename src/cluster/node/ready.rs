@@ -202,8 +202,8 @@ impl<D: Disk> Node<D> {
             self.leader = leader;
             self.next_repropose_check = Millis::ZERO;
             // A forwarded proposal may have died with the old leader.
-            for seq in &self.unapplied {
-                if let Some(p) = self.pending.get_mut(seq) {
+            for seq in self.unapplied.iter() {
+                if let Some(p) = self.pending.get_mut(&seq) {
                     p.proposed_at = Millis::ZERO;
                 }
             }

@@ -52,7 +52,7 @@ impl<D: Disk> Node<D> {
         // acquire still granted to it is answered from the table (see
         // `apply_entries`); other answers are gone with the entries, and
         // the request's connection is closed then (`take_closes`).
-        let seqs: Vec<u64> = self.unapplied.iter().copied().collect();
+        let seqs: Vec<u64> = self.unapplied.iter().collect();
         for seq in seqs {
             let rid = Rid {
                 node: self.cfg.id,
@@ -69,7 +69,7 @@ impl<D: Disk> Node<D> {
                 if self.sm.is_waiting(key, rid) {
                     p.queued = true;
                     p.entry = bytes::Bytes::new();
-                    self.unapplied.remove(&seq);
+                    self.unapplied.remove(seq);
                     continue;
                 }
             }
