@@ -198,12 +198,19 @@ pub enum Decoded<T> {
 #[must_use]
 pub fn request_header_len(op: u8) -> Option<usize> {
     match op {
-        OP_ACQUIRE => Some(11),
-        OP_RELEASE => Some(9),
-        OP_EXTEND => Some(10),
+        OP_ACQUIRE => Some(ACQUIRE_HEADER),
+        OP_RELEASE => Some(RELEASE_HEADER),
+        OP_EXTEND => Some(EXTEND_HEADER),
         _ => None,
     }
 }
+
+/// Header bytes of an Acquire: op, wait, lease, owner.
+const ACQUIRE_HEADER: usize = 11;
+/// Header bytes of a Release: op, token.
+const RELEASE_HEADER: usize = 9;
+/// Header bytes of an Extend: op, lease, token.
+const EXTEND_HEADER: usize = 10;
 
 /// Header length of a reply op, or `None` for a byte that is no reply op.
 #[must_use]
@@ -374,10 +381,6 @@ fn request_frame<'a, const N: usize>(
     }
 }
 
-fn be_u64_at<const N: usize>(h: &[u8; N], at: usize) -> u64 {
-    be_u64(&h[at..at + 8])
-}
-
 /// Decodes one request from the front of `buf`.
 ///
 /// Malformed cases are reported as soon as they are certain: an unknown op or
@@ -393,25 +396,27 @@ pub fn decode_request(buf: &[u8], max_key_bytes: usize) -> Decoded<Request<'_>> 
             if buf.get(2) == Some(&0) {
                 return Decoded::Malformed(Malformed::ZeroLease);
             }
-            request_frame::<11>(buf, max_key_bytes, |h, key| Request::Acquire {
+            request_frame::<ACQUIRE_HEADER>(buf, max_key_bytes, |h, key| Request::Acquire {
                 wait_s: h[1],
                 lease_s: h[2],
-                owner: be_u64_at(h, 3),
+                owner: be_u64(&h[3..]),
                 key,
             })
         }
-        Some(&OP_RELEASE) => request_frame::<9>(buf, max_key_bytes, |h, key| Request::Release {
-            token: be_u64_at(h, 1),
-            key,
-        }),
+        Some(&OP_RELEASE) => {
+            request_frame::<RELEASE_HEADER>(buf, max_key_bytes, |h, key| Request::Release {
+                token: be_u64(&h[1..]),
+                key,
+            })
+        }
         Some(&OP_EXTEND) => {
             // The lease byte, second.
             if buf.get(1) == Some(&0) {
                 return Decoded::Malformed(Malformed::ZeroLease);
             }
-            request_frame::<10>(buf, max_key_bytes, |h, key| Request::Extend {
+            request_frame::<EXTEND_HEADER>(buf, max_key_bytes, |h, key| Request::Extend {
                 lease_s: h[1],
-                token: be_u64_at(h, 2),
+                token: be_u64(&h[2..]),
                 key,
             })
         }
