@@ -64,12 +64,11 @@ pub(super) fn shrink<V>(map: &mut SeqMap<V>) {
     }
 }
 
-/// A set of sequence numbers inserted in increasing order: a sorted deque
-/// with a "gone" mark for each removed one not yet dropped.
+/// A set of sequence numbers inserted in increasing order: a deque sorted
+/// by sequence, each with a "gone" mark once removed and not yet dropped.
 #[derive(Default)]
 pub(super) struct SeqSet {
-    seqs: VecDeque<u64>,
-    gone: VecDeque<bool>,
+    seqs: VecDeque<(u64, bool)>,
     live: usize,
 }
 
@@ -79,10 +78,9 @@ impl SeqSet {
     /// revived) all the same.
     pub(super) fn insert(&mut self, seq: u64) {
         match self.seqs.back() {
-            Some(&last) if last >= seq => self.insert_slow(seq),
+            Some(&(last, _)) if last >= seq => self.insert_slow(seq),
             _ => {
-                self.seqs.push_back(seq);
-                self.gone.push_back(false);
+                self.seqs.push_back((seq, false));
                 self.live += 1;
             }
         }
@@ -90,16 +88,15 @@ impl SeqSet {
 
     #[cold]
     fn insert_slow(&mut self, seq: u64) {
-        match self.seqs.binary_search(&seq) {
+        match self.find(seq) {
             Ok(i) => {
-                if self.gone[i] {
-                    self.gone[i] = false;
+                if self.seqs[i].1 {
+                    self.seqs[i].1 = false;
                     self.live += 1;
                 }
             }
             Err(i) => {
-                self.seqs.insert(i, seq);
-                self.gone.insert(i, false);
+                self.seqs.insert(i, (seq, false));
                 self.live += 1;
             }
         }
@@ -107,43 +104,29 @@ impl SeqSet {
 
     /// Removes `seq`; whether it was there.
     pub(super) fn remove(&mut self, seq: u64) -> bool {
-        let Ok(i) = self.seqs.binary_search(&seq) else {
+        let Ok(i) = self.find(seq) else {
             return false;
         };
-        if self.gone[i] {
+        if self.seqs[i].1 {
             return false;
         }
-        self.gone[i] = true;
+        self.seqs[i].1 = true;
         self.live -= 1;
-        while self.gone.front() == Some(&true) {
-            self.gone.pop_front();
+        while self.seqs.front().is_some_and(|&(_, gone)| gone) {
             self.seqs.pop_front();
         }
         if self.seqs.len() > 2 * self.live + 33 {
-            self.compact();
+            // Drop every entry marked gone.
+            self.seqs.retain(|&(_, gone)| !gone);
         }
         true
-    }
-
-    /// Drops every entry marked gone.
-    fn compact(&mut self) {
-        let mut w = 0;
-        for r in 0..self.seqs.len() {
-            if !self.gone[r] {
-                self.seqs[w] = self.seqs[r];
-                w += 1;
-            }
-        }
-        self.seqs.truncate(w);
-        self.gone.clear();
-        self.gone.resize(w, false);
     }
 
     /// The lowest sequence in the set.
     pub(super) fn first(&self) -> Option<u64> {
         // Gone entries at the front are always dropped (`remove`).
-        debug_assert!(self.gone.front() != Some(&true));
-        self.seqs.front().copied()
+        debug_assert!(self.seqs.front().is_none_or(|&(_, gone)| !gone));
+        self.seqs.front().map(|&(s, _)| s)
     }
 
     /// How many sequences are in the set.
@@ -154,16 +137,19 @@ impl SeqSet {
     /// Whether `seq` is in the set.
     #[cfg(test)]
     pub(super) fn contains(&self, seq: u64) -> bool {
-        self.seqs.binary_search(&seq).is_ok_and(|i| !self.gone[i])
+        self.find(seq).is_ok_and(|i| !self.seqs[i].1)
     }
 
     /// The sequences in the set, in increasing order.
     pub(super) fn iter(&self) -> impl Iterator<Item = u64> + '_ {
         self.seqs
             .iter()
-            .zip(&self.gone)
-            .filter(|&(_, &g)| !g)
-            .map(|(&s, _)| s)
+            .filter(|&&(_, gone)| !gone)
+            .map(|&(s, _)| s)
+    }
+
+    fn find(&self, seq: u64) -> Result<usize, usize> {
+        self.seqs.binary_search_by_key(&seq, |&(s, _)| s)
     }
 }
 
