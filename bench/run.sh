@@ -440,6 +440,36 @@ if ((CG_REQUESTS > 0)); then
 fi
 
 # ---------------------------------------------------------------- table
+# Every round of every throughput cell, and ticketd's ratio to a peer round
+# by round (the same minutes).
+# rounds NAME FIELD: the field of each round of a cell, space-separated.
+rounds() {
+    local r out=()
+    for ((r = 1; r <= ROUNDS; r++)); do
+        out+=("$(jget "$(cat "$OUT/$1.r$r.json")" "$2")")
+    done
+    echo "${out[*]}"
+}
+# round_ratios A B FIELD [B_FIELD]: A's field over B's (or B's B_FIELD),
+# round by round.
+round_ratios() {
+    local r out=()
+    for ((r = 1; r <= ROUNDS; r++)); do
+        out+=("$(ratio "$(jget "$(cat "$OUT/$1.r$r.json")" "$3")" "$(jget "$(cat "$OUT/$2.r$r.json")" "${4:-$3}")")")
+    done
+    echo "${out[*]}"
+}
+# median_ratio A B FIELD [B_FIELD]: the median of A's field over B's, round by round.
+# Each round runs every cell within the same minutes, so a ratio is judged
+# on the rounds' own ratios, never on two medians taken from different rounds.
+median_ratio() {
+    # shellcheck disable=SC2046 # one word per round
+    printf '%s\n' $(round_ratios "$@") | awk '$1 != "-" { a[++n] = $1 }
+        END { if (n == 0) { print "-"; exit }
+              for (i = 2; i <= n; i++) { v = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > v + 0; j--) a[j + 1] = a[j]; a[j + 1] = v }
+              if (n % 2) print a[(n + 1) / 2]; else printf "%.2f", (a[n / 2] + a[n / 2 + 1]) / 2 }'
+}
+
 J() { cat "$OUT/$1.json"; }
 rps() { jget "$(J "$1")" requests_per_s; }
 cpu() { jget "$(J "$1")" server_cpu_us_per_request; }
@@ -454,23 +484,27 @@ for d in 1 16 64; do
     case $d in 1) tgt="t/redis >= 1.1, t/limit >= 0.95" ;; 16) tgt="t/redis >= 3, t/limit >= 0.9" ;; 64) tgt="t/redis >= 6, t/limit >= 0.9" ;; esac
     e=""
     [[ $d == 1 ]] && e=$(rps cycle-d1-etcd)
-    row "cycle depth $d, requests/s" "$t" "$r" "$l" "$e" "$(ratio "$t" "$r")" "$(ratio "$t" "$l")" "$tgt"
+    row "cycle depth $d, requests/s" "$t" "$r" "$l" "$e" "$(median_ratio "cycle-d$d-ticketd" "cycle-d$d-redis" requests_per_s)" \
+        "$(median_ratio "cycle-d$d-ticketd" "cycle-d$d-limit" requests_per_s)" "$tgt"
 done
 t=$(rps cycle-d64-ticketd-admin) b=$(rps cycle-d64-ticketd)
-row "cycle depth 64, admin port scraped 10/s" "$t" "" "" "" "" "" "admin/plain $(ratio "$t" "$b") (target: within noise of 1)"
+row "cycle depth 64, admin port scraped 10/s" "$t" "" "" "" "" "" "admin/plain $(median_ratio cycle-d64-ticketd-admin cycle-d64-ticketd requests_per_s) (target: within noise of 1)"
 for d in 1 16 64; do
     t=$(rps "cycle-d$d-ticketd-tls") r=$(rps "cycle-d$d-redis-tls") b=$(rps "cycle-d$d-ticketd")
-    tgt="TLS/plaintext $(ratio "$t" "$b")"
-    [[ $d == 16 ]] && tgt="t/redis >= 3; TLS/plaintext $(ratio "$t" "$b") (target >= 0.6)"
-    row "cycle depth $d over TLS, requests/s" "$t" "$r" "" "" "$(ratio "$t" "$r")" "" "$tgt"
+    tp=$(median_ratio "cycle-d$d-ticketd-tls" "cycle-d$d-ticketd" requests_per_s)
+    tgt="TLS/plaintext $tp"
+    [[ $d == 16 ]] && tgt="t/redis >= 3; TLS/plaintext $tp (target >= 0.6)"
+    row "cycle depth $d over TLS, requests/s" "$t" "$r" "" "" "$(median_ratio "cycle-d$d-ticketd-tls" "cycle-d$d-redis-tls" requests_per_s)" "" "$tgt"
 done
 for d in 1 16 64; do
     t=$(rps "cycle-d$d-ticketd-unix") r=$(rps "cycle-d$d-redis-unix")
     bt=$(rps "cycle-d$d-ticketd") br=$(rps "cycle-d$d-redis")
-    row "cycle depth $d, Unix socket, req/s" "$t" "$r" "" "" "$(ratio "$t" "$r")" "" "unix/TCP: ticketd $(ratio "$t" "$bt"), redis $(ratio "$r" "$br")"
+    row "cycle depth $d, Unix socket, req/s" "$t" "$r" "" "" "$(median_ratio "cycle-d$d-ticketd-unix" "cycle-d$d-redis-unix" requests_per_s)" "" \
+        "unix/TCP: ticketd $(median_ratio "cycle-d$d-ticketd-unix" "cycle-d$d-ticketd" requests_per_s), redis $(median_ratio "cycle-d$d-redis-unix" "cycle-d$d-redis" requests_per_s)"
 done
 t=$(cpu cycle-d16-ticketd) r=$(cpu cycle-d16-redis) l=$(cpu cycle-d16-limit)
-row "cycle depth 16, server CPU us/req" "$t" "$r" "$l" "" "$(ratio "$t" "$r")" "$(ratio "$t" "$l")" "t/limit <= 2"
+row "cycle depth 16, server CPU us/req" "$t" "$r" "$l" "" "$(median_ratio cycle-d16-ticketd cycle-d16-redis server_cpu_us_per_request)" \
+    "$(median_ratio cycle-d16-ticketd cycle-d16-limit server_cpu_us_per_request)" "t/limit <= 2"
 row "instructions/request, depth 16" "$IR_T" "$IR_R" "$IR_L" "" "$(ratio "$IR_T" "$IR_R")" "$(ratio "$IR_T" "$IR_L")" "ticketd <= 500"
 ct=$(J contended-ticketd) cr=$(J contended-redis) ce=$(J contended-etcd)
 cr100=$(J contended-redis-poll100)
@@ -492,7 +526,7 @@ row "idle RSS KiB" "$T_IDLE" "$R_IDLE" "" "$E_IDLE" "$(ratio "$T_IDLE" "$R_IDLE"
 xf=$(J extend-flood-d16) ka=$(J keepalive) ks=$(J keepalive-single)
 t=$(cpu cycle-d16-ticketd) x=$(jget "$xf" server_cpu_us_per_extend)
 row "extend flood d16, extends/s" "$(jget "$xf" extends_per_s)" "" "" "" "" "" "cycle d16: $(rps cycle-d16-ticketd) req/s"
-row "server CPU us per extend vs per cycle request" "$x" "" "" "" "" "" "per cycle request (acquire+release)/2: $t, extend/that $(ratio "$x" "$t") (target <= 1)"
+row "server CPU us per extend vs per cycle request" "$x" "" "" "" "" "" "per cycle request (acquire+release)/2: $t, extend/that $(median_ratio extend-flood-d16 cycle-d16-ticketd server_cpu_us_per_extend server_cpu_us_per_request) (target <= 1)"
 row "instructions per extend vs per cycle request" "$IR_X" "" "" "" "" "" "per cycle request: $IR_T, extend/that $(ratio "$IR_X" "$IR_T")"
 row "$KEEPALIVE_LOCKS kept-alive locks, 30 s lease: % of one core" "$(jget "$ka" server_cpu_core_pct)" "" "" "" "" "" "$(jget "$ka" extends_per_s) extends/s, $(jget "$ka" server_cpu_us_per_extend) us each, coalesced as the client renews (target < 2 %)"
 row "  the same, one round trip per extend" "$(jget "$ks" server_cpu_core_pct)" "" "" "" "" "" "$(jget "$ks" extends_per_s) extends/s, $(jget "$ks" server_cpu_us_per_extend) us each (--renew single)"
@@ -500,24 +534,7 @@ row "extend runs: X (not extended)" "$(jget "$xf" not_extended) + $(jget "$ka" n
 row "stripped binary bytes" "$SIZE_DEFAULT" "" "" "" "" "" "without default features: $SIZE_MINIMAL"
 
 # ---------------------------------------------------------------- rounds
-# Every round of every throughput cell, in round order, and ticketd's ratio
-# to the limit server and to Redis round by round (the same minutes).
-# rounds NAME FIELD: the field of each round of a cell, space-separated.
-rounds() {
-    local r out=()
-    for ((r = 1; r <= ROUNDS; r++)); do
-        out+=("$(jget "$(cat "$OUT/$1.r$r.json")" "$2")")
-    done
-    echo "${out[*]}"
-}
-# round_ratios A B FIELD: A's field over B's, round by round.
-round_ratios() {
-    local r out=()
-    for ((r = 1; r <= ROUNDS; r++)); do
-        out+=("$(ratio "$(jget "$(cat "$OUT/$1.r$r.json")" "$3")" "$(jget "$(cat "$OUT/$2.r$r.json")" "$3")")")
-    done
-    echo "${out[*]}"
-}
+# Every round of every throughput cell, in round order.
 echo
 echo "rounds, in order (the table shows each cell's median round):"
 for d in 1 16 64; do
@@ -557,45 +574,37 @@ check() {
         print (ok ? "held" : "MISSED") }')
     printf '  %-7s %-44s %s %s %s%s\n' "$verdict" "$1" "$2" "$3" "$4" "${5:+  ($5)}"
 }
-# check_rounds LABEL OP LIMIT RATIOS...: a median ratio's target, and in
-# how many rounds it held.
+# check_rounds LABEL OP LIMIT A B FIELD [B_FIELD]: the target on the median
+# of A's field over B's round by round, and in how many rounds it held.
 check_rounds() {
-    local label=$1 op=$2 lim=$3 median_ratio=$4
-    shift 4
+    local label=$1 op=$2 lim=$3 med
+    shift 3
+    med=$(median_ratio "$@")
+    # shellcheck disable=SC2046 # one word per round
+    set -- $(round_ratios "$@")
     local held
     held=$(printf '%s\n' "$@" | awk -v op="$op" -v l="$lim" '
         $1 != "-" { n++; if ((op == ">=" && $1 + 0 >= l + 0) || (op == "<=" && $1 + 0 <= l + 0)) h++ }
         END { printf "%d of %d rounds", h, n }')
-    check "$label" "$median_ratio" "$op" "$lim" "$held: $*"
+    check "$label" "$med" "$op" "$lim" "$held: $*"
 }
 echo
-ext_ratio=$(ratio "$x" "$(cpu cycle-d16-ticketd)")
 x_total=$(awk -v a="$(jget "$xf" not_extended)" -v b="$(jget "$ka" not_extended)" 'BEGIN { if (a == "" || b == "") print "-"; else print a + b }')
-echo "targets (median of $ROUNDS rounds):"
+echo "targets (ratios: the median of the rounds' own ratios; other figures: the median round):"
 for d in 1 16 64; do
-    t=$(rps "cycle-d$d-ticketd") r=$(rps "cycle-d$d-redis") l=$(rps "cycle-d$d-limit")
     case $d in 1) want_l=0.95 want_r=1.1 ;; 16) want_l=0.9 want_r=3 ;; *) want_l=0.9 want_r=6 ;; esac
-    # shellcheck disable=SC2046 # one word per round
-    check_rounds "cycle depth $d, ticketd / limit" ">=" "$want_l" "$(ratio "$t" "$l")" \
-        $(round_ratios "cycle-d$d-ticketd" "cycle-d$d-limit" requests_per_s)
-    # shellcheck disable=SC2046
-    check_rounds "cycle depth $d, ticketd / redis" ">=" "$want_r" "$(ratio "$t" "$r")" \
-        $(round_ratios "cycle-d$d-ticketd" "cycle-d$d-redis" requests_per_s)
+    check_rounds "cycle depth $d, ticketd / limit" ">=" "$want_l" "cycle-d$d-ticketd" "cycle-d$d-limit" requests_per_s
+    check_rounds "cycle depth $d, ticketd / redis" ">=" "$want_r" "cycle-d$d-ticketd" "cycle-d$d-redis" requests_per_s
 done
-t=$(rps cycle-d16-ticketd-tls) r=$(rps cycle-d16-redis-tls) b=$(rps cycle-d16-ticketd)
-# shellcheck disable=SC2046
-check_rounds "cycle depth 16 TLS, ticketd / redis" ">=" 3 "$(ratio "$t" "$r")" \
-    $(round_ratios cycle-d16-ticketd-tls cycle-d16-redis-tls requests_per_s)
-# shellcheck disable=SC2046
-check_rounds "cycle depth 16, ticketd TLS / plaintext" ">=" 0.6 "$(ratio "$t" "$b")" \
-    $(round_ratios cycle-d16-ticketd-tls cycle-d16-ticketd requests_per_s)
-check "cycle depth 16, server CPU ticketd / limit" "$(ratio "$(cpu cycle-d16-ticketd)" "$(cpu cycle-d16-limit)")" "<=" 2
+check_rounds "cycle depth 16 TLS, ticketd / redis" ">=" 3 cycle-d16-ticketd-tls cycle-d16-redis-tls requests_per_s
+check_rounds "cycle depth 16, ticketd TLS / plaintext" ">=" 0.6 cycle-d16-ticketd-tls cycle-d16-ticketd requests_per_s
+check_rounds "cycle depth 16, server CPU ticketd / limit" "<=" 2 cycle-d16-ticketd cycle-d16-limit server_cpu_us_per_request
 check "instructions per request, depth 16" "$IR_T" "<=" 500 "limit server: $IR_L"
 check "contended p99 wait, ticketd / redis" "$(ratio "$(jget "$ct" wait_p99_us)" "$(jget "$cr" wait_p99_us)")" "<=" 0.2
 check "contended FIFO violations" "$(jget "$ct" fifo_violations)" "==" 0 "of $(jget "$ct" fifo_checked) grants"
 check "bytes per held lock, ticketd / redis" "$(ratio "$T_BPL" "$R_BPL")" "<=" 0.7 "$T_BPL and $R_BPL bytes"
 check "idle RSS KiB" "$T_IDLE" "<=" 3072
-check "server CPU per extend / per cycle request" "$ext_ratio" "<=" 1
+check_rounds "server CPU per extend / per cycle request" "<=" 1 extend-flood-d16 cycle-d16-ticketd server_cpu_us_per_extend server_cpu_us_per_request
 check "kept-alive locks, % of one core" "$(jget "$ka" server_cpu_core_pct)" "<" 2
 check "extend runs: X (not extended)" "$x_total" "==" 0
 echo "raw results: $OUT/*.json"
