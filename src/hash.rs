@@ -466,6 +466,40 @@ impl PartialEq for KeyStr {
 
 impl Eq for KeyStr {}
 
+/// Whether two keys are equal. A key of up to 32 bytes (every one a
+/// [`KeyStr`] keeps in place) is compared by two overlapping loads from
+/// each side, in line; a longer one by the slice comparison. A table
+/// lookup that finds its key makes exactly one such comparison, and a call
+/// out to `memcmp` for it cost more than the comparison itself.
+#[inline(always)]
+fn key_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    // Each arm reads the first and the last `W` bytes (they overlap when
+    // `n < 2 W`), so every byte is compared and none outside the slices.
+    macro_rules! two_loads {
+        ($t:ty, $w:expr) => {{
+            let at = |s: &[u8], i: usize| {
+                let mut w = [0u8; $w];
+                w.copy_from_slice(&s[i..i + $w]);
+                <$t>::from_ne_bytes(w)
+            };
+            ((at(a, 0) ^ at(b, 0)) | (at(a, n - $w) ^ at(b, n - $w))) == 0
+        }};
+    }
+    match n {
+        0 => true,
+        1..=3 => a[0] == b[0] && a[n / 2] == b[n / 2] && a[n - 1] == b[n - 1],
+        4..=7 => two_loads!(u32, 4),
+        8..=15 => two_loads!(u64, 8),
+        16..=32 => two_loads!(u128, 16),
+        _ => a == b,
+    }
+}
+
 /// A map from string keys (`K` is [`KeyStr`], `Box<str>`, `Arc<str>`, ...) to `V`,
 /// looked up by `&str`, hashed by a [`KeyHasher`] under a per-table random
 /// [`SipKey`]. Each operation hashes its key at most once;
@@ -537,7 +571,7 @@ impl<K: Borrow<str>, V> StrMap<K, V> {
             return None;
         }
         self.table
-            .find(self.hash(key), |(k, _)| k.borrow() == key)
+            .find(self.hash(key), |(k, _)| key_eq(k.borrow(), key))
             .map(|(k, v)| (k, v))
     }
 
@@ -564,7 +598,7 @@ impl<K: Borrow<str>, V> StrMap<K, V> {
         }
         let hash = self.hash(key);
         self.table
-            .find_mut(hash, |(k, _)| k.borrow() == key)
+            .find_mut(hash, |(k, _)| key_eq(k.borrow(), key))
             .map(|(_, v)| v)
     }
 
@@ -575,7 +609,10 @@ impl<K: Borrow<str>, V> StrMap<K, V> {
             return None;
         }
         let hash = self.hash(key);
-        match self.table.find_entry(hash, |(k, _)| k.borrow() == key) {
+        match self
+            .table
+            .find_entry(hash, |(k, _)| key_eq(k.borrow(), key))
+        {
             Ok(o) => Some(o.remove().0 .1),
             Err(_) => None,
         }
@@ -589,7 +626,7 @@ impl<K: Borrow<str>, V> StrMap<K, V> {
         let hash = hasher.hash(key.borrow().as_bytes());
         debug_assert!(self
             .table
-            .find(hash, |(k, _)| k.borrow() == key.borrow())
+            .find(hash, |(k, _)| key_eq(k.borrow(), key.borrow()))
             .is_none());
         let (_, v) = self
             .table
@@ -608,7 +645,7 @@ impl<K: Borrow<str>, V> StrMap<K, V> {
         let hash = hasher.hash(key.as_bytes());
         match self.table.entry(
             hash,
-            |(k, _)| k.borrow() == key,
+            |(k, _)| key_eq(k.borrow(), key),
             |(k, _)| hasher.hash(k.borrow().as_bytes()),
         ) {
             Entry::Occupied(o) => StrEntry::Occupied(StrOccupied(o)),
@@ -626,7 +663,7 @@ impl<K: Borrow<str>, V> StrMap<K, V> {
         }
         let hash = self.hash(key);
         self.table
-            .find_entry(hash, |(k, _)| k.borrow() == key)
+            .find_entry(hash, |(k, _)| key_eq(k.borrow(), key))
             .ok()
             .map(StrOccupied)
     }
@@ -747,6 +784,35 @@ pub(crate) fn xorshift(state: &mut u64) -> u64 {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    /// `key_eq` agrees with the slice comparison for every length up to
+    /// 40 and a difference at every position, in both directions, and for
+    /// keys of different lengths that share a prefix.
+    #[test]
+    fn key_eq_agrees_with_the_slice_comparison() {
+        let mut state = 0x5eed_u64;
+        let mut checked = 0;
+        for n in 0..=40usize {
+            let a: String = (0..n)
+                .map(|_| char::from(b'!' + (xorshift(&mut state) % 90) as u8))
+                .collect();
+            assert!(key_eq(&a, &a.clone()));
+            for i in 0..n {
+                let mut b = a.clone().into_bytes();
+                b[i] = if b[i] == b'~' { b'!' } else { b[i] + 1 };
+                let b = String::from_utf8(b).unwrap();
+                assert!(!key_eq(&a, &b), "length {n}, byte {i}");
+                assert!(!key_eq(&b, &a), "length {n}, byte {i}");
+                checked += 1;
+            }
+            for m in 0..=40usize {
+                let b: String = a.chars().chain("xyz".chars().cycle()).take(m).collect();
+                assert_eq!(key_eq(&a, &b), a == b, "lengths {n} and {m}");
+                checked += 1;
+            }
+        }
+        assert!(checked > 2_000);
+    }
 
     /// SipHash-c-d written directly from the paper's description, one byte
     /// at a time and with any number of rounds, to check [`SipKey::hash`]
