@@ -663,8 +663,9 @@ impl<T: Copy + Default> Outbox<T> {
     }
 
     /// The connection of every `N` (not released) and `X` (not extended)
-    /// reply, in order: what the server's guess throttle counts. Walks the
-    /// replies only if there is one.
+    /// reply that answered a guess (see [`is_guess`]), in order: what the
+    /// server's guess throttle counts. Walks the replies only if there is
+    /// an `N` or an `X`.
     pub fn wrong_token_answers(&self) -> impl Iterator<Item = ConnId> + '_ {
         let wrong = self.counts[Kind::NotReleased.tally_index().unwrap_or(4)]
             + self.counts[Kind::NotExtended.tally_index().unwrap_or(6)];
@@ -673,14 +674,14 @@ impl<T: Copy + Default> Outbox<T> {
         } else {
             (&self.msgs[..], &self.direct.marks[..])
         };
-        let wrong_token = |k: Kind| matches!(k, Kind::NotReleased | Kind::NotExtended);
         msgs.iter()
-            .filter(move |m| wrong_token(m.kind))
+            .filter(|m| is_guess(m.kind, m.token))
             .map(|m| m.conn)
             .chain(
+                // Only guesses are marked among the wrong-token answers.
                 marks
                     .iter()
-                    .filter(move |m| wrong_token(m.kind))
+                    .filter(|m| matches!(m.kind, Kind::NotReleased | Kind::NotExtended))
                     .map(|m| m.conn),
             )
     }
@@ -812,7 +813,7 @@ impl<T: Copy + Default> Outbox<T> {
             // to no mark, an `N` or `X` to a mark, a grant or extension to
             // the one test of `mark_grants`.
             let grant = matches!(kind, Kind::Acquired(_) | Kind::Extended);
-            let wrong_token = matches!(kind, Kind::NotReleased | Kind::NotExtended);
+            let wrong_token = is_guess(kind, token);
             if wrong_token || (grant && self.direct.mark_grants) {
                 self.direct.marks.push(DirectMark {
                     conn,
@@ -853,6 +854,17 @@ impl<T: Copy + Default> Outbox<T> {
             tag: T::default(),
         });
     }
+}
+
+/// Whether a reply answered a guess at a token: an `N` or an `X` for any
+/// token but 0. No grant ever has token 0 (it names the unknown holder of
+/// a restart grace), so a release or extend of token 0 is refused without
+/// telling anyone anything, and a client may send one as a barrier (its
+/// `N` proves that everything before it on the connection was processed)
+/// without meeting the guess throttle.
+#[inline(always)]
+fn is_guess(kind: Kind, token: u64) -> bool {
+    matches!(kind, Kind::NotReleased | Kind::NotExtended) && token != 0
 }
 
 /// Waiter ids fit in 48 bits; the low 16 bits of `Waiter::id_lease` hold the

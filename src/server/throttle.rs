@@ -10,7 +10,8 @@
 //! burst of 100 a connection gets at most 100 wrong answers a second
 //! (plus the frames of one loop turn, read before the turn's answers are
 //! counted); a well-behaved client, whose releases and extends name its own
-//! grants, never meets it.
+//! grants, never meets it. Answers to token 0 are not charged: no grant has
+//! it, so they guess at nothing (see `engine::is_guess`).
 
 use crate::time::Millis;
 pub use crate::token::{GUESS_BURST, GUESS_PER_SEC};

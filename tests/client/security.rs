@@ -104,6 +104,45 @@ fn guessed_releases_release_nothing_and_are_throttled() {
     ));
 }
 
+/// A release of token 0 is no guess (no grant has token 0): a connection
+/// may send any number as barriers and is never slowed down, while the
+/// same number of releases of a wrong non-zero token on another
+/// connection is.
+#[test]
+fn releases_of_token_0_are_barriers_not_guesses() {
+    let server = Ticketd::start(&[]);
+    let held = server.connect().acquire_reply("k", 1, 0, 60).token();
+    let n = (GUESS_BURST + 3 * GUESS_PER_SEC) as usize;
+    let run = |token: u64| {
+        let mut c = server.connect();
+        let mut frames = Vec::new();
+        for _ in 0..n {
+            frames.extend_from_slice(&common::release_frame("k", token));
+        }
+        let start = Instant::now();
+        c.send(&frames);
+        for _ in 0..n {
+            match c.try_recv(Duration::from_secs(60)) {
+                Ok(Reply::NotReleased { token: t, .. }) => assert_eq!(t, token),
+                other => panic!("release of token {token} got {other:?}"),
+            }
+        }
+        start.elapsed()
+    };
+    let barriers = run(0);
+    assert!(
+        barriers < Duration::from_secs(1),
+        "{n} releases of token 0 took {barriers:?}"
+    );
+    assert!(!server.log().contains("slowing down"), "{}", server.log());
+    let guesses = run(held ^ 1);
+    assert!(
+        guesses >= Duration::from_secs(2),
+        "{n} wrong-token releases took only {guesses:?}"
+    );
+    assert!(server.log().contains("slowing down"), "{}", server.log());
+}
+
 /// Tokens differ in their low bits from grant to grant (they are drawn,
 /// not counted), and still increase.
 #[test]
