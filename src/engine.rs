@@ -663,9 +663,9 @@ impl<T: Copy + Default> Outbox<T> {
     }
 
     /// The connection of every `N` (not released) and `X` (not extended)
-    /// reply that answered a guess (see [`is_guess`]), in order: what the
-    /// server's guess throttle counts. Walks the replies only if there is
-    /// an `N` or an `X`.
+    /// reply that answered a guess (any token but 0: no grant has token 0),
+    /// in order: what the server's guess throttle counts. Walks the replies
+    /// only if there is an `N` or an `X`.
     pub fn wrong_token_answers(&self) -> impl Iterator<Item = ConnId> + '_ {
         let wrong = self.counts[Kind::NotReleased.tally_index().unwrap_or(4)]
             + self.counts[Kind::NotExtended.tally_index().unwrap_or(6)];
