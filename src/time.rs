@@ -71,18 +71,21 @@ pub struct MonotonicClock {
 /// if the clock cannot be read.
 #[inline]
 fn monotonic_ns() -> Option<u64> {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec for the call to fill.
-    let r = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // Uninitialised rather than built field by field: some targets' timespec
+    // (32-bit musl with 64-bit time) has private padding fields.
+    let mut ts = std::mem::MaybeUninit::<libc::timespec>::uninit();
+    // SAFETY: `ts` is valid, writable memory for one timespec.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, ts.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: the call succeeded, so it filled the whole timespec.
+    let ts = unsafe { ts.assume_init() };
     // The monotonic clock is never negative: the casts keep every value.
-    (r == 0).then(|| {
+    Some(
         (ts.tv_sec as u64)
             .wrapping_mul(1_000_000_000)
-            .wrapping_add(ts.tv_nsec as u64)
-    })
+            .wrapping_add(ts.tv_nsec as u64),
+    )
 }
 
 impl MonotonicClock {
