@@ -7,6 +7,7 @@
 #   BENCH_WARMUP=2         warm-up seconds per cell
 #   BENCH_ROUNDS=3         rounds of the whole matrix; each cell reports its median
 #   BENCH_LOCKS=1000000    held locks for the bytes-per-lock measurement
+#   BENCH_IDLE_STARTS=5    fresh starts whose median is ticketd's idle RSS
 #   BENCH_CG_REQUESTS=200000  requests per callgrind run (0 skips callgrind)
 #   BENCH_OUT=target/bench    where raw JSON results and callgrind files go
 #   BENCH_SKIP_MINIMAL=1   skip the --no-default-features size build
@@ -23,6 +24,8 @@ SECS=${BENCH_SECONDS:-10}
 WARM=${BENCH_WARMUP:-2}
 ROUNDS=${BENCH_ROUNDS:-3}
 LOCKS=${BENCH_LOCKS:-1000000}
+IDLE_STARTS=${BENCH_IDLE_STARTS:-5}
+[[ $IDLE_STARTS =~ ^[1-9][0-9]*$ ]] || { echo "BENCH_IDLE_STARTS must be a whole number of at least 1, not '$IDLE_STARTS'" >&2; exit 2; }
 CG_REQUESTS=${BENCH_CG_REQUESTS:-200000}
 OUT=${BENCH_OUT:-target/bench}
 TICKETD_PORT=17470
@@ -260,9 +263,25 @@ median() {
 
 # ---------------------------------------------------------------- footprint
 log "footprint: idle RSS and bytes per held lock ($LOCKS locks, 24-byte keys)"
+# ticketd's idle RSS moves by tens of KiB from one start to the next: most
+# of it is clean file pages the kernel maps around each page fault (64 KiB
+# fault-around windows), and where ASLR puts the startup code decides how
+# many windows it touches (docs/BENCHMARKS.md). The figure is the median of
+# IDLE_STARTS fresh starts, each read one second after it listens.
+IDLE_SAMPLES=()
+for ((i = 0; i < IDLE_STARTS; i++)); do
+    start_ticketd
+    sleep 1
+    IDLE_SAMPLES+=("$(rss_kib "$PID")")
+    stop "$PID"
+done
+T_IDLE=$(printf '%s\n' "${IDLE_SAMPLES[@]}" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+log "ticketd idle RSS KiB over $IDLE_STARTS starts: ${IDLE_SAMPLES[*]} (median $T_IDLE)"
+# Bytes per held lock: one process, its own idle RSS against the same
+# process holding the locks.
 start_ticketd
 sleep 1
-T_IDLE=$(rss_kib "$PID")
+T_BASE=$(rss_kib "$PID")
 "$BENCH" --server "127.0.0.1:$TICKETD_PORT" --mode acquire --lease 255 \
     --depth 64 --requests "$LOCKS" --quiet --json >"$OUT/mem-ticketd.json"
 T_HELD=$(rss_kib "$PID")
@@ -283,7 +302,7 @@ sleep 3
 E_IDLE=$(rss_kib "$PID")
 stop "$PID"
 
-T_BPL=$(awk -v a="$T_IDLE" -v b="$T_HELD" -v n="$T_LOCKS" 'BEGIN { printf "%.0f", (b - a) * 1024 / n }')
+T_BPL=$(awk -v a="$T_BASE" -v b="$T_HELD" -v n="$T_LOCKS" 'BEGIN { printf "%.0f", (b - a) * 1024 / n }')
 R_BPL=$(awk -v a="$R_IDLE" -v b="$R_HELD" -v n="$R_LOCKS" 'BEGIN { printf "%.0f", (b - a) * 1024 / n }')
 
 strip_size() {

@@ -61,7 +61,7 @@
 //! (`$TMPDIR`). Everything runs on loopback; the processes it starts are
 //! killed when it ends.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -224,11 +224,27 @@ struct Conn {
     buf: Vec<u8>,
 }
 
+/// Whether `e` says the server closed the connection.
+fn closed(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+    )
+}
+
 impl Conn {
-    fn call(&mut self, req: Request<'_>) -> (u8, u64) {
+    /// Sends `req` and returns its reply's kind and token, or `None` if the
+    /// server closed the connection.
+    fn call(&mut self, req: Request<'_>) -> Option<(u8, u64)> {
         let mut out = Vec::new();
         proto::encode_request(&req, &mut out);
-        self.s.write_all(&out).expect("send");
+        match self.s.write_all(&out) {
+            Ok(()) => {}
+            Err(e) if closed(&e) => return None,
+            Err(e) => panic!("send: {e}"),
+        }
         loop {
             if let Decoded::Frame { frame, used } = proto::decode_reply(&self.buf, 65536) {
                 let r = match frame {
@@ -241,11 +257,15 @@ impl Conn {
                     Reply::NotExtended { token, .. } => (b'X', token),
                 };
                 self.buf.drain(..used);
-                return r;
+                return Some(r);
             }
             let mut chunk = [0u8; 4096];
-            let n = self.s.read(&mut chunk).expect("recv");
-            assert!(n > 0, "server closed the connection");
+            let n = match self.s.read(&mut chunk) {
+                Ok(0) => return None,
+                Ok(n) => n,
+                Err(e) if closed(&e) => return None,
+                Err(e) => panic!("recv: {e}"),
+            };
             self.buf.extend_from_slice(&chunk[..n]);
         }
     }
@@ -285,36 +305,45 @@ fn start_ticketd(bin: &Path, args: &[String]) -> (Proc, SocketAddr) {
 }
 
 /// Waits until a lock can be taken through `addr` (a cluster has elected
-/// a leader and applied its first entry).
+/// a leader and applied its first entry). A node closes a connection whose
+/// request it cannot answer (a proposal lost to an election that is still
+/// settling); the wait then reconnects and asks again.
 fn wait_ready(addr: SocketAddr) {
     let t0 = Instant::now();
-    let s = loop {
-        match TcpStream::connect(addr) {
-            Ok(s) => break s,
-            Err(e) => {
-                assert!(t0.elapsed() < Duration::from_secs(20), "{addr}: {e}");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    };
-    s.set_read_timeout(Some(Duration::from_secs(20)))
-        .expect("set a read timeout");
-    let mut c = Conn { s, buf: Vec::new() };
+    let limit = Duration::from_secs(20);
     loop {
-        let (k, t) = c.call(Request::Acquire {
+        let s = loop {
+            match TcpStream::connect(addr) {
+                Ok(s) => break s,
+                Err(e) => {
+                    assert!(t0.elapsed() < limit, "{addr}: {e}");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        };
+        s.set_read_timeout(Some(limit)).expect("set a read timeout");
+        let mut c = Conn { s, buf: Vec::new() };
+        while let Some((k, t)) = c.call(Request::Acquire {
             wait_s: 0,
             lease_s: 1,
             owner: 1,
             key: "warmup",
-        });
-        if k == b'A' {
-            c.call(Request::Release {
-                token: t,
-                key: "warmup",
-            });
-            return;
+        }) {
+            if k == b'A' {
+                // Its outcome does not matter: the lease ends in 1 s.
+                let _ = c.call(Request::Release {
+                    token: t,
+                    key: "warmup",
+                });
+                return;
+            }
+            assert!(t0.elapsed() < limit, "{addr}: no leader after {limit:?}");
+            std::thread::sleep(Duration::from_millis(50));
         }
-        assert!(t0.elapsed() < Duration::from_secs(20), "no leader");
+        assert!(
+            t0.elapsed() < limit,
+            "{addr}: the node kept closing connections for {limit:?}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -864,4 +893,66 @@ fn main() {
 struct Row {
     name: String,
     runs: Vec<Run>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    /// A node that closes the first connection after reading its acquire
+    /// (a proposal lost to an election) and grants on the second:
+    /// `wait_ready` reconnects instead of failing the run.
+    #[test]
+    fn wait_ready_reconnects_when_a_node_closes_the_connection() {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = l.local_addr().expect("local address");
+        let node = std::thread::spawn(move || {
+            let read_one = |s: &mut TcpStream| {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 256];
+                loop {
+                    if let Decoded::Frame { frame, used } = proto::decode_request(&buf, 64) {
+                        let r = match frame {
+                            Request::Acquire { .. } => b'A',
+                            Request::Release { .. } => b'R',
+                            _ => b'?',
+                        };
+                        buf.drain(..used);
+                        return r;
+                    }
+                    let n = s.read(&mut chunk).expect("read");
+                    assert!(n > 0, "the client closed first");
+                    buf.extend_from_slice(&chunk[..n]);
+                }
+            };
+            let (mut first, _) = l.accept().expect("accept 1");
+            assert_eq!(read_one(&mut first), b'A');
+            drop(first);
+            let (mut second, _) = l.accept().expect("accept 2");
+            assert_eq!(read_one(&mut second), b'A');
+            let mut out = Vec::new();
+            proto::encode_reply(
+                &Reply::Acquired {
+                    token: 7,
+                    owner: 1,
+                    key: "warmup",
+                },
+                &mut out,
+            );
+            second.write_all(&out).expect("grant");
+            assert_eq!(read_one(&mut second), b'R');
+            out.clear();
+            proto::encode_reply(
+                &Reply::Released {
+                    token: 7,
+                    key: "warmup",
+                },
+                &mut out,
+            );
+            second.write_all(&out).expect("release");
+        });
+        wait_ready(addr);
+        node.join().expect("the node's side saw two connections");
+    }
 }
