@@ -903,14 +903,15 @@ fn percent_decode(s: &str) -> Result<String, BadRequest> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
+    // Exactly two hex digits (RFC 3986 `pct-encoded`): `from_str_radix`
+    // would also take a sign, decoding `%+1` as 0x01.
+    let digit = |j: usize| b.get(j).and_then(|&c| char::from(c).to_digit(16));
     while i < b.len() {
         if b[i] == b'%' {
-            let hex = b
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok());
-            match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                Some(v) => out.push(v),
-                None => return Err(BadRequest::PercentEncoding(i)),
+            match (digit(i + 1), digit(i + 2)) {
+                // Two hex digits make at most 0xff.
+                (Some(hi), Some(lo)) => out.push(u8::try_from(hi << 4 | lo).unwrap_or(u8::MAX)),
+                _ => return Err(BadRequest::PercentEncoding(i)),
             }
             i += 3;
         } else {
@@ -1144,7 +1145,38 @@ mod tests {
         assert_eq!(percent_decode("%e2%82%ac").unwrap(), "\u{20ac}");
         assert_eq!(percent_decode("a%2"), Err(BadRequest::PercentEncoding(1)));
         assert_eq!(percent_decode("a%zz"), Err(BadRequest::PercentEncoding(1)));
+        // A sign is no hex digit.
+        assert_eq!(percent_decode("a%+1"), Err(BadRequest::PercentEncoding(1)));
+        assert_eq!(percent_decode("%-1"), Err(BadRequest::PercentEncoding(0)));
+        assert_eq!(percent_decode("%4"), Err(BadRequest::PercentEncoding(0)));
+        assert_eq!(percent_decode("%41%4a%4A"), Ok("AJJ".to_owned()));
         assert_eq!(percent_decode("%ff"), Err(BadRequest::NotUtf8));
+    }
+
+    proptest::proptest! {
+        /// Every string survives being percent-encoded byte by byte (upper
+        /// or lower case hex) and decoded.
+        #[test]
+        fn percent_decoding_inverts_encoding(s in ".{0,16}", upper: bool) {
+            let encoded: String = s
+                .bytes()
+                .map(|b| if upper { format!("%{b:02X}") } else { format!("%{b:02x}") })
+                .collect();
+            proptest::prop_assert_eq!(percent_decode(&encoded), Ok(s));
+        }
+
+        /// Any input decodes to at most its own length or is refused; a
+        /// refusal names a `%` at or after which the escape is bad.
+        #[test]
+        fn percent_decoding_never_panics(s in "[%0-9a-fA-F+\\-z\u{e9}]{0,12}") {
+            match percent_decode(&s) {
+                Ok(d) => proptest::prop_assert!(d.len() <= s.len()),
+                Err(BadRequest::PercentEncoding(i)) => {
+                    proptest::prop_assert_eq!(s.as_bytes()[i], b'%');
+                }
+                Err(e) => proptest::prop_assert_eq!(e, BadRequest::NotUtf8),
+            }
+        }
     }
 
     #[test]
