@@ -275,7 +275,9 @@ for ((i = 0; i < IDLE_STARTS; i++)); do
     IDLE_SAMPLES+=("$(rss_kib "$PID")")
     stop "$PID"
 done
-T_IDLE=$(printf '%s\n' "${IDLE_SAMPLES[@]}" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+# The middle sample, or the mean of the middle two for an even count.
+T_IDLE=$(printf '%s\n' "${IDLE_SAMPLES[@]}" | sort -n |
+    awk '{ a[NR] = $1 } END { m = int((NR + 1) / 2); printf "%d\n", NR % 2 ? a[m] : (a[m] + a[m + 1]) / 2 + 0.5 }')
 log "ticketd idle RSS KiB over $IDLE_STARTS starts: ${IDLE_SAMPLES[*]} (median $T_IDLE)"
 # Bytes per held lock: one process, its own idle RSS against the same
 # process holding the locks.

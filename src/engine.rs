@@ -2570,6 +2570,14 @@ mod tests {
         assert_eq!(out.wrong_token_answers().collect::<Vec<_>>(), [3, 5]);
         out.tally(&mut counts);
         assert_eq!(counts, [0, 1, 1, 2, 2, 0, 2]);
+        // An N or X to token 0 guessed at nothing: answered and counted,
+        // but not a wrong-token answer.
+        out.clear();
+        out.push(6, Reply::NotReleased { token: 0, key: "a" }, 0);
+        out.push(7, Reply::NotExtended { token: 0, key: "a" }, 0);
+        out.push(8, Reply::NotReleased { token: 2, key: "a" }, 0);
+        assert_eq!(out.wrong_token_answers().collect::<Vec<_>>(), [8]);
+        assert_eq!(out.iter().count(), 3);
     }
 
     /// Replies to the connection whose write buffer is lent are encoded at

@@ -236,13 +236,12 @@ mod tests {
     }
 
     /// The clock counts the milliseconds `Instant` counts: after a sleep
-    /// it has moved by at least the sleep and, on an idle machine, not by
-    /// much more, and it never reads ahead of `Instant`'s own elapsed time
-    /// by a millisecond or more.
+    /// it has moved by at least the sleep, and it never reads ahead of an
+    /// `Instant` taken before it was created.
     #[test]
     fn monotonic_clock_counts_what_instant_counts() {
-        let c = MonotonicClock::new();
         let start = Instant::now();
+        let c = MonotonicClock::new();
         let a = c.now();
         std::thread::sleep(Duration::from_millis(30));
         let b = c.now();
@@ -252,6 +251,6 @@ mod tests {
             "moved {} ms over a 30 ms sleep",
             b.since(a)
         );
-        assert!(b.0 <= elapsed + 1, "clock {} ms, Instant {elapsed} ms", b.0);
+        assert!(b.0 <= elapsed, "clock {} ms, Instant {elapsed} ms", b.0);
     }
 }
