@@ -109,6 +109,15 @@ wait_sock() {
 
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
 
+# median_of EVEN_FORMAT: the median of the numbers on stdin, one per line
+# ("-", a missing figure, is skipped; "-" if nothing is left): the middle
+# one as given, or the mean of the middle two printed with EVEN_FORMAT.
+median_of() {
+    sort -g | awk -v fmt="$1" '$1 != "-" { a[++n] = $1 }
+        END { if (n == 0) { print "-"; exit }
+              if (n % 2) print a[(n + 1) / 2]; else printf fmt "\n", (a[n / 2] + a[n / 2 + 1]) / 2 }'
+}
+
 # stop PID: SIGTERM, wait for it, forget it.
 stop() {
     kill -TERM "$1" 2>/dev/null || true
@@ -275,9 +284,7 @@ for ((i = 0; i < IDLE_STARTS; i++)); do
     IDLE_SAMPLES+=("$(rss_kib "$PID")")
     stop "$PID"
 done
-# The middle sample, or the mean of the middle two for an even count.
-T_IDLE=$(printf '%s\n' "${IDLE_SAMPLES[@]}" | sort -n |
-    awk '{ a[NR] = $1 } END { m = int((NR + 1) / 2); printf "%d\n", NR % 2 ? a[m] : (a[m] + a[m + 1]) / 2 + 0.5 }')
+T_IDLE=$(printf '%s\n' "${IDLE_SAMPLES[@]}" | median_of "%.0f")
 log "ticketd idle RSS KiB over $IDLE_STARTS starts: ${IDLE_SAMPLES[*]} (median $T_IDLE)"
 # Bytes per held lock: one process, its own idle RSS against the same
 # process holding the locks.
@@ -485,10 +492,7 @@ round_ratios() {
 # on the rounds' own ratios, never on two medians taken from different rounds.
 median_ratio() {
     # shellcheck disable=SC2046 # one word per round
-    printf '%s\n' $(round_ratios "$@") | awk '$1 != "-" { a[++n] = $1 }
-        END { if (n == 0) { print "-"; exit }
-              for (i = 2; i <= n; i++) { v = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > v + 0; j--) a[j + 1] = a[j]; a[j + 1] = v }
-              if (n % 2) print a[(n + 1) / 2]; else printf "%.2f", (a[n / 2] + a[n / 2 + 1]) / 2 }'
+    printf '%s\n' $(round_ratios "$@") | median_of "%.2f"
 }
 
 J() { cat "$OUT/$1.json"; }
