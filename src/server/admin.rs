@@ -687,9 +687,7 @@ fn parse_member_change(
         Some((id, action)) => (id, Some(action)),
         None => (rest, None),
     };
-    let id: u64 = id
-        .parse()
-        .ok()
+    let id: u64 = decimal(id)
         .filter(|id| *id > 0)
         .ok_or_else(|| (400, format!("bad node id {id:?}: a number from 1")))?;
     let mut address = None;
@@ -859,8 +857,8 @@ fn parse_listing(query: &str, max_key_bytes: usize) -> Result<Listing, BadReques
     }
     let limit = match limit {
         None => DEFAULT_PAGE,
-        Some(v) => match v.parse::<usize>() {
-            Ok(n) if (1..=MAX_PAGE).contains(&n) => n,
+        Some(v) => match decimal(&v).and_then(|n| usize::try_from(n).ok()) {
+            Some(n) if (1..=MAX_PAGE).contains(&n) => n,
             _ => return Err(BadRequest::Limit(v)),
         },
     };
@@ -896,6 +894,15 @@ fn decode_key(raw: &str, max: usize) -> Result<String, BadRequest> {
         return Err(BadRequest::KeyNewline);
     }
     Ok(key)
+}
+
+/// A number written in decimal digits only: no sign, no space, no empty
+/// string (Rust's integer parsing would take `+5` for 5).
+fn decimal(s: &str) -> Option<u64> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
 }
 
 /// `%XX` escapes decoded; the result must be UTF-8. `+` stays `+`.
@@ -1207,8 +1214,41 @@ mod tests {
             "foo=1",
             "limit=1&limit=2",
             "prefix=%",
+            "limit=+5",
+            "limit=%2B5",
+            "limit=-1",
+            "limit=%205",
+            "limit=",
         ] {
             assert!(parse_listing(bad, 64).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn numbers_are_decimal_digits_only() {
+        assert_eq!(decimal("0"), Some(0));
+        assert_eq!(decimal("0042"), Some(42));
+        assert_eq!(decimal("18446744073709551615"), Some(u64::MAX));
+        for bad in [
+            "",
+            "+2",
+            "-2",
+            " 2",
+            "2 ",
+            "0x2",
+            "18446744073709551616",
+            "\u{663}",
+        ] {
+            assert_eq!(decimal(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn member_changes_take_a_decimal_node_id() {
+        assert!(parse_member_change("DELETE", "2", "").is_ok());
+        for bad in ["+2", "0", "", "2x", "-2"] {
+            let err = parse_member_change("DELETE", bad, "").err();
+            assert_eq!(err.map(|(status, _)| status), Some(400), "{bad:?}");
         }
     }
 

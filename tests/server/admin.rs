@@ -382,6 +382,8 @@ fn lock_endpoints_answer_json_that_matches_the_table() {
     for (target, status) in [
         ("/v1/locks?limit=1001", 400),
         ("/v1/locks?limit=0", 400),
+        ("/v1/locks?limit=+5", 400),
+        ("/v1/locks?limit=%205", 400),
         ("/v1/locks?colour=red", 400),
         ("/v1/locks/%zz", 400),
         ("/v1/locks/%FF", 400),
