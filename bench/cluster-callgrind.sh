@@ -12,7 +12,7 @@
 # REQUESTS requests (acquire or release, each committed) over CONNECTIONS
 # lockers spread over the three nodes, and the counters are dumped to
 # OUT (default callgrind.out.ROLE). The request count is printed from the
-# generator's JSON report.
+# generator's JSON report, with the command that reads OUT.
 set -euo pipefail
 # Build first: cargo build --release --bin ticketd --bin ticket --bin ticket-bench
 role=${1:?leader or follower}
@@ -24,6 +24,8 @@ bin=${CB_BIN:-target/release/ticketd}
 ticket=${CB_TICKET:-target/release/ticket}
 gen=${CB_GEN:-target/release/ticket-bench}
 tmp=$(mktemp -d)
+# No part of an earlier profile may pass for this one's.
+rm -f "$out" "$out".[0-9]*
 . "$(dirname "$0")/warm-up.sh"
 pids=()
 cleanup() {
@@ -71,7 +73,16 @@ callgrind_control -z "$vgpid" >/dev/null
 "$gen" --server "$servers" --connections "$conns" --depth "$depth" --mode cycle \
   --requests "$reqs" --quiet --json >"$tmp/report.json"
 callgrind_control -d "$vgpid" >/dev/null
-sleep 1
+# A dump on request is written to OUT.1; OUT itself is written when the node
+# exits, with what ran after the dump (its shutdown). The dump is the
+# profile: wait for it, stop the cluster, and keep it as OUT.
+for _ in $(seq 100); do [ -s "$out.1" ] && break; sleep 0.1; done
 grep -oE '"(requests|busy|not_granted|not_released)":[0-9]+' "$tmp/report.json"
 if [ -n "${CB_LOGS:-}" ]; then tail -n 20 "$tmp"/*.log; fi
 grep -o '"elapsed_s":[0-9.]*' "$tmp/report.json"
+requests=$(grep -oE '"requests":[0-9]+' "$tmp/report.json" | cut -d: -f2)
+cleanup
+trap - EXIT
+[ -s "$out.1" ] || { echo "callgrind wrote no dump at $out.1" >&2; exit 1; }
+mv -f "$out.1" "$out"
+echo "profile: $out (bench/callgrind-buckets.py $out $requests)"
