@@ -350,7 +350,12 @@ impl Sim {
     /// The configuration of the node that applied the most: (voters,
     /// learners).
     fn conf(&self) -> (Vec<u64>, Vec<u64>) {
-        let Some(n) = self.nodes.iter().flatten().max_by_key(|n| n.applied()) else {
+        // The leader's view; without one, the most advanced node's (a
+        // leader applies a configuration no later than its followers learn
+        // of it, and its own view is the one the cluster acts on).
+        let leader = self.nodes.iter().flatten().find(|n| n.is_leader());
+        let Some(n) = leader.or_else(|| self.nodes.iter().flatten().max_by_key(|n| n.applied()))
+        else {
             return (Vec::new(), Vec::new());
         };
         let m = n.members();
@@ -1528,6 +1533,28 @@ impl Sim {
                 .collect()
         };
         let idx = of_members(&self.nodes);
+        // Every member holds the same configuration: raft's voters and
+        // learners as each node sees them, not only the leader's.
+        for &i in &idx {
+            let Some(n) = self.nodes[i].as_ref() else {
+                continue;
+            };
+            let m = n.members();
+            let (v, l): (Vec<u64>, Vec<u64>) = (
+                m.iter().filter(|m| !m.learner).map(|m| m.id).collect(),
+                m.iter().filter(|m| m.learner).map(|m| m.id).collect(),
+            );
+            if (&v, &l) != (&voters, &learners) {
+                return self.fail(format!(
+                    "node {} holds the configuration voters {v:?} learners {l:?}, the \
+                     others voters {voters:?} learners {learners:?}",
+                    i + 1
+                ));
+            }
+        }
+        if idx.is_empty() {
+            return self.fail("no member is up after the heal".into());
+        }
         let applied: Vec<u64> = idx
             .iter()
             .filter_map(|i| self.nodes[*i].as_ref().map(Node::applied))

@@ -85,6 +85,19 @@ fn a_leader_that_stops_after_applying_its_own_removal_restarts() {
 }
 
 #[test]
+fn a_node_added_while_the_leader_lost_its_snapshot_gets_the_configuration() {
+    // Leader 1 adds node 4 as a learner, applies the change and compacts,
+    // then loses power before the compaction is durable: it restarts with
+    // the conf change in its WAL and its log beginning at index 1 again.
+    // Node 4, empty, must be sent a snapshot, not the log from index 1:
+    // replaying that on its empty configuration, raft refused every conf
+    // change and node 4 ended with no voters at all (the final checks
+    // compare every member's configuration with the leader's).
+    let r = check(SimConfig::new(41066, 3));
+    assert!(r.final_voters.contains(&4), "{r:?}");
+}
+
+#[test]
 fn membership_changes_among_the_faults_keep_every_invariant() {
     // Spares are added as learners and promoted, voters (the leader among
     // them) and learners removed, through the leader's checks, while

@@ -13,6 +13,10 @@ pub struct LogStore {
     snapshot: Snapshot,
     /// `entries[i].index == snap_index() + 1 + i`.
     entries: Vec<Entry>,
+    /// While no snapshot has been taken (the log begins at index 1): the
+    /// configuration it begins with, the first one recorded (a static
+    /// cluster's `--peers`). See [`LogStore::begins_without`].
+    origin: Option<ConfState>,
 }
 
 impl LogStore {
@@ -72,7 +76,29 @@ impl LogStore {
 
     /// Sets the conf state.
     pub fn set_conf_state(&mut self, cs: ConfState) {
+        if self.snap_index() == 0 && self.origin.is_none() {
+            self.origin = Some(cs.clone());
+        }
         self.cs = cs;
+    }
+
+    /// Whether the log still begins at index 1 (no snapshot yet) and `id`
+    /// is in none of the configuration it begins with. Such a peer (a node
+    /// added later, with an empty log) has no configuration to apply the
+    /// log's entries on: each conf change in them would be refused against
+    /// its empty one, and it would never learn the cluster's members. It
+    /// must be sent a snapshot instead of the entries from index 1.
+    #[must_use]
+    pub fn begins_without(&self, id: u64) -> bool {
+        if self.snap_index() != 0 {
+            return false;
+        }
+        self.origin.as_ref().is_none_or(|cs| {
+            !cs.voters.contains(&id)
+                && !cs.voters_outgoing.contains(&id)
+                && !cs.learners.contains(&id)
+                && !cs.learners_next.contains(&id)
+        })
     }
 
     /// Appends entries; an entry at index `i` replaces stored entries `>= i`.

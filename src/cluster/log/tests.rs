@@ -225,6 +225,33 @@ fn log_store_appends_replaces_and_compacts() {
 }
 
 #[test]
+fn a_log_from_index_1_is_only_for_the_members_it_began_with() {
+    let conf = |voters: &[u64], learners: &[u64]| ConfState {
+        voters: voters.to_vec(),
+        learners: learners.to_vec(),
+        ..ConfState::default()
+    };
+    // A joining node's empty log begins with no configuration at all.
+    let mut s = LogStore::new();
+    assert!(s.begins_without(1));
+    // The first configuration recorded is the one the log begins with;
+    // later ones (a learner added) do not change that.
+    s.set_conf_state(conf(&[1, 2, 3], &[]));
+    s.set_conf_state(conf(&[1, 2, 3], &[4]));
+    s.append(&[entry(1, 1, b"a"), entry(2, 1, b"b")]).unwrap();
+    assert!(!s.begins_without(2));
+    assert!(s.begins_without(4));
+    // Once compacted, the log begins with a snapshot that carries its
+    // configuration: anyone may be sent what follows it.
+    s.compact_to(1, b"snap".to_vec()).unwrap();
+    assert!(!s.begins_without(4));
+    assert_eq!(
+        s.snapshot(1, 4).unwrap().get_metadata().get_conf_state(),
+        &conf(&[1, 2, 3], &[4])
+    );
+}
+
+#[test]
 fn wal_recovers_what_was_synced_and_cuts_a_torn_tail() {
     let disk = MemDisk::new();
     let (mut wal, rec) = Wal::open(disk.clone()).unwrap();

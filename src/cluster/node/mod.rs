@@ -92,7 +92,7 @@ use std::io;
 
 use std::net::SocketAddr;
 
-use raft::eraftpb::{ConfState, Message};
+use raft::eraftpb::{ConfState, Message, MessageType};
 use raft::{RawNode, SnapshotStatus, StateRole};
 
 use crate::cluster::command::{DecodeError, Origin, Rid};
@@ -690,8 +690,32 @@ impl<D: Disk> Node<D> {
     /// others say (one fsync often releases the acks of several appends).
     pub fn take_messages(&mut self) -> Vec<Message> {
         let mut msgs = std::mem::take(&mut self.msgs);
+        self.hold_back_appends_from_the_start(&mut msgs);
         coalesce_acks(&mut msgs);
         msgs
+    }
+
+    /// A peer added after the log began, with nothing yet, is never sent
+    /// the log from index 1: that takes a snapshot ([`LogStore::begins_without`]).
+    /// A leader compacts when it applies a conf change, so such a log is
+    /// rare: one whose compaction a crash undid before it was durable, the
+    /// conf change itself being durable. The append is dropped (as the
+    /// network may drop it), the log is compacted at the end of the next
+    /// turn, and raft, probing the peer again, finds the entries compacted
+    /// and sends the snapshot.
+    fn hold_back_appends_from_the_start(&mut self, msgs: &mut Vec<Message>) {
+        let store = self.rn.store();
+        let before = msgs.len();
+        msgs.retain(|m| {
+            !(m.msg_type == MessageType::MsgAppend && m.index == 0 && store.begins_without(m.to))
+        });
+        if msgs.len() != before {
+            log::debug!(
+                "node {}: a peer the log began without is due a snapshot, not the log from index 1",
+                self.cfg.id
+            );
+            self.snapshot_now = true;
+        }
     }
 
     /// A peer could not be reached: raft stops pipelining to it.
