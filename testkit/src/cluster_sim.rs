@@ -348,21 +348,27 @@ impl Sim {
     }
 
     /// The configuration of the node that applied the most: (voters,
-    /// learners).
+    /// learners). What the chaos keeps a majority of up.
     fn conf(&self) -> (Vec<u64>, Vec<u64>) {
-        // The leader's view; without one, the most advanced node's (a
-        // leader applies a configuration no later than its followers learn
-        // of it, and its own view is the one the cluster acts on).
-        let leader = self.nodes.iter().flatten().find(|n| n.is_leader());
-        let Some(n) = leader.or_else(|| self.nodes.iter().flatten().max_by_key(|n| n.applied()))
-        else {
-            return (Vec::new(), Vec::new());
-        };
-        let m = n.members();
-        (
-            m.iter().filter(|m| !m.learner).map(|m| m.id).collect(),
-            m.iter().filter(|m| m.learner).map(|m| m.id).collect(),
-        )
+        voters_and_learners(self.nodes.iter().flatten().max_by_key(|n| n.applied()))
+    }
+
+    /// The configuration the cluster acts on after the heal, for the final
+    /// checks: the leader's of the highest term, else `conf`'s. Not the
+    /// most advanced node's: a member that holds a wrong configuration
+    /// may be as advanced as the leader, and must be compared with it,
+    /// not taken for it.
+    fn leader_conf(&self) -> (Vec<u64>, Vec<u64>) {
+        let leader = self
+            .nodes
+            .iter()
+            .flatten()
+            .filter(|n| n.is_leader())
+            .max_by_key(|n| n.term());
+        match leader {
+            Some(n) => voters_and_learners(Some(n)),
+            None => self.conf(),
+        }
     }
 
     /// One membership change through the leader, as the admin port does.
@@ -1505,7 +1511,7 @@ impl Sim {
     }
 
     fn final_checks(&mut self) -> Result<(), String> {
-        let (voters, learners) = self.conf();
+        let (voters, learners) = self.leader_conf();
         self.report.final_voters.clone_from(&voters);
         let members: BTreeSet<u64> = voters.iter().chain(learners.iter()).copied().collect();
         for (i, n) in self.nodes.iter().enumerate() {
@@ -1533,25 +1539,6 @@ impl Sim {
                 .collect()
         };
         let idx = of_members(&self.nodes);
-        // Every member holds the same configuration: raft's voters and
-        // learners as each node sees them, not only the leader's.
-        for &i in &idx {
-            let Some(n) = self.nodes[i].as_ref() else {
-                continue;
-            };
-            let m = n.members();
-            let (v, l): (Vec<u64>, Vec<u64>) = (
-                m.iter().filter(|m| !m.learner).map(|m| m.id).collect(),
-                m.iter().filter(|m| m.learner).map(|m| m.id).collect(),
-            );
-            if (&v, &l) != (&voters, &learners) {
-                return self.fail(format!(
-                    "node {} holds the configuration voters {v:?} learners {l:?}, the \
-                     others voters {voters:?} learners {learners:?}",
-                    i + 1
-                ));
-            }
-        }
         if idx.is_empty() {
             return self.fail("no member is up after the heal".into());
         }
@@ -1561,6 +1548,18 @@ impl Sim {
             .collect();
         if applied.iter().any(|&a| a != applied[0]) {
             return self.fail(format!("nodes did not converge: applied {applied:?}"));
+        }
+        // Every member holds the same configuration: raft's voters and
+        // learners as each node sees them, not only the leader's.
+        for &i in &idx {
+            let (v, l) = voters_and_learners(self.nodes[i].as_ref());
+            if (&v, &l) != (&voters, &learners) {
+                return self.fail(format!(
+                    "node {} holds the configuration voters {v:?} learners {l:?}, the \
+                     others voters {voters:?} learners {learners:?}",
+                    i + 1
+                ));
+            }
         }
         let tables: Vec<Vec<u8>> = idx
             .iter()
@@ -1587,7 +1586,7 @@ impl Sim {
 
     fn liveness_checks(&mut self) -> Result<(), String> {
         // Liveness: every member serves a fresh acquire on a fresh key.
-        let (voters, learners) = self.conf();
+        let (voters, learners) = self.leader_conf();
         for i in 0..self.slots() {
             let id = i as u64 + 1;
             if !voters.contains(&id) && !learners.contains(&id) {
@@ -1656,6 +1655,18 @@ impl Sim {
         }
         Ok(())
     }
+}
+
+/// A node's configuration as (voters, learners); empty for none.
+fn voters_and_learners(n: Option<&Node<MemDisk>>) -> (Vec<u64>, Vec<u64>) {
+    let Some(n) = n else {
+        return (Vec::new(), Vec::new());
+    };
+    let m = n.members();
+    (
+        m.iter().filter(|m| !m.learner).map(|m| m.id).collect(),
+        m.iter().filter(|m| m.learner).map(|m| m.id).collect(),
+    )
 }
 
 /// Rounds of 10 virtual ms the liveness check waits for each node's grant.

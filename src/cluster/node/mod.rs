@@ -702,7 +702,11 @@ impl<D: Disk> Node<D> {
     /// conf change itself being durable. The append is dropped (as the
     /// network may drop it), the log is compacted at the end of the next
     /// turn, and raft, probing the peer again, finds the entries compacted
-    /// and sends the snapshot.
+    /// and sends the snapshot. That compaction may come before this node
+    /// has replayed the conf change again: the snapshot then carries the
+    /// configuration recorded last (with the peer in it) at an earlier
+    /// index, and the peer replays the conf change after it as a restarted
+    /// node does (raft refuses it as already applied; the members apply it).
     fn hold_back_appends_from_the_start(&mut self, msgs: &mut Vec<Message>) {
         let store = self.rn.store();
         let before = msgs.len();
