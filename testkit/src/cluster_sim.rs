@@ -381,22 +381,7 @@ impl Sim {
             return;
         };
         let leader = li as u64 + 1;
-        let (voters, learners) = {
-            let m = self.nodes[li]
-                .as_ref()
-                .map(Node::members)
-                .unwrap_or_default();
-            (
-                m.iter()
-                    .filter(|m| !m.learner)
-                    .map(|m| m.id)
-                    .collect::<Vec<_>>(),
-                m.iter()
-                    .filter(|m| m.learner)
-                    .map(|m| m.id)
-                    .collect::<Vec<_>>(),
-            )
-        };
+        let (voters, learners) = voters_and_learners(self.nodes[li].as_ref());
         let removed = self.nodes[li]
             .as_ref()
             .map(|n| n.replicated_members().removed().clone())
