@@ -3,13 +3,15 @@
 # of the cluster limit's three processes, counted by `perf stat` on the
 # kernel's syscall tracepoints (docs/CLUSTER.md, "System calls per request").
 #
-#   bench/cluster-syscalls.sh cluster|limit [CONNECTIONS] [REQUESTS] [DEPTH]
+#   bench/cluster-syscalls.sh cluster|limit|limit-spread [CONNECTIONS] [REQUESTS] [DEPTH]
 #
 # cluster: a 3-node release cluster on loopback (fsync on, plaintext
 # peers); node 1 ticks every 100 ms and the others every 1000 ms, so node 1
 # is elected first and leads. The lockers are spread over the three nodes,
 # as in `make bench-cluster`. limit: `cluster-limit-server`, every locker on
-# its leader, as in `make bench-cluster`. Once the service grants, `perf
+# its leader, as in `make bench-cluster`; limit-spread: the same with the
+# lockers spread over its three processes (the followers forward). Once the
+# service grants, `perf
 # stat` attaches to every process (all its threads), `ticket-bench --mode
 # cycle` runs exactly REQUESTS requests (each an acquire or a release, each
 # one committed entry), and each process's counts are divided by REQUESTS.
@@ -19,7 +21,7 @@
 # enough requests) close the table.
 set -euo pipefail
 # Build first: cargo build --release --bin ticketd --bin ticket-bench --bin cluster-limit-server
-what=${1:?cluster or limit}
+what=${1:?cluster, limit or limit-spread}
 conns=${2:-50}
 reqs=${3:-20000}
 depth=${4:-1}
@@ -54,17 +56,20 @@ case $what in
     names=(leader follower-2 follower-3)
     servers=$(IFS=,; echo "${addrs[*]}")
     ;;
-  limit)
-    f1=$(port) f2=$(port) l=$(port)
-    "$limit" follower "127.0.0.1:$f1" "$tmp/f1.log" >/dev/null 2>"$tmp/f1.err" & pids+=($!)
-    "$limit" follower "127.0.0.1:$f2" "$tmp/f2.log" >/dev/null 2>"$tmp/f2.err" & pids+=($!)
+  limit|limit-spread)
+    f1=$(port) f2=$(port) l=$(port) c1=$(port) c2=$(port)
+    s1=() s2=()
+    [ "$what" = limit-spread ] && s1=("127.0.0.1:$c1") s2=("127.0.0.1:$c2")
+    "$limit" follower "127.0.0.1:$f1" "$tmp/f1.log" "${s1[@]}" >/dev/null 2>"$tmp/f1.err" & pids+=($!)
+    "$limit" follower "127.0.0.1:$f2" "$tmp/f2.log" "${s2[@]}" >/dev/null 2>"$tmp/f2.err" & pids+=($!)
     sleep 1
     "$limit" leader "127.0.0.1:$l" "$tmp/l.log" "127.0.0.1:$f1,127.0.0.1:$f2" \
       >/dev/null 2>"$tmp/l.err" & pids+=($!)
     names=(follower-1 follower-2 leader)
     servers="127.0.0.1:$l"
+    [ "$what" = limit-spread ] && servers="127.0.0.1:$l,127.0.0.1:$c1,127.0.0.1:$c2"
     ;;
-  *) echo "cluster or limit" >&2; exit 2 ;;
+  *) echo "cluster, limit or limit-spread" >&2; exit 2 ;;
 esac
 warm_up "the service"
 calls=(sendto sendmsg write writev pwrite64 recvfrom read readv epoll_wait epoll_pwait

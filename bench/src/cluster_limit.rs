@@ -5,8 +5,16 @@
 //! server must do to answer a request only once a majority of three nodes
 //! holds it on disk, and nothing more. No consensus, no elections, no lock
 //! table, no snapshots, no checksums: node 1 is the leader for good, and the
-//! clients all talk to it (the cheapest layout; a follower's client would
-//! cost two more messages).
+//! clients all talk to it (the cheapest layout), or, when the followers are
+//! given an address for clients, also to them (the layout ticketd's
+//! cluster is benchmarked in: each node serves clients). A follower reads
+//! its clients' requests each turn and forwards them to the leader in one
+//! frame; they join the leader's batch like its own clients' requests, and
+//! once the batch is committed the leader sends their answers back to that
+//! follower in one frame, which passes each on. Those are the two messages
+//! a ticketd follower's client costs (its proposals forwarded, the commit
+//! notice back), and no more: nothing is applied on the follower, and only
+//! a follower that forwarded something hears of the commit.
 //!
 //! Each loop turn the leader reads its clients' requests, prepares their
 //! answers without looking anything up (as the limit server does: `A` with a
@@ -47,6 +55,10 @@ use ticketd::proto::{self, Decoded, Reply, Request};
 
 const LISTENER: Token = Token(usize::MAX - 1);
 const WAKER: Token = Token(usize::MAX - 2);
+/// A follower's listener for clients of its own.
+const CLIENT_LISTENER: Token = Token(usize::MAX - 3);
+/// A follower's connection from the leader.
+const LEADER: Token = Token(usize::MAX - 4);
 /// Tokens of the leader's connections to its followers: `PEER_BASE + i`.
 const PEER_BASE: usize = usize::MAX - 16;
 /// Bytes of zeros each log file is given by default before the run; writes
@@ -59,6 +71,21 @@ const FRAME_HEADER_BYTES: usize = 12;
 /// The largest batch: the leader leaves what would pass it for the next
 /// turn, a follower refuses a bigger one.
 const MAX_BATCH_BYTES: usize = if cfg!(test) { 64 << 10 } else { 16 << 20 };
+/// A follower's words to the leader are 8 bytes, little-endian: a batch
+/// number it acknowledges (always below 2^63), or, with this bit set, the
+/// header of requests it forwards from its own clients, their length in the
+/// low bits, the requests following back to back.
+const FORWARD_FLAG: u64 = 1 << 63;
+/// The most a follower forwards in one frame: half a batch, so that a frame
+/// always fits the batch of the turn after one it did not fit.
+const MAX_FORWARD_BYTES: usize = MAX_BATCH_BYTES / 2;
+/// The batch number of a leader's frame that carries answers for a
+/// follower's clients instead of a batch: their answers back to back, in
+/// the order the follower forwarded the requests.
+const RELAY_SEQ: u64 = u64::MAX;
+/// The largest frame of answers a follower accepts: a batch's requests
+/// may each be answered with a few more bytes than they took.
+const MAX_RELAY_BYTES: usize = 2 * MAX_BATCH_BYTES;
 /// Read at most this much from one client per turn, for fairness.
 const READ_PER_TURN_BYTES: usize = 256 * 1024;
 /// Stop reading a client while this many answer bytes wait to be sent.
@@ -335,9 +362,14 @@ fn lead(
     let mut local_durable = 0u64;
     let mut touched: Vec<usize> = Vec::new();
     let mut to_close: Vec<usize> = Vec::new();
+    // Forwarded requests that did not fit this turn's batch wait in a
+    // follower's input: the next turn must not sleep.
+    let mut peer_backlog = false;
+    let mut relay: [Vec<u8>; 2] = [Vec::new(), Vec::new()];
+    let mut relayed = [false; 2];
 
     while !stop.load(Ordering::Relaxed) {
-        let backlog = clients.iter().any(|(_, c)| c.conn.more_to_read);
+        let backlog = peer_backlog || clients.iter().any(|(_, c)| c.conn.more_to_read);
         if !super::conn::wait(&mut poll, &mut events, backlog)? {
             continue;
         }
@@ -349,22 +381,10 @@ fn lead(
             } else if t == WAKER {
                 local_durable = log.durable()?;
             } else if t.0 >= PEER_BASE {
-                let (peer, acked) = &mut peers[t.0 - PEER_BASE];
+                let (peer, _) = &mut peers[t.0 - PEER_BASE];
                 peer.note_event(ev);
                 if !peer.fill(usize::MAX, usize::MAX)? {
                     return Err(io::Error::other("a follower closed its connection"));
-                }
-                while peer.input.len() >= 8 {
-                    let mut b = [0u8; 8];
-                    b.copy_from_slice(&peer.input.data()[..8]);
-                    let ack = u64::from_le_bytes(b);
-                    if ack > seq {
-                        return Err(io::Error::other(format!(
-                            "a follower acknowledged batch {ack}, but only {seq} were sent"
-                        )));
-                    }
-                    *acked = (*acked).max(ack);
-                    peer.consumed(8);
                 }
                 if ev.is_writable() {
                     peer.flush(poll.registry(), t)?;
@@ -386,6 +406,58 @@ fn lead(
         }
         touched.sort_unstable();
         touched.dedup();
+        // The followers' acknowledgements, and the requests they forwarded
+        // from their own clients: those join this turn's batch, each frame
+        // whole (one that does not fit waits for the next turn's batch).
+        peer_backlog = false;
+        for (i, (peer, acked)) in peers.iter_mut().enumerate() {
+            loop {
+                let data = peer.input.data();
+                let Some(word) = data.get(..8) else { break };
+                let word = u64::from_le_bytes(word.try_into().expect("8 bytes"));
+                if word & FORWARD_FLAG == 0 {
+                    if word > seq {
+                        return Err(io::Error::other(format!(
+                            "a follower acknowledged batch {word}, but only {seq} were sent"
+                        )));
+                    }
+                    *acked = (*acked).max(word);
+                    peer.consumed(8);
+                    continue;
+                }
+                let len = usize::try_from(word & !FORWARD_FLAG).unwrap_or(usize::MAX);
+                if len > MAX_FORWARD_BYTES {
+                    return Err(io::Error::other(format!(
+                        "a follower forwarded {len} bytes, over the limit of {MAX_FORWARD_BYTES}"
+                    )));
+                }
+                let Some(frame) = data.get(8..8 + len) else {
+                    break;
+                };
+                if batch.len() + len > MAX_BATCH_BYTES {
+                    peer_backlog = true;
+                    break;
+                }
+                let mut at = 0;
+                while at < len {
+                    match proto::decode_request(&frame[at..], DEFAULT_MAX_KEY_BYTES) {
+                        Decoded::Frame { frame: req, used } => {
+                            batch.extend_from_slice(&frame[at..at + used]);
+                            at += used;
+                            stats.requests += 1;
+                            answer(req, &mut next_token, &mut open.replies);
+                            open.spans.push((PEER_BASE + i, 0, open.replies.len()));
+                        }
+                        _ => {
+                            return Err(io::Error::other(
+                                "a follower forwarded a malformed or partial request",
+                            ))
+                        }
+                    }
+                }
+                peer.consumed(8 + len);
+            }
+        }
         // Read every client; their requests make this turn's batch, up to
         // its limit (what is left waits for the next turn).
         for &k in &touched {
@@ -419,19 +491,7 @@ fn lead(
                         batch.extend_from_slice(&c.input.data()[at..at + used]);
                         at += used;
                         stats.requests += 1;
-                        let reply = match frame {
-                            Request::Acquire { owner, key, .. } => {
-                                next_token += 1;
-                                Reply::Acquired {
-                                    token: next_token,
-                                    owner,
-                                    key,
-                                }
-                            }
-                            Request::Release { token, key } => Reply::Released { token, key },
-                            Request::Extend { token, key, .. } => Reply::Extended { token, key },
-                        };
-                        proto::encode_reply(&reply, &mut open.replies);
+                        answer(frame, &mut next_token, &mut open.replies);
                         open.spans.push((k, *generation, open.replies.len()));
                     }
                 }
@@ -471,13 +531,34 @@ fn lead(
             let Some(p) = inflight.pop_front() else { break };
             let mut from = 0;
             for &(k, generation, end) in &p.spans {
-                if let Some(c) = clients.get_mut(k) {
+                if k >= PEER_BASE {
+                    relay[k - PEER_BASE].extend_from_slice(&p.replies[from..end]);
+                } else if let Some(c) = clients.get_mut(k) {
                     if c.generation == generation {
                         c.conn.wbuf.extend_from_slice(&p.replies[from..end]);
                         touched.push(k);
                     }
                 }
                 from = end;
+            }
+            // The answers a follower's clients are owed, in the order it
+            // forwarded their requests, one frame per committed batch.
+            for (i, r) in relay.iter_mut().enumerate() {
+                if !r.is_empty() {
+                    let (peer, _) = &mut peers[i];
+                    let len =
+                        u32::try_from(r.len()).map_err(|_| io::Error::other("answers too big"))?;
+                    peer.wbuf.extend_from_slice(&len.to_le_bytes());
+                    peer.wbuf.extend_from_slice(&RELAY_SEQ.to_le_bytes());
+                    peer.wbuf.extend_from_slice(r);
+                    r.clear();
+                    relayed[i] = true;
+                }
+            }
+        }
+        for (i, sent) in relayed.iter_mut().enumerate() {
+            if std::mem::take(sent) {
+                peers[i].0.flush(poll.registry(), Token(PEER_BASE + i))?;
             }
         }
         touched.sort_unstable();
@@ -494,6 +575,24 @@ fn lead(
     }
     (stats.syncs, stats.sync_time) = log.finish();
     Ok(stats)
+}
+
+/// The limit's answer to `req`, looked up nowhere (as the limit server
+/// answers): `A` with the next token, `R`, `X`.
+fn answer(req: Request<'_>, next_token: &mut u64, out: &mut Vec<u8>) {
+    let reply = match req {
+        Request::Acquire { owner, key, .. } => {
+            *next_token += 1;
+            Reply::Acquired {
+                token: *next_token,
+                owner,
+                key,
+            }
+        }
+        Request::Release { token, key } => Reply::Released { token, key },
+        Request::Extend { token, key, .. } => Reply::Extended { token, key },
+    };
+    proto::encode_reply(&reply, out);
 }
 
 fn accept_all(
@@ -534,19 +633,33 @@ fn connect_retrying(addr: SocketAddr, within: Duration) -> io::Result<std::net::
 
 /// Runs a follower: waits on `listener` for the leader, writes every batch
 /// to its log at `log_path` (`log_bytes` long) and acknowledges what each
-/// `fdatasync` covered. Ends when `stop` is set or the leader's connection
-/// ends; fails on a frame over 16 MiB or a failed write or `fdatasync`.
+/// `fdatasync` covered. With `clients`, it also serves clients of its own
+/// once the leader has connected: it forwards their requests to the leader
+/// each turn and passes on the answers the leader sends back once the
+/// batch that holds them is committed (a ticketd follower forwards its
+/// clients' proposals and answers them once the commit reaches it: the
+/// same two messages). Ends when `stop` is set or the leader's connection
+/// ends; fails on a frame over the limits or a failed write or `fdatasync`.
 pub fn serve_follower(
     listener: TcpListener,
+    clients: Option<TcpListener>,
     log_path: &std::path::Path,
     log_bytes: u64,
     stop: &AtomicBool,
 ) -> io::Result<ClusterLimitStats> {
-    follow(listener, log_path, log_bytes, SyncDelay::default(), stop)
+    follow(
+        listener,
+        clients,
+        log_path,
+        log_bytes,
+        SyncDelay::default(),
+        stop,
+    )
 }
 
 fn follow(
     listener: TcpListener,
+    client_listener: Option<TcpListener>,
     log_path: &std::path::Path,
     log_bytes: u64,
     delay: SyncDelay,
@@ -559,43 +672,80 @@ fn follow(
     let mut listener = mio::net::TcpListener::from_std(listener);
     poll.registry()
         .register(&mut listener, LISTENER, Interest::READABLE)?;
-    let mut events = Events::with_capacity(64);
+    let mut client_listener = match client_listener {
+        Some(l) => {
+            l.set_nonblocking(true)?;
+            Some(mio::net::TcpListener::from_std(l))
+        }
+        None => None,
+    };
+    let mut events = Events::with_capacity(1024);
     let mut stats = ClusterLimitStats::default();
     let mut leader: Option<BufferedConn> = None;
-    let lt = Token(0);
+    let lt = LEADER;
     let mut received = 0u64;
     let mut written = 0u64;
     let mut acked = 0u64;
     let mut batch: Vec<u8> = Vec::new();
+    let mut clients: Slab<Client> = Slab::new();
+    let mut generation = 0u64;
+    // The clients whose forwarded requests await their answers, in the
+    // order forwarded: slot and generation.
+    let mut waiting: VecDeque<(usize, u64)> = VecDeque::new();
+    let mut forward: Vec<u8> = Vec::new();
+    let mut touched: Vec<usize> = Vec::new();
+    let mut to_close: Vec<usize> = Vec::new();
+    let mut answered: Vec<usize> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
-        if !super::conn::wait(&mut poll, &mut events, false)? {
+        let backlog = clients.iter().any(|(_, c)| c.conn.more_to_read);
+        if !super::conn::wait(&mut poll, &mut events, backlog)? {
             continue;
         }
         let mut durable_changed = false;
         let mut gone = false;
+        touched.clear();
         for ev in &events {
             match ev.token() {
                 // The first connection is the leader's; any later one is
-                // closed at once.
+                // closed at once. Clients are taken only once it is there.
                 LISTENER => loop {
                     match listener.accept() {
                         Ok((mut s, _)) if leader.is_none() => {
                             let _ = s.set_nodelay(true);
                             poll.registry().register(&mut s, lt, Interest::READABLE)?;
                             leader = Some(BufferedConn::new(s));
+                            if let Some(l) = client_listener.as_mut() {
+                                poll.registry()
+                                    .register(l, CLIENT_LISTENER, Interest::READABLE)?;
+                            }
                         }
                         Ok(_) => {}
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                         Err(_) => break,
                     }
                 },
+                CLIENT_LISTENER => {
+                    if let Some(l) = client_listener.as_ref() {
+                        accept_all(l, &mut clients, &mut generation, poll.registry())?;
+                    }
+                }
                 WAKER => durable_changed = true,
-                _ => {
+                LEADER => {
                     if let Some(c) = leader.as_mut() {
                         c.note_event(ev);
                         if ev.is_writable() {
                             gone |= leader_gone(c.flush(poll.registry(), lt))?;
                         }
+                    }
+                }
+                t => {
+                    if let Some(c) = clients.get_mut(t.0) {
+                        c.conn.note_event(ev);
+                        if ev.is_writable() && c.conn.flush(poll.registry(), t).is_err() {
+                            to_close.push(t.0);
+                            continue;
+                        }
+                        touched.push(t.0);
                     }
                 }
             }
@@ -605,19 +755,26 @@ fn follow(
             Ok(open) => !open,
             Err(e) => leader_gone(Err(e))?,
         };
-        // Every whole frame read is written, even when the leader is gone.
+        // Every whole frame read is written, even when the leader is gone;
+        // answers for this node's clients go to them.
+        answered.clear();
         while c.input.len() >= FRAME_HEADER_BYTES {
             let h = &c.input.data()[..FRAME_HEADER_BYTES];
             let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
-            if len > MAX_BATCH_BYTES {
-                return Err(io::Error::other(format!(
-                    "a batch of {len} bytes, over the limit of {MAX_BATCH_BYTES}"
-                )));
-            }
             let mut b = [0u8; 8];
             b.copy_from_slice(&h[4..12]);
             let seq = u64::from_le_bytes(b);
-            if seq <= received {
+            let most = if seq == RELAY_SEQ {
+                MAX_RELAY_BYTES
+            } else {
+                MAX_BATCH_BYTES
+            };
+            if len > most {
+                return Err(io::Error::other(format!(
+                    "a frame of {len} bytes, over the limit of {most}"
+                )));
+            }
+            if seq != RELAY_SEQ && seq <= received {
                 return Err(io::Error::other(format!(
                     "batch {seq} came after batch {received}"
                 )));
@@ -626,9 +783,36 @@ fn follow(
                 break;
             }
             let at = FRAME_HEADER_BYTES;
-            batch.extend_from_slice(&c.input.data()[at..at + len]);
-            received = seq;
-            stats.batches += 1;
+            let payload = &c.input.data()[at..at + len];
+            if seq == RELAY_SEQ {
+                let mut from = 0;
+                while from < len {
+                    let Decoded::Frame { used, .. } =
+                        proto::decode_reply(&payload[from..], DEFAULT_MAX_KEY_BYTES)
+                    else {
+                        return Err(io::Error::other("the leader sent a malformed answer"));
+                    };
+                    let Some((k, g)) = waiting.pop_front() else {
+                        return Err(io::Error::other(
+                            "the leader sent more answers than requests were forwarded",
+                        ));
+                    };
+                    if let Some(client) = clients.get_mut(k) {
+                        if client.generation == g {
+                            client
+                                .conn
+                                .wbuf
+                                .extend_from_slice(&payload[from..from + used]);
+                            answered.push(k);
+                        }
+                    }
+                    from += used;
+                }
+            } else {
+                batch.extend_from_slice(payload);
+                received = seq;
+                stats.batches += 1;
+            }
             c.consumed(FRAME_HEADER_BYTES + len);
         }
         // The turn's batches in one write.
@@ -650,9 +834,72 @@ fn follow(
             if d > acked {
                 acked = d;
                 c.wbuf.extend_from_slice(&d.to_le_bytes());
-                if leader_gone(c.flush(poll.registry(), lt))? {
-                    break;
+            }
+        }
+        // This node's clients: their requests go to the leader together.
+        for (k, cl) in clients.iter() {
+            if cl.conn.more_to_read {
+                touched.push(k);
+            }
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        for &k in &touched {
+            if to_close.contains(&k) {
+                continue;
+            }
+            let Client {
+                conn: cc,
+                generation,
+            } = &mut clients[k];
+            match cc.fill(READ_PER_TURN_BYTES, MAX_PENDING_REPLY_BYTES) {
+                Ok(true) => {}
+                Ok(false) | Err(_) => {
+                    to_close.push(k);
+                    continue;
                 }
+            }
+            let mut at = 0;
+            loop {
+                match proto::decode_request(&cc.input.data()[at..], DEFAULT_MAX_KEY_BYTES) {
+                    Decoded::Incomplete => break,
+                    Decoded::Malformed(_) => {
+                        to_close.push(k);
+                        break;
+                    }
+                    Decoded::Frame { used, .. } => {
+                        if forward.len() + used > MAX_FORWARD_BYTES {
+                            cc.more_to_read = true;
+                            break;
+                        }
+                        forward.extend_from_slice(&cc.input.data()[at..at + used]);
+                        waiting.push_back((k, *generation));
+                        at += used;
+                    }
+                }
+            }
+            cc.consumed(at);
+        }
+        if !forward.is_empty() {
+            let word = FORWARD_FLAG | forward.len() as u64;
+            c.wbuf.extend_from_slice(&word.to_le_bytes());
+            c.wbuf.extend_from_slice(&forward);
+            forward.clear();
+        }
+        if !c.wbuf.is_empty() && leader_gone(c.flush(poll.registry(), lt))? {
+            break;
+        }
+        answered.sort_unstable();
+        answered.dedup();
+        for &k in &answered {
+            if clients.contains(k) && clients[k].conn.flush(poll.registry(), Token(k)).is_err() {
+                to_close.push(k);
+            }
+        }
+        for k in to_close.drain(..) {
+            if clients.contains(k) {
+                let mut cl = clients.remove(k);
+                let _ = poll.registry().deregister(&mut cl.conn.stream);
             }
         }
     }
@@ -728,12 +975,29 @@ mod tests {
                 std::thread::sleep(Duration::from_secs(30));
                 stop2.store(true, Ordering::Relaxed);
             });
-            let r = follow(l, &path, LOG, SyncDelay(delay), &stop)
+            let r = follow(l, None, &path, LOG, SyncDelay(delay), &stop)
                 .map(|s| (s, std::fs::read(&path).unwrap()));
             let _ = std::fs::remove_file(&path);
             r
         });
         (addr, t)
+    }
+
+    /// A follower serving clients of its own, in a thread: its address for
+    /// the leader, its address for clients, and its thread.
+    fn start_serving_follower(name: &str) -> (SocketAddr, SocketAddr, Follower) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (addr, caddr) = (l.local_addr().unwrap(), c.local_addr().unwrap());
+        let path = log_path(name);
+        let t = std::thread::spawn(move || {
+            let stop = AtomicBool::new(false);
+            let r = follow(l, Some(c), &path, LOG, SyncDelay::default(), &stop)
+                .map(|s| (s, std::fs::read(&path).unwrap()));
+            let _ = std::fs::remove_file(&path);
+            r
+        });
+        (addr, caddr, t)
     }
 
     /// A stand-in follower: the test reads the leader's batches and sends
@@ -1006,9 +1270,97 @@ mod tests {
     fn an_acknowledgement_beyond_the_last_batch_is_an_error() {
         let (_addr, _stop, leader, mut a, _b) =
             leader_with_fake_followers("bogusack", Duration::ZERO);
-        a.write_all(&u64::MAX.to_le_bytes()).unwrap();
+        a.write_all(&5u64.to_le_bytes()).unwrap();
         let e = leader.join().unwrap().unwrap_err();
         assert!(e.to_string().contains("only 0 were sent"), "{e}");
+    }
+
+    /// A forwarded frame over the limit stops the leader before it reads
+    /// the frame.
+    #[test]
+    fn a_forwarded_frame_over_the_limit_is_an_error() {
+        let (_addr, _stop, leader, mut a, _b) =
+            leader_with_fake_followers("bigforward", Duration::ZERO);
+        let word = FORWARD_FLAG | (MAX_FORWARD_BYTES as u64 + 1);
+        a.write_all(&word.to_le_bytes()).unwrap();
+        let e = leader.join().unwrap().unwrap_err();
+        assert!(e.to_string().contains("over the limit"), "{e}");
+    }
+
+    /// Requests a follower forwards join the leader's batch; their answers
+    /// go back to that follower alone, in one frame, once two nodes hold
+    /// the batch, and not before.
+    #[test]
+    fn forwarded_requests_are_answered_to_their_follower_once_committed() {
+        let (_addr, stop, leader, mut a, mut b) =
+            leader_with_fake_followers("forwarded", Duration::from_millis(300));
+        let mut reqs = acquire("f1");
+        reqs.extend(acquire("f2"));
+        let mut frame = (FORWARD_FLAG | reqs.len() as u64).to_le_bytes().to_vec();
+        frame.extend_from_slice(&reqs);
+        a.write_all(&frame).unwrap();
+        assert_eq!(read_batch(&mut a), (1, reqs.clone()));
+        assert_eq!(read_batch(&mut b), (1, reqs.clone()));
+        // One follower's acknowledgement while the leader's own sync is
+        // still under way (300 ms) is one node: nothing yet.
+        b.write_all(&1u64.to_le_bytes()).unwrap();
+        assert_silent(&mut a, 100);
+        // The second follower makes two.
+        a.write_all(&1u64.to_le_bytes()).unwrap();
+        let mut want = acquired(1, "f1");
+        want.extend(acquired(2, "f2"));
+        assert_eq!(read_batch(&mut a), (RELAY_SEQ, want));
+        assert_silent(&mut b, 200);
+        stop.store(true, Ordering::Relaxed);
+        assert_eq!(leader.join().unwrap().unwrap().requests, 2);
+    }
+
+    /// A follower with clients: it forwards their requests in one frame,
+    /// answers nobody until the leader's answers come, then passes each
+    /// answer to the client whose request it was.
+    #[test]
+    fn a_follower_forwards_its_clients_requests_and_passes_the_answers_on() {
+        let (addr, caddr, follower) = start_serving_follower("serving");
+        let mut leader = TcpStream::connect(addr).unwrap();
+        leader
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let connect = || {
+            let c = TcpStream::connect(caddr).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            c
+        };
+        let (mut one, mut two) = (connect(), connect());
+        one.write_all(&acquire("one")).unwrap();
+        let mut word = [0u8; 8];
+        leader.read_exact(&mut word).unwrap();
+        let word = u64::from_le_bytes(word);
+        assert_eq!(word & FORWARD_FLAG, FORWARD_FLAG, "{word:#x}");
+        let mut got = vec![0u8; (word & !FORWARD_FLAG) as usize];
+        leader.read_exact(&mut got).unwrap();
+        assert_eq!(got, acquire("one"));
+        two.write_all(&acquire("two")).unwrap();
+        leader.read_exact(&mut [0u8; 8]).unwrap();
+        let mut got = vec![0u8; acquire("two").len()];
+        leader.read_exact(&mut got).unwrap();
+        assert_eq!(got, acquire("two"));
+        assert_silent(&mut one, 100);
+        // The batch holding both, acknowledged once synced; then the
+        // answers, in the order forwarded.
+        let mut both = acquire("one");
+        both.extend(acquire("two"));
+        send_batch(&mut leader, 1, &both);
+        assert_eq!(read_ack(&mut leader), 1);
+        assert_silent(&mut two, 100);
+        let mut answers = acquired(8, "one");
+        answers.extend(acquired(9, "two"));
+        send_batch(&mut leader, RELAY_SEQ, &answers);
+        assert_eq!(read_reply(&mut one), acquired(8, "one"));
+        assert_eq!(read_reply(&mut two), acquired(9, "two"));
+        // An answer nobody's request asked for is an error.
+        send_batch(&mut leader, RELAY_SEQ, &acquired(10, "three"));
+        let e = follower.join().unwrap().unwrap_err();
+        assert!(e.to_string().contains("more answers than requests"), "{e}");
     }
 
     /// Three real nodes, several clients pipelining more than one batch
@@ -1016,19 +1368,41 @@ mod tests {
     /// and both followers' logs hold exactly the batches, back to back.
     #[test]
     fn three_nodes_answer_every_request_in_order_in_batches_within_the_limit() {
-        let (fa, a) = start_follower("f0", Duration::ZERO);
-        let (fb, b) = start_follower("f1", Duration::ZERO);
-        let (addr, stop, leader) = start_leader(vec![fa, fb], "leader3", Duration::ZERO);
-        const CLIENTS: usize = 4;
-        const EACH: usize = 4000;
+        three_nodes_answer_every_request(false);
+    }
+
+    /// The same with the clients spread over the three nodes: the
+    /// followers' own clients are answered too, each its own answers in
+    /// order, and every log holds every request.
+    #[test]
+    fn three_nodes_answer_every_request_with_clients_on_every_node() {
+        three_nodes_answer_every_request(true);
+    }
+
+    fn three_nodes_answer_every_request(spread: bool) {
+        let (fa, fb, a, b, served) = if spread {
+            let (fa, fca, a) = start_serving_follower("s0");
+            let (fb, fcb, b) = start_serving_follower("s1");
+            (fa, fb, a, b, vec![fca, fcb])
+        } else {
+            let (fa, a) = start_follower("f0", Duration::ZERO);
+            let (fb, b) = start_follower("f1", Duration::ZERO);
+            (fa, fb, a, b, Vec::new())
+        };
+        let name = if spread { "leader3s" } else { "leader3" };
+        let (addr, stop, leader) = start_leader(vec![fa, fb], name, Duration::ZERO);
+        let mut targets = vec![addr];
+        targets.extend(served);
+        const CLIENTS: usize = 6;
+        const EACH: usize = 2700;
         let mut clients: Vec<TcpStream> = (0..CLIENTS)
-            .map(|_| {
-                let c = TcpStream::connect(addr).unwrap();
+            .map(|i| {
+                let c = TcpStream::connect(targets[i % targets.len()]).unwrap();
                 c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
                 c
             })
             .collect();
-        // Each client's requests at once: 4 × about 70 KiB, more than a
+        // Each client's requests at once: 6 × about 47 KiB, more than a
         // batch may hold (64 KiB in tests), less than a log (1 MiB).
         let sent: Vec<Vec<u8>> = (0..CLIENTS)
             .map(|c| {

@@ -40,7 +40,13 @@
 //!   every locker on its fixed leader. It is the most a three-node,
 //!   fsync-on service built like ticketd's cluster does here, so its ratio
 //!   to etcd bounds what such a cluster can show against etcd on this
-//!   machine.
+//!   machine. It runs a second time with the lockers spread over its three
+//!   processes as they are over the cluster's nodes (`--no-spread-limit`
+//!   skips it): its followers forward their lockers' requests to the
+//!   leader each turn and pass back the answers the leader sends once the
+//!   batch is committed, the two messages a ticketd follower's client
+//!   costs. Its ratio to the first run is what that layout costs any such
+//!   service.
 //!
 //! Build and run:
 //!
@@ -50,7 +56,8 @@
 //! target/release/cluster-bench \
 //!     [--clients 50] [--seconds 10] [--rounds 1] [--etcd]
 //!     [--etcd-native bench/etcd-native/target/release/etcd-native-bench]
-//!     [--no-single] [--no-cluster-limit] [--no-peer-tls] [--no-extend] [--depth 4]
+//!     [--no-single] [--no-cluster-limit] [--no-spread-limit] [--no-peer-tls]
+//!     [--no-extend] [--depth 4]
 //! ```
 //!
 //! Needs the release `ticketd` binary (target/release/ticketd, or the path
@@ -463,10 +470,12 @@ fn bench_single(bin: &Path, clients: usize, seconds: u64) -> Run {
 
 /// The cluster limit: two followers and a leader of
 /// `cluster-limit-server` (the binary at `limit`), every locker on the
-/// leader. Afterwards the leader is stopped with SIGTERM (the followers end
-/// with its connection) and each node's `fdatasync` count and mean time
-/// are printed.
-fn bench_cluster_limit(limit: &Path, clients: usize, seconds: u64) -> Run {
+/// leader, or with `spread` the lockers spread over the three processes as
+/// over the cluster's nodes (the followers forward their lockers' requests
+/// to the leader and pass its answers back). Afterwards the leader is
+/// stopped with SIGTERM (the followers end with its connection) and each
+/// node's `fdatasync` count and mean time are printed.
+fn bench_cluster_limit(limit: &Path, clients: usize, seconds: u64, spread: bool) -> Run {
     let dir = temp_dir("cluster-limit");
     if let Err(e) = std::fs::create_dir_all(&dir) {
         panic!("create {}: {e}", dir.display());
@@ -486,8 +495,17 @@ fn bench_cluster_limit(limit: &Path, clients: usize, seconds: u64) -> Run {
     let f: Vec<String> = (0..2)
         .map(|_| format!("127.0.0.1:{}", free_port()))
         .collect();
+    let served: Vec<SocketAddr> = (0..2)
+        .map(|_| format!("127.0.0.1:{}", free_port()).parse().unwrap())
+        .collect();
     let mut followers: Vec<Proc> = (0..2)
-        .map(|i| spawn(&["follower".into(), f[i].clone(), log(&format!("f{i}.log"))]))
+        .map(|i| {
+            let mut args = vec!["follower".into(), f[i].clone(), log(&format!("f{i}.log"))];
+            if spread {
+                args.push(served[i].to_string());
+            }
+            spawn(&args)
+        })
         .collect();
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let mut leader = spawn(&[
@@ -497,11 +515,22 @@ fn bench_cluster_limit(limit: &Path, clients: usize, seconds: u64) -> Run {
         f.join(","),
     ]);
     wait_ready(addr);
+    let mut addrs = vec![addr];
+    if spread {
+        addrs.extend(&served);
+        for a in &served {
+            wait_ready(*a);
+        }
+    }
     let pids = [leader.0.id(), followers[0].0.id(), followers[1].0.id()];
     let rate = drive(
-        "cluster limit (3 processes, fsync on, no consensus, no lock table)",
+        if spread {
+            "cluster limit, lockers spread (3 processes, fsync on, no consensus, no lock table)"
+        } else {
+            "cluster limit (3 processes, fsync on, no consensus, no lock table)"
+        },
         "ticketd",
-        &[addr],
+        &addrs,
         &pids,
         clients,
         1,
@@ -649,8 +678,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 const MAX_CLIENTS: usize = 10_000;
 
 const USAGE: &str = "usage: cluster-bench [--clients N] [--seconds N] [--rounds N] [--etcd] \
-                     [--etcd-native DRIVER] [--no-single] [--no-cluster-limit] [--no-peer-tls] \
-                     [--no-extend] [--depth N]";
+                     [--etcd-native DRIVER] [--no-single] [--no-cluster-limit] [--no-spread-limit] \
+                     [--no-peer-tls] [--no-extend] [--depth N]";
 
 /// A positive number flag, or exit 2 with a clear message.
 fn number(args: &mut pico_args::Arguments, flag: &'static str, default: u64) -> u64 {
@@ -703,6 +732,7 @@ fn main() {
     }
     let single = !args.contains("--no-single");
     let no_limit = args.contains("--no-cluster-limit");
+    let spread_limit = !args.contains("--no-spread-limit");
     let peer_tls = !args.contains("--no-peer-tls");
     let extend = !args.contains("--no-extend");
     let rest = args.finish();
@@ -749,6 +779,7 @@ fn main() {
     let r_deep = (depth > 1).then(|| row(&format!("  same, {depth} in flight each:")));
     let r_single = single.then(|| row("single-mode ticketd:"));
     let r_limit = limit.is_some().then(|| row("cluster limit:"));
+    let r_spread = (limit.is_some() && spread_limit).then(|| row("  same, lockers spread:"));
     let r_etcd = etcd.then(|| row("etcd, JSON gateway:"));
     let r_native = native.is_some().then(|| row("etcd, native gRPC client:"));
     let (mut extends, mut extend_vs_cycle, mut extend_us) = (Vec::new(), Vec::new(), Vec::new());
@@ -779,7 +810,14 @@ fn main() {
             rows[r].runs.push(bench_single(&bin, clients, seconds));
         }
         if let (Some(r), Some(p)) = (r_limit, &limit) {
-            rows[r].runs.push(bench_cluster_limit(p, clients, seconds));
+            rows[r]
+                .runs
+                .push(bench_cluster_limit(p, clients, seconds, false));
+        }
+        if let (Some(r), Some(p)) = (r_spread, &limit) {
+            rows[r]
+                .runs
+                .push(bench_cluster_limit(p, clients, seconds, true));
         }
         if let Some(r) = r_etcd {
             rows[r].runs.push(bench_etcd(clients, seconds));
@@ -855,6 +893,20 @@ fn main() {
         println!(
             "ratio: cluster CPU per request / cluster limit's = {:.2}x",
             ratio(r_cluster, l, cpu)
+        );
+    }
+    if let (Some(l), Some(sp)) = (r_limit, r_spread) {
+        println!(
+            "ratio: cluster limit, lockers spread / every locker on its leader = {:.2}x",
+            ratio(sp, l, rate)
+        );
+        println!(
+            "ratio: cluster / cluster limit with lockers spread = {:.2}x",
+            ratio(r_cluster, sp, rate)
+        );
+        println!(
+            "ratio: cluster CPU per request / cluster limit's with lockers spread = {:.2}x",
+            ratio(r_cluster, sp, cpu)
         );
     }
     if let Some(n) = r_native {

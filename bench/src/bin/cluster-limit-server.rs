@@ -8,7 +8,11 @@
 //!     cluster-limit-server follower 127.0.0.1:7583 /tmp/f2.log
 //!     cluster-limit-server leader 127.0.0.1:7480 /tmp/l.log 127.0.0.1:7582,127.0.0.1:7583
 //!
-//! Clients talk to the leader. Each node writes 64 MiB of zeros to its log
+//! Clients talk to the leader; a follower given a third address serves
+//! clients there too, forwarding their requests to the leader:
+//!
+//!     cluster-limit-server follower 127.0.0.1:7582 /tmp/f1.log 127.0.0.1:7481
+//! Each node writes 64 MiB of zeros to its log
 //! file before it serves, and writes round within them (a benchmark keeps
 //! no history). The leader stops cleanly on SIGINT or SIGTERM, a follower
 //! also when the leader's connection ends; each prints what it did and
@@ -20,7 +24,7 @@ use std::sync::Arc;
 
 use ticketd_bench::cluster_limit;
 
-const USAGE: &str = "usage: cluster-limit-server follower LISTEN LOG\n       \
+const USAGE: &str = "usage: cluster-limit-server follower LISTEN LOG [CLIENTS]\n       \
                      cluster-limit-server leader LISTEN LOG FOLLOWER,FOLLOWER";
 
 fn fail(code: i32, msg: &str) -> ! {
@@ -34,8 +38,16 @@ fn main() {
         [role, listen, log, ..] => (role.as_str(), listen, Path::new(log)),
         _ => fail(2, USAGE),
     };
+    let mut clients = None;
     let followers: Vec<SocketAddr> = match (role, args.get(3)) {
         ("follower", None) => Vec::new(),
+        ("follower", Some(addr)) if args.len() == 4 => {
+            clients = Some(
+                TcpListener::bind(addr)
+                    .unwrap_or_else(|e| fail(2, &format!("cannot listen on {addr}: {e}"))),
+            );
+            Vec::new()
+        }
         ("leader", Some(list)) if args.len() == 4 => list
             .split(',')
             .map(|a| {
@@ -59,7 +71,7 @@ fn main() {
     let result = if role == "leader" {
         cluster_limit::serve_leader(listener, &followers, log, cluster_limit::LOG_BYTES, &stop)
     } else {
-        cluster_limit::serve_follower(listener, log, cluster_limit::LOG_BYTES, &stop)
+        cluster_limit::serve_follower(listener, clients, log, cluster_limit::LOG_BYTES, &stop)
     };
     match result {
         Ok(s) => {
