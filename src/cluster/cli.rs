@@ -9,6 +9,7 @@
 use std::ffi::OsString;
 use std::process::ExitCode;
 
+use crate::cluster::node::DEFAULT_LEADER_SYNC_MS;
 use crate::cluster::service::{ClusterConfig, ClusterService};
 use crate::cluster::state::StateMachine;
 use crate::cluster::tls::TlsFiles;
@@ -39,6 +40,11 @@ CLUSTER FLAGS:
     --data-dir DIR         write-ahead log and snapshots (required)
     --cluster-name NAME    peers with another name are refused [ticketd]
     --tick-ms MS           Raft tick; elections after 10-20 ticks [100]
+    --leader-sync-ms MS    while its live followers form a majority without
+                           it, the leader syncs its own log this often
+                           instead of once per batch (their fsyncs commit
+                           entries; it applies them from its log); 0 syncs
+                           every batch (docs/CLUSTER.md) [5]
     --join                 a new node: on an empty data dir, start with no
                            configuration and wait to be added with
                            `ticket cluster add ID=HOST:PORT`; --peers then
@@ -92,6 +98,15 @@ pub fn parse(args: Vec<OsString>) -> Result<(Config, ClusterConfig), ConfigError
     if !(10..=10_000).contains(&tick_ms) {
         return Err(ConfigError::Invalid("--tick-ms must be 10..=10000".into()));
     }
+    let leader_sync_ms: u64 = args
+        .opt_value_from_str("--leader-sync-ms")
+        .map_err(|e| ConfigError::Invalid(format!("--leader-sync-ms: {e}")))?
+        .unwrap_or(DEFAULT_LEADER_SYNC_MS);
+    if leader_sync_ms > 60_000 {
+        return Err(ConfigError::Invalid(
+            "--leader-sync-ms must be 0..=60000".into(),
+        ));
+    }
     let tls = take_tls_files(&mut args)?;
     let insecure_peers = args.contains("--insecure-peers");
     let join = args.contains("--join");
@@ -144,6 +159,7 @@ pub fn parse(args: Vec<OsString>) -> Result<(Config, ClusterConfig), ConfigError
         limits: config.engine.clone(),
         max_key_bytes: config.max_key_bytes,
         tick_ms,
+        leader_sync_ms,
         tls,
         insecure_peers,
         join,
@@ -293,6 +309,12 @@ mod tests {
         assert_eq!(k.limits.max_keys, 50);
         assert_eq!(c.listen.port(), 0);
         assert_eq!(k.tick_ms, DEFAULT_TICK_MS);
+        assert_eq!(k.leader_sync_ms, DEFAULT_LEADER_SYNC_MS);
+        let (_, k) = parse(args(
+            "--cluster --id 1 --peers 1=127.0.0.1:7001 --data-dir /tmp/x --leader-sync-ms 0",
+        ))
+        .unwrap();
+        assert_eq!(k.leader_sync_ms, 0);
     }
 
     #[test]
@@ -343,6 +365,8 @@ mod tests {
             "--cluster --id 4 --peers 1=127.0.0.1:7001 --data-dir /tmp/x",
             "--cluster --id 1 --peers 1=127.0.0.1:7001 --data-dir /tmp/x --bogus",
             "--cluster --id 1 --peers 1=127.0.0.1:7001 --data-dir /tmp/x --tick-ms 1",
+            "--cluster --id 1 --peers 1=127.0.0.1:7001 --data-dir /tmp/x --leader-sync-ms 60001",
+            "--cluster --id 1 --peers 1=127.0.0.1:7001 --data-dir /tmp/x --leader-sync-ms -1",
             "--cluster --id 1 --peers 1=127.0.0.1:7001 --data-dir /tmp/x --peer-tls-cert c",
             "--cluster --id 1 --peers 1=127.0.0.1:7001 --data-dir /tmp/x --cluster-name a/b",
             "--cluster --id 1 --peers 1=127.0.0.1:7001 --data-dir /tmp/x --cluster-name ''",

@@ -46,6 +46,9 @@ pub struct ClusterConfig {
     pub max_key_bytes: usize,
     /// Milliseconds per Raft tick.
     pub tick_ms: u64,
+    /// `--leader-sync-ms`: how often a leader whose followers commit
+    /// without it syncs its own log (0: every batch).
+    pub leader_sync_ms: u64,
     /// Peer TLS files; `None`: plaintext peers.
     pub tls: Option<TlsFiles>,
     /// Plaintext peers allowed on addresses that are not loopback.
@@ -597,6 +600,7 @@ fn node_config(cfg: &ClusterConfig) -> NodeConfig {
     ncfg.peer_addrs = cfg.peers.clone();
     ncfg.limits = cfg.limits.clone();
     ncfg.tick_ms = cfg.tick_ms.max(1);
+    ncfg.leader_sync_ms = cfg.leader_sync_ms;
     let entropy = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)

@@ -105,6 +105,10 @@ pub struct SimConfig {
     pub conf_changes: bool,
     /// Spare nodes (ids after `nodes`) that start empty and may be added.
     pub spares: usize,
+    /// Each node's [`NodeConfig::leader_sync_ms`]: 0 (a leader syncs every
+    /// batch) for one seed in three, the default for the others, so that
+    /// runs cover both.
+    pub leader_sync_ms: u64,
 }
 
 /// A deliberate bug, for tests that the simulation's checks catch it. With
@@ -138,6 +142,11 @@ impl SimConfig {
             bug: None,
             conf_changes: true,
             spares: 2,
+            leader_sync_ms: if seed % 3 == 0 {
+                0
+            } else {
+                ticketd::cluster::node::DEFAULT_LEADER_SYNC_MS
+            },
         }
     }
 }
@@ -322,6 +331,7 @@ fn node_config(id: u64, cfg: &SimConfig) -> NodeConfig {
     c.seed = seed.wrapping_mul(31).wrapping_add(id);
     c.os_token_bits = false;
     c.snapshot_every = snapshot_every;
+    c.leader_sync_ms = cfg.leader_sync_ms;
     c.trace_applied = true;
     c.max_pending = 64;
     c.limits = EngineLimits {

@@ -26,7 +26,7 @@ impl<D: Disk> Node<D> {
     }
 
     /// Applies entry `e`, the one after the last applied.
-    fn apply_one(&mut self, now: Millis, e: &Entry, out: &mut Outbox) {
+    pub(super) fn apply_one(&mut self, now: Millis, e: &Entry, out: &mut Outbox) {
         // raft hands committed entries over in order, after the
         // snapshot or the last one applied: a gap would skip a command.
         debug_assert_eq!(e.index, self.applied + 1, "applied entries have no gap");

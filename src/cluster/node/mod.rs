@@ -154,6 +154,14 @@ pub struct NodeConfig {
     /// server); when false, from a generator seeded with `seed` (the
     /// simulator, so that a seed replays exactly).
     pub os_token_bits: bool,
+    /// How often a leader whose followers commit without it syncs its own
+    /// log, in milliseconds; 0 syncs every batch. A leader counts toward a
+    /// commit only what its own finished fsync covers, so while its live
+    /// followers form a majority by themselves its fsync adds nothing to
+    /// commits: it defers it to this interval (or until its followers
+    /// stop forming a majority) and applies what they committed straight
+    /// from its log. See [`Node::end_turn`].
+    pub leader_sync_ms: u64,
 }
 
 impl NodeConfig {
@@ -180,6 +188,7 @@ impl NodeConfig {
             #[cfg(any(test, feature = "testkit"))]
             bug_stale_expire: false,
             os_token_bits: true,
+            leader_sync_ms: DEFAULT_LEADER_SYNC_MS,
         }
     }
 }
@@ -375,6 +384,11 @@ pub struct Node<D: Disk> {
     syncing: Option<u64>,
     /// The number of the last Ready handled.
     last_ready: u64,
+    /// When this node last began an fsync.
+    last_sync_began: Millis,
+    /// A leader's committed conf change waits for raft, which hands it out
+    /// only once durable here: the leader syncs at once.
+    conf_change_waits: bool,
     /// Request to grant of this node's own clients' acquires.
     wait_ms: Histogram,
     /// Grant to release or expiry, counted by the node that is leader
@@ -410,6 +424,12 @@ impl<D: Disk> fmt::Debug for Node<D> {
     }
 }
 
+/// [`NodeConfig::leader_sync_ms`]'s default: a leader whose followers
+/// commit without it syncs its log at most 200 times a second, not once
+/// per batch; a follower that stops answering without its connection
+/// failing delays commits by at most this much until raft's quorum check
+/// counts it out.
+pub const DEFAULT_LEADER_SYNC_MS: u64 = 5;
 const MAX_CANCELS: usize = 65_536;
 const MAX_TIMERS_PER_TICK: usize = 4096;
 /// How many applied configurations a test build remembers.
@@ -535,6 +555,8 @@ impl<D: Disk> Node<D> {
             unsynced: VecDeque::new(),
             syncing: None,
             last_ready: 0,
+            last_sync_began: Millis::ZERO,
+            conf_change_waits: false,
             wait_ms: Histogram::new(WAIT_BOUNDS_MS),
             hold_ms: Histogram::new(HOLD_BOUNDS_MS),
             holds: HoldIndex::default(),

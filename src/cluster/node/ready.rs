@@ -3,7 +3,8 @@
 
 use std::io;
 
-use raft::eraftpb::{Entry, Message, MessageType};
+use raft::eraftpb::{Entry, EntryType, Message, MessageType};
+use raft::ProgressState;
 
 use crate::cluster::log::Disk;
 use crate::engine::Outbox;
@@ -22,9 +23,24 @@ impl<D: Disk> Node<D> {
     /// the background, one at a time, covering every Ready written before
     /// it began. [`Node::tick`] takes in its end (the server's poll wakes
     /// for it) and lets out what waited for it: raft's own progress and the
-    /// persisted messages (votes, append acknowledgements). Replies never
-    /// wait for it: they answer applied entries, which raft hands out only
-    /// once they are durable here.
+    /// persisted messages (votes, append acknowledgements). Replies answer
+    /// applied entries, which raft hands out only once they are durable
+    /// here.
+    ///
+    /// # A leader's own fsync
+    ///
+    /// raft counts a leader toward a commit only up to what its finished
+    /// fsync covers. While the followers that are live and replicating
+    /// form a majority by themselves, they commit without the leader, and
+    /// its fsync would only let raft hand it entries it can read from its
+    /// own log already. So such a leader syncs only every
+    /// [`NodeConfig::leader_sync_ms`] (and at once when its followers stop
+    /// forming a majority, or a committed conf change waits), and applies
+    /// the committed entries past its durable ones straight from its log
+    /// store. They are committed: a majority holds them durably, so every
+    /// later leader has them, whatever happens to this node's unsynced
+    /// tail. raft's applied index trails behind until the sync, and the
+    /// entries it hands out then are skipped as already applied.
     pub fn end_turn(&mut self, now: Millis, out: &mut Outbox) -> Result<(), NodeError> {
         self.check_failed()?;
         self.poll_sync();
@@ -41,11 +57,14 @@ impl<D: Disk> Node<D> {
             self.poll_sync();
         }
         self.check_failed()?;
+        self.apply_committed_ahead(now, out);
         if let Err(e) = self.wal.write(false) {
             self.failed = Some(e.to_string());
             return Err(e.into());
         }
-        self.start_sync();
+        if !self.leader_defers_sync(now) {
+            self.start_sync(now);
+        }
         self.check_failed()?;
         if self.is_leader() && !self.timers_ready && self.rn.raft.apply_to_current_term() {
             self.rebuild_timers(now);
@@ -94,7 +113,7 @@ impl<D: Disk> Node<D> {
     }
 
     /// Begins the fsync that written records wait for, unless one runs.
-    pub(super) fn start_sync(&mut self) {
+    pub(super) fn start_sync(&mut self, now: Millis) {
         if self.failed.is_some() || self.syncing.is_some() || !self.wal.sync_owed() {
             return;
         }
@@ -103,9 +122,68 @@ impl<D: Disk> Node<D> {
             return;
         }
         self.syncing = Some(self.last_ready);
+        self.last_sync_began = now;
         self.stats.syncs += 1;
         // A disk that syncs inline is done already.
         self.poll_sync();
+    }
+
+    /// True while this node leads, its live followers commit without it,
+    /// and its last fsync began less than [`NodeConfig::leader_sync_ms`]
+    /// ago: its own fsync can wait (see [`Node::end_turn`]).
+    fn leader_defers_sync(&self, now: Millis) -> bool {
+        let every = self.cfg.leader_sync_ms;
+        every > 0
+            && self.is_leader()
+            && !self.conf_change_waits
+            && now.since(self.last_sync_began) < every
+            && self.followers_commit_alone()
+    }
+
+    /// True when the voters other than this node that are live (heard from
+    /// within raft's quorum check) and replicating form a quorum of the
+    /// configuration (both halves of a joint one).
+    fn followers_commit_alone(&self) -> bool {
+        let me = self.cfg.id;
+        let prs = self.rn.raft.prs();
+        let live = |id: &u64| {
+            *id != me
+                && prs
+                    .get(*id)
+                    .is_some_and(|pr| pr.recent_active && pr.state == ProgressState::Replicate)
+        };
+        let majority = |ids: &[u64]| {
+            ids.is_empty() || 2 * ids.iter().filter(|id| live(id)).count() > ids.len()
+        };
+        let cs = self.rn.store().conf_state();
+        majority(&cs.voters) && majority(&cs.voters_outgoing)
+    }
+
+    /// A leader applies the committed entries raft does not hand out yet
+    /// because this node's fsync has not covered them (see
+    /// [`Node::end_turn`]), in order, reading them from its log store. It
+    /// stops before a conf change, which only raft's own path applies, and
+    /// then syncs at once.
+    fn apply_committed_ahead(&mut self, now: Millis, out: &mut Outbox) {
+        self.conf_change_waits = false;
+        if self.cfg.leader_sync_ms == 0 || !self.is_leader() {
+            return;
+        }
+        let committed = self.rn.raft.raft_log.committed;
+        if committed <= self.applied {
+            return;
+        }
+        let entries = self
+            .rn
+            .store()
+            .entries_between(self.applied + 1, committed + 1);
+        for e in &entries {
+            if e.entry_type != EntryType::EntryNormal {
+                self.conf_change_waits = true;
+                return;
+            }
+            self.apply_one(now, e, out);
+        }
     }
 
     /// Readys up to `number` are durable: tell raft and send what waited.
@@ -165,6 +243,13 @@ impl<D: Disk> Node<D> {
         self.stats.batches += 1;
         let number = rd.number();
         let installs_snapshot = !rd.snapshot().is_empty();
+        // What raft handed out for applying: its last committed entry, or
+        // the snapshot.
+        let handed = if installs_snapshot {
+            Some(rd.snapshot().get_metadata().index)
+        } else {
+            committed.last().map(|e| e.index)
+        };
         self.last_ready = number;
         self.rn.advance_append_async(rd);
         // Even a Ready that needs no fsync waits for the ones before it.
@@ -176,7 +261,12 @@ impl<D: Disk> Node<D> {
             self.syncing = None;
             self.persisted(number);
         }
-        self.rn.advance_apply();
+        // raft's applied index may be ahead of what it hands out: a
+        // compaction moves it past entries a leader applied before raft
+        // handed them out (see `maybe_compact`).
+        if let Some(i) = handed.filter(|&i| i > self.rn.raft.raft_log.applied) {
+            self.rn.advance_apply_to(i);
+        }
         self.after_raft_call();
         Ok(())
     }

@@ -124,6 +124,15 @@ impl<D: Disk> Node<D> {
         // running fsync was waited for).
         self.syncing = None;
         self.persisted(self.last_ready);
+        // A leader may have applied past raft's applied index (entries its
+        // followers committed before its own fsync covered them; see
+        // `Node::end_turn`). raft reads its unapplied entries from the
+        // store (a campaign looks for conf changes among them), and the
+        // store now begins after `applied`: raft's applied index catches
+        // up, as it may now that every entry is durable here.
+        if self.rn.raft.raft_log.applied < applied {
+            self.rn.advance_apply_to(applied);
+        }
         self.stats.snapshots_taken += 1;
         Ok(())
     }

@@ -165,10 +165,12 @@ fn trio_with_a_slow_follower() -> Trio {
         out,
         now,
         leader,
-        nodes,
+        mut nodes,
     } = elected_three();
     let follower = (leader + 1) % 3;
     disks[follower].hold_syncs(true);
+    // The leader syncs every batch, so that it and one follower commit.
+    nodes[leader].cfg.leader_sync_ms = 0;
     Trio {
         disks,
         out,
@@ -450,6 +452,9 @@ fn requests_applied_inside_an_installed_snapshot_are_answered_or_their_connectio
         mut nodes,
     } = elected_three();
     let follower = (leader + 1) % 3;
+    // The leader syncs every batch, so that it and the third node commit
+    // at once while the follower is cut off.
+    nodes[leader].cfg.leader_sync_ms = 0;
     out.clear();
     // Three clients of the follower: an acquire that is granted, an
     // acquire of a key that is held (wait 0: not granted) and a
@@ -659,4 +664,158 @@ fn applied_conf_changes_keep_raft_and_the_members_in_agreement() {
     cc.changes.push(single);
     n.sm.members_mut().apply(&cc);
     assert!(!n.conf_agrees_with_members());
+}
+
+/// An acquire of `key` for 30 s by `owner`, waiting 0.
+fn acquire(owner: u64, key: &str) -> Request<'_> {
+    Request::Acquire {
+        wait_s: 0,
+        lease_s: 30,
+        owner,
+        key,
+    }
+}
+
+/// The replies `out` holds for connection `conn`, as text.
+fn replies_to(out: &Outbox, conn: ConnId) -> Vec<String> {
+    out.iter()
+        .filter(|a| a.conn == conn)
+        .map(|a| format!("{:?}", a.reply))
+        .collect()
+}
+
+#[test]
+fn a_leader_whose_followers_commit_without_it_answers_before_its_own_fsync() {
+    let Elected {
+        disks,
+        mut out,
+        now,
+        mut nodes,
+        leader,
+    } = elected_three();
+    nodes[leader].cfg.leader_sync_ms = 1000;
+    disks[leader].hold_syncs(true);
+    let syncs = nodes[leader].stats().syncs;
+    out.clear();
+    nodes[leader].request(now, 9, acquire(1, "k"), &mut out);
+    nodes[leader].end_turn(now, &mut out).unwrap();
+    settle_net(&mut nodes, now, &mut out);
+    let r = replies_to(&out, 9);
+    assert!(r.len() == 1 && r[0].starts_with("Acquired"), "{r:?}");
+    // Both followers hold the entry durably; the leader neither synced nor
+    // counted itself, and raft has not handed it the entry.
+    assert_eq!(nodes[leader].stats().syncs, syncs, "no fsync of its own");
+    let (persisted, raft_applied) = {
+        let log = &nodes[leader].rn.raft.raft_log;
+        (log.persisted, log.applied)
+    };
+    assert!(
+        persisted < nodes[leader].applied(),
+        "applied past its durable log"
+    );
+    assert!(raft_applied < nodes[leader].applied());
+    let token = nodes[leader].state_machine().holder("k").expect("held");
+    for n in &nodes {
+        assert_eq!(n.state_machine().holder("k"), Some(token));
+    }
+    // Its interval over, it syncs; raft hands the entry out again, which
+    // changes nothing, and its applied index catches up.
+    disks[leader].hold_syncs(false);
+    let later = now.add_ms(1000);
+    assert!(
+        nodes[leader].next_deadline() <= later,
+        "it wakes for the fsync"
+    );
+    turns(&mut nodes[leader], later, &mut out, 3);
+    assert_eq!(nodes[leader].stats().syncs, syncs + 1);
+    assert_eq!(disks[leader].unsynced(), 0);
+    let log = &nodes[leader].rn.raft.raft_log;
+    assert_eq!(log.applied, nodes[leader].applied());
+    assert_eq!(nodes[leader].state_machine().holder("k"), Some(token));
+    assert_eq!(replies_to(&out, 9).len(), 1, "answered once");
+}
+
+#[test]
+fn a_leader_syncs_at_once_when_its_followers_alone_are_no_majority() {
+    let Elected {
+        disks: _,
+        mut out,
+        mut now,
+        mut nodes,
+        leader,
+    } = elected_three();
+    nodes[leader].cfg.leader_sync_ms = 60_000;
+    let gone = (leader + 1) % 3;
+    // Long enough for raft's quorum check to count the silent follower
+    // out (an election timeout is 10 ticks).
+    for _ in 0..25 {
+        now = now.add_ms(100);
+        settle_cut(&mut nodes, Some(gone), now, &mut out);
+    }
+    assert!(nodes[leader].is_leader());
+    let syncs = nodes[leader].stats().syncs;
+    out.clear();
+    nodes[leader].request(now, 9, acquire(1, "k"), &mut out);
+    nodes[leader].end_turn(now, &mut out).unwrap();
+    settle_cut(&mut nodes, Some(gone), now, &mut out);
+    let r = replies_to(&out, 9);
+    assert!(r.len() == 1 && r[0].starts_with("Acquired"), "{r:?}");
+    assert!(
+        nodes[leader].stats().syncs > syncs,
+        "its own fsync made the majority"
+    );
+}
+
+#[test]
+fn a_leader_that_applied_ahead_and_lost_its_unsynced_log_catches_up() {
+    let Elected {
+        disks,
+        mut out,
+        mut now,
+        mut nodes,
+        leader,
+    } = elected_three();
+    nodes[leader].cfg.leader_sync_ms = 60_000;
+    disks[leader].hold_syncs(true);
+    out.clear();
+    for (i, key) in ["a", "b", "c"].into_iter().enumerate() {
+        nodes[leader].request(now, 9, acquire(i as u64 + 1, key), &mut out);
+        nodes[leader].end_turn(now, &mut out).unwrap();
+        settle_net(&mut nodes, now, &mut out);
+    }
+    assert_eq!(replies_to(&out, 9).len(), 3);
+    let applied = nodes[leader].applied();
+    assert!(nodes[leader].rn.raft.raft_log.persisted < applied);
+    // Power cut: the leader's unsynced tail is gone; its disk is back to
+    // normal speed after the restart.
+    disks[leader].crash(0);
+    disks[leader].hold_syncs(false);
+    let id = leader as u64 + 1;
+    nodes[leader] = Node::open(
+        NodeConfig::new(id, vec![1, 2, 3]),
+        disks[leader].clone(),
+        &quiet_logger(),
+    )
+    .expect("reopens");
+    assert!(
+        nodes[leader].rn.raft.raft_log.last_index() < applied,
+        "lost"
+    );
+    for _ in 0..100 {
+        now = now.add_ms(100);
+        settle_net(&mut nodes, now, &mut out);
+        if nodes.iter().all(|n| n.applied() >= applied) {
+            break;
+        }
+    }
+    for key in ["a", "b", "c"] {
+        let holders: Vec<Option<u64>> = nodes
+            .iter()
+            .map(|n| n.state_machine().holder(key))
+            .collect();
+        assert!(
+            holders[0].is_some() && holders.iter().all(|h| *h == holders[0]),
+            "{key}: {holders:?}"
+        );
+    }
 }

@@ -106,6 +106,14 @@ impl<D: Disk> Node<D> {
             return Millis::ZERO;
         }
         let mut d = self.next_tick;
+        if self.is_leader()
+            && self.cfg.leader_sync_ms > 0
+            && self.syncing.is_none()
+            && self.wal.sync_owed()
+        {
+            // A leader's deferred fsync is due then (see `Node::end_turn`).
+            d = d.min(self.last_sync_began.add_ms(self.cfg.leader_sync_ms));
+        }
         if self.is_leader() && self.timers_ready {
             if let Some(Reverse((at, _, _))) = self.timers.peek() {
                 d = d.min(*at);
