@@ -102,9 +102,9 @@ pub fn parse(args: Vec<OsString>) -> Result<(Config, ClusterConfig), ConfigError
         .opt_value_from_str("--leader-sync-ms")
         .map_err(|e| ConfigError::Invalid(format!("--leader-sync-ms: {e}")))?
         .unwrap_or(DEFAULT_LEADER_SYNC_MS);
-    if leader_sync_ms > 60_000 {
+    if leader_sync_ms > 1000 {
         return Err(ConfigError::Invalid(
-            "--leader-sync-ms must be 0..=60000".into(),
+            "--leader-sync-ms must be 0..=1000".into(),
         ));
     }
     let tls = take_tls_files(&mut args)?;
@@ -365,7 +365,7 @@ mod tests {
             "--cluster --id 4 --peers 1=127.0.0.1:7001 --data-dir /tmp/x",
             "--cluster --id 1 --peers 1=127.0.0.1:7001 --data-dir /tmp/x --bogus",
             "--cluster --id 1 --peers 1=127.0.0.1:7001 --data-dir /tmp/x --tick-ms 1",
-            "--cluster --id 1 --peers 1=127.0.0.1:7001 --data-dir /tmp/x --leader-sync-ms 60001",
+            "--cluster --id 1 --peers 1=127.0.0.1:7001 --data-dir /tmp/x --leader-sync-ms 1001",
             "--cluster --id 1 --peers 1=127.0.0.1:7001 --data-dir /tmp/x --leader-sync-ms -1",
             "--cluster --id 1 --peers 1=127.0.0.1:7001 --data-dir /tmp/x --peer-tls-cert c",
             "--cluster --id 1 --peers 1=127.0.0.1:7001 --data-dir /tmp/x --cluster-name a/b",

@@ -24,8 +24,9 @@
 //! # The Ready order (see `docs/CLUSTER.md`)
 //!
 //! Leader messages go out first (they may precede the local fsync); a
-//! received snapshot is staged and restored; committed entries (already
-//! durable locally) are applied; new entries and the hard state are staged;
+//! received snapshot is staged and restored; committed entries (durable on
+//! a majority, and locally too except on a leader that defers its own
+//! fsync) are applied; new entries and the hard state are staged;
 //! forwarded proposals go out (they claim nothing about local state);
 //! everything is written with one write and raft is advanced at once
 //! (`advance_append_async`). The fsync runs in the background

@@ -24,8 +24,9 @@ impl<D: Disk> Node<D> {
     /// it began. [`Node::tick`] takes in its end (the server's poll wakes
     /// for it) and lets out what waited for it: raft's own progress and the
     /// persisted messages (votes, append acknowledgements). Replies answer
-    /// applied entries, which raft hands out only once they are durable
-    /// here.
+    /// applied entries: committed, so durable on a majority; raft hands
+    /// them out only once they are durable here too, except to a leader
+    /// that defers its own fsync (below).
     ///
     /// # A leader's own fsync
     ///
@@ -146,11 +147,13 @@ impl<D: Disk> Node<D> {
     fn followers_commit_alone(&self) -> bool {
         let me = self.cfg.id;
         let prs = self.rn.raft.prs();
+        // Not a follower whose window of appends in flight is full: it is
+        // behind, and the commit would wait for it.
         let live = |id: &u64| {
             *id != me
-                && prs
-                    .get(*id)
-                    .is_some_and(|pr| pr.recent_active && pr.state == ProgressState::Replicate)
+                && prs.get(*id).is_some_and(|pr| {
+                    pr.recent_active && pr.state == ProgressState::Replicate && !pr.is_paused()
+                })
         };
         let majority = |ids: &[u64]| {
             ids.is_empty() || 2 * ids.iter().filter(|id| live(id)).count() > ids.len()
@@ -169,7 +172,14 @@ impl<D: Disk> Node<D> {
         if self.cfg.leader_sync_ms == 0 || !self.is_leader() {
             return;
         }
-        let committed = self.rn.raft.raft_log.committed;
+        // Up to the commit index staged for the WAL, never past it: a
+        // compaction writes the stored hard state with the snapshot.
+        let committed = self
+            .rn
+            .raft
+            .raft_log
+            .committed
+            .min(self.rn.store().hard_state().commit);
         if committed <= self.applied {
             return;
         }

@@ -115,6 +115,18 @@ impl<D: Disk> Node<D> {
         }
         let data = self.sm.snapshot();
         let applied = self.applied;
+        // A leader that applied past raft's applied index (see
+        // `Node::end_turn`) compacts entries raft will now never hand out:
+        // they leave raft's count of uncommitted bytes as they would when
+        // handed out (else it only grows, until proposals are refused).
+        let raft_applied = self.rn.raft.raft_log.applied;
+        if raft_applied < applied {
+            let skipped = self
+                .rn
+                .store()
+                .entries_between(raft_applied + 1, applied + 1);
+            self.rn.raft.reduce_uncommitted_size(&skipped);
+        }
         self.rn
             .mut_store()
             .compact_to(applied, data)

@@ -819,3 +819,46 @@ fn a_leader_that_applied_ahead_and_lost_its_unsynced_log_catches_up() {
         );
     }
 }
+
+/// raft's count of uncommitted bytes on a leader that deferred its fsync
+/// and compacted its log through entries raft had not handed out yet.
+fn uncommitted_bytes_after_compactions(leader_sync_ms: u64) -> (usize, u64) {
+    let Elected {
+        disks: _,
+        mut out,
+        mut now,
+        mut nodes,
+        leader,
+    } = elected_three();
+    nodes[leader].cfg.leader_sync_ms = leader_sync_ms;
+    nodes[leader].cfg.snapshot_every = 5;
+    out.clear();
+    let keys: Vec<String> = (0..200).map(|i| format!("key-{i:04}")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        nodes[leader].request(now, 9, acquire(i as u64 + 1, key), &mut out);
+        nodes[leader].end_turn(now, &mut out).unwrap();
+        settle_net(&mut nodes, now, &mut out);
+        now = now.add_ms(1);
+    }
+    // Time passes: every entry is synced, committed and handed out.
+    for _ in 0..30 {
+        now = now.add_ms(100);
+        settle_net(&mut nodes, now, &mut out);
+    }
+    assert!(nodes[leader].is_leader());
+    assert_eq!(replies_to(&out, 9).len(), 200);
+    let n = &nodes[leader];
+    (n.rn.raft.uncommitted_size(), n.stats().snapshots_taken)
+}
+
+#[test]
+fn compacting_past_entries_raft_has_not_handed_out_leaves_no_uncommitted_bytes() {
+    for ms in [0, 5] {
+        let (bytes, snapshots) = uncommitted_bytes_after_compactions(ms);
+        assert!(
+            snapshots > 10,
+            "--leader-sync-ms {ms}: {snapshots} snapshots"
+        );
+        assert_eq!(bytes, 0, "--leader-sync-ms {ms}: uncommitted bytes left");
+    }
+}
