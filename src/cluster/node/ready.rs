@@ -35,8 +35,9 @@ impl<D: Disk> Node<D> {
     /// form a majority by themselves, they commit without the leader, and
     /// its fsync would only let raft hand it entries it can read from its
     /// own log already. So such a leader syncs only every
-    /// [`NodeConfig::leader_sync_ms`] (and at once when its followers stop
-    /// forming a majority, or a committed conf change waits), and applies
+    /// [`leader_sync_ms`](super::NodeConfig::leader_sync_ms) (and at once
+    /// when its followers stop forming a majority, or a committed conf
+    /// change waits), and applies
     /// the committed entries past its durable ones straight from its log
     /// store. They are committed: a majority holds them durably, so every
     /// later leader has them, whatever happens to this node's unsynced
@@ -130,8 +131,9 @@ impl<D: Disk> Node<D> {
     }
 
     /// True while this node leads, its live followers commit without it,
-    /// and its last fsync began less than [`NodeConfig::leader_sync_ms`]
-    /// ago: its own fsync can wait (see [`Node::end_turn`]).
+    /// and its last fsync began less than
+    /// [`leader_sync_ms`](super::NodeConfig::leader_sync_ms) ago: its own
+    /// fsync can wait (see [`Node::end_turn`]).
     fn leader_defers_sync(&self, now: Millis) -> bool {
         let every = self.cfg.leader_sync_ms;
         every > 0
