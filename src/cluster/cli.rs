@@ -311,7 +311,8 @@ mod tests {
         assert_eq!(k.tick_ms, DEFAULT_TICK_MS);
         assert_eq!(k.leader_sync_ms, DEFAULT_LEADER_SYNC_MS);
         let (_, k) = parse(args(
-            "--cluster --id 1 --peers 1=127.0.0.1:7001 --data-dir /tmp/x --leader-sync-ms 0",
+            "--cluster --id 1 --peers 1=127.0.0.1:7001 --data-dir /tmp/x --max-keys 50 \
+             --leader-sync-ms 0",
         ))
         .unwrap();
         assert_eq!(k.leader_sync_ms, 0);
