@@ -50,8 +50,9 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
 use super::conn::BufferedConn;
+use super::limit::answer;
 use ticketd::limits::DEFAULT_MAX_KEY_BYTES;
-use ticketd::proto::{self, Decoded, Reply, Request};
+use ticketd::proto::{self, Decoded};
 
 const LISTENER: Token = Token(usize::MAX - 1);
 const WAKER: Token = Token(usize::MAX - 2);
@@ -577,24 +578,6 @@ fn lead(
     Ok(stats)
 }
 
-/// The limit's answer to `req`, looked up nowhere (as the limit server
-/// answers): `A` with the next token, `R`, `X`.
-fn answer(req: Request<'_>, next_token: &mut u64, out: &mut Vec<u8>) {
-    let reply = match req {
-        Request::Acquire { owner, key, .. } => {
-            *next_token += 1;
-            Reply::Acquired {
-                token: *next_token,
-                owner,
-                key,
-            }
-        }
-        Request::Release { token, key } => Reply::Released { token, key },
-        Request::Extend { token, key, .. } => Reply::Extended { token, key },
-    };
-    proto::encode_reply(&reply, out);
-}
-
 fn accept_all(
     listener: &mio::net::TcpListener,
     clients: &mut Slab<Client>,
@@ -931,6 +914,7 @@ mod tests {
     use super::*;
     use std::io::{ErrorKind, Read, Write};
     use std::net::TcpStream;
+    use ticketd::proto::{Reply, Request};
 
     type Running = std::thread::JoinHandle<io::Result<ClusterLimitStats>>;
     const LOG: u64 = 1 << 20;

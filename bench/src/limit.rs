@@ -52,24 +52,30 @@ fn read_and_answer(conn: &mut BufferedConn, next_token: &mut u64, stats: &mut Li
             Decoded::Frame { frame, used } => {
                 at += used;
                 stats.requests += 1;
-                let reply = match frame {
-                    Request::Acquire { owner, key, .. } => {
-                        *next_token += 1;
-                        Reply::Acquired {
-                            token: *next_token,
-                            owner,
-                            key,
-                        }
-                    }
-                    Request::Release { token, key } => Reply::Released { token, key },
-                    Request::Extend { token, key, .. } => Reply::Extended { token, key },
-                };
-                proto::encode_reply(&reply, &mut conn.wbuf);
+                answer(frame, next_token, &mut conn.wbuf);
             }
         }
     }
     conn.consumed(at);
     Step::Open
+}
+
+/// The limit's answer to `req`, looked up nowhere: `A` with the next
+/// token, `R`, `E`. The cluster limit answers the same way.
+pub(crate) fn answer(req: Request<'_>, next_token: &mut u64, out: &mut Vec<u8>) {
+    let reply = match req {
+        Request::Acquire { owner, key, .. } => {
+            *next_token += 1;
+            Reply::Acquired {
+                token: *next_token,
+                owner,
+                key,
+            }
+        }
+        Request::Release { token, key } => Reply::Released { token, key },
+        Request::Extend { token, key, .. } => Reply::Extended { token, key },
+    };
+    proto::encode_reply(&reply, out);
 }
 
 /// Serves `listener` until `stop` is set (checked at least every 100 ms, and
