@@ -147,6 +147,10 @@ pub struct Config {
     /// 3 when `$LISTEN_FDS` is set for this process), used instead of
     /// binding `listen`. [`crate::server::Server::bind`] takes ownership.
     pub listen_fd: Option<std::os::fd::RawFd>,
+    /// `--admin-identity`: an identity (`cert:NAME`, `uid:N`) that may
+    /// release and extend any grant whose token it gives, and that reads
+    /// full tokens on the admin port.
+    pub admin_identity: Option<crate::server::identity::Identity>,
 }
 
 impl Default for Config {
@@ -176,6 +180,7 @@ impl Default for Config {
             admin_tls: None,
             admin_listen: None,
             listen_fd: None,
+            admin_identity: None,
         }
     }
 }
@@ -327,6 +332,10 @@ FLAGS (defaults in brackets):
                                1..=255; a longer acquire is answered B, a longer
                                extend X. Also bounds the restart grace [255]
     --log-level LEVEL          off, error, warn, info, debug or trace [info]
+    --admin-identity ID        cert:NAME (a client certificate's name) or uid:N (a
+                               Unix-socket peer): may release or extend any grant
+                               whose token it gives, and reads full tokens on the
+                               admin port [none]
     --admin-listen ADDR        serve HTTP on ADDR: /livez, /readyz, /metrics
                                (Prometheus), /v1/locks, /v1/cluster; suggested
                                127.0.0.1:7471 (docs/OPERATIONS.md); `unix:/PATH`
@@ -465,6 +474,18 @@ fn lease_seconds(s: &str) -> Result<u8, Why> {
     }
 }
 
+fn admin_identity(s: &str) -> Result<crate::server::identity::Identity, Why> {
+    let id = crate::server::identity::Identity::parse(s)?;
+    if !id.authenticated() {
+        return Err(
+            "must be an authenticated identity (cert:NAME or uid:N): an \
+                    address proves nothing"
+                .into(),
+        );
+    }
+    Ok(id)
+}
+
 fn level(s: &str) -> Result<LevelFilter, Why> {
     s.parse()
         .map_err(|_| "expected off, error, warn, info, debug or trace".into())
@@ -504,6 +525,9 @@ impl Config {
         )?;
         if let Some(v) = flag(args, "--admin-listen", admin_listen)? {
             c.admin_listen = Some(v);
+        }
+        if let Some(v) = flag(args, "--admin-identity", admin_identity)? {
+            c.admin_identity = Some(v);
         }
         c.listen_fd = crate::server::systemd::listen_fd();
         c.validate()?;

@@ -146,6 +146,40 @@ pub type ConnId = u64;
 /// Identifies one queued acquire, for [`Engine::wait_timeout`].
 pub type WaiterId = u64;
 
+/// Who sent a request, as far as grants are bound to their takers: the
+/// identity of its connection (`crate::server::identity`) reduced to a
+/// holder number, recorded with every grant it takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Caller {
+    /// The taker's holder number: never 0 for a known identity, odd when
+    /// the identity is authenticated (a client certificate, a Unix uid),
+    /// even when it is not (a source address). 0: unknown.
+    pub holder: u64,
+    /// The identity is `--admin-identity`: it may release and extend any
+    /// grant whose token it gives.
+    pub admin: bool,
+}
+
+impl Caller {
+    /// Whether this caller may release or extend a grant taken by `grant`
+    /// (given its token); see [`holder_may_act`].
+    #[must_use]
+    pub fn may_act_on(&self, grant: u64) -> bool {
+        self.admin || holder_may_act(grant, self.holder)
+    }
+}
+
+/// Whether a caller whose holder number is `caller` may release or extend
+/// a grant taken by `grant` (given the token): always when they are the
+/// same, and when neither is authenticated (the token alone decides, as in
+/// protocol 1.0); never when one is authenticated and the other is someone
+/// else. 0 is the holder of a grant whose taker is not known (a restart
+/// grace, a cluster grant): the token alone decides.
+#[must_use]
+pub fn holder_may_act(grant: u64, caller: u64) -> bool {
+    grant == caller || grant == 0 || (grant & 1 == 0 && caller & 1 == 0)
+}
+
 /// The arguments of one acquire (SPEC §1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Acquire<'a> {
@@ -936,6 +970,9 @@ enum ConnSlot {
 #[derive(Debug)]
 struct ConnWaiters {
     id: ConnId,
+    /// The connection's holder number ([`Caller::holder`]): its waiters'
+    /// grants record it.
+    holder: u64,
     /// The key of each of the connection's waiters, at the index that waiter
     /// records in [`Waiter::slot`]. Entries never move while in use.
     slots: Vec<ConnSlot>,
@@ -959,13 +996,14 @@ impl ConnTable {
     /// Records a waiter of `conn` on `key`: its connection index and slot.
     /// The caller keeps the number of waiters at most [`WAITERS_CEILING`], so
     /// neither index can reach [`NO_SLOT`].
-    fn add(&mut self, conn: ConnId, key: Arc<str>) -> (u32, u32) {
+    fn add(&mut self, conn: ConnId, holder: u64, key: Arc<str>) -> (u32, u32) {
         let idx = match self.index.get(&conn) {
             Some(&i) => i,
             None => {
                 let slots = self.spare.pop().unwrap_or_else(|| Vec::with_capacity(1));
                 let i = self.conns.insert(ConnWaiters {
                     id: conn,
+                    holder,
                     slots,
                     free: NO_SLOT,
                     count: 0,
@@ -1066,10 +1104,12 @@ fn take_token(next_token: &mut u64, rng: Option<&mut TokenRng>) -> u64 {
     step | u64::from(rng.bits())
 }
 
-/// A registered key: 24 bytes beside the key in the hash table.
+/// A registered key: 32 bytes beside the key in the hash table.
 #[derive(Debug)]
 struct Slot<T = ()> {
     token: u64,
+    /// Who took the grant ([`Caller::holder`]; 0: unknown).
+    holder: u64,
     /// The first millisecond at which the lease is over (see `lease_end`).
     expires_at: Millis,
     /// When the grant began (single mode), for `max_hold_ms`; extensions
@@ -1141,6 +1181,8 @@ pub struct LockInfo {
     pub waiters: usize,
     /// Milliseconds since the grant; `None` in cluster mode.
     pub held_for_ms: Option<u64>,
+    /// Who took the grant ([`Caller::holder`]; 0: unknown).
+    pub holder: u64,
 }
 
 /// What the admin port reads of a lock table, whatever its tags: an
@@ -1236,6 +1278,9 @@ pub struct Engine<T = ()> {
     /// counted by the second they began, for [`Engine::oldest_hold_ms`]
     /// without a scan and without memory per grant.
     holds: GrantAges,
+    /// Who sent the request being handled ([`Engine::handle_as`]); the
+    /// default (unknown) between requests.
+    caller: Caller,
 }
 
 /// Buckets of the key table one `tick` visits while a sweep is under way,
@@ -1323,6 +1368,7 @@ impl<T: Copy + Default> Engine<T> {
             sweep: None,
             stats: EngineStats::default(),
             holds: GrantAges::default(),
+            caller: Caller::default(),
         }
     }
 
@@ -1361,6 +1407,7 @@ impl<T: Copy + Default> Engine<T> {
             expires_in_ms: clocked.then(|| slot.expires_at.since(now)),
             waiters,
             held_for_ms: clocked.then(|| now.since(slot.granted_at)),
+            holder: slot.holder,
         })
     }
 
@@ -1594,6 +1641,22 @@ impl<T: Copy + Default> Engine<T> {
         self.deadline(now, lease_s).add_ms(1)
     }
 
+    /// [`Engine::handle`] for `caller`: a grant it takes records its
+    /// holder number, and a release or extend of a grant it may not act on
+    /// ([`Caller::may_act_on`]) is answered `N` or `X` whatever the token.
+    pub fn handle_as(
+        &mut self,
+        now: Millis,
+        conn: ConnId,
+        caller: Caller,
+        req: Request<'_>,
+        out: &mut Outbox<T>,
+    ) {
+        self.caller = caller;
+        self.handle(now, conn, req, out);
+        self.caller = Caller::default();
+    }
+
     /// Handles one decoded request: [`Engine::acquire`] or [`Engine::release`].
     pub fn handle(&mut self, now: Millis, conn: ConnId, req: Request<'_>, out: &mut Outbox<T>) {
         match req {
@@ -1663,9 +1726,13 @@ impl<T: Copy + Default> Engine<T> {
         // Token 0 is the unknown holder of a restart grace, never a
         // client's; a lease above `--max-lease` is refused as for acquire.
         let allowed = token != 0 && lease_s <= self.max_lease_s;
+        let caller = self.caller;
         let extended = match self.keys.get_mut(key) {
             Some(slot)
-                if allowed && slot.token == token && !(clocked && slot.expires_at <= now) =>
+                if allowed
+                    && slot.token == token
+                    && caller.may_act_on(slot.holder)
+                    && !(clocked && slot.expires_at <= now) =>
             {
                 let capped = clocked
                     && max_hold_ms > 0
@@ -1757,6 +1824,7 @@ impl<T: Copy + Default> Engine<T> {
                     KeyStr::new(key),
                     Slot {
                         token: 0,
+                        holder: 0,
                         expires_at: grace_until,
                         granted_at: now,
                         tag: T::default(),
@@ -1776,6 +1844,7 @@ impl<T: Copy + Default> Engine<T> {
                     KeyStr::new(key),
                     Slot {
                         token,
+                        holder: self.caller.holder,
                         expires_at,
                         granted_at: now,
                         tag,
@@ -1825,6 +1894,7 @@ impl<T: Copy + Default> Engine<T> {
                 self.holds.end(slot.granted_at);
             }
             slot.token = token;
+            slot.holder = self.caller.holder;
             slot.expires_at = expires_at;
             slot.granted_at = now;
             slot.tag = tag;
@@ -1870,7 +1940,9 @@ impl<T: Copy + Default> Engine<T> {
             .queues
             .get_key_value(key)
             .expect("queue inserted above");
-        let (conn_idx, slot) = self.conn_table.add(conn, Arc::clone(name));
+        let (conn_idx, slot) = self
+            .conn_table
+            .add(conn, self.caller.holder, Arc::clone(name));
         let waiter = Waiter {
             owner,
             wait_deadline,
@@ -1940,7 +2012,11 @@ impl<T: Copy + Default> Engine<T> {
         if let Some(o) = self.keys.find_entry(key) {
             // The common case, a key nobody waits for, costs one hash of
             // the key (none for the queue map while no key has waiters).
-            if o.get().token == token && !self.queues.contains_key(key) {
+            let slot = o.get();
+            if slot.token == token
+                && self.caller.may_act_on(slot.holder)
+                && !self.queues.contains_key(key)
+            {
                 let (_, slot) = o.remove();
                 if self.clocked {
                     self.stats.hold_ms.observe(now.since(slot.granted_at));
@@ -1951,7 +2027,7 @@ impl<T: Copy + Default> Engine<T> {
             }
         }
         match self.keys.get(key) {
-            Some(slot) if slot.token == token => {
+            Some(slot) if slot.token == token && self.caller.may_act_on(slot.holder) => {
                 if self.clocked {
                     self.stats.hold_ms.observe(now.since(slot.granted_at));
                     self.holds.end(slot.granted_at);
@@ -2134,6 +2210,7 @@ impl<T: Copy + Default> Engine<T> {
             self.keys.remove(key);
             return;
         };
+        let holder = self.conn_table.conns[w.conn as usize].holder;
         let conn = self.forget_waiter(&w);
         let token = self.issue_token();
         self.stats.grants_handover += 1;
@@ -2148,6 +2225,7 @@ impl<T: Copy + Default> Engine<T> {
             .get_mut(key)
             .expect("a key with a queue is registered");
         slot.token = token;
+        slot.holder = holder;
         slot.expires_at = expires_at;
         slot.granted_at = now;
         slot.tag = w.tag;
@@ -2883,8 +2961,8 @@ mod tests {
 
     /// The memory figures of the module doc rest on these sizes.
     #[test]
-    fn slots_are_24_bytes_and_waiters_32() {
-        assert_eq!(std::mem::size_of::<Slot>(), 24);
+    fn slots_are_32_bytes_and_waiters_32() {
+        assert_eq!(std::mem::size_of::<Slot>(), 32);
         assert_eq!(std::mem::size_of::<Waiter>(), 32);
         assert_eq!(std::mem::size_of::<ConnSlot>(), 16);
         let w = Waiter {

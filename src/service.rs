@@ -78,11 +78,29 @@ impl std::fmt::Display for NotReady {
 
 impl std::error::Error for NotReady {}
 
+pub use crate::engine::Caller;
+
 /// What the server loop drives. Every method gets `now`, read once per loop
 /// turn; replies go into `out`, addressed by connection.
 pub trait Service {
     /// One well-formed request from client connection `conn`.
     fn request(&mut self, now: Millis, conn: ConnId, req: Request<'_>, out: &mut Outbox);
+
+    /// [`Service::request`] from a connection of a known identity: a
+    /// service that binds grants to identities records `who` with a grant
+    /// and refuses releases and extends that `who` may not make. The loop
+    /// calls this one; the default ignores `who`.
+    fn request_as(
+        &mut self,
+        now: Millis,
+        conn: ConnId,
+        who: Caller,
+        req: Request<'_>,
+        out: &mut Outbox,
+    ) {
+        let _ = who;
+        self.request(now, conn, req, out);
+    }
 
     /// `conn` is gone (closed by the peer, or closed for malformed input):
     /// cancel its queued acquires. What it holds stays held.

@@ -815,6 +815,19 @@ impl Service for SingleService {
         self.engine.handle(now, conn, req, out);
     }
 
+    /// Grants record their taker; releases and extends from another
+    /// identity are refused ([`crate::engine::Caller::may_act_on`]).
+    fn request_as(
+        &mut self,
+        now: Millis,
+        conn: ConnId,
+        who: crate::engine::Caller,
+        req: Request<'_>,
+        out: &mut Outbox,
+    ) {
+        self.engine.handle_as(now, conn, who, req, out);
+    }
+
     fn disconnect(&mut self, now: Millis, conn: ConnId, out: &mut Outbox) {
         self.engine.disconnect(now, conn, out);
     }

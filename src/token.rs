@@ -7,8 +7,10 @@
 //! proposes the entry, carried in it). Tokens therefore still increase
 //! strictly in grant order, are never 0 (the sequence starts at 1), and a
 //! client that knows every other token ever issued still guesses a grant's
-//! token with probability 2⁻¹⁶ per try; the server slows down a connection
-//! that keeps guessing (`crate::server`, [`GUESS_BURST`], [`GUESS_PER_SEC`]).
+//! token with probability 2⁻¹⁶ per try; the server slows down an identity
+//! (a client certificate, a Unix uid, else a source address) that keeps
+//! guessing, over all its connections (`crate::server`, [`GUESS_BURST`],
+//! [`GUESS_PER_SEC`], [`GUESS_ALLOWANCE`], [`GUESS_SUSTAINED_PER_SEC`]).
 //!
 //! The sequence has 48 bits: 2⁴⁸ ≈ 2.8 · 10¹⁴ grants, which at a sustained
 //! 1,000,000 grants a second lasts 2.8 · 10⁸ s ≈ 8.9 years, at 100,000 a
@@ -23,11 +25,22 @@ pub const STEP: u64 = 1 << RANDOM_BITS;
 /// The random part of a token.
 pub const RANDOM_MASK: u64 = STEP - 1;
 
-/// `N` and `X` replies a connection may collect at once before the server
-/// pauses its reads.
+/// `N` and `X` replies one identity may collect at once, over all its
+/// connections, before the server pauses the reads of those that send more.
 pub const GUESS_BURST: u32 = 100;
-/// `N` and `X` replies a connection may collect per second after its burst.
+/// `N` and `X` replies an identity may collect per second after its burst,
+/// until its allowance is spent.
 pub const GUESS_PER_SEC: u32 = 100;
+/// `N` and `X` replies an identity may collect in all before it is held to
+/// [`GUESS_SUSTAINED_PER_SEC`]: the allowance refills at that rate.
+pub const GUESS_ALLOWANCE: u32 = 1000;
+/// `N` and `X` replies an identity may collect per second, sustained. A
+/// guesser that knows a grant's sequence needs 2¹⁵ guesses on average, so
+/// about 55 minutes at this rate.
+pub const GUESS_SUSTAINED_PER_SEC: u32 = 10;
+
+const _: () = assert!(GUESS_BURST <= GUESS_ALLOWANCE);
+const _: () = assert!(GUESS_SUSTAINED_PER_SEC <= GUESS_PER_SEC);
 
 /// The first token of the sequence step at or above `floor`, never 0: its
 /// random bits are 0. `None` when no step is left.

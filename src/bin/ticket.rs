@@ -358,7 +358,8 @@ USAGE:
     ticket cluster promote ID [--admin ADDR]...
     ticket cluster remove ID [--force] [--admin ADDR]...
 
-status prints one key's token, time left on its lease, waiters and time
+status prints one key's token (its #sequence unless the admin port is read
+as --admin-identity), holder, time left on its lease, waiters and time
 held; locks every registered key starting with PREFIX, in key order;
 cluster status the node's view of its cluster. Aligned tables, or with
 --json the admin port's own JSON (status: the object of /v1/locks/KEY;
@@ -516,6 +517,7 @@ fn lock_rows(locks: &[Json]) -> Vec<Vec<String>> {
     let mut rows = vec![vec![
         "KEY".to_string(),
         "TOKEN".into(),
+        "HOLDER".into(),
         "EXPIRES_IN".into(),
         "WAITERS".into(),
         "HELD_FOR".into(),
@@ -527,13 +529,27 @@ fn lock_rows(locks: &[Json]) -> Vec<Vec<String>> {
                 .unwrap_or("?")
                 .escape_debug()
                 .to_string(),
-            num(l.get("token")),
+            token_or_sequence(l),
+            l.get("holder")
+                .and_then(Json::as_str)
+                .unwrap_or("-")
+                .escape_debug()
+                .to_string(),
             ms(l.get("expires_in_ms")),
             num(l.get("waiters")),
             ms(l.get("held_for_ms")),
         ]);
     }
     rows
+}
+
+/// The token when the admin port shows it (to `--admin-identity`), else
+/// `#SEQUENCE`: the token's sequence, which orders grants as tokens do.
+fn token_or_sequence(l: &Json) -> String {
+    match l.get("token") {
+        Some(Json::Int(t)) => t.to_string(),
+        _ => format!("#{}", num(l.get("sequence"))),
+    }
 }
 
 fn print_out(text: &str) -> Result<u8, Exit> {

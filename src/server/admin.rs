@@ -100,6 +100,8 @@ enum State {
 
 #[derive(Debug)]
 struct Listing {
+    /// Full tokens for this reader (see [`View::shows_tokens`]).
+    full_tokens: bool,
     prefix: String,
     after: Option<String>,
     limit: usize,
@@ -167,6 +169,33 @@ pub(crate) struct View<'a, S: Service> {
     pub max_key_bytes: usize,
     /// A shutdown has begun: not ready, whatever the service says.
     pub stopping: bool,
+    /// The client connections' identities, to name grant holders.
+    pub identities: &'a super::identity::Identities,
+    /// `--admin-identity`: the only reader shown full tokens.
+    pub admin_identity: Option<&'a super::identity::Identity>,
+}
+
+impl<S: Service> View<'_, S> {
+    /// Whether the reader on `c` is `--admin-identity`, and so sees full
+    /// tokens (a token releases its grant); everyone else sees sequences.
+    fn shows_tokens(&self, c: &AdminConn) -> bool {
+        let Some(admin) = self.admin_identity else {
+            return false;
+        };
+        let reader = match c.peer {
+            PeerAddr::Unix { uid, .. } => Some(super::identity::Identity::Uid(uid)),
+            PeerAddr::Tcp(_) => c.stream.certificate_identity().1,
+        };
+        reader.as_ref() == Some(admin)
+    }
+
+    /// A lock as JSON for the reader on `c` ([`lock_json`]).
+    fn lock_json(&self, out: &mut String, key: &str, info: &LockInfo, full: bool) {
+        let name = (info.holder != 0)
+            .then(|| self.identities.name_of(info.holder))
+            .flatten();
+        lock_json(out, key, info, full, name.as_deref());
+    }
 }
 
 impl Admin {
@@ -637,7 +666,8 @@ fn route<S: Service>(
             None => respond(c, 404, "text/plain", "not a cluster node\n"),
         },
         "/v1/locks" => match parse_listing(query.unwrap_or(""), view.max_key_bytes) {
-            Ok(listing) => {
+            Ok(mut listing) => {
+                listing.full_tokens = view.shows_tokens(c);
                 if view.service.engine().is_none() {
                     return respond(c, 503, "text/plain", "no lock table\n");
                 }
@@ -660,7 +690,7 @@ fn route<S: Service>(
             match engine.lock_info(now, &key) {
                 Some(info) => {
                     let mut json = String::new();
-                    lock_json(&mut json, &key, &info);
+                    view.lock_json(&mut json, &key, &info, view.shows_tokens(c));
                     json.push('\n');
                     respond(c, 200, "application/json", &json);
                 }
@@ -780,7 +810,7 @@ fn step_listing<S: Service>(l: &mut Listing, now: Millis, view: &View<'_, S>) ->
         if listed > 0 {
             json.push(',');
         }
-        lock_json(&mut json, key, &info);
+        view.lock_json(&mut json, key, &info, l.full_tokens);
         listed += 1;
         last = Some(key);
     }
@@ -870,6 +900,7 @@ fn parse_listing(query: &str, max_key_bytes: usize) -> Result<Listing, BadReques
         return Err(BadRequest::LongerThanKeys("after", max_key_bytes));
     }
     Ok(Listing {
+        full_tokens: false,
         prefix,
         after,
         limit,
@@ -929,11 +960,33 @@ fn percent_decode(s: &str) -> Result<String, BadRequest> {
     String::from_utf8(out).map_err(|_| BadRequest::NotUtf8)
 }
 
-/// `{"key":..,"token":..,"expires_in_ms":..,"waiters":..,"held_for_ms":..}`
-pub(crate) fn lock_json(out: &mut String, key: &str, info: &LockInfo) {
+/// `{"key":..,"token":..,"sequence":..,"holder":..,"expires_in_ms":..,
+/// "waiters":..,"held_for_ms":..}`. The token is `null` unless `full`: a
+/// token releases its grant, so only `--admin-identity` reads it; anyone
+/// reads its sequence (the token without its random bits), which orders
+/// grants as tokens do. `holder` names the identity that took the grant
+/// when it is known.
+pub(crate) fn lock_json(
+    out: &mut String,
+    key: &str,
+    info: &LockInfo,
+    full: bool,
+    holder: Option<&str>,
+) {
     out.push_str("{\"key\":");
     json_str(out, key);
-    let _ = write!(out, ",\"token\":{},\"expires_in_ms\":", info.token);
+    out.push_str(",\"token\":");
+    json_opt(out, full.then_some(info.token));
+    let _ = write!(
+        out,
+        ",\"sequence\":{},\"holder\":",
+        info.token >> crate::token::RANDOM_BITS
+    );
+    match holder {
+        Some(h) => json_str(out, h),
+        None => out.push_str("null"),
+    }
+    out.push_str(",\"expires_in_ms\":");
     json_opt(out, info.expires_in_ms);
     let _ = write!(out, ",\"waiters\":{},\"held_for_ms\":", info.waiters);
     json_opt(out, info.held_for_ms);
@@ -1059,6 +1112,21 @@ fn connection_metrics<S: Service>(e: &mut Exposition, view: &View<'_, S>) {
         "ticketd_malformed_total",
         "Client connections closed for a malformed frame.",
         s.malformed,
+    );
+    e.gauge(
+        "ticketd_identities",
+        "Client identities remembered: with open connections, or owing guess budget.",
+        view.identities.len() as u64,
+    );
+    e.counter(
+        "ticketd_guess_misses_total",
+        "N and X answers charged to the guess budgets of client identities.",
+        s.guesses,
+    );
+    e.counter(
+        "ticketd_guess_slowdowns_total",
+        "Times an identity's guess budget first held back its releases and extends.",
+        s.throttled,
     );
 }
 

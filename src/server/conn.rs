@@ -9,7 +9,7 @@
 //! the same code for all.
 //!
 //! The fields are private: the loop in `super` asks a [`Conn`] for what it
-//! needs (`frame_bytes_and_guesses`, `consume`, `read_more`, `queue_replies`, `flush`,
+//! needs (`frame_bytes`, `consume`, `read_more`, `queue_replies`, `flush`,
 //! ...) and keeps only its own lists of which connections have work.
 
 use std::io::{self, Write};
@@ -20,7 +20,7 @@ pub(crate) use super::transport::{PeerAddr, Stream};
 
 use crate::engine::ConnId;
 use crate::readbuf::ReadBuf;
-use crate::server::throttle::GuessThrottle;
+use crate::server::identity::IdentKey;
 use crate::time::Millis;
 
 /// Initial read buffer size; grown only for a frame that does not fit.
@@ -52,7 +52,7 @@ pub(crate) enum Closing {
 /// What one [`Conn::read_more`] did.
 #[derive(Debug)]
 pub(crate) enum Fill {
-    /// Bytes arrived; they are now at the end of [`Conn::frame_bytes_and_guesses`].
+    /// Bytes arrived; they are now at the end of [`Conn::frame_bytes`].
     Bytes,
     /// The peer closed its side ([`Conn::peer_closed`] is now true).
     Eof,
@@ -109,15 +109,27 @@ pub(crate) struct Conn {
     /// Queued in the loop's list of connections with output to write.
     dirty: bool,
     closing: Closing,
-    /// The wrong-token answers (`N`, `X`) this connection collected.
-    guesses: GuessThrottle,
+    /// Its identity's entry in the loop's `Identities`.
+    ident: IdentKey,
+    /// The identity may still change: a TLS session whose client
+    /// certificate has not been looked at yet.
+    ident_open: bool,
+    /// Waiting in its identity's queue of connections the guess budget
+    /// paused.
+    guess_paused: bool,
 }
 
 impl Conn {
     /// A new connection, readable at once (a client may have sent its first
     /// frames before its socket was registered) but not yet queued: the
     /// caller queues it with [`Conn::mark_active`].
-    pub(crate) fn new(stream: Stream, peer: impl Into<PeerAddr>, id: ConnId) -> Self {
+    pub(crate) fn new(
+        stream: Stream,
+        peer: impl Into<PeerAddr>,
+        id: ConnId,
+        ident: IdentKey,
+    ) -> Self {
+        let ident_open = stream.may_present_certificate();
         Conn {
             stream,
             peer: peer.into(),
@@ -140,7 +152,9 @@ impl Conn {
             active: false,
             dirty: false,
             closing: Closing::No,
-            guesses: GuessThrottle::default(),
+            ident,
+            ident_open,
+            guess_paused: false,
         }
     }
 
@@ -181,15 +195,43 @@ impl Conn {
         }
     }
 
-    /// Its guess throttle (the wrong-token answers it collected).
+    /// Its identity's key in the loop's `Identities`.
     #[inline]
-    pub(crate) fn guesses(&mut self) -> &mut GuessThrottle {
-        &mut self.guesses
+    pub(crate) fn ident(&self) -> IdentKey {
+        self.ident
     }
 
-    /// When its guess throttle lets it be read again.
-    pub(crate) fn guesses_resume_at(&self) -> Millis {
-        self.guesses.resume_at()
+    /// The identity its TLS client certificate names, once the handshake
+    /// is done: `Some` once only, and only for a TLS session that may
+    /// present one. The caller moves the connection to it
+    /// ([`Conn::set_ident`]) before handling any of its requests.
+    pub(crate) fn take_certificate_identity(
+        &mut self,
+    ) -> Option<crate::server::identity::Identity> {
+        if !self.ident_open {
+            return None;
+        }
+        let (done, identity) = self.stream.certificate_identity();
+        if done {
+            self.ident_open = false;
+        }
+        identity
+    }
+
+    /// Marks it paused by the guess budget; true when it was not yet, and
+    /// so must be queued with its identity.
+    pub(crate) fn pause_for_guesses(&mut self) -> bool {
+        !std::mem::replace(&mut self.guess_paused, true)
+    }
+
+    /// Its identity's guess budget lets it be read again.
+    pub(crate) fn unpause_for_guesses(&mut self) {
+        self.guess_paused = false;
+    }
+
+    /// Moves it to another identity (its certificate's).
+    pub(crate) fn set_ident(&mut self, ident: IdentKey) {
+        self.ident = ident;
     }
 
     // ------------------------------------------------- the loop's work lists
@@ -233,20 +275,14 @@ impl Conn {
 
     /// The received bytes not yet handled: complete frames first, perhaps
     /// an incomplete one at the end.
-    #[cfg(test)]
-    fn frame_bytes(&self) -> &[u8] {
+    /// The received bytes not yet handled: complete frames first, perhaps
+    /// an incomplete one at the end.
+    #[inline]
+    pub(crate) fn frame_bytes(&self) -> &[u8] {
         self.input.buf.data()
     }
 
-    /// The received bytes not yet handled (complete frames first, perhaps
-    /// an incomplete one at the end) and the guess throttle at once, so a frame
-    /// decoded from the one can be noted in the other while it is borrowed.
-    #[inline]
-    pub(crate) fn frame_bytes_and_guesses(&mut self) -> (&[u8], &mut GuessThrottle) {
-        (self.input.buf.data(), &mut self.guesses)
-    }
-
-    /// The first `used` bytes of [`Conn::frame_bytes_and_guesses`] were one frame, now
+    /// The first `used` bytes of [`Conn::frame_bytes`] were one frame, now
     /// handled.
     #[inline]
     pub(crate) fn consume(&mut self, used: usize) {
@@ -587,7 +623,7 @@ mod tests {
         let (s, _) = l.accept().unwrap();
         s.set_nonblocking(true).unwrap();
         (
-            Conn::new(Stream::Tcp(mio::net::TcpStream::from_std(s)), addr, 1),
+            Conn::new(Stream::Tcp(mio::net::TcpStream::from_std(s)), addr, 1, 0),
             c,
         )
     }

@@ -44,6 +44,7 @@
 
 pub mod admin;
 mod conn;
+pub mod identity;
 #[cfg(feature = "harness")]
 mod mem;
 pub(crate) mod ratelimit;
@@ -76,6 +77,7 @@ use crate::service::Service;
 use crate::time::{Millis, MonotonicClock};
 
 use conn::{Conn, Fill, PeerAddr, Stream};
+use identity::{Identities, Identity};
 use ratelimit::LogLimit;
 
 const LISTENER: Token = Token(0);
@@ -192,9 +194,11 @@ pub struct Stats {
     pub accept_pauses: u64,
     /// Loop turns.
     pub turns: u64,
-    /// Connections whose reads the guess throttle paused (too many `N` and
+    /// Identities whose guess budget paused reads (too many `N` and
     /// `X` answers).
     pub throttled: u64,
+    /// Wrong-token answers (`N`, `X`) charged to identities' guess budgets.
+    pub guesses: u64,
     /// Admin connections accepted and closed at once (too many open).
     pub admin_refused: u64,
     /// Unix-socket admin connections closed at once: the peer's uid and
@@ -242,8 +246,13 @@ pub struct Server<S: Service> {
     closing: Vec<usize>,
     /// Reused buffer for [`Service::take_closes`].
     close_ids: Vec<ConnId>,
-    /// Connections whose reads the guess throttle paused, by key and id.
-    throttled: Vec<(usize, ConnId)>,
+    /// Identities with connections the guess budget paused (each listed
+    /// once; its entry holds the connections).
+    paused_idents: Vec<identity::IdentKey>,
+    /// The identities of the open connections, and what each is charged.
+    identities: Identities,
+    /// `--admin-identity`, as a grant holder ([`Identity::holder`]).
+    admin_holder: Option<u64>,
     out: Outbox,
     accept_ready: bool,
     accept_paused_until: Option<Millis>,
@@ -482,7 +491,9 @@ impl<S: Service> Server<S> {
             dirty: Vec::new(),
             closing: Vec::new(),
             close_ids: Vec::new(),
-            throttled: Vec::new(),
+            paused_idents: Vec::new(),
+            identities: Identities::default(),
+            admin_holder: config.admin_identity.as_ref().map(Identity::holder),
             out,
             accept_ready: true,
             accept_paused_until: None,
@@ -655,9 +666,9 @@ impl<S: Service> Server<S> {
         if let Some(t) = self.accept_paused_until {
             at = at.min(t);
         }
-        for &(key, _) in &self.throttled {
-            if let Some(c) = self.conns.get(key) {
-                at = at.min(c.guesses_resume_at());
+        for &ik in &self.paused_idents {
+            if let Some(e) = self.identities.get(ik) {
+                at = at.min(e.guesses.resume_at());
             }
         }
         if let Some(t) = self.shutdown_deadline {
@@ -785,6 +796,8 @@ impl<S: Service> Server<S> {
             connections: self.conns.len(),
             max_key_bytes: self.config.max_key_bytes,
             stopping: self.shutdown_deadline.is_some(),
+            identities: &self.identities,
+            admin_identity: self.config.admin_identity.as_ref(),
         };
         admin.turn(now, self.poll.registry(), &view);
         self.stats.admin_refused = admin.refused;
@@ -987,6 +1000,11 @@ impl<S: Service> Server<S> {
     /// slab, ready to be read on this turn.
     fn insert_conn(&mut self, stream: Stream, peer: impl Into<PeerAddr>) -> ConnId {
         let peer = peer.into();
+        let identity = match peer {
+            PeerAddr::Tcp(addr) => Identity::of_addr(addr),
+            PeerAddr::Unix { uid, .. } => Identity::Uid(uid),
+        };
+        let ident = self.identities.attach(identity);
         let entry = self.conns.vacant_entry();
         let key = entry.key();
         let id = (self.next_conn_seq << CONN_KEY_BITS) | key as u64;
@@ -995,31 +1013,41 @@ impl<S: Service> Server<S> {
         log::debug!("{peer}: connected as {id}");
         // A client may have sent its first frames before registration: a
         // new connection is readable, and read on this turn.
-        let mut c = Conn::new(stream, peer, id);
+        let mut c = Conn::new(stream, peer, id, ident);
         c.mark_active();
         entry.insert(c);
         self.active.push(key);
         id
     }
 
-    /// Reads again from the connections the guess throttle paused whose
-    /// pause is over.
+    /// Reads again from connections the guess budget paused, as many of
+    /// each identity's (oldest first) as its budget has room for now.
     fn resume_throttled(&mut self, now: Millis) {
-        let conns = &mut self.conns;
-        let active = &mut self.active;
-        self.throttled.retain(|&(key, id)| {
-            let Some(c) = conns.get_mut(key).filter(|c| c.id() == id) else {
+        let turn = self.stats.turns;
+        let (conns, active, identities) = (&mut self.conns, &mut self.active, &mut self.identities);
+        self.paused_idents.retain(|&ik| {
+            let Some(e) = identities.get_mut(ik) else {
                 return false;
             };
-            // The answers to what it sent were delivered last turn.
-            c.guesses().answered();
-            if c.guesses().blocked(now) {
+            // `Some(k)`: k + 1 more releases or extends may be read.
+            let Some(room) = e.guesses.room(now, turn) else {
                 return true;
+            };
+            let mut woken = 0;
+            while woken <= room {
+                let Some((key, id)) = e.paused.pop_front() else {
+                    break;
+                };
+                let Some(c) = conns.get_mut(key).filter(|c| c.id() == id) else {
+                    continue;
+                };
+                c.unpause_for_guesses();
+                if c.mark_active() {
+                    active.push(key);
+                }
+                woken += 1;
             }
-            if c.mark_active() {
-                active.push(key);
-            }
-            false
+            !e.paused.is_empty()
         });
     }
 
@@ -1070,9 +1098,21 @@ impl<S: Service> Server<S> {
         if !c.is_open() {
             return; // reads of a closing connection are the reaper's
         }
-        // The answers to what was read before are delivered (and charged).
-        c.guesses().answered();
+        if let Some(identity) = c.take_certificate_identity() {
+            // Its requests count as its certificate's from the first one.
+            let old = c.ident();
+            c.set_ident(self.identities.attach(identity));
+            self.identities.detach(old, now);
+        }
         let (id, peer) = (c.id(), c.peer());
+        let turn = self.stats.turns;
+        let Some(ident) = self.identities.get_mut(c.ident()) else {
+            return;
+        };
+        let who = crate::engine::Caller {
+            holder: ident.holder,
+            admin: self.admin_holder == Some(ident.holder),
+        };
         let mut budget = self.config.max_frames_per_turn;
         // Unsent bytes plus the largest replies the turn's requests can still
         // add: decoding stops when that reaches the soft limit, so a client
@@ -1099,19 +1139,18 @@ impl<S: Service> Server<S> {
                 break End::Idle;
             }
             let mut bad = None;
-            // What `c.guesses.blocked(now)` before every frame would say,
-            // counted down: `now` only moves with a read.
-            let mut room = c.guesses().room(now);
+            // What the identity's budget would say before every release or
+            // extend, counted down: `now` only moves with a read.
+            let mut room = ident.guesses.room(now, turn);
             while budget > 0 && projected_out < soft {
-                let Some(left) = room else {
-                    throttled = true;
-                    break;
-                };
-                let (input, guesses) = c.frame_bytes_and_guesses();
-                match decode_request(input, max_key_bytes) {
+                match decode_request(c.frame_bytes(), max_key_bytes) {
                     Decoded::Frame { frame, used } => {
                         if !matches!(frame, Request::Acquire { .. }) {
-                            guesses.note_request();
+                            let Some(left) = room else {
+                                throttled = true;
+                                break;
+                            };
+                            ident.guesses.note_request(turn);
                             room = left.checked_sub(1);
                         }
                         if debug {
@@ -1123,7 +1162,7 @@ impl<S: Service> Server<S> {
                             Request::Release { .. } => 1,
                             Request::Extend { .. } => 2,
                         }] += 1;
-                        self.service.request(now, id, frame, &mut self.out);
+                        self.service.request_as(now, id, who, frame, &mut self.out);
                         c.consume(used);
                         budget -= 1;
                     }
@@ -1165,10 +1204,13 @@ impl<S: Service> Server<S> {
                 self.dirty.push(key);
             }
         }
-        if throttled {
-            // Reads resume when the throttle says so (see `resume_throttled`).
-            if !self.throttled.iter().any(|&(k, _)| k == key) {
-                self.throttled.push((key, c.id()));
+        if throttled && c.pause_for_guesses() {
+            // Reads resume when the budget says so (see `resume_throttled`).
+            if let Some(e) = self.identities.get_mut(c.ident()) {
+                if e.paused.is_empty() {
+                    self.paused_idents.push(c.ident());
+                }
+                e.paused.push_back((key, c.id()));
             }
         }
         c.end_input_turn(now, throttled, soft);
@@ -1251,6 +1293,7 @@ impl<S: Service> Server<S> {
     /// Timeouts: half-sent frames and replies that make no progress.
     fn scan(&mut self, now: Millis) {
         self.next_scan = now.add_ms(SCAN_INTERVAL_MS);
+        self.identities.sweep(now);
         let Some(limit) = self.config.frame_timeout.map(millis) else {
             return;
         };
@@ -1320,22 +1363,28 @@ impl<S: Service> Server<S> {
             }
         }
         // Wrong-token answers (N, X) count against their connection's
-        // guess throttle.
+        // identity's guess budget.
         for conn in self.out.wrong_token_answers() {
             let key = usize::try_from(conn & CONN_KEY_MASK).unwrap_or(usize::MAX);
-            let Some(c) = self.conns.get_mut(key).filter(|c| c.id() == conn) else {
+            let Some(c) = self.conns.get(key).filter(|c| c.id() == conn) else {
                 continue;
             };
-            if c.guesses().charge(now) {
+            let Some(e) = self.identities.get_mut(c.ident()) else {
+                continue;
+            };
+            self.stats.guesses += 1;
+            if e.guesses.charge(now) {
                 self.stats.throttled += 1;
                 if let Some(n) = self.logs.guesses.allow(now) {
                     log::warn!(
-                        "slowing down {}: {} releases or extends with a token it does not \
-                         hold; its reads are paused to {} such answers a second ({n} similar \
-                         not logged)",
+                        "slowing down {} (last from {}): {} releases or extends with a token \
+                         it does not hold; its releases and extends are held to {} such \
+                         answers a second, then {} ({n} similar not logged)",
+                        e.identity,
                         c.peer(),
-                        c.guesses().misses,
-                        throttle::GUESS_PER_SEC
+                        e.guesses.misses,
+                        throttle::GUESS_PER_SEC,
+                        throttle::GUESS_SUSTAINED_PER_SEC,
                     );
                 }
             }
@@ -1432,6 +1481,7 @@ impl<S: Service> Server<S> {
             if self.closing_done(now, key) {
                 self.closing.swap_remove(i);
                 if let Some(mut c) = self.conns.try_remove(key) {
+                    self.identities.detach(c.ident(), now);
                     if let Some(tcp) = c.source() {
                         if let Err(e) = self.poll.registry().deregister(tcp) {
                             log::debug!("{}: deregister failed: {e}", c.peer());

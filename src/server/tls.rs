@@ -83,6 +83,20 @@ impl TlsStream {
         self.tls.is_handshaking() && now.since(self.accepted) >= limit_ms
     }
 
+    /// Whether the handshake is done, and the identity named by the client
+    /// certificate it verified, if any.
+    pub(crate) fn certificate_identity(&self) -> (bool, Option<super::identity::Identity>) {
+        if self.tls.is_handshaking() {
+            return (false, None);
+        }
+        let identity = self
+            .tls
+            .peer_certificates()
+            .and_then(|certs| certs.first())
+            .and_then(|der| super::identity::Identity::of_cert(der));
+        (true, identity)
+    }
+
     /// Sends the held records and then the session's, as far as the socket
     /// takes them; keeps the rest in `out`. `Ok(true)` when nothing is left.
     fn flush_records(&mut self) -> io::Result<bool> {

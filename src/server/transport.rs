@@ -97,6 +97,25 @@ impl Stream {
         }
     }
 
+    /// A TLS session, whose client may present a certificate.
+    pub(crate) fn may_present_certificate(&self) -> bool {
+        match self {
+            #[cfg(feature = "tls")]
+            Stream::Tls(_) => true,
+            _ => false,
+        }
+    }
+
+    /// Whether the TLS handshake is done, and the identity its verified
+    /// client certificate names if there is one.
+    pub(crate) fn certificate_identity(&self) -> (bool, Option<super::identity::Identity>) {
+        match self {
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => s.certificate_identity(),
+            _ => (true, None),
+        }
+    }
+
     /// Shuts the write side: the peer reads EOF after what was sent.
     pub(crate) fn shutdown_write(&mut self) -> io::Result<()> {
         match self {

@@ -35,8 +35,8 @@ pub fn openssl(dir: &Path, args: &[&str]) {
 
 impl Certs {
     /// Two CAs (`ca`, `other`), a server certificate for localhost and
-    /// 127.0.0.1 from `ca`, and a client certificate from each CA
-    /// (`client`, `stranger`).
+    /// 127.0.0.1 from `ca`, two client certificates from `ca` (`client`,
+    /// `client2`: two identities) and one from `other` (`stranger`).
     #[must_use]
     pub fn make(name: &str) -> Certs {
         use std::sync::atomic::{AtomicU32, Ordering};
@@ -86,6 +86,7 @@ impl Certs {
         for (leaf, ca, ext) in [
             ("server", "ca", "server.ext"),
             ("client", "ca", "client.ext"),
+            ("client2", "ca", "client.ext"),
             ("stranger", "other", "client.ext"),
         ] {
             openssl(

@@ -288,6 +288,15 @@ impl Ticketd {
         Client::connect(self.addr)
     }
 
+    /// The admin port's TCP address, from the start-up log (`admin port
+    /// (HTTP) on ADDR`); `None` without one.
+    #[must_use]
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        let log = self.log();
+        let at = log.find("admin port (HTTP) on ")? + "admin port (HTTP) on ".len();
+        log[at..].split_whitespace().next()?.parse().ok()
+    }
+
     /// Everything the server logged so far.
     #[must_use]
     pub fn log(&self) -> String {
@@ -547,6 +556,23 @@ impl Client {
         }
     }
 
+    /// Connects to `addr` from the local address `from` (port 0), so a
+    /// test on loopback can be a second source address (`127.0.0.2`);
+    /// `None` when the connection fails.
+    #[must_use]
+    pub fn connect_from(from: std::net::IpAddr, addr: SocketAddr) -> Option<Client> {
+        let domain = socket2::Domain::for_address(addr);
+        let s = socket2::Socket::new(domain, socket2::Type::STREAM, None).ok()?;
+        s.bind(&SocketAddr::new(from, 0).into()).ok()?;
+        s.connect(&addr.into()).ok()?;
+        let stream: TcpStream = s.into();
+        stream.set_nodelay(true).ok()?;
+        Some(Client {
+            stream,
+            buf: Vec::new(),
+        })
+    }
+
     /// Writes raw bytes.
     pub fn send(&mut self, bytes: &[u8]) {
         self.stream.write_all(bytes).expect("send to ticketd");
@@ -647,4 +673,40 @@ impl Client {
 #[must_use]
 pub fn free_port() -> u16 {
     ticketd_bench::free_loopback_port().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// One HTTP/1.1 exchange with an admin port over TCP: status and body;
+/// `None` when the connection is refused or reset, or the answer is not
+/// HTTP with a body of its `Content-Length`.
+#[must_use]
+pub fn http(addr: SocketAddr, method: &str, target: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(s, "{method} {target} HTTP/1.1\r\nHost: test\r\n\r\n").ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    parse_http(&String::from_utf8(raw).ok()?)
+}
+
+/// Status and body of a whole HTTP/1.1 response.
+#[must_use]
+pub fn parse_http(text: &str) -> Option<(u16, String)> {
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))?
+        .parse()
+        .ok()?;
+    (body.len() == len).then(|| (status, body.to_string()))
+}
+
+/// The value of an unlabelled sample `name` in a Prometheus text
+/// exposition.
+#[must_use]
+pub fn metric(exposition: &str, name: &str) -> Option<f64> {
+    exposition.lines().find_map(|l| {
+        let (n, v) = l.split_once(' ')?;
+        (n == name).then(|| v.trim().parse().ok()).flatten()
+    })
 }

@@ -197,6 +197,43 @@ fn client_certificates_are_required_with_tls_client_ca() {
     assert!(acquired_token(&got, "k").is_some(), "{got:?} {err}");
 }
 
+/// With client certificates every connection is its certificate's
+/// identity: a grant taken by `client` cannot be released or extended by
+/// `client2` (another certificate of the same CA) even with its token, and
+/// the admin port names its holder by the certificate's common name.
+#[test]
+fn a_grant_is_bound_to_the_certificate_that_took_it() {
+    let certs = Certs::make("bound");
+    let mut args = certs.server_args();
+    args.extend([
+        "--tls-client-ca".into(),
+        certs.path("ca.pem"),
+        "--admin-listen".into(),
+        "127.0.0.1:0".into(),
+    ]);
+    let server = start(&args);
+    let addr = server.addr().to_string();
+    let owner = client(&certs, &addr, Some("client"));
+    let other = client(&certs, &addr, Some("client2"));
+    let Acquire::Acquired(t) = owner
+        .acquire("k", Duration::ZERO, Duration::from_secs(30))
+        .unwrap()
+    else {
+        panic!("not granted");
+    };
+    let token = t.token();
+    assert_eq!(other.release("k", token).unwrap(), Release::NotHeld);
+    assert_eq!(
+        other.extend("k", token, Duration::from_secs(30)).unwrap(),
+        ticketd::client::ExtendToken::NotHeld
+    );
+    let admin = server.admin_addr().unwrap();
+    let (status, body) = common::http(admin, "GET", "/v1/locks/k").unwrap();
+    assert_eq!(status, 200);
+    assert!(body.contains("\"holder\":\"cert:client\""), "{body}");
+    assert_eq!(owner.release("k", token).unwrap(), Release::Released);
+}
+
 #[test]
 fn ticket_acquires_and_releases_over_tls() {
     let certs = Certs::make("cli");

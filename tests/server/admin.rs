@@ -20,17 +20,7 @@ fn start(args: &[&str]) -> (Ticketd, SocketAddr) {
     let mut all = vec!["--admin-listen", "127.0.0.1:0"];
     all.extend_from_slice(args);
     let t = Ticketd::start(&all);
-    let log = t.log();
-    let at = log
-        .find("admin port (HTTP) on ")
-        .expect("admin start-up line")
-        + "admin port (HTTP) on ".len();
-    let addr = log[at..]
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let addr = t.admin_addr().expect("admin start-up line");
     (t, addr)
 }
 
@@ -41,22 +31,7 @@ fn http(addr: SocketAddr, method: &str, target: &str) -> (u16, String) {
 
 /// One HTTP/1.1 exchange; `None` when the connection is refused or reset.
 fn try_http(addr: SocketAddr, method: &str, target: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "{method} {target} HTTP/1.1\r\nHost: test\r\n\r\n").ok()?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).ok()?;
-    let text = String::from_utf8(raw).expect("UTF-8 response");
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let len: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("Content-Length: "))
-        .expect("Content-Length")
-        .parse()
-        .unwrap();
-    assert_eq!(body.len(), len, "body length matches Content-Length");
-    Some((status, body.to_string()))
+    common::http(addr, method, target)
 }
 
 fn get(addr: SocketAddr, target: &str) -> (u16, String) {
@@ -331,7 +306,11 @@ fn lock_endpoints_answer_json_that_matches_the_table() {
     let (status, body) = get(admin, "/v1/locks/a%2F1");
     assert_eq!(status, 200, "{body}");
     assert_eq!(py(&body, "j['key']"), "a/1");
-    assert_eq!(py(&body, "j['token']"), held.to_string());
+    // A reader that is not --admin-identity sees the sequence, not the
+    // token (which would release the grant).
+    assert_eq!(py(&body, "j['token']"), "None");
+    assert_eq!(py(&body, "j['sequence']"), (held >> 16).to_string());
+    assert_eq!(py(&body, "j['holder']"), "ip:127.0.0.1");
     let expires: u64 = py(&body, "j['expires_in_ms']").parse().unwrap();
     let held_for: u64 = py(&body, "j['held_for_ms']").parse().unwrap();
     assert!(expires <= 255_001 && expires > 155_000, "{body}");
@@ -341,12 +320,12 @@ fn lock_endpoints_answer_json_that_matches_the_table() {
     );
     assert_eq!(
         py(&body, "sorted(j.keys())"),
-        "['expires_in_ms', 'held_for_ms', 'key', 'token', 'waiters']"
+        "['expires_in_ms', 'held_for_ms', 'holder', 'key', 'sequence', 'token', 'waiters']"
     );
     let (status, body) = get(admin, "/v1/locks/a%20b%22%C3%A9");
     assert_eq!(status, 200, "{body}");
     assert_eq!(py(&body, "j['key'] == 'a b\"\\u00e9'"), "True", "{body}");
-    assert_eq!(py(&body, "j['token']"), space.to_string());
+    assert_eq!(py(&body, "j['sequence']"), (space >> 16).to_string());
     let (status, body) = get(admin, "/v1/locks/nobody");
     assert_eq!(status, 404);
     assert_eq!(py(&body, "j['error']"), "not registered");
@@ -673,7 +652,7 @@ fn cluster_status_metrics_and_readyz_follow_the_majority() {
         loop {
             let (status, body) = get(c.admin(i), "/v1/locks/ck");
             if status == 200 {
-                assert_eq!(py(&body, "j['token']"), tok.to_string());
+                assert_eq!(py(&body, "j['sequence']"), (tok >> 16).to_string());
                 assert_eq!(py(&body, "j['expires_in_ms']"), "None");
                 break;
             }
@@ -943,8 +922,8 @@ fn ticket_status_and_locks_read_the_admin_port() {
         py(&direct, "sorted(j.keys())")
     );
     assert_eq!(
-        py(&out, "(j['key'], j['token'], j['waiters'])"),
-        format!("('db/main', {db}, 1)")
+        py(&out, "(j['key'], j['sequence'], j['waiters'])"),
+        format!("('db/main', {}, 1)", db >> 16)
     );
 
     let (code, out, err) = ticket(&["status", "db/main", "--admin", &a]);
@@ -954,13 +933,21 @@ fn ticket_status_and_locks_read_the_admin_port() {
     let header: Vec<&str> = lines[0].split_whitespace().collect();
     assert_eq!(
         header,
-        ["KEY", "TOKEN", "EXPIRES_IN", "WAITERS", "HELD_FOR"]
+        [
+            "KEY",
+            "TOKEN",
+            "HOLDER",
+            "EXPIRES_IN",
+            "WAITERS",
+            "HELD_FOR"
+        ]
     );
     let row: Vec<&str> = lines[1].split_whitespace().collect();
-    assert_eq!(&row[..2], ["db/main", &db.to_string()]);
-    assert_eq!(row[3], "1");
+    let seq = format!("#{}", db >> 16);
+    assert_eq!(&row[..3], ["db/main", &seq, "ip:127.0.0.1"]);
+    assert_eq!(row[4], "1");
     // Aligned: every column starts where its header does.
-    assert_eq!(lines[0].find("TOKEN"), lines[1].find(&db.to_string()));
+    assert_eq!(lines[0].find("TOKEN"), lines[1].find(&seq));
 
     let (code, _, err) = ticket(&["status", "nobody", "--admin", &a]);
     assert_eq!(code, 123, "{err}");
@@ -969,8 +956,8 @@ fn ticket_status_and_locks_read_the_admin_port() {
     let (code, out, err) = ticket(&["locks", "db/", "--admin", &a, "--json"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(
-        py(&out, "[(l['key'], l['token']) for l in j['locks']]"),
-        format!("[('db/main', {db}), ('db/queue x', {q})]")
+        py(&out, "[(l['key'], l['sequence']) for l in j['locks']]"),
+        format!("[('db/main', {}), ('db/queue x', {})]", db >> 16, q >> 16)
     );
     let (code, out, err) = ticket(&["locks", "--admin", &a]);
     assert_eq!(code, 0, "{err}");
@@ -1044,8 +1031,8 @@ fn the_admin_port_on_a_unix_socket_has_its_mode_and_checks_peers() {
     let (status, body) = unix_get(&sock, "/v1/locks/u%2F1").expect("an answer");
     assert_eq!(status, 200, "{body}");
     assert_eq!(
-        py(&body, "(j['key'], j['token'])"),
-        format!("('u/1', {tok})")
+        py(&body, "(j['key'], j['sequence'])"),
+        format!("('u/1', {})", tok >> 16)
     );
     let (status, m) = unix_get(&sock, "/metrics").expect("an answer");
     assert_eq!(status, 200);
@@ -1062,7 +1049,7 @@ fn the_admin_port_on_a_unix_socket_has_its_mode_and_checks_peers() {
     let a = format!("unix:{}", sock.display());
     let (code, out, err) = ticket(&["status", "u/1", "--admin", &a, "--json"]);
     assert_eq!(code, 0, "{err}");
-    assert_eq!(py(&out, "j['token']"), tok.to_string());
+    assert_eq!(py(&out, "j['sequence']"), (tok >> 16).to_string());
     let (code, out, err) = ticket(&["locks", "u/", "--admin", &a]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.lines().nth(1).unwrap().split("  ").next(), Some("u/1"));
@@ -1267,7 +1254,7 @@ fn the_admin_port_speaks_https_and_checks_client_certificates() {
     let text = String::from_utf8_lossy(&out);
     assert!(text.starts_with("HTTP/1.1 200"), "{text}\n{err}");
     let body = text.split_once("\r\n\r\n").expect("a body").1;
-    assert_eq!(py(body, "j['token']"), tok.to_string(), "{body}");
+    assert_eq!(py(body, "j['sequence']"), (tok >> 16).to_string(), "{body}");
 
     // Without a client certificate, or with one from another CA: no answer.
     for extra in [
@@ -1313,7 +1300,7 @@ fn the_admin_port_speaks_https_and_checks_client_certificates() {
         &certs.path("client-key.pem"),
     ]);
     assert_eq!(code, 0, "{out}{err}");
-    assert_eq!(py(&out, "j['token']"), tok.to_string(), "{out}");
+    assert_eq!(py(&out, "j['sequence']"), (tok >> 16).to_string(), "{out}");
     let out = common::bin_command(common::ticket_bin())
         .args(["locks", "tls/", "--json", "--admin", &url])
         .env("TICKET_TLS_CA", certs.path("ca.pem"))

@@ -7,6 +7,7 @@
 //! One test binary; `cargo test --test server MODULE::` runs one file.
 //! Helpers come from `ticketd_testkit`.
 
+mod abuse;
 mod admin;
 mod cli_ticket;
 mod data_dir;
