@@ -845,7 +845,7 @@ fn a_data_dir_that_fills_up_while_serving_loses_no_grant() {
 /// A restart with the wall clock set ten days back: with `--data-dir` the
 /// tokens still resume above every earlier one (the mark, not the clock,
 /// decides). Without a data dir the first token comes from the wall clock,
-/// which is why the README asks for `--data-dir` where the clock may go back.
+/// which is why docs/OPERATIONS.md asks for `--data-dir` where the clock may go back.
 #[test]
 fn with_a_data_dir_a_clock_set_back_across_a_restart_keeps_tokens_growing() {
     let _serial = serial();

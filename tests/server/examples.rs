@@ -227,13 +227,13 @@ fn code_block_after<'a>(text: &'a str, after: &str) -> Vec<&'a str> {
 }
 
 #[test]
-fn the_readme_harness_test_is_the_compiled_doc_test() {
+fn the_documented_harness_test_is_the_compiled_doc_test() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let page = std::fs::read_to_string(root.join("docs/EMBEDDED.md")).expect("docs/EMBEDDED.md");
     let client = std::fs::read_to_string(root.join("src/harness/client.rs")).expect("client.rs");
-    // The README's test function, its body unindented, without its
+    // docs/EMBEDDED.md's test function, its body unindented, without its
     // `Ok(())` (the doc test's is a hidden line).
-    let body: Vec<&str> = code_block_after(&readme, "fn the_key_passes_to_the_waiter_when")
+    let body: Vec<&str> = code_block_after(&page, "fn the_key_passes_to_the_waiter_when")
         .into_iter()
         .map(|l| l.strip_prefix("    ").unwrap_or(l))
         .take_while(|l| *l != "Ok(())")
@@ -247,6 +247,9 @@ fn the_readme_harness_test_is_the_compiled_doc_test() {
         })
         .filter(|l| !l.starts_with("# "))
         .collect();
-    assert!(body.len() > 10, "README block found: {body:?}");
-    assert_eq!(body, doc, "README.md and HarnessClient's doc test differ");
+    assert!(body.len() > 10, "docs/EMBEDDED.md block found: {body:?}");
+    assert_eq!(
+        body, doc,
+        "docs/EMBEDDED.md and HarnessClient's doc test differ"
+    );
 }

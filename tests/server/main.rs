@@ -2,7 +2,7 @@
 //! binaries: SPEC §1 and §2 over TCP, limits, the daemon's command line and
 //! signals, the data directory and restart grace, the admin port, systemd
 //! socket activation, the `ticket` command, the library embedded in-process,
-//! and every program in `examples/`.
+//! every program in `examples/`, and the flags the docs name.
 //!
 //! One test binary; `cargo test --test server MODULE::` runs one file.
 //! Helpers come from `ticketd_testkit`.
@@ -15,6 +15,7 @@ mod embed;
 mod examples;
 mod limits;
 mod process;
+mod readme_flags;
 mod restart_grace;
 mod spec;
 mod systemd;

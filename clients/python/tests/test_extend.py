@@ -1,4 +1,4 @@
-"""SPEC §5.3 end to end: Extend and the keep-alive of ``Client.lock``
+"""PROTOCOL §5.3 end to end: Extend and the keep-alive of ``Client.lock``
 against the real ``ticketd`` (protocol 1.1), with the fault proxy where a
 rule needs a fault."""
 

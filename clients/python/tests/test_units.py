@@ -116,11 +116,11 @@ def test_keys_are_checked_before_anything_is_sent() -> None:
 
 
 def test_requests_encode_as_the_spec_examples() -> None:
-    # SPEC §1: acquire wait=5 lease=30 owner=0x0A0B key="db".
+    # PROTOCOL §1: acquire wait=5 lease=30 owner=0x0A0B key="db".
     assert _proto.encode_acquire(5, 30, 0x0A0B, b"db") == bytes.fromhex(
         "41 05 1E 00 00 00 00 00 00 0A 0B 64 62 0A"
     )
-    # SPEC §5.1: extend token=7 key="db" by 30 s.
+    # PROTOCOL §5.1: extend token=7 key="db" by 30 s.
     assert _proto.encode_extend(30, 7, b"db") == bytes.fromhex(
         "45 1E 00 00 00 00 00 00 00 07 64 62 0A"
     )

@@ -1,8 +1,8 @@
 """A blocking, thread-safe Python client for the ticketd lock server.
 
-It follows the rules of ticketd's official client to the letter (SPEC §3 and
-§5.3): a caller is never told ``"acquired"`` unless it holds the lock, and
-never enters a critical section on a guess::
+It follows the rules of ticketd's official client to the letter (PROTOCOL §3
+and §5.3, in docs/PROTOCOL.md): a caller is never told ``"acquired"`` unless
+it holds the lock, and never enters a critical section on a guess::
 
     import ticketd
 

@@ -1,4 +1,4 @@
-"""The client, its tickets and the keep-alive lock (SPEC §3 and §5.3)."""
+"""The client, its tickets and the keep-alive lock (PROTOCOL §3 and §5.3)."""
 
 from __future__ import annotations
 

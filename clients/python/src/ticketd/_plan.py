@@ -1,4 +1,4 @@
-"""Deadline arithmetic and argument checks of one call (SPEC §3, §5.3), kept
+"""Deadline arithmetic and argument checks of one call (PROTOCOL §3, §5.3), kept
 apart from sockets so every rule can be checked with made-up instants.
 
 All instants are ``time.monotonic()`` seconds. An acquire with ``wait > 0``

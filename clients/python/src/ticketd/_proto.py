@@ -1,4 +1,4 @@
-"""The wire codec (SPEC §1 and §5.1): requests out, replies in. No I/O.
+"""The wire codec (PROTOCOL §1 and §5.1): requests out, replies in. No I/O.
 
 Every frame ends with one ``0x0A`` byte, and its fixed binary header may
 contain ``0x0A`` itself, so a reply is decoded by taking the header by count

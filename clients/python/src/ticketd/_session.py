@@ -18,7 +18,7 @@ has been handed to the socket, so it can still be withdrawn and retried
 elsewhere. Whoever writes it (the writer thread, or its lone caller) marks
 it *sent* before its bytes go to the socket, which is the conservative
 reading of "may have been sent": from then on it is never sent again (an
-Extend may be sent again as a new call, SPEC §5.3; an Acquire or a Release
+Extend may be sent again as a new call, PROTOCOL §5.3; an Acquire or a Release
 never). Replies are matched, A/T/B by owner, R/N and E/X by token and key,
 in any order.
 
