@@ -441,4 +441,91 @@ mod tests {
         assert!(e.to_string().contains(&link.display().to_string()), "{e}");
         fs::remove_dir_all(&dir).unwrap();
     }
+
+    fn mkfifo(path: &Path) {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    }
+
+    /// A FIFO, a symlink (to a device or a file) or a directory under a
+    /// file's name is refused at once, naming the path and what is there;
+    /// a regular file opens without O_NONBLOCK left on.
+    #[test]
+    fn only_regular_files_are_opened_and_a_fifo_is_refused_without_blocking() {
+        let dir = std::env::temp_dir().join(format!("ticketd-regular-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        create_private_dir(&dir).unwrap();
+        let fifo = dir.join("fifo");
+        mkfifo(&fifo);
+        let zero = dir.join("zero");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let sub = dir.join("sub");
+        fs::create_dir(&sub).unwrap();
+        for (path, what) in [
+            (&fifo, "a FIFO"),
+            (&zero, "a symbolic link"),
+            (&sub, "a directory"),
+        ] {
+            let name = path.display().to_string();
+            for e in [
+                open_private(path).unwrap_err(),
+                read_regular(path, 16).unwrap_err(),
+                open_regular(path, OpenOptions::new().write(true)).unwrap_err(),
+            ] {
+                let text = e.to_string();
+                assert!(text.contains(&name) && text.contains(what), "{text}");
+                assert!(text.contains("only regular files"), "{text}");
+            }
+        }
+        // Nothing was created or replaced in their place.
+        assert!(fs::symlink_metadata(&zero).unwrap().is_symlink());
+        assert_eq!(read_regular(&dir.join("none"), 16).unwrap(), None);
+        let file = dir.join("file");
+        fs::write(&file, b"0123456789").unwrap();
+        assert_eq!(read_regular(&file, 4).unwrap().unwrap(), b"01234");
+        assert_eq!(read_regular(&file, 10).unwrap().unwrap(), b"0123456789");
+        let f = open_private(&file).unwrap();
+        // SAFETY: fcntl on a descriptor the test owns.
+        let flags =
+            unsafe { libc::fcntl(std::os::unix::io::AsRawFd::as_raw_fd(&f), libc::F_GETFL) };
+        assert_eq!(flags & libc::O_NONBLOCK, 0, "O_NONBLOCK is cleared");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_directory_others_may_write_to_is_refused_unless_insecure() {
+        let dir = std::env::temp_dir().join(format!("ticketd-dirmode-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        create_private_dir(&dir).unwrap();
+        let chmod = |m: u32| fs::set_permissions(&dir, fs::Permissions::from_mode(m)).unwrap();
+        for ok in [0o700, 0o750, 0o755, 0o1700] {
+            chmod(ok);
+            check_dir_mode(&dir, false).unwrap();
+        }
+        for (bad, who) in [
+            (0o777, "its group and by other users"),
+            (0o770, "its group"),
+            (0o1757, "other users"),
+        ] {
+            chmod(bad);
+            let e = check_dir_mode(&dir, false).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+            let text = e.to_string();
+            assert!(
+                text.contains(&format!("writable by {who} (mode {bad:04o})")),
+                "{text}"
+            );
+            assert!(text.contains("--insecure") && text.contains(&dir.display().to_string()));
+            check_dir_mode(&dir, true).unwrap();
+            assert_eq!(
+                fs::metadata(&dir).unwrap().permissions().mode() & 0o7777,
+                bad
+            );
+        }
+        fs::write(dir.join("lock"), b"").unwrap();
+        assert_eq!(present(&dir, &["wal", "lock"]).unwrap(), vec!["lock"]);
+        fs::remove_dir_all(&dir).unwrap();
+    }
 }
