@@ -132,7 +132,9 @@ pub struct Config {
     /// Log verbosity.
     pub log_level: LevelFilter,
     /// Serve plaintext on an address that is not loopback (`--insecure`);
-    /// without it, such a `listen` is refused (protected mode).
+    /// without it, such a `listen` is refused (protected mode). It also
+    /// lets a data directory its group or other users may write to be
+    /// used (with a warning) instead of refused.
     pub insecure: bool,
     /// TLS on the TCP client listener (`--tls-cert`, `--tls-key`,
     /// `--tls-client-ca`); plaintext when `None`.
@@ -292,7 +294,10 @@ FLAGS (defaults in brackets):
                                `--listen unix:/PATH` listens on a Unix socket; --listen
                                may be given several times (one TCP address at most)
     --insecure                 serve plaintext on an address that is not loopback:
-                               anyone who reaches it can take and hold any lock
+                               anyone who reaches it can take and hold any lock.
+                               Also uses a --data-dir its group or other users
+                               may write to (refused otherwise, exit 1), with a
+                               warning
     --tls-cert FILE            TLS (1.3 and 1.2) on the TCP listener with this
                                certificate chain (PEM); needs --tls-key
     --tls-key FILE             the certificate's private key (PEM)

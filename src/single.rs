@@ -20,7 +20,11 @@
 //!   (before the first mark) and after every mark. A directory that has a
 //!   floor refuses to start when the mark is missing, short, corrupt or
 //!   lower than the floor, with a message naming the file and what to do;
-//!   a brand-new empty directory initialises. A mark in the format before
+//!   so does one with neither mark nor floor that shows earlier use (a
+//!   `lock`, `lease-bound` or other file ticketd writes). A brand-new
+//!   empty directory initialises. Only regular files are opened, and a
+//!   directory its group or other users may write to is refused unless
+//!   `--insecure` ([`crate::datadir`]). A mark in the format before
 //!   checksums (v1) is read and rewritten at once. Files are created
 //!   0600 and directories 0700 whatever the umask, temporary files with
 //!   `O_EXCL | O_NOFOLLOW`.
@@ -66,7 +70,7 @@
 //! disk (where each attempt can block in `fsync`) is not hit on every loop
 //! turn.
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -290,9 +294,12 @@ impl SingleService {
     /// returning, so a failure here is a start-up failure.
     ///
     /// # Errors
-    /// The data directory cannot be created, read or written, or its mark
-    /// is missing, damaged or lower than the directory's floor record (it
-    /// is never silently replaced). Every message names the path.
+    /// The data directory cannot be created, read or written; its group
+    /// or other users may write to it (unless `config.insecure`); a file
+    /// in it is not a regular file; or its mark is missing, damaged or
+    /// lower than the directory's floor record, or both are missing from
+    /// a directory that shows earlier use (it is never silently
+    /// replaced). Every message names the path.
     pub fn open(config: &Config) -> io::Result<Self> {
         let rng = TokenRng::os().map_err(|e| {
             io::Error::new(
@@ -301,11 +308,12 @@ impl SingleService {
             )
         })?;
         let mut service = match &config.data_dir {
-            Some(dir) => Self::with_data_dir_grace(
+            Some(dir) => Self::with_store(
                 config.engine.clone(),
                 dir,
                 config.restart_grace,
                 config.max_lease_s,
+                config.insecure,
             )?,
             None => Self::with_wall_clock_seed(config.engine.clone()),
         };
@@ -385,7 +393,19 @@ impl SingleService {
         grace: RestartGrace,
         max_lease_s: u8,
     ) -> io::Result<Self> {
-        let (lock, loaded) = open_dir(dir)?;
+        Self::with_store(limits, dir, grace, max_lease_s, false)
+    }
+
+    /// [`SingleService::with_data_dir_grace`], and with `insecure` a data
+    /// directory others may write to is used (with a warning), not refused.
+    fn with_store(
+        limits: EngineLimits,
+        dir: &Path,
+        grace: RestartGrace,
+        max_lease_s: u8,
+        insecure: bool,
+    ) -> io::Result<Self> {
+        let (lock, loaded) = open_dir(dir, insecure)?;
         let first = first_token_above(loaded.mark)?;
         let mut engine = Engine::new(limits, first);
         engine.set_token_rng(Some(os_rng()));
@@ -468,14 +488,13 @@ impl SingleService {
 }
 
 /// Name of the lock file inside the data directory.
-pub const LOCK_FILE: &str = "lock";
+pub const LOCK_FILE: &str = datadir::LOCK_FILE;
 
 /// Name of the data directory's own record of the lowest mark it may hold.
 pub const FLOOR_FILE: &str = "token-floor";
 
 const FLOOR_HEADER: &str = "ticketd data directory v1";
 
-/// Takes the data directory's lock, or fails when another process has it.
 /// The OS generator; if it cannot be read (it always can on Linux 3.17 and
 /// later), a logged error and one seeded from the clock.
 fn os_rng() -> TokenRng {
@@ -498,25 +517,6 @@ pub fn wall_clock_seed(at: SystemTime) -> u64 {
         .unwrap_or(u64::MAX - token::RANDOM_MASK)
 }
 
-fn lock_dir(dir: &Path) -> io::Result<File> {
-    use std::os::unix::io::AsRawFd;
-    let path = dir.join(LOCK_FILE);
-    let file = datadir::open_private(&path)?;
-    // SAFETY: flock on a descriptor we own; no memory is passed.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::WouldBlock {
-            return Err(io::Error::new(
-                io::ErrorKind::AddrInUse,
-                format!("{} is in use by another ticketd", dir.display()),
-            ));
-        }
-        return Err(datadir::at(&path, &e));
-    }
-    Ok(file)
-}
-
 /// What to do about a damaged or missing mark, for every such error.
 const MARK_ADVICE: &str = "refusing to start, since tokens could go back below ones already \
      issued: restore the file from a backup, or, only if no client or resource relies on \
@@ -530,13 +530,20 @@ fn refuse(message: String) -> io::Error {
     )
 }
 
-/// Reads a whole file; `None` when it does not exist.
+/// The longest mark or floor record read: far above what ticketd writes.
+const RECORD_MAX_BYTES: usize = 4096;
+
+/// Reads a whole record file (a regular file only, see
+/// [`datadir::open_regular`]); `None` when it does not exist.
 fn read_optional(path: &Path) -> io::Result<Option<Vec<u8>>> {
-    match fs::read(path) {
-        Ok(b) => Ok(Some(b)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(datadir::at(path, &e)),
+    let bytes = datadir::read_regular(path, RECORD_MAX_BYTES)?;
+    if bytes.as_ref().is_some_and(|b| b.len() > RECORD_MAX_BYTES) {
+        return Err(refuse(format!(
+            "{} is longer than any record ticketd writes there",
+            path.display()
+        )));
     }
+    Ok(bytes)
 }
 
 /// The body line `name VALUE` of a record, parsed as a number.
@@ -545,12 +552,28 @@ fn field(body: &str, name: &str) -> Option<u64> {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
-/// Creates `dir` if missing, locks it against a second server and reads
-/// its mark, writing the floor first on first use.
-fn open_dir(dir: &Path) -> io::Result<(File, Loaded)> {
+/// Files ticketd writes in a data directory besides the mark and the
+/// floor (the cluster's WAL included): any of them shows the directory was
+/// used.
+const USE_EVIDENCE: [&str; 6] = [
+    LOCK_FILE,
+    BOUND_FILE,
+    "token-mark.tmp",
+    "token-floor.tmp",
+    "wal",
+    "wal.tmp",
+];
+
+/// Creates `dir` if missing (0700), refuses it if others may write to it
+/// (unless `insecure`), locks it against a second server and reads its
+/// mark, writing the floor first on first use.
+fn open_dir(dir: &Path, insecure: bool) -> io::Result<(File, Loaded)> {
     datadir::create_private_dir(dir)?;
-    let lock = lock_dir(dir)?;
-    let loaded = read_mark(dir)?;
+    datadir::check_dir_mode(dir, insecure)?;
+    // Looked for before the lock file is created.
+    let used = datadir::present(dir, &USE_EVIDENCE)?;
+    let lock = datadir::lock_dir(dir)?;
+    let loaded = read_mark(dir, &used)?;
     if loaded.v1 {
         log::info!(
             "{} is in the format without a checksum; rewriting it with one",
@@ -654,11 +677,22 @@ fn read_floor(dir: &Path) -> io::Result<Option<u64>> {
 }
 
 /// Reads the mark in `dir` and checks it against the directory's floor
-/// record. A brand-new directory (neither file) reads as mark 0.
-fn read_mark(dir: &Path) -> io::Result<Loaded> {
+/// record. A brand-new directory (neither file, and none of `used`, the
+/// other files that show earlier use) reads as mark 0.
+fn read_mark(dir: &Path, used: &[&str]) -> io::Result<Loaded> {
     let floor = read_floor(dir)?;
     let path = dir.join(MARK_FILE);
     let Some(bytes) = read_optional(&path)? else {
+        if floor.is_none() && !used.is_empty() {
+            return Err(refuse(format!(
+                "{} and {} are both missing, but {} shows the directory was used ({}): \
+                 tokens would start again below ones already issued",
+                path.display(),
+                dir.join(FLOOR_FILE).display(),
+                dir.display(),
+                used.join(", ")
+            )));
+        }
         return match floor {
             // Nothing was ever issued: the floor is written before the
             // first mark, and no token goes out before the floor follows it.
@@ -729,19 +763,13 @@ fn write_mark(dir: &Path, mark: u64) -> io::Result<()> {
 /// Reads `DIR/lease-bound`: [`LeaseRecord::Unknown`] when there is none,
 /// [`LeaseRecord::Damaged`] when it does not check.
 fn read_bound(dir: &Path) -> io::Result<LeaseRecord> {
-    use std::io::Read;
     let path = dir.join(BOUND_FILE);
-    let file = match File::open(&path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(LeaseRecord::Unknown),
-        Err(e) => return Err(datadir::at(&path, &e)),
-    };
     // Never more than the file's fixed size and one byte: a longer file
-    // is not one ticketd wrote (and is not read whole into memory).
-    let mut bytes = Vec::with_capacity(BOUND_BYTES + 1);
-    file.take(BOUND_BYTES as u64 + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| datadir::at(&path, &e))?;
+    // is not one ticketd wrote (and is not read whole into memory). Only
+    // a regular file is opened (a FIFO would hang the start).
+    let Some(bytes) = datadir::read_regular(&path, BOUND_BYTES)? else {
+        return Ok(LeaseRecord::Unknown);
+    };
     if bytes.len() > BOUND_BYTES {
         return Ok(LeaseRecord::Damaged);
     }
@@ -1016,6 +1044,7 @@ impl Service for SingleService {
 mod tests {
     use super::*;
     use crate::proto::Reply;
+    use std::fs;
 
     fn temp_dir(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("ticketd-single-{name}-{}", std::process::id()));
@@ -1087,7 +1116,7 @@ mod tests {
         s.end_turn(Millis(0), &mut out).unwrap();
         let mark = s.durable_mark().unwrap();
         assert!(mark > first_mark);
-        assert_eq!(read_mark(&dir).unwrap().mark, mark);
+        assert_eq!(read_mark(&dir, &[]).unwrap().mark, mark);
         fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -1147,7 +1176,10 @@ mod tests {
         }
         s.end_turn(Millis(1_000 + MARK_RETRY_MS), &mut out).unwrap();
         assert!(s.durable_mark().unwrap() > mark);
-        assert_eq!(read_mark(&dir).unwrap().mark, s.durable_mark().unwrap());
+        assert_eq!(
+            read_mark(&dir, &[]).unwrap().mark,
+            s.durable_mark().unwrap()
+        );
         assert_eq!(s.next_deadline(), None, "nothing left to retry");
         fs::remove_dir_all(&dir).unwrap();
     }

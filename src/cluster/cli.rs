@@ -162,6 +162,7 @@ pub fn parse(args: Vec<OsString>) -> Result<(Config, ClusterConfig), ConfigError
         leader_sync_ms,
         tls,
         insecure_peers,
+        insecure_data_dir: config.insecure,
         join,
     };
     cluster.check_protected()?;

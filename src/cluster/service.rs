@@ -53,6 +53,9 @@ pub struct ClusterConfig {
     pub tls: Option<TlsFiles>,
     /// Plaintext peers allowed on addresses that are not loopback.
     pub insecure_peers: bool,
+    /// `--insecure`: a data directory its group or other users may write
+    /// to is used (with a warning), not refused.
+    pub insecure_data_dir: bool,
     /// `--join`: on an empty data directory, start with no configuration
     /// and wait to be added (`ticket cluster add`).
     pub join: bool,
@@ -212,7 +215,7 @@ impl ClusterService {
             }
         };
         let ncfg = node_config(cfg);
-        let disk = FileDisk::open(&cfg.data_dir).map_err(|e| {
+        let disk = FileDisk::open_with(&cfg.data_dir, cfg.insecure_data_dir).map_err(|e| {
             StartError::Config(ConfigError::Invalid(format!(
                 "data dir {}: {e}",
                 cfg.data_dir.display()

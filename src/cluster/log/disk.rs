@@ -25,6 +25,9 @@ pub const PREALLOC_BYTES: u64 = 1 << 20;
 #[derive(Debug)]
 pub struct FileDisk {
     dir: PathBuf,
+    /// `DIR/lock`, held with an exclusive `flock` while the disk lives: two
+    /// nodes never share one data directory.
+    _lock: File,
     /// Shared with the sync thread, which syncs the file it is handed.
     file: Arc<File>,
     /// Where the next record goes: the log's end.
@@ -85,14 +88,65 @@ impl Syncer {
     }
 }
 
+/// Files of a single-mode data directory: a cluster node refuses one.
+const SINGLE_MODE_FILES: [&str; 3] = ["token-mark", "token-floor", "lease-bound"];
+
+/// Refuses a data directory that shows earlier use but has no log: `DIR/lock`
+/// (created only after the log) without `DIR/wal`, or a single-mode
+/// directory's files. Starting there would begin an empty log under the
+/// node's old id: it could vote again in terms it voted in, and a
+/// one-voter cluster would issue tokens again from the first index.
+fn check_used_without_log(dir: &Path) -> io::Result<()> {
+    use crate::datadir::{present, LOCK_FILE};
+    let single = present(dir, &SINGLE_MODE_FILES)?;
+    if !single.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{} holds a single-mode server's files ({}), not a cluster node's: give the \
+                 node a data directory of its own",
+                dir.display(),
+                single.join(", ")
+            ),
+        ));
+    }
+    if present(dir, &[LOCK_FILE])?.is_empty() || !present(dir, &["wal"])?.is_empty() {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!(
+            "{} is missing, but {} shows the directory was used: refusing to start with an \
+             empty log under this node's old id (it could vote twice in one term, and a \
+             one-voter cluster would issue tokens below ones already issued). Restore the \
+             WAL from a backup, or replace the node: a new id on a new empty --data-dir \
+             (docs/CLUSTER.md, \"Runbook: replace a dead node\")",
+            dir.join("wal").display(),
+            dir.join(LOCK_FILE).display()
+        ),
+    ))
+}
+
 impl FileDisk {
-    /// Opens (creating if needed) the log in `dir`.
+    /// Opens (creating if needed) the log in `dir`, refusing a directory
+    /// its group or other users may write to.
     pub fn open(dir: &Path) -> io::Result<Self> {
+        Self::open_with(dir, false)
+    }
+
+    /// Opens (creating if needed) the log in `dir`, and takes the
+    /// directory's lock. With `insecure`, a directory its group or other
+    /// users may write to is used with a warning, not refused.
+    pub fn open_with(dir: &Path, insecure: bool) -> io::Result<Self> {
         // Private (0700 / 0600 whatever the umask), never through a
-        // symlink, and every error names its path.
+        // symlink, only regular files, and every error names its path.
         crate::datadir::create_private_dir(dir)?;
+        crate::datadir::check_dir_mode(dir, insecure)?;
+        check_used_without_log(dir)?;
         let path = dir.join("wal");
         let file = crate::datadir::open_private(&path)?;
+        // After the log: a lock file always has a log beside it.
+        let lock = crate::datadir::lock_dir(dir)?;
         // Until recovery cuts it (`truncate`) the whole file counts as log.
         let len = file
             .metadata()
@@ -100,6 +154,7 @@ impl FileDisk {
             .len();
         Ok(FileDisk {
             dir: dir.to_path_buf(),
+            _lock: lock,
             file: Arc::new(file),
             end: len,
             len,
@@ -250,7 +305,7 @@ impl Disk for FileDisk {
 
     fn read_all(&mut self) -> io::Result<Vec<u8>> {
         let path = self.dir.join("wal");
-        let mut f = File::open(&path).map_err(|e| crate::datadir::at(&path, &e))?;
+        let mut f = crate::datadir::open_regular(&path, std::fs::OpenOptions::new().read(true))?;
         let mut buf = Vec::new();
         f.read_to_end(&mut buf)
             .map_err(|e| crate::datadir::at(&path, &e))?;
