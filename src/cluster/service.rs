@@ -492,6 +492,12 @@ impl Service for ClusterService {
              with an answer the table cannot tell (their connections were closed).",
             n.stats().unanswerable,
         );
+        out.counter(
+            "ticketd_raft_unseen_grants_released_total",
+            "Grants to this node's clients whose connections closed before the answer, \
+             released at once (nobody had their tokens).",
+            n.stats().unseen_released,
+        );
         out.histogram(
             "ticketd_wal_fsync_seconds",
             "Duration of each fdatasync of the write-ahead log.",
