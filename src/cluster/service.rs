@@ -673,9 +673,13 @@ fn describe(
         cfg.id,
         node.members().iter().map(|m| m.id).collect::<Vec<_>>(),
         if cfg.join && node.members().is_empty() {
-            " (joining: waiting to be added)"
+            format!(
+                " (joining: waiting to be added: ticket cluster add {}={})",
+                cfg.id,
+                transport.local_addr().map_or(listen, |a| a)
+            )
         } else {
-            ""
+            String::new()
         },
         transport.local_addr().map_or(listen, |a| a),
         if cfg.tls.is_some() {

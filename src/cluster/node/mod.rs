@@ -780,6 +780,10 @@ impl<D: Disk> Node<D> {
         let now = (self.rn.raft.term, self.rn.raft.state);
         if now != self.role {
             self.role = now;
+            if now.1 == StateRole::Leader {
+                // Cluster tests read the leader and its term from this line.
+                log::info!("node {}: became leader at term {}", self.cfg.id, now.0);
+            }
             let lo = self.cfg.election_tick as u64;
             let t = self.rng.range(lo, 2 * lo);
             self.rn.raft.set_randomized_election_timeout(
@@ -818,7 +822,8 @@ fn settle_conf<D: Disk>(cfg: &NodeConfig, wal: &mut Wal<D>, store: &mut LogStore
         wal.stage_conf_state(&cs);
         store.set_conf_state(cs);
     } else if fresh {
-        log::info!(
+        // The start-up line says it too.
+        log::debug!(
             "node {}: joining: no configuration yet; waiting for the leader to add this \
              node (ticket cluster add {}=...)",
             cfg.id,

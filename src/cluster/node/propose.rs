@@ -215,8 +215,8 @@ impl<D: Disk> Node<D> {
 
     /// Local connection `conn` is gone. Its acquires are forgotten and its
     /// queued ones cancelled cluster-wide (one that applies later queues
-    /// nothing that stays, and a grant it gets is released: see
-    /// [`Node::release_unseen`]). Its releases and extends were read, so
+    /// nothing that stays, and a grant it gets is released at once, since
+    /// nobody has its token). Its releases and extends were read, so
     /// they take effect (SPEC §2.5): they stay proposed, are proposed
     /// again if lost, and their answers go to nobody.
     pub fn disconnect(&mut self, conn: ConnId) {
