@@ -67,7 +67,7 @@ impl log::Log for Survivable {
 }
 
 fn serve(config: Config) -> Result<(), String> {
-    raise_fd_limit(config.max_conns);
+    let max_conns = config.max_conns;
     let service = SingleService::open(&config).map_err(|e| {
         let dir = config
             .data_dir
@@ -83,6 +83,8 @@ fn serve(config: Config) -> Result<(), String> {
             format!("cannot listen on {listen}: {e}")
         }
     })?;
+    // Before the first accept, after the start-up line (which comes first).
+    raise_fd_limit(max_conns);
     server
         .handle_signals()
         .map_err(|e| format!("cannot install signal handlers: {e}"))?;

@@ -236,12 +236,6 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
         }
     };
     service.set_stop_on_fatal(true);
-    if cluster.tls.is_none() && cluster.insecure_peers && !cluster.peers_all_loopback() {
-        log::warn!(
-            "--insecure-peers: peers speak plaintext over the network; anyone who can reach \
-             a peer port can pose as a node (docs/SECURITY.md)"
-        );
-    }
     let listen = config.listen;
     let mut server = match Server::bind(config, service) {
         Ok(s) => s,
@@ -250,6 +244,13 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    // After the start-up line, which comes first.
+    if cluster.tls.is_none() && cluster.insecure_peers && !cluster.peers_all_loopback() {
+        log::warn!(
+            "--insecure-peers: peers speak plaintext over the network; anyone who can reach \
+             a peer port can pose as a node (docs/SECURITY.md)"
+        );
+    }
     if let Err(e) = server.handle_signals() {
         log::error!("cannot install signal handlers: {e}");
         return ExitCode::from(1);

@@ -495,6 +495,12 @@ impl Service for ClusterService {
              with an answer the table cannot tell (their connections were closed).",
             n.stats().unanswerable,
         );
+        out.counter(
+            "ticketd_raft_unseen_grants_released_total",
+            "Grants to this node's clients whose connections closed before the answer, \
+             released at once (nobody had their tokens).",
+            n.stats().unseen_released,
+        );
         out.histogram(
             "ticketd_wal_fsync_seconds",
             "Duration of each fdatasync of the write-ahead log.",
@@ -670,9 +676,13 @@ fn describe(
         cfg.id,
         node.members().iter().map(|m| m.id).collect::<Vec<_>>(),
         if cfg.join && node.members().is_empty() {
-            " (joining: waiting to be added)"
+            format!(
+                " (joining: waiting to be added: ticket cluster add {}={})",
+                cfg.id,
+                transport.local_addr().map_or(listen, |a| a)
+            )
         } else {
-            ""
+            String::new()
         },
         transport.local_addr().map_or(listen, |a| a),
         if cfg.tls.is_some() {

@@ -342,8 +342,9 @@ fn bind_admin(config: &Config, poll: &Poll) -> io::Result<Option<admin::Admin>> 
     Ok(Some(admin))
 }
 
-/// The start-up lines: the admin port, then version, the addresses clients
-/// connect to (`tcp`, when listening on TCP), service and limits.
+/// The start-up line, the first the server logs: version, the addresses
+/// clients connect to (`tcp`, when listening on TCP), service, limits and,
+/// last, the admin port.
 fn log_start<S: Service>(
     config: &Config,
     tcp: Option<SocketAddr>,
@@ -357,13 +358,13 @@ fn log_start<S: Service>(
             .iter()
             .map(|p| format!("unix:{}", p.display())),
     );
-    if let Some(a) = admin {
+    let admin = admin.map_or_else(String::new, |a| {
         let https = cfg!(feature = "tls") && config.admin_tls.is_some();
         let scheme = if https { "HTTPS" } else { "HTTP" };
-        log::info!("admin port ({scheme}) on {}", a.describe());
-    }
+        format!(", admin port ({scheme}) on {}", a.describe())
+    });
     log::info!(
-        "ticketd {} listening on {} {} {}",
+        "ticketd {} listening on {} {} {}{admin}",
         env!("CARGO_PKG_VERSION"),
         addrs.join(" "),
         service.describe(),

@@ -5,6 +5,7 @@
 //! One test binary; `cargo test --test cluster MODULE::` runs one file.
 //! Helpers come from `ticketd_testkit`.
 
+mod close;
 mod members;
 mod node;
 mod process;

@@ -582,3 +582,40 @@ fn an_extended_lease_outlives_its_first_and_a_leader_change_ends_it_late_never_e
         cluster.logs()
     );
 }
+
+/// Each node's first line is the start-up line (with its admin port);
+/// raft's routine messages (votes, campaigns, becoming follower) are at
+/// debug, and the node says whom it follows, or that it became leader,
+/// in its own words.
+#[test]
+fn the_startup_line_comes_first_and_raft_chatter_is_debug() {
+    let mut cluster = Cluster::new("startline", 3);
+    for extra in &mut cluster.extra {
+        extra.extend(["--admin-listen".to_string(), "127.0.0.1:0".to_string()]);
+    }
+    cluster.start_all();
+    cluster.wait_all_know_leader();
+    let leader = cluster.wait_leader();
+    for i in 0..3 {
+        let log = cluster.node(i).log();
+        let first = log.lines().next().unwrap_or_default();
+        assert!(
+            first.contains("listening on")
+                && first.contains(&format!("cluster node {}", i + 1))
+                && first.contains("admin port (HTTP) on "),
+            "node {}'s first line is not the start-up line:\n{log}",
+            i + 1
+        );
+        let chatter: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("[raft]") && !l.contains(" WARN ") && !l.contains(" ERROR "))
+            .collect();
+        assert!(chatter.is_empty(), "raft's chatter at info:\n{log}");
+        let own = if i == leader {
+            "became leader at term ".to_string()
+        } else {
+            format!("leader is node {}", leader + 1)
+        };
+        assert!(log.contains(&own), "node {} logs {own:?}:\n{log}", i + 1);
+    }
+}

@@ -170,6 +170,31 @@ fn the_startup_line_has_version_address_and_limits() {
     assert_ne!(server.addr().port(), 0);
 }
 
+/// The start-up line is the first line, with the admin port in it, and
+/// nothing the server logs while it starts serving comes before it.
+#[test]
+fn the_startup_line_is_the_first_line_and_names_the_admin_port() {
+    let server = Ticketd::start(&["--admin-listen", "127.0.0.1:0", "--max-conns", "77"]);
+    // A served request: start-up is over.
+    let token = grant(&server, "k");
+    assert!(token > 0);
+    let log = server.log();
+    let first = log.lines().next().unwrap_or_default();
+    assert!(first.contains("listening on"), "first line:\n{log}");
+    assert!(first.contains("max_conns=77"), "{first}");
+    let at = first
+        .find("admin port (HTTP) on ")
+        .unwrap_or_else(|| panic!("no admin port in the start-up line: {first}"))
+        + "admin port (HTTP) on ".len();
+    let admin: std::net::SocketAddr = first[at..].trim().parse().expect("admin address");
+    assert_ne!(admin.port(), 0);
+    std::net::TcpStream::connect(admin).expect("the admin port listens");
+    assert!(
+        !log.lines().skip(1).any(|l| l.contains("admin port")),
+        "the admin port is said once, in the start-up line:\n{log}"
+    );
+}
+
 #[test]
 fn sigterm_exits_0_after_flushing() {
     let mut server = Ticketd::start(&[]);

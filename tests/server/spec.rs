@@ -436,3 +436,55 @@ fn an_extend_with_lease_zero_closes_the_connection_after_earlier_replies() {
         }
     );
 }
+
+/// Writes `frame` on a new connection and closes it at once, reading
+/// nothing.
+fn send_and_close(server: &Ticketd, frame: &[u8]) {
+    let mut c = server.connect();
+    c.send(frame);
+    let _ = c.stream.shutdown(std::net::Shutdown::Both);
+}
+
+/// SPEC §2.5: a close cancels only queued acquires. A release the server
+/// read takes effect though its connection closed right after it.
+#[test]
+fn a_release_on_a_connection_closed_at_once_takes_effect() {
+    let server = Ticketd::start(&[]);
+    let mut c = server.connect();
+    let keys: Vec<String> = (0..20).map(|n| format!("k{n}")).collect();
+    let tokens: Vec<u64> = keys
+        .iter()
+        .map(|k| acquired(&c.acquire_reply(k, 1, 0, 60), 1, k))
+        .collect();
+    for (k, t) in keys.iter().zip(&tokens) {
+        send_and_close(&server, &common::release_frame(k, *t));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let lost: Vec<&String> = keys
+        .iter()
+        .filter(|k| !matches!(c.acquire_reply(k, 2, 0, 30), Reply::Acquired { .. }))
+        .collect();
+    assert!(lost.is_empty(), "releases lost: {lost:?}");
+}
+
+/// An extend the server read takes effect though its connection closed
+/// right after it: the 1 s leases outlive their first second.
+#[test]
+fn an_extend_on_a_connection_closed_at_once_takes_effect() {
+    let server = Ticketd::start(&[]);
+    let mut c = server.connect();
+    let keys: Vec<String> = (0..20).map(|n| format!("k{n}")).collect();
+    for k in &keys {
+        let t = acquired(&c.acquire_reply(k, 1, 0, 1), 1, k);
+        send_and_close(&server, &common::extend_frame(k, t, 60));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let free: Vec<&String> = keys
+        .iter()
+        .filter(|k| !matches!(c.acquire_reply(k, 2, 0, 30), Reply::Timeout { .. }))
+        .collect();
+    assert!(
+        free.is_empty(),
+        "extends lost (their 1 s leases ended): {free:?}"
+    );
+}

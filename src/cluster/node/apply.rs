@@ -159,6 +159,11 @@ impl<D: Disk> Node<D> {
         if p.queued {
             return;
         }
+        if p.closed {
+            // It took effect before; nobody waits for its answer.
+            self.finish(rid.seq);
+            return;
+        }
         let granted = match cmd {
             Command::Acquire { key, owner, .. } => self
                 .sm
@@ -258,7 +263,9 @@ impl<D: Disk> Node<D> {
     }
 
     /// An answer of the state machine: the hold it ends is measured, and
-    /// if it is for one of this node's open requests, it goes out.
+    /// if it is for one of this node's open requests, it goes out. A grant
+    /// to one of ours whose connection closed is released
+    /// ([`Node::release_unseen`]).
     fn deliver(&mut self, now: Millis, ans: &Answer, res: &Applied, out: &mut Outbox) {
         if let AnswerKind::Released(t) = ans.kind {
             self.hold_ended(now, t);
@@ -267,9 +274,18 @@ impl<D: Disk> Node<D> {
             return;
         }
         let Some(p) = self.pending.get(&ans.rid.seq) else {
-            return; // its connection closed
+            // Its connection closed: a grant goes back at once.
+            if let AnswerKind::Acquired(token) = ans.kind {
+                self.release_unseen(now, ans.conn, res.key(ans.key), token);
+            }
+            return;
         };
         if p.conn != ans.conn {
+            return;
+        }
+        if p.closed {
+            // A release or an extend that took effect; nobody to tell.
+            self.finish(ans.rid.seq);
             return;
         }
         if matches!(ans.kind, AnswerKind::Acquired(_)) {

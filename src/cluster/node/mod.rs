@@ -51,6 +51,11 @@
 //! applies, an acquire still granted to it (the table records each
 //! holder's request id) is answered with that grant.
 //!
+//! A connection that closes cancels its acquires only (SPEC §2.5): its
+//! releases and extends stay tracked, proposed again if lost, and apply
+//! unanswered; a grant that applies for an acquire of a closed connection
+//! is released at once ([`Node::disconnect`]).
+//!
 //! # Leader timers (SPEC §2.4)
 //!
 //! Only the leader keeps a min-heap of deadlines: each grant's lease and each
@@ -256,6 +261,11 @@ struct Pending {
     /// never proposed again.
     queued: bool,
     acquire: bool,
+    /// Its connection closed before the answer: a release or an extend
+    /// (SPEC §2.5: only queued acquires are cancelled by a close), or the
+    /// release of a grant nobody saw. It still goes into the log, is
+    /// proposed again if lost, and its answer goes to nobody.
+    closed: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -283,6 +293,9 @@ pub struct NodeStats {
     /// Requests of ours that applied inside an installed snapshot with an
     /// answer the table cannot tell: their connections were closed.
     pub unanswerable: u64,
+    /// Grants applied for requests of ours whose connections had closed
+    /// (nobody can see them): each is released at once.
+    pub unseen_released: u64,
     /// Expire / WaitTimeout proposals made by this node as leader.
     pub timer_proposals: u64,
     /// Ready batches written.
@@ -767,6 +780,10 @@ impl<D: Disk> Node<D> {
         let now = (self.rn.raft.term, self.rn.raft.state);
         if now != self.role {
             self.role = now;
+            if now.1 == StateRole::Leader {
+                // Cluster tests read the leader and its term from this line.
+                log::info!("node {}: became leader at term {}", self.cfg.id, now.0);
+            }
             let lo = self.cfg.election_tick as u64;
             let t = self.rng.range(lo, 2 * lo);
             self.rn.raft.set_randomized_election_timeout(
@@ -805,7 +822,8 @@ fn settle_conf<D: Disk>(cfg: &NodeConfig, wal: &mut Wal<D>, store: &mut LogStore
         wal.stage_conf_state(&cs);
         store.set_conf_state(cs);
     } else if fresh {
-        log::info!(
+        // The start-up line says it too.
+        log::debug!(
             "node {}: joining: no configuration yet; waiting for the leader to add this \
              node (ticket cluster add {}=...)",
             cfg.id,

@@ -51,14 +51,25 @@ impl<D: Disk> Node<D> {
     /// answers B or N if raft drops that proposal, and it is answered after
     /// it applies.
     pub fn request(&mut self, now: Millis, conn: ConnId, req: Request<'_>, out: &mut Outbox) {
-        if self.failed.is_some()
-            || self.leader() == 0
-            || self.removed()
-            || self.unapplied.len() >= self.cfg.max_pending
-        {
+        if !self.may_propose() {
             self.refuse(conn, req, out);
             return;
         }
+        self.track(now, conn, &req, false);
+    }
+
+    /// Whether a client request can be proposed now: a leader is known,
+    /// this node works and is a member, and the backlog has room.
+    fn may_propose(&self) -> bool {
+        self.failed.is_none()
+            && self.leader() != 0
+            && !self.removed()
+            && self.unapplied.len() < self.cfg.max_pending
+    }
+
+    /// Gives `req` of connection `conn` a request id, and queues it for
+    /// this turn's proposal and for its answer (to nobody when `closed`).
+    fn track(&mut self, now: Millis, conn: ConnId, req: &Request<'_>, closed: bool) {
         let seq = self.next_seq;
         let rid = Rid {
             node: self.cfg.id,
@@ -67,7 +78,7 @@ impl<D: Disk> Node<D> {
         };
         self.unapplied.insert(seq);
         let floor = self.unapplied.first().unwrap_or(seq);
-        let entry = self.request_entry(rid, floor, conn, &req);
+        let entry = self.request_entry(rid, floor, conn, req);
         // The state machine finds the request again in what it decodes.
         debug_assert!(
             Command::decode_entry(&entry).is_ok_and(|(c, _)| c.rid() == Some(rid)),
@@ -84,9 +95,28 @@ impl<D: Disk> Node<D> {
                 proposed_at: now,
                 queued: false,
                 acquire: matches!(req, Request::Acquire { .. }),
+                closed,
             },
         );
-        self.conns.insert((conn, seq));
+        if !closed {
+            self.conns.insert((conn, seq));
+        }
+    }
+
+    /// A grant applied for an acquire of ours whose connection `conn` had
+    /// closed: nobody has its token, so it is released at once rather
+    /// than held by nobody until its lease ends. If nothing can be
+    /// proposed now, the lease ends it.
+    pub(super) fn release_unseen(&mut self, now: Millis, conn: ConnId, key: &str, token: u64) {
+        if !self.may_propose() {
+            return;
+        }
+        log::debug!(
+            "node {}: releasing grant {token} of {key:?}: its connection closed before the answer",
+            self.cfg.id
+        );
+        self.stats.unseen_released += 1;
+        self.track(now, conn, &Request::Release { token, key }, true);
     }
 
     /// The log entry of client request `req`, with the token bits drawn
@@ -165,6 +195,9 @@ impl<D: Disk> Node<D> {
             self.unapplied.remove(seq);
             self.conns.remove(&(p.conn, seq));
             self.stats.refused += 1;
+            if p.closed {
+                continue; // nobody to answer
+            }
             match Command::decode(Command::entry_command(&p.entry)) {
                 Ok(Command::Acquire { owner, key, .. }) => {
                     out.push(p.conn, Reply::Busy { owner, key: &key }, 0);
@@ -180,8 +213,12 @@ impl<D: Disk> Node<D> {
         super::seqs::shrink(&mut self.pending);
     }
 
-    /// Local connection `conn` is gone: forget its requests and have its
-    /// queued acquires cancelled cluster-wide.
+    /// Local connection `conn` is gone. Its acquires are forgotten and its
+    /// queued ones cancelled cluster-wide (one that applies later queues
+    /// nothing that stays, and a grant it gets is released at once, since
+    /// nobody has its token). Its releases and extends were read, so
+    /// they take effect (SPEC §2.5): they stay proposed, are proposed
+    /// again if lost, and their answers go to nobody.
     pub fn disconnect(&mut self, conn: ConnId) {
         let seqs: Vec<u64> = self
             .conns
@@ -194,10 +231,17 @@ impl<D: Disk> Node<D> {
         let mut had_acquire = false;
         for seq in seqs {
             self.conns.remove(&(conn, seq));
-            if let Some(p) = self.pending.remove(&seq) {
-                had_acquire |= p.acquire;
+            match self.pending.get_mut(&seq) {
+                Some(p) if !p.acquire => p.closed = true,
+                Some(_) => {
+                    self.pending.remove(&seq);
+                    self.unapplied.remove(seq);
+                    had_acquire = true;
+                }
+                None => {
+                    self.unapplied.remove(seq);
+                }
             }
-            self.unapplied.remove(seq);
         }
         super::seqs::shrink(&mut self.pending);
         if had_acquire {

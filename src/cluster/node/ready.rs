@@ -291,7 +291,8 @@ impl<D: Disk> Node<D> {
                     self.cfg.id,
                     self.term()
                 );
-            } else {
+            } else if leader != self.cfg.id {
+                // A leader says so when it becomes one (`after_raft_call`).
                 log::info!(
                     "node {}: leader is node {leader} (term {})",
                     self.cfg.id,

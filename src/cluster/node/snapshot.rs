@@ -38,6 +38,12 @@ impl<D: Disk> Node<D> {
             });
         }
         self.stats.snapshots_installed += 1;
+        log::info!(
+            "node {}: installed the leader's snapshot at index {} (term {})",
+            self.cfg.id,
+            meta.index,
+            meta.term
+        );
         self.reseed_holds(now);
         self.members_version += 1;
         self.after_snapshot_install();
