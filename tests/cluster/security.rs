@@ -8,6 +8,8 @@ use ticketd_testkit::cluster;
 
 use std::io::Write;
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cluster::{assert_serves, Cluster};
@@ -167,4 +169,72 @@ fn a_hundred_idle_peer_connections_do_not_stop_an_election() {
     assert_serves(&c, leader, "flood-back");
     c.assert_all_running();
     drop(idle);
+}
+
+/// Sends forged first-contact hellos to every node of `c` for `burst`: each
+/// in the name of another member, with a made-up data directory id and no
+/// (or a made-up) id for the receiver, each on a connection of its own,
+/// until `stop` is set.
+fn forge_first_contacts(
+    c: &Cluster,
+    stop: Arc<AtomicBool>,
+    seed: u64,
+) -> std::thread::JoinHandle<u64> {
+    let n = c.nodes.len();
+    let addrs: Vec<_> = (0..n).map(|i| c.peer_addr(i)).collect();
+    let cluster = hash64(&[c.name.as_bytes()]);
+    std::thread::spawn(move || {
+        let mut rng = ticketd_testkit::rng::SplitMix64::new(seed);
+        let mut sent = 0;
+        while !stop.load(Ordering::Relaxed) {
+            for (i, addr) in addrs.iter().enumerate() {
+                let to = i as u64 + 1;
+                let from = (to + rng.below(n as u64 - 1)) % n as u64 + 1;
+                let to_uuid = if rng.chance(0.5) { 0 } else { rng.next_u64() };
+                let h = Hello {
+                    cluster,
+                    voters: MEMBERSHIP_MARK,
+                    from,
+                    from_uuid: rng.next_u64(),
+                    to,
+                    to_uuid,
+                }
+                .encode();
+                // A node not started yet refuses: that is part of the burst.
+                if let Ok(mut s) = TcpStream::connect(addr) {
+                    let _ = s.write_all(&h);
+                    sent += 1;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        sent
+    })
+}
+
+#[test]
+fn a_burst_of_forged_first_contacts_does_not_keep_a_fresh_cluster_from_forming() {
+    let mut c = Cluster::new("burst", 3);
+    let stop = Arc::new(AtomicBool::new(false));
+    let burst = forge_first_contacts(&c, stop.clone(), 0x5eed);
+    // The burst runs while the nodes start, and 0.4 s on.
+    c.start_all();
+    std::thread::sleep(Duration::from_millis(400));
+    stop.store(true, Ordering::Relaxed);
+    let sent = burst.join().unwrap();
+    assert!(sent > 0, "the burst reached no node");
+    // Bounded: an election or two once the burst is over.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while c.leader().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        c.leader().is_some(),
+        "no leader {sent} hellos later:\n{}",
+        c.logs()
+    );
+    for i in 0..3 {
+        assert_serves(&c, i, &format!("burst{i}"));
+    }
+    c.assert_all_running();
 }
