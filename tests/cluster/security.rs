@@ -238,3 +238,72 @@ fn a_burst_of_forged_first_contacts_does_not_keep_a_fresh_cluster_from_forming()
     }
     c.assert_all_running();
 }
+
+/// The data directory id of node `i` of `c` (stopped), and the ids it has
+/// pinned for its peers: what the files of a node give whoever can read
+/// them.
+fn identity(c: &Cluster, i: usize) -> ticketd::cluster::log::Identity {
+    let disk = ticketd::cluster::log::FileDisk::open(&c.dirs[i].0).unwrap();
+    let (wal, _) = ticketd::cluster::log::Wal::open(disk).unwrap();
+    wal.identity().clone()
+}
+
+#[test]
+fn an_authenticated_impostor_of_a_dead_node_cannot_crash_the_leader() {
+    let mut c = Cluster::new("impostor", 3);
+    c.start_all();
+    assert_serves(&c, 0, "before");
+    let leader = c.wait_leader();
+    let dead = (leader + 1) % 3;
+    wait_for("the dead-to-be node pinning the leader", &c, || {
+        c.node(dead)
+            .log()
+            .contains(&format!("peer {} authenticated", leader + 1))
+    });
+    let (term, _) = c.leader_term().unwrap();
+    c.kill(dead);
+    // A local process takes the dead node's peer port and speaks for it
+    // with the ids from its data directory: the leader authenticates it.
+    let id = identity(&c, dead);
+    let _port = std::net::TcpListener::bind(c.peer_addr(dead)).unwrap();
+    let (me, to) = (dead as u64 + 1, leader as u64 + 1);
+    let mut s = TcpStream::connect(c.peer_addr(leader)).unwrap();
+    s.write_all(&hello(&c, me, id.uuid, to, id.peers[&to]))
+        .unwrap();
+    let forged = |t: MessageType, term: u64| Message {
+        msg_type: t,
+        from: me,
+        to,
+        term,
+        ..Default::default()
+    };
+    // A heartbeat of a newer term committing far past the leader's log
+    // (raft-rs panics in `commit_to`), an append past its log with
+    // previous term 0, and a proposal and a read request without entries.
+    for m in [
+        Message {
+            commit: 1_000_000_000,
+            ..forged(MessageType::MsgHeartbeat, term + 1)
+        },
+        Message {
+            index: 1_000_000_000,
+            commit: 1_000_000_000,
+            ..forged(MessageType::MsgAppend, term + 1)
+        },
+        forged(MessageType::MsgPropose, 0),
+        forged(MessageType::MsgReadIndex, 0),
+    ] {
+        s.write_all(&frame(&m)).unwrap();
+    }
+    wait_for("the drops", &c, || {
+        c.node(leader).log().contains("(4 refused so far")
+    });
+    let log = c.node(leader).log();
+    for kind in ["MsgHeartbeat", "MsgAppend", "MsgPropose", "MsgReadIndex"] {
+        assert!(log.contains(&format!("dropped {kind} from {me}")), "{log}");
+    }
+    c.assert_all_running();
+    assert_serves(&c, leader, "after");
+    let (after, now_leader) = c.leader_term().unwrap();
+    assert_eq!((after, now_leader), (term, leader), "{}", c.logs());
+}

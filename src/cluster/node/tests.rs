@@ -862,3 +862,5 @@ fn compacting_past_entries_raft_has_not_handed_out_leaves_no_uncommitted_bytes()
         assert_eq!(bytes, 0, "--leader-sync-ms {ms}: uncommitted bytes left");
     }
 }
+
+mod guard;
