@@ -1,7 +1,9 @@
 //! Peer security with real processes: every attack on a plaintext loopback
 //! cluster described in docs/SECURITY.md (forged hellos, a stolen first
-//! contact, forged Raft messages, a flood of idle connections) leaves every
-//! node running, the real peers connected and the cluster granting.
+//! contact, a burst of forged first contacts while the nodes start, forged
+//! Raft messages, messages raft would panic on from an impostor that knows
+//! a dead node's ids, a flood of idle connections) leaves every node
+//! running, the real peers connected and the cluster granting.
 #![cfg(feature = "cluster")]
 
 use ticketd_testkit::cluster;
