@@ -490,6 +490,12 @@ impl Service for ClusterService {
             n.stats().snapshots_installed,
         );
         out.counter(
+            "ticketd_raft_messages_refused_total",
+            "Peer messages dropped before Raft saw them: Raft would have panicked on \
+             them, or trusted what no correct peer says.",
+            n.stats().refused_messages,
+        );
+        out.counter(
             "ticketd_raft_unanswerable_total",
             "Requests of this node's clients that applied inside an installed snapshot \
              with an answer the table cannot tell (their connections were closed).",

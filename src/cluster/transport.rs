@@ -15,7 +15,10 @@
 //!   and its data directory id, and the data directory id the sender has on
 //!   record for the receiver; a mismatch closes the connection (or, when an
 //!   authenticated peer says the receiver's own directory was wiped, stops
-//!   the node).
+//!   the node). In plaintext a receiver id that is not ours leaves the
+//!   connection unauthenticated instead: it may be a stranger's made-up id
+//!   that the real peer echoes, and that peer's own id must still reach us
+//!   (see [`Transport`]'s `unconfirmed`).
 //! * **Authentication** (docs/SECURITY.md): with peer TLS
 //!   ([`Transport::set_tls`]) a connection is authenticated by a
 //!   certificate from the cluster CA naming the node its hello claims; in
@@ -433,7 +436,9 @@ pub struct Transport {
     max_peer_buffer: usize,
     /// Plaintext: the data directory id in the latest checked hello of a
     /// peer not yet pinned, echoed in our hello to it (never persisted,
-    /// never acted on).
+    /// never acted on). A hint, one per peer: the next checked hello
+    /// replaces it, whatever id it names for us, so the real peer's
+    /// overrides a stranger's. A refused hello never touches it.
     unconfirmed: BTreeMap<u64, u64>,
     /// Raft messages dropped: not from an authenticated connection, or not
     /// from its peer to this node.
@@ -1342,7 +1347,7 @@ impl Transport {
             match (c.peer, c.trusted) {
                 (None, _) => {
                     let hello = Hello::decode(payload);
-                    if let Err(e) = self.hello(key, hello) {
+                    if let Err(e) = self.hello(key, hello, now) {
                         break Err(e);
                     }
                 }
@@ -1388,7 +1393,7 @@ impl Transport {
     /// Checks a hello in full before anything it says is kept. See
     /// docs/SECURITY.md for what authenticates a peer.
     // Long because the checks run in one order, each with its own refusal.
-    fn hello(&mut self, key: usize, hello: Result<Hello, &str>) -> Result<(), Closed> {
+    fn hello(&mut self, key: usize, hello: Result<Hello, &str>, now: Millis) -> Result<(), Closed> {
         let refused = |why: String| Err(Closed::Hello(why));
         let h = hello.map_err(|why| Closed::Hello(why.to_owned()))?;
         if h.cluster != self.local.cluster {
@@ -1435,26 +1440,8 @@ impl Transport {
                 h.from
             ));
         }
-        if h.to_uuid != 0 && h.to_uuid != self.local.uuid && by_cert {
-            // An authenticated peer, itself as we know it, knows us with
-            // another data directory: ours was wiped or replaced.
-            self.events.push(PeerEvent::Fatal(format!(
-                "node {} (authenticated by its certificate) knows node {} with another data \
-                 directory: this node's data directory was wiped or replaced, and a node \
-                 cannot rejoin under its old id with an empty log; give it a new id \
-                 (membership change) or restore its data directory",
-                h.from, self.local.id
-            )));
-            return refused("this node's data directory was replaced".into());
-        }
         if h.to_uuid != 0 && h.to_uuid != self.local.uuid {
-            return refused(format!(
-                "node {} knows node {} with another data directory: if this node's data \
-                 directory was wiped or replaced, it cannot rejoin under its old id with an \
-                 empty log (give it a new id or restore its data directory); a plaintext \
-                 peer's word is not enough to stop this node",
-                h.from, self.local.id
-            ));
+            self.knows_us_otherwise(h.from, by_cert, now)?;
         }
         // Plaintext: the sender shows it has seen our data directory id,
         // which only our own hellos to the address --peers gives for it
@@ -1483,6 +1470,39 @@ impl Transport {
                 .map(|(k, _)| k),
         );
         self.heard.push(h.from);
+        Ok(())
+    }
+
+    /// A checked hello names another data directory id for this node than
+    /// its own. From a peer its certificate authenticates, that means this
+    /// node's directory was wiped or replaced: the node stops. In
+    /// plaintext it may equally be a stranger's made-up id that the real
+    /// peer echoes, so the connection is only left unauthenticated: not
+    /// refused, so that the sender's own id still reaches us and our next
+    /// hello can carry it (refusing would let forged first contacts leave
+    /// two real peers refusing each other for good).
+    fn knows_us_otherwise(&mut self, from: u64, by_cert: bool, now: Millis) -> Result<(), Closed> {
+        let me = self.local.id;
+        if by_cert {
+            self.events.push(PeerEvent::Fatal(format!(
+                "node {from} (authenticated by its certificate) knows node {me} with another \
+                 data directory: this node's data directory was wiped or replaced, and a node \
+                 cannot rejoin under its old id with an empty log; give it a new id \
+                 (membership change) or restore its data directory"
+            )));
+            return Err(Closed::Hello(
+                "this node's data directory was replaced".into(),
+            ));
+        }
+        self.refusal(
+            now,
+            format_args!(
+                "node {from} knows node {me} with another data directory: if this node's data \
+                 directory was wiped or replaced, it cannot rejoin under its old id with an \
+                 empty log (give it a new id or restore its data directory); a plaintext \
+                 peer's word is not enough to stop this node, and its messages are not taken"
+            ),
+        );
         Ok(())
     }
 
@@ -1684,6 +1704,9 @@ fn set_user_timeout(s: &TcpStream, ms: u64) {
     #[cfg(not(any(target_os = "linux", target_os = "android")))]
     let _ = (s, ms);
 }
+
+#[cfg(test)]
+mod first_contact;
 
 #[cfg(test)]
 mod tests {

@@ -663,6 +663,14 @@ impl Sim {
         let trace = node.take_trace();
         let stats = node.stats();
         let term = node.term();
+        if stats.refused_messages > 0 {
+            // Every message here comes from a correct node (delayed,
+            // reordered, duplicated at most): none may be refused.
+            return self.fail(format!(
+                "node {id} refused {} message(s) of correct peers",
+                stats.refused_messages
+            ));
+        }
         for m in msgs {
             self.send(id, m);
         }

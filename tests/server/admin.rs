@@ -680,6 +680,8 @@ fn cluster_status_metrics_and_readyz_follow_the_majority() {
     assert!(sample(&m, "ticketd_raft_leader_changes_total") >= 1.0);
     assert!(sample(&m, "ticketd_wal_fsync_seconds_count") >= 1.0);
     assert_eq!(sample(&m, "ticketd_snapshots_sent_total"), 0.0);
+    // Correct peers send nothing the node refuses.
+    assert_eq!(sample(&m, "ticketd_raft_messages_refused_total"), 0.0);
     let mut promtool = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())

@@ -18,6 +18,8 @@
 //! * `timers`: raft's clock and the leader's lease and wait timers;
 //! * `membership`: conf changes, proposed and applied, and the members;
 //! * `snapshot`: installing a received snapshot and compacting the log;
+//! * `guard`: peer messages checked before raft steps them (raft panics on
+//!   some no correct peer sends);
 //! * `holds`: the grant times behind the wait and hold histograms;
 //! * `logger`: raft's slog output, forwarded to the `log` crate.
 //!
@@ -73,6 +75,7 @@
 //! as the single-node engine does.
 
 mod apply;
+mod guard;
 mod holds;
 mod logger;
 mod membership;
@@ -108,6 +111,7 @@ use crate::cluster::state::{Applied, StateMachine};
 use crate::engine::ConnId;
 use crate::limits::EngineLimits;
 use crate::metrics::{Histogram, HoldIndex, HOLD_BOUNDS_MS, WAIT_BOUNDS_MS};
+use crate::server::ratelimit::LogLimit;
 use crate::time::Millis;
 use crate::token::TokenRng;
 
@@ -308,6 +312,9 @@ pub struct NodeStats {
     pub snapshots_installed: u64,
     /// Times this node learned of a new leader.
     pub leader_changes: u64,
+    /// Peer messages dropped before raft saw them: raft would have
+    /// panicked on them, or trusted what no correct peer says (`guard`).
+    pub refused_messages: u64,
 }
 
 /// A voter or learner as [`Node::members`] lists it.
@@ -425,6 +432,11 @@ pub struct Node<D: Disk> {
     snapshot_now: bool,
     /// Index of the last conf change this node proposed as leader.
     conf_proposed_at: u64,
+    /// A snapshot raft took from a peer: its index, term and the table its
+    /// data decoded to when it was checked, for the install.
+    checked_snapshot: Option<(u64, u64, StateMachine)>,
+    /// Warnings about refused peer messages, rate-limited.
+    refusal_log: LogLimit,
 }
 
 impl<D: Disk> fmt::Debug for Node<D> {
@@ -571,6 +583,8 @@ impl<D: Disk> Node<D> {
             last_ready: 0,
             last_sync_began: Millis::ZERO,
             conf_change_waits: false,
+            checked_snapshot: None,
+            refusal_log: LogLimit::new(5, 10_000),
             wait_ms: Histogram::new(WAIT_BOUNDS_MS),
             hold_ms: Histogram::new(HOLD_BOUNDS_MS),
             holds: HoldIndex::default(),
@@ -792,9 +806,14 @@ impl<D: Disk> Node<D> {
         }
     }
 
-    /// A message from a peer.
+    /// A message from a peer. One raft would panic on, or that no correct
+    /// peer sends, is dropped, counted and logged instead (`guard`).
     pub fn step(&mut self, msg: Message) {
         if self.failed.is_some() {
+            return;
+        }
+        if let Err(why) = self.admit(&msg) {
+            self.refuse_message(&msg, &why);
             return;
         }
         // Errors are stale or foreign messages (e.g. from an unknown peer):
@@ -803,6 +822,7 @@ impl<D: Disk> Node<D> {
         if let Err(e) = self.rn.step(msg) {
             log::debug!("node {}: ignored {kind:?} from {from}: {e}", self.cfg.id);
         }
+        self.after_admitted();
         self.after_raft_call();
     }
 }

@@ -23,9 +23,14 @@ impl<D: Disk> Node<D> {
         snap: Snapshot,
     ) -> Result<(), NodeError> {
         self.wal.stage_snapshot(&snap);
-        self.sm = StateMachine::restore(self.cfg.limits.clone(), &snap.data)
-            .map_err(NodeError::BadSnapshot)?;
         let meta = snap.get_metadata();
+        // Decoded when it was admitted (`guard`): a snapshot whose table
+        // does not decode never reaches raft.
+        self.sm = match self.take_checked_snapshot(meta.index, meta.term) {
+            Some(sm) => sm,
+            None => StateMachine::restore(self.cfg.limits.clone(), &snap.data)
+                .map_err(NodeError::BadSnapshot)?,
+        };
         self.applied = meta.index;
         #[cfg(any(test, feature = "testkit"))]
         if self.cfg.trace_applied {
