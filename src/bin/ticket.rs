@@ -24,6 +24,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
+#[path = "ticket/guardian.rs"]
+mod guardian;
+
 use ticketd::client::admin::{self, Json};
 use ticketd::client::{Acquire, Client, ExtendToken, KeptTicket, Release, Ticket, DEFAULT_ADDRESS};
 
@@ -1375,6 +1378,18 @@ fn run(mut args: Vec<OsString>) -> Result<u8, Exit> {
             return Err(e);
         }
     };
+    // Forked before the command, so it guards the command's group from
+    // the start; stood down only once the lock is released.
+    let guardian = match guardian::Guardian::start() {
+        Ok(g) => g,
+        Err(e) => {
+            let _ = ticket.release();
+            return Err(Exit {
+                status: exit::CANNOT_RUN,
+                message: format!("cannot start the guardian process: {e}"),
+            });
+        }
+    };
     let first_expiry = ticket.expires_at_system();
     let mut held = match renew {
         Renew::Never => Held::Once(ticket),
@@ -1384,21 +1399,19 @@ fn run(mut args: Vec<OsString>) -> Result<u8, Exit> {
         Renew::Until(Some(h)) => Some(Instant::now() + h),
         _ => None,
     };
-    let status = supervise(
-        &mut held,
-        first_expiry,
-        hold_until,
+    let cmd = Cmd {
         program,
-        program_args,
-        grace,
-        &signals,
-    );
+        args: program_args,
+        guardian: guardian.fd(),
+    };
+    let status = supervise(&mut held, first_expiry, hold_until, &cmd, grace, &signals);
     let key = held.key().to_owned();
     match held.release() {
         Ok(Release::Released) => {}
         Ok(r) => eprintln!("ticket: releasing {key:?}: {r:?}"),
         Err(e) => eprintln!("ticket: releasing {key:?}: {e}"),
     }
+    guardian.stand_down();
     status
 }
 
@@ -1507,19 +1520,21 @@ fn signal_group(pid: u32, sig: i32) {
     }
 }
 
-/// Runs the command under the lock and returns `ticket`'s exit status.
-///
-/// The command is stopped (SIGTERM, then SIGKILL `grace` later) when the
-/// lock is lost, or when its lease is about to end and no renewal can move
-/// it any more; SIGKILL goes out at the latest [`KILL_MARGIN`] before the
-/// conservative expiry, whatever else happens.
+/// The command `ticket run` starts, and the guardian it reports to.
+struct Cmd<'a> {
+    program: &'a OsString,
+    args: &'a [OsString],
+    /// The write end of the guardian's pipe ([`guardian::announce`]).
+    guardian: std::os::fd::RawFd,
+}
+
 /// Starts the command in its own process group with the ticket in its
-/// environment, to die with `ticket`.
+/// environment, to die with `ticket`: by PR_SET_PDEATHSIG, and its whole
+/// group by the guardian.
 fn spawn(
     held: &Held,
     first_expiry: std::time::SystemTime,
-    program: &OsString,
-    args: &[OsString],
+    cmd: &Cmd<'_>,
 ) -> Result<std::process::Child, Exit> {
     use std::os::unix::process::CommandExt;
 
@@ -1529,16 +1544,18 @@ fn spawn(
         .unwrap_or(0);
     // SAFETY: getpid(2) has no preconditions.
     let parent = unsafe { libc::getpid() };
+    let (program, guard) = (cmd.program, cmd.guardian);
     let mut command = Command::new(program);
     command
-        .args(args)
+        .args(cmd.args)
         .env("TICKET_KEY", held.key())
         .env("TICKET_TOKEN", held.token().to_string())
         .env("TICKET_EXPIRES_AT", expires_unix_s.to_string())
         // Its own group, so the end of the lease stops its children too.
         .process_group(0);
     // SAFETY: the closure runs in the child between fork and exec and calls
-    // only async-signal-safe functions (prctl, getppid, _exit).
+    // only async-signal-safe functions (prctl, getppid, setpgid, getpgrp,
+    // signal, write, _exit) and allocates nothing.
     unsafe {
         command.pre_exec(move || {
             // The command must not outlive `ticket` unnoticed: once the
@@ -1549,6 +1566,15 @@ fn spawn(
             if libc::getppid() != parent {
                 // `ticket` died before the death signal was armed.
                 libc::_exit(exit::LEASE_ENDED.into());
+            }
+            // The group exists before the guardian learns it (process_group
+            // above did the same; doing it here does not depend on the order).
+            if libc::setpgid(0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Before exec, so before the command can start any child.
+            if !guardian::announce(guard) {
+                return Err(std::io::Error::from_raw_os_error(libc::EPIPE));
             }
             Ok(())
         });
@@ -1561,26 +1587,36 @@ fn spawn(
             } else {
                 exit::CANNOT_RUN
             };
+            let why = if e.raw_os_error() == Some(libc::EPIPE) {
+                "the guardian process is gone".to_owned()
+            } else {
+                e.to_string()
+            };
             Err(Exit {
                 status,
-                message: format!("cannot run {:?}: {e}", program.to_string_lossy()),
+                message: format!("cannot run {:?}: {why}", program.to_string_lossy()),
             })
         }
     }
 }
 
+/// Runs the command under the lock and returns `ticket`'s exit status.
+///
+/// The command is stopped (SIGTERM, then SIGKILL `grace` later) when the
+/// lock is lost, or when its lease is about to end and no renewal can move
+/// it any more; SIGKILL goes out at the latest [`KILL_MARGIN`] before the
+/// conservative expiry, whatever else happens.
 // Long because the poll loop's escalation (forward signals, TERM before the
 // lease ends, KILL at its margin) reads the child and the lease together.
 fn supervise(
     held: &mut Held,
     first_expiry: std::time::SystemTime,
     hold_until: Option<Instant>,
-    program: &OsString,
-    args: &[OsString],
+    cmd: &Cmd<'_>,
     grace: Duration,
     signals: &Forwarded,
 ) -> Result<u8, Exit> {
-    let mut child = spawn(held, first_expiry, program, args)?;
+    let mut child = spawn(held, first_expiry, cmd)?;
     let pid = child.id();
     let mut term_at: Option<Instant> = None;
     let mut termed = false;
