@@ -178,19 +178,29 @@ By default the lock is renewed (extended by --lease) at a third of the lease
 for as long as CMD runs. If it is lost (the server refuses an extend, or no
 server answers before the renewal deadline, a tenth of the lease before the
 expiry), or with --no-renew when the one lease is about to end, CMD's
-process group gets SIGTERM, then SIGKILL --kill-grace seconds later (default
-2) and at the latest half a second before the local expiry, and `ticket`
-exits 124. With renewal, --kill-grace plus half a second must stay below two
-thirds of the lease, so a renewal always lands before a SIGTERM is due.
+process group gets SIGTERM, then SIGKILL --kill-grace seconds later and at
+the latest half a second before the local expiry, and `ticket` exits 124.
+With renewal, --kill-grace plus half a second must stay below two thirds of
+the lease, so a renewal always lands before a SIGTERM is due; the default
+grace is 2 s, less for leases under 7 s (half of two thirds of the lease
+less 0.5 s: 0.75 s for --lease 3).
+
+With --no-renew, SIGTERM comes --kill-grace plus half a second before the
+lease ends: with --lease 3 and the default grace of 2 s, CMD gets SIGTERM
+0.5 s after the grant and SIGKILL at 2.5 s. Give a longer lease or a
+shorter --kill-grace for more time.
 
 CMD runs in its own process group; SIGINT, SIGTERM and SIGHUP sent to
-`ticket` are passed on. CMD gets SIGKILL if `ticket` itself dies
-(PR_SET_PDEATHSIG); a grandchild that leaves CMD's process group (setsid,
-a double fork) escapes both, and must watch the lock itself.
+`ticket` are passed on. If `ticket` itself dies, even by SIGKILL, a guardian
+process it started kills CMD's whole process group at once (and CMD gets
+SIGKILL by PR_SET_PDEATHSIG too). A process that leaves the group (setsid,
+or a daemonizing double fork) escapes both and must watch the lock itself;
+a cgroup contains it: run `ticket run` as a systemd service (docs/CLIENT.md).
 
 OPTIONS:
     --wait S, --lease S, --server ADDR   as for `ticket acquire`
-    --kill-grace S   seconds between SIGTERM and SIGKILL (default 2)
+    --kill-grace S   seconds between SIGTERM and SIGKILL (default 2, less
+                     with renewal and a lease under 7 s)
     --no-renew       hold one lease only: CMD is stopped before it ends
     --max-hold S     stop renewing S seconds after the grant (then as
                      --no-renew: CMD is stopped before that lease ends)
@@ -1318,11 +1328,11 @@ fn renew_policy(
     args: &mut pico_args::Arguments,
     lease: Duration,
 ) -> Result<(Duration, Renew), Exit> {
-    let grace = args
+    let given = args
         .opt_value_from_fn("--kill-grace", parse_grace)
-        .map_err(|e| Exit::usage(e.to_string()))?
-        .unwrap_or(Duration::from_secs_f64(DEFAULT_KILL_GRACE_S));
+        .map_err(|e| Exit::usage(e.to_string()))?;
     let no_renew = args.contains("--no-renew");
+    let grace = given.unwrap_or_else(|| default_grace(lease, !no_renew));
     let max_hold = args
         .opt_value_from_fn("--max-hold", parse_max_hold)
         .map_err(|e| Exit::usage(e.to_string()))?;
@@ -1342,6 +1352,18 @@ fn renew_policy(
         }
     };
     Ok((grace, renew))
+}
+
+/// `--kill-grace` when not given: 2 s, or, with renewal and a short lease,
+/// half the room the renewal leaves (two thirds of the lease less
+/// [`KILL_MARGIN`]), so that any lease makes a valid command.
+fn default_grace(lease: Duration, renew: bool) -> Duration {
+    let default = Duration::from_secs_f64(DEFAULT_KILL_GRACE_S);
+    if !renew {
+        return default;
+    }
+    let room = (lease * 2 / 3).saturating_sub(KILL_MARGIN);
+    default.min(room / 2)
 }
 
 fn run(mut args: Vec<OsString>) -> Result<u8, Exit> {
@@ -1708,6 +1730,21 @@ mod tests {
     }
 
     #[test]
+    fn the_default_kill_grace_fits_every_lease() {
+        for lease_s in 1..=255 {
+            let lease = Duration::from_secs(lease_s);
+            let grace = default_grace(lease, true);
+            assert!((grace + KILL_MARGIN) * 3 < lease * 2, "--lease {lease_s}");
+            assert!(grace <= Duration::from_secs(2));
+            let mut args = pico_args::Arguments::from_vec(Vec::new());
+            assert!(renew_policy(&mut args, lease).is_ok(), "--lease {lease_s}");
+        }
+        assert_eq!(default_grace(Duration::from_secs(30), true), Duration::from_secs(2));
+        assert_eq!(default_grace(Duration::from_secs(3), true), Duration::from_millis(750));
+        assert_eq!(default_grace(Duration::from_secs(3), false), Duration::from_secs(2));
+    }
+
+    #[test]
     fn usage_errors_are_reported_before_connecting() {
         let usage = |v: &[&str]| match dispatch(os(v)) {
             Err(e) => e.status,
@@ -1729,7 +1766,7 @@ mod tests {
         assert_eq!(usage(&["extend", "k", "1", "--lease", "0"]), exit::USAGE);
         // Renewal needs room between the renewal and the SIGTERM.
         assert_eq!(
-            usage(&["run", "k", "--lease", "3", "--", "true"]),
+            usage(&["run", "k", "--lease", "3", "--kill-grace", "2", "--", "true"]),
             exit::USAGE
         );
         assert_eq!(
