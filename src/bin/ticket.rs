@@ -1739,9 +1739,18 @@ mod tests {
             let mut args = pico_args::Arguments::from_vec(Vec::new());
             assert!(renew_policy(&mut args, lease).is_ok(), "--lease {lease_s}");
         }
-        assert_eq!(default_grace(Duration::from_secs(30), true), Duration::from_secs(2));
-        assert_eq!(default_grace(Duration::from_secs(3), true), Duration::from_millis(750));
-        assert_eq!(default_grace(Duration::from_secs(3), false), Duration::from_secs(2));
+        assert_eq!(
+            default_grace(Duration::from_secs(30), true),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            default_grace(Duration::from_secs(3), true),
+            Duration::from_millis(750)
+        );
+        assert_eq!(
+            default_grace(Duration::from_secs(3), false),
+            Duration::from_secs(2)
+        );
     }
 
     #[test]
@@ -1766,7 +1775,16 @@ mod tests {
         assert_eq!(usage(&["extend", "k", "1", "--lease", "0"]), exit::USAGE);
         // Renewal needs room between the renewal and the SIGTERM.
         assert_eq!(
-            usage(&["run", "k", "--lease", "3", "--kill-grace", "2", "--", "true"]),
+            usage(&[
+                "run",
+                "k",
+                "--lease",
+                "3",
+                "--kill-grace",
+                "2",
+                "--",
+                "true"
+            ]),
             exit::USAGE
         );
         assert_eq!(

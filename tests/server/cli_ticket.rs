@@ -592,7 +592,11 @@ fn extend_moves_a_lease_by_token() {
 fn children_of(pid: u32) -> Vec<u32> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(child) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+        let Some(child) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
             continue;
         };
         if proc_stat(child).is_some_and(|(_, ppid, _)| ppid == pid) {
@@ -647,7 +651,10 @@ fn a_killed_ticket_run_takes_the_commands_whole_group_with_it() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let grandchild_file = dir.join("grandchild");
-    let script = format!("sleep 300 & echo $! > '{}'; wait", grandchild_file.display());
+    let script = format!(
+        "sleep 300 & echo $! > '{}'; wait",
+        grandchild_file.display()
+    );
     let mut child = common::bin_command(env!("CARGO_BIN_EXE_ticket"))
         .args(["run", "guarded", "--lease", "2", "--server", &addr])
         .args(["--", "sh", "-c", &script])
@@ -676,7 +683,10 @@ fn a_killed_ticket_run_takes_the_commands_whole_group_with_it() {
         std::thread::sleep(Duration::from_millis(5));
     }
     while !is_dead(guardian) {
-        assert!(killed.elapsed() < Duration::from_secs(2), "the guardian stayed");
+        assert!(
+            killed.elapsed() < Duration::from_secs(2),
+            "the guardian stayed"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     assert!(is_dead(sh));
@@ -724,7 +734,9 @@ fn a_normal_run_leaves_no_guardian_behind() {
     assert!(stderr(&out).is_empty(), "{}", stderr(&out));
     assert!(proc_stat(guardian).is_none(), "the guardian was reaped");
     assert_eq!(
-        status(&ticket(&["acquire", "calm", "--wait", "0", "--server", &addr])),
+        status(&ticket(&[
+            "acquire", "calm", "--wait", "0", "--server", &addr
+        ])),
         0
     );
     let _ = std::fs::remove_dir_all(&dir);
@@ -747,5 +759,9 @@ fn run_with_a_short_lease_needs_no_kill_grace() {
     ]);
     assert_eq!(status(&o), 0, "{}", stderr(&o));
     let o = ticket(&["run", "--help"]);
-    assert!(stdout(&o).contains("0.5 s after the grant"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("0.5 s after the grant"),
+        "{}",
+        stdout(&o)
+    );
 }
