@@ -28,7 +28,9 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 mod guardian;
 
 use ticketd::client::admin::{self, Json};
-use ticketd::client::{Acquire, Client, ExtendToken, KeptTicket, Release, Ticket, DEFAULT_ADDRESS};
+use ticketd::client::{
+    Acquire, Client, ExtendToken, FailureKind, KeptTicket, Release, Ticket, DEFAULT_ADDRESS,
+};
 
 /// The exit statuses of `ticket`. `run` otherwise exits with its command's
 /// status (or 128 + the signal that ended it).
@@ -1149,7 +1151,11 @@ fn parse_acquire_opts(args: &mut pico_args::Arguments) -> Result<AcquireOpts, Ex
 }
 
 fn client(servers: &Servers) -> Result<Client, Exit> {
-    let b = Client::builder().addresses(servers.addrs.iter().cloned());
+    // A refused connection ends the call at once: a command line wants
+    // the reason now, not after the whole --wait.
+    let b = Client::builder()
+        .addresses(servers.addrs.iter().cloned())
+        .fail_fast(true);
     #[cfg(feature = "tls")]
     let b = {
         let mut b = b;
@@ -1166,6 +1172,52 @@ fn client(servers: &Servers) -> Result<Client, Exit> {
     b.build().map_err(|e| Exit::usage(e.to_string()))
 }
 
+/// Why no server could be reached, as ` (no server reachable: ...)`, or
+/// nothing while a connection is up.
+fn unreachable(client: &Client) -> String {
+    if client.connected_sessions() > 0 {
+        return String::new();
+    }
+    match client.last_failure() {
+        Some(f) => format!(" (no server reachable: {f}{})", hint(f.kind())),
+        None => client
+            .last_connect_error()
+            .map(|e| format!(" (no server reachable: {e})"))
+            .unwrap_or_default(),
+    }
+}
+
+/// What the connection that a call lost said about the server, as
+/// `: ADDR: what happened; what to do`, or nothing. Refusals and connect
+/// failures are left out: they never leave an outcome unknown.
+fn lost_connection(client: &Client) -> String {
+    match client.last_failure() {
+        Some(f) if !matches!(f.kind(), FailureKind::Refused | FailureKind::Connect) => {
+            format!(": {f}{}", hint(f.kind()))
+        }
+        _ => String::new(),
+    }
+}
+
+/// The flags that fix a failure of this kind, if any.
+fn hint(kind: FailureKind) -> &'static str {
+    match kind {
+        FailureKind::TlsExpected => {
+            "; give --tls-ca FILE (TICKET_TLS_CA), the CA of its certificate"
+        }
+        FailureKind::CertificateRequired => {
+            "; give --tls-cert FILE --tls-key FILE (TICKET_TLS_CERT, TICKET_TLS_KEY)"
+        }
+        FailureKind::CertificateRefused => {
+            "; give a certificate from the CA of the server's --tls-client-ca"
+        }
+        FailureKind::Http | FailureKind::NotTicketd => {
+            "; --server takes the client port (ticketd --listen)"
+        }
+        _ => "",
+    }
+}
+
 /// Acquires, or ends the process with the status for why not.
 fn take(client: &Client, o: &AcquireOpts) -> Result<Ticket, Exit> {
     let outcome = client
@@ -1174,12 +1226,7 @@ fn take(client: &Client, o: &AcquireOpts) -> Result<Ticket, Exit> {
     match outcome {
         Acquire::Acquired(t) => Ok(t),
         Acquire::Timeout => {
-            let why = match client.last_connect_error() {
-                Some(e) if client.connected_sessions() == 0 => {
-                    format!(" (no server reachable: {e})")
-                }
-                _ => String::new(),
-            };
+            let why = unreachable(client);
             Err(Exit {
                 status: exit::TIMEOUT,
                 message: format!("timeout: {:?} not acquired{why}", o.key),
@@ -1196,8 +1243,9 @@ fn take(client: &Client, o: &AcquireOpts) -> Result<Ticket, Exit> {
         Acquire::Indeterminate => Err(Exit {
             status: exit::INDETERMINATE,
             message: format!(
-                "indeterminate: {:?} must be treated as not held (its lease ends any grant)",
-                o.key
+                "indeterminate: {:?} must be treated as not held (its lease ends any grant){}",
+                o.key,
+                lost_connection(client)
             ),
         }),
     }
@@ -1253,17 +1301,14 @@ fn release(args: Vec<OsString>) -> Result<u8, Exit> {
         }),
         Release::Indeterminate => Err(Exit {
             status: exit::INDETERMINATE,
-            message: format!("indeterminate: the release of {key:?} may not have taken effect"),
+            message: format!(
+                "indeterminate: the release of {key:?} may not have taken effect{}",
+                lost_connection(&client)
+            ),
         }),
         Release::NotSent => Err(Exit {
             status: exit::TIMEOUT,
-            message: format!(
-                "timeout: no server reachable, {key:?} not released{}",
-                client
-                    .last_connect_error()
-                    .map(|e| format!(" ({e})"))
-                    .unwrap_or_default()
-            ),
+            message: format!("timeout: {key:?} not released{}", unreachable(&client)),
         }),
     }
 }
@@ -1302,11 +1347,10 @@ fn extend(args: Vec<OsString>) -> Result<u8, Exit> {
             status: exit::INDETERMINATE,
             message: format!(
                 "indeterminate: no answer; the lease of {key:?} may or may not have moved{}",
-                client
-                    .last_connect_error()
-                    .filter(|_| client.connected_sessions() == 0)
-                    .map(|e| format!(" (no server reachable: {e})"))
-                    .unwrap_or_default()
+                match unreachable(&client) {
+                    none if none.is_empty() => lost_connection(&client),
+                    why => why,
+                }
             ),
         }),
     }
@@ -1366,9 +1410,19 @@ fn default_grace(lease: Duration, renew: bool) -> Duration {
     default.min(room / 2)
 }
 
-fn run(mut args: Vec<OsString>) -> Result<u8, Exit> {
-    // Everything after the first `--` is the command, untouched.
-    let command = match args.iter().position(|a| a == "--") {
+/// `ticket run`'s command line.
+struct RunArgs {
+    o: AcquireOpts,
+    grace: Duration,
+    renew: Renew,
+    /// Everything after the first `--`, untouched.
+    command: Vec<OsString>,
+}
+
+/// Parses `ticket run`'s command line; `None` once `--help` is printed.
+fn parse_run(mut args: Vec<OsString>) -> Result<Option<RunArgs>, Exit> {
+    let separator = args.iter().position(|a| a == "--");
+    let command = match separator {
         Some(i) => {
             let cmd = args.split_off(i + 1);
             args.pop();
@@ -1376,18 +1430,92 @@ fn run(mut args: Vec<OsString>) -> Result<u8, Exit> {
         }
         None => Vec::new(),
     };
+    let given = args.clone();
     let mut args = pico_args::Arguments::from_vec(args);
     if args.contains(["-h", "--help"]) {
         print!("{HELP_RUN}");
-        return Ok(exit::OK);
+        return Ok(None);
     }
     let o = parse_acquire_opts(&mut args)?;
     let (grace, renew) = renew_policy(&mut args, o.lease)?;
-    finish(args)?;
-    let Some((program, program_args)) = command.split_first() else {
+    let rest = args.finish();
+    if let Some(first) = rest.first() {
+        let mut message = format!("unexpected argument {:?}", first.to_string_lossy());
+        if separator.is_none() {
+            // `ticket run KEY CMD ARGS`: the command without its `--`.
+            message.push_str(&format!(
+                "; the command goes after --: {}",
+                with_separator(&given, &rest)
+            ));
+        }
+        return Err(Exit::usage(message));
+    }
+    if command.is_empty() {
         return Err(Exit::usage(
             "missing the command: ticket run KEY -- CMD [ARGS...]",
         ));
+    }
+    Ok(Some(RunArgs {
+        o,
+        grace,
+        renew,
+        command,
+    }))
+}
+
+/// `ticket run` as it was given, with `--` put before `rest` (the
+/// arguments no option took, the last ones of `given`), quoted for a shell.
+fn with_separator(given: &[OsString], rest: &[OsString]) -> String {
+    // Matched from the end: the key, or an option's value, may equal a word
+    // of the command.
+    let mut taken = vec![false; given.len()];
+    let mut tail = given.len();
+    for r in rest.iter().rev() {
+        if let Some(i) = given[..tail].iter().rposition(|g| g == r) {
+            taken[i] = true;
+            tail = i;
+        }
+    }
+    let options = given
+        .iter()
+        .zip(&taken)
+        .filter(|(_, t)| !**t)
+        .map(|(g, _)| g);
+    let dashes = OsString::from("--");
+    let mut line = String::from("ticket run");
+    for w in options.chain(std::iter::once(&dashes)).chain(rest) {
+        line.push(' ');
+        line.push_str(&shell_word(&w.to_string_lossy()));
+    }
+    line
+}
+
+/// `word` as a shell reads it back: bare if it is plain, else in single
+/// quotes.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./:=,+@%".contains(&b));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
+fn run(args: Vec<OsString>) -> Result<u8, Exit> {
+    let Some(RunArgs {
+        o,
+        grace,
+        renew,
+        command,
+    }) = parse_run(args)?
+    else {
+        return Ok(exit::OK);
+    };
+    let Some((program, program_args)) = command.split_first() else {
+        return Err(Exit::usage("missing the command"));
     };
     let client = client(&o.servers)?;
     let ticket = take(&client, &o)?;
@@ -1427,14 +1555,31 @@ fn run(mut args: Vec<OsString>) -> Result<u8, Exit> {
         guardian: guardian.fd(),
     };
     let status = supervise(&mut held, first_expiry, hold_until, &cmd, grace, &signals);
+    report_release(&client, held);
+    guardian.stand_down();
+    status
+}
+
+/// Releases `ticket run`'s lock, saying in words what went wrong, if
+/// anything did.
+fn report_release(client: &Client, held: Held) {
     let key = held.key().to_owned();
     match held.release() {
         Ok(Release::Released) => {}
-        Ok(r) => eprintln!("ticket: releasing {key:?}: {r:?}"),
+        Ok(Release::NotHeld) => {
+            eprintln!("ticket: releasing {key:?}: it was no longer held (its lease had ended)");
+        }
+        Ok(Release::Indeterminate) => eprintln!(
+            "ticket: releasing {key:?}: no answer, so it may still be held until its lease \
+             ends{}",
+            lost_connection(client)
+        ),
+        Ok(Release::NotSent) => eprintln!(
+            "ticket: releasing {key:?}: not released{}; it is held until its lease ends",
+            unreachable(client)
+        ),
         Err(e) => eprintln!("ticket: releasing {key:?}: {e}"),
     }
-    guardian.stand_down();
-    status
 }
 
 fn parse_max_hold(s: &str) -> Result<Duration, String> {
@@ -1795,5 +1940,23 @@ mod tests {
         assert_eq!(usage(&["acquire", "k", "--server", "nowhere"]), exit::USAGE);
         assert_eq!(usage(&["help", "acquire"]), exit::OK);
         assert_eq!(usage(&["run", "--help"]), exit::OK);
+    }
+
+    #[test]
+    fn a_command_without_its_separator_is_shown_with_it() {
+        let message = |v: &[&str]| match dispatch(os(v)) {
+            Err(e) => e.message,
+            Ok(_) => panic!("{v:?} was accepted"),
+        };
+        let m = message(&["run", "k", "sleep", "1"]);
+        assert!(m.contains("\"sleep\""), "{m}");
+        assert!(m.ends_with("ticket run k -- sleep 1"), "{m}");
+        let m = message(&["run", "sleep", "--lease", "5", "sleep", "5"]);
+        assert!(m.ends_with("ticket run sleep --lease 5 -- sleep 5"), "{m}");
+        let m = message(&["run", "k", "sh", "-c", "echo it's"]);
+        assert!(m.ends_with("ticket run k -- sh -c 'echo it'\\''s'"), "{m}");
+        // With the separator, a stray word gets no suggestion.
+        let m = message(&["run", "k", "extra", "--", "true"]);
+        assert!(!m.contains("goes after"), "{m}");
     }
 }

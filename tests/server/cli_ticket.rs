@@ -503,8 +503,9 @@ fn run_max_hold_stops_renewing_then_terminates() {
 }
 
 /// The server dies while `ticket run` holds a renewed lock: the renewal
-/// fails and the command is stopped before the conservative expiry (the
-/// final release then waits out its own 5 s transport deadline).
+/// fails and the command is stopped before the conservative expiry; the
+/// final release finds the port refused and `ticket` says so in words, at
+/// once.
 #[test]
 fn run_stops_the_command_before_the_expiry_when_the_server_is_gone() {
     let mut server = Ticketd::start(&[]);
@@ -554,6 +555,7 @@ fn run_stops_the_command_before_the_expiry_when_the_server_is_gone() {
     }
     let stopped = start.elapsed();
     let out = child.wait_with_output().unwrap();
+    let exited = start.elapsed();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(LEASE_ENDED), "{err}");
     assert!(err.contains("terminated"), "{err}");
@@ -561,6 +563,13 @@ fn run_stops_the_command_before_the_expiry_when_the_server_is_gone() {
         stopped < Duration::from_secs(3),
         "stopped before the 3 s expiry: {stopped:?}"
     );
+    assert!(
+        exited < stopped + Duration::from_secs(1),
+        "the release did not wait for a server that is gone: {exited:?}"
+    );
+    assert!(err.contains("not released"), "{err}");
+    assert!(err.contains("refused"), "{err}");
+    assert!(!err.contains("NotSent"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -764,4 +773,109 @@ fn run_with_a_short_lease_needs_no_kill_grace() {
         "{}",
         stdout(&o)
     );
+}
+
+/// Nothing listens: `acquire`, `release` and `run` end at once with the
+/// address and the refusal, not after the whole default 10 s `--wait`.
+#[test]
+fn a_refused_connection_ends_ticket_at_once() {
+    let refused = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    for args in [
+        &["acquire", "k", "--server", &refused][..],
+        &["release", "k", "5", "--server", &refused],
+        &["run", "k", "--server", &refused, "--", "true"],
+    ] {
+        let start = Instant::now();
+        let o = ticket(args);
+        assert_eq!(status(&o), TIMEOUT, "{args:?}: {}", stderr(&o));
+        assert!(start.elapsed() < Duration::from_secs(2), "{args:?}");
+        let err = stderr(&o);
+        assert!(err.contains(&refused), "{err}");
+        assert!(err.contains("refused"), "{err}");
+    }
+}
+
+/// The admin port (HTTP) given as `--server`: still 122, as nothing can
+/// be sure, but the message says what answered and which port to give.
+#[test]
+fn the_admin_port_as_server_is_named_in_words() {
+    let server = Ticketd::start(&["--admin-listen", "127.0.0.1:0"]);
+    let log = server.log();
+    let at = log
+        .find("admin port (HTTP) on ")
+        .expect("admin start-up line")
+        + "admin port (HTTP) on ".len();
+    let admin = log[at..].split_whitespace().next().unwrap().to_owned();
+    let start = Instant::now();
+    let o = ticket(&["acquire", "db", "--server", &admin]);
+    assert_eq!(status(&o), INDETERMINATE, "{}", stderr(&o));
+    assert!(start.elapsed() < Duration::from_secs(3));
+    let err = stderr(&o);
+    assert!(err.contains("must be treated as not held"), "{err}");
+    assert!(err.contains("answered HTTP"), "{err}");
+    assert!(err.contains("ticketd --listen"), "{err}");
+}
+
+/// A `ticket run` command without its `--`: the usage error shows the
+/// command line with it.
+#[test]
+fn a_command_without_its_separator_gets_a_suggestion() {
+    let o = ticket(&["run", "k", "sleep", "1"]);
+    assert_eq!(status(&o), USAGE);
+    assert!(
+        stderr(&o).contains("ticket run k -- sleep 1"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// Plaintext `ticket` on a TLS port, and `ticket` without the client
+/// certificate a server requires: 122, with the cause and the flags.
+#[cfg(feature = "tls")]
+#[test]
+fn tls_mistakes_are_named_in_words() {
+    use ticketd_testkit::certs::Certs;
+    let certs = Certs::make("cli-words");
+    let mut args = certs.server_args();
+    args.extend(["--tls-client-ca".into(), certs.path("ca.pem")]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = Ticketd::start(&args);
+    let addr = server.addr().to_string();
+    let start = Instant::now();
+    let o = ticket(&["acquire", "db", "--server", &addr]);
+    assert_eq!(status(&o), INDETERMINATE, "{}", stderr(&o));
+    assert!(start.elapsed() < Duration::from_secs(3));
+    assert!(
+        stderr(&o).contains("expects a TLS client"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(stderr(&o).contains("--tls-ca"), "{}", stderr(&o));
+
+    let ca = certs.path("ca.pem");
+    let start = Instant::now();
+    let o = ticket(&["acquire", "db", "--server", &addr, "--tls-ca", &ca]);
+    assert_eq!(status(&o), INDETERMINATE, "{}", stderr(&o));
+    assert!(start.elapsed() < Duration::from_secs(3));
+    let err = stderr(&o);
+    assert!(err.contains("requires a client certificate"), "{err}");
+    assert!(err.contains("--tls-cert"), "{err}");
+
+    let (cert, key) = (certs.path("client.pem"), certs.path("client-key.pem"));
+    let o = ticket(&[
+        "acquire",
+        "db",
+        "--server",
+        &addr,
+        "--tls-ca",
+        &ca,
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+    ]);
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
 }
