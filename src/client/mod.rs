@@ -256,11 +256,12 @@ impl ClientBuilder {
 
     /// Give up at once when every address fails for good: the connection
     /// is refused (nothing listens there) or its TLS handshake is refused.
-    /// A call then returns without waiting out its deadline: Timeout for an
-    /// acquire, NotSent for a release, nothing sent either way, and
-    /// [`Client::last_failure`] says why. Off by default, so that a server
-    /// that restarts within a call's wait is still reached; meant for
-    /// command-line tools, where an immediate answer helps more.
+    /// An acquire or a release then returns without waiting out its
+    /// deadline (Timeout, NotSent; nothing sent either way), and
+    /// [`Client::last_failure`] says why. Extends and renewals still try
+    /// again until theirs. Off by default, so that a server that restarts
+    /// within a call's wait is still reached; meant for command-line tools,
+    /// where an immediate answer helps more.
     #[must_use]
     pub fn fail_fast(mut self, on: bool) -> Self {
         self.fail_fast = on;
