@@ -24,8 +24,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
+#[path = "ticket/guardian.rs"]
+mod guardian;
+
 use ticketd::client::admin::{self, Json};
-use ticketd::client::{Acquire, Client, ExtendToken, KeptTicket, Release, Ticket, DEFAULT_ADDRESS};
+use ticketd::client::{
+    Acquire, Client, ExtendToken, FailureKind, KeptTicket, Release, Ticket, DEFAULT_ADDRESS,
+};
 
 /// The exit statuses of `ticket`. `run` otherwise exits with its command's
 /// status (or 128 + the signal that ended it).
@@ -175,19 +180,29 @@ By default the lock is renewed (extended by --lease) at a third of the lease
 for as long as CMD runs. If it is lost (the server refuses an extend, or no
 server answers before the renewal deadline, a tenth of the lease before the
 expiry), or with --no-renew when the one lease is about to end, CMD's
-process group gets SIGTERM, then SIGKILL --kill-grace seconds later (default
-2) and at the latest half a second before the local expiry, and `ticket`
-exits 124. With renewal, --kill-grace plus half a second must stay below two
-thirds of the lease, so a renewal always lands before a SIGTERM is due.
+process group gets SIGTERM, then SIGKILL --kill-grace seconds later and at
+the latest half a second before the local expiry, and `ticket` exits 124.
+With renewal, --kill-grace plus half a second must stay below two thirds of
+the lease, so a renewal always lands before a SIGTERM is due; the default
+grace is 2 s, less for leases under 7 s (half of two thirds of the lease
+less 0.5 s: 0.75 s for --lease 3).
+
+With --no-renew, SIGTERM comes --kill-grace plus half a second before the
+lease ends: with --lease 3 and the default grace of 2 s, CMD gets SIGTERM
+0.5 s after the grant and SIGKILL at 2.5 s. Give a longer lease or a
+shorter --kill-grace for more time.
 
 CMD runs in its own process group; SIGINT, SIGTERM and SIGHUP sent to
-`ticket` are passed on. CMD gets SIGKILL if `ticket` itself dies
-(PR_SET_PDEATHSIG); a grandchild that leaves CMD's process group (setsid,
-a double fork) escapes both, and must watch the lock itself.
+`ticket` are passed on. If `ticket` itself dies, even by SIGKILL, a guardian
+process it started kills CMD's whole process group at once (and CMD gets
+SIGKILL by PR_SET_PDEATHSIG too). A process that leaves the group (setsid,
+or a daemonizing double fork) escapes both and must watch the lock itself;
+a cgroup contains it: run `ticket run` as a systemd service (docs/CLIENT.md).
 
 OPTIONS:
     --wait S, --lease S, --server ADDR   as for `ticket acquire`
-    --kill-grace S   seconds between SIGTERM and SIGKILL (default 2)
+    --kill-grace S   seconds between SIGTERM and SIGKILL (default 2, less
+                     with renewal and a lease under 7 s)
     --no-renew       hold one lease only: CMD is stopped before it ends
     --max-hold S     stop renewing S seconds after the grant (then as
                      --no-renew: CMD is stopped before that lease ends)
@@ -1152,7 +1167,11 @@ fn parse_acquire_opts(args: &mut pico_args::Arguments) -> Result<AcquireOpts, Ex
 }
 
 fn client(servers: &Servers) -> Result<Client, Exit> {
-    let b = Client::builder().addresses(servers.addrs.iter().cloned());
+    // A refused connection ends the call at once: a command line wants
+    // the reason now, not after the whole --wait.
+    let b = Client::builder()
+        .addresses(servers.addrs.iter().cloned())
+        .fail_fast(true);
     #[cfg(feature = "tls")]
     let b = {
         let mut b = b;
@@ -1169,6 +1188,52 @@ fn client(servers: &Servers) -> Result<Client, Exit> {
     b.build().map_err(|e| Exit::usage(e.to_string()))
 }
 
+/// Why no server could be reached, as ` (no server reachable: ...)`, or
+/// nothing while a connection is up.
+fn unreachable(client: &Client) -> String {
+    if client.connected_sessions() > 0 {
+        return String::new();
+    }
+    match client.last_failure() {
+        Some(f) => format!(" (no server reachable: {f}{})", hint(f.kind())),
+        None => client
+            .last_connect_error()
+            .map(|e| format!(" (no server reachable: {e})"))
+            .unwrap_or_default(),
+    }
+}
+
+/// What the connection that a call lost said about the server, as
+/// `: ADDR: what happened; what to do`, or nothing. Refusals and connect
+/// failures are left out: they never leave an outcome unknown.
+fn lost_connection(client: &Client) -> String {
+    match client.last_failure() {
+        Some(f) if !matches!(f.kind(), FailureKind::Refused | FailureKind::Connect) => {
+            format!(": {f}{}", hint(f.kind()))
+        }
+        _ => String::new(),
+    }
+}
+
+/// The flags that fix a failure of this kind, if any.
+fn hint(kind: FailureKind) -> &'static str {
+    match kind {
+        FailureKind::TlsExpected => {
+            "; give --tls-ca FILE (TICKET_TLS_CA), the CA of its certificate"
+        }
+        FailureKind::CertificateRequired => {
+            "; give --tls-cert FILE --tls-key FILE (TICKET_TLS_CERT, TICKET_TLS_KEY)"
+        }
+        FailureKind::CertificateRefused => {
+            "; give a certificate from the CA of the server's --tls-client-ca"
+        }
+        FailureKind::Http | FailureKind::NotTicketd => {
+            "; --server takes the client port (ticketd --listen)"
+        }
+        _ => "",
+    }
+}
+
 /// Acquires, or ends the process with the status for why not.
 fn take(client: &Client, o: &AcquireOpts) -> Result<Ticket, Exit> {
     let outcome = client
@@ -1177,12 +1242,7 @@ fn take(client: &Client, o: &AcquireOpts) -> Result<Ticket, Exit> {
     match outcome {
         Acquire::Acquired(t) => Ok(t),
         Acquire::Timeout => {
-            let why = match client.last_connect_error() {
-                Some(e) if client.connected_sessions() == 0 => {
-                    format!(" (no server reachable: {e})")
-                }
-                _ => String::new(),
-            };
+            let why = unreachable(client);
             Err(Exit {
                 status: exit::TIMEOUT,
                 message: format!("timeout: {:?} not acquired{why}", o.key),
@@ -1199,8 +1259,9 @@ fn take(client: &Client, o: &AcquireOpts) -> Result<Ticket, Exit> {
         Acquire::Indeterminate => Err(Exit {
             status: exit::INDETERMINATE,
             message: format!(
-                "indeterminate: {:?} must be treated as not held (its lease ends any grant)",
-                o.key
+                "indeterminate: {:?} must be treated as not held (its lease ends any grant){}",
+                o.key,
+                lost_connection(client)
             ),
         }),
     }
@@ -1256,17 +1317,14 @@ fn release(args: Vec<OsString>) -> Result<u8, Exit> {
         }),
         Release::Indeterminate => Err(Exit {
             status: exit::INDETERMINATE,
-            message: format!("indeterminate: the release of {key:?} may not have taken effect"),
+            message: format!(
+                "indeterminate: the release of {key:?} may not have taken effect{}",
+                lost_connection(&client)
+            ),
         }),
         Release::NotSent => Err(Exit {
             status: exit::TIMEOUT,
-            message: format!(
-                "timeout: no server reachable, {key:?} not released{}",
-                client
-                    .last_connect_error()
-                    .map(|e| format!(" ({e})"))
-                    .unwrap_or_default()
-            ),
+            message: format!("timeout: {key:?} not released{}", unreachable(&client)),
         }),
     }
 }
@@ -1305,11 +1363,10 @@ fn extend(args: Vec<OsString>) -> Result<u8, Exit> {
             status: exit::INDETERMINATE,
             message: format!(
                 "indeterminate: no answer; the lease of {key:?} may or may not have moved{}",
-                client
-                    .last_connect_error()
-                    .filter(|_| client.connected_sessions() == 0)
-                    .map(|e| format!(" (no server reachable: {e})"))
-                    .unwrap_or_default()
+                match unreachable(&client) {
+                    none if none.is_empty() => lost_connection(&client),
+                    why => why,
+                }
             ),
         }),
     }
@@ -1331,11 +1388,11 @@ fn renew_policy(
     args: &mut pico_args::Arguments,
     lease: Duration,
 ) -> Result<(Duration, Renew), Exit> {
-    let grace = args
+    let given = args
         .opt_value_from_fn("--kill-grace", parse_grace)
-        .map_err(|e| Exit::usage(e.to_string()))?
-        .unwrap_or(Duration::from_secs_f64(DEFAULT_KILL_GRACE_S));
+        .map_err(|e| Exit::usage(e.to_string()))?;
     let no_renew = args.contains("--no-renew");
+    let grace = given.unwrap_or_else(|| default_grace(lease, !no_renew));
     let max_hold = args
         .opt_value_from_fn("--max-hold", parse_max_hold)
         .map_err(|e| Exit::usage(e.to_string()))?;
@@ -1357,9 +1414,31 @@ fn renew_policy(
     Ok((grace, renew))
 }
 
-fn run(mut args: Vec<OsString>) -> Result<u8, Exit> {
-    // Everything after the first `--` is the command, untouched.
-    let command = match args.iter().position(|a| a == "--") {
+/// `--kill-grace` when not given: 2 s, or, with renewal and a short lease,
+/// half the room the renewal leaves (two thirds of the lease less
+/// [`KILL_MARGIN`]), so that any lease makes a valid command.
+fn default_grace(lease: Duration, renew: bool) -> Duration {
+    let default = Duration::from_secs_f64(DEFAULT_KILL_GRACE_S);
+    if !renew {
+        return default;
+    }
+    let room = (lease * 2 / 3).saturating_sub(KILL_MARGIN);
+    default.min(room / 2)
+}
+
+/// `ticket run`'s command line.
+struct RunArgs {
+    o: AcquireOpts,
+    grace: Duration,
+    renew: Renew,
+    /// Everything after the first `--`, untouched.
+    command: Vec<OsString>,
+}
+
+/// Parses `ticket run`'s command line; `None` once `--help` is printed.
+fn parse_run(mut args: Vec<OsString>) -> Result<Option<RunArgs>, Exit> {
+    let separator = args.iter().position(|a| a == "--");
+    let command = match separator {
         Some(i) => {
             let cmd = args.split_off(i + 1);
             args.pop();
@@ -1367,18 +1446,92 @@ fn run(mut args: Vec<OsString>) -> Result<u8, Exit> {
         }
         None => Vec::new(),
     };
+    let given = args.clone();
     let mut args = pico_args::Arguments::from_vec(args);
     if args.contains(["-h", "--help"]) {
         print!("{HELP_RUN}");
-        return Ok(exit::OK);
+        return Ok(None);
     }
     let o = parse_acquire_opts(&mut args)?;
     let (grace, renew) = renew_policy(&mut args, o.lease)?;
-    finish(args)?;
-    let Some((program, program_args)) = command.split_first() else {
+    let rest = args.finish();
+    if let Some(first) = rest.first() {
+        let mut message = format!("unexpected argument {:?}", first.to_string_lossy());
+        if separator.is_none() {
+            // `ticket run KEY CMD ARGS`: the command without its `--`.
+            message.push_str(&format!(
+                "; the command goes after --: {}",
+                with_separator(&given, &rest)
+            ));
+        }
+        return Err(Exit::usage(message));
+    }
+    if command.is_empty() {
         return Err(Exit::usage(
             "missing the command: ticket run KEY -- CMD [ARGS...]",
         ));
+    }
+    Ok(Some(RunArgs {
+        o,
+        grace,
+        renew,
+        command,
+    }))
+}
+
+/// `ticket run` as it was given, with `--` put before `rest` (the
+/// arguments no option took, the last ones of `given`), quoted for a shell.
+fn with_separator(given: &[OsString], rest: &[OsString]) -> String {
+    // Matched from the end: the key, or an option's value, may equal a word
+    // of the command.
+    let mut taken = vec![false; given.len()];
+    let mut tail = given.len();
+    for r in rest.iter().rev() {
+        if let Some(i) = given[..tail].iter().rposition(|g| g == r) {
+            taken[i] = true;
+            tail = i;
+        }
+    }
+    let options = given
+        .iter()
+        .zip(&taken)
+        .filter(|(_, t)| !**t)
+        .map(|(g, _)| g);
+    let dashes = OsString::from("--");
+    let mut line = String::from("ticket run");
+    for w in options.chain(std::iter::once(&dashes)).chain(rest) {
+        line.push(' ');
+        line.push_str(&shell_word(&w.to_string_lossy()));
+    }
+    line
+}
+
+/// `word` as a shell reads it back: bare if it is plain, else in single
+/// quotes.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./:=,+@%".contains(&b));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
+fn run(args: Vec<OsString>) -> Result<u8, Exit> {
+    let Some(RunArgs {
+        o,
+        grace,
+        renew,
+        command,
+    }) = parse_run(args)?
+    else {
+        return Ok(exit::OK);
+    };
+    let Some((program, program_args)) = command.split_first() else {
+        return Err(Exit::usage("missing the command"));
     };
     let client = client(&o.servers)?;
     let ticket = take(&client, &o)?;
@@ -1391,6 +1544,18 @@ fn run(mut args: Vec<OsString>) -> Result<u8, Exit> {
             return Err(e);
         }
     };
+    // Forked before the command, so it guards the command's group from
+    // the start; stood down only once the lock is released.
+    let guardian = match guardian::Guardian::start() {
+        Ok(g) => g,
+        Err(e) => {
+            let _ = ticket.release();
+            return Err(Exit {
+                status: exit::CANNOT_RUN,
+                message: format!("cannot start the guardian process: {e}"),
+            });
+        }
+    };
     let first_expiry = ticket.expires_at_system();
     let mut held = match renew {
         Renew::Never => Held::Once(ticket),
@@ -1400,22 +1565,37 @@ fn run(mut args: Vec<OsString>) -> Result<u8, Exit> {
         Renew::Until(Some(h)) => Some(Instant::now() + h),
         _ => None,
     };
-    let status = supervise(
-        &mut held,
-        first_expiry,
-        hold_until,
+    let cmd = Cmd {
         program,
-        program_args,
-        grace,
-        &signals,
-    );
+        args: program_args,
+        guardian: guardian.fd(),
+    };
+    let status = supervise(&mut held, first_expiry, hold_until, &cmd, grace, &signals);
+    report_release(&client, held);
+    guardian.stand_down();
+    status
+}
+
+/// Releases `ticket run`'s lock, saying in words what went wrong, if
+/// anything did.
+fn report_release(client: &Client, held: Held) {
     let key = held.key().to_owned();
     match held.release() {
         Ok(Release::Released) => {}
-        Ok(r) => eprintln!("ticket: releasing {key:?}: {r:?}"),
+        Ok(Release::NotHeld) => {
+            eprintln!("ticket: releasing {key:?}: it was no longer held (its lease had ended)");
+        }
+        Ok(Release::Indeterminate) => eprintln!(
+            "ticket: releasing {key:?}: no answer, so it may still be held until its lease \
+             ends{}",
+            lost_connection(client)
+        ),
+        Ok(Release::NotSent) => eprintln!(
+            "ticket: releasing {key:?}: not released{}; it is held until its lease ends",
+            unreachable(client)
+        ),
         Err(e) => eprintln!("ticket: releasing {key:?}: {e}"),
     }
-    status
 }
 
 fn parse_max_hold(s: &str) -> Result<Duration, String> {
@@ -1523,19 +1703,21 @@ fn signal_group(pid: u32, sig: i32) {
     }
 }
 
-/// Runs the command under the lock and returns `ticket`'s exit status.
-///
-/// The command is stopped (SIGTERM, then SIGKILL `grace` later) when the
-/// lock is lost, or when its lease is about to end and no renewal can move
-/// it any more; SIGKILL goes out at the latest [`KILL_MARGIN`] before the
-/// conservative expiry, whatever else happens.
+/// The command `ticket run` starts, and the guardian it reports to.
+struct Cmd<'a> {
+    program: &'a OsString,
+    args: &'a [OsString],
+    /// The write end of the guardian's pipe ([`guardian::announce`]).
+    guardian: std::os::fd::RawFd,
+}
+
 /// Starts the command in its own process group with the ticket in its
-/// environment, to die with `ticket`.
+/// environment, to die with `ticket`: by PR_SET_PDEATHSIG, and its whole
+/// group by the guardian.
 fn spawn(
     held: &Held,
     first_expiry: std::time::SystemTime,
-    program: &OsString,
-    args: &[OsString],
+    cmd: &Cmd<'_>,
 ) -> Result<std::process::Child, Exit> {
     use std::os::unix::process::CommandExt;
 
@@ -1545,16 +1727,18 @@ fn spawn(
         .unwrap_or(0);
     // SAFETY: getpid(2) has no preconditions.
     let parent = unsafe { libc::getpid() };
+    let (program, guard) = (cmd.program, cmd.guardian);
     let mut command = Command::new(program);
     command
-        .args(args)
+        .args(cmd.args)
         .env("TICKET_KEY", held.key())
         .env("TICKET_TOKEN", held.token().to_string())
         .env("TICKET_EXPIRES_AT", expires_unix_s.to_string())
         // Its own group, so the end of the lease stops its children too.
         .process_group(0);
     // SAFETY: the closure runs in the child between fork and exec and calls
-    // only async-signal-safe functions (prctl, getppid, _exit).
+    // only async-signal-safe functions (prctl, getppid, setpgid, getpgrp,
+    // signal, write, _exit) and allocates nothing.
     unsafe {
         command.pre_exec(move || {
             // The command must not outlive `ticket` unnoticed: once the
@@ -1565,6 +1749,15 @@ fn spawn(
             if libc::getppid() != parent {
                 // `ticket` died before the death signal was armed.
                 libc::_exit(exit::LEASE_ENDED.into());
+            }
+            // The group exists before the guardian learns it (process_group
+            // above did the same; doing it here does not depend on the order).
+            if libc::setpgid(0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Before exec, so before the command can start any child.
+            if !guardian::announce(guard) {
+                return Err(std::io::Error::from_raw_os_error(libc::EPIPE));
             }
             Ok(())
         });
@@ -1577,26 +1770,36 @@ fn spawn(
             } else {
                 exit::CANNOT_RUN
             };
+            let why = if e.raw_os_error() == Some(libc::EPIPE) {
+                "the guardian process is gone".to_owned()
+            } else {
+                e.to_string()
+            };
             Err(Exit {
                 status,
-                message: format!("cannot run {:?}: {e}", program.to_string_lossy()),
+                message: format!("cannot run {:?}: {why}", program.to_string_lossy()),
             })
         }
     }
 }
 
+/// Runs the command under the lock and returns `ticket`'s exit status.
+///
+/// The command is stopped (SIGTERM, then SIGKILL `grace` later) when the
+/// lock is lost, or when its lease is about to end and no renewal can move
+/// it any more; SIGKILL goes out at the latest [`KILL_MARGIN`] before the
+/// conservative expiry, whatever else happens.
 // Long because the poll loop's escalation (forward signals, TERM before the
 // lease ends, KILL at its margin) reads the child and the lease together.
 fn supervise(
     held: &mut Held,
     first_expiry: std::time::SystemTime,
     hold_until: Option<Instant>,
-    program: &OsString,
-    args: &[OsString],
+    cmd: &Cmd<'_>,
     grace: Duration,
     signals: &Forwarded,
 ) -> Result<u8, Exit> {
-    let mut child = spawn(held, first_expiry, program, args)?;
+    let mut child = spawn(held, first_expiry, cmd)?;
     let pid = child.id();
     let mut term_at: Option<Instant> = None;
     let mut termed = false;
@@ -1688,6 +1891,30 @@ mod tests {
     }
 
     #[test]
+    fn the_default_kill_grace_fits_every_lease() {
+        for lease_s in 1..=255 {
+            let lease = Duration::from_secs(lease_s);
+            let grace = default_grace(lease, true);
+            assert!((grace + KILL_MARGIN) * 3 < lease * 2, "--lease {lease_s}");
+            assert!(grace <= Duration::from_secs(2));
+            let mut args = pico_args::Arguments::from_vec(Vec::new());
+            assert!(renew_policy(&mut args, lease).is_ok(), "--lease {lease_s}");
+        }
+        assert_eq!(
+            default_grace(Duration::from_secs(30), true),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            default_grace(Duration::from_secs(3), true),
+            Duration::from_millis(750)
+        );
+        assert_eq!(
+            default_grace(Duration::from_secs(3), false),
+            Duration::from_secs(2)
+        );
+    }
+
+    #[test]
     fn usage_errors_are_reported_before_connecting() {
         let usage = |v: &[&str]| match dispatch(os(v)) {
             Err(e) => e.status,
@@ -1709,7 +1936,16 @@ mod tests {
         assert_eq!(usage(&["extend", "k", "1", "--lease", "0"]), exit::USAGE);
         // Renewal needs room between the renewal and the SIGTERM.
         assert_eq!(
-            usage(&["run", "k", "--lease", "3", "--", "true"]),
+            usage(&[
+                "run",
+                "k",
+                "--lease",
+                "3",
+                "--kill-grace",
+                "2",
+                "--",
+                "true"
+            ]),
             exit::USAGE
         );
         assert_eq!(
@@ -1720,5 +1956,23 @@ mod tests {
         assert_eq!(usage(&["acquire", "k", "--server", "nowhere"]), exit::USAGE);
         assert_eq!(usage(&["help", "acquire"]), exit::OK);
         assert_eq!(usage(&["run", "--help"]), exit::OK);
+    }
+
+    #[test]
+    fn a_command_without_its_separator_is_shown_with_it() {
+        let message = |v: &[&str]| match dispatch(os(v)) {
+            Err(e) => e.message,
+            Ok(_) => panic!("{v:?} was accepted"),
+        };
+        let m = message(&["run", "k", "sleep", "1"]);
+        assert!(m.contains("\"sleep\""), "{m}");
+        assert!(m.ends_with("ticket run k -- sleep 1"), "{m}");
+        let m = message(&["run", "sleep", "--lease", "5", "sleep", "5"]);
+        assert!(m.ends_with("ticket run sleep --lease 5 -- sleep 5"), "{m}");
+        let m = message(&["run", "k", "sh", "-c", "echo it's"]);
+        assert!(m.ends_with("ticket run k -- sh -c 'echo it'\\''s'"), "{m}");
+        // With the separator, a stray word gets no suggestion.
+        let m = message(&["run", "k", "extra", "--", "true"]);
+        assert!(!m.contains("goes after"), "{m}");
     }
 }

@@ -123,6 +123,7 @@ impl Client {
                 // Sent, but no reply in time (or after `until`): the next
                 // round gives up or sends it again.
                 Waited::Answered { .. } | Waited::Indeterminate | Waited::NotSent => {
+                    self.inner.pool.note_failure(&session);
                     backoff.pause();
                 }
             }

@@ -60,6 +60,7 @@ pub mod admin;
 mod deadline;
 mod error;
 mod extend;
+mod failure;
 pub mod machine;
 mod owner;
 mod pool;
@@ -82,6 +83,7 @@ use std::time::{Duration, Instant};
 pub use deadline::{MAX_LEASE, MAX_WAIT, RESPONSE_GRACE, TRANSPORT_DEADLINE};
 pub use error::Error;
 pub use extend::{Extend, ExtendToken, KeptTicket};
+pub use failure::{Failure, FailureKind};
 pub use ticket::Ticket;
 
 use deadline::Plan;
@@ -179,6 +181,7 @@ pub struct ClientBuilder {
     pool_size: usize,
     connect_timeout: Duration,
     max_key_bytes: usize,
+    fail_fast: bool,
     #[cfg(feature = "tls")]
     tls: Option<TlsSettings>,
 }
@@ -199,6 +202,7 @@ impl Default for ClientBuilder {
             pool_size: DEFAULT_POOL_SIZE,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             max_key_bytes: crate::limits::DEFAULT_MAX_KEY_BYTES,
+            fail_fast: false,
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -247,6 +251,20 @@ impl ClientBuilder {
     #[must_use]
     pub fn max_key_bytes(mut self, n: usize) -> Self {
         self.max_key_bytes = n;
+        self
+    }
+
+    /// Give up at once when every address fails for good: the connection
+    /// is refused (nothing listens there) or its TLS handshake is refused.
+    /// An acquire or a release then returns without waiting out its
+    /// deadline (Timeout, NotSent; nothing sent either way), and
+    /// [`Client::last_failure`] says why. Extends and renewals still try
+    /// again until theirs. Off by default, so that a server that restarts
+    /// within a call's wait is still reached; meant for command-line tools,
+    /// where an immediate answer helps more.
+    #[must_use]
+    pub fn fail_fast(mut self, on: bool) -> Self {
+        self.fail_fast = on;
         self
     }
 
@@ -405,6 +423,7 @@ impl ClientBuilder {
                     self.pool_size,
                     self.connect_timeout,
                     self.max_key_bytes,
+                    self.fail_fast,
                 ),
                 max_key_bytes: self.max_key_bytes,
                 background: Mutex::new(Background {
@@ -480,6 +499,17 @@ impl Client {
         self.inner.pool.last_error()
     }
 
+    /// Why the last connection that failed did: one that could not be made,
+    /// or one that ended under a call that then returned Indeterminate.
+    /// Names the cause where the client can tell it from what came back
+    /// ([`FailureKind`]): a TLS port spoken to in plaintext, a client
+    /// certificate the server requires, an address that is no ticketd
+    /// client port. The outcome stays what it was.
+    #[must_use]
+    pub fn last_failure(&self) -> Option<Failure> {
+        self.inner.pool.last_failure()
+    }
+
     /// Asks for `key`, waiting up to `wait` (clamped to 255 s) in the
     /// server's queue, for a grant that lives `lease` (whole seconds,
     /// 1..=255). Returns within `wait` + 1 s (or 5 s for `wait = 0`); `Err`
@@ -504,7 +534,10 @@ impl Client {
             }
             match session.await_call(&call) {
                 Waited::NotSent => backoff.pause(),
-                Waited::Indeterminate => return Ok(Acquire::Indeterminate),
+                Waited::Indeterminate => {
+                    self.inner.pool.note_failure(&session);
+                    return Ok(Acquire::Indeterminate);
+                }
                 Waited::Answered { answer, written_at } => {
                     return Ok(match answer {
                         Answer::Acquired { token } => {
@@ -556,7 +589,10 @@ impl Client {
             }
             match session.await_call(&call) {
                 Waited::NotSent => backoff.pause(),
-                Waited::Indeterminate => return Release::Indeterminate,
+                Waited::Indeterminate => {
+                    self.inner.pool.note_failure(&session);
+                    return Release::Indeterminate;
+                }
                 Waited::Answered { answer, .. } => {
                     return match answer {
                         Answer::Released => Release::Released,

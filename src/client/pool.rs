@@ -14,6 +14,7 @@ use crate::client::transport::{ClientStream, Security, Target};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use super::failure::{classify_io, Failure, FailureKind};
 use super::session::{lock, Session};
 
 /// First pause after every address refused; doubles up to [`MAX_BACKOFF`].
@@ -31,6 +32,7 @@ struct PoolState {
     rr: usize,
     next_addr: usize,
     last_error: Option<String>,
+    last_failure: Option<Failure>,
     closed: bool,
 }
 
@@ -42,6 +44,9 @@ pub(crate) struct Pool {
     tcp: Vec<SocketAddr>,
     connect_timeout: Duration,
     max_key_bytes: usize,
+    /// Give up at once when every address failed for good
+    /// ([`super::ClientBuilder::fail_fast`]).
+    fail_fast: bool,
     state: Mutex<PoolState>,
     cv: Condvar,
 }
@@ -53,6 +58,7 @@ impl Pool {
         size: usize,
         connect_timeout: Duration,
         max_key_bytes: usize,
+        fail_fast: bool,
     ) -> Pool {
         let tcp = addrs
             .iter()
@@ -68,11 +74,13 @@ impl Pool {
             tcp,
             connect_timeout,
             max_key_bytes,
+            fail_fast,
             state: Mutex::new(PoolState {
                 slots: (0..size).map(|_| Slot::Empty).collect(),
                 rr: 0,
                 next_addr: 0,
                 last_error: None,
+                last_failure: None,
                 closed: false,
             }),
             cv: Condvar::new(),
@@ -85,6 +93,17 @@ impl Pool {
 
     pub(crate) fn last_error(&self) -> Option<String> {
         lock(&self.state).last_error.clone()
+    }
+
+    pub(crate) fn last_failure(&self) -> Option<Failure> {
+        lock(&self.state).last_failure.clone()
+    }
+
+    /// Keeps why `session` failed, if it did, as the last failure.
+    pub(crate) fn note_failure(&self, session: &Session) {
+        if let Some(f) = session.failure() {
+            lock(&self.state).last_failure = Some(f);
+        }
     }
 
     /// Live sessions now in the pool.
@@ -154,12 +173,15 @@ impl Pool {
                             s.join();
                             return None;
                         }
-                        Err(e) => {
+                        Err((e, definite)) => {
                             st.slots[i] = Slot::Empty;
                             st.last_error = Some(e.to_string());
                             self.cv.notify_all();
                             if let Some(s) = any_live(&st) {
                                 return Some(s);
+                            }
+                            if definite && self.fail_fast {
+                                return None;
                             }
                         }
                     }
@@ -174,7 +196,9 @@ impl Pool {
 
     /// Tries every address once, starting from the next in rotation, each
     /// connect capped by the connect timeout and by the send deadline.
-    fn connect(&self, send_deadline: Instant) -> Result<Arc<Session>, ConnectError> {
+    /// The error says, besides, whether every address failed for good
+    /// ([`FailureKind::is_definite`]).
+    fn connect(&self, send_deadline: Instant) -> Result<Arc<Session>, (ConnectError, bool)> {
         let first = {
             let mut st = lock(&self.state);
             let a = st.next_addr;
@@ -182,35 +206,51 @@ impl Pool {
             a
         };
         let mut last = ConnectError::DeadlinePassed;
+        let mut definite = true;
         for k in 0..self.addrs.len() {
             let i = (first + k) % self.addrs.len();
             let addr = &self.addrs[i];
             let left = send_deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
+                definite = false;
                 break;
             }
             let security = self.security.get(i).unwrap_or(&Security::Plain);
-            match ClientStream::connect(addr, security, self.connect_timeout.min(left)) {
-                Ok(stream) => match Session::start(stream, self.max_key_bytes) {
-                    Ok(s) => return Ok(s),
-                    Err(source) => {
-                        last = ConnectError::Session {
-                            addr: addr.to_string(),
-                            source,
+            let failure =
+                match ClientStream::connect(addr, security, self.connect_timeout.min(left)) {
+                    Ok(stream) => {
+                        match Session::start(stream, self.max_key_bytes, addr.to_string()) {
+                            Ok(s) => return Ok(s),
+                            Err(source) => {
+                                let f = Failure::new(
+                                    addr.to_string(),
+                                    FailureKind::Connect,
+                                    source.to_string(),
+                                );
+                                last = ConnectError::Session {
+                                    addr: addr.to_string(),
+                                    source,
+                                };
+                                f
+                            }
                         }
                     }
-                },
-                Err(source) => {
-                    last = ConnectError::Connect {
-                        addr: addr.to_string(),
-                        source,
+                    Err(source) => {
+                        let (kind, detail) = classify_io(&source);
+                        last = ConnectError::Connect {
+                            addr: addr.to_string(),
+                            source,
+                        };
+                        Failure::new(addr.to_string(), kind, detail)
                     }
-                }
-            }
+                };
+            definite &= failure.kind().is_definite();
             // Kept even if a later address answers: it explains a slow call.
-            lock(&self.state).last_error = Some(last.to_string());
+            let mut st = lock(&self.state);
+            st.last_error = Some(last.to_string());
+            st.last_failure = Some(failure);
         }
-        Err(last)
+        Err((last, definite))
     }
 
     /// Closes every session and joins its threads; later `get`s return `None`.

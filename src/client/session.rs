@@ -23,6 +23,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use super::deadline::Plan;
+use super::failure::{classify_io, classify_reply, Failure, FailureKind};
 use crate::limits::max_reply_frame;
 use crate::proto::{decode_reply, encode_request, Decoded, Reply, Request};
 use crate::readbuf::ReadBuf;
@@ -198,6 +199,8 @@ impl Call {
 struct State {
     dead: bool,
     why: Option<String>,
+    /// Why the connection failed, when it ended by no doing of the client.
+    failure: Option<Failure>,
     queue: VecDeque<Arc<Call>>,
     acquires: HashMap<u64, Arc<Call>>,
     /// By token; the list holds one entry per pending release of that token,
@@ -216,6 +219,8 @@ struct State {
 /// A connection with its two threads.
 pub(crate) struct Session {
     id: u64,
+    /// The server address, for [`Failure`]s.
+    peer: String,
     stream: ClientStream,
     max_key_bytes: usize,
     state: Mutex<State>,
@@ -271,15 +276,21 @@ fn encode_call(st: &mut State, call: &Arc<Call>, wait_s: u8, buf: &mut Vec<u8>) 
 
 impl Session {
     /// Starts the reader and writer threads of a connected stream.
-    pub(crate) fn start(stream: ClientStream, max_key_bytes: usize) -> io::Result<Arc<Session>> {
+    pub(crate) fn start(
+        stream: ClientStream,
+        max_key_bytes: usize,
+        peer: String,
+    ) -> io::Result<Arc<Session>> {
         let read_half = stream.try_clone()?;
         let session = Arc::new(Session {
             id: NEXT_SESSION_ID.fetch_add(1, Ordering::Relaxed),
+            peer,
             stream,
             max_key_bytes,
             state: Mutex::new(State {
                 dead: false,
                 why: None,
+                failure: None,
                 queue: VecDeque::new(),
                 acquires: HashMap::new(),
                 releases: HashMap::new(),
@@ -319,6 +330,11 @@ impl Session {
 
     pub(crate) fn is_dead(&self) -> bool {
         lock(&self.state).dead
+    }
+
+    /// Why the connection failed, if it ended by no doing of the client.
+    pub(crate) fn failure(&self) -> Option<Failure> {
+        lock(&self.state).failure.clone()
     }
 
     /// Why the session closed, once it has.
@@ -442,6 +458,13 @@ impl Session {
                 // Close exactly this session: the reply can no longer be
                 // told apart from a late one, and the server must not
                 // keep a queued acquire for a caller that has gone.
+                if !st.dead {
+                    st.failure = Some(Failure::new(
+                        self.peer.clone(),
+                        FailureKind::NoReply,
+                        "no reply within the wait plus 1 s".into(),
+                    ));
+                }
                 self.close_locked(&mut st, "no reply by the deadline plus grace");
                 drop(st);
                 self.shutdown();
@@ -462,6 +485,19 @@ impl Session {
         if st.dead {
             return;
         }
+        self.close_locked(&mut st, why);
+        drop(st);
+        self.shutdown();
+    }
+
+    /// Closes the session because the connection failed: `kind` and
+    /// `detail` become its [`Failure`].
+    fn close_failed(&self, why: &str, (kind, detail): (FailureKind, String)) {
+        let mut st = lock(&self.state);
+        if st.dead {
+            return;
+        }
+        st.failure = Some(Failure::new(self.peer.clone(), kind, detail));
         self.close_locked(&mut st, why);
         drop(st);
         self.shutdown();
@@ -544,7 +580,7 @@ impl Session {
                 continue;
             }
             if let Err(e) = (&self.stream).write_all(&buf) {
-                self.close(&format!("write failed: {e}"));
+                self.close_failed(&format!("write failed: {e}"), classify_io(&e));
                 return;
             }
         }
@@ -558,17 +594,24 @@ impl Session {
         let mut buf = ReadBuf::new(READ_CHUNK);
         loop {
             if !buf.make_room(READ_CHUNK, cap) {
-                self.close("a reply longer than the longest the protocol allows");
+                let why = "a reply longer than the longest the protocol allows";
+                self.close_failed(why, (FailureKind::NotTicketd, why.into()));
                 return;
             }
             match buf.read_from(&mut stream) {
                 Ok(0) => {
-                    self.close("connection closed by the server");
+                    let why = "connection closed by the server";
+                    let cause = classify_reply(buf.data()).unwrap_or((
+                        FailureKind::Closed,
+                        "the server closed the connection".into(),
+                    ));
+                    self.close_failed(why, cause);
                     return;
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    self.close(&format!("read failed: {e}"));
+                    let cause = classify_reply(buf.data()).unwrap_or_else(|| classify_io(&e));
+                    self.close_failed(&format!("read failed: {e}"), cause);
                     return;
                 }
             }
@@ -577,13 +620,20 @@ impl Session {
                     Decoded::Incomplete => break,
                     Decoded::Frame { frame, used } => {
                         if let Err(why) = self.deliver(frame) {
-                            self.close(why);
+                            self.close_failed(why, (FailureKind::NotTicketd, why.into()));
                             return;
                         }
                         buf.consume(used);
                     }
                     Decoded::Malformed(m) => {
-                        self.close(&format!("malformed reply from the server: {m}"));
+                        let why = format!("malformed reply from the server: {m}");
+                        let cause = classify_reply(buf.data()).unwrap_or_else(|| {
+                            (
+                                FailureKind::NotTicketd,
+                                format!("it answered bytes that are no ticketd reply ({m})"),
+                            )
+                        });
+                        self.close_failed(&why, cause);
                         return;
                     }
                 }

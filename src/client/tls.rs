@@ -68,6 +68,13 @@ impl std::error::Error for NotAServerName {
     }
 }
 
+fn closed_in_handshake() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "the server closed the connection during the TLS handshake (a plaintext port?)",
+    )
+}
+
 /// A TLS session and its socket.
 #[derive(Debug)]
 pub(crate) struct TlsSocket {
@@ -79,8 +86,25 @@ fn lock(m: &Mutex<rustls::ClientConnection>) -> MutexGuard<'_, rustls::ClientCon
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn tls_error(e: rustls::Error) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {e}"))
+/// A TLS error under an [`io::Error`], kept whole so that
+/// `super::failure` can tell its kind.
+#[derive(Debug)]
+pub(crate) struct TlsError(pub(crate) rustls::Error);
+
+impl std::fmt::Display for TlsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TLS: {}", self.0)
+    }
+}
+
+impl std::error::Error for TlsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+pub(crate) fn tls_error(e: rustls::Error) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, TlsError(e))
 }
 
 impl TlsSocket {
@@ -98,18 +122,16 @@ impl TlsSocket {
         sock.set_write_timeout(Some(timeout))?;
         while tls.is_handshaking() {
             match tls.complete_io(&mut sock) {
-                Ok((0, 0)) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "TLS: closed during the handshake",
-                    ))
-                }
+                Ok((0, 0)) => return Err(closed_in_handshake()),
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     return Err(io::Error::new(
                         io::ErrorKind::TimedOut,
                         "TLS: the handshake timed out",
                     ))
+                }
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                    return Err(closed_in_handshake())
                 }
                 Err(e) => return Err(e),
             }

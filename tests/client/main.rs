@@ -10,6 +10,7 @@
 //! `ticketd_testkit`.
 
 mod contention;
+mod failure;
 mod keepalive;
 mod rules;
 mod security;

@@ -503,8 +503,9 @@ fn run_max_hold_stops_renewing_then_terminates() {
 }
 
 /// The server dies while `ticket run` holds a renewed lock: the renewal
-/// fails and the command is stopped before the conservative expiry (the
-/// final release then waits out its own 5 s transport deadline).
+/// fails and the command is stopped before the conservative expiry; the
+/// final release finds the port refused and `ticket` says so in words, at
+/// once.
 #[test]
 fn run_stops_the_command_before_the_expiry_when_the_server_is_gone() {
     let mut server = Ticketd::start(&[]);
@@ -554,6 +555,7 @@ fn run_stops_the_command_before_the_expiry_when_the_server_is_gone() {
     }
     let stopped = start.elapsed();
     let out = child.wait_with_output().unwrap();
+    let exited = start.elapsed();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(LEASE_ENDED), "{err}");
     assert!(err.contains("terminated"), "{err}");
@@ -561,6 +563,13 @@ fn run_stops_the_command_before_the_expiry_when_the_server_is_gone() {
         stopped < Duration::from_secs(3),
         "stopped before the 3 s expiry: {stopped:?}"
     );
+    assert!(
+        exited < stopped + Duration::from_secs(1),
+        "the release did not wait for a server that is gone: {exited:?}"
+    );
+    assert!(err.contains("not released"), "{err}");
+    assert!(err.contains("refused"), "{err}");
+    assert!(!err.contains("NotSent"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -586,4 +595,287 @@ fn extend_moves_a_lease_by_token() {
     let o = ticket(&["extend", "ext", &wrong, "--server", &addr]);
     assert_eq!(status(&o), 123, "{}", stderr(&o));
     assert!(stderr(&o).contains("not held"), "{}", stderr(&o));
+}
+
+/// The processes whose parent is `pid`, from /proc.
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(child) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if proc_stat(child).is_some_and(|(_, ppid, _)| ppid == pid) {
+            found.push(child);
+        }
+    }
+    found
+}
+
+/// State, parent and process group of `pid` from /proc/PID/stat; `None`
+/// once it is gone.
+fn proc_stat(pid: u32) -> Option<(char, u32, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (in parentheses) may hold spaces: fields follow the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let mut f = rest.split_whitespace();
+    let state = f.next()?.chars().next()?;
+    let ppid = f.next()?.parse().ok()?;
+    let pgid = f.next()?.parse().ok()?;
+    Some((state, ppid, pgid))
+}
+
+/// Gone, or a zombie nobody reaped yet: either way it runs no more.
+fn is_dead(pid: u32) -> bool {
+    proc_stat(pid).is_none_or(|(state, _, _)| state == 'Z' || state == 'X')
+}
+
+/// Waits until `file` holds a pid.
+fn read_pid(file: &std::path::Path, within: Duration) -> u32 {
+    let end = Instant::now() + within;
+    loop {
+        if let Some(p) = std::fs::read_to_string(file)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
+            return p;
+        }
+        assert!(Instant::now() < end, "no pid in {}", file.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `ticket run` SIGKILLed: PR_SET_PDEATHSIG kills only the command, but the
+/// guardian kills its whole process group at once, so a grandchild (a
+/// shell's background job) does not run on while the lease lapses and
+/// another client takes the key.
+#[test]
+fn a_killed_ticket_run_takes_the_commands_whole_group_with_it() {
+    let server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    let dir = std::env::temp_dir().join(format!("ticket-guarded-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let grandchild_file = dir.join("grandchild");
+    let script = format!(
+        "sleep 300 & echo $! > '{}'; wait",
+        grandchild_file.display()
+    );
+    let mut child = common::bin_command(env!("CARGO_BIN_EXE_ticket"))
+        .args(["run", "guarded", "--lease", "2", "--server", &addr])
+        .args(["--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let grandchild = read_pid(&grandchild_file, Duration::from_secs(10));
+    let ticket_pid = child.id();
+    let (_, sh, group) = proc_stat(grandchild).expect("the grandchild runs");
+    assert_eq!(proc_stat(sh).map(|s| s.1), Some(ticket_pid));
+    // Two children: the command and the guardian, outside its group.
+    let kids = children_of(ticket_pid);
+    assert_eq!(kids.len(), 2, "{kids:?}");
+    let guardian = kids.into_iter().find(|&k| k != sh).unwrap();
+    assert_ne!(proc_stat(guardian).unwrap().2, group);
+
+    signal(&child, libc::SIGKILL);
+    let _ = child.wait();
+    let killed = Instant::now();
+    while !is_dead(grandchild) {
+        assert!(
+            killed.elapsed() < Duration::from_secs(1),
+            "the grandchild {grandchild} outlived ticket"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    while !is_dead(guardian) {
+        assert!(
+            killed.elapsed() < Duration::from_secs(2),
+            "the guardian stayed"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(is_dead(sh));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A normal `ticket run` with its guardian: the guardian holds none of
+/// `ticket`'s connections (no socket; it holds no lock), and it is gone
+/// when `ticket` exits, leaving the command's own background job alone.
+#[test]
+fn a_normal_run_leaves_no_guardian_behind() {
+    let server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    let dir = std::env::temp_dir().join(format!("ticket-stands-down-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (sh_file, finish) = (dir.join("sh"), dir.join("finish"));
+    let script = format!(
+        "echo $$ > '{}'; while [ ! -e '{}' ]; do sleep 0.02; done",
+        sh_file.display(),
+        finish.display()
+    );
+    let child = common::bin_command(env!("CARGO_BIN_EXE_ticket"))
+        .args(["run", "calm", "--server", &addr, "--", "sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sh = read_pid(&sh_file, Duration::from_secs(10));
+    let kids = children_of(child.id());
+    assert_eq!(kids.len(), 2, "{kids:?}");
+    let guardian = kids.into_iter().find(|&k| k != sh).unwrap();
+    let fds: Vec<String> = std::fs::read_dir(format!("/proc/{guardian}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .map(|p| p.display().to_string())
+        .collect();
+    assert_eq!(fds.len(), 1, "only its pipe: {fds:?}");
+    assert!(fds[0].starts_with("pipe:"), "{fds:?}");
+    std::fs::write(&finish, b"").unwrap();
+    // Its stdout and stderr reach end of file: the guardian kept no copy.
+    let out = common::finish(child, Duration::from_secs(10));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).is_empty(), "{}", stderr(&out));
+    assert!(proc_stat(guardian).is_none(), "the guardian was reaped");
+    assert_eq!(
+        status(&ticket(&[
+            "acquire", "calm", "--wait", "0", "--server", &addr
+        ])),
+        0
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A lease under 7 s is valid with the default `--kill-grace`: it shrinks
+/// to fit (0.75 s for 3 s), so renewal keeps the lock past the lease.
+#[test]
+fn run_with_a_short_lease_needs_no_kill_grace() {
+    let server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    let start = Instant::now();
+    let o = ticket(&[
+        "run", "short", "--lease", "3", "--server", &addr, "--", "sleep", "3.5",
+    ]);
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    assert!(start.elapsed() >= Duration::from_millis(3500));
+    let o = ticket(&[
+        "run", "short", "--lease", "1", "--server", &addr, "--", "true",
+    ]);
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    let o = ticket(&["run", "--help"]);
+    assert!(
+        stdout(&o).contains("0.5 s after the grant"),
+        "{}",
+        stdout(&o)
+    );
+}
+
+/// Nothing listens: `acquire`, `release` and `run` end at once with the
+/// address and the refusal, not after the whole default 10 s `--wait`.
+#[test]
+fn a_refused_connection_ends_ticket_at_once() {
+    let refused = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    for args in [
+        &["acquire", "k", "--server", &refused][..],
+        &["release", "k", "5", "--server", &refused],
+        &["run", "k", "--server", &refused, "--", "true"],
+    ] {
+        let start = Instant::now();
+        let o = ticket(args);
+        assert_eq!(status(&o), TIMEOUT, "{args:?}: {}", stderr(&o));
+        assert!(start.elapsed() < Duration::from_secs(2), "{args:?}");
+        let err = stderr(&o);
+        assert!(err.contains(&refused), "{err}");
+        assert!(err.contains("refused"), "{err}");
+    }
+}
+
+/// The admin port (HTTP) given as `--server`: still 122, as nothing can
+/// be sure, but the message says what answered and which port to give.
+#[test]
+fn the_admin_port_as_server_is_named_in_words() {
+    let server = Ticketd::start(&["--admin-listen", "127.0.0.1:0"]);
+    let log = server.log();
+    let at = log
+        .find("admin port (HTTP) on ")
+        .expect("admin start-up line")
+        + "admin port (HTTP) on ".len();
+    let admin = log[at..].split_whitespace().next().unwrap().to_owned();
+    let start = Instant::now();
+    let o = ticket(&["acquire", "db", "--server", &admin]);
+    assert_eq!(status(&o), INDETERMINATE, "{}", stderr(&o));
+    assert!(start.elapsed() < Duration::from_secs(3));
+    let err = stderr(&o);
+    assert!(err.contains("must be treated as not held"), "{err}");
+    assert!(err.contains("answered HTTP"), "{err}");
+    assert!(err.contains("ticketd --listen"), "{err}");
+}
+
+/// A `ticket run` command without its `--`: the usage error shows the
+/// command line with it.
+#[test]
+fn a_command_without_its_separator_gets_a_suggestion() {
+    let o = ticket(&["run", "k", "sleep", "1"]);
+    assert_eq!(status(&o), USAGE);
+    assert!(
+        stderr(&o).contains("ticket run k -- sleep 1"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// Plaintext `ticket` on a TLS port, and `ticket` without the client
+/// certificate a server requires: 122, with the cause and the flags.
+#[cfg(feature = "tls")]
+#[test]
+fn tls_mistakes_are_named_in_words() {
+    use ticketd_testkit::certs::Certs;
+    let certs = Certs::make("cli-words");
+    let mut args = certs.server_args();
+    args.extend(["--tls-client-ca".into(), certs.path("ca.pem")]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = Ticketd::start(&args);
+    let addr = server.addr().to_string();
+    let start = Instant::now();
+    let o = ticket(&["acquire", "db", "--server", &addr]);
+    assert_eq!(status(&o), INDETERMINATE, "{}", stderr(&o));
+    assert!(start.elapsed() < Duration::from_secs(3));
+    assert!(
+        stderr(&o).contains("expects a TLS client"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(stderr(&o).contains("--tls-ca"), "{}", stderr(&o));
+
+    let ca = certs.path("ca.pem");
+    let start = Instant::now();
+    let o = ticket(&["acquire", "db", "--server", &addr, "--tls-ca", &ca]);
+    assert_eq!(status(&o), INDETERMINATE, "{}", stderr(&o));
+    assert!(start.elapsed() < Duration::from_secs(3));
+    let err = stderr(&o);
+    assert!(err.contains("requires a client certificate"), "{err}");
+    assert!(err.contains("--tls-cert"), "{err}");
+
+    let (cert, key) = (certs.path("client.pem"), certs.path("client-key.pem"));
+    let o = ticket(&[
+        "acquire",
+        "db",
+        "--server",
+        &addr,
+        "--tls-ca",
+        &ca,
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+    ]);
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
 }

@@ -208,6 +208,19 @@ def test_the_keep_alive_reports_lost_before_the_expiry_when_the_server_dies(
         assert t.expires_at - told <= 0.5 + 0.05
 
 
+def test_a_lock_lost_with_its_server_ends_the_with_block_at_once(
+    server: Ticketd, make_client: MakeClient
+) -> None:
+    c = make_client(server.addr)
+    with c.lock("ka", wait=1, lease=3) as t:
+        server.signal(signal.SIGKILL)
+        assert t.lost.wait(8)
+        lost = time.monotonic()
+    # The release went to the background instead of waiting out the 5 s
+    # transport deadline for a server that is gone.
+    assert time.monotonic() - lost < 1
+
+
 def test_an_unanswered_extend_is_sent_again_after_the_transport_deadline(
     server: Ticketd, make_proxy: MakeProxy, make_client: MakeClient
 ) -> None:

@@ -195,6 +195,11 @@ class Ticket:
         self._released = True
         return self._client._release_raw(self._key_raw, self._token)
 
+    def _release_in_background(self) -> None:
+        self._armed = False
+        self._released = True
+        self._client._release_in_background(self._key_raw, self._token)
+
     def detach(self) -> tuple[str, int]:
         """Stops managing the lock without releasing it; returns key and
         token. The lease, or :meth:`Client.release`, ends it."""
@@ -389,7 +394,15 @@ class Client:
             # transport deadline), then release.
             if renewal is not None:
                 self._renewer.stop(renewal)
-            t.release()
+            if t.lost.is_set():
+                # Lost (an X, or no E by the renewal deadline: the server
+                # is gone or cut off): its lease ends it within a tenth of
+                # a lease. The release goes to the background, so the block
+                # does not wait out the transport deadline for a server
+                # that is not there.
+                t._release_in_background()
+            else:
+                t.release()
 
     def close(self) -> None:
         """Closes every connection and joins their threads. Later acquires
