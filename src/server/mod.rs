@@ -1099,21 +1099,8 @@ impl<S: Service> Server<S> {
         if !c.is_open() {
             return; // reads of a closing connection are the reaper's
         }
-        if let Some(identity) = c.take_certificate_identity() {
-            // Its requests count as its certificate's from the first one.
-            let old = c.ident();
-            c.set_ident(self.identities.attach(identity));
-            self.identities.detach(old, now);
-        }
         let (id, peer) = (c.id(), c.peer());
         let turn = self.stats.turns;
-        let Some(ident) = self.identities.get_mut(c.ident()) else {
-            return;
-        };
-        let who = crate::engine::Caller {
-            holder: ident.holder,
-            admin: self.admin_holder == Some(ident.holder),
-        };
         let mut budget = self.config.max_frames_per_turn;
         // Unsent bytes plus the largest replies the turn's requests can still
         // add: decoding stops when that reaches the soft limit, so a client
@@ -1139,6 +1126,21 @@ impl<S: Service> Server<S> {
                 c.pause_input();
                 break End::Idle;
             }
+            if let Some(identity) = c.take_certificate_identity() {
+                // The handshake is done (perhaps in the read that brought
+                // its first request): its requests count as its
+                // certificate's from the first one.
+                let old = c.ident();
+                c.set_ident(self.identities.attach(identity));
+                self.identities.detach(old, now);
+            }
+            let Some(ident) = self.identities.get_mut(c.ident()) else {
+                break End::Idle; // never: an open connection has its identity
+            };
+            let who = crate::engine::Caller {
+                holder: ident.holder,
+                admin: self.admin_holder == Some(ident.holder),
+            };
             let mut bad = None;
             // What the identity's budget would say before every release or
             // extend, counted down: `now` only moves with a read.
