@@ -1164,6 +1164,8 @@ pub struct Queued<'a, T> {
     pub wait_s: u8,
     /// The lease it asks for, in seconds.
     pub lease_s: u8,
+    /// Its connection's holder number ([`Caller::holder`]): its grant's.
+    pub holder: u64,
     /// Its tag.
     pub tag: &'a T,
 }
@@ -1497,6 +1499,7 @@ impl<T: Copy + Default> Engine<T> {
             .map(move |w| Queued {
                 id: w.id(),
                 conn: conns[w.conn as usize].id,
+                holder: conns[w.conn as usize].holder,
                 owner: w.owner,
                 wait_s: w.wait_s(),
                 lease_s: w.lease_s(),
@@ -1655,6 +1658,21 @@ impl<T: Copy + Default> Engine<T> {
         self.caller = caller;
         self.handle(now, conn, req, out);
         self.caller = Caller::default();
+    }
+
+    /// Sets who sends the calls that follow, until it is set again:
+    /// [`Engine::handle_as`] for the other entry points
+    /// ([`Engine::acquire_tagged`], [`Engine::release`], [`Engine::extend`]).
+    /// Cluster mode sets it around each replicated command and sets the
+    /// default (unknown) back after it.
+    pub fn set_caller(&mut self, caller: Caller) {
+        self.caller = caller;
+    }
+
+    /// The holder number ([`Caller::holder`]) of the grant on `key`.
+    #[must_use]
+    pub fn grant_holder(&self, key: &str) -> Option<u64> {
+        self.keys.get(key).map(|s| s.holder)
     }
 
     /// Handles one decoded request: [`Engine::acquire`] or [`Engine::release`].

@@ -9,6 +9,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use crate::engine::Caller;
 use crate::proto::Request;
 
 /// A request id: the node that received the request, that node's boot epoch
@@ -139,6 +140,31 @@ const TAG_EXPIRE_GENERATION: u8 = 7;
 /// written before tokens had random bits have no prefix (and their grant's
 /// token is the bare index).
 const TAG_TOKEN_BITS: u8 = 8;
+/// An entry's second prefix, after the token bits, on a client request
+/// only: who sent it ([`Caller`]), as a `u64` holder number and a flags
+/// byte ([`CALLER_ADMIN`]). Written only for a caller other than the
+/// default ([`entry_caller`]), so an entry without it, and every entry
+/// written before grants were bound to identities, applies with the
+/// default caller (holder 0: the token alone decides).
+const TAG_CALLER: u8 = 9;
+/// The caller prefix's flag: the caller is `--admin-identity`.
+const CALLER_ADMIN: u8 = 1;
+/// Tag, holder number and flags.
+const CALLER_PREFIX_BYTES: usize = 1 + 8 + 1;
+
+/// The caller a client request's entry records for `who`: an
+/// authenticated identity's holder number (odd), and whether it is the
+/// admin identity. An unauthenticated one (a source address, even) is
+/// recorded as unknown (0): between addresses the token alone decides
+/// anyway, and so its entries are the bytes they were before grants were
+/// bound to identities.
+#[must_use]
+pub fn entry_caller(who: Caller) -> Caller {
+    Caller {
+        holder: if who.holder & 1 == 1 { who.holder } else { 0 },
+        admin: who.admin,
+    }
+}
 
 /// Longest key a command may carry (the wire protocol's hard ceiling).
 pub const MAX_COMMAND_KEY_BYTES: usize = crate::limits::MAX_KEY_BYTES_CEILING;
@@ -202,6 +228,14 @@ impl Writer {
         self.u64(o.node);
         self.u64(o.epoch);
         self.u64(o.conn);
+    }
+    /// The caller prefix of an entry; nothing for the default caller.
+    fn caller(&mut self, c: Caller) {
+        if c != Caller::default() {
+            self.u8(TAG_CALLER);
+            self.u64(c.holder);
+            self.u8(if c.admin { CALLER_ADMIN } else { 0 });
+        }
     }
     /// The `Acquire`, `Release` or `Extend` command client request `req`
     /// becomes.
@@ -460,7 +494,9 @@ impl<'a> Command<'a> {
     }
 
     /// The bytes of a log entry: the proposer's random token bits `bits`,
-    /// then the command encoded as `cmd`.
+    /// then `cmd`: a command as [`Command::encode`] writes it, or what
+    /// [`Command::entry_body`] gives of an entry (its caller prefix, if
+    /// any, and its command).
     #[must_use]
     pub fn encode_entry(bits: u16, cmd: &[u8]) -> Vec<u8> {
         let mut v = Vec::with_capacity(3 + cmd.len());
@@ -470,12 +506,14 @@ impl<'a> Command<'a> {
         v
     }
 
-    /// Appends to `out` the log entry client request `req` becomes: what
-    /// [`Command::encode_entry`] makes of the bits and of
-    /// [`Command::encode_request`]'s command, in one pass.
+    /// Appends to `out` the log entry client request `req` of `caller`
+    /// becomes: the bits, the caller prefix (none for the default caller,
+    /// see [`entry_caller`]) and [`Command::encode_request`]'s command, in
+    /// one pass.
     pub fn write_request_entry(
         out: &mut Vec<u8>,
         bits: u16,
+        caller: Caller,
         rid: Rid,
         floor: u64,
         conn: u64,
@@ -484,37 +522,87 @@ impl<'a> Command<'a> {
         let mut w = Writer {
             buf: std::mem::take(out),
         };
-        w.buf.reserve(3 + ENCODED_FIXED_MAX + req.key().len());
+        w.buf
+            .reserve(3 + CALLER_PREFIX_BYTES + ENCODED_FIXED_MAX + req.key().len());
         w.u8(TAG_TOKEN_BITS);
         w.buf.extend_from_slice(&bits.to_le_bytes());
+        w.caller(caller);
         w.request(rid, floor, conn, req);
         *out = w.buf;
     }
 
-    /// The command of a log entry's bytes (as [`Command::encode_entry`]
-    /// writes them): what follows the token bits, or the whole of an entry
-    /// written before tokens had random bits.
+    /// What follows the token bits of a log entry's bytes (its caller
+    /// prefix, if any, and its command), to propose again with fresh bits
+    /// ([`Command::encode_entry`]); the whole of an entry written before
+    /// tokens had random bits.
     #[must_use]
-    pub fn entry_command(bytes: &[u8]) -> &[u8] {
+    pub fn entry_body(bytes: &[u8]) -> &[u8] {
         match bytes {
             [TAG_TOKEN_BITS, _, _, rest @ ..] => rest,
             _ => bytes,
         }
     }
 
-    /// Decodes a log entry: the command and its proposer's token bits
-    /// (`None` for an entry written before tokens had random bits).
+    /// The command of a log entry's bytes (as [`Command::encode_entry`]
+    /// and [`Command::write_request_entry`] write them): what follows the
+    /// token bits and the caller prefix.
+    #[must_use]
+    pub fn entry_command(bytes: &[u8]) -> &[u8] {
+        match Self::entry_body(bytes) {
+            [TAG_CALLER, rest @ ..] if rest.len() >= CALLER_PREFIX_BYTES - 1 => {
+                &rest[CALLER_PREFIX_BYTES - 1..]
+            }
+            body => body,
+        }
+    }
+
+    /// Decodes a log entry: the command, its proposer's token bits
+    /// (`None` for an entry written before tokens had random bits) and
+    /// the caller of a client request (the default without a caller
+    /// prefix).
     ///
     /// # Errors
-    /// Any malformed input (see [`Command::decode`]).
-    pub fn decode_entry(bytes: &'a [u8]) -> Result<(Command<'a>, Option<u16>), DecodeError> {
+    /// Any malformed input (see [`Command::decode`]), a caller prefix that
+    /// is cut short, has unknown flags, names the default caller (which has
+    /// no prefix) or comes with a command that is not a client request.
+    pub fn decode_entry(
+        bytes: &'a [u8],
+    ) -> Result<(Command<'a>, Option<u16>, Caller), DecodeError> {
         match bytes {
             [TAG_TOKEN_BITS, a, b, rest @ ..] => {
-                Ok((Command::decode(rest)?, Some(u16::from_le_bytes([*a, *b]))))
+                let (caller, rest) = Self::decode_caller(rest)?;
+                let cmd = Command::decode(rest)?;
+                if caller != Caller::default() && cmd.rid().is_none() {
+                    return Err(DecodeError::Invalid("caller of a command not a request"));
+                }
+                Ok((cmd, Some(u16::from_le_bytes([*a, *b])), caller))
             }
             [TAG_TOKEN_BITS, ..] => Err(DecodeError::Truncated),
-            _ => Ok((Command::decode(bytes)?, None)),
+            _ => Ok((Command::decode(bytes)?, None, Caller::default())),
         }
+    }
+
+    /// The caller prefix at the start of `body`, if there is one, and the
+    /// bytes after it.
+    fn decode_caller(body: &[u8]) -> Result<(Caller, &[u8]), DecodeError> {
+        if body.first() != Some(&TAG_CALLER) {
+            return Ok((Caller::default(), body));
+        }
+        let mut r = Reader::new(&body[1..]);
+        let holder = r.u64()?;
+        let flags = r.u8()?;
+        if flags & !CALLER_ADMIN != 0 {
+            return Err(DecodeError::Invalid("caller flags"));
+        }
+        let caller = Caller {
+            holder,
+            admin: flags & CALLER_ADMIN != 0,
+        };
+        if caller == Caller::default() {
+            // The default caller has one encoding only: no prefix.
+            return Err(DecodeError::Invalid("caller prefix of the default caller"));
+        }
+        Ok((caller, r.rest()))
     }
 
     /// Decodes one command; any malformed input is an error.
@@ -638,6 +726,9 @@ impl<'a> Command<'a> {
 }
 
 #[cfg(test)]
+mod caller_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -751,13 +842,16 @@ mod tests {
         let mut out = b"before".to_vec();
         for req in &reqs {
             out.truncate(6);
-            Command::write_request_entry(&mut out, 0xBEEF, rid, 8, 21, req);
+            let caller = Caller::default();
+            Command::write_request_entry(&mut out, 0xBEEF, caller, rid, 8, 21, req);
             assert_eq!(&out[..6], b"before");
             let cmd = Command::encode_request(rid, 8, 21, req);
             assert_eq!(out[6..], Command::encode_entry(0xBEEF, &cmd)[..]);
             assert_eq!(Command::entry_command(&out[6..]), &cmd[..]);
-            let (decoded, bits) = Command::decode_entry(&out[6..]).unwrap();
+            assert_eq!(Command::entry_body(&out[6..]), &cmd[..]);
+            let (decoded, bits, who) = Command::decode_entry(&out[6..]).unwrap();
             assert_eq!((decoded.rid(), bits), (Some(rid), Some(0xBEEF)));
+            assert_eq!(who, Caller::default());
         }
         // An entry from before token bits is all command.
         let old = Command::encode_request(rid, 8, 21, &reqs[1]);

@@ -313,6 +313,21 @@ impl ClusterService {
 
 impl Service for ClusterService {
     fn request(&mut self, now: Millis, conn: ConnId, req: Request<'_>, out: &mut Outbox) {
+        self.request_as(now, conn, crate::engine::Caller::default(), req, out);
+    }
+
+    /// The caller goes into the request's log entry, so every node (and a
+    /// later leader, and a node restored from a snapshot) binds its grant
+    /// to `who` and refuses releases and extends `who` may not make
+    /// ([`crate::engine::Caller::may_act_on`]).
+    fn request_as(
+        &mut self,
+        now: Millis,
+        conn: ConnId,
+        who: crate::engine::Caller,
+        req: Request<'_>,
+        out: &mut Outbox,
+    ) {
         if self.fatal.is_some() {
             // Never proposed: Busy / NotReleased are the truth.
             match req {
@@ -328,7 +343,7 @@ impl Service for ClusterService {
             }
             return;
         }
-        self.node.request(now, conn, req, out);
+        self.node.request_as(now, conn, who, req, out);
     }
 
     fn disconnect(&mut self, _now: Millis, conn: ConnId, _out: &mut Outbox) {

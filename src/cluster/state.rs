@@ -33,7 +33,8 @@ use crate::cluster::command::{
 };
 use crate::cluster::members::Members;
 use crate::engine::{
-    Acquire, AcquireOutcome, ConnId, Engine, Event, ImageError, ImageReader, Outbox, TagCodec,
+    Acquire, AcquireOutcome, Caller, ConnId, Engine, Event, ImageError, ImageReader, Outbox,
+    TagCodec,
 };
 use crate::limits::EngineLimits;
 use crate::proto::Reply;
@@ -267,6 +268,10 @@ impl TagCodec<ReqTag> for ReqCodec {
     fn min_waiter_bytes(&self) -> usize {
         24 + 8
     }
+
+    fn holders(&self) -> bool {
+        self.version >= 5
+    }
 }
 
 impl From<ImageError> for DecodeError {
@@ -292,8 +297,10 @@ const NO_CONN: u64 = 0;
 
 /// Version 2 added each holder's request id, version 3 each grant's lease
 /// generation, version 4 the members (peer addresses and removed ids,
-/// [`Members`]); versions 1 to 3 are still read (generation 0, no members).
-const SNAPSHOT_VERSION: u8 = 4;
+/// [`Members`]), version 5 each grant's and waiter's holder number
+/// ([`Caller::holder`], in the engine's image); versions 1 to 4 are still
+/// read (generation 0, no members, holder 0: the token alone decides).
+const SNAPSHOT_VERSION: u8 = 5;
 
 /// The room [`StateMachine::snapshot_bound`] leaves for the request ledger
 /// and the connection map (and a raft message's own fields around it).
@@ -424,17 +431,32 @@ impl StateMachine {
     /// ([`token::for_entry`]), or the bare index without bits (an entry
     /// written before tokens had them; such entries all come first).
     pub fn apply_entry(&mut self, index: u64, bits: Option<u16>, cmd: &Command) -> Applied {
+        self.apply_entry_as(index, bits, Caller::default(), cmd)
+    }
+
+    /// [`StateMachine::apply_entry`] of a client request sent by `caller`
+    /// (the entry's caller prefix, [`Command::decode_entry`]): a grant
+    /// records its holder number, and a release or extend of a grant it
+    /// may not act on ([`Caller::may_act_on`]) is answered N or X.
+    pub fn apply_entry_as(
+        &mut self,
+        index: u64,
+        bits: Option<u16>,
+        caller: Caller,
+        cmd: &Command,
+    ) -> Applied {
         let mut res = Applied::default();
-        self.apply_entry_into(index, bits, cmd, &mut res);
+        self.apply_entry_into(index, bits, caller, cmd, &mut res);
         res
     }
 
-    /// [`StateMachine::apply_entry`] into `res` (cleared first), whose
+    /// [`StateMachine::apply_entry_as`] into `res` (cleared first), whose
     /// buffers the caller keeps from entry to entry.
     pub fn apply_entry_into(
         &mut self,
         index: u64,
         bits: Option<u16>,
+        caller: Caller,
         cmd: &Command,
         res: &mut Applied,
     ) {
@@ -451,6 +473,10 @@ impl StateMachine {
         }
         let now = Millis::ZERO;
         let out = &mut self.out;
+        // Only a client request has a caller other than the default
+        // (`Command::decode_entry`); the engine forgets it after this
+        // command.
+        self.engine.set_caller(caller);
         match cmd {
             Command::Acquire { .. } => self.apply_acquire(cmd, res),
             Command::Release { key, token, .. } => {
@@ -483,6 +509,7 @@ impl StateMachine {
             }
             Command::CancelWaiters { origin } => self.cancel(*origin),
         }
+        self.engine.set_caller(Caller::default());
         let (rid, conn) = match cmd {
             Command::Release { rid, conn, .. } | Command::Extend { rid, conn, .. } => (*rid, *conn),
             _ => (Rid::default(), 0),
@@ -715,11 +742,11 @@ impl StateMachine {
         // Header: version, next token, next engine connection and the
         // three counts.
         const HEADER: u64 = 1 + 8 + 8 + 4 + 4 + 4;
-        // Key length prefix, token, lease, generation, holder's request
-        // id, waiter count.
-        const PER_KEY: u64 = 4 + 8 + 1 + 8 + 24 + 4;
-        // Request id, connection, owner, wait, lease.
-        const PER_WAITER: u64 = 24 + 8 + 8 + 1 + 1;
+        // Key length prefix, token, holder number, lease, generation,
+        // holder's request id, waiter count.
+        const PER_KEY: u64 = 4 + 8 + 8 + 1 + 8 + 24 + 4;
+        // Request id, connection, holder number, owner, wait, lease.
+        const PER_WAITER: u64 = 24 + 8 + 8 + 8 + 1 + 1;
         let key = PER_KEY.saturating_add(max_key_bytes as u64);
         HEADER
             .saturating_add((limits.max_keys as u64).saturating_mul(key))
@@ -732,7 +759,7 @@ impl StateMachine {
     /// snapshot of the fullest table `limits` allow: the snapshot is one
     /// buffer grown by doubling, so its bound must be within half of one
     /// allocation. Only a 32-bit build meets this (at 1,024 MiB, below the
-    /// 1,092 MiB of the default limits); it must refuse such limits at
+    /// 1,100 MiB of the default limits); it must refuse such limits at
     /// start-up rather than fail when the table fills. Returns the bound.
     ///
     /// # Errors
@@ -806,7 +833,7 @@ impl StateMachine {
     }
 
     /// Rebuilds a table from [`StateMachine::snapshot`] bytes (versions 1
-    /// to 4): the engine restores its image ([`Engine::restore`]), each
+    /// to 5): the engine restores its image ([`Engine::restore`]), each
     /// waiter on the engine connection the connection map names.
     pub fn restore(limits: EngineLimits, bytes: &[u8]) -> Result<Self, DecodeError> {
         let mut r = Reader::new(bytes);
@@ -939,6 +966,9 @@ fn forget_if_idle(
 }
 
 #[cfg(test)]
+mod bind_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -1026,7 +1056,7 @@ mod tests {
         let defaults = EngineLimits::default();
         let key_bytes = crate::limits::DEFAULT_MAX_KEY_BYTES;
         let bound = StateMachine::snapshot_bound(&defaults, key_bytes);
-        assert_eq!(bound.div_ceil(1 << 20), 1092);
+        assert_eq!(bound.div_ceil(1 << 20), 1100);
         // 64-bit: the default table fits, and so does a much larger one.
         let wide = i64::MAX as u64;
         assert_eq!(
@@ -1045,7 +1075,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("--max-keys 1000000") && err.contains("1092 MiB"),
+            err.contains("--max-keys 1000000") && err.contains("1100 MiB"),
             "{err}"
         );
         assert!(err.contains(&format!("{}-bit", usize::BITS)), "{err}");
@@ -1055,7 +1085,7 @@ mod tests {
             .and_then(|r| r.split_whitespace().next())
             .and_then(|n| n.parse().ok())
             .unwrap_or_else(|| panic!("no --max-keys hint in {err}"));
-        assert_eq!(fit, 934_233, "the figure docs/CLUSTER.md gives");
+        assert_eq!(fit, 926_579, "the figure docs/CLUSTER.md gives");
         let at = |max_keys| EngineLimits {
             max_keys,
             ..defaults.clone()
@@ -1098,6 +1128,7 @@ mod tests {
         sm.apply_entry_into(
             5,
             None,
+            Caller::default(),
             &acq(rid(1, 1), 7, "a-longer-key", 100, 0),
             &mut res,
         );
@@ -1114,11 +1145,29 @@ mod tests {
         );
         assert_eq!(effects(&res), [("a-longer-key".to_owned(), 5)]);
         // A shorter key next: nothing of the previous entry's is left.
-        sm.apply_entry_into(6, None, &acq(rid(2, 1), 8, "b", 200, 0), &mut res);
-        sm.apply_entry_into(7, None, &acq(rid(3, 1), 9, "b", 300, 9), &mut res);
+        sm.apply_entry_into(
+            6,
+            None,
+            Caller::default(),
+            &acq(rid(2, 1), 8, "b", 200, 0),
+            &mut res,
+        );
+        sm.apply_entry_into(
+            7,
+            None,
+            Caller::default(),
+            &acq(rid(3, 1), 9, "b", 300, 9),
+            &mut res,
+        );
         assert!(res.answers.is_empty());
         assert_eq!(effects(&res), [("b".to_owned(), 1)]);
-        sm.apply_entry_into(8, None, &rel(rid(2, 2), "b", 6), &mut res);
+        sm.apply_entry_into(
+            8,
+            None,
+            Caller::default(),
+            &rel(rid(2, 2), "b", 6),
+            &mut res,
+        );
         assert_eq!(
             replies(&res),
             [
@@ -1135,7 +1184,13 @@ mod tests {
         );
         assert_eq!(effects(&res), [("b".to_owned(), 8)]);
         // A duplicate: cleared, nothing in it.
-        sm.apply_entry_into(9, None, &rel(rid(2, 2), "b", 6), &mut res);
+        sm.apply_entry_into(
+            9,
+            None,
+            Caller::default(),
+            &rel(rid(2, 2), "b", 6),
+            &mut res,
+        );
         assert!(res.duplicate && res.answers.is_empty() && res.effects.is_empty());
         sm.check();
     }
@@ -1319,53 +1374,6 @@ mod tests {
         old.check();
         assert_eq!(old.holder("k"), Some(3));
         assert_eq!(old.granted_to("k", rid(2, 1)), None);
-    }
-
-    /// The engine's image keeps the version-3 layout byte for byte: a
-    /// snapshot written field by field restores and writes the same bytes.
-    #[test]
-    fn a_version_3_snapshot_reads_and_writes_back_as_version_4() {
-        let mut w = Writer::default();
-        w.u8(3);
-        w.u64(9); // next token
-        w.u64(2); // next engine connection
-        w.u32(1); // keys
-        w.key("k");
-        w.u64(4); // token
-        w.u8(10); // lease
-        w.u64(2); // generation
-        w.rid(rid(1, 1));
-        w.u32(1); // waiters
-        w.rid(rid(2, 1));
-        w.u64(8); // origin connection
-        w.u64(200); // owner
-        w.u8(9);
-        w.u8(7);
-        w.u32(1); // dedup
-        w.u64(2);
-        w.u64(1);
-        w.u64(0);
-        w.u32(1);
-        w.u64(1);
-        w.u32(1); // connections
-        w.origin(rid(2, 0).origin(8));
-        w.u64(1);
-        let sm = StateMachine::restore(EngineLimits::default(), &w.buf).unwrap();
-        sm.check();
-        assert_eq!(sm.lease_of("k"), Some((4, 2)));
-        assert_eq!(sm.granted_to("k", rid(1, 1)), Some(4));
-        assert!(sm.is_waiting("k", rid(2, 1)));
-        // Written back as version 4: the same bytes, then an empty members
-        // section (no addresses, no removed ids).
-        let mut v4 = w.buf.clone();
-        v4[0] = 4;
-        v4.extend_from_slice(&[0; 8]);
-        assert_eq!(sm.snapshot(), v4);
-        // A connection id the table never allocated is refused.
-        let mut bad = w.buf.clone();
-        let n = bad.len();
-        bad[n - 1] = 5;
-        assert!(StateMachine::restore(EngineLimits::default(), &bad).is_err());
     }
 
     #[test]

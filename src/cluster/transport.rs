@@ -2228,9 +2228,9 @@ mod tests {
             2 * (c + 1 + around) > max_alloc,
             "not the largest that fits"
         );
-        // The limit for the default table (1,092 MiB) is capped on 32-bit,
+        // The limit for the default table (1,100 MiB) is capped on 32-bit,
         // kept on 64-bit; small tables get the floor on both.
-        let default_bound = 1092 << 20;
+        let default_bound = 1100 << 20;
         assert_eq!(frame_limit(default_bound, max_alloc), c);
         assert_eq!(frame_limit(default_bound, i64::MAX as u64), default_bound);
         assert_eq!(frame_limit(1, max_alloc), MAX_FRAME_BYTES as u64);

@@ -6,9 +6,16 @@
 //! big-endian; a key is a `u32` length and its bytes:
 //!
 //! ```text
-//! u32 keys, then per key:   key, u64 token, grant tag, u32 waiters,
-//!   then per waiter:        waiter tag, u64 owner, u8 wait_s, u8 lease_s
+//! u32 keys, then per key:   key, u64 token, [u64 holder], grant tag,
+//!                           u32 waiters,
+//!   then per waiter:        waiter tag, [u64 holder], u64 owner, u8 wait_s,
+//!                           u8 lease_s
 //! ```
+//!
+//! The holders ([`super::Caller::holder`] of each grant's taker and of
+//! each waiter's connection) are written when the codec asks for them
+//! ([`TagCodec::holders`]); an image without them restores every grant
+//! and waiter with holder 0 (unknown: the token alone decides).
 //!
 //! The tags are the caller's ([`TagCodec`]); the engine's connection ids
 //! are not written (they are local to a process), so the caller's tags
@@ -18,7 +25,7 @@
 
 use std::fmt;
 
-use super::{Acquire, AcquireOutcome, ConnId, Engine, Outbox};
+use super::{Acquire, AcquireOutcome, Caller, ConnId, Engine, Outbox};
 use crate::limits::EngineLimits;
 use crate::time::Millis;
 
@@ -148,6 +155,11 @@ pub trait TagCodec<T> {
     fn min_grant_bytes(&self) -> usize;
     /// The fewest bytes a waiter's tag takes.
     fn min_waiter_bytes(&self) -> usize;
+    /// Whether the image records each grant's and each waiter's holder
+    /// number (a layout of the codec's choosing: it knows its version).
+    fn holders(&self) -> bool {
+        false
+    }
 }
 
 /// A decoded image: what [`Engine::restore`] rebuilds an engine from. The
@@ -166,6 +178,8 @@ pub struct KeyImage<T> {
     pub key: String,
     /// The grant's token.
     pub token: u64,
+    /// Who took the grant ([`Caller::holder`]; 0: unknown).
+    pub holder: u64,
     /// The grant's tag.
     pub tag: T,
     /// The queue, head first.
@@ -181,6 +195,9 @@ pub struct WaiterImage<T> {
     pub wait_s: u8,
     /// The lease it asks for, in seconds.
     pub lease_s: u8,
+    /// Its connection's holder number ([`Caller::holder`]; 0: unknown),
+    /// which its grant records. The waiters of one connection share it.
+    pub holder: u64,
     /// Its tag.
     pub tag: T,
 }
@@ -188,6 +205,14 @@ pub struct WaiterImage<T> {
 /// The engine connection the grants of a restored engine are made on (a
 /// grant does not remember its connection).
 const HOLDER_CONN: ConnId = 0;
+
+impl<T> Engine<T> {
+    /// The holder number of `conn`'s waiters, while it has some.
+    fn conn_holder(&self, conn: ConnId) -> Option<u64> {
+        let &i = self.conn_table.index.get(&conn)?;
+        Some(self.conn_table.conns[i as usize].holder)
+    }
+}
 
 fn put_u32(buf: &mut Vec<u8>, n: usize) {
     buf.extend_from_slice(
@@ -201,17 +226,24 @@ impl<T: Copy + Default> Engine<T> {
     /// Appends the lock table to `buf` in the canonical form of the module
     /// documentation. O(keys log keys + waiters).
     pub fn write_image(&self, codec: &impl TagCodec<T>, buf: &mut Vec<u8>) {
+        let holders = codec.holders();
         let keys = self.sorted_keys();
         put_u32(buf, keys.len());
         for key in keys {
-            let (token, tag) = self.grant(key).expect("a sorted key is registered");
+            let slot = self.keys.get(key).expect("a sorted key is registered");
             put_u32(buf, key.len());
             buf.extend_from_slice(key.as_bytes());
-            buf.extend_from_slice(&token.to_be_bytes());
-            codec.write_grant(tag, buf);
+            buf.extend_from_slice(&slot.token.to_be_bytes());
+            if holders {
+                buf.extend_from_slice(&slot.holder.to_be_bytes());
+            }
+            codec.write_grant(&slot.tag, buf);
             put_u32(buf, self.queue(key).count());
             for w in self.queue(key) {
                 codec.write_waiter(w.tag, buf);
+                if holders {
+                    buf.extend_from_slice(&w.holder.to_be_bytes());
+                }
                 buf.extend_from_slice(&w.owner.to_be_bytes());
                 buf.push(w.wait_s);
                 buf.push(w.lease_s);
@@ -230,7 +262,15 @@ impl<T: Copy + Default> Engine<T> {
         codec: &impl TagCodec<T>,
         max_key_bytes: usize,
     ) -> Result<Image<T>, ImageError> {
-        let n = r.count(4 + 8 + 4 + codec.min_grant_bytes())?;
+        let holder_bytes = if codec.holders() { 8 } else { 0 };
+        let holder_of = |r: &mut ImageReader<'_>| {
+            if holder_bytes == 0 {
+                Ok(0)
+            } else {
+                r.u64()
+            }
+        };
+        let n = r.count(4 + 8 + holder_bytes + 4 + codec.min_grant_bytes())?;
         let mut keys: Vec<KeyImage<T>> = Vec::with_capacity(n);
         for _ in 0..n {
             let key = r.key(max_key_bytes)?;
@@ -238,21 +278,25 @@ impl<T: Copy + Default> Engine<T> {
                 return Err(ImageError::Invalid("key order"));
             }
             let token = r.u64()?;
+            let holder = holder_of(r)?;
             let tag = codec.read_grant(r)?;
-            let nw = r.count(8 + 2 + codec.min_waiter_bytes())?;
+            let nw = r.count(holder_bytes + 8 + 2 + codec.min_waiter_bytes())?;
             let mut waiters = Vec::with_capacity(nw);
             for _ in 0..nw {
                 let tag = codec.read_waiter(r)?;
+                let holder = holder_of(r)?;
                 waiters.push(WaiterImage {
                     owner: r.u64()?,
                     wait_s: r.u8()?,
                     lease_s: r.u8()?,
+                    holder,
                     tag,
                 });
             }
             keys.push(KeyImage {
                 key,
                 token,
+                holder,
                 tag,
                 waiters,
             });
@@ -264,11 +308,13 @@ impl<T: Copy + Default> Engine<T> {
     /// token is `next_token`; `conn_of` names the engine connection of each
     /// waiter from its tag. Grants are replayed in token order and then
     /// each queue in order, which reproduces the engine that wrote the
-    /// image (waiter ids aside: they are local).
+    /// image (waiter ids aside: they are local). Grants and waiters get
+    /// their holders back.
     ///
     /// # Errors
     /// A token of 0 or not below `next_token`, a waiter without a
-    /// connection, or a table over `limits`.
+    /// connection, waiters of one connection with different holders, or a
+    /// table over `limits`.
     pub fn restore(
         limits: EngineLimits,
         next_token: u64,
@@ -290,6 +336,10 @@ impl<T: Copy + Default> Engine<T> {
                 wait_s: 0,
                 lease_s: 1,
             };
+            e.set_caller(Caller {
+                holder: k.holder,
+                admin: false,
+            });
             let got = e.acquire_tagged(Millis::ZERO, HOLDER_CONN, req, k.tag, &mut out);
             if got != AcquireOutcome::Granted(k.token) {
                 return Err(ImageError::Invalid("holder does not fit the limits"));
@@ -305,12 +355,20 @@ impl<T: Copy + Default> Engine<T> {
                     wait_s: w.wait_s,
                     lease_s: w.lease_s,
                 };
+                e.set_caller(Caller {
+                    holder: w.holder,
+                    admin: false,
+                });
                 match e.acquire_tagged(Millis::ZERO, conn, req, w.tag, &mut out) {
                     AcquireOutcome::Queued(_) if w.wait_s > 0 && w.lease_s > 0 => {}
                     _ => return Err(ImageError::Invalid("waiter does not fit the limits")),
                 }
+                if e.conn_holder(conn) != Some(w.holder) {
+                    return Err(ImageError::Invalid("waiter holder"));
+                }
             }
         }
+        e.set_caller(Caller::default());
         e.raise_next_token(next_token);
         Ok(e)
     }

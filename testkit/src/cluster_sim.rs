@@ -22,6 +22,13 @@
 //! * **at most one answer** per request, and none after its client gave up;
 //! * **at most one application** per request id, however often re-proposed.
 //!
+//! Half the clients are authenticated identities (each its own holder
+//! number, as a Unix uid or a client certificate gives one), the others
+//! unauthenticated. Now and then a client sends a release of a token
+//! another, authenticated, client holds: it must be answered `N`, never
+//! `R` (the grant is bound to its taker on every node, through leader
+//! changes, re-proposals and snapshots).
+//!
 //! Holders sometimes extend their grant (by token, SPEC §5), following the
 //! client rules of §5.3: the conservative expiry moves only on a matched
 //! `E`, to the moment that attempt was written plus its lease; an `E` that
@@ -66,7 +73,7 @@ use ticketd::cluster::command::Rid;
 use ticketd::cluster::log::MemDisk;
 use ticketd::cluster::members::Change;
 use ticketd::cluster::node::{quiet_logger, Node, NodeConfig, Traced};
-use ticketd::engine::{ConnId, Outbox};
+use ticketd::engine::{Caller, ConnId, Outbox};
 use ticketd::limits::EngineLimits;
 use ticketd::proto::{Reply, Request};
 use ticketd::time::Millis;
@@ -174,6 +181,9 @@ pub struct SimReport {
     pub held_past_first_lease: u64,
     /// Extends of a token no grant had, answered X (as they must be).
     pub unknown_token_x: u64,
+    /// Releases of another authenticated client's grant by its token,
+    /// answered N (as they must be).
+    pub others_refused: u64,
     /// Timeouts (T) received.
     pub timeouts: u64,
     /// Busy (B) received.
@@ -256,12 +266,23 @@ enum ClientState {
         token: u64,
         give_up: Millis,
     },
+    /// A Release of a grant another, authenticated, client holds, with
+    /// its token: it must be answered `N`, never `R`.
+    ReleasingOthers {
+        token: u64,
+        /// The client holding it.
+        victim: usize,
+        give_up: Millis,
+    },
 }
 
 #[derive(Debug)]
 struct Client {
     node: u64,
     conn: ConnId,
+    /// Who the client is: an authenticated identity's holder number, or
+    /// the default (unauthenticated).
+    caller: Caller,
     state: ClientState,
     next_at: Millis,
     /// The history's id of the request in flight (acquire, extend or
@@ -464,9 +485,19 @@ impl Sim {
             let node = 1 + (i % cfg.nodes) as u64;
             let conn = i as ConnId + 1;
             conn_owner.insert((node, conn), i);
+            // Distinct odd holder numbers for the authenticated half.
+            let caller = if i % 2 == 0 {
+                Caller {
+                    holder: 0x5EED_0000_0000_0001 + 2 * i as u64,
+                    admin: false,
+                }
+            } else {
+                Caller::default()
+            };
             clients.push(Client {
                 node,
                 conn,
+                caller,
                 state: ClientState::Idle,
                 next_at: Millis(rng.range(0, 3000)),
                 op: None,
@@ -876,7 +907,7 @@ impl Sim {
             (ClientState::Acquiring { .. }, Some(op)) => {
                 self.history.acquired(op, Outcome::Indeterminate, now_us);
             }
-            (ClientState::Releasing { .. }, Some(op)) => {
+            (ClientState::Releasing { .. } | ClientState::ReleasingOthers { .. }, Some(op)) => {
                 self.history
                     .released(op, ReleaseOutcome::Indeterminate, now_us);
             }
@@ -893,6 +924,7 @@ impl Sim {
         match self.clients[c].state {
             ClientState::Acquiring { .. }
             | ClientState::Releasing { .. }
+            | ClientState::ReleasingOthers { .. }
             | ClientState::ExtendingUnknown { .. } => {
                 self.report.given_up += 1;
                 self.clients[c].state = ClientState::Idle;
@@ -990,6 +1022,7 @@ impl Sim {
             let give_up = match self.clients[c].state {
                 ClientState::Acquiring { give_up, .. }
                 | ClientState::Releasing { give_up, .. }
+                | ClientState::ReleasingOthers { give_up, .. }
                 | ClientState::ExtendingUnknown { give_up, .. } => give_up <= self.now,
                 _ => false,
             };
@@ -1042,6 +1075,9 @@ impl Sim {
                 continue;
             }
             match self.clients[c].state.clone() {
+                ClientState::Idle if self.rng.chance(0.02) && self.others_grant(c).is_some() => {
+                    self.release_others(c)?;
+                }
                 ClientState::Idle if self.rng.chance(0.03) => {
                     // Now and then, an extend of a token nobody was given
                     // (tokens stay far below 2^60 in a run).
@@ -1170,6 +1206,37 @@ impl Sim {
         Ok(())
     }
 
+    /// A grant another, authenticated, client believes it holds now:
+    /// (key number, token, that client).
+    fn others_grant(&self, c: usize) -> Option<(usize, u64, usize)> {
+        let now = self.now;
+        self.beliefs.iter().find_map(|(&k, v)| {
+            v.iter()
+                .find(|b| b.0 != c && b.2 > now && self.clients[b.0].caller.holder & 1 == 1)
+                .map(|b| (k, b.1, b.0))
+        })
+    }
+
+    /// Client `c` releases, by its token, a grant another authenticated
+    /// client holds ([`Sim::others_grant`]).
+    fn release_others(&mut self, c: usize) -> Result<(), String> {
+        let Some((key, token, victim)) = self.others_grant(c) else {
+            return Ok(());
+        };
+        self.clients[c].state = ClientState::ReleasingOthers {
+            token,
+            victim,
+            give_up: self.now.add_secs(8),
+        };
+        self.clients[c].next_at = Millis::NEVER;
+        let k = format!("key{key}");
+        let op = self
+            .history
+            .release(c as u64, self.clients[c].conn, &k, token, us(self.now));
+        self.clients[c].op = Some(op);
+        self.request(c, Request::Release { token, key: &k })
+    }
+
     /// Sends the Extend of the client's current `Extending` state (its
     /// `sent` is now).
     fn send_extend(&mut self, c: usize) -> Result<(), String> {
@@ -1256,7 +1323,7 @@ impl Sim {
             return Ok(());
         };
         self.out.clear();
-        n.request(self.now, conn, req, &mut self.out);
+        n.request_as(self.now, conn, self.clients[c].caller, req, &mut self.out);
         let replies: Vec<(ConnId, String, Reply<'static>)> = self
             .out
             .iter()
@@ -1475,6 +1542,23 @@ impl Sim {
                 self.report.not_extended += 1;
                 self.answer_extend(c, ExtendOutcome::NotExtended);
                 self.drop_belief(c, k);
+                self.clients[c].state = ClientState::Idle;
+                self.clients[c].next_at = idle_after;
+            }
+            (
+                ClientState::ReleasingOthers { token, victim, .. },
+                Reply::Released { token: t, .. },
+            ) if t == token => {
+                return self.fail(format!(
+                    "client {c} released key {key} token {token}, a grant of client {victim} \
+                     (another authenticated identity)"
+                ));
+            }
+            (ClientState::ReleasingOthers { token, .. }, Reply::NotReleased { token: t, .. })
+                if t == token =>
+            {
+                self.report.others_refused += 1;
+                self.answer_release(c, ReleaseOutcome::NotReleased);
                 self.clients[c].state = ClientState::Idle;
                 self.clients[c].next_at = idle_after;
             }

@@ -322,7 +322,7 @@ fn garbage_on_the_peer_port_changes_nothing() {
 fn the_peer_frame_limit_follows_the_lock_table_limits() {
     // (extra flags, what the start-up log must say)
     let cases: [(&[&str], &str); 3] = [
-        (&[], "peer frames up to 1092 MiB"),
+        (&[], "peer frames up to 1100 MiB"),
         (
             &["--max-keys", "1000", "--max-key-bytes", "64"],
             "peer frames up to 69 MiB",

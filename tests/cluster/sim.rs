@@ -745,3 +745,23 @@ fn requests_whose_answer_went_inside_a_snapshot_have_their_connection_closed() {
     // waits two election timeouts (2 s: 200 steps).
     assert!(done_at - installed_at < 50, "{installed_at} {done_at}");
 }
+
+/// Half the simulated clients are authenticated identities. Now and then
+/// a client releases, with its token, a grant another authenticated client
+/// holds: every such release is answered N (an R fails the run), through
+/// leader changes, crashes, re-proposals and snapshot installs.
+#[test]
+fn releases_of_another_identitys_grant_are_refused() {
+    let (mut refused, mut installs, mut terms) = (0, 0, 0);
+    for seed in 40..43 {
+        let r = check(SimConfig::new(seed, 3 + 2 * (seed as usize % 2)));
+        refused += r.others_refused;
+        installs += r.snapshot_installs;
+        terms += r.max_term;
+    }
+    assert!(refused >= 10, "{refused} refused releases");
+    assert!(
+        installs > 0 && terms > 3,
+        "{installs} installs, {terms} terms"
+    );
+}

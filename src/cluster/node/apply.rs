@@ -6,7 +6,7 @@ use raft::eraftpb::{Entry, EntryType};
 use crate::cluster::command::{Command, Rid};
 use crate::cluster::log::Disk;
 use crate::cluster::state::{Answer, AnswerKind, Applied, Effect};
-use crate::engine::Outbox;
+use crate::engine::{Caller, Outbox};
 use crate::proto::Reply;
 use crate::time::Millis;
 
@@ -51,7 +51,7 @@ impl<D: Disk> Node<D> {
             self.mark_lost(lost_here, None);
             return;
         }
-        let (cmd, token_bits) = match Command::decode_entry(&e.data) {
+        let (cmd, token_bits, caller) = match Command::decode_entry(&e.data) {
             Ok(c) => c,
             Err(err) => {
                 log::error!("entry {} does not decode ({err}); skipped", e.index);
@@ -61,7 +61,7 @@ impl<D: Disk> Node<D> {
         };
         self.mark_lost(lost_here, cmd.rid());
         let cmd = self.with_planted_bug(cmd);
-        self.apply_command(now, e.index, token_bits, &cmd, out);
+        self.apply_command(now, e.index, (token_bits, caller), &cmd, out);
     }
 
     /// The proposal of ours a local leader placed at `index`, if any; the
@@ -90,14 +90,14 @@ impl<D: Disk> Node<D> {
         }
     }
 
-    /// Applies one decoded command to the state machine, then hands its
-    /// effects to the leader's timers and its answers to this node's
-    /// clients.
+    /// Applies one decoded command (with its entry's token bits and
+    /// caller) to the state machine, then hands its effects to the
+    /// leader's timers and its answers to this node's clients.
     fn apply_command(
         &mut self,
         now: Millis,
         index: u64,
-        token_bits: Option<u16>,
+        (token_bits, caller): (Option<u16>, Caller),
         cmd: &Command,
         out: &mut Outbox,
     ) {
@@ -109,7 +109,8 @@ impl<D: Disk> Node<D> {
         };
         // The answers and effects go into buffers kept from entry to entry.
         let mut res = std::mem::take(&mut self.apply_out);
-        self.sm.apply_entry_into(index, token_bits, cmd, &mut res);
+        self.sm
+            .apply_entry_into(index, token_bits, caller, cmd, &mut res);
         if let Command::Expire { key, .. } = cmd {
             if let Some(t) = expiring.filter(|&t| self.sm.holder(key) != Some(t)) {
                 self.hold_ended(now, t);

@@ -4,9 +4,9 @@
 use bytes::Bytes;
 use raft::eraftpb::{Entry, Message, MessageType};
 
-use crate::cluster::command::{Command, Origin, Rid};
+use crate::cluster::command::{entry_caller, Command, Origin, Rid};
 use crate::cluster::log::Disk;
-use crate::engine::{ConnId, Outbox};
+use crate::engine::{Caller, ConnId, Outbox};
 use crate::proto::{Reply, Request};
 use crate::time::Millis;
 
@@ -51,11 +51,27 @@ impl<D: Disk> Node<D> {
     /// answers B or N if raft drops that proposal, and it is answered after
     /// it applies.
     pub fn request(&mut self, now: Millis, conn: ConnId, req: Request<'_>, out: &mut Outbox) {
+        self.request_as(now, conn, Caller::default(), req, out);
+    }
+
+    /// [`Node::request`] from a connection of identity `who`: its entry
+    /// records the caller ([`entry_caller`]), so that every node applies
+    /// it as `who` (a grant records its holder; a release or extend of a
+    /// grant `who` may not act on is refused), also when it is proposed
+    /// again.
+    pub fn request_as(
+        &mut self,
+        now: Millis,
+        conn: ConnId,
+        who: Caller,
+        req: Request<'_>,
+        out: &mut Outbox,
+    ) {
         if !self.may_propose() {
             self.refuse(conn, req, out);
             return;
         }
-        self.track(now, conn, &req, false);
+        self.track(now, conn, entry_caller(who), &req, false);
     }
 
     /// Whether a client request can be proposed now: a leader is known,
@@ -67,9 +83,17 @@ impl<D: Disk> Node<D> {
             && self.unapplied.len() < self.cfg.max_pending
     }
 
-    /// Gives `req` of connection `conn` a request id, and queues it for
-    /// this turn's proposal and for its answer (to nobody when `closed`).
-    fn track(&mut self, now: Millis, conn: ConnId, req: &Request<'_>, closed: bool) {
+    /// Gives `req` of `caller` on connection `conn` a request id, and
+    /// queues it for this turn's proposal and for its answer (to nobody
+    /// when `closed`).
+    fn track(
+        &mut self,
+        now: Millis,
+        conn: ConnId,
+        caller: Caller,
+        req: &Request<'_>,
+        closed: bool,
+    ) {
         let seq = self.next_seq;
         let rid = Rid {
             node: self.cfg.id,
@@ -78,10 +102,11 @@ impl<D: Disk> Node<D> {
         };
         self.unapplied.insert(seq);
         let floor = self.unapplied.first().unwrap_or(seq);
-        let entry = self.request_entry(rid, floor, conn, req);
+        let entry = self.request_entry(caller, rid, floor, conn, req);
         // The state machine finds the request again in what it decodes.
         debug_assert!(
-            Command::decode_entry(&entry).is_ok_and(|(c, _)| c.rid() == Some(rid)),
+            Command::decode_entry(&entry)
+                .is_ok_and(|(c, _, who)| c.rid() == Some(rid) && who == caller),
             "a proposed request decodes to its own request id"
         );
         self.next_seq += 1;
@@ -106,7 +131,9 @@ impl<D: Disk> Node<D> {
     /// A grant applied for an acquire of ours whose connection `conn` had
     /// closed: nobody has its token, so it is released at once rather
     /// than held by nobody until its lease ends. If nothing can be
-    /// proposed now, the lease ends it.
+    /// proposed now, the lease ends it. The node releases it as the admin
+    /// identity: the grant may be bound to its taker's identity, and the
+    /// token is the one the grant was just given.
     pub(super) fn release_unseen(&mut self, now: Millis, conn: ConnId, key: &str, token: u64) {
         if !self.may_propose() {
             return;
@@ -116,18 +143,31 @@ impl<D: Disk> Node<D> {
             self.cfg.id
         );
         self.stats.unseen_released += 1;
-        self.track(now, conn, &Request::Release { token, key }, true);
+        let node = Caller {
+            holder: 0,
+            admin: true,
+        };
+        self.track(now, conn, node, &Request::Release { token, key }, true);
     }
 
-    /// The log entry of client request `req`, with the token bits drawn
-    /// for it: written after the ones before it in [`Node::entry_buf`] and
-    /// split off, so it shares that buffer (one allocation for many
-    /// entries; raft's clones of it only count references).
-    fn request_entry(&mut self, rid: Rid, floor: u64, conn: ConnId, req: &Request<'_>) -> Bytes {
+    /// The log entry of client request `req` of `caller`, with the token
+    /// bits drawn for it: written after the ones before it in
+    /// [`Node::entry_buf`] and split off, so it shares that buffer (one
+    /// allocation for many entries; raft's clones of it only count
+    /// references).
+    fn request_entry(
+        &mut self,
+        caller: Caller,
+        rid: Rid,
+        floor: u64,
+        conn: ConnId,
+        req: &Request<'_>,
+    ) -> Bytes {
         self.entry_scratch.clear();
         Command::write_request_entry(
             &mut self.entry_scratch,
             self.token_rng.bits(),
+            caller,
             rid,
             floor,
             conn,
@@ -292,13 +332,14 @@ impl<D: Disk> Node<D> {
             })
             .collect();
         for seq in due {
-            // Proposed again with token bits drawn afresh.
+            // Proposed again with token bits drawn afresh, and with its
+            // caller.
             let entry = self
                 .pending
                 .get(&seq)
                 .map(|p| p.entry.clone())
                 .unwrap_or_default();
-            if !self.propose_data(Some(seq), Command::entry_command(&entry)) {
+            if !self.propose_data(Some(seq), Command::entry_body(&entry)) {
                 break;
             }
             self.stats.reproposed += 1;
