@@ -128,7 +128,7 @@ fn main() -> io::Result<()> {
     );
 
     // A lease granted at `t` ends at `t + lease + 1 ms`, the first
-    // millisecond *past* `t + lease` (SPEC §2.4: "a key past its expiry").
+    // millisecond *past* `t + lease` (PROTOCOL §2.4: "a key past its expiry").
     // The server reads its clock in whole milliseconds, truncated, so `t`
     // may be up to 1 ms before the moment the holder wrote its request;
     // ending the lease only once `t + lease` is past keeps it from ending

@@ -3,8 +3,8 @@
 //! A client asks for a named lock (a *key*); the server grants it with a
 //! *fencing token*, queues the client for a bounded time if someone else
 //! holds it, hands it over FIFO on release, and takes it back when the
-//! holder's *lease* runs out. The contract is `SPEC.md`; the protocol is
-//! described in `docs/PROTOCOL.md`.
+//! holder's *lease* runs out. The contract, the protocol itself, is
+//! `docs/PROTOCOL.md`; its sections are cited as `PROTOCOL §N`.
 //!
 //! # Architecture in a page
 //!
@@ -19,7 +19,7 @@
 //! * [`engine`]: the lock table, sans-IO. Every operation takes `now`; replies
 //!   go to an [`engine::Outbox`] addressed by connection. Deterministic, so
 //!   tests can step through it.
-//! * [`client`]: the official blocking client (SPEC §3): a pool of
+//! * [`client`]: the official blocking client (PROTOCOL §3): a pool of
 //!   pipelined connections, one deadline per call, Indeterminate when unsure;
 //!   and the same rules as a sans-IO state machine ([`client::machine`]).
 //! * [`service`]: the trait between the event loop and what answers requests

@@ -1,4 +1,4 @@
-//! Wire codec for protocol version 1.1 (SPEC §1 and §5.1). No I/O.
+//! Wire codec for protocol version 1.1 (PROTOCOL §1 and §5.1). No I/O.
 //!
 //! Every frame is a fixed binary header, a UTF-8 key and one `0x0A`. Because
 //! the header is binary and may itself contain `0x0A`, a decoder consumes the
@@ -29,7 +29,7 @@ pub const OP_NOT_EXTENDED: u8 = b'X';
 /// The frame terminator.
 pub const NEWLINE: u8 = b'\n';
 
-/// A request from a client (SPEC §1, "Requests").
+/// A request from a client (PROTOCOL §1, "Requests").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Request<'a> {
     /// `'A' wait:u8 lease:u8 owner:u64 key '\n'`
@@ -50,7 +50,7 @@ pub enum Request<'a> {
         /// The lock name.
         key: &'a str,
     },
-    /// `'E' lease:u8 token:u64 key '\n'` (protocol 1.1, SPEC §5).
+    /// `'E' lease:u8 token:u64 key '\n'` (protocol 1.1, PROTOCOL §5).
     Extend {
         /// Seconds the grant lives from now on; never 0 in a well-formed frame.
         lease_s: u8,
@@ -73,7 +73,7 @@ impl Request<'_> {
     }
 }
 
-/// A reply from the server (SPEC §1, "Replies").
+/// A reply from the server (PROTOCOL §1, "Replies").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reply<'a> {
     /// Granted: `'A' token:u64 owner:u64 key '\n'`.
@@ -742,7 +742,7 @@ mod tests {
         );
     }
 
-    /// SPEC §5.1's example: extend `token=7 key="db"` by 30 s.
+    /// PROTOCOL §5.1's example: extend `token=7 key="db"` by 30 s.
     #[test]
     fn spec_example_extend_frame() {
         let bytes = [0x45, 0x1E, 0, 0, 0, 0, 0, 0, 0, 0x07, 0x64, 0x62, 0x0A];

@@ -1,6 +1,6 @@
 //! Single mode's [`Service`]: the lock engine plus restart-safe fencing tokens.
 //!
-//! Tokens must keep increasing across restarts (SPEC §2.3). Two ways:
+//! Tokens must keep increasing across restarts (PROTOCOL §2.3). Two ways:
 //!
 //! * With a data directory, the service keeps a *high-water mark* in
 //!   `DIR/token-mark`: every token it issues is at or below the mark on disk.

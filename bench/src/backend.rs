@@ -232,7 +232,7 @@ mod tests {
             [0x41, 0x05, 0x1E, 0, 0, 0, 0, 0, 0, 0x0A, 0x0B, 0x64, 0x62, 0x0A]
         );
 
-        // SPEC §5.1's example: extend token 7 of "db" by 30 s.
+        // PROTOCOL §5.1's example: extend token 7 of "db" by 30 s.
         assert!(b.supports_extend());
         let mut ext = Vec::new();
         b.encode_extend(&mut ext, "db", 7, 30);

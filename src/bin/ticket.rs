@@ -11,7 +11,7 @@
 //! ticket cluster status [--json] [--admin ADDR]
 //! ```
 //!
-//! Built on `ticketd::client`, so every SPEC §3 rule holds here too: the CLI
+//! Built on `ticketd::client`, so every PROTOCOL §3 rule holds here too: the CLI
 //! never reports "acquired" unless the lock is held, and `run` never starts
 //! the command on a guess. Exit statuses are listed in [`exit`] and in
 //! `docs/CLIENT.md`.

@@ -1,4 +1,4 @@
-//! Deadline arithmetic of one call (SPEC §3), kept apart from sockets so every
+//! Deadline arithmetic of one call (PROTOCOL §3), kept apart from sockets so every
 //! rule can be checked with made-up instants.
 //!
 //! An acquire with `wait > 0` has one monotonic deadline `D = start +
@@ -139,7 +139,7 @@ impl<T: Moment> Plan<T> {
         }
     }
 
-    /// One extend attempt (SPEC §5.3): sent, and answered, before the
+    /// One extend attempt (PROTOCOL §5.3): sent, and answered, before the
     /// transport deadline and never after `until` (the ticket's expiry).
     #[must_use]
     pub fn until(start: T, until: T) -> Plan<T> {

@@ -1,6 +1,6 @@
 //! The client's error type: bad arguments and bad configuration.
 //!
-//! Transport trouble is never an [`Error`]: SPEC §3 turns it into a definite
+//! Transport trouble is never an [`Error`]: PROTOCOL §3 turns it into a definite
 //! outcome ([`crate::client::Acquire::Timeout`] when the request was never
 //! sent) or into `Indeterminate` (when it may have been). An `Err` therefore
 //! always means "nothing was sent, fix the call".

@@ -1,4 +1,4 @@
-//! Lease renewal (SPEC §5.3): extending a ticket, and keeping it alive in
+//! Lease renewal (PROTOCOL §5.3): extending a ticket, and keeping it alive in
 //! the background.
 //!
 //! An extend is retried, unlike an acquire: applying it twice only moves

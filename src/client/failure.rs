@@ -1,7 +1,7 @@
 //! Why a connection to a server failed or ended, as far as the client can
 //! tell from what came back: [`crate::client::Client::last_failure`].
 //!
-//! Outcomes do not change with it (SPEC §3: a request that may have been
+//! Outcomes do not change with it (PROTOCOL §3: a request that may have been
 //! sent is still Indeterminate); it only names the cause, so that a
 //! plaintext client on a TLS port, a missing client certificate or an
 //! address that is not a ticketd client port can be told apart from a

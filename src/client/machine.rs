@@ -1,4 +1,4 @@
-//! The official client's rules (SPEC §3) as a sans-IO state machine: the
+//! The official client's rules (PROTOCOL §3) as a sans-IO state machine: the
 //! caller moves the bytes and the clock, the machine decides what to send,
 //! when to give up and what each call's outcome is.
 //!
@@ -31,7 +31,7 @@
 //!    sent is Indeterminate; what was definitely not sent stays queued and
 //!    goes out on the next connection, with the same owner and the same `D`.
 //!
-//! [`Machine::extend`] renews a grant (SPEC §5.3): refused without sending
+//! [`Machine::extend`] renews a grant (PROTOCOL §5.3): refused without sending
 //! once the grant's conservative expiry has passed; sent again on the next
 //! connection when an attempt got no reply, never past the expiry; an `E`
 //! moves the expiry to the time the answered attempt was written plus the
@@ -94,7 +94,7 @@ pub enum AcquireOutcome {
     Indeterminate,
 }
 
-/// What an extend came to (SPEC §5.3).
+/// What an extend came to (PROTOCOL §5.3).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ExtendOutcome {
     /// `E` before the grant's conservative expiry: the grant as it is now,
@@ -240,7 +240,7 @@ impl Machine {
         Ok(self.push(Kind::Release { token }, key, Plan::transport(now), false))
     }
 
-    /// Extends `held` at `now` to live `lease` from then (SPEC §5.3). A
+    /// Extends `held` at `now` to live `lease` from then (PROTOCOL §5.3). A
     /// grant whose conservative expiry has passed is lost for good: the
     /// outcome is [`ExtendOutcome::Lost`] and nothing is sent. An attempt
     /// that gets no reply is sent again on the next connection, never past
@@ -363,7 +363,7 @@ impl Machine {
     }
 
     // Long because each reply kind is matched to its call and judged against
-    // the call's deadline in one place (SPEC §3).
+    // the call's deadline in one place (PROTOCOL §3).
     fn matched(&mut self, now: Millis, reply: OwnedReply) {
         let found = self.in_flight.iter().position(|c| match (&reply, c.kind) {
             (OwnedReply::Acquire { owner, key, .. }, Kind::Acquire { owner: o, .. }) => {

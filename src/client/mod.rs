@@ -1,4 +1,4 @@
-//! The official blocking client (SPEC §3).
+//! The official blocking client (PROTOCOL §3).
 //!
 //! ```no_run
 //! use std::time::Duration;

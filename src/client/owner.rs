@@ -1,4 +1,4 @@
-//! Fresh acquire owners (SPEC §3): unique within the process, unlikely to
+//! Fresh acquire owners (PROTOCOL §3): unique within the process, unlikely to
 //! collide across processes.
 //!
 //! An owner is `mix(base + n)`: `base` is 64 random bits drawn once per

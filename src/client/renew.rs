@@ -1,5 +1,5 @@
 //! The renewer: one thread per [`Client`] that keeps all its kept tickets
-//! alive, coalescing their renewals (SPEC §5.3).
+//! alive, coalescing their renewals (PROTOCOL §5.3).
 //!
 //! A kept ticket is due for renewal a third of its lease after the write
 //! of the extend (or acquire) that its latest `E` answered. When the

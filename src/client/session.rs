@@ -57,7 +57,7 @@ pub(crate) enum Kind {
         /// The token being released.
         token: u64,
     },
-    /// An extend of `token` (SPEC §5).
+    /// An extend of `token` (PROTOCOL §5).
     Extend {
         /// The token being extended.
         token: u64,

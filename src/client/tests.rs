@@ -642,7 +642,7 @@ fn ticket_from(
     (h.join().unwrap().ticket().expect("acquired"), conn)
 }
 
-/// SPEC §5.3: on E the expiry becomes the time the extend was written plus
+/// PROTOCOL §5.3: on E the expiry becomes the time the extend was written plus
 /// the new lease, not the time the reply came; until then the old expiry
 /// stands. The token does not change.
 #[test]

@@ -96,7 +96,7 @@ impl Ticket {
         SystemTime::now() + left
     }
 
-    /// Extends the grant to live `lease` from now (SPEC §5.3), keeping the
+    /// Extends the grant to live `lease` from now (PROTOCOL §5.3), keeping the
     /// token. Retried on another connection while no reply has come, until
     /// [`Ticket::expires_at`]; on `E` the expiry becomes the time the
     /// answered attempt was written plus `lease`. A lease shorter than the

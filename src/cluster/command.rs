@@ -54,7 +54,7 @@ impl Rid {
 /// copied); one made here to be proposed may own it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command<'a> {
-    /// A client's acquire (SPEC §2.1).
+    /// A client's acquire (PROTOCOL §2.1).
     Acquire {
         /// Request id.
         rid: Rid,
@@ -72,7 +72,7 @@ pub enum Command<'a> {
         /// Seconds the grant lives.
         lease_s: u8,
     },
-    /// A client's release (SPEC §2.2).
+    /// A client's release (PROTOCOL §2.2).
     Release {
         /// Request id.
         rid: Rid,
@@ -85,7 +85,7 @@ pub enum Command<'a> {
         /// The token being released.
         token: u64,
     },
-    /// A client's extend (SPEC §5.2).
+    /// A client's extend (PROTOCOL §5.2).
     Extend {
         /// Request id.
         rid: Rid,

@@ -338,7 +338,7 @@ impl Service for ClusterService {
                     out.push(conn, crate::proto::Reply::NotReleased { token, key }, 0);
                 }
                 // X would say the grant is gone, which this node cannot
-                // know (SPEC §5.3): no answer, the client tries elsewhere.
+                // know (PROTOCOL §5.3): no answer, the client tries elsewhere.
                 Request::Extend { .. } => {}
             }
             return;

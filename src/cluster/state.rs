@@ -7,7 +7,7 @@
 //! iteration (the engine reports what happened in the order it happened,
 //! and its snapshot image is sorted by key).
 //!
-//! The [`Engine`] is the one lock table and decides every answer (SPEC §2).
+//! The [`Engine`] is the one lock table and decides every answer (PROTOCOL §2).
 //! Each grant and waiter carries a [`ReqTag`] (the request, its origin
 //! connection, the lease and its generation); applying a command turns the
 //! engine's typed events ([`crate::engine::Event`]) into answers for the
@@ -190,7 +190,7 @@ pub struct ReqTag {
     conn: u64,
     /// The latest lease: the grant's own, or its latest extension's.
     lease_s: u8,
-    /// Extensions that took effect on this grant (SPEC §5.2): an `Expire`
+    /// Extensions that took effect on this grant (PROTOCOL §5.2): an `Expire`
     /// set for an earlier generation does nothing.
     generation: u64,
 }

@@ -4,7 +4,7 @@
 //! fault tests, cluster tests) record what every client did and saw as a
 //! [`History`]: when each acquire was invoked and how it completed, when each
 //! release was invoked, when sessions were closed. [`History::check`] then
-//! verifies, from the clients' point of view, the guarantees of SPEC §2–§3:
+//! verifies, from the clients' point of view, the guarantees of PROTOCOL §2–§3:
 //!
 //! * **Mutual exclusion** ([`Property::MutualExclusion`]): per key, no two
 //!   grant intervals overlap. A grant's interval runs from the moment the
@@ -13,7 +13,7 @@
 //!   acquire was invoked plus the lease, as the grant's extensions moved it:
 //!   lowered to an extension's invocation plus its lease the moment it is
 //!   invoked, if that is earlier, and set to it when its `E` comes back in
-//!   time; SPEC §5.3). A client never uses a grant outside that interval, so
+//!   time; PROTOCOL §5.3). A client never uses a grant outside that interval, so
 //!   an overlap means two clients could act on one lock.
 //! * **Token order** ([`Property::TokenOrder`]): fencing tokens are unique,
 //!   never 0, and if one grant was received before another acquire was even
@@ -32,7 +32,7 @@
 //! A single-mode server keeps its locks in memory only. Without a restart
 //! grace, after a crash or a restart every key is free, and what protects a
 //! resource from the holder of a grant made before the restart is the
-//! fencing token (SPEC §2.3). A history says so with
+//! fencing token (PROTOCOL §2.3). A history says so with
 //! [`History::server_restart`], naming the first token of the new
 //! incarnation (the server prints it at start-up). Mutual exclusion is then
 //! checked among grants of one incarnation, and token order gains a check:
@@ -78,11 +78,11 @@ pub enum Outcome {
     Timeout,
     /// Not granted: `B`.
     Busy,
-    /// The client gave up without an answer (SPEC §3): it does not enter.
+    /// The client gave up without an answer (PROTOCOL §3): it does not enter.
     Indeterminate,
 }
 
-/// How an extension completed, as its client saw it (SPEC §5.3).
+/// How an extension completed, as its client saw it (PROTOCOL §5.3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExtendOutcome {
     /// `E`: the grant's lease was extended.
@@ -1020,7 +1020,7 @@ impl ExtRec {
 type Extensions<'a> = HashMap<(&'a str, u64), Vec<ExtRec>>;
 
 /// The conservative lease end of a grant invoked at `invoked_us` for
-/// `lease_s`, as its extensions move it (SPEC §5.3), walked in time order:
+/// `lease_s`, as its extensions move it (PROTOCOL §5.3), walked in time order:
 ///
 /// * an extension invoked before the end lowers it at once to its own
 ///   invocation plus its lease if that is earlier: a shorter lease may take

@@ -29,7 +29,7 @@
 //! `R` (the grant is bound to its taker on every node, through leader
 //! changes, re-proposals and snapshots).
 //!
-//! Holders sometimes extend their grant (by token, SPEC §5), following the
+//! Holders sometimes extend their grant (by token, PROTOCOL §5), following the
 //! client rules of §5.3: the conservative expiry moves only on a matched
 //! `E`, to the moment that attempt was written plus its lease; an `E` that
 //! arrives at or after the current expiry revives nothing; `X` ends the
@@ -260,7 +260,7 @@ enum ClientState {
         token: u64,
         give_up: Millis,
     },
-    /// An Extend of a token no grant ever had (SPEC §5.2 "not registered"
+    /// An Extend of a token no grant ever had (PROTOCOL §5.2 "not registered"
     /// or "token does not match"): it must be answered `X`, never `E`.
     ExtendingUnknown {
         token: u64,
@@ -934,7 +934,7 @@ impl Sim {
                 ref mut retry_at, ..
             } => {
                 // The holding goes on; the same Extend goes out again on
-                // the new connection (SPEC §5.3).
+                // the new connection (PROTOCOL §5.3).
                 *retry_at = self.now;
                 self.clients[c].next_at = self.now;
             }
@@ -1018,7 +1018,7 @@ impl Sim {
     fn clients_act(&mut self) -> Result<(), String> {
         for c in 0..self.clients.len() {
             // A request that got no answer in time is given up: the client
-            // closes that connection (SPEC §3: Indeterminate).
+            // closes that connection (PROTOCOL §3: Indeterminate).
             let give_up = match self.clients[c].state {
                 ClientState::Acquiring { give_up, .. }
                 | ClientState::Releasing { give_up, .. }
@@ -1159,7 +1159,7 @@ impl Sim {
                 }
                 ClientState::Extending { retry_at, .. } if retry_at <= self.now => {
                     // No answer in time: give this attempt up and send the
-                    // same Extend again on a new connection (SPEC §5.3).
+                    // same Extend again on a new connection (PROTOCOL §5.3).
                     if self.clients[c].op.is_some() {
                         self.report.extend_resends += 1;
                         self.reconnect(c);

@@ -16,7 +16,7 @@
 //! * [`engine_ops`]: an arbitrary sequence of acquires, releases, time steps,
 //!   ticks, disconnects, token ceilings (and, in replicated mode, explicit
 //!   expiries and wait timeouts) against the engine, checked after every
-//!   operation against a reference model of SPEC §2: `check_invariants()`,
+//!   operation against a reference model of PROTOCOL §2: `check_invariants()`,
 //!   tokens strictly increasing and below the ceiling, at most one valid
 //!   holder per key (no lease ends before `grant + lease`), no grant to a
 //!   waiter past its wait deadline (give or take one clock tick, see
@@ -276,7 +276,7 @@ struct Waiting {
     id: WaiterId,
 }
 
-/// The reference model of SPEC §2 the engine is checked against.
+/// The reference model of PROTOCOL §2 the engine is checked against.
 struct Model {
     clocked: bool,
     now: Millis,

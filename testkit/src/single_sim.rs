@@ -21,7 +21,7 @@
 //!   token it issued (what the daemon's token high-water mark provides) and
 //!   a restart grace until every lease it granted has ended (what the
 //!   daemon's durable lease bound provides).
-//! * **Clients**: each follows the official client's rules (SPEC §3): a fresh
+//! * **Clients**: each follows the official client's rules (PROTOCOL §3): a fresh
 //!   owner per acquire, one deadline per call, never resend what may have been
 //!   sent, wire wait rounded up from the time left, Indeterminate after the
 //!   deadline plus 1 s grace, a late grant released and not used. Clients
@@ -80,7 +80,7 @@ impl Rng {
 pub enum Bug {
     /// After a restart, tokens start again at 1 (no high-water mark).
     TokensRestartAtOne,
-    /// A closed connection releases the keys it holds (SPEC §2.5 says no).
+    /// A closed connection releases the keys it holds (PROTOCOL §2.5 says no).
     ReleaseOnDisconnect,
     /// An extend is answered `E` but the lease is not moved.
     ExtendIgnored,
@@ -177,12 +177,12 @@ enum Phase {
     Holding {
         key: String,
         token: u64,
-        /// The conservative expiry (SPEC §3, §5.3).
+        /// The conservative expiry (PROTOCOL §3, §5.3).
         expires_us: u64,
         /// When the client means to release.
         hold_end_us: u64,
     },
-    /// An extend of the held grant (SPEC §5.3): resent on a new session
+    /// An extend of the held grant (PROTOCOL §5.3): resent on a new session
     /// after the old one died, never past `expires_us`.
     Extending {
         /// Recorded when sent: the op, its session and when it was written.
@@ -212,7 +212,7 @@ struct Pending {
     start_us: u64,
     /// When the request was written (once sent): the lease counts from it.
     sent_us: u64,
-    /// The call's deadline D (SPEC §3); for wait 0 the transport deadline.
+    /// The call's deadline D (PROTOCOL §3); for wait 0 the transport deadline.
     deadline_us: u64,
     /// When an unanswered sent request makes the call Indeterminate.
     give_up_us: u64,
@@ -976,7 +976,7 @@ impl Sim {
                     self.wake(client, p.deadline_us);
                     return;
                 };
-                // The wire wait is the time left, rounded up (SPEC §3).
+                // The wire wait is the time left, rounded up (PROTOCOL §3).
                 let wire_wait = if p.wait_s == 0 {
                     0
                 } else {
@@ -1079,7 +1079,7 @@ impl Sim {
                     let op = self
                         .history
                         .extend(client as u64, conn, &key, token, lease_s, now);
-                    // A shorter lease may take effect unanswered (SPEC §5.2
+                    // A shorter lease may take effect unanswered (PROTOCOL §5.2
                     // allows shortening): stop using the grant by then.
                     let expires_us = expires_us.min(now + u64::from(lease_s) * S);
                     self.stats.extends += 1;
@@ -1199,7 +1199,7 @@ impl Sim {
                 expires_us,
                 hold_end_us,
             } => {
-                // An extend may be sent again (SPEC §5.3): same token, key
+                // An extend may be sent again (PROTOCOL §5.3): same token, key
                 // and lease, on a new session, until the expiry.
                 self.clients[client].phase = Phase::Extending {
                     sent: None,

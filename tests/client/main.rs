@@ -1,5 +1,5 @@
 //! The official blocking client (`ticketd::client`) against the real
-//! `ticketd`: SPEC §3's rules, contention through one shared client,
+//! `ticketd`: PROTOCOL §3's rules, contention through one shared client,
 //! keep-alive at scale, what a client guards against, and TLS on the
 //! client port.
 //!

@@ -1,4 +1,4 @@
-//! SPEC §3 end to end: the official client against the real `ticketd`, with
+//! PROTOCOL §3 end to end: the official client against the real `ticketd`, with
 //! the fault-injecting proxy in between where a rule needs a fault. The
 //! proxy's log shows what the server could have seen; a raw connection
 //! straight to the server shows what the server actually holds.

@@ -1,5 +1,5 @@
 //! Requests whose connection closes right after they are written, with
-//! three real `ticketd --cluster` processes (SPEC §2.5): a release or an
+//! three real `ticketd --cluster` processes (PROTOCOL §2.5): a release or an
 //! extend the server has read takes effect, on a follower and on the
 //! leader; an acquire whose connection is gone leaves no grant behind
 //! (neither a fresh one nor a queued one handed over later).

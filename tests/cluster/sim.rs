@@ -280,7 +280,7 @@ fn holders_extend_and_the_checker_checks_the_extended_intervals() {
             });
         assert_eq!(v.property, Property::MutualExclusion, "seed {seed}: {v}");
     }
-    // Across seeds the paths of SPEC §5.3 were taken: X (for a token no
+    // Across seeds the paths of PROTOCOL §5.3 were taken: X (for a token no
     // grant had: an E would have failed the run), a re-send after no
     // answer, a grant lost at its expiry with an extend in flight.
     let mut sum = [0u64; 3];
@@ -296,7 +296,7 @@ fn holders_extend_and_the_checker_checks_the_extended_intervals() {
 /// For each never-released grant whose key was granted again later, the
 /// last extension that moved its lease end, if any: the extends whose
 /// stretching to 255 s should overlap the next grant. The lease ends are
-/// followed as SPEC §5.3 says: an `E` answered before the current end
+/// followed as PROTOCOL §5.3 says: an `E` answered before the current end
 /// moves it to that extension's invocation plus its lease.
 fn extensions_followed_by_a_grant(h: &History) -> Vec<u64> {
     let mut invoked = std::collections::HashMap::new();

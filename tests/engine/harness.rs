@@ -70,7 +70,7 @@ fn release(key: &str, token: u64) -> Vec<u8> {
     v
 }
 
-/// `lease = 0`: malformed (SPEC §1).
+/// `lease = 0`: malformed (PROTOCOL §1).
 fn malformed() -> Vec<u8> {
     vec![b'A', 5, 0, 0, 0, 0, 0, 0, 0, 0, 9, b'k', b'\n']
 }

@@ -1,5 +1,5 @@
 //! The engine and everything that runs it in-process, with no socket and no
-//! child process: the SPEC §2 tables row by row, multi-step scenarios, the
+//! child process: the PROTOCOL §2 tables row by row, multi-step scenarios, the
 //! reference model, the hot path's allocations, the in-memory harness, the
 //! single-mode simulation, the history checker and the fuzz targets' bodies.
 //!

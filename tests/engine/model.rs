@@ -1,7 +1,7 @@
 //! The lock engine against a small reference model, on random operation
 //! sequences (proptest).
 //!
-//! The model below is the SPEC §2 tables written as naively as possible:
+//! The model below is the PROTOCOL §2 tables written as naively as possible:
 //! keys in a `Vec`, queues in `Vec`s, every rule a linear scan, no timers
 //! (tick simply looks at every key). Each random step (acquire, release with
 //! a right or wrong token, disconnect, a time step, a tick) is applied to
@@ -75,7 +75,7 @@ enum Op {
         pick: u8,
         any: u64,
     },
-    /// An extend (SPEC §5.2); `pick` as for `Release`.
+    /// An extend (PROTOCOL §5.2); `pick` as for `Release`.
     Extend {
         key: usize,
         conn: usize,
@@ -146,7 +146,7 @@ struct MKey {
     queue: Vec<MWaiter>,
 }
 
-/// SPEC §2 written out plainly: single mode, or (`replicated`) cluster
+/// PROTOCOL §2 written out plainly: single mode, or (`replicated`) cluster
 /// mode's state machine, where time never expires anything by itself.
 struct Model {
     replicated: bool,
@@ -255,7 +255,7 @@ impl Model {
         }
     }
 
-    /// SPEC §5.2: a grant whose lease has not ended lives `lease_s` from
+    /// PROTOCOL §5.2: a grant whose lease has not ended lives `lease_s` from
     /// now, keeping its token and its queue; anything else is X.
     fn extend(
         &mut self,

@@ -1,8 +1,8 @@
-//! One test per row of the SPEC §2.1 (acquire) and §2.2 (release) tables.
+//! One test per row of the PROTOCOL §2.1 (acquire) and §2.2 (release) tables.
 //!
 //! Each test is named after its row, drives the engine exactly as the row
 //! describes, and asserts the exact reply bytes on the wire (built here by
-//! hand from SPEC §1, not with the codec under test) plus the state the row
+//! hand from PROTOCOL §1, not with the codec under test) plus the state the row
 //! leaves behind: holder, token, queue, key count.
 
 use ticketd::engine::{Acquire, AcquireOutcome, ConnId, Engine, Outbox};

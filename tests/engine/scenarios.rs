@@ -2,7 +2,7 @@
 //! expiry (lazy takeover, handover at lease expiry, sweep timing, R vs N
 //! around the sweep), FIFO order, capacity limits, disconnect, fencing
 //! tokens, the stale-waiter rule, replicated mode, the token ceiling,
-//! extensions (SPEC §5.2) and the sweep in steps.
+//! extensions (PROTOCOL §5.2) and the sweep in steps.
 //!
 //! Every scenario drives the sans-IO engine with explicit `now` values, so
 //! each one is exact to the millisecond and runs in microseconds.
@@ -111,7 +111,7 @@ fn granted(o: AcquireOutcome) -> u64 {
 
 // ------------------------------------------------------------------ expiry
 
-/// SPEC §2.4: the expiry path is not FIFO. An acquire that finds the lease
+/// PROTOCOL §2.4: the expiry path is not FIFO. An acquire that finds the lease
 /// run out takes the key on the spot, even though someone queued earlier
 /// and no tick has handed the key over yet.
 #[test]
@@ -235,7 +235,7 @@ fn the_sweep_waits_for_the_first_lease_that_can_have_ended() {
     e.check_invariants();
 }
 
-/// SPEC §2.4: a release of a key whose lease ran out but which has not been
+/// PROTOCOL §2.4: a release of a key whose lease ran out but which has not been
 /// swept still finds the key and its token: R. After the sweep it is N.
 #[test]
 fn release_of_an_expired_key_is_r_before_the_sweep_and_n_after_it() {
@@ -366,7 +366,7 @@ fn capacity_freed_by_a_leaving_waiter_is_reused() {
 
 // ------------------------------------------------------------------ disconnect
 
-/// SPEC §2.5: closing a connection cancels its queued acquires (no reply, it
+/// PROTOCOL §2.5: closing a connection cancels its queued acquires (no reply, it
 /// is gone) and keeps what it holds; other connections' waiters keep their
 /// place in line.
 #[test]
@@ -682,7 +682,7 @@ fn at_the_token_ceiling_nothing_is_granted_until_it_is_raised() {
 
 // ------------------------------------------------------------------ owners
 
-/// SPEC §2.3: an owner equal to the holder's owner is just another client:
+/// PROTOCOL §2.3: an owner equal to the holder's owner is just another client:
 /// it does not get the active token back and does not renew the lease.
 #[test]
 fn an_owner_equal_to_the_holders_owner_gets_no_special_treatment() {
@@ -707,7 +707,7 @@ fn an_owner_equal_to_the_holders_owner_gets_no_special_treatment() {
     e.check_invariants();
 }
 
-/// SPEC §5.2, first row: an extension of a live grant keeps the token and
+/// PROTOCOL §5.2, first row: an extension of a live grant keeps the token and
 /// the waiters' places and moves the expiry, so the waiter is handed the
 /// key at the new end, not the old one.
 #[test]
@@ -760,7 +760,7 @@ fn a_shorter_extension_hands_over_at_the_shorter_end() {
     eng.check_invariants();
 }
 
-/// The other rows of SPEC §5.2: an ended lease is never revived (even
+/// The other rows of PROTOCOL §5.2: an ended lease is never revived (even
 /// before the sweep or a takeover), a wrong token or an unknown key
 /// changes nothing, and each gets X.
 #[test]

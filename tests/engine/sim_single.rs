@@ -234,7 +234,7 @@ fn a_server_that_ignores_extends_is_caught() {
     assert!(e.starts_with("mutual exclusion violated"), "{e}");
 }
 
-/// SPEC §3: a client's conservative expiry is the time it wrote the request
+/// PROTOCOL §3: a client's conservative expiry is the time it wrote the request
 /// plus the lease, and the server's lease must not end before it. The daemon
 /// reads its clock in whole milliseconds (truncated) and the engine ends a
 /// lease at `reading + lease`, so a request written 0.4 ms past a

@@ -287,7 +287,7 @@ fn sigstop_past_the_leases_then_sigcont_grants_no_one_twice() {
     assert!(matches!(r_short, Reply::Timeout { .. }), "{r_short:?}");
     // The key goes either to the head waiter (the deadline index reached
     // the expiry first) or to the request buffered during the stop (it took
-    // the expired key over on arrival, SPEC 2.4): never to both.
+    // the expired key over on arrival, PROTOCOL §2.4): never to both.
     let r_late = late.recv();
     h.acquired(op_late, outcome_of(&r_late), clock.now_us());
     let granted = match r_late {

@@ -1,5 +1,5 @@
 //! The single-mode server, mostly as the real `ticketd` and `ticket`
-//! binaries: SPEC §1 and §2 over TCP, limits, the daemon's command line and
+//! binaries: PROTOCOL §1 and §2 over TCP, limits, the daemon's command line and
 //! signals, the data directory and restart grace, the admin port, systemd
 //! socket activation, the `ticket` command, the library embedded in-process,
 //! every program in `examples/`, and the flags the docs name.

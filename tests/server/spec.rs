@@ -1,4 +1,4 @@
-//! Every row of SPEC §2 end to end, against the real binary over TCP.
+//! Every row of PROTOCOL §2 end to end, against the real binary over TCP.
 
 use ticketd_testkit::process as common;
 
@@ -333,7 +333,7 @@ fn closing_a_connection_cancels_its_waiters_but_keeps_its_locks() {
     ));
 }
 
-/// SPEC §5.2 over TCP: an extension keeps the token and moves the expiry,
+/// PROTOCOL §5.2 over TCP: an extension keeps the token and moves the expiry,
 /// so the key stays held past its first lease and a waiter gets it only at
 /// the new end; an ended lease, a wrong token and an unknown key get X.
 #[test]
@@ -445,7 +445,7 @@ fn send_and_close(server: &Ticketd, frame: &[u8]) {
     let _ = c.stream.shutdown(std::net::Shutdown::Both);
 }
 
-/// SPEC §2.5: a close cancels only queued acquires. A release the server
+/// PROTOCOL §2.5: a close cancels only queued acquires. A release the server
 /// read takes effect though its connection closed right after it.
 #[test]
 fn a_release_on_a_connection_closed_at_once_takes_effect() {

@@ -1,4 +1,4 @@
-//! The wire protocol as the server sees it (SPEC §1): pipelining, framing
+//! The wire protocol as the server sees it (PROTOCOL §1): pipelining, framing
 //! across reads, binary headers with 0x0A, out-of-order replies, and every
 //! malformed case closing only its own connection.
 

@@ -53,12 +53,12 @@
 //! applies, an acquire still granted to it (the table records each
 //! holder's request id) is answered with that grant.
 //!
-//! A connection that closes cancels its acquires only (SPEC §2.5): its
+//! A connection that closes cancels its acquires only (PROTOCOL §2.5): its
 //! releases and extends stay tracked, proposed again if lost, and apply
 //! unanswered; a grant that applies for an acquire of a closed connection
 //! is released at once ([`Node::disconnect`]).
 //!
-//! # Leader timers (SPEC §2.4)
+//! # Leader timers (PROTOCOL §2.4)
 //!
 //! Only the leader keeps a min-heap of deadlines: each grant's lease and each
 //! queued acquire's wait, measured from when the leader applied it. When one
@@ -266,7 +266,7 @@ struct Pending {
     queued: bool,
     acquire: bool,
     /// Its connection closed before the answer: a release or an extend
-    /// (SPEC §2.5: only queued acquires are cancelled by a close), or the
+    /// (PROTOCOL §2.5: only queued acquires are cancelled by a close), or the
     /// release of a grant nobody saw. It still goes into the log, is
     /// proposed again if lost, and its answer goes to nobody.
     closed: bool,

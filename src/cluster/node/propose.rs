@@ -24,7 +24,7 @@ impl<D: Disk> Node<D> {
                 out.push(conn, Reply::NotReleased { token, key }, 0);
             }
             // Never X: that would say the grant is gone, and a node that
-            // cannot propose does not know (SPEC §5.3). Unanswered, the
+            // cannot propose does not know (PROTOCOL §5.3). Unanswered, the
             // client gives this attempt up and tries another node.
             Request::Extend { .. } => {}
         }
@@ -257,7 +257,7 @@ impl<D: Disk> Node<D> {
     /// queued ones cancelled cluster-wide (one that applies later queues
     /// nothing that stays, and a grant it gets is released at once, since
     /// nobody has its token). Its releases and extends were read, so
-    /// they take effect (SPEC §2.5): they stay proposed, are proposed
+    /// they take effect (PROTOCOL §2.5): they stay proposed, are proposed
     /// again if lost, and their answers go to nobody.
     pub fn disconnect(&mut self, conn: ConnId) {
         let seqs: Vec<u64> = self

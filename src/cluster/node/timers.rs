@@ -126,7 +126,7 @@ impl<D: Disk> Node<D> {
         self.timers.clear();
         let mut list = Vec::new();
         // The latest lease of each grant, in full from now: late, never
-        // early (SPEC §2.4, §5.2).
+        // early (PROTOCOL §2.4, §5.2).
         for (key, token, lease_s, generation) in self.sm.holders() {
             list.push((
                 lease_deadline(now, lease_s),

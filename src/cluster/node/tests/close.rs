@@ -1,4 +1,4 @@
-//! Requests whose connection closes before their answer (SPEC §2.5): a
+//! Requests whose connection closes before their answer (PROTOCOL §2.5): a
 //! release or an extend read from it takes effect, proposed again if its
 //! proposal is lost; a grant applied for an acquire whose connection is
 //! gone is released at once, whether it was fresh or a queued waiter's
