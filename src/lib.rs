@@ -86,11 +86,11 @@ pub mod hash;
 pub mod limits;
 #[cfg(feature = "server")]
 pub mod metrics;
+pub mod proto;
+pub mod readbuf;
 // Internal: the seeded generator of raft's election timeouts. Public only
 // with the `testkit` feature, so that the tests' simulations and fault
 // schedules draw from the same generator; not part of the API.
-pub mod proto;
-pub mod readbuf;
 #[cfg(feature = "testkit")]
 #[doc(hidden)]
 pub mod rng;

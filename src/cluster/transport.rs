@@ -73,14 +73,6 @@ const FRAME_LEN_CEILING: u64 = u32::MAX as u64;
 /// one snapshot does not pin its size for the life of the process.
 const KEEP_BUFFER_BYTES: usize = 4 << 20;
 
-/// Empties `buf`, giving its memory back when a large frame grew it.
-fn reset_buffer(buf: &mut Vec<u8>) {
-    if buf.capacity() > KEEP_BUFFER_BYTES {
-        *buf = Vec::new();
-    } else {
-        buf.clear();
-    }
-}
 /// The largest frame limit a build whose allocations hold at most
 /// `max_alloc` bytes can serve: what the u32 length prefix carries, and no
 /// more than lets a peer's outbound buffer (one frame plus
@@ -138,6 +130,15 @@ const READ_CHUNK: usize = 64 * 1024;
 /// The election timeout assumed until the service sets it (raft's default:
 /// 10 ticks of 100 ms).
 const DEFAULT_ELECTION_TIMEOUT_MS: u64 = 1000;
+
+/// Empties `buf`, giving its memory back when a large frame grew it.
+fn reset_buffer(buf: &mut Vec<u8>) {
+    if buf.capacity() > KEEP_BUFFER_BYTES {
+        *buf = Vec::new();
+    } else {
+        buf.clear();
+    }
+}
 
 /// The first frame on a peer connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
