@@ -126,8 +126,10 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 mod image;
+mod quota;
 
 pub use image::{Image, ImageError, ImageReader, KeyImage, TagCodec, WaiterImage};
+pub use quota::{HolderUse, QuotaRefusals};
 
 use crate::hash::{KeyStr, SipKey, StrEntry, StrMap};
 use crate::limits::EngineLimits;
@@ -1136,6 +1138,8 @@ pub struct EngineStats {
     pub wait_ms: Histogram,
     /// Grant to release or expiry, in ms (single mode, as `wait_ms`).
     pub hold_ms: Histogram,
+    /// Acquires refused for a holder's quota or the memory budget.
+    pub quotas: QuotaRefusals,
 }
 
 impl Default for EngineStats {
@@ -1147,6 +1151,7 @@ impl Default for EngineStats {
             lease_expiries: 0,
             wait_ms: Histogram::new(WAIT_BOUNDS_MS),
             hold_ms: Histogram::new(HOLD_BOUNDS_MS),
+            quotas: QuotaRefusals::default(),
         }
     }
 }
@@ -1281,6 +1286,15 @@ pub struct Engine<T = ()> {
     /// Who sent the request being handled ([`Engine::handle_as`]); the
     /// default (unknown) between requests.
     caller: Caller,
+    /// Keys and waiters by holder, for the quotas per holder.
+    holders: quota::Holders,
+    /// Estimated bytes of the registered keys ([`quota::key_cost`]).
+    key_bytes: u64,
+    /// Estimated bytes of the queues' shared keys ([`quota::queue_cost`]).
+    queue_bytes: u64,
+    /// The memory budget left to the engine: `max_memory` less what the
+    /// service counts outside it ([`Engine::set_outside_memory`]).
+    mem_limit: u64,
 }
 
 /// Buckets of the key table one `tick` visits while a sweep is under way,
@@ -1347,7 +1361,6 @@ impl<T: Copy + Default> Engine<T> {
     fn build(limits: EngineLimits, first_token: u64, hash_key: SipKey) -> Self {
         let next_sweep = Millis::ZERO.add_ms(limits.sweep_interval_ms);
         Engine {
-            limits,
             clocked: true,
             keys: StrMap::with_key(hash_key),
             queues: StrMap::with_key(hash_key),
@@ -1369,6 +1382,11 @@ impl<T: Copy + Default> Engine<T> {
             stats: EngineStats::default(),
             holds: GrantAges::default(),
             caller: Caller::default(),
+            holders: quota::Holders::default(),
+            key_bytes: 0,
+            queue_bytes: 0,
+            mem_limit: limits.max_memory,
+            limits,
         }
     }
 
@@ -1435,6 +1453,61 @@ impl<T: Copy + Default> Engine<T> {
     #[must_use]
     pub fn waiter_count(&self) -> usize {
         self.waiters_total
+    }
+
+    /// The engine's estimate of the bytes its keys and waiters take (see
+    /// "Quotas and the memory budget" in the module documentation).
+    #[inline]
+    #[must_use]
+    pub fn memory_bytes(&self) -> u64 {
+        self.key_bytes + self.waiter_bytes()
+    }
+
+    /// The waiters' part of [`Engine::memory_bytes`]: nothing while no
+    /// key has waiters (then there is no queue and no waiting connection).
+    #[inline]
+    fn waiter_bytes(&self) -> u64 {
+        if self.waiters_total == 0 {
+            return 0;
+        }
+        self.waiters_total as u64 * quota::WAITER_BYTES
+            + self.queue_bytes
+            + self.conn_table.index.len() as u64 * quota::WAITING_CONN_BYTES
+    }
+
+    /// What holder `holder` ([`Caller::holder`]) has: keys it took and
+    /// acquires it queued. Nothing for holder 0 (unknown), which is never
+    /// counted.
+    #[must_use]
+    pub fn holder_use(&self, holder: u64) -> HolderUse {
+        self.holders.get(holder)
+    }
+
+    /// Holders that have keys or waiters (holder 0 aside).
+    #[must_use]
+    pub fn holder_count(&self) -> usize {
+        self.holders.len()
+    }
+
+    /// Tells the engine that `bytes` of the memory budget
+    /// (`EngineLimits::max_memory`) are taken outside it (single mode: the
+    /// connections' buffers): a new key or waiter is refused once the
+    /// engine's own estimate would pass the rest. Cluster mode never calls
+    /// it, so that every node refuses alike.
+    pub fn set_outside_memory(&mut self, bytes: u64) {
+        self.mem_limit = self.limits.max_memory.saturating_sub(bytes);
+    }
+
+    /// Counts a Busy answer for a holder's quota (`waiters`: its waiter
+    /// quota, else its key quota).
+    fn refused_for_quota(&mut self, holder: u64, waiters: bool) {
+        let q = &mut self.stats.quotas;
+        if waiters {
+            q.waiters += 1;
+        } else {
+            q.keys += 1;
+        }
+        q.last_holder = holder;
     }
 
     /// The lowest token the next grant may carry (the token itself without
@@ -1804,10 +1877,14 @@ impl<T: Copy + Default> Engine<T> {
         let expires_at = self.lease_end(now, lease_s);
         let full = self.keys.len() >= self.limits.max_keys;
         let in_grace = self.clocked && now < self.grace_until;
+        let mem_room = self.mem_limit.saturating_sub(self.memory_bytes());
+        let holder = self.caller.holder;
+        let key_quota = self.limits.max_keys_per_holder;
         // One hash of the key for the whole decision (the entry borrows
         // only the `keys` field, so the token is issued by field).
         let slot = match self.keys.entry(key) {
-            StrEntry::Vacant(_) if full => {
+            StrEntry::Vacant(_) if full || quota::key_cost(key.len()) > mem_room => {
+                self.stats.quotas.memory += u64::from(!full);
                 out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
                 return AcquireOutcome::Busy;
             }
@@ -1815,6 +1892,7 @@ impl<T: Copy + Default> Engine<T> {
                 // Restart grace: the key's holder is unknown; its lease
                 // ends with the grace. Token 0 is never a client's.
                 let grace_until = self.grace_until;
+                self.key_bytes += quota::key_cost(key.len());
                 self.expiry_floor = self.expiry_floor.min(grace_until);
                 if let Some(pass) = &mut self.sweep {
                     pass.inserted = true;
@@ -1831,6 +1909,11 @@ impl<T: Copy + Default> Engine<T> {
                     },
                 )
             }
+            StrEntry::Vacant(_) if holder != 0 && self.holders.get(holder).keys >= key_quota => {
+                self.refused_for_quota(holder, false);
+                out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
+                return AcquireOutcome::Busy;
+            }
             StrEntry::Vacant(v) => {
                 let Some(token) = try_take_token(
                     &mut self.next_token,
@@ -1844,12 +1927,14 @@ impl<T: Copy + Default> Engine<T> {
                     KeyStr::new(key),
                     Slot {
                         token,
-                        holder: self.caller.holder,
+                        holder,
                         expires_at,
                         granted_at: now,
                         tag,
                     },
                 );
+                self.holders.add_key(holder);
+                self.key_bytes += quota::key_cost(key.len());
                 if let Some(pass) = &mut self.sweep {
                     pass.inserted = true;
                 }
@@ -1874,6 +1959,11 @@ impl<T: Copy + Default> Engine<T> {
         };
         let holder_expiry = slot.expires_at;
         if self.clocked && slot.expires_at <= now {
+            if holder != slot.holder && holder != 0 && self.holders.get(holder).keys >= key_quota {
+                self.refused_for_quota(holder, false);
+                out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
+                return AcquireOutcome::Busy;
+            }
             let Some(token) = try_take_token(
                 &mut self.next_token,
                 self.token_rng.as_mut(),
@@ -1893,8 +1983,9 @@ impl<T: Copy + Default> Engine<T> {
                     .observe(slot.expires_at.since(slot.granted_at));
                 self.holds.end(slot.granted_at);
             }
+            self.holders.move_key(slot.holder, holder);
             slot.token = token;
-            slot.holder = self.caller.holder;
+            slot.holder = holder;
             slot.expires_at = expires_at;
             slot.granted_at = now;
             slot.tag = tag;
@@ -1923,10 +2014,15 @@ impl<T: Copy + Default> Engine<T> {
             out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
             return AcquireOutcome::Busy;
         }
+        if self.waiter_refused(holder, queued == 0, key.len(), mem_room) {
+            out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
+            return AcquireOutcome::Busy;
+        }
         let id = self.next_waiter;
         self.next_waiter = if id + 1 >= WAITER_ID_LIMIT { 1 } else { id + 1 };
         let wait_deadline = self.deadline(now, wait_s);
         if !self.queues.contains_key(key) {
+            self.queue_bytes += quota::queue_cost(key.len());
             self.queues.insert_new(
                 Arc::from(key),
                 Queue {
@@ -1940,9 +2036,9 @@ impl<T: Copy + Default> Engine<T> {
             .queues
             .get_key_value(key)
             .expect("queue inserted above");
-        let (conn_idx, slot) = self
-            .conn_table
-            .add(conn, self.caller.holder, Arc::clone(name));
+        let (conn_idx, slot) = self.conn_table.add(conn, holder, Arc::clone(name));
+        self.holders
+            .add_waiter(self.conn_table.conns[conn_idx as usize].holder);
         let waiter = Waiter {
             owner,
             wait_deadline,
@@ -1959,6 +2055,27 @@ impl<T: Copy + Default> Engine<T> {
         }
         self.waiters_total += 1;
         AcquireOutcome::Queued(id)
+    }
+
+    /// Whether an acquire of `holder` that would queue on a key named
+    /// `key_len` bytes long (its first waiter: `new_queue`) is refused for
+    /// the holder's waiter quota or the memory budget (`mem_room` bytes
+    /// left); counted if so.
+    fn waiter_refused(&mut self, holder: u64, new_queue: bool, key_len: usize, room: u64) -> bool {
+        if holder != 0 && self.holders.get(holder).waiters >= self.limits.max_waiters_per_holder {
+            self.refused_for_quota(holder, true);
+            return true;
+        }
+        let queue = if new_queue {
+            quota::queue_cost(key_len)
+        } else {
+            0
+        };
+        if quota::WAITER_BYTES + queue > room {
+            self.stats.quotas.memory += 1;
+            return true;
+        }
+        false
     }
 
     /// Moves the timer entry of `key`'s queue to `at` (NEVER: removes it).
@@ -1987,6 +2104,7 @@ impl<T: Copy + Default> Engine<T> {
     /// Drops `key`'s queue and its timer entry.
     fn drop_queue(&mut self, key: &str) {
         if let Some(q) = self.queues.remove(key) {
+            self.queue_bytes -= quota::queue_cost(key.len());
             if q.timer_at != Millis::NEVER {
                 self.timers.remove(&(q.timer_at, q.timer_seq));
             }
@@ -2018,6 +2136,7 @@ impl<T: Copy + Default> Engine<T> {
                 && !self.queues.contains_key(key)
             {
                 let (_, slot) = o.remove();
+                self.forget_key(key, slot.holder);
                 if self.clocked {
                     self.stats.hold_ms.observe(now.since(slot.granted_at));
                     self.holds.end(slot.granted_at);
@@ -2112,6 +2231,7 @@ impl<T: Copy + Default> Engine<T> {
         let ConnWaiters {
             slots: mut keys,
             count,
+            holder,
             ..
         } = self.conn_table.conns.remove(idx as usize);
         // Several waiters on one key share the queue's copy of the key:
@@ -2144,13 +2264,31 @@ impl<T: Copy + Default> Engine<T> {
         }
         debug_assert_eq!(removed, count as usize, "per-connection count drifted");
         self.waiters_total -= removed;
+        self.holders.remove_waiters(holder, removed);
         self.conn_table.recycle(keys);
     }
 
     /// Forgets a waiter taken out of its queue; returns its connection.
     fn forget_waiter(&mut self, w: &Waiter<T>) -> ConnId {
         self.waiters_total -= 1;
+        let holder = self.conn_table.conns[w.conn as usize].holder;
+        self.holders.remove_waiters(holder, 1);
         self.conn_table.remove(w.conn, w.slot)
+    }
+
+    /// Deletes the registration of `key`, whatever it holds.
+    fn delete_key(&mut self, key: &str) {
+        if let Some(slot) = self.keys.remove(key) {
+            self.forget_key(key, slot.holder);
+        }
+    }
+
+    /// Uncounts a registered key named `key`, taken by `holder`, that was
+    /// just deleted.
+    #[inline]
+    fn forget_key(&mut self, key: &str, holder: u64) {
+        self.holders.remove_key(holder);
+        self.key_bytes -= quota::key_cost(key.len());
     }
 
     /// Answers with Timeout every waiter of `key` whose wait ran out by `now`
@@ -2162,10 +2300,12 @@ impl<T: Copy + Default> Engine<T> {
         };
         let mut gone = 0usize;
         let conns = &mut self.conn_table;
+        let holders = &mut self.holders;
         queue.waiters.retain(|w| {
             let leaving = all || w.wait_deadline <= now;
             if leaving {
                 gone += 1;
+                holders.remove_waiters(conns.conns[w.conn as usize].holder, 1);
                 let conn = conns.remove(w.conn, w.slot);
                 out.push_event(
                     conn,
@@ -2192,7 +2332,7 @@ impl<T: Copy + Default> Engine<T> {
         // hash deletes the key. Every lookup hashes the whole key with the
         // table's keyed hasher, which dominates an uncontended cycle.
         let Some(q) = self.queues.get(key) else {
-            self.keys.remove(key);
+            self.delete_key(key);
             return;
         };
         // A waiter whose wait ran out gets T even if its timer has not
@@ -2207,7 +2347,7 @@ impl<T: Copy + Default> Engine<T> {
         let head = self.queues.get_mut(key).and_then(|q| q.waiters.pop_front());
         let Some(w) = head else {
             self.drop_queue(key);
-            self.keys.remove(key);
+            self.delete_key(key);
             return;
         };
         let holder = self.conn_table.conns[w.conn as usize].holder;
@@ -2224,6 +2364,7 @@ impl<T: Copy + Default> Engine<T> {
             .keys
             .get_mut(key)
             .expect("a key with a queue is registered");
+        self.holders.move_key(slot.holder, holder);
         slot.token = token;
         slot.holder = holder;
         slot.expires_at = expires_at;
@@ -2354,6 +2495,8 @@ impl<T: Copy + Default> Engine<T> {
         let queues = &self.queues;
         let stats = &mut self.stats;
         let holds = &mut self.holds;
+        let holders = &mut self.holders;
+        let mut freed = 0u64;
         let mut floor = pass.floor;
         // Keep a key unless it expired and nobody waits for it.
         let reached = self
@@ -2362,14 +2505,19 @@ impl<T: Copy + Default> Engine<T> {
                 let keep = s.expires_at > now || queues.contains_key(k);
                 if keep {
                     floor = floor.min(s.expires_at);
-                } else if s.token != 0 {
+                    return true;
+                }
+                holders.remove_key(s.holder);
+                freed += quota::key_cost(k.len());
+                if s.token != 0 {
                     out.push_expired(k, s.token);
                     stats.lease_expiries += 1;
                     stats.hold_ms.observe(s.expires_at.since(s.granted_at));
                     holds.end(s.granted_at);
                 }
-                keep
+                false
             });
+        self.key_bytes -= freed;
         pass.floor = floor;
         pass.cursor = reached;
         if pass.cursor < self.keys.num_buckets() {
@@ -2551,6 +2699,38 @@ impl<T: Copy + Default> Engine<T> {
             "over max_waiters"
         );
         assert!(self.keys.len() <= self.limits.max_keys, "over max_keys");
+        self.check_accounting();
+    }
+
+    /// The holders' counts and the memory estimate against a recount of
+    /// the tables.
+    fn check_accounting(&self) {
+        let mut uses: HashMap<u64, HolderUse> = HashMap::new();
+        let mut key_bytes = 0;
+        for (key, slot) in self.keys.iter() {
+            key_bytes += quota::key_cost(key.len());
+            if slot.holder != 0 {
+                uses.entry(slot.holder).or_default().keys += 1;
+            }
+        }
+        for (_, cw) in &self.conn_table.conns {
+            if cw.holder != 0 {
+                uses.entry(cw.holder).or_default().waiters += cw.count as usize;
+            }
+        }
+        let queue_bytes: u64 = self
+            .queues
+            .iter()
+            .map(|(k, _)| quota::queue_cost(k.len()))
+            .sum();
+        assert_eq!(self.key_bytes, key_bytes, "key bytes drifted");
+        assert_eq!(self.queue_bytes, queue_bytes, "queue bytes drifted");
+        let counted: HashMap<u64, HolderUse> = self.holders.iter().collect();
+        assert_eq!(counted, uses, "holder counts drifted");
+        assert_eq!(counted.len(), self.holders.len(), "a holder counted twice");
+        for (h, u) in &counted {
+            assert_eq!(self.holder_use(*h), *u, "holder {h} found wrong");
+        }
     }
 }
 
