@@ -1207,6 +1207,10 @@ pub trait LockTable {
     fn waiter_count(&self) -> usize;
     /// See [`Engine::oldest_hold_ms`].
     fn oldest_hold_ms(&self, now: Millis) -> Option<u64>;
+    /// See [`Engine::memory_bytes`].
+    fn memory_bytes(&self) -> u64;
+    /// See [`Engine::holder_use`].
+    fn holder_use(&self, holder: u64) -> HolderUse;
 }
 
 impl<T: Copy + Default> LockTable for Engine<T> {
@@ -1230,6 +1234,12 @@ impl<T: Copy + Default> LockTable for Engine<T> {
     }
     fn waiter_count(&self) -> usize {
         Engine::waiter_count(self)
+    }
+    fn memory_bytes(&self) -> u64 {
+        Engine::memory_bytes(self)
+    }
+    fn holder_use(&self, holder: u64) -> HolderUse {
+        Engine::holder_use(self, holder)
     }
 }
 
