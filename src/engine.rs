@@ -101,6 +101,30 @@
 //!   list of a connection that gets its first waiter is reused from earlier
 //!   ones once warm.
 //!
+//! # Quotas and the memory budget
+//!
+//! Every grant and waiter records its holder ([`Caller::holder`]); the
+//! engine counts, by holder, the registered keys it took and the acquires
+//! its connections queued (module `quota`: a map by holder number with the
+//! last holder remembered, so that a run of requests from one identity
+//! hashes nothing). A new key (or a takeover) beyond
+//! `EngineLimits::max_keys_per_holder`, and an acquire that would queue
+//! beyond `max_waiters_per_holder`, is answered Busy; holder 0 (unknown)
+//! is never counted. A hand-over is never refused, so a holder may hold
+//! its quota plus what its waiters are granted.
+//!
+//! The engine also keeps an estimate of its own bytes
+//! ([`Engine::memory_bytes`]): 128 bytes per key plus the boxed
+//! bytes of a key longer than 30 (from the figures above, at the worst
+//! point of the table's growth it is short by ~16%), and per waiter, queue
+//! and waiting connection their constants. A new key or waiter that would
+//! take it past `EngineLimits::max_memory`, less what the service counts
+//! outside the engine ([`Engine::set_outside_memory`]: single mode's
+//! connection buffers), is answered Busy. The estimate is a function of
+//! the table alone, so replicated engines on equal limits refuse alike.
+//! The hot path pays one comparison for the budget and, per fresh grant and
+//! release, one counter update of the holder.
+//!
 //! # Known caveats
 //!
 //! * The sweep visits every registered key every `sweep_interval_ms`

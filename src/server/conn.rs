@@ -215,6 +215,14 @@ impl Conn {
         self.ident_open
     }
 
+    /// Its TLS handshake is done and not yet taken ([`Conn::take_handshake`]):
+    /// what it sent since must wait until it has moved to its
+    /// certificate's identity.
+    #[inline]
+    pub(crate) fn handshake_untaken(&self) -> bool {
+        self.ident_open && !self.stream.handshaking()
+    }
+
     /// `Some` once, for a TLS session, when its handshake is found done:
     /// with the identity its client certificate names, if it presented one.
     /// The caller moves the connection to that identity

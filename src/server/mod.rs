@@ -1231,6 +1231,12 @@ impl<S: Service> Server<S> {
                 Ok(Fill::Bytes) => {
                     now = now.max(self.clock.now());
                     *now_ref = now;
+                    if c.handshake_untaken() {
+                        // The read finished a TLS handshake and brought
+                        // requests: they are handled next turn, as the
+                        // identity its certificate names.
+                        break End::Again;
+                    }
                 }
                 Ok(Fill::Eof | Fill::WouldBlock) => {}
                 Ok(Fill::Full) => break End::Again,

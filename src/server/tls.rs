@@ -90,6 +90,11 @@ impl TlsStream {
         self.out.capacity()
     }
 
+    /// The handshake is not done.
+    pub(crate) fn handshaking(&self) -> bool {
+        self.tls.is_handshaking()
+    }
+
     /// The handshake is not done `limit_ms` after the accept.
     pub(crate) fn handshake_expired(&self, now: Millis, limit_ms: u64) -> bool {
         self.tls.is_handshaking() && now.since(self.accepted) >= limit_ms

@@ -108,6 +108,16 @@ impl Stream {
         }
     }
 
+    /// A TLS session whose handshake is not done.
+    #[inline]
+    pub(crate) fn handshaking(&self) -> bool {
+        match self {
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => s.handshaking(),
+            _ => false,
+        }
+    }
+
     /// A TLS session, whose client may present a certificate.
     pub(crate) fn may_present_certificate(&self) -> bool {
         match self {
