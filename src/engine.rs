@@ -110,7 +110,7 @@
 //! hashes nothing). A new key (or a takeover) beyond
 //! `EngineLimits::max_keys_per_holder`, and an acquire that would queue
 //! beyond `max_waiters_per_holder`, is answered Busy; holder 0 (unknown)
-//! is never counted. A hand-over is never refused, so a holder may hold
+//! is never limited. A hand-over is never refused, so a holder may hold
 //! its quota plus what its waiters are granted.
 //!
 //! The engine also keeps an estimate of its own bytes
@@ -916,6 +916,23 @@ impl<T: Copy + Default> Outbox<T> {
     }
 }
 
+/// Answers an acquire Busy (a limit, a quota or the memory budget). Cold
+/// and out of line: refusals are rare, and one copy of the reply's
+/// encoding keeps [`Engine::acquire_tagged`] small enough for the
+/// compiler to inline what its hot path calls.
+#[cold]
+#[inline(never)]
+fn busy<T: Copy + Default>(
+    out: &mut Outbox<T>,
+    conn: ConnId,
+    owner: u64,
+    key: &str,
+    tag: T,
+) -> AcquireOutcome {
+    out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
+    AcquireOutcome::Busy
+}
+
 /// Whether a reply answered a guess at a token: an `N` or an `X` for any
 /// token but 0. No grant ever has token 0 (it names the unknown holder of
 /// a restart grace), so a release or extend of token 0 is refused without
@@ -1511,7 +1528,7 @@ impl<T: Copy + Default> Engine<T> {
 
     /// What holder `holder` ([`Caller::holder`]) has: keys it took and
     /// acquires it queued. Nothing for holder 0 (unknown), which is never
-    /// counted.
+    /// limited nor shown.
     #[must_use]
     pub fn holder_use(&self, holder: u64) -> HolderUse {
         self.holders.get(holder)
@@ -1905,28 +1922,28 @@ impl<T: Copy + Default> Engine<T> {
         } = req;
         let lease_s = lease_s.max(1);
         if lease_s > self.max_lease_s {
-            out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
-            return AcquireOutcome::Busy;
+            return busy(out, conn, owner, key, tag);
         }
         let expires_at = self.lease_end(now, lease_s);
         let full = self.keys.len() >= self.limits.max_keys;
         let in_grace = self.clocked && now < self.grace_until;
         let mem_room = self.mem_limit.saturating_sub(self.memory_bytes());
+        let key_cost = quota::key_cost(key.len());
         let holder = self.caller.holder;
         let key_quota = self.limits.max_keys_per_holder;
         // One hash of the key for the whole decision (the entry borrows
         // only the `keys` field, so the token is issued by field).
         let slot = match self.keys.entry(key) {
-            StrEntry::Vacant(_) if full || quota::key_cost(key.len()) > mem_room => {
+            StrEntry::Vacant(_) if full || key_cost > mem_room => {
                 self.stats.quotas.memory += u64::from(!full);
-                out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
-                return AcquireOutcome::Busy;
+                return busy(out, conn, owner, key, tag);
             }
             StrEntry::Vacant(v) if in_grace => {
                 // Restart grace: the key's holder is unknown; its lease
                 // ends with the grace. Token 0 is never a client's.
                 let grace_until = self.grace_until;
-                self.key_bytes += quota::key_cost(key.len());
+                self.key_bytes += key_cost;
+                self.holders.add_key(0);
                 self.expiry_floor = self.expiry_floor.min(grace_until);
                 if let Some(pass) = &mut self.sweep {
                     pass.inserted = true;
@@ -1943,19 +1960,18 @@ impl<T: Copy + Default> Engine<T> {
                     },
                 )
             }
-            StrEntry::Vacant(_) if holder != 0 && self.holders.get(holder).keys >= key_quota => {
-                self.refused_for_quota(holder, false);
-                out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
-                return AcquireOutcome::Busy;
-            }
             StrEntry::Vacant(v) => {
+                if !self.holders.try_add_key(holder, key_quota) {
+                    self.refused_for_quota(holder, false);
+                    return busy(out, conn, owner, key, tag);
+                }
                 let Some(token) = try_take_token(
                     &mut self.next_token,
                     self.token_rng.as_mut(),
                     self.token_ceiling,
                 ) else {
-                    out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
-                    return AcquireOutcome::Busy;
+                    self.holders.remove_key(holder);
+                    return busy(out, conn, owner, key, tag);
                 };
                 v.insert(
                     KeyStr::new(key),
@@ -1967,8 +1983,7 @@ impl<T: Copy + Default> Engine<T> {
                         tag,
                     },
                 );
-                self.holders.add_key(holder);
-                self.key_bytes += quota::key_cost(key.len());
+                self.key_bytes += key_cost;
                 if let Some(pass) = &mut self.sweep {
                     pass.inserted = true;
                 }
@@ -1995,16 +2010,14 @@ impl<T: Copy + Default> Engine<T> {
         if self.clocked && slot.expires_at <= now {
             if holder != slot.holder && holder != 0 && self.holders.get(holder).keys >= key_quota {
                 self.refused_for_quota(holder, false);
-                out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
-                return AcquireOutcome::Busy;
+                return busy(out, conn, owner, key, tag);
             }
             let Some(token) = try_take_token(
                 &mut self.next_token,
                 self.token_rng.as_mut(),
                 self.token_ceiling,
             ) else {
-                out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
-                return AcquireOutcome::Busy;
+                return busy(out, conn, owner, key, tag);
             };
             // Lazy takeover: the non-FIFO expiry path, ahead of any queue.
             // The key's timer (if it has waiters) is at or before the old
@@ -2045,12 +2058,10 @@ impl<T: Copy + Default> Engine<T> {
             || self.waiters_total >= self.limits.max_waiters
             || self.waiters_total >= WAITERS_CEILING
         {
-            out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
-            return AcquireOutcome::Busy;
+            return busy(out, conn, owner, key, tag);
         }
         if self.waiter_refused(holder, queued == 0, key.len(), mem_room) {
-            out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
-            return AcquireOutcome::Busy;
+            return busy(out, conn, owner, key, tag);
         }
         let id = self.next_waiter;
         self.next_waiter = if id + 1 >= WAITER_ID_LIMIT { 1 } else { id + 1 };

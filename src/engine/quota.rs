@@ -4,9 +4,8 @@
 //! "Quotas and the memory budget").
 //!
 //! Holder 0 (a grant or waiter whose taker is not known: a restart
-//! grace, cluster mode) is never counted and never limited.
+//! grace, cluster mode) is never limited and never shown.
 
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 
@@ -104,90 +103,92 @@ impl Hasher for Mix {
 }
 
 /// [`HolderUse`] by holder number, for the holders that have anything.
-/// The last holder looked up is remembered, so that a run of requests
-/// from one identity costs no hashing.
+/// The holder last counted is kept apart, beside the map, so that a run of
+/// requests from one identity costs a comparison and an addition each:
+/// no hashing, no lookup.
 #[derive(Debug, Default)]
 pub(super) struct Holders {
-    index: HashMap<u64, usize, MixState>,
-    uses: slab::Slab<(u64, HolderUse)>,
-    /// The holder last found and its place in `uses` (holder 0: none).
-    last: Cell<(u64, usize)>,
+    /// The holder last counted (0: none) and what it has; not in `map`.
+    hot_holder: u64,
+    hot: HolderUse,
+    /// Every other holder that has anything.
+    map: HashMap<u64, HolderUse, MixState>,
 }
 
 impl Holders {
-    /// The place of `holder` in `uses`, if it has anything.
-    #[inline]
-    fn find(&self, holder: u64) -> Option<usize> {
-        let (h, i) = self.last.get();
-        if h == holder && holder != 0 {
-            return Some(i);
-        }
-        let i = *self.index.get(&holder)?;
-        self.last.set((holder, i));
-        Some(i)
-    }
-
-    /// What `holder` has (nothing for holder 0).
+    /// What `holder` has (nothing for holder 0, which is counted only to
+    /// keep the hot path free of a test for it).
     #[inline]
     pub(super) fn get(&self, holder: u64) -> HolderUse {
-        self.find(holder)
-            .map_or_else(HolderUse::default, |i| self.uses[i].1)
+        if holder == 0 {
+            return HolderUse::default();
+        }
+        if holder == self.hot_holder {
+            return self.hot;
+        }
+        self.map.get(&holder).copied().unwrap_or_default()
     }
 
     /// Holders that have anything.
     pub(super) fn len(&self) -> usize {
-        self.uses.len()
+        self.iter().count()
     }
 
-    /// Every holder with what it has, in no particular order.
+    /// Every holder that has anything, with what it has, in no particular
+    /// order.
     pub(super) fn iter(&self) -> impl Iterator<Item = (u64, HolderUse)> + '_ {
-        self.uses.iter().map(|(_, &(h, u))| (h, u))
+        let hot = (self.hot != HolderUse::default()).then_some((self.hot_holder, self.hot));
+        self.map
+            .iter()
+            .map(|(&h, &u)| (h, u))
+            .chain(hot)
+            .filter(|&(h, _)| h != 0)
     }
 
+    /// What `holder` has, to change: it becomes the hot holder.
     #[inline]
     fn entry(&mut self, holder: u64) -> &mut HolderUse {
-        let i = match self.find(holder) {
-            Some(i) => i,
-            None => {
-                let i = self.uses.insert((holder, HolderUse::default()));
-                self.index.insert(holder, i);
-                self.last.set((holder, i));
-                i
-            }
-        };
-        &mut self.uses[i].1
+        if holder != self.hot_holder {
+            self.switch(holder);
+        }
+        &mut self.hot
     }
 
-    /// Forgets `holder` once it has nothing.
-    #[inline]
-    fn forget_if_idle(&mut self, holder: u64) {
-        let Some(i) = self.find(holder) else {
-            return;
-        };
-        if self.uses[i].1 == HolderUse::default() {
-            self.uses.remove(i);
-            self.index.remove(&holder);
-            self.last.set((0, 0));
+    /// Puts the hot holder back in the map (if it has anything) and takes
+    /// `holder` out of it.
+    #[cold]
+    fn switch(&mut self, holder: u64) {
+        if self.hot != HolderUse::default() {
+            self.map.insert(self.hot_holder, self.hot);
         }
+        self.hot = self.map.remove(&holder).unwrap_or_default();
+        self.hot_holder = holder;
     }
 
     /// `holder` took a key.
     #[inline]
     pub(super) fn add_key(&mut self, holder: u64) {
-        if holder != 0 {
-            self.entry(holder).keys += 1;
+        self.entry(holder).keys += 1;
+    }
+
+    /// `holder` takes a key, unless it has `max` already (then false, and
+    /// nothing changes). Holder 0 always may, uncounted.
+    #[inline]
+    pub(super) fn try_add_key(&mut self, holder: u64, max: usize) -> bool {
+        let u = self.entry(holder);
+        if u.keys >= max && holder != 0 {
+            return false;
         }
+        u.keys += 1;
+        true
     }
 
     /// A key `holder` took is no longer registered, or went to someone else.
     #[inline]
     pub(super) fn remove_key(&mut self, holder: u64) {
-        if holder != 0 {
-            let u = self.entry(holder);
-            debug_assert!(u.keys > 0, "holder {holder} key count drifted");
-            u.keys = u.keys.saturating_sub(1);
-            self.forget_if_idle(holder);
-        }
+        let u = self.entry(holder);
+        debug_assert!(u.keys > 0, "holder {holder} key count drifted");
+        u.keys = u.keys.wrapping_sub(1);
     }
 
     /// A key's grant moves from `from` to `to` (a takeover, a hand-over).
@@ -201,18 +202,15 @@ impl Holders {
 
     /// `holder` queued an acquire.
     pub(super) fn add_waiter(&mut self, holder: u64) {
-        if holder != 0 {
-            self.entry(holder).waiters += 1;
-        }
+        self.entry(holder).waiters += 1;
     }
 
     /// `n` acquires `holder` queued left their queues.
     pub(super) fn remove_waiters(&mut self, holder: u64, n: usize) {
-        if holder != 0 && n > 0 {
+        if n > 0 {
             let u = self.entry(holder);
             debug_assert!(u.waiters >= n, "holder {holder} waiter count drifted");
             u.waiters = u.waiters.saturating_sub(n);
-            self.forget_if_idle(holder);
         }
     }
 }
@@ -240,7 +238,12 @@ mod tests {
         let mut h = Holders::default();
         h.add_key(0);
         h.add_waiter(0);
-        assert_eq!(h.len(), 0, "holder 0 is never counted");
+        assert_eq!(h.len(), 0, "holder 0 is never shown");
+        assert_eq!(h.get(0), HolderUse::default());
+        assert!(h.try_add_key(0, 0), "nor limited");
+        h.remove_key(0);
+        h.remove_key(0);
+        h.remove_waiters(0, 1);
         h.add_key(7);
         h.add_key(7);
         h.add_waiter(9);
@@ -264,10 +267,13 @@ mod tests {
         h.remove_waiters(9, 1);
         h.remove_key(9);
         assert_eq!(h.get(9), HolderUse::default());
-        assert_eq!(h.len(), 1, "an idle holder is forgotten");
+        assert_eq!(h.len(), 1, "an idle holder is not counted");
         h.remove_key(7);
         assert_eq!(h.len(), 0);
-        assert_eq!(h.get(7), HolderUse::default(), "no stale cache");
+        assert_eq!(h.get(7), HolderUse::default());
+        assert!(h.map.is_empty(), "no idle holder is kept in the map");
+        assert!(!h.try_add_key(7, 0), "at its quota");
+        assert!(h.try_add_key(7, 1));
     }
 
     use super::super::{Caller, Engine, Outbox};
