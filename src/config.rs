@@ -18,6 +18,13 @@ use log::LevelFilter;
 
 use crate::limits::{self, EngineLimits};
 
+mod quota;
+
+pub use quota::{
+    DEFAULT_HANDSHAKE_TIMEOUT_S, DEFAULT_MAX_CONNS_PER_IDENTITY,
+    DEFAULT_MAX_HANDSHAKES_PER_IDENTITY, MIN_MAX_MEMORY,
+};
+
 /// Default for `--listen`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7470";
 /// The address the docs suggest for `--admin-listen`, and the default of
@@ -104,7 +111,7 @@ pub struct Config {
     pub max_conns: usize,
     /// The lock engine's capacity limits and sweep interval.
     pub engine: EngineLimits,
-    /// The longest key in bytes (SPEC §1).
+    /// The longest key in bytes (PROTOCOL §1).
     pub max_key_bytes: usize,
     /// Fairness: requests handled per connection per loop turn.
     pub max_frames_per_turn: usize,
@@ -153,6 +160,16 @@ pub struct Config {
     /// release and extend any grant whose token it gives, and that reads
     /// full tokens on the admin port.
     pub admin_identity: Option<crate::server::identity::Identity>,
+    /// Open client connections of one identity (`--max-conns-per-identity`);
+    /// one more is accepted and closed at once.
+    pub max_conns_per_identity: usize,
+    /// TLS handshakes under way from one source address
+    /// (`--max-handshakes-per-identity`); one more connection is closed at
+    /// once.
+    pub max_handshakes_per_identity: usize,
+    /// How long a TLS handshake may take from the accept
+    /// (`--handshake-timeout`; [`Config::handshake_limit`]).
+    pub handshake_timeout: Duration,
 }
 
 impl Default for Config {
@@ -183,6 +200,9 @@ impl Default for Config {
             admin_listen: None,
             listen_fd: None,
             admin_identity: None,
+            max_conns_per_identity: DEFAULT_MAX_CONNS_PER_IDENTITY,
+            max_handshakes_per_identity: DEFAULT_MAX_HANDSHAKES_PER_IDENTITY,
+            handshake_timeout: Duration::from_secs(DEFAULT_HANDSHAKE_TIMEOUT_S),
         }
     }
 }
@@ -314,6 +334,21 @@ FLAGS (defaults in brackets):
     --max-waiters N            queued acquires over all keys [100000]
     --max-waiters-per-key N    queued acquires on one key [1000]
     --max-key-bytes N          longest key in bytes, 1..=65536 [1024]
+    --max-keys-per-identity N  keys one client identity may hold (ip:ADDR, uid:N,
+                               cert:NAME; docs/SECURITY.md); more get B [500000]
+    --max-waiters-per-identity N
+                               acquires one identity may have queued [50000]
+    --max-conns-per-identity N open connections of one identity; more are
+                               accepted and closed at once [5000]
+    --max-handshakes-per-identity N
+                               TLS handshakes under way from one address [64]
+    --handshake-timeout SECS   close a connection whose TLS handshake is not done
+                               this long after the accept, or after
+                               --frame-timeout if shorter [10]
+    --max-memory BYTES         memory budget (suffix K, M or G) for keys, waiters
+                               and connection buffers; past it new keys and
+                               waiters get B, and connections are refused once
+                               their buffers alone fill it [256M]
     --sweep-interval SECS      seconds between sweeps of expired keys [5]
     --max-hold SECS            single mode: longest a grant may be held, extensions
                                included; an extend past it gets X [0: no cap]
@@ -506,6 +541,7 @@ impl Config {
         let mut c = Config::default();
         take_listeners(args, &mut c)?;
         take_limits(args, &mut c)?;
+        quota::take_quotas(args, &mut c)?;
         if let Some(v) = flag(args, "--data-dir", directory)? {
             c.data_dir = Some(v);
         }
@@ -572,6 +608,7 @@ impl Config {
             return fail("--max-frames-per-turn must be at least 1".into());
         }
         self.validate_listeners()?;
+        self.validate_quotas()?;
         let one_reply = limits::max_reply_frame(self.max_key_bytes);
         if self.out_soft_limit_bytes < one_reply {
             return fail(format!(
@@ -719,7 +756,7 @@ impl Config {
         format!(
             "max_conns={} max_keys={} max_waiters={} max_waiters_per_key={} max_key_bytes={} \
              sweep_interval_s={} max_hold_s={} max_frames_per_turn={} out_soft_limit={} \
-             out_hard_limit={} frame_timeout_s={} max_lease_s={}",
+             out_hard_limit={} frame_timeout_s={} max_lease_s={} {}",
             self.max_conns,
             self.engine.max_keys,
             self.engine.max_waiters,
@@ -732,6 +769,7 @@ impl Config {
             self.out_hard_limit_bytes,
             frame_timeout_s,
             self.max_lease_s,
+            self.describe_quotas(),
         )
     }
 }

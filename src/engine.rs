@@ -1,5 +1,5 @@
 //! The lock engine: keys, holders, FIFO wait queues, fencing tokens, capacity
-//! limits and the deadline index (SPEC §2). Sans-IO: it never touches a socket
+//! limits and the deadline index (PROTOCOL §2). Sans-IO: it never touches a socket
 //! and never reads a clock.
 //!
 //! Every operation takes `now` from its caller and appends the replies it
@@ -101,6 +101,30 @@
 //!   list of a connection that gets its first waiter is reused from earlier
 //!   ones once warm.
 //!
+//! # Quotas and the memory budget
+//!
+//! Every grant and waiter records its holder ([`Caller::holder`]); the
+//! engine counts, by holder, the registered keys it took and the acquires
+//! its connections queued (module `quota`: a map by holder number with the
+//! last holder remembered, so that a run of requests from one identity
+//! hashes nothing). A new key (or a takeover) beyond
+//! `EngineLimits::max_keys_per_holder`, and an acquire that would queue
+//! beyond `max_waiters_per_holder`, is answered Busy; holder 0 (unknown)
+//! is never limited. A hand-over is never refused, so a holder may hold
+//! its quota plus what its waiters are granted.
+//!
+//! The engine also keeps an estimate of its own bytes
+//! ([`Engine::memory_bytes`]): 128 bytes per key plus the boxed
+//! bytes of a key longer than 30 (from the figures above, at the worst
+//! point of the table's growth it is short by ~16%), and per waiter, queue
+//! and waiting connection their constants. A new key or waiter that would
+//! take it past `EngineLimits::max_memory`, less what the service counts
+//! outside the engine ([`Engine::set_outside_memory`]: single mode's
+//! connection buffers), is answered Busy. The estimate is a function of
+//! the table alone, so replicated engines on equal limits refuse alike.
+//! The hot path pays one comparison for the budget and, per fresh grant and
+//! release, one counter update of the holder.
+//!
 //! # Known caveats
 //!
 //! * The sweep visits every registered key every `sweep_interval_ms`
@@ -126,8 +150,10 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 mod image;
+mod quota;
 
 pub use image::{Image, ImageError, ImageReader, KeyImage, TagCodec, WaiterImage};
+pub use quota::{HolderUse, QuotaRefusals};
 
 use crate::hash::{KeyStr, SipKey, StrEntry, StrMap};
 use crate::limits::EngineLimits;
@@ -180,7 +206,7 @@ pub fn holder_may_act(grant: u64, caller: u64) -> bool {
     grant == caller || grant == 0 || (grant & 1 == 0 && caller & 1 == 0)
 }
 
-/// The arguments of one acquire (SPEC §1).
+/// The arguments of one acquire (PROTOCOL §1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Acquire<'a> {
     /// The lock name.
@@ -206,7 +232,7 @@ pub enum AcquireOutcome {
     Busy,
 }
 
-/// How a grant came about (SPEC §2).
+/// How a grant came about (PROTOCOL §2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Grant {
     /// The key was not registered (or a service pushed the reply itself).
@@ -890,6 +916,23 @@ impl<T: Copy + Default> Outbox<T> {
     }
 }
 
+/// Answers an acquire Busy (a limit, a quota or the memory budget). Cold
+/// and out of line: refusals are rare, and one copy of the reply's
+/// encoding keeps [`Engine::acquire_tagged`] small enough for the
+/// compiler to inline what its hot path calls.
+#[cold]
+#[inline(never)]
+fn busy<T: Copy + Default>(
+    out: &mut Outbox<T>,
+    conn: ConnId,
+    owner: u64,
+    key: &str,
+    tag: T,
+) -> AcquireOutcome {
+    out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
+    AcquireOutcome::Busy
+}
+
 /// Whether a reply answered a guess at a token: an `N` or an `X` for any
 /// token but 0. No grant ever has token 0 (it names the unknown holder of
 /// a restart grace), so a release or extend of token 0 is refused without
@@ -1136,6 +1179,8 @@ pub struct EngineStats {
     pub wait_ms: Histogram,
     /// Grant to release or expiry, in ms (single mode, as `wait_ms`).
     pub hold_ms: Histogram,
+    /// Acquires refused for a holder's quota or the memory budget.
+    pub quotas: QuotaRefusals,
 }
 
 impl Default for EngineStats {
@@ -1147,6 +1192,7 @@ impl Default for EngineStats {
             lease_expiries: 0,
             wait_ms: Histogram::new(WAIT_BOUNDS_MS),
             hold_ms: Histogram::new(HOLD_BOUNDS_MS),
+            quotas: QuotaRefusals::default(),
         }
     }
 }
@@ -1204,6 +1250,10 @@ pub trait LockTable {
     fn waiter_count(&self) -> usize;
     /// See [`Engine::oldest_hold_ms`].
     fn oldest_hold_ms(&self, now: Millis) -> Option<u64>;
+    /// See [`Engine::memory_bytes`].
+    fn memory_bytes(&self) -> u64;
+    /// See [`Engine::holder_use`].
+    fn holder_use(&self, holder: u64) -> HolderUse;
 }
 
 impl<T: Copy + Default> LockTable for Engine<T> {
@@ -1227,6 +1277,12 @@ impl<T: Copy + Default> LockTable for Engine<T> {
     }
     fn waiter_count(&self) -> usize {
         Engine::waiter_count(self)
+    }
+    fn memory_bytes(&self) -> u64 {
+        Engine::memory_bytes(self)
+    }
+    fn holder_use(&self, holder: u64) -> HolderUse {
+        Engine::holder_use(self, holder)
     }
 }
 
@@ -1283,6 +1339,15 @@ pub struct Engine<T = ()> {
     /// Who sent the request being handled ([`Engine::handle_as`]); the
     /// default (unknown) between requests.
     caller: Caller,
+    /// Keys and waiters by holder, for the quotas per holder.
+    holders: quota::Holders,
+    /// Estimated bytes of the registered keys ([`quota::key_cost`]).
+    key_bytes: u64,
+    /// Estimated bytes of the queues' shared keys ([`quota::queue_cost`]).
+    queue_bytes: u64,
+    /// The memory budget left to the engine: `max_memory` less what the
+    /// service counts outside it ([`Engine::set_outside_memory`]).
+    mem_limit: u64,
 }
 
 /// Buckets of the key table one `tick` visits while a sweep is under way,
@@ -1349,7 +1414,6 @@ impl<T: Copy + Default> Engine<T> {
     fn build(limits: EngineLimits, first_token: u64, hash_key: SipKey) -> Self {
         let next_sweep = Millis::ZERO.add_ms(limits.sweep_interval_ms);
         Engine {
-            limits,
             clocked: true,
             keys: StrMap::with_key(hash_key),
             queues: StrMap::with_key(hash_key),
@@ -1371,6 +1435,11 @@ impl<T: Copy + Default> Engine<T> {
             stats: EngineStats::default(),
             holds: GrantAges::default(),
             caller: Caller::default(),
+            holders: quota::Holders::default(),
+            key_bytes: 0,
+            queue_bytes: 0,
+            mem_limit: limits.max_memory,
+            limits,
         }
     }
 
@@ -1437,6 +1506,61 @@ impl<T: Copy + Default> Engine<T> {
     #[must_use]
     pub fn waiter_count(&self) -> usize {
         self.waiters_total
+    }
+
+    /// The engine's estimate of the bytes its keys and waiters take (see
+    /// "Quotas and the memory budget" in the module documentation).
+    #[inline]
+    #[must_use]
+    pub fn memory_bytes(&self) -> u64 {
+        self.key_bytes + self.waiter_bytes()
+    }
+
+    /// The waiters' part of [`Engine::memory_bytes`]: nothing while no
+    /// key has waiters (then there is no queue and no waiting connection).
+    #[inline]
+    fn waiter_bytes(&self) -> u64 {
+        if self.waiters_total == 0 {
+            return 0;
+        }
+        self.waiters_total as u64 * quota::WAITER_BYTES
+            + self.queue_bytes
+            + self.conn_table.index.len() as u64 * quota::WAITING_CONN_BYTES
+    }
+
+    /// What holder `holder` ([`Caller::holder`]) has: keys it took and
+    /// acquires it queued. Nothing for holder 0 (unknown), which is never
+    /// limited nor shown.
+    #[must_use]
+    pub fn holder_use(&self, holder: u64) -> HolderUse {
+        self.holders.get(holder)
+    }
+
+    /// Holders that have keys or waiters (holder 0 aside).
+    #[must_use]
+    pub fn holder_count(&self) -> usize {
+        self.holders.len()
+    }
+
+    /// Tells the engine that `bytes` of the memory budget
+    /// (`EngineLimits::max_memory`) are taken outside it (single mode: the
+    /// connections' buffers): a new key or waiter is refused once the
+    /// engine's own estimate would pass the rest. Cluster mode never calls
+    /// it, so that every node refuses alike.
+    pub fn set_outside_memory(&mut self, bytes: u64) {
+        self.mem_limit = self.limits.max_memory.saturating_sub(bytes);
+    }
+
+    /// Counts a Busy answer for a holder's quota (`waiters`: its waiter
+    /// quota, else its key quota).
+    fn refused_for_quota(&mut self, holder: u64, waiters: bool) {
+        let q = &mut self.stats.quotas;
+        if waiters {
+            q.waiters += 1;
+        } else {
+            q.keys += 1;
+        }
+        q.last_holder = holder;
     }
 
     /// The lowest token the next grant may carry (the token itself without
@@ -1638,8 +1762,8 @@ impl<T: Copy + Default> Engine<T> {
     /// past `now + lease`. The caller's clock is read in whole milliseconds
     /// (truncated), so `now` may be up to 1 ms earlier than the moment the
     /// client wrote its request; ending the lease only once `now + lease` is
-    /// *past* (SPEC §2.4: "a key past its expiry") keeps the server's lease
-    /// from ending before the client's conservative expiry (SPEC §3).
+    /// *past* (PROTOCOL §2.4: "a key past its expiry") keeps the server's lease
+    /// from ending before the client's conservative expiry (PROTOCOL §3).
     fn lease_end(&self, now: Millis, lease_s: u8) -> Millis {
         self.deadline(now, lease_s).add_ms(1)
     }
@@ -1720,7 +1844,7 @@ impl<T: Copy + Default> Engine<T> {
         }
     }
 
-    /// SPEC §5.2: extends the grant of `key` whose token is `token` to end
+    /// PROTOCOL §5.2: extends the grant of `key` whose token is `token` to end
     /// `lease_s` seconds from `now` (possibly earlier than before). Returns
     /// true and answers `E` when it took effect; answers `X` when the key is
     /// not registered, holds another token, its lease already ended (single
@@ -1779,7 +1903,7 @@ impl<T: Copy + Default> Engine<T> {
         true
     }
 
-    /// SPEC §2.1. `lease_s = 0` (rejected by the codec) is treated as 1.
+    /// PROTOCOL §2.1. `lease_s = 0` (rejected by the codec) is treated as 1.
     /// The grant or the queued acquire carries the default tag.
     #[inline]
     pub fn acquire(
@@ -1816,23 +1940,28 @@ impl<T: Copy + Default> Engine<T> {
         } = req;
         let lease_s = lease_s.max(1);
         if lease_s > self.max_lease_s {
-            out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
-            return AcquireOutcome::Busy;
+            return busy(out, conn, owner, key, tag);
         }
         let expires_at = self.lease_end(now, lease_s);
         let full = self.keys.len() >= self.limits.max_keys;
         let in_grace = self.clocked && now < self.grace_until;
+        let mem_room = self.mem_limit.saturating_sub(self.memory_bytes());
+        let key_cost = quota::key_cost(key.len());
+        let holder = self.caller.holder;
+        let key_quota = self.limits.max_keys_per_holder;
         // One hash of the key for the whole decision (the entry borrows
         // only the `keys` field, so the token is issued by field).
         let slot = match self.keys.entry(key) {
-            StrEntry::Vacant(_) if full => {
-                out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
-                return AcquireOutcome::Busy;
+            StrEntry::Vacant(_) if full || key_cost > mem_room => {
+                self.stats.quotas.memory += u64::from(!full);
+                return busy(out, conn, owner, key, tag);
             }
             StrEntry::Vacant(v) if in_grace => {
                 // Restart grace: the key's holder is unknown; its lease
                 // ends with the grace. Token 0 is never a client's.
                 let grace_until = self.grace_until;
+                self.key_bytes += key_cost;
+                self.holders.add_key(0);
                 self.expiry_floor = self.expiry_floor.min(grace_until);
                 if let Some(pass) = &mut self.sweep {
                     pass.inserted = true;
@@ -1850,24 +1979,29 @@ impl<T: Copy + Default> Engine<T> {
                 )
             }
             StrEntry::Vacant(v) => {
+                if !self.holders.try_add_key(holder, key_quota) {
+                    self.refused_for_quota(holder, false);
+                    return busy(out, conn, owner, key, tag);
+                }
                 let Some(token) = try_take_token(
                     &mut self.next_token,
                     self.token_rng.as_mut(),
                     self.token_ceiling,
                 ) else {
-                    out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
-                    return AcquireOutcome::Busy;
+                    self.holders.remove_key(holder);
+                    return busy(out, conn, owner, key, tag);
                 };
                 v.insert(
                     KeyStr::new(key),
                     Slot {
                         token,
-                        holder: self.caller.holder,
+                        holder,
                         expires_at,
                         granted_at: now,
                         tag,
                     },
                 );
+                self.key_bytes += key_cost;
                 if let Some(pass) = &mut self.sweep {
                     pass.inserted = true;
                 }
@@ -1892,13 +2026,16 @@ impl<T: Copy + Default> Engine<T> {
         };
         let holder_expiry = slot.expires_at;
         if self.clocked && slot.expires_at <= now {
+            if holder != slot.holder && holder != 0 && self.holders.get(holder).keys >= key_quota {
+                self.refused_for_quota(holder, false);
+                return busy(out, conn, owner, key, tag);
+            }
             let Some(token) = try_take_token(
                 &mut self.next_token,
                 self.token_rng.as_mut(),
                 self.token_ceiling,
             ) else {
-                out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
-                return AcquireOutcome::Busy;
+                return busy(out, conn, owner, key, tag);
             };
             // Lazy takeover: the non-FIFO expiry path, ahead of any queue.
             // The key's timer (if it has waiters) is at or before the old
@@ -1911,8 +2048,9 @@ impl<T: Copy + Default> Engine<T> {
                     .observe(slot.expires_at.since(slot.granted_at));
                 self.holds.end(slot.granted_at);
             }
+            self.holders.move_key(slot.holder, holder);
             slot.token = token;
-            slot.holder = self.caller.holder;
+            slot.holder = holder;
             slot.expires_at = expires_at;
             slot.granted_at = now;
             slot.tag = tag;
@@ -1938,13 +2076,16 @@ impl<T: Copy + Default> Engine<T> {
             || self.waiters_total >= self.limits.max_waiters
             || self.waiters_total >= WAITERS_CEILING
         {
-            out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
-            return AcquireOutcome::Busy;
+            return busy(out, conn, owner, key, tag);
+        }
+        if self.waiter_refused(holder, queued == 0, key.len(), mem_room) {
+            return busy(out, conn, owner, key, tag);
         }
         let id = self.next_waiter;
         self.next_waiter = if id + 1 >= WAITER_ID_LIMIT { 1 } else { id + 1 };
         let wait_deadline = self.deadline(now, wait_s);
         if !self.queues.contains_key(key) {
+            self.queue_bytes += quota::queue_cost(key.len());
             self.queues.insert_new(
                 Arc::from(key),
                 Queue {
@@ -1958,9 +2099,9 @@ impl<T: Copy + Default> Engine<T> {
             .queues
             .get_key_value(key)
             .expect("queue inserted above");
-        let (conn_idx, slot) = self
-            .conn_table
-            .add(conn, self.caller.holder, Arc::clone(name));
+        let (conn_idx, slot) = self.conn_table.add(conn, holder, Arc::clone(name));
+        self.holders
+            .add_waiter(self.conn_table.conns[conn_idx as usize].holder);
         let waiter = Waiter {
             owner,
             wait_deadline,
@@ -1977,6 +2118,27 @@ impl<T: Copy + Default> Engine<T> {
         }
         self.waiters_total += 1;
         AcquireOutcome::Queued(id)
+    }
+
+    /// Whether an acquire of `holder` that would queue on a key named
+    /// `key_len` bytes long (its first waiter: `new_queue`) is refused for
+    /// the holder's waiter quota or the memory budget (`mem_room` bytes
+    /// left); counted if so.
+    fn waiter_refused(&mut self, holder: u64, new_queue: bool, key_len: usize, room: u64) -> bool {
+        if holder != 0 && self.holders.get(holder).waiters >= self.limits.max_waiters_per_holder {
+            self.refused_for_quota(holder, true);
+            return true;
+        }
+        let queue = if new_queue {
+            quota::queue_cost(key_len)
+        } else {
+            0
+        };
+        if quota::WAITER_BYTES + queue > room {
+            self.stats.quotas.memory += 1;
+            return true;
+        }
+        false
     }
 
     /// Moves the timer entry of `key`'s queue to `at` (NEVER: removes it).
@@ -2005,13 +2167,14 @@ impl<T: Copy + Default> Engine<T> {
     /// Drops `key`'s queue and its timer entry.
     fn drop_queue(&mut self, key: &str) {
         if let Some(q) = self.queues.remove(key) {
+            self.queue_bytes -= quota::queue_cost(key.len());
             if q.timer_at != Millis::NEVER {
                 self.timers.remove(&(q.timer_at, q.timer_seq));
             }
         }
     }
 
-    /// SPEC §2.2. Returns true when the release took effect (`R`).
+    /// PROTOCOL §2.2. Returns true when the release took effect (`R`).
     #[cfg_attr(ticketd_profile, inline(never))]
     pub fn release(
         &mut self,
@@ -2036,6 +2199,7 @@ impl<T: Copy + Default> Engine<T> {
                 && !self.queues.contains_key(key)
             {
                 let (_, slot) = o.remove();
+                self.forget_key(key, slot.holder);
                 if self.clocked {
                     self.stats.hold_ms.observe(now.since(slot.granted_at));
                     self.holds.end(slot.granted_at);
@@ -2130,6 +2294,7 @@ impl<T: Copy + Default> Engine<T> {
         let ConnWaiters {
             slots: mut keys,
             count,
+            holder,
             ..
         } = self.conn_table.conns.remove(idx as usize);
         // Several waiters on one key share the queue's copy of the key:
@@ -2162,13 +2327,31 @@ impl<T: Copy + Default> Engine<T> {
         }
         debug_assert_eq!(removed, count as usize, "per-connection count drifted");
         self.waiters_total -= removed;
+        self.holders.remove_waiters(holder, removed);
         self.conn_table.recycle(keys);
     }
 
     /// Forgets a waiter taken out of its queue; returns its connection.
     fn forget_waiter(&mut self, w: &Waiter<T>) -> ConnId {
         self.waiters_total -= 1;
+        let holder = self.conn_table.conns[w.conn as usize].holder;
+        self.holders.remove_waiters(holder, 1);
         self.conn_table.remove(w.conn, w.slot)
+    }
+
+    /// Deletes the registration of `key`, whatever it holds.
+    fn delete_key(&mut self, key: &str) {
+        if let Some(slot) = self.keys.remove(key) {
+            self.forget_key(key, slot.holder);
+        }
+    }
+
+    /// Uncounts a registered key named `key`, taken by `holder`, that was
+    /// just deleted.
+    #[inline]
+    fn forget_key(&mut self, key: &str, holder: u64) {
+        self.holders.remove_key(holder);
+        self.key_bytes -= quota::key_cost(key.len());
     }
 
     /// Answers with Timeout every waiter of `key` whose wait ran out by `now`
@@ -2180,10 +2363,12 @@ impl<T: Copy + Default> Engine<T> {
         };
         let mut gone = 0usize;
         let conns = &mut self.conn_table;
+        let holders = &mut self.holders;
         queue.waiters.retain(|w| {
             let leaving = all || w.wait_deadline <= now;
             if leaving {
                 gone += 1;
+                holders.remove_waiters(conns.conns[w.conn as usize].holder, 1);
                 let conn = conns.remove(w.conn, w.slot);
                 out.push_event(
                     conn,
@@ -2210,7 +2395,7 @@ impl<T: Copy + Default> Engine<T> {
         // hash deletes the key. Every lookup hashes the whole key with the
         // table's keyed hasher, which dominates an uncontended cycle.
         let Some(q) = self.queues.get(key) else {
-            self.keys.remove(key);
+            self.delete_key(key);
             return;
         };
         // A waiter whose wait ran out gets T even if its timer has not
@@ -2225,7 +2410,7 @@ impl<T: Copy + Default> Engine<T> {
         let head = self.queues.get_mut(key).and_then(|q| q.waiters.pop_front());
         let Some(w) = head else {
             self.drop_queue(key);
-            self.keys.remove(key);
+            self.delete_key(key);
             return;
         };
         let holder = self.conn_table.conns[w.conn as usize].holder;
@@ -2242,6 +2427,7 @@ impl<T: Copy + Default> Engine<T> {
             .keys
             .get_mut(key)
             .expect("a key with a queue is registered");
+        self.holders.move_key(slot.holder, holder);
         slot.token = token;
         slot.holder = holder;
         slot.expires_at = expires_at;
@@ -2372,6 +2558,8 @@ impl<T: Copy + Default> Engine<T> {
         let queues = &self.queues;
         let stats = &mut self.stats;
         let holds = &mut self.holds;
+        let holders = &mut self.holders;
+        let mut freed = 0u64;
         let mut floor = pass.floor;
         // Keep a key unless it expired and nobody waits for it.
         let reached = self
@@ -2380,14 +2568,19 @@ impl<T: Copy + Default> Engine<T> {
                 let keep = s.expires_at > now || queues.contains_key(k);
                 if keep {
                     floor = floor.min(s.expires_at);
-                } else if s.token != 0 {
+                    return true;
+                }
+                holders.remove_key(s.holder);
+                freed += quota::key_cost(k.len());
+                if s.token != 0 {
                     out.push_expired(k, s.token);
                     stats.lease_expiries += 1;
                     stats.hold_ms.observe(s.expires_at.since(s.granted_at));
                     holds.end(s.granted_at);
                 }
-                keep
+                false
             });
+        self.key_bytes -= freed;
         pass.floor = floor;
         pass.cursor = reached;
         if pass.cursor < self.keys.num_buckets() {
@@ -2569,6 +2762,38 @@ impl<T: Copy + Default> Engine<T> {
             "over max_waiters"
         );
         assert!(self.keys.len() <= self.limits.max_keys, "over max_keys");
+        self.check_accounting();
+    }
+
+    /// The holders' counts and the memory estimate against a recount of
+    /// the tables.
+    fn check_accounting(&self) {
+        let mut uses: HashMap<u64, HolderUse> = HashMap::new();
+        let mut key_bytes = 0;
+        for (key, slot) in self.keys.iter() {
+            key_bytes += quota::key_cost(key.len());
+            if slot.holder != 0 {
+                uses.entry(slot.holder).or_default().keys += 1;
+            }
+        }
+        for (_, cw) in &self.conn_table.conns {
+            if cw.holder != 0 {
+                uses.entry(cw.holder).or_default().waiters += cw.count as usize;
+            }
+        }
+        let queue_bytes: u64 = self
+            .queues
+            .iter()
+            .map(|(k, _)| quota::queue_cost(k.len()))
+            .sum();
+        assert_eq!(self.key_bytes, key_bytes, "key bytes drifted");
+        assert_eq!(self.queue_bytes, queue_bytes, "queue bytes drifted");
+        let counted: HashMap<u64, HolderUse> = self.holders.iter().collect();
+        assert_eq!(counted, uses, "holder counts drifted");
+        assert_eq!(counted.len(), self.holders.len(), "a holder counted twice");
+        for (h, u) in &counted {
+            assert_eq!(self.holder_use(*h), *u, "holder {h} found wrong");
+        }
     }
 }
 

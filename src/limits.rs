@@ -3,7 +3,7 @@
 //! "Put a limit on everything": each limit here is a command-line flag of the
 //! server, and the relations between them are checked at compile time.
 
-/// Default for `--max-key-bytes`: the longest key, in bytes (SPEC §1).
+/// Default for `--max-key-bytes`: the longest key, in bytes (PROTOCOL §1).
 pub const DEFAULT_MAX_KEY_BYTES: usize = 1024;
 /// Hard ceiling for `--max-key-bytes`, so one frame always fits a small buffer.
 pub const MAX_KEY_BYTES_CEILING: usize = 64 * 1024;
@@ -15,6 +15,14 @@ pub const DEFAULT_MAX_WAITERS: usize = 100_000;
 pub const DEFAULT_MAX_WAITERS_PER_KEY: usize = 1_000;
 /// Default for `--sweep-interval`: seconds between sweeps of expired keys.
 pub const DEFAULT_SWEEP_INTERVAL_S: u64 = 5;
+/// Default for `--max-keys-per-identity`: half of `--max-keys`, so one
+/// identity leaves room for the others.
+pub const DEFAULT_MAX_KEYS_PER_IDENTITY: usize = DEFAULT_MAX_KEYS / 2;
+/// Default for `--max-waiters-per-identity`: half of `--max-waiters`.
+pub const DEFAULT_MAX_WAITERS_PER_IDENTITY: usize = DEFAULT_MAX_WAITERS / 2;
+/// Default for `--max-memory`: bytes of keys, waiters and connection
+/// buffers (docs/SECURITY.md, "Quotas and the memory budget").
+pub const DEFAULT_MAX_MEMORY: u64 = 256 * 1024 * 1024;
 
 /// The longest request frame: `'A' wait lease owner` + key + `'\n'`.
 #[must_use]
@@ -40,8 +48,10 @@ pub const MAX_ALLOC_BYTES: u64 = isize::MAX as u64;
 const _: () = assert!(DEFAULT_MAX_KEY_BYTES <= MAX_KEY_BYTES_CEILING);
 const _: () = assert!(DEFAULT_MAX_WAITERS_PER_KEY <= DEFAULT_MAX_WAITERS);
 const _: () = assert!(DEFAULT_SWEEP_INTERVAL_S > 0);
+const _: () = assert!(DEFAULT_MAX_KEYS_PER_IDENTITY < DEFAULT_MAX_KEYS);
+const _: () = assert!(DEFAULT_MAX_WAITERS_PER_IDENTITY < DEFAULT_MAX_WAITERS);
 
-/// The capacity limits of the lock engine (SPEC §2.1).
+/// The capacity limits of the lock engine (PROTOCOL §2.1).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EngineLimits {
     /// Registered keys; a new key beyond this is answered Busy.
@@ -56,6 +66,17 @@ pub struct EngineLimits {
     /// in milliseconds from its grant (`--max-hold`); an Extend that would
     /// carry it further is answered `X`. 0: no cap.
     pub max_hold_ms: u64,
+    /// Keys one holder (a client identity) may have registered
+    /// (`--max-keys-per-identity`); a new key beyond this is answered
+    /// Busy. Holder 0 (unknown: a restart grace, cluster mode) has none.
+    pub max_keys_per_holder: usize,
+    /// Acquires one holder may have queued (`--max-waiters-per-identity`);
+    /// beyond this an acquire that would queue is Busy.
+    pub max_waiters_per_holder: usize,
+    /// The memory budget in bytes (`--max-memory`): a new key or waiter
+    /// that would take the engine's estimate of its own bytes, plus what
+    /// the service counts outside it, past this is answered Busy.
+    pub max_memory: u64,
 }
 
 impl Default for EngineLimits {
@@ -66,6 +87,9 @@ impl Default for EngineLimits {
             max_waiters_per_key: DEFAULT_MAX_WAITERS_PER_KEY,
             sweep_interval_ms: DEFAULT_SWEEP_INTERVAL_S * 1000,
             max_hold_ms: 0,
+            max_keys_per_holder: DEFAULT_MAX_KEYS_PER_IDENTITY,
+            max_waiters_per_holder: DEFAULT_MAX_WAITERS_PER_IDENTITY,
+            max_memory: DEFAULT_MAX_MEMORY,
         }
     }
 }

@@ -363,6 +363,14 @@ impl Exposition {
         }
     }
 
+    /// A gauge with one label taking each of `values`.
+    pub fn labelled_gauge(&mut self, name: &str, help: &str, label: &str, values: &[(&str, u64)]) {
+        self.header(name, "gauge", help);
+        for (l, v) in values {
+            let _ = writeln!(self.text, "{name}{{{label}=\"{}\"}} {v}", escape_label(l));
+        }
+    }
+
     /// A gauge with one sample labelled `labels` (already `k="v"` pairs).
     pub fn info(&mut self, name: &str, help: &str, labels: &[(&str, &str)]) {
         self.header(name, "gauge", help);

@@ -102,6 +102,15 @@ pub trait Service {
         self.request(now, conn, req, out);
     }
 
+    /// The loop's connections take `bytes` of the memory budget
+    /// (`--max-memory`) now: called once per turn, before its requests. A
+    /// service whose engine refuses new keys and waiters past the budget
+    /// leaves them the rest (single mode); the default ignores it (cluster
+    /// mode, whose nodes must refuse alike).
+    fn set_connection_memory(&mut self, bytes: u64) {
+        let _ = bytes;
+    }
+
     /// `conn` is gone (closed by the peer, or closed for malformed input):
     /// cancel its queued acquires. What it holds stays held.
     fn disconnect(&mut self, now: Millis, conn: ConnId, out: &mut Outbox);

@@ -860,6 +860,11 @@ impl Service for SingleService {
         self.engine.disconnect(now, conn, out);
     }
 
+    /// The engine leaves the connections' bytes out of its budget.
+    fn set_connection_memory(&mut self, bytes: u64) {
+        self.engine.set_outside_memory(bytes);
+    }
+
     fn tick(&mut self, now: Millis, out: &mut Outbox) {
         self.engine.tick(now, out);
     }

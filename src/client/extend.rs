@@ -61,7 +61,7 @@ pub(crate) enum Extended {
 }
 
 impl Client {
-    /// Extends the grant `token` of `key` to live `lease` from now (SPEC
+    /// Extends the grant `token` of `key` to live `lease` from now (PROTOCOL
     /// §5), under the 5 s transport deadline, retrying on another
     /// connection while no reply has come. This is what `ticket extend`
     /// does; a program that holds a [`crate::client::Ticket`] should call

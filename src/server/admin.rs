@@ -173,6 +173,10 @@ pub(crate) struct View<'a, S: Service> {
     pub identities: &'a super::identity::Identities,
     /// `--admin-identity`: the only reader shown full tokens.
     pub admin_identity: Option<&'a super::identity::Identity>,
+    /// The connections' part of the memory budget, in bytes.
+    pub connection_bytes: u64,
+    /// `--max-memory`.
+    pub max_memory: u64,
 }
 
 impl<S: Service> View<'_, S> {
@@ -912,7 +916,7 @@ fn parse_listing(query: &str, max_key_bytes: usize) -> Result<Listing, BadReques
 }
 
 /// A key from a request path: percent-decoded, UTF-8, 1..=`max` bytes,
-/// no newline (SPEC §1).
+/// no newline (PROTOCOL §1).
 fn decode_key(raw: &str, max: usize) -> Result<String, BadRequest> {
     let key = percent_decode(raw)?;
     if key.is_empty() {
@@ -1080,6 +1084,7 @@ fn render_metrics<S: Service>(now: Millis, view: &View<'_, S>) -> String {
     if let Some(engine) = view.service.engine() {
         lock_metrics(&mut e, now, engine, view.service);
     }
+    quota_metrics(&mut e, view);
     view.service.write_metrics(now, &mut e);
     e.finish()
 }
@@ -1106,6 +1111,9 @@ fn connection_metrics<S: Service>(e: &mut Exposition, view: &View<'_, S>) {
             ("peer_not_allowed", s.refused_peer),
             ("admin_max_conns", s.admin_refused),
             ("admin_peer_not_allowed", s.admin_refused_peer),
+            ("identity", s.refused_identity),
+            ("handshakes", s.refused_handshakes),
+            ("memory", s.refused_memory),
         ],
     );
     e.counter(
@@ -1127,6 +1135,39 @@ fn connection_metrics<S: Service>(e: &mut Exposition, view: &View<'_, S>) {
         "ticketd_guess_slowdowns_total",
         "Times an identity's guess budget first held back its releases and extends.",
         s.throttled,
+    );
+}
+
+/// The quotas per identity and the memory budget: refusals and bytes.
+fn quota_metrics<S: Service>(e: &mut Exposition, view: &View<'_, S>) {
+    let s = view.stats;
+    let engine = view.service.engine();
+    let q = engine.map(|e| e.stats().quotas).unwrap_or_default();
+    e.labelled_counter(
+        "ticketd_quota_refusals_total",
+        "Acquires answered B and connections refused, by the quota or budget reached.",
+        "quota",
+        &[
+            ("keys", q.keys),
+            ("waiters", q.waiters),
+            ("connections", s.refused_identity),
+            ("handshakes", s.refused_handshakes),
+            ("memory", q.memory + s.refused_memory),
+        ],
+    );
+    e.labelled_gauge(
+        "ticketd_memory_bytes",
+        "The memory budget's estimate of the bytes in use, by part.",
+        "part",
+        &[
+            ("locks", engine.map_or(0, LockTable::memory_bytes)),
+            ("connections", view.connection_bytes),
+        ],
+    );
+    e.gauge(
+        "ticketd_memory_limit_bytes",
+        "The memory budget (--max-memory).",
+        view.max_memory,
     );
 }
 

@@ -29,6 +29,10 @@ pub(crate) const RBUF_INITIAL: usize = 4096;
 /// Discarding reads per turn on a lingering close.
 const DISCARD_READS_PER_TURN: usize = 16;
 
+/// Estimated bytes of a connection beside its buffers: the [`Conn`], its
+/// slab entry and the socket's poll registration.
+pub(crate) const CONN_BYTES: usize = 512;
+
 /// Why and how a connection is being closed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Closing {
@@ -117,6 +121,9 @@ pub(crate) struct Conn {
     /// Waiting in its identity's queue of connections the guess budget
     /// paused.
     guess_paused: bool,
+    /// Its bytes as last counted in the loop's total of connection memory
+    /// ([`Conn::recount_memory`]).
+    counted_bytes: usize,
 }
 
 impl Conn {
@@ -155,6 +162,7 @@ impl Conn {
             ident,
             ident_open,
             guess_paused: false,
+            counted_bytes: 0,
         }
     }
 
@@ -201,21 +209,51 @@ impl Conn {
         self.ident
     }
 
-    /// The identity its TLS client certificate names, once the handshake
-    /// is done: `Some` once only, and only for a TLS session that may
-    /// present one. The caller moves the connection to it
+    /// Whether its TLS handshake is under way (not yet found done by
+    /// [`Conn::take_handshake`]): it counts as half-open.
+    pub(crate) fn handshaking(&self) -> bool {
+        self.ident_open
+    }
+
+    /// Its TLS handshake is done and not yet taken ([`Conn::take_handshake`]):
+    /// what it sent since must wait until it has moved to its
+    /// certificate's identity.
+    #[inline]
+    pub(crate) fn handshake_untaken(&self) -> bool {
+        self.ident_open && !self.stream.handshaking()
+    }
+
+    /// `Some` once, for a TLS session, when its handshake is found done:
+    /// with the identity its client certificate names, if it presented one.
+    /// The caller moves the connection to that identity
     /// ([`Conn::set_ident`]) before handling any of its requests.
-    pub(crate) fn take_certificate_identity(
-        &mut self,
-    ) -> Option<crate::server::identity::Identity> {
+    pub(crate) fn take_handshake(&mut self) -> Option<Option<crate::server::identity::Identity>> {
         if !self.ident_open {
             return None;
         }
         let (done, identity) = self.stream.certificate_identity();
-        if done {
-            self.ident_open = false;
+        if !done {
+            return None;
         }
-        identity
+        self.ident_open = false;
+        Some(identity)
+    }
+
+    /// Recounts the bytes it takes (its buffers' capacities, what the
+    /// stream holds, [`CONN_BYTES`]): `(before, now)`, for the loop's
+    /// running total.
+    #[inline]
+    pub(crate) fn recount_memory(&mut self) -> (usize, usize) {
+        let now = CONN_BYTES
+            + self.input.buf.capacity()
+            + self.output.buf.capacity()
+            + self.stream.memory();
+        (std::mem::replace(&mut self.counted_bytes, now), now)
+    }
+
+    /// Its bytes as last counted ([`Conn::recount_memory`]).
+    pub(crate) fn counted_bytes(&self) -> usize {
+        self.counted_bytes
     }
 
     /// Marks it paused by the guess budget; true when it was not yet, and
@@ -506,14 +544,11 @@ impl Conn {
 
     // -------------------------------------------------------------- timers
 
-    /// An incomplete frame has been arriving for `limit_ms` or more, or the
-    /// TLS handshake has not finished in that time.
+    /// An incomplete frame has been arriving for `limit_ms` or more.
     pub(crate) fn partial_expired(&self, now: Millis, limit_ms: u64) -> bool {
-        self.handshake_expired(now, limit_ms)
-            || self
-                .input
-                .partial_since
-                .is_some_and(|t| now.since(t) >= limit_ms)
+        self.input
+            .partial_since
+            .is_some_and(|t| now.since(t) >= limit_ms)
     }
 
     /// The TLS handshake has not finished in `limit_ms`.

@@ -12,7 +12,8 @@
 //!   shared (NAT, one host's users) and proven by nothing.
 //!
 //! `Identities` keeps the ones in use with what is counted against each:
-//! open connections and the guess budget (`super::throttle`). An entry
+//! open connections and TLS handshakes under way (`super::quota`) and the
+//! guess budget (`super::throttle`). An entry
 //! lives while it has connections and while its budget owes anything, so
 //! reconnecting never resets an identity's budget.
 
@@ -201,6 +202,8 @@ pub(crate) struct Entry {
     pub(crate) holder: u64,
     /// Open connections.
     pub(crate) conns: u32,
+    /// Of those, TLS connections whose handshake is under way.
+    pub(crate) handshakes: u32,
     /// Wrong-token answers and the pause they earn.
     pub(crate) guesses: GuessBudget,
     /// Its connections paused by the guess budget (slab key, id), in the
@@ -233,6 +236,7 @@ impl Identities {
                     identity: identity.clone(),
                     holder,
                     conns: 0,
+                    handshakes: 0,
                     guesses: GuessBudget::default(),
                     paused: std::collections::VecDeque::new(),
                 });
@@ -282,6 +286,14 @@ impl Identities {
         for k in idle {
             self.forget_if_idle(k, now);
         }
+    }
+
+    /// Open connections of `identity`, and of those the TLS handshakes
+    /// under way.
+    pub(crate) fn counts(&self, identity: &Identity) -> (u32, u32) {
+        self.index.get(identity).map_or((0, 0), |&k| {
+            (self.entries[k].conns, self.entries[k].handshakes)
+        })
     }
 
     pub(crate) fn get(&self, key: IdentKey) -> Option<&Entry> {

@@ -34,7 +34,8 @@
 //!
 //! # Limits
 //!
-//! Over `max_conns`, a new connection is accepted and closed at once. A
+//! Over `max_conns`, a new connection is accepted and closed at once, and
+//! so is one over its identity's quotas (`quota`). A
 //! connection whose unsent replies reach the soft limit is not read until
 //! they drain (the kernel then pushes back on the client); at the hard limit
 //! it is closed. A frame half-sent for `frame_timeout`, or replies that make
@@ -47,6 +48,7 @@ mod conn;
 pub mod identity;
 #[cfg(feature = "harness")]
 mod mem;
+mod quota;
 pub(crate) mod ratelimit;
 pub mod systemd;
 pub(crate) mod throttle;
@@ -199,6 +201,16 @@ pub struct Stats {
     pub throttled: u64,
     /// Wrong-token answers (`N`, `X`) charged to identities' guess budgets.
     pub guesses: u64,
+    /// Connections accepted and closed at once because their identity had
+    /// `--max-conns-per-identity` open (or, for a client certificate's
+    /// identity, closed when their handshake was done).
+    pub refused_identity: u64,
+    /// TLS connections accepted and closed at once because their source
+    /// address had `--max-handshakes-per-identity` handshakes under way.
+    pub refused_handshakes: u64,
+    /// Connections accepted and closed at once because the connections'
+    /// buffers alone filled `--max-memory`.
+    pub refused_memory: u64,
     /// Admin connections accepted and closed at once (too many open).
     pub admin_refused: u64,
     /// Unix-socket admin connections closed at once: the peer's uid and
@@ -253,6 +265,12 @@ pub struct Server<S: Service> {
     identities: Identities,
     /// `--admin-identity`, as a grant holder ([`Identity::holder`]).
     admin_holder: Option<u64>,
+    /// Bytes of the open connections, as last counted
+    /// ([`conn::Conn::recount_memory`]): the connections' part of
+    /// `--max-memory`.
+    conn_bytes: u64,
+    /// The quotas' log lines.
+    quota_logs: quota::QuotaLogs,
     out: Outbox,
     accept_ready: bool,
     accept_paused_until: Option<Millis>,
@@ -495,6 +513,8 @@ impl<S: Service> Server<S> {
             paused_idents: Vec::new(),
             identities: Identities::default(),
             admin_holder: config.admin_identity.as_ref().map(Identity::holder),
+            conn_bytes: 0,
+            quota_logs: quota::QuotaLogs::default(),
             out,
             accept_ready: true,
             accept_paused_until: None,
@@ -750,9 +770,11 @@ impl<S: Service> Server<S> {
             self.accept(now);
         }
         self.resume_throttled(now);
+        self.service.set_connection_memory(self.conn_bytes);
         // Reading takes time: handling input moves `now` to the clock reading
         // after the last read, so the rest of the turn never runs behind it.
         let now = self.handle_input(now);
+        self.note_quota_refusals(now);
         self.service.tick(now, &mut self.out);
         if now >= self.next_scan {
             self.scan(now);
@@ -799,6 +821,8 @@ impl<S: Service> Server<S> {
             stopping: self.shutdown_deadline.is_some(),
             identities: &self.identities,
             admin_identity: self.config.admin_identity.as_ref(),
+            connection_bytes: self.conn_bytes,
+            max_memory: self.config.engine.max_memory,
         };
         admin.turn(now, self.poll.registry(), &view);
         self.stats.admin_refused = admin.refused;
@@ -840,7 +864,10 @@ impl<S: Service> Server<S> {
             };
             match listener.accept() {
                 Ok((stream, peer)) => {
-                    if self.refused_at_max_conns(now, &peer) {
+                    let tls = self.tls_listener();
+                    if self.refused_at_max_conns(now, &peer)
+                        || self.refused_by_quota(now, &peer, &Identity::of_addr(peer), tls)
+                    {
                         drop(stream);
                         continue;
                     }
@@ -903,7 +930,9 @@ impl<S: Service> Server<S> {
                         }
                         continue;
                     }
-                    if self.refused_at_max_conns(now, &peer) {
+                    if self.refused_at_max_conns(now, &peer)
+                        || self.refused_by_quota(now, &peer, &Identity::Uid(uid), false)
+                    {
                         continue;
                     }
                     let key = self.conns.vacant_key();
@@ -1016,6 +1045,8 @@ impl<S: Service> Server<S> {
         // new connection is readable, and read on this turn.
         let mut c = Conn::new(stream, peer, id, ident);
         c.mark_active();
+        quota::count_new(&mut self.identities, &c);
+        self.conn_bytes += c.recount_memory().1 as u64;
         entry.insert(c);
         self.active.push(key);
         id
@@ -1072,7 +1103,7 @@ impl<S: Service> Server<S> {
     /// a request must never be handled with a clock reading from before it
     /// was written, or its lease would be counted from before the client's
     /// own start and could end before the client's conservative expiry
-    /// (SPEC §3: written + lease).
+    /// (PROTOCOL §3: written + lease).
     // Long because it is the per-request loop (read, decode, handle, until
     // the connection is drained), kept in one piece for speed: the
     // connection and its frame bytes stay borrowed from the table while the
@@ -1098,6 +1129,19 @@ impl<S: Service> Server<S> {
         c.clear_active();
         if !c.is_open() {
             return; // reads of a closing connection are the reaper's
+        }
+        if let Some(cert) = c.take_handshake() {
+            let max = self.config.max_conns_per_identity;
+            let quotas = (
+                &mut self.identities,
+                &mut self.stats,
+                &mut self.quota_logs,
+                max,
+            );
+            if !quota::handshake_done(quotas, c, cert, now) {
+                self.close_now(now, key);
+                return;
+            }
         }
         let (id, peer) = (c.id(), c.peer());
         let turn = self.stats.turns;
@@ -1125,14 +1169,6 @@ impl<S: Service> Server<S> {
             if unsent >= soft {
                 c.pause_input();
                 break End::Idle;
-            }
-            if let Some(identity) = c.take_certificate_identity() {
-                // The handshake is done (perhaps in the read that brought
-                // its first request): its requests count as its
-                // certificate's from the first one.
-                let old = c.ident();
-                c.set_ident(self.identities.attach(identity));
-                self.identities.detach(old, now);
             }
             let Some(ident) = self.identities.get_mut(c.ident()) else {
                 break End::Idle; // never: an open connection has its identity
@@ -1196,6 +1232,12 @@ impl<S: Service> Server<S> {
                 Ok(Fill::Bytes) => {
                     now = now.max(self.clock.now());
                     *now_ref = now;
+                    if c.handshake_untaken() {
+                        // The read finished a TLS handshake and brought
+                        // requests: they are handled next turn, as the
+                        // identity its certificate names.
+                        break End::Again;
+                    }
                 }
                 Ok(Fill::Eof | Fill::WouldBlock) => {}
                 Ok(Fill::Full) => break End::Again,
@@ -1217,6 +1259,8 @@ impl<S: Service> Server<S> {
             }
         }
         c.end_input_turn(now, throttled, soft);
+        let (was, is) = c.recount_memory();
+        self.conn_bytes = self.conn_bytes + is as u64 - was as u64;
         if c.stream_has_output() && c.mark_dirty() {
             // TLS handshake records the socket did not take: write them.
             self.dirty.push(key);
@@ -1293,23 +1337,24 @@ impl<S: Service> Server<S> {
         }
     }
 
-    /// Timeouts: half-sent frames and replies that make no progress.
+    /// Timeouts: TLS handshakes, half-sent frames and replies that make
+    /// no progress.
     fn scan(&mut self, now: Millis) {
         self.next_scan = now.add_ms(SCAN_INTERVAL_MS);
         self.identities.sweep(now);
-        let Some(limit) = self.config.frame_timeout.map(millis) else {
-            return;
-        };
+        let frame_limit = self.config.frame_timeout.map(millis);
+        let handshake_limit = millis(self.config.handshake_limit());
         let mut expired = Vec::new();
         for (key, c) in &self.conns {
             if !c.is_open() {
                 continue;
             }
-            let handshake = c.handshake_expired(now, limit);
-            let partial = c.partial_expired(now, limit);
-            let stalled = c.output_stalled(now, limit);
-            if partial || stalled {
-                expired.push((key, partial, handshake));
+            let handshake = c.handshake_expired(now, handshake_limit);
+            let (partial, stalled) = frame_limit.map_or((false, false), |limit| {
+                (c.partial_expired(now, limit), c.output_stalled(now, limit))
+            });
+            if handshake || partial || stalled {
+                expired.push((key, partial || handshake, handshake));
             }
         }
         for (key, partial, handshake) in expired {
@@ -1317,15 +1362,13 @@ impl<S: Service> Server<S> {
             if let Some(n) = self.logs.limits.allow(now) {
                 let peer = self.conns[key].peer();
                 let what = if handshake {
-                    "a TLS handshake unfinished"
+                    "a TLS handshake unfinished for --handshake-timeout"
                 } else if partial {
-                    "a frame half-sent"
+                    "a frame half-sent for --frame-timeout"
                 } else {
-                    "unread replies"
+                    "unread replies for --frame-timeout"
                 };
-                log::warn!(
-                    "closing {peer}: {what} for --frame-timeout ({n} similar closes not logged)"
-                );
+                log::warn!("closing {peer}: {what} ({n} similar closes not logged)");
             }
             if partial {
                 self.start_close(now, key, true);
@@ -1433,7 +1476,10 @@ impl<S: Service> Server<S> {
             if c.closing_now() {
                 continue;
             }
-            if let Err(e) = c.flush(now) {
+            let flushed = c.flush(now);
+            let (was, is) = c.recount_memory();
+            self.conn_bytes = self.conn_bytes + is as u64 - was as u64;
+            if let Err(e) = flushed {
                 log::debug!("{}: write failed: {e}", c.peer());
                 self.close_now(now, key);
                 continue;
@@ -1484,6 +1530,8 @@ impl<S: Service> Server<S> {
             if self.closing_done(now, key) {
                 self.closing.swap_remove(i);
                 if let Some(mut c) = self.conns.try_remove(key) {
+                    quota::uncount(&mut self.identities, &c);
+                    self.conn_bytes -= c.counted_bytes() as u64;
                     self.identities.detach(c.ident(), now);
                     if let Some(tcp) = c.source() {
                         if let Err(e) = self.poll.registry().deregister(tcp) {
@@ -1532,6 +1580,7 @@ impl<S: Service> Server<S> {
                 let _ = self.poll.registry().deregister(tcp);
             }
         }
+        self.conn_bytes = 0;
         self.service.stop(now);
         // The admin port goes with the loop: its listener and connections close.
         self.admin = None;

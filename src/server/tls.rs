@@ -19,8 +19,10 @@
 //!   taken until it is sent. The loop adds that count to the connection's
 //!   unsent bytes, so `--out-soft-limit`, `--out-hard-limit` and the
 //!   stalled-output timeout see every byte the connection holds.
-//! * The handshake must be done within `--frame-timeout` of the accept
-//!   ([`TlsStream::handshake_expired`]).
+//! * The handshake must be done within `--handshake-timeout` (or
+//!   `--frame-timeout`, if shorter) of the accept
+//!   ([`TlsStream::handshake_expired`]); a source address may have
+//!   `--max-handshakes-per-identity` under way at once (`super::quota`).
 
 use std::io::{self, Read, Write};
 use std::sync::Arc;
@@ -31,6 +33,11 @@ use crate::time::Millis;
 
 /// Plaintext handed to the session per record: rustls's largest.
 const RECORD_PLAINTEXT: usize = 16 * 1024;
+
+/// Estimated bytes of a rustls server session beside the records
+/// [`TlsStream`] holds: its state and its buffers for a received record
+/// and for received plaintext (up to a record each).
+pub(crate) const SESSION_BYTES: usize = 40 * 1024;
 
 /// A client connection's TLS session and its socket.
 pub(crate) struct TlsStream {
@@ -76,6 +83,16 @@ impl TlsStream {
     /// Record bytes held for the socket.
     pub(crate) fn buffered(&self) -> usize {
         self.out.len() - self.cursor
+    }
+
+    /// The capacity of its buffer of records for the socket.
+    pub(crate) fn held_capacity(&self) -> usize {
+        self.out.capacity()
+    }
+
+    /// The handshake is not done.
+    pub(crate) fn handshaking(&self) -> bool {
+        self.tls.is_handshaking()
     }
 
     /// The handshake is not done `limit_ms` after the accept.

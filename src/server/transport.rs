@@ -85,6 +85,17 @@ impl Stream {
         }
     }
 
+    /// Estimated bytes the stream itself takes (a TLS session's state and
+    /// the records it holds), beside the connection's buffers.
+    #[inline]
+    pub(crate) fn memory(&self) -> usize {
+        match self {
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => super::tls::SESSION_BYTES + s.held_capacity(),
+            _ => 0,
+        }
+    }
+
     /// A TLS handshake still not done `limit_ms` after the accept.
     pub(crate) fn handshake_expired(&self, now: crate::time::Millis, limit_ms: u64) -> bool {
         match self {
@@ -94,6 +105,16 @@ impl Stream {
                 let _ = (now, limit_ms);
                 false
             }
+        }
+    }
+
+    /// A TLS session whose handshake is not done.
+    #[inline]
+    pub(crate) fn handshaking(&self) -> bool {
+        match self {
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => s.handshaking(),
+            _ => false,
         }
     }
 

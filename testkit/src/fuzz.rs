@@ -666,6 +666,7 @@ pub fn engine_ops(data: &[u8]) {
             0 => u64::from(b.u16() % 20_000),
             _ => 0,
         },
+        ..EngineLimits::default()
     };
     let first_token = match b.below(4) {
         0 => 0,

@@ -298,6 +298,7 @@ impl Sim {
             max_waiters_per_key: 4,
             sweep_interval_ms: 2_000,
             max_hold_ms: 0,
+            ..EngineLimits::default()
         };
         let clients = (0..cfg.clients)
             .map(|_| Client {

@@ -395,7 +395,7 @@ fn probe_until_granted(
     }
 }
 
-/// Extends `token` of `key` on `c` as the client library does (SPEC
+/// Extends `token` of `key` on `c` as the client library does (PROTOCOL
 /// §5.3): an attempt without an answer in 2 s (a node that knows no leader
 /// leaves an Extend unanswered) is sent again on a new connection to the
 /// same node, until `within` has passed. Returns when the answered attempt

@@ -36,6 +36,7 @@ fn limits() -> EngineLimits {
         max_waiters_per_key: 3,
         sweep_interval_ms: SWEEP_MS,
         max_hold_ms: 0,
+        ..EngineLimits::default()
     }
 }
 

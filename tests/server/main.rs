@@ -1,6 +1,7 @@
 //! The single-mode server, mostly as the real `ticketd` and `ticket`
 //! binaries: PROTOCOL §1 and §2 over TCP, limits, the daemon's command line and
-//! signals, the data directory and restart grace, the admin port, systemd
+//! signals, the data directory and restart grace, quotas per identity and
+//! the memory budget, the admin port, systemd
 //! socket activation, the `ticket` command, the library embedded in-process,
 //! every program in `examples/`, and the flags the docs name.
 //!
@@ -15,6 +16,7 @@ mod embed;
 mod examples;
 mod limits;
 mod process;
+mod quotas;
 mod readme_flags;
 mod restart_grace;
 mod spec;
