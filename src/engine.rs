@@ -722,6 +722,14 @@ impl<T: Copy + Default> Outbox<T> {
             })
     }
 
+    /// `N` and `X` answers in the outbox so far (token 0's included): a
+    /// count that grows by one with each wrong-token answer pushed.
+    #[must_use]
+    pub fn wrong_token_count(&self) -> u64 {
+        self.counts[Kind::NotReleased.tally_index().unwrap_or(4)]
+            + self.counts[Kind::NotExtended.tally_index().unwrap_or(6)]
+    }
+
     /// The connection of every `N` (not released) and `X` (not extended)
     /// reply that answered a guess (any token but 0: no grant has token 0),
     /// in order: what the server's guess throttle counts. Walks the replies

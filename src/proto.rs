@@ -71,6 +71,16 @@ impl Request<'_> {
             | Request::Extend { key, .. } => key,
         }
     }
+
+    /// A release or extend naming a token some grant could have: one whose
+    /// `N` or `X` answer is a wrong guess (token 0 is no grant's).
+    #[must_use]
+    pub fn guessed_token(&self) -> bool {
+        match self {
+            Request::Acquire { .. } => false,
+            Request::Release { token, .. } | Request::Extend { token, .. } => *token != 0,
+        }
+    }
 }
 
 /// A reply from the server (PROTOCOL §1, "Replies").

@@ -111,6 +111,16 @@ pub trait Service {
         let _ = bytes;
     }
 
+    /// Whether every `N` and `X` answer to a release or extend is in the
+    /// outbox when [`Service::request_as`] returns (single mode): the loop
+    /// then charges each to its identity's guess budget as it is made.
+    /// Otherwise (cluster mode: answers come after Raft commits) the loop
+    /// counts every release and extend read in a turn as a possible wrong
+    /// answer until the turn's answers are in.
+    fn answers_in_the_call(&self) -> bool {
+        false
+    }
+
     /// `conn` is gone (closed by the peer, or closed for malformed input):
     /// cancel its queued acquires. What it holds stays held.
     fn disconnect(&mut self, now: Millis, conn: ConnId, out: &mut Outbox);

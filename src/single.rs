@@ -873,6 +873,11 @@ impl Service for SingleService {
         Some(&self.engine)
     }
 
+    /// The engine answers every request in the call that hands it over.
+    fn answers_in_the_call(&self) -> bool {
+        true
+    }
+
     /// Nothing reads the replies back: `end_turn` only withholds grants.
     fn replies_direct(&self) -> bool {
         true

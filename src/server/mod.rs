@@ -289,6 +289,33 @@ pub struct Server<S: Service> {
     tls: Option<Arc<rustls::ServerConfig>>,
 }
 
+/// Charges one wrong-token answer to identity `e` (last from `peer`),
+/// logging (rate-limited) the first time it is slowed down.
+fn charge_guess(
+    e: &mut identity::Entry,
+    stats: &mut Stats,
+    logs: &mut Logs,
+    now: Millis,
+    peer: PeerAddr,
+) {
+    stats.guesses += 1;
+    if !e.guesses.charge(now) {
+        return;
+    }
+    stats.throttled += 1;
+    if let Some(n) = logs.guesses.allow(now) {
+        log::warn!(
+            "slowing down {} (last from {peer}): {} releases or extends with a token it does \
+             not hold; its releases and extends are held to {} such answers a second, then \
+             {} ({n} similar not logged)",
+            e.identity,
+            e.guesses.misses,
+            throttle::GUESS_PER_SEC,
+            throttle::GUESS_SUSTAINED_PER_SEC,
+        );
+    }
+}
+
 fn is_fd_exhaustion(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
 }
@@ -1145,6 +1172,11 @@ impl<S: Service> Server<S> {
         }
         let (id, peer) = (c.id(), c.peer());
         let turn = self.stats.turns;
+        // The service answers releases and extends in the call that hands
+        // them over: each wrong answer is charged as it is made, so an
+        // identity's pipelined releases of its own grants never count as
+        // possible guesses (see `throttle`).
+        let at_once = self.service.answers_in_the_call();
         let mut budget = self.config.max_frames_per_turn;
         // Unsent bytes plus the largest replies the turn's requests can still
         // add: decoding stops when that reaches the soft limit, so a client
@@ -1189,8 +1221,10 @@ impl<S: Service> Server<S> {
                                 throttled = true;
                                 break;
                             };
-                            ident.guesses.note_request(turn);
-                            room = left.checked_sub(1);
+                            if !at_once {
+                                ident.guesses.note_request(turn);
+                                room = left.checked_sub(1);
+                            }
                         }
                         if debug {
                             log::debug!("{peer} ({id}): {frame:?}");
@@ -1201,7 +1235,15 @@ impl<S: Service> Server<S> {
                             Request::Release { .. } => 1,
                             Request::Extend { .. } => 2,
                         }] += 1;
+                        let wrong_before = self.out.wrong_token_count();
+                        let guess = frame.guessed_token();
                         self.service.request_as(now, id, who, frame, &mut self.out);
+                        if at_once && guess && self.out.wrong_token_count() > wrong_before {
+                            // Answered N or X at once: charged now, and the
+                            // room left is what the budget says after it.
+                            charge_guess(ident, &mut self.stats, &mut self.logs, now, peer);
+                            room = ident.guesses.room(now, turn);
+                        }
                         c.consume(used);
                         budget -= 1;
                     }
@@ -1409,8 +1451,10 @@ impl<S: Service> Server<S> {
             }
         }
         // Wrong-token answers (N, X) count against their connection's
-        // identity's guess budget.
-        for conn in self.out.wrong_token_answers() {
+        // identity's guess budget (those of a service that answers in the
+        // call were charged as they were made).
+        let charged = self.service.answers_in_the_call();
+        for conn in self.out.wrong_token_answers().filter(|_| !charged) {
             let key = usize::try_from(conn & CONN_KEY_MASK).unwrap_or(usize::MAX);
             let Some(c) = self.conns.get(key).filter(|c| c.id() == conn) else {
                 continue;
@@ -1418,22 +1462,7 @@ impl<S: Service> Server<S> {
             let Some(e) = self.identities.get_mut(c.ident()) else {
                 continue;
             };
-            self.stats.guesses += 1;
-            if e.guesses.charge(now) {
-                self.stats.throttled += 1;
-                if let Some(n) = self.logs.guesses.allow(now) {
-                    log::warn!(
-                        "slowing down {} (last from {}): {} releases or extends with a token \
-                         it does not hold; its releases and extends are held to {} such \
-                         answers a second, then {} ({n} similar not logged)",
-                        e.identity,
-                        c.peer(),
-                        e.guesses.misses,
-                        throttle::GUESS_PER_SEC,
-                        throttle::GUESS_SUSTAINED_PER_SEC,
-                    );
-                }
-            }
+            charge_guess(e, &mut self.stats, &mut self.logs, now, c.peer());
         }
         for (conn, frames) in self.out.frames() {
             let key = usize::try_from(conn & CONN_KEY_MASK).unwrap_or(usize::MAX);

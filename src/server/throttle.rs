@@ -16,8 +16,12 @@
 //!
 //! So an identity with any number of connections gets at most
 //! `GUESS_ALLOWANCE + GUESS_SUSTAINED_PER_SEC · t` wrong answers in `t`
-//! seconds (plus what one loop turn reads before its answers are counted,
-//! which [`GuessBudget::room`] bounds too). Only connections that send a
+//! seconds. In single mode each wrong answer is charged as the engine
+//! makes it, so an identity's releases of its own grants never count
+//! against it however deep its pipelines; in cluster mode answers come
+//! after Raft commits, so every release and extend read in a turn counts
+//! as a possible wrong answer until the turn's answers are in
+//! ([`GuessBudget::note_request`]), which bounds what one turn reads. Only connections that send a
 //! release or extend while the identity is over budget pause; acquires are
 //! never held up, and other identities never notice. A well-behaved client,
 //! whose releases and extends name its own grants, never meets it. Answers
