@@ -710,3 +710,37 @@ pub fn metric(exposition: &str, name: &str) -> Option<f64> {
         (n == name).then(|| v.trim().parse().ok()).flatten()
     })
 }
+
+/// A fresh scratch directory for a test's Unix sockets, readable by every
+/// uid (so clients run under other uids can reach the sockets in it).
+#[must_use]
+pub fn socket_dir(name: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("ticketd-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+/// Runs `ticket ARGS` as uid and gid `uid` (with `setpriv`, which needs
+/// root; 0: as this process).
+#[must_use]
+pub fn ticket_as(uid: u32, args: &[&str]) -> Output {
+    let mut cmd = if uid == 0 {
+        bin_command(ticket_bin())
+    } else {
+        let mut c = Command::new("setpriv");
+        c.args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={uid}"),
+            "--clear-groups",
+        ])
+        .arg(ticket_bin());
+        c
+    };
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run ticket")
+}

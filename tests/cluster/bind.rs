@@ -7,41 +7,9 @@
 
 use ticketd_testkit::process as common;
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use common::{socket_dir, ticket_as};
 
 use ticketd_testkit::cluster::Cluster;
-
-/// A scratch directory for the nodes' sockets, readable by every uid.
-fn socket_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ticketd-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    dir
-}
-
-/// Runs `ticket ARGS` as uid and gid `uid` (with `setpriv`; 0: as this
-/// process, root).
-fn ticket_as(uid: u32, args: &[&str]) -> Output {
-    let mut cmd = if uid == 0 {
-        common::bin_command(common::ticket_bin())
-    } else {
-        let mut c = Command::new("setpriv");
-        c.args([
-            &format!("--reuid={uid}"),
-            &format!("--regid={uid}"),
-            "--clear-groups",
-        ])
-        .arg(common::ticket_bin());
-        c
-    };
-    cmd.args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run ticket")
-}
 
 /// `ticket acquire KEY` as `uid` on `server`: the token.
 fn acquire_as(uid: u32, key: &str, server: &str) -> u64 {

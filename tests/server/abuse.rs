@@ -3,7 +3,6 @@
 //! releasing or extending the grants of another authenticated identity.
 
 use std::net::IpAddr;
-use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,7 +10,7 @@ use std::time::{Duration, Instant};
 use ticketd::token::{GUESS_ALLOWANCE, GUESS_SUSTAINED_PER_SEC, RANDOM_MASK};
 use ticketd_testkit::process as common;
 
-use common::{Reply, Ticketd};
+use common::{socket_dir, ticket_as, Reply, Ticketd};
 
 /// `ticketd_guess_misses_total` on the admin port at `admin`.
 fn misses(admin: std::net::SocketAddr) -> f64 {
@@ -129,37 +128,6 @@ fn reconnecting_guessers_share_one_budget_per_identity() {
     let log = server.log();
     assert!(log.contains("slowing down ip:127.0.0.2"), "{log}");
     assert_eq!(log.matches("slowing down").count(), 1, "{log}");
-}
-
-/// A scratch directory for one test's sockets, readable by every uid.
-fn socket_dir(name: &str) -> std::path::PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = std::env::temp_dir().join(format!("ticketd-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    dir
-}
-
-/// Runs `ticket ARGS` as uid and gid `uid` (with `setpriv`; 0: as this
-/// process, root).
-fn ticket_as(uid: u32, args: &[&str]) -> Output {
-    let mut cmd = if uid == 0 {
-        common::bin_command(common::ticket_bin())
-    } else {
-        let mut c = Command::new("setpriv");
-        c.args([
-            &format!("--reuid={uid}"),
-            &format!("--regid={uid}"),
-            "--clear-groups",
-        ])
-        .arg(common::ticket_bin());
-        c
-    };
-    cmd.args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run ticket")
 }
 
 fn must_be_root() {
