@@ -1,5 +1,6 @@
 /** The client (PROTOCOL §3 and §5.3). */
 
+import { X509Certificate, createPrivateKey } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { createSecureContext } from "node:tls";
 
@@ -409,6 +410,12 @@ function tlsDial(o: ClientOptions): TlsDial | null {
   };
   try {
     // PEM that does not parse, or a key that does not match its certificate.
+    new X509Certificate(dial.ca);
+    if (dial.cert !== undefined && dial.key !== undefined) {
+      if (!new X509Certificate(dial.cert).checkPrivateKey(createPrivateKey(dial.key))) {
+        throw new Error("tlsKey is not the key of the certificate in tlsCert");
+      }
+    }
     createSecureContext({ ca: dial.ca, cert: dial.cert, key: dial.key });
   } catch (e) {
     throw new RangeError(`TLS settings: ${(e as Error).message}`);

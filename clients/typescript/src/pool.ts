@@ -68,6 +68,9 @@ export interface TlsDial {
   serverName: string | undefined;
 }
 
+/** A connection attempt that ran out of time. */
+class ConnectTimedOut extends Error {}
+
 /** Opens one connection (and runs its TLS handshake) within `timeoutMs`. */
 function connectOne(addr: Address, timeoutMs: number, dial: TlsDial | null): Promise<net.Socket> {
   return new Promise((resolve, reject) => {
@@ -94,7 +97,7 @@ function connectOne(addr: Address, timeoutMs: number, dial: TlsDial | null): Pro
     }
     const timer = setTimeout(() => {
       sock.destroy();
-      reject(new Error(`timed out after ${Math.round(timeoutMs)} ms`));
+      reject(new ConnectTimedOut(`timed out after ${Math.round(timeoutMs)} ms`));
     }, timeoutMs);
     sock.once(ready, () => {
       clearTimeout(timer);
@@ -222,8 +225,9 @@ export class Pool {
       if (left <= 0 || this.closed) {
         break;
       }
+      const cut = left < this.connectTimeoutMs;
       try {
-        const sock = await connectOne(addr, Math.min(this.connectTimeoutMs, left), this.dial);
+        const sock = await connectOne(addr, cut ? left : this.connectTimeoutMs, this.dial);
         if (this.closed) {
           sock.destroy();
           return null;
@@ -234,7 +238,10 @@ export class Pool {
         });
       } catch (e) {
         // Kept even if a later address answers: it explains a slow call.
-        this.lastError = `${addr.text}: cannot connect: ${(e as Error).message}`;
+        // An attempt cut short by the call's own deadline says nothing new.
+        if (!(e instanceof ConnectTimedOut && cut)) {
+          this.lastError = `${addr.text}: cannot connect: ${(e as Error).message}`;
+        }
       }
     }
     return null;
