@@ -1,7 +1,7 @@
 # ticketd developer targets. `make help` lists them.
 CARGO ?= cargo
 
-.PHONY: help build run test lint doc bench profile vendor-check cross-check cross-sizes example example-test clean python-test
+.PHONY: help build run test lint doc bench profile vendor-check cross-check cross-sizes example example-test clean python-test typescript-test
 
 help:
 	@echo "build         release build of ticketd and ticket"
@@ -21,6 +21,7 @@ help:
 	@echo "sim-single    single-mode simulation over SEEDS fresh seeds (FIRST= to choose); part of sim"
 	@echo "clean         remove build output"
 	@echo "python-test   the Python client (clients/python): ruff, mypy --strict, pytest against target/debug/ticketd"
+	@echo "typescript-test the TypeScript client (clients/typescript): tsc --strict, node --test against target/debug/ticketd"
 	@echo "fuzz          run every cargo-fuzz target for FUZZ_SECONDS each (default 60)"
 	@echo "faults        the real-process fault tests (kill, stop, clock jumps, fds, abuse, disk full, cluster partitions)"
 	@echo "engine-memory bytes per held key and per waiter, hot-path allocations (release)"
@@ -66,6 +67,12 @@ cross-sizes:
 python-test:
 	$(CARGO) build --all-features --bin ticketd --bin ticket
 	TICKETD_BIN=$(CURDIR)/target/debug/ticketd clients/python/check.sh
+
+# The TypeScript client's checks (npm ci, tsc, node --test, a bench smoke
+# run), against the debug server built here.
+typescript-test:
+	$(CARGO) build --all-features --bin ticketd --bin ticket
+	TICKETD_BIN=$(CURDIR)/target/debug/ticketd clients/typescript/check.sh
 
 example:
 	$(CARGO) run --example step_server

@@ -3,10 +3,13 @@
 
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
+import { execFile } from "node:child_process";
 import { join } from "node:path";
+import { promisify } from "node:util";
 
 import { Client } from "../dist/index.js";
 import {
+  PKG,
   delayingProxy,
   holds,
   refusedAddr,
@@ -17,6 +20,7 @@ import {
   tempDir,
 } from "./support.mjs";
 
+const run = promisify(execFile);
 const cleanups = [];
 after(async () => {
   for (const f of cleanups.reverse()) await f();
@@ -295,4 +299,26 @@ test("a closed client refuses new calls", async () => {
   c.close();
   await assert.rejects(c.acquire("k"), /closed/);
   assert.equal(await holds(s.addr, "k"), false);
+});
+
+test("a ticket dropped while held is released in the background", async () => {
+  const s = await server();
+  // A child with a collector the test can run: the ticket is acquired,
+  // dropped, and the child waits until the release has gone out.
+  const script = `
+    const { Client } = require(${JSON.stringify(join(PKG, "dist", "index.js"))});
+    const c = new Client(process.argv[1]);
+    (async () => {
+      await c.acquire("dropped", { wait: 1, lease: 30 }).then((r) => console.log(r.outcome));
+      for (let i = 0; i < 50; i++) {
+        globalThis.gc();
+        await new Promise((r) => setTimeout(r, 20));
+        if (c.pendingBackgroundReleases() > 0) break;
+      }
+      while (c.pendingBackgroundReleases() > 0) await new Promise((r) => setTimeout(r, 10));
+      console.log("done");
+    })();`;
+  const out = await run(process.execPath, ["--expose-gc", "-e", script, s.addr], { timeout: 20000 });
+  assert.equal(out.stdout, "acquired\ndone\n");
+  assert.equal(await s.holds("dropped"), false);
 });
