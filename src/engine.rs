@@ -1781,6 +1781,7 @@ impl<T: Copy + Default> Engine<T> {
     /// [`Engine::handle`] for `caller`: a grant it takes records its
     /// holder number, and a release or extend of a grant it may not act on
     /// ([`Caller::may_act_on`]) is answered `N` or `X` whatever the token.
+    #[inline(always)]
     pub fn handle_as(
         &mut self,
         now: Millis,
@@ -1810,6 +1811,7 @@ impl<T: Copy + Default> Engine<T> {
     }
 
     /// Handles one decoded request: [`Engine::acquire`] or [`Engine::release`].
+    #[inline(always)]
     pub fn handle(&mut self, now: Millis, conn: ConnId, req: Request<'_>, out: &mut Outbox<T>) {
         match req {
             Request::Acquire {

@@ -845,6 +845,7 @@ impl Service for SingleService {
 
     /// Grants record their taker; releases and extends from another
     /// identity are refused ([`crate::engine::Caller::may_act_on`]).
+    #[inline(always)]
     fn request_as(
         &mut self,
         now: Millis,
