@@ -1,11 +1,12 @@
 //! `ticket status` and `ticket locks`: what a server holds, read from its
 //! admin port.
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::Write;
 use std::time::Duration;
 
-use ticketd::client::admin::{self, Json};
+use ticketd::client::admin::{self, AdminError, Json};
 
 use crate::args::{finish, free_string, tls_file};
 use crate::{exit, failed, Exit};
@@ -143,7 +144,15 @@ pub(crate) fn admin_get(addr: &str, target: &str) -> Result<Option<String>, Exit
     match status {
         200 => Ok(Some(body)),
         404 => Ok(None),
-        _ => Err(failed(format!("{addr}{target}: {status} {}", body.trim()))),
+        _ => Err(failed(
+            AdminError::Status {
+                addr: addr.to_owned(),
+                target: target.to_owned(),
+                status,
+                body,
+            }
+            .to_string(),
+        )),
     }
 }
 
@@ -274,50 +283,8 @@ pub(crate) fn locks(args: Vec<OsString>) -> Result<u8, Exit> {
         }
     }
     if json {
-        let mut out = String::from("{\"locks\":[");
-        for (i, l) in all.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            write_json(&mut out, l);
-        }
-        out.push_str("]}\n");
-        return print_out(&out);
+        let out = Json::Obj(BTreeMap::from([("locks".to_owned(), Json::Arr(all))]));
+        return print_out(&format!("{out}\n"));
     }
     print_out(&admin::table(&lock_rows(&all)))
-}
-
-fn write_json(out: &mut String, v: &Json) {
-    match v {
-        Json::Null => out.push_str("null"),
-        Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Json::Int(n) => out.push_str(&n.to_string()),
-        Json::Num(n) => match v.as_u64() {
-            Some(u) => out.push_str(&u.to_string()),
-            None => out.push_str(&n.to_string()),
-        },
-        Json::Str(s) => ticketd::server::admin::json_str(out, s),
-        Json::Arr(a) => {
-            out.push('[');
-            for (i, x) in a.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_json(out, x);
-            }
-            out.push(']');
-        }
-        Json::Obj(m) => {
-            out.push('{');
-            for (i, (k, x)) in m.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                ticketd::server::admin::json_str(out, k);
-                out.push(':');
-                write_json(out, x);
-            }
-            out.push('}');
-        }
-    }
 }
