@@ -9,7 +9,13 @@
 //! ticket status KEY [--json] [--admin ADDR]
 //! ticket locks [PREFIX] [--json] [--admin ADDR]
 //! ticket cluster status [--json] [--admin ADDR]
+//! ticket cluster add ID=HOST:PORT | promote ID | remove ID [--admin ADDR]...
+//! ticket certs init DIR [--cluster-name NAME] [--nodes N]
 //! ```
+//!
+//! One module a group of subcommands: [`lock`] (acquire, release, extend,
+//! with [`args`], their command line), [`run`] (with [`guardian`]),
+//! [`admin`] (status, locks), [`cluster`] and [`certs`].
 //!
 //! Built on `ticketd::client`, so every PROTOCOL §3 rule holds here too: the CLI
 //! never reports "acquired" unless the lock is held, and `run` never starts
