@@ -53,6 +53,8 @@ type Server struct {
 	// Addr is its TCP address (host:port).
 	Addr string
 	cmd  *exec.Cmd
+	end  sync.Mutex // held while the process is being ended
+	over bool
 	mu   sync.Mutex
 	log  strings.Builder
 	done chan struct{}
@@ -117,9 +119,12 @@ func (s *Server) Log() string {
 
 // Stop ends the server with SIGTERM (SIGKILL after 10 s) and waits.
 func (s *Server) Stop() {
-	if s.cmd.ProcessState != nil {
+	s.end.Lock()
+	defer s.end.Unlock()
+	if s.over {
 		return
 	}
+	s.over = true
 	_ = s.cmd.Process.Signal(os.Interrupt)
 	select {
 	case <-s.done:
@@ -131,9 +136,12 @@ func (s *Server) Stop() {
 
 // Kill ends the server with SIGKILL and waits.
 func (s *Server) Kill() {
-	if s.cmd.ProcessState != nil {
+	s.end.Lock()
+	defer s.end.Unlock()
+	if s.over {
 		return
 	}
+	s.over = true
 	_ = s.cmd.Process.Kill()
 	_ = s.cmd.Wait()
 }
