@@ -29,9 +29,19 @@ const PER_LANGUAGE: usize = 2;
 /// test needs it. An optional worker runs only if its first argument (its
 /// script) exists. `GO_WORKER` is the Go worker this test builds.
 const WORKERS: &[(&str, &str, &[&str], bool)] = &[
-    ("python", "python3", &["clients/python/examples/contention_worker.py"], true),
+    (
+        "python",
+        "python3",
+        &["clients/python/examples/contention_worker.py"],
+        true,
+    ),
     ("go", GO_WORKER, &[], true),
-    ("typescript", "node", &["clients/typescript/examples/contention-worker.mjs"], false),
+    (
+        "typescript",
+        "node",
+        &["clients/typescript/examples/contention-worker.mjs"],
+        false,
+    ),
 ];
 const GO_WORKER: &str = "<go contention-worker>";
 
@@ -41,7 +51,11 @@ fn repo() -> &'static Path {
 
 /// Whether `program` runs (`program --version`, or `go version`).
 fn runs(program: &str) -> bool {
-    let arg = if program == "go" { "version" } else { "--version" };
+    let arg = if program == "go" {
+        "version"
+    } else {
+        "--version"
+    };
     Command::new(program)
         .arg(arg)
         .stdout(Stdio::null())
@@ -96,11 +110,10 @@ fn rust_worker(addr: String, counter: PathBuf) -> Vec<String> {
     let client = Client::connect(addr.as_str()).expect("client");
     let mut lines = Vec::with_capacity(CYCLES);
     for _ in 0..CYCLES {
-        let ticket =
-            match client.acquire(KEY, Duration::from_secs(30), Duration::from_secs(30)) {
-                Ok(Acquire::Acquired(t)) => t,
-                other => panic!("rust worker: not acquired: {other:?}"),
-            };
+        let ticket = match client.acquire(KEY, Duration::from_secs(30), Duration::from_secs(30)) {
+            Ok(Acquire::Acquired(t)) => t,
+            other => panic!("rust worker: not acquired: {other:?}"),
+        };
         let text = std::fs::read_to_string(&counter).unwrap_or_default();
         let n: u64 = if text.trim().is_empty() {
             0
@@ -158,7 +171,11 @@ fn workers_in_every_language_share_one_key_without_a_lost_update() {
     for (who, child) in children {
         let out = common::finish(child, Duration::from_secs(120));
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{who} failed ({}): {stderr}", out.status);
+        assert!(
+            out.status.success(),
+            "{who} failed ({}): {stderr}",
+            out.status
+        );
         let lines = parse(&who, &String::from_utf8_lossy(&out.stdout));
         assert_eq!(lines.len(), CYCLES, "{who}: {stderr}");
         grants.extend(lines);
@@ -171,7 +188,10 @@ fn workers_in_every_language_share_one_key_without_a_lost_update() {
     assert_eq!(grants.len(), total);
     grants.sort_unstable();
     for (i, &(n, _)) in grants.iter().enumerate() {
-        assert_eq!(n, i as u64, "the counter went wrong: an update was lost or repeated");
+        assert_eq!(
+            n, i as u64,
+            "the counter went wrong: an update was lost or repeated"
+        );
     }
     for w in grants.windows(2) {
         assert!(w[0].1 < w[1].1, "token {} after {}", w[1].1, w[0].1);
