@@ -1,7 +1,8 @@
 //! Workers in several languages contend for one key of one real ticketd at
 //! once, each through its own language's client: Rust (`ticketd::client`,
 //! on threads of this test), Python (`clients/python`), Go (`clients/go`,
-//! built here with `go build`) and, where its file exists, TypeScript.
+//! built here with `go build`) and TypeScript (`clients/typescript`, built
+//! beforehand with `npm ci && npm run build`, as `.ci/run` does).
 //!
 //! Every worker follows one contract, `WORKER ADDR KEY CYCLES
 //! COUNTER_FILE`: each cycle acquires KEY (wait 30 s, lease 30 s), reads
@@ -25,22 +26,19 @@ const CYCLES: usize = 20;
 const PER_LANGUAGE: usize = 2;
 
 /// The worker programs: language, program, the arguments before `ADDR KEY
-/// CYCLES COUNTER_FILE` (paths relative to the repository), and whether the
-/// test needs it. An optional worker runs only if its first argument (its
-/// script) exists. `GO_WORKER` is the Go worker this test builds.
-const WORKERS: &[(&str, &str, &[&str], bool)] = &[
+/// CYCLES COUNTER_FILE` (paths relative to the repository). Every one is
+/// needed. `GO_WORKER` is the Go worker this test builds.
+const WORKERS: &[(&str, &str, &[&str])] = &[
     (
         "python",
         "python3",
         &["clients/python/examples/contention_worker.py"],
-        true,
     ),
-    ("go", GO_WORKER, &[], true),
+    ("go", GO_WORKER, &[]),
     (
         "typescript",
         "node",
         &["clients/typescript/examples/contention-worker.mjs"],
-        false,
     ),
 ];
 const GO_WORKER: &str = "<go contention-worker>";
@@ -87,10 +85,14 @@ fn build_go_worker(dir: &Path) -> PathBuf {
 /// The command lines of the worker processes, `PER_LANGUAGE` per language.
 fn worker_commands(dir: &Path) -> Vec<(String, PathBuf, Vec<PathBuf>)> {
     let mut out = Vec::new();
-    for &(lang, program, args, required) in WORKERS {
+    for &(lang, program, args) in WORKERS {
         let args: Vec<PathBuf> = args.iter().map(|a| repo().join(a)).collect();
-        if !required && !args.first().is_some_and(|script| script.exists()) {
-            continue;
+        if lang == "typescript" {
+            assert!(
+                repo().join("clients/typescript/dist/index.js").exists(),
+                "the TypeScript worker needs the built client: \
+                 cd clients/typescript && npm ci && npm run build"
+            );
         }
         let program = if program == GO_WORKER {
             build_go_worker(dir)
