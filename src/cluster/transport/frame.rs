@@ -2,7 +2,7 @@
 
 use super::READ_CHUNK;
 
-/// The frame limit until [`Transport::set_max_frame_bytes`] raises it, and
+/// The frame limit until [`Transport::set_max_frame_bytes`](super::Transport::set_max_frame_bytes) raises it, and
 /// the least it can be.
 pub const MAX_FRAME_BYTES: usize = 64 << 20;
 /// Outbound bytes buffered per peer beyond one largest frame, before

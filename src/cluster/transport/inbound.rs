@@ -26,7 +26,7 @@ pub(super) struct Inbound {
     /// The peer is authenticated: its messages are taken.
     pub(super) trusted: bool,
     pub(super) addr: SocketAddr,
-    /// When it was accepted (for [`AUTH_DEADLINE_MS`] and eviction).
+    /// When it was accepted (for [`AUTH_DEADLINE_MS`](super::AUTH_DEADLINE_MS) and eviction).
     pub(super) opened: Millis,
     /// Peer TLS: the session over `stream`.
     pub(super) tls: Option<Box<rustls::ServerConnection>>,
@@ -151,13 +151,7 @@ impl Transport {
                     let parsed = self.parse_frames(key, now);
                     // Hellos parsed before an error still count: act on them
                     // now, while the slab keys they name are still theirs.
-                    for old in std::mem::take(&mut self.stale_inbound) {
-                        log::debug!("peer connection {old} superseded by a newer one");
-                        self.close_inbound(old, now, registry, "");
-                    }
-                    for id in std::mem::take(&mut self.heard) {
-                        self.reconnect_now(id, now, registry);
-                    }
+                    self.after_hellos(now, registry);
                     self.refresh_outbound(now, registry);
                     if let Err(why) = parsed {
                         self.close_inbound(key, now, registry, &why.to_string());
@@ -176,6 +170,18 @@ impl Transport {
                     return;
                 }
             }
+        }
+    }
+
+    /// Acts on the hellos just parsed: closes the connections they
+    /// superseded and reconnects at once to the peers they came from.
+    fn after_hellos(&mut self, now: Millis, registry: &Registry) {
+        for old in std::mem::take(&mut self.stale_inbound) {
+            log::debug!("peer connection {old} superseded by a newer one");
+            self.close_inbound(old, now, registry, "");
+        }
+        for id in std::mem::take(&mut self.heard) {
+            self.reconnect_now(id, now, registry);
         }
     }
 
@@ -237,13 +243,7 @@ impl Transport {
             Self::write_inbound_tls(c)?;
             if !c.rbuf.is_empty() {
                 let parsed = self.parse_frames(key, now);
-                for old in std::mem::take(&mut self.stale_inbound) {
-                    log::debug!("peer connection {old} superseded by a newer one");
-                    self.close_inbound(old, now, registry, "");
-                }
-                for id in std::mem::take(&mut self.heard) {
-                    self.reconnect_now(id, now, registry);
-                }
+                self.after_hellos(now, registry);
                 parsed?;
             }
             if n == 0 {

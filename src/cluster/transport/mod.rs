@@ -46,6 +46,10 @@
 //!   doubles up to two minutes). A new hello from a peer closes that peer's
 //!   older inbound connections: it gave them up, and their end may never
 //!   reach us.
+//!
+//! The parts: `frame` (the framing, its limits and the hello), `outbound`
+//! (connecting, backoff, writing), `inbound` (accepting, authenticating,
+//! reading) and `encode` (raft messages as frame payloads).
 
 use std::collections::BTreeMap;
 use std::io;
