@@ -9,6 +9,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use crate::codec::{ByteReader, ReadError};
 use crate::engine::Caller;
 use crate::proto::Request;
 
@@ -286,113 +287,54 @@ impl Writer {
     }
 }
 
-/// Reads big-endian fields from a byte slice; every read is bounds-checked.
-#[derive(Debug)]
-pub(crate) struct Reader<'a> {
-    buf: &'a [u8],
+impl From<ReadError> for DecodeError {
+    fn from(e: ReadError) -> Self {
+        match e {
+            ReadError::Truncated => DecodeError::Truncated,
+            ReadError::BadKey => DecodeError::BadKey,
+        }
+    }
 }
 
-impl<'a> Reader<'a> {
-    pub(crate) fn new(buf: &'a [u8]) -> Self {
-        Reader { buf }
-    }
-    /// The bytes not read yet.
-    pub(crate) fn rest(&self) -> &'a [u8] {
-        self.buf
-    }
-    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
-        if self.buf.len() < n {
-            return Err(DecodeError::Truncated);
-        }
-        let (a, b) = self.buf.split_at(n);
-        self.buf = b;
-        Ok(a)
-    }
-    pub(crate) fn u8(&mut self) -> Result<u8, DecodeError> {
-        Ok(self.take(1)?[0])
-    }
-    pub(crate) fn u32(&mut self) -> Result<u32, DecodeError> {
-        let mut a = [0u8; 4];
-        a.copy_from_slice(self.take(4)?);
-        Ok(u32::from_be_bytes(a))
-    }
-    pub(crate) fn u64(&mut self) -> Result<u64, DecodeError> {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(self.take(8)?);
-        Ok(u64::from_be_bytes(a))
-    }
-    pub(crate) fn rid(&mut self) -> Result<Rid, DecodeError> {
+/// The cluster's own fields, read from commands and snapshots with the
+/// one [`ByteReader`].
+pub(crate) trait ReadFields<'a> {
+    /// A request id.
+    fn rid(&mut self) -> Result<Rid, DecodeError>;
+    /// A client connection's origin.
+    fn origin(&mut self) -> Result<Origin, DecodeError>;
+    /// A key of at most [`MAX_COMMAND_KEY_BYTES`], checked (length, UTF-8,
+    /// no newline) and borrowed from the input.
+    fn key_str(&mut self) -> Result<&'a str, DecodeError>;
+    /// `Ok` when every byte was read.
+    fn finish(&self) -> Result<(), DecodeError>;
+}
+
+impl<'a> ReadFields<'a> for ByteReader<'a> {
+    fn rid(&mut self) -> Result<Rid, DecodeError> {
         Ok(Rid {
             node: self.u64()?,
             epoch: self.u64()?,
             seq: self.u64()?,
         })
     }
-    pub(crate) fn origin(&mut self) -> Result<Origin, DecodeError> {
+    fn origin(&mut self) -> Result<Origin, DecodeError> {
         Ok(Origin {
             node: self.u64()?,
             epoch: self.u64()?,
             conn: self.u64()?,
         })
     }
-    pub(crate) fn key(&mut self) -> Result<String, DecodeError> {
-        self.key_str().map(str::to_owned)
+    fn key_str(&mut self) -> Result<&'a str, DecodeError> {
+        Ok(self.key(MAX_COMMAND_KEY_BYTES)?)
     }
-    /// A key, checked (length, UTF-8, no newline), borrowed from the input.
-    pub(crate) fn key_str(&mut self) -> Result<&'a str, DecodeError> {
-        let len = self.u32()? as usize;
-        if len == 0 || len > MAX_COMMAND_KEY_BYTES {
-            return Err(DecodeError::BadKey);
-        }
-        let bytes = self.take(len)?;
-        if ascii_without_newline(bytes) {
-            // SAFETY: every ASCII byte sequence is valid UTF-8.
-            return Ok(unsafe { std::str::from_utf8_unchecked(bytes) });
-        }
-        if bytes.contains(&b'\n') {
-            return Err(DecodeError::BadKey);
-        }
-        std::str::from_utf8(bytes).map_err(|_| DecodeError::BadKey)
-    }
-    /// The count prefix of a sequence, checked against the bytes left so a
-    /// corrupt count cannot make the caller reserve memory it has no data for.
-    pub(crate) fn count(&mut self, min_item_bytes: usize) -> Result<usize, DecodeError> {
-        let n = self.u32()? as usize;
-        if n.saturating_mul(min_item_bytes.max(1)) > self.buf.len() {
-            return Err(DecodeError::Truncated);
-        }
-        Ok(n)
-    }
-    pub(crate) fn finish(&self) -> Result<(), DecodeError> {
-        if self.buf.is_empty() {
+    fn finish(&self) -> Result<(), DecodeError> {
+        if self.is_empty() {
             Ok(())
         } else {
             Err(DecodeError::Trailing)
         }
     }
-}
-
-/// True when every byte of `b` is ASCII and none is a newline: the common
-/// key, checked eight bytes at a time in one pass (a key of any other kind
-/// goes through the full UTF-8 check).
-fn ascii_without_newline(b: &[u8]) -> bool {
-    const LOW: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    const NEWLINES: u64 = LOW * b'\n' as u64;
-    let mut words = b.chunks_exact(8);
-    for w in &mut words {
-        let w = u64::from_le_bytes(w.try_into().expect("chunks of 8"));
-        // With no high bit set, `v` has a zero byte exactly where `w` has
-        // a newline, and the borrow test below finds one if there is one.
-        let v = w ^ NEWLINES;
-        if w & HIGH != 0 || v.wrapping_sub(LOW) & !v & HIGH != 0 {
-            return false;
-        }
-    }
-    words
-        .remainder()
-        .iter()
-        .all(|&c| c.is_ascii() && c != b'\n')
 }
 
 impl<'a> Command<'a> {
@@ -588,7 +530,7 @@ impl<'a> Command<'a> {
         if body.first() != Some(&TAG_CALLER) {
             return Ok((Caller::default(), body));
         }
-        let mut r = Reader::new(&body[1..]);
+        let mut r = ByteReader::new(&body[1..]);
         let holder = r.u64()?;
         let flags = r.u8()?;
         if flags & !CALLER_ADMIN != 0 {
@@ -608,7 +550,7 @@ impl<'a> Command<'a> {
     /// Decodes one command; any malformed input is an error.
     // Long because it is one match arm per command, each field checked.
     pub fn decode(bytes: &'a [u8]) -> Result<Command<'a>, DecodeError> {
-        let mut r = Reader::new(bytes);
+        let mut r = ByteReader::new(bytes);
         let cmd = match r.u8()? {
             TAG_ACQUIRE => {
                 let rid = r.rid()?;
@@ -923,28 +865,6 @@ mod tests {
             let mut longer = bytes.clone();
             longer.push(0);
             assert_eq!(Command::decode(&longer), Err(DecodeError::Trailing));
-        }
-    }
-
-    #[test]
-    fn ascii_without_newline_matches_a_byte_by_byte_check() {
-        let naive = |b: &[u8]| b.iter().all(|&c| c.is_ascii() && c != b'\n');
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || crate::hash::xorshift(&mut seed);
-        for len in 0..40 {
-            // Printable ASCII, then one byte changed to each value in turn.
-            let mut b: Vec<u8> = (0..len).map(|_| b' ' + (next() % 95) as u8).collect();
-            assert!(ascii_without_newline(&b), "{b:?}");
-            for at in 0..len {
-                let keep = b[at];
-                for c in 0..=255u8 {
-                    b[at] = c;
-                    assert_eq!(ascii_without_newline(&b), naive(&b), "{b:?}");
-                }
-                b[at] = keep;
-            }
-            let any: Vec<u8> = (0..len).map(|_| next() as u8).collect();
-            assert_eq!(ascii_without_newline(&any), naive(&any), "{any:?}");
         }
     }
 

@@ -4,9 +4,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{DedupRec, ReqTag, StateMachine, NO_CONN};
-use crate::cluster::command::{DecodeError, Reader, Rid, Writer, MAX_COMMAND_KEY_BYTES};
+use crate::cluster::command::{DecodeError, ReadFields, Rid, Writer, MAX_COMMAND_KEY_BYTES};
 use crate::cluster::members::Members;
-use crate::engine::{Engine, ImageError, ImageReader, Outbox, TagCodec};
+use crate::codec::ByteReader;
+use crate::engine::{Engine, ImageError, Outbox, TagCodec};
 use crate::limits::EngineLimits;
 
 /// Writes [`ReqTag`]s in the snapshot layout of `version`: a grant as its
@@ -16,7 +17,7 @@ struct ReqCodec {
     version: u8,
 }
 
-fn rid_of(r: &mut ImageReader<'_>) -> Result<Rid, ImageError> {
+fn rid_of(r: &mut ByteReader<'_>) -> Result<Rid, ImageError> {
     Ok(Rid {
         node: r.u64()?,
         epoch: r.u64()?,
@@ -46,7 +47,7 @@ impl TagCodec<ReqTag> for ReqCodec {
         buf.extend_from_slice(&tag.conn.to_be_bytes());
     }
 
-    fn read_grant(&self, r: &mut ImageReader<'_>) -> Result<ReqTag, ImageError> {
+    fn read_grant(&self, r: &mut ByteReader<'_>) -> Result<ReqTag, ImageError> {
         let lease_s = r.u8()?;
         let generation = if self.version >= 3 { r.u64()? } else { 0 };
         let rid = if self.version >= 2 {
@@ -65,7 +66,7 @@ impl TagCodec<ReqTag> for ReqCodec {
         })
     }
 
-    fn read_waiter(&self, r: &mut ImageReader<'_>) -> Result<ReqTag, ImageError> {
+    fn read_waiter(&self, r: &mut ByteReader<'_>) -> Result<ReqTag, ImageError> {
         Ok(ReqTag {
             rid: rid_of(r)?,
             conn: r.u64()?,
@@ -217,22 +218,20 @@ impl StateMachine {
     /// to 5): the engine restores its image ([`Engine::restore`]), each
     /// waiter on the engine connection the connection map names.
     pub fn restore(limits: EngineLimits, bytes: &[u8]) -> Result<Self, DecodeError> {
-        let mut r = Reader::new(bytes);
+        let mut r = ByteReader::new(bytes);
         let version = r.u8()?;
         if !(1..=SNAPSHOT_VERSION).contains(&version) {
             return Err(DecodeError::BadTag(version));
         }
         let next_token = r.u64()?;
         let next_engine_conn = r.u64()?;
-        let mut ir = ImageReader::new(r.rest());
         let codec = ReqCodec { version };
-        let mut image = Engine::read_image(&mut ir, &codec, MAX_COMMAND_KEY_BYTES)?;
+        let mut image = Engine::read_image(&mut r, &codec, MAX_COMMAND_KEY_BYTES)?;
         for k in &mut image.keys {
             for w in &mut k.waiters {
                 w.tag.lease_s = w.lease_s;
             }
         }
-        let mut r = Reader::new(ir.rest());
         let mut dedup = BTreeMap::new();
         let n = r.count(8 + 8 + 8 + 4)?;
         for _ in 0..n {
