@@ -7,11 +7,16 @@
 //! schema machinery, and decoding bad bytes is an error, never a panic.
 
 use std::borrow::Cow;
-use std::fmt;
 
-use crate::codec::{ByteReader, ReadError};
-use crate::engine::Caller;
+use crate::codec::ByteReader;
 use crate::proto::Request;
+
+mod entry;
+mod fields;
+
+pub use entry::entry_caller;
+pub use fields::DecodeError;
+pub(crate) use fields::{ReadFields, Writer};
 
 /// A request id: the node that received the request, that node's boot epoch
 /// and a sequence number unique within the boot. A re-proposed command
@@ -136,108 +141,16 @@ const TAG_EXTEND: u8 = 6;
 /// An Expire of a generation above 0. Generation 0 keeps [`TAG_EXPIRE`]'s
 /// layout, so logs written before Extend existed read the same.
 const TAG_EXPIRE_GENERATION: u8 = 7;
-/// An entry's prefix: the proposer's 16 random bits for the token of the
-/// grant the entry may make (`crate::token`), then the command. Entries
-/// written before tokens had random bits have no prefix (and their grant's
-/// token is the bare index).
-const TAG_TOKEN_BITS: u8 = 8;
-/// An entry's second prefix, after the token bits, on a client request
-/// only: who sent it ([`Caller`]), as a `u64` holder number and a flags
-/// byte ([`CALLER_ADMIN`]). Written only for a caller other than the
-/// default ([`entry_caller`]), so an entry without it, and every entry
-/// written before grants were bound to identities, applies with the
-/// default caller (holder 0: the token alone decides).
-const TAG_CALLER: u8 = 9;
-/// The caller prefix's flag: the caller is `--admin-identity`.
-const CALLER_ADMIN: u8 = 1;
-/// Tag, holder number and flags.
-const CALLER_PREFIX_BYTES: usize = 1 + 8 + 1;
-
-/// The caller a client request's entry records for `who`: an
-/// authenticated identity's holder number (odd), and whether it is the
-/// admin identity. An unauthenticated one (a source address, even) is
-/// recorded as unknown (0): between addresses the token alone decides
-/// anyway, and so its entries are the bytes they were before grants were
-/// bound to identities.
-#[must_use]
-pub fn entry_caller(who: Caller) -> Caller {
-    Caller {
-        holder: if who.holder & 1 == 1 { who.holder } else { 0 },
-        admin: who.admin,
-    }
-}
 
 /// Longest key a command may carry (the wire protocol's hard ceiling).
 pub const MAX_COMMAND_KEY_BYTES: usize = crate::limits::MAX_KEY_BYTES_CEILING;
-
-/// Why bytes are not a command (or not a snapshot).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DecodeError {
-    /// The bytes end early.
-    Truncated,
-    /// An unknown tag or version byte.
-    BadTag(u8),
-    /// A key that is empty, too long or not UTF-8.
-    BadKey,
-    /// Bytes left over after a complete value.
-    Trailing,
-    /// A value that is well-formed but inconsistent.
-    Invalid(&'static str),
-}
-
-impl fmt::Display for DecodeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DecodeError::Truncated => f.write_str("truncated"),
-            DecodeError::BadTag(t) => write!(f, "unknown tag {t}"),
-            DecodeError::BadKey => f.write_str("bad key"),
-            DecodeError::Trailing => f.write_str("trailing bytes"),
-            DecodeError::Invalid(why) => write!(f, "invalid: {why}"),
-        }
-    }
-}
-
-impl std::error::Error for DecodeError {}
 
 /// The most bytes any command encodes besides its key's: tag, request id,
 /// floor, connection, owner, wait, lease and the key's length (an Extend's
 /// token and lease take no more than an Acquire's owner, wait and lease).
 const ENCODED_FIXED_MAX: usize = 1 + 24 + 8 + 8 + 8 + 1 + 1 + 4;
 
-/// Appends big-endian fields to a byte vector.
-#[derive(Debug, Default)]
-pub(crate) struct Writer {
-    pub(crate) buf: Vec<u8>,
-}
-
 impl Writer {
-    pub(crate) fn u8(&mut self, v: u8) {
-        self.buf.push(v);
-    }
-    pub(crate) fn u32(&mut self, v: u32) {
-        self.buf.extend_from_slice(&v.to_be_bytes());
-    }
-    pub(crate) fn u64(&mut self, v: u64) {
-        self.buf.extend_from_slice(&v.to_be_bytes());
-    }
-    pub(crate) fn rid(&mut self, r: Rid) {
-        self.u64(r.node);
-        self.u64(r.epoch);
-        self.u64(r.seq);
-    }
-    pub(crate) fn origin(&mut self, o: Origin) {
-        self.u64(o.node);
-        self.u64(o.epoch);
-        self.u64(o.conn);
-    }
-    /// The caller prefix of an entry; nothing for the default caller.
-    fn caller(&mut self, c: Caller) {
-        if c != Caller::default() {
-            self.u8(TAG_CALLER);
-            self.u64(c.holder);
-            self.u8(if c.admin { CALLER_ADMIN } else { 0 });
-        }
-    }
     /// The `Acquire`, `Release` or `Extend` command client request `req`
     /// becomes.
     fn request(&mut self, rid: Rid, floor: u64, conn: u64, req: &Request<'_>) {
@@ -278,61 +191,6 @@ impl Writer {
                 self.u8(lease_s);
                 self.key(key);
             }
-        }
-    }
-    pub(crate) fn key(&mut self, k: &str) {
-        // Keys are at most MAX_COMMAND_KEY_BYTES (64 KiB), so u32 always fits.
-        self.u32(u32::try_from(k.len()).unwrap_or(u32::MAX));
-        self.buf.extend_from_slice(k.as_bytes());
-    }
-}
-
-impl From<ReadError> for DecodeError {
-    fn from(e: ReadError) -> Self {
-        match e {
-            ReadError::Truncated => DecodeError::Truncated,
-            ReadError::BadKey => DecodeError::BadKey,
-        }
-    }
-}
-
-/// The cluster's own fields, read from commands and snapshots with the
-/// one [`ByteReader`].
-pub(crate) trait ReadFields<'a> {
-    /// A request id.
-    fn rid(&mut self) -> Result<Rid, DecodeError>;
-    /// A client connection's origin.
-    fn origin(&mut self) -> Result<Origin, DecodeError>;
-    /// A key of at most [`MAX_COMMAND_KEY_BYTES`], checked (length, UTF-8,
-    /// no newline) and borrowed from the input.
-    fn key_str(&mut self) -> Result<&'a str, DecodeError>;
-    /// `Ok` when every byte was read.
-    fn finish(&self) -> Result<(), DecodeError>;
-}
-
-impl<'a> ReadFields<'a> for ByteReader<'a> {
-    fn rid(&mut self) -> Result<Rid, DecodeError> {
-        Ok(Rid {
-            node: self.u64()?,
-            epoch: self.u64()?,
-            seq: self.u64()?,
-        })
-    }
-    fn origin(&mut self) -> Result<Origin, DecodeError> {
-        Ok(Origin {
-            node: self.u64()?,
-            epoch: self.u64()?,
-            conn: self.u64()?,
-        })
-    }
-    fn key_str(&mut self) -> Result<&'a str, DecodeError> {
-        Ok(self.key(MAX_COMMAND_KEY_BYTES)?)
-    }
-    fn finish(&self) -> Result<(), DecodeError> {
-        if self.is_empty() {
-            Ok(())
-        } else {
-            Err(DecodeError::Trailing)
         }
     }
 }
@@ -433,118 +291,6 @@ impl<'a> Command<'a> {
         };
         w.request(rid, floor, conn, req);
         w.buf
-    }
-
-    /// The bytes of a log entry: the proposer's random token bits `bits`,
-    /// then `cmd`: a command as [`Command::encode`] writes it, or what
-    /// [`Command::entry_body`] gives of an entry (its caller prefix, if
-    /// any, and its command).
-    #[must_use]
-    pub fn encode_entry(bits: u16, cmd: &[u8]) -> Vec<u8> {
-        let mut v = Vec::with_capacity(3 + cmd.len());
-        v.push(TAG_TOKEN_BITS);
-        v.extend_from_slice(&bits.to_le_bytes());
-        v.extend_from_slice(cmd);
-        v
-    }
-
-    /// Appends to `out` the log entry client request `req` of `caller`
-    /// becomes: the bits, the caller prefix (none for the default caller,
-    /// see [`entry_caller`]) and [`Command::encode_request`]'s command, in
-    /// one pass.
-    pub fn write_request_entry(
-        out: &mut Vec<u8>,
-        bits: u16,
-        caller: Caller,
-        rid: Rid,
-        floor: u64,
-        conn: u64,
-        req: &Request<'_>,
-    ) {
-        let mut w = Writer {
-            buf: std::mem::take(out),
-        };
-        w.buf
-            .reserve(3 + CALLER_PREFIX_BYTES + ENCODED_FIXED_MAX + req.key().len());
-        w.u8(TAG_TOKEN_BITS);
-        w.buf.extend_from_slice(&bits.to_le_bytes());
-        w.caller(caller);
-        w.request(rid, floor, conn, req);
-        *out = w.buf;
-    }
-
-    /// What follows the token bits of a log entry's bytes (its caller
-    /// prefix, if any, and its command), to propose again with fresh bits
-    /// ([`Command::encode_entry`]); the whole of an entry written before
-    /// tokens had random bits.
-    #[must_use]
-    pub fn entry_body(bytes: &[u8]) -> &[u8] {
-        match bytes {
-            [TAG_TOKEN_BITS, _, _, rest @ ..] => rest,
-            _ => bytes,
-        }
-    }
-
-    /// The command of a log entry's bytes (as [`Command::encode_entry`]
-    /// and [`Command::write_request_entry`] write them): what follows the
-    /// token bits and the caller prefix.
-    #[must_use]
-    pub fn entry_command(bytes: &[u8]) -> &[u8] {
-        match Self::entry_body(bytes) {
-            [TAG_CALLER, rest @ ..] if rest.len() >= CALLER_PREFIX_BYTES - 1 => {
-                &rest[CALLER_PREFIX_BYTES - 1..]
-            }
-            body => body,
-        }
-    }
-
-    /// Decodes a log entry: the command, its proposer's token bits
-    /// (`None` for an entry written before tokens had random bits) and
-    /// the caller of a client request (the default without a caller
-    /// prefix).
-    ///
-    /// # Errors
-    /// Any malformed input (see [`Command::decode`]), a caller prefix that
-    /// is cut short, has unknown flags, names the default caller (which has
-    /// no prefix) or comes with a command that is not a client request.
-    pub fn decode_entry(
-        bytes: &'a [u8],
-    ) -> Result<(Command<'a>, Option<u16>, Caller), DecodeError> {
-        match bytes {
-            [TAG_TOKEN_BITS, a, b, rest @ ..] => {
-                let (caller, rest) = Self::decode_caller(rest)?;
-                let cmd = Command::decode(rest)?;
-                if caller != Caller::default() && cmd.rid().is_none() {
-                    return Err(DecodeError::Invalid("caller of a command not a request"));
-                }
-                Ok((cmd, Some(u16::from_le_bytes([*a, *b])), caller))
-            }
-            [TAG_TOKEN_BITS, ..] => Err(DecodeError::Truncated),
-            _ => Ok((Command::decode(bytes)?, None, Caller::default())),
-        }
-    }
-
-    /// The caller prefix at the start of `body`, if there is one, and the
-    /// bytes after it.
-    fn decode_caller(body: &[u8]) -> Result<(Caller, &[u8]), DecodeError> {
-        if body.first() != Some(&TAG_CALLER) {
-            return Ok((Caller::default(), body));
-        }
-        let mut r = ByteReader::new(&body[1..]);
-        let holder = r.u64()?;
-        let flags = r.u8()?;
-        if flags & !CALLER_ADMIN != 0 {
-            return Err(DecodeError::Invalid("caller flags"));
-        }
-        let caller = Caller {
-            holder,
-            admin: flags & CALLER_ADMIN != 0,
-        };
-        if caller == Caller::default() {
-            // The default caller has one encoding only: no prefix.
-            return Err(DecodeError::Invalid("caller prefix of the default caller"));
-        }
-        Ok((caller, r.rest()))
     }
 
     /// Decodes one command; any malformed input is an error.
@@ -673,6 +419,7 @@ mod caller_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::Caller;
 
     fn samples() -> Vec<Command<'static>> {
         let rid = Rid {
