@@ -5,6 +5,10 @@
 //! disconnect becomes [`Command::CancelWaiters`]. The encoding is hand-written
 //! (big-endian integers, a length-prefixed key) so that it is small, has no
 //! schema machinery, and decoding bad bytes is an error, never a panic.
+//!
+//! The parts: `entry` (a log entry's token bits and caller prefixes in
+//! front of its command) and `fields` (the field writer and reader, and
+//! [`DecodeError`]).
 
 use std::borrow::Cow;
 
@@ -198,7 +202,6 @@ impl Writer {
 impl<'a> Command<'a> {
     /// The command's encoding, as proposed to Raft.
     #[must_use]
-    // Long because it is one match arm per command, each field in order.
     pub fn encode(&self) -> Vec<u8> {
         // The fixed fields take at most ENCODED_FIXED_MAX bytes: one
         // allocation holds all.
@@ -207,47 +210,10 @@ impl<'a> Command<'a> {
             buf: Vec::with_capacity(ENCODED_FIXED_MAX + key_len),
         };
         match self {
-            Command::Acquire {
-                rid,
-                floor,
-                conn,
-                key,
-                owner,
-                wait_s,
-                lease_s,
-            } => {
-                let req = Request::Acquire {
-                    wait_s: *wait_s,
-                    lease_s: *lease_s,
-                    owner: *owner,
-                    key,
-                };
-                w.request(*rid, *floor, *conn, &req);
-            }
-            Command::Release {
-                rid,
-                floor,
-                conn,
-                key,
-                token,
-            } => {
-                let req = Request::Release { token: *token, key };
-                w.request(*rid, *floor, *conn, &req);
-            }
-            Command::Extend {
-                rid,
-                floor,
-                conn,
-                key,
-                token,
-                lease_s,
-            } => {
-                let req = Request::Extend {
-                    lease_s: *lease_s,
-                    token: *token,
-                    key,
-                };
-                w.request(*rid, *floor, *conn, &req);
+            Command::Acquire { .. } | Command::Release { .. } | Command::Extend { .. } => {
+                if let Some((rid, floor, conn, req)) = self.as_request() {
+                    w.request(rid, floor, conn, &req);
+                }
             }
             Command::Expire {
                 key,
@@ -281,6 +247,53 @@ impl<'a> Command<'a> {
         w.buf
     }
 
+    /// A client request's command as its request id, floor, connection
+    /// and the request it came from; `None` for the other commands.
+    fn as_request(&self) -> Option<(Rid, u64, u64, Request<'_>)> {
+        match self {
+            Command::Acquire {
+                rid,
+                floor,
+                conn,
+                key,
+                owner,
+                wait_s,
+                lease_s,
+            } => {
+                let req = Request::Acquire {
+                    wait_s: *wait_s,
+                    lease_s: *lease_s,
+                    owner: *owner,
+                    key,
+                };
+                Some((*rid, *floor, *conn, req))
+            }
+            Command::Release {
+                rid,
+                floor,
+                conn,
+                key,
+                token,
+            } => Some((*rid, *floor, *conn, Request::Release { token: *token, key })),
+            Command::Extend {
+                rid,
+                floor,
+                conn,
+                key,
+                token,
+                lease_s,
+            } => {
+                let req = Request::Extend {
+                    lease_s: *lease_s,
+                    token: *token,
+                    key,
+                };
+                Some((*rid, *floor, *conn, req))
+            }
+            _ => None,
+        }
+    }
+
     /// The encoding of the command client request `req` becomes (its
     /// `Acquire` or `Release`, as [`Command::encode`] writes it), written
     /// from the request's borrowed key.
@@ -294,61 +307,10 @@ impl<'a> Command<'a> {
     }
 
     /// Decodes one command; any malformed input is an error.
-    // Long because it is one match arm per command, each field checked.
     pub fn decode(bytes: &'a [u8]) -> Result<Command<'a>, DecodeError> {
         let mut r = ByteReader::new(bytes);
         let cmd = match r.u8()? {
-            TAG_ACQUIRE => {
-                let rid = r.rid()?;
-                let floor = r.u64()?;
-                let conn = r.u64()?;
-                let owner = r.u64()?;
-                let wait_s = r.u8()?;
-                let lease_s = r.u8()?;
-                if lease_s == 0 {
-                    return Err(DecodeError::Invalid("lease of 0"));
-                }
-                Command::Acquire {
-                    rid,
-                    floor,
-                    conn,
-                    key: Cow::Borrowed(r.key_str()?),
-                    owner,
-                    wait_s,
-                    lease_s,
-                }
-            }
-            TAG_RELEASE => {
-                let rid = r.rid()?;
-                let floor = r.u64()?;
-                let conn = r.u64()?;
-                let token = r.u64()?;
-                Command::Release {
-                    rid,
-                    floor,
-                    conn,
-                    key: Cow::Borrowed(r.key_str()?),
-                    token,
-                }
-            }
-            TAG_EXTEND => {
-                let rid = r.rid()?;
-                let floor = r.u64()?;
-                let conn = r.u64()?;
-                let token = r.u64()?;
-                let lease_s = r.u8()?;
-                if lease_s == 0 {
-                    return Err(DecodeError::Invalid("lease of 0"));
-                }
-                Command::Extend {
-                    rid,
-                    floor,
-                    conn,
-                    key: Cow::Borrowed(r.key_str()?),
-                    token,
-                    lease_s,
-                }
-            }
+            tag @ (TAG_ACQUIRE | TAG_RELEASE | TAG_EXTEND) => Self::decode_request(tag, &mut r)?,
             TAG_EXPIRE => {
                 let token = r.u64()?;
                 Command::Expire {
@@ -386,6 +348,54 @@ impl<'a> Command<'a> {
         };
         r.finish()?;
         Ok(cmd)
+    }
+
+    /// The fields of a client request's command (`tag` is one of
+    /// [`TAG_ACQUIRE`], [`TAG_RELEASE`] and [`TAG_EXTEND`]) after its tag.
+    fn decode_request(tag: u8, r: &mut ByteReader<'a>) -> Result<Command<'a>, DecodeError> {
+        let rid = r.rid()?;
+        let floor = r.u64()?;
+        let conn = r.u64()?;
+        let lease = |lease_s: u8| match lease_s {
+            0 => Err(DecodeError::Invalid("lease of 0")),
+            l => Ok(l),
+        };
+        Ok(match tag {
+            TAG_ACQUIRE => {
+                let owner = r.u64()?;
+                let wait_s = r.u8()?;
+                let lease_s = lease(r.u8()?)?;
+                Command::Acquire {
+                    rid,
+                    floor,
+                    conn,
+                    key: Cow::Borrowed(r.key_str()?),
+                    owner,
+                    wait_s,
+                    lease_s,
+                }
+            }
+            TAG_RELEASE => Command::Release {
+                rid,
+                floor,
+                conn,
+                token: r.u64()?,
+                key: Cow::Borrowed(r.key_str()?),
+            },
+            TAG_EXTEND => {
+                let token = r.u64()?;
+                let lease_s = lease(r.u8()?)?;
+                Command::Extend {
+                    rid,
+                    floor,
+                    conn,
+                    key: Cow::Borrowed(r.key_str()?),
+                    token,
+                    lease_s,
+                }
+            }
+            t => return Err(DecodeError::BadTag(t)),
+        })
     }
 
     /// The lock name the command is about (none for `CancelWaiters`).

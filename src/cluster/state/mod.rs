@@ -25,6 +25,9 @@
 //! across leader changes, snapshots and restarts; every node applies the
 //! same bits, so they agree on every token. An entry written before tokens
 //! had random bits grants the bare index, below every later entry's token.
+//!
+//! The parts: `applied` (the answers and effects applying an entry
+//! produces) and `snapshot` (the canonical bytes, their bound, restoring).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -416,27 +419,12 @@ impl StateMachine {
                 ),
                 Event::Expired { .. } => continue,
             };
-            let owner = match ev {
-                Event::Granted { owner, .. }
-                | Event::TimedOut { owner, .. }
-                | Event::Busy { owner, .. } => owner,
-                _ => 0,
-            };
-            // A grant's key is in already, for its effect.
-            let at = match res.effects.last() {
-                Some(Effect::Granted { key: at, .. } | Effect::Extended { key: at, .. })
-                    if matches!(kind, AnswerKind::Acquired(_) | AnswerKind::Extended(_))
-                        && res.key(*at) == key =>
-                {
-                    *at
-                }
-                _ => res.push_key(key),
-            };
+            let key = answer_key(res, kind, key);
             res.answers.push(Answer {
                 rid: tag.rid,
                 conn: tag.conn,
-                owner,
-                key: at,
+                owner: owner_of(&ev),
+                key,
                 kind,
             });
             // A waiter granted or timed out may have been its
@@ -537,6 +525,31 @@ fn new_generation(
         token,
         generation: t.generation,
         lease_s,
+    }
+}
+
+/// The owner an event's answer names: an acquire's (0 for a release's or
+/// an extend's).
+fn owner_of(ev: &Event<'_, ReqTag>) -> u64 {
+    match *ev {
+        Event::Granted { owner, .. }
+        | Event::TimedOut { owner, .. }
+        | Event::Busy { owner, .. } => owner,
+        _ => 0,
+    }
+}
+
+/// Where the key of an answer of `kind` on `key` lies in `res`: a grant's
+/// or an extend's is in already, for its effect; any other is added.
+fn answer_key(res: &mut Applied, kind: AnswerKind, key: &str) -> KeyAt {
+    match res.effects.last() {
+        Some(Effect::Granted { key: at, .. } | Effect::Extended { key: at, .. })
+            if matches!(kind, AnswerKind::Acquired(_) | AnswerKind::Extended(_))
+                && res.key(*at) == key =>
+        {
+            *at
+        }
+        _ => res.push_key(key),
     }
 }
 

@@ -137,31 +137,41 @@ fn a_32_bit_build_refuses_limits_whose_snapshot_it_could_not_hold() {
     assert!(err.contains("a smaller --max-waiters"), "{err}");
 }
 
+/// Applies entry `index` holding `cmd` (no token bits, the default
+/// caller) into `res`.
+fn apply_into(sm: &mut StateMachine, index: u64, cmd: &Command, res: &mut Applied) {
+    sm.apply_entry_into(index, None, Caller::default(), cmd, res);
+}
+
+/// The wire replies of `res`'s answers, as text.
+fn replies(res: &Applied) -> Vec<String> {
+    res.answers
+        .iter()
+        .map(|a| format!("{:?}", res.reply(a)))
+        .collect()
+}
+
+/// Each effect of `res` as its key and its token (a queued acquire's
+/// request sequence number).
+fn effects(res: &Applied) -> Vec<(String, u64)> {
+    res.effects
+        .iter()
+        .map(|e| match *e {
+            Effect::Granted { key, token, .. } | Effect::Extended { key, token, .. } => {
+                (res.key(key).to_owned(), token)
+            }
+            Effect::Queued { key, waiter, .. } => (res.key(key).to_owned(), waiter.seq),
+        })
+        .collect()
+}
+
 #[test]
 fn answers_and_effects_name_their_keys_in_a_reused_applied() {
     let mut sm = StateMachine::new(EngineLimits::default());
     let mut res = Applied::default();
-    let replies = |res: &Applied| -> Vec<String> {
-        res.answers
-            .iter()
-            .map(|a| format!("{:?}", res.reply(a)))
-            .collect()
-    };
-    let effects = |res: &Applied| -> Vec<(String, u64)> {
-        res.effects
-            .iter()
-            .map(|e| match *e {
-                Effect::Granted { key, token, .. } | Effect::Extended { key, token, .. } => {
-                    (res.key(key).to_owned(), token)
-                }
-                Effect::Queued { key, waiter, .. } => (res.key(key).to_owned(), waiter.seq),
-            })
-            .collect()
-    };
-    sm.apply_entry_into(
+    apply_into(
+        &mut sm,
         5,
-        None,
-        Caller::default(),
         &acq(rid(1, 1), 7, "a-longer-key", 100, 0),
         &mut res,
     );
@@ -178,29 +188,11 @@ fn answers_and_effects_name_their_keys_in_a_reused_applied() {
     );
     assert_eq!(effects(&res), [("a-longer-key".to_owned(), 5)]);
     // A shorter key next: nothing of the previous entry's is left.
-    sm.apply_entry_into(
-        6,
-        None,
-        Caller::default(),
-        &acq(rid(2, 1), 8, "b", 200, 0),
-        &mut res,
-    );
-    sm.apply_entry_into(
-        7,
-        None,
-        Caller::default(),
-        &acq(rid(3, 1), 9, "b", 300, 9),
-        &mut res,
-    );
+    apply_into(&mut sm, 6, &acq(rid(2, 1), 8, "b", 200, 0), &mut res);
+    apply_into(&mut sm, 7, &acq(rid(3, 1), 9, "b", 300, 9), &mut res);
     assert!(res.answers.is_empty());
     assert_eq!(effects(&res), [("b".to_owned(), 1)]);
-    sm.apply_entry_into(
-        8,
-        None,
-        Caller::default(),
-        &rel(rid(2, 2), "b", 6),
-        &mut res,
-    );
+    apply_into(&mut sm, 8, &rel(rid(2, 2), "b", 6), &mut res);
     assert_eq!(
         replies(&res),
         [
@@ -217,13 +209,7 @@ fn answers_and_effects_name_their_keys_in_a_reused_applied() {
     );
     assert_eq!(effects(&res), [("b".to_owned(), 8)]);
     // A duplicate: cleared, nothing in it.
-    sm.apply_entry_into(
-        9,
-        None,
-        Caller::default(),
-        &rel(rid(2, 2), "b", 6),
-        &mut res,
-    );
+    apply_into(&mut sm, 9, &rel(rid(2, 2), "b", 6), &mut res);
     assert!(res.duplicate && res.answers.is_empty() && res.effects.is_empty());
     sm.check();
 }
