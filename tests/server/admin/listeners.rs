@@ -28,6 +28,7 @@ fn the_admin_port_on_a_unix_socket_has_its_mode_and_checks_peers() {
     let dir = tmp_dir("unix");
     let sock = dir.join("admin.sock");
     let client_sock = format!("unix:{}", dir.join("client.sock").display());
+    // SAFETY: geteuid(2) has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() }.to_string();
     assert_eq!(
         me, "0",
@@ -144,6 +145,7 @@ fn the_admin_port_on_a_unix_socket_has_its_mode_and_checks_peers() {
     assert!(!sock.exists(), "the socket file is removed at the end");
 
     // A peer whose uid is not listed is closed without an answer.
+    // SAFETY: geteuid(2) has no preconditions and cannot fail.
     let other = (unsafe { libc::geteuid() } + 1).to_string();
     let t = Ticketd::start(&[
         "--admin-listen",
