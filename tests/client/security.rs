@@ -137,6 +137,7 @@ fn protected_mode_refuses_a_listener_off_loopback_without_insecure() {
 #[test]
 fn a_unix_socket_serves_allowed_uids_and_refuses_others() {
     use std::os::unix::fs::PermissionsExt;
+    // SAFETY: geteuid(2) has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         // setpriv needs root to switch uid; CI runs the tests as root.
         panic!("this test runs as root (it runs a client under another uid)");

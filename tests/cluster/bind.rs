@@ -46,6 +46,7 @@ fn root_is_refused(key: &str, token: u64, server: &str) {
 #[test]
 fn a_grant_of_an_authenticated_identity_stays_bound_across_nodes_and_failover() {
     // setpriv needs root to switch uid; CI runs the tests as root.
+    // SAFETY: geteuid(2) has no preconditions and cannot fail.
     assert_eq!(
         unsafe { libc::geteuid() },
         0,

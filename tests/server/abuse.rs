@@ -132,6 +132,7 @@ fn reconnecting_guessers_share_one_budget_per_identity() {
 
 fn must_be_root() {
     // setpriv needs root to switch uid; CI runs the tests as root.
+    // SAFETY: geteuid(2) has no preconditions and cannot fail.
     assert_eq!(
         unsafe { libc::geteuid() },
         0,

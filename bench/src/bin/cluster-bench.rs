@@ -536,8 +536,8 @@ fn bench_cluster_limit(limit: &Path, clients: usize, seconds: u64, spread: bool)
         1,
         seconds,
     );
-    // SAFETY: kill(2) on a child's pid, which it cannot outlive unwaited.
     let pid = i32::try_from(leader.0.id()).expect("a pid fits in i32");
+    // SAFETY: kill(2) on a child's pid, which it cannot outlive unwaited.
     unsafe { libc::kill(pid, libc::SIGTERM) };
     for p in std::iter::once(&mut leader).chain(followers.iter_mut()) {
         let mut out = String::new();

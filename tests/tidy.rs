@@ -1,0 +1,661 @@
+//! Tidy: the shape every Rust source file of the tree keeps, checked on the
+//! files themselves (`src/`, `testkit/`, `tests/`, `bench/`, `examples/`,
+//! `fuzz/`).
+//!
+//! * No file over [`MAX_FILE_LINES`] lines: one concept a file.
+//! * No function over [`MAX_FN_LINES`] lines, counted from the line of its
+//!   `fn` to the line of its closing brace (closures and nested functions
+//!   count as part of the function that holds them).
+//! * A function over [`MARKED_FN_LINES`] lines says why in a plain line
+//!   comment containing [`LONG_MARKER`] (`// long: the table of every
+//!   request kind reads best whole`), directly above its doc comment and
+//!   attributes (or among them).
+//! * Every `unsafe { .. }` block has a `// SAFETY:` comment on the line or
+//!   lines directly above the line it starts on.
+//!
+//! The scanner blanks comments, string literals (raw ones included) and
+//! character literals before it looks for `fn` and braces, so a brace in a
+//! string or a comment never moves a count. [`PENDING`] lists what is still
+//! over the limits while it is being split; everything else must pass, and
+//! an entry that no longer fails must leave the list.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// The longest a source file may be.
+const MAX_FILE_LINES: usize = 1_000;
+/// The longest a function may be.
+const MAX_FN_LINES: usize = 80;
+/// Past this many lines a function carries a [`LONG_MARKER`] comment.
+const MARKED_FN_LINES: usize = 70;
+/// What the comment above a long function contains, before its reason.
+const LONG_MARKER: &str = "long:";
+/// What the comment above an `unsafe` block contains.
+const SAFETY_MARKER: &str = "SAFETY:";
+/// The directories walked, from the repository's root.
+const ROOTS: &[&str] = &["src", "testkit", "tests", "bench", "examples", "fuzz"];
+
+/// Known offenders, being split on their own branches: `path` for a file
+/// over the limit, `path:name` for a function of that name in it that is
+/// too long or unmarked, `path:unsafe` for unsafe blocks without a SAFETY
+/// comment in it. Entries leave as the splits land.
+const PENDING: &[&str] = &[
+    "bench/etcd-native/src/main.rs:main",
+    "bench/src/bin/cluster-bench.rs",
+    "bench/src/bin/cluster-bench.rs:bench_cluster",
+    "bench/src/bin/cluster-bench.rs:bench_cluster_limit",
+    "bench/src/bin/cluster-bench.rs:main",
+    "bench/src/cluster_limit.rs",
+    "bench/src/cluster_limit.rs:follow",
+    "bench/src/cluster_limit.rs:lead",
+    "bench/src/cluster_limit.rs:three_nodes_answer_every_request",
+    "bench/src/gen.rs",
+    "bench/src/gen.rs:fill",
+    "bench/src/gen.rs:on_reply",
+    "bench/src/gen.rs:run_worker",
+    "bench/src/lib.rs",
+    "bench/src/lib.rs:parse_args",
+    "bench/src/lib.rs:run_backend",
+    "bench/src/lib.rs:to_json",
+    "bench/src/lib.rs:to_text",
+    "examples/engine_memory.rs:held_keys",
+    "src/bin/ticket.rs",
+    "src/bin/ticket.rs:supervise",
+    "src/bin/ticket/guardian.rs:unsafe",
+    "src/client/admin.rs:value",
+    "src/client/machine.rs",
+    "src/client/machine.rs:matched",
+    "src/client/pool.rs:get",
+    "src/client/tests.rs",
+    "src/client/tests.rs:a_ticket_dropped_or_lost_while_its_batch_is_in_flight",
+    "src/cluster/cli.rs:parse",
+    "src/cluster/command.rs:decode",
+    "src/cluster/command.rs:encode",
+    "src/cluster/node/tests.rs:a_leader_removes_itself_through_a_joint_configuration_that_survives_a_restart",
+    "src/cluster/node/tests.rs:requests_applied_inside_an_installed_snapshot_are_answered_or_their_connection_closed",
+    "src/cluster/state.rs",
+    "src/cluster/state.rs:answers_and_effects_name_their_keys_in_a_reused_applied",
+    "src/cluster/state.rs:take_events",
+    "src/cluster/transport.rs",
+    "src/cluster/transport.rs:hello",
+    "src/config.rs",
+    "src/engine.rs",
+    "src/engine.rs:a_lent_write_buffer_gets_its_replies_encoded_and_withheld_ranges_listed",
+    "src/engine.rs:acquire_tagged",
+    "src/engine.rs:check_invariants",
+    "src/engine.rs:events_tell_how_each_grant_came_and_which_lease_ran_out",
+    "src/engine.rs:outbox_frames_are_the_encoded_replies_in_runs_per_connection",
+    "src/proto.rs",
+    "src/proto.rs:key_end_matches_a_byte_by_byte_reference",
+    "src/server/admin.rs",
+    "src/server/admin.rs:route",
+    "src/server/mod.rs",
+    "src/server/mod.rs:handle_conn_input",
+    "src/server/unix.rs:unsafe",
+    "src/single.rs",
+    "src/single.rs:a_start_measures_the_bound_on_the_clock_its_case_calls_for",
+    "testkit/src/certs.rs:make",
+    "testkit/src/checker/gather.rs:gather",
+    "testkit/src/checker/properties.rs:check_answered",
+    "testkit/src/cluster_sim.rs:new",
+    "testkit/src/cluster_sim/checks.rs:final_checks",
+    "testkit/src/cluster_sim/checks.rs:liveness_checks",
+    "testkit/src/cluster_sim/clients.rs:clients_act",
+    "testkit/src/cluster_sim/replies.rs:on_reply",
+    "testkit/src/fuzz.rs:check_replies",
+    "testkit/src/fuzz.rs:check_verdict",
+    "testkit/src/fuzz.rs:engine_ops",
+    "testkit/src/fuzz/cluster.rs:write_log",
+    "testkit/src/netns.rs:worker",
+    "testkit/src/proxy.rs:client_to_server",
+    "testkit/src/single_sim.rs:handle",
+    "testkit/src/single_sim/client.rs:client_reply",
+    "testkit/src/single_sim/client.rs:client_step",
+    "tests/client/contention.rs:sixteen_threads_one_key_tokens_increase_and_sections_never_overlap",
+    "tests/client/security.rs:a_unix_socket_serves_allowed_uids_and_refuses_others",
+    "tests/cluster/members.rs:grow_three_to_five_and_back_under_load_removing_the_leader",
+    "tests/cluster/process.rs:an_extended_lease_outlives_its_first_and_a_leader_change_ends_it_late_never_early",
+    "tests/cluster/process.rs:leader_killed_under_load_loses_no_grant",
+    "tests/cluster/sim.rs:requests_whose_answer_went_inside_a_snapshot_have_their_connection_closed",
+    "tests/cluster/tls.rs:certificates_made_by_openssl_are_accepted",
+    "tests/cluster/tls.rs:node_3s_certificate_cannot_claim_id_2",
+    "tests/engine/harness.rs:play",
+    "tests/engine/harness/limits.rs:a_client_that_does_not_read_is_paused_at_the_soft_limit_and_closed_at_the_hard_limit",
+    "tests/engine/harness/limits.rs:the_harness_applies_a_command_lines_limits_as_the_ticketd_binary_does",
+    "tests/engine/harness/stepping.rs:withheld_grants_are_cut_out_of_replies_encoded_into_the_write_buffer",
+    "tests/engine/model.rs:observe",
+    "tests/engine/model.rs:run",
+    "tests/faults/cluster.rs:isolated_leader_grants_nothing_and_the_majority_elects_a_new_one",
+    "tests/faults/cluster.rs:one_way_partitions_are_safe_and_heal",
+    "tests/faults/single.rs:kill_and_restart_under_load",
+    "tests/faults/single.rs:sigstop_past_the_leases_then_sigcont_grants_no_one_twice",
+    "tests/faults/single.rs:slow_and_idle_abuse_leaves_other_clients_fast_and_memory_bounded",
+    "tests/faults/single.rs:wall_clock_jumps_change_no_lease_and_no_wait",
+    "tests/server/abuse.rs:reconnecting_guessers_share_one_budget_per_identity",
+    "tests/server/admin.rs:lock_endpoints_answer_json_that_matches_the_table",
+    "tests/server/admin.rs:slow_huge_and_many_admin_clients_never_delay_a_lock_reply",
+    "tests/server/admin.rs:ticket_status_and_locks_read_the_admin_port",
+    "tests/server/admin/cluster.rs:cluster_status_metrics_and_readyz_follow_the_majority",
+    "tests/server/admin/cluster.rs:cluster_wait_and_hold_histograms_count_what_clients_did",
+    "tests/server/admin/listeners.rs:the_admin_port_on_a_unix_socket_has_its_mode_and_checks_peers",
+    "tests/server/admin/listeners.rs:the_admin_port_speaks_https_and_checks_client_certificates",
+    "tests/server/admin/prometheus.rs:metrics_count_what_clients_did_and_pass_promtool",
+    "tests/server/restart_grace.rs:every_key_waits_for_the_lease",
+];
+
+/// One broken rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Offence {
+    /// Path from the repository's root, `/`-separated.
+    path: String,
+    /// 1-based line.
+    line: usize,
+    /// What [`PENDING`] names it by.
+    key: String,
+    /// What is wrong.
+    what: String,
+}
+
+fn is_ident(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+/// Bytes of the UTF-8 character that starts with `b`.
+fn utf8_len(b: u8) -> usize {
+    match b {
+        0xf0..=0xff => 4,
+        0xe0..=0xef => 3,
+        0xc0..=0xdf => 2,
+        _ => 1,
+    }
+}
+
+/// Overwrites `code[from..to]` with spaces, newlines kept.
+fn blank_range(code: &mut [u8], from: usize, to: usize) {
+    let to = to.min(code.len());
+    for b in &mut code[from..to] {
+        if *b != b'\n' {
+            *b = b' ';
+        }
+    }
+}
+
+/// Where a raw string starting at `i` (`r"`, `r#"`, `br##"`, `cr"`...)
+/// ends (one past its last byte), or `None` when none starts there.
+fn raw_string_end(src: &[u8], i: usize) -> Option<usize> {
+    let mut j = i;
+    if matches!(src.get(j), Some(b'b' | b'c')) {
+        j += 1;
+    }
+    if src.get(j) != Some(&b'r') {
+        return None;
+    }
+    j += 1;
+    let hashes = src[j..].iter().take_while(|&&b| b == b'#').count();
+    j += hashes;
+    if src.get(j) != Some(&b'"') {
+        return None;
+    }
+    let close: Vec<u8> = std::iter::once(b'"')
+        .chain(std::iter::repeat_n(b'#', hashes))
+        .collect();
+    let rest = &src[j + 1..];
+    let at = rest
+        .windows(close.len())
+        .position(|w| w == close.as_slice())?;
+    Some(j + 1 + at + close.len())
+}
+
+/// Where the quoted literal (string, or character when `quote` is `'`)
+/// whose opening quote is at `i` ends: one past its closing quote.
+fn quoted_end(src: &[u8], i: usize, quote: u8) -> usize {
+    let mut j = i + 1;
+    while j < src.len() && src[j] != quote {
+        j += if src[j] == b'\\' { 2 } else { 1 };
+    }
+    (j + 1).min(src.len())
+}
+
+/// Where a character literal starting at `i` ends, or `None` when the
+/// quote there starts a lifetime or a label.
+fn char_end(src: &[u8], i: usize) -> Option<usize> {
+    let next = *src.get(i + 1)?;
+    if next == b'\\' {
+        return Some(quoted_end(src, i, b'\''));
+    }
+    let after = i + 1 + utf8_len(next);
+    (src.get(after) == Some(&b'\'')).then_some(after + 1)
+}
+
+/// `src` with comments, strings and character literals blanked to spaces
+/// (newlines kept, so lines and byte offsets stay where they were).
+fn code_only(src: &str) -> Vec<u8> {
+    let src = src.as_bytes();
+    let mut code = src.to_vec();
+    let mut i = 0;
+    while i < src.len() {
+        let after_ident = i > 0 && is_ident(src[i - 1]);
+        let end = match (src[i], src.get(i + 1).copied()) {
+            (b'/', Some(b'/')) => src[i..]
+                .iter()
+                .position(|&b| b == b'\n')
+                .map_or(src.len(), |p| i + p),
+            (b'/', Some(b'*')) => block_comment_end(src, i),
+            (b'b' | b'c' | b'r', _) if !after_ident => match raw_string_end(src, i) {
+                Some(e) => e,
+                None => {
+                    i += 1;
+                    continue;
+                }
+            },
+            (b'"', _) => quoted_end(src, i, b'"'),
+            (b'\'', _) => match char_end(src, i) {
+                Some(e) => e,
+                None => {
+                    i += 1;
+                    continue;
+                }
+            },
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        blank_range(&mut code, i, end);
+        i = end.max(i + 1);
+    }
+    code
+}
+
+/// One past the end of the (possibly nested) block comment at `i`.
+fn block_comment_end(src: &[u8], i: usize) -> usize {
+    let (mut depth, mut j) = (0usize, i);
+    while j + 1 < src.len() {
+        match (src[j], src[j + 1]) {
+            (b'/', b'*') => {
+                depth += 1;
+                j += 2;
+            }
+            (b'*', b'/') => {
+                depth -= 1;
+                j += 2;
+                if depth == 0 {
+                    return j;
+                }
+            }
+            _ => j += 1,
+        }
+    }
+    src.len()
+}
+
+/// The 1-based line of a byte offset in `code`.
+fn line_index(code: &[u8]) -> impl Fn(usize) -> usize {
+    let starts: Vec<usize> = code
+        .iter()
+        .enumerate()
+        .filter(|(_, &b)| b == b'\n')
+        .map(|(k, _)| k + 1)
+        .collect();
+    move |at| starts.partition_point(|&s| s <= at) + 1
+}
+
+/// A function found by [`functions`].
+#[derive(Debug, PartialEq, Eq)]
+struct Function {
+    name: String,
+    /// 1-based lines of its `fn` and of its closing brace.
+    first: usize,
+    last: usize,
+}
+
+impl Function {
+    fn lines(&self) -> usize {
+        self.last - self.first + 1
+    }
+}
+
+/// Whether the word `word` starts at `at` in `code` (not inside a longer
+/// identifier).
+fn word_at(code: &[u8], at: usize, word: &str) -> bool {
+    code[at..].starts_with(word.as_bytes())
+        && (at == 0 || !is_ident(code[at - 1]))
+        && code.get(at + word.len()).is_none_or(|&b| !is_ident(b))
+}
+
+/// The functions with a body in `code` (from [`code_only`]), outermost
+/// only: a function inside another's body is part of it.
+fn functions(code: &[u8]) -> Vec<Function> {
+    let line_of = line_index(code);
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < code.len() {
+        if !word_at(code, i, "fn") {
+            i += 1;
+            continue;
+        }
+        let name_at = i
+            + 2
+            + code[i + 2..]
+                .iter()
+                .take_while(|b| b.is_ascii_whitespace())
+                .count();
+        let name_len = code[name_at..].iter().take_while(|&&b| is_ident(b)).count();
+        let starts_ident = code
+            .get(name_at)
+            .is_some_and(|b| b.is_ascii_alphabetic() || *b == b'_');
+        if !starts_ident {
+            i += 2; // a `fn(..)` pointer type, or a macro's `fn $name`
+            continue;
+        }
+        let Some(open) = body_open(code, name_at + name_len) else {
+            i = name_at + name_len;
+            continue;
+        };
+        let close = matching_close(code, open);
+        out.push(Function {
+            name: String::from_utf8_lossy(&code[name_at..name_at + name_len]).into_owned(),
+            first: line_of(i),
+            last: line_of(close),
+        });
+        i = close + 1;
+    }
+    out
+}
+
+/// The `{` that opens the body of a function whose signature continues at
+/// `from`, or `None` when a `;` ends it first (a declaration).
+fn body_open(code: &[u8], from: usize) -> Option<usize> {
+    let mut depth = 0i32;
+    for (k, &b) in code.iter().enumerate().skip(from) {
+        match b {
+            b'(' | b'[' => depth += 1,
+            b')' | b']' => depth -= 1,
+            b'{' if depth <= 0 => return Some(k),
+            b';' if depth <= 0 => return None,
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The `}` matching the `{` at `open` (the last byte when unbalanced).
+fn matching_close(code: &[u8], open: usize) -> usize {
+    let mut depth = 0usize;
+    for (k, &b) in code.iter().enumerate().skip(open) {
+        match b {
+            b'{' => depth += 1,
+            b'}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return k;
+                }
+            }
+            _ => {}
+        }
+    }
+    code.len().saturating_sub(1)
+}
+
+/// The lines directly above line `first` (1-based) that are comments or
+/// attributes, nearest first.
+fn lines_above<'a>(lines: &[&'a str], first: usize, attributes: bool) -> Vec<&'a str> {
+    lines[..first - 1]
+        .iter()
+        .rev()
+        .map(|l| l.trim())
+        .take_while(|t| {
+            t.starts_with("//") || (attributes && (t.starts_with("#[") || t.starts_with(")]")))
+        })
+        .collect()
+}
+
+/// Whether a plain `//` comment directly above the function (among its doc
+/// comments and attributes) carries the [`LONG_MARKER`].
+fn marked_long(lines: &[&str], first: usize) -> bool {
+    lines_above(lines, first, true).iter().any(|t| {
+        t.starts_with("//")
+            && !t.starts_with("///")
+            && !t.starts_with("//!")
+            && t.contains(LONG_MARKER)
+    })
+}
+
+/// The lines (1-based) of `unsafe {` blocks in `code` with no
+/// [`SAFETY_MARKER`] comment directly above.
+fn unsafe_without_safety(code: &[u8], lines: &[&str]) -> Vec<usize> {
+    let line_of = line_index(code);
+    let mut out = Vec::new();
+    for at in 0..code.len() {
+        if !word_at(code, at, "unsafe") {
+            continue;
+        }
+        let next = code[at + 6..].iter().find(|b| !b.is_ascii_whitespace());
+        if next != Some(&b'{') {
+            continue; // `unsafe fn`, `unsafe impl`, `unsafe extern`
+        }
+        let line = statement_start(lines, line_of(at));
+        if !lines_above(lines, line, false)
+            .iter()
+            .any(|t| t.contains(SAFETY_MARKER))
+        {
+            out.push(line);
+        }
+    }
+    out
+}
+
+/// The first line of the statement that line `line` (1-based) continues:
+/// a line continues the one above unless that one ends a statement or opens
+/// or closes a block (`;`, `{`, `}`, `,`), or is a comment or empty. Three
+/// lines up at most.
+fn statement_start(lines: &[&str], line: usize) -> usize {
+    let mut l = line;
+    while l > 1 && line - l < 3 {
+        let above = lines[l - 2].trim();
+        let ends =
+            above.is_empty() || above.starts_with("//") || above.ends_with([';', '{', '}', ',']);
+        if ends {
+            break;
+        }
+        l -= 1;
+    }
+    l
+}
+
+/// Every rule `src` (the text of the file at `path`) breaks.
+fn check_source(path: &str, src: &str) -> Vec<Offence> {
+    let lines: Vec<&str> = src.lines().collect();
+    let mut out = Vec::new();
+    let mut offend = |line: usize, key: String, what: String| {
+        out.push(Offence {
+            path: path.to_string(),
+            line,
+            key,
+            what,
+        });
+    };
+    if lines.len() > MAX_FILE_LINES {
+        offend(
+            1,
+            path.to_string(),
+            format!("{} lines (limit {MAX_FILE_LINES})", lines.len()),
+        );
+    }
+    let code = code_only(src);
+    for f in functions(&code) {
+        let key = format!("{path}:{}", f.name);
+        if f.lines() > MAX_FN_LINES {
+            let what = format!(
+                "fn `{}` is {} lines (limit {MAX_FN_LINES})",
+                f.name,
+                f.lines()
+            );
+            offend(f.first, key, what);
+        } else if f.lines() > MARKED_FN_LINES && !marked_long(&lines, f.first) {
+            let what = format!(
+                "fn `{}` is {} lines (over {MARKED_FN_LINES}) with no `// {LONG_MARKER} why` comment above",
+                f.name,
+                f.lines()
+            );
+            offend(f.first, key, what);
+        }
+    }
+    for line in unsafe_without_safety(&code, &lines) {
+        let what = format!("`unsafe` block with no `// {SAFETY_MARKER}` comment directly above");
+        offend(line, format!("{path}:unsafe"), what);
+    }
+    out
+}
+
+/// The `.rs` files under `dir`, `target/` and hidden directories skipped.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if path.is_dir() {
+            if name != "target" && !name.starts_with('.') {
+                rust_files(&path, out);
+            }
+        } else if name.ends_with(".rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// Every offence in the tree, in path and line order.
+fn offences() -> Vec<Offence> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for dir in ROOTS {
+        rust_files(&root.join(dir), &mut files);
+    }
+    assert!(
+        files.len() > 50,
+        "tidy found only {} files under {root:?}",
+        files.len()
+    );
+    let mut out = Vec::new();
+    for file in files {
+        let rel = file
+            .strip_prefix(root)
+            .unwrap()
+            .to_string_lossy()
+            .replace('\\', "/");
+        let src = fs::read_to_string(&file).unwrap_or_else(|e| panic!("{rel}: {e}"));
+        out.extend(check_source(&rel, &src));
+    }
+    out.sort_by(|a, b| (&a.path, a.line).cmp(&(&b.path, b.line)));
+    out
+}
+
+#[test]
+fn every_source_file_keeps_the_tidy_rules() {
+    let bad: Vec<String> = offences()
+        .into_iter()
+        .filter(|o| !PENDING.contains(&o.key.as_str()))
+        .map(|o| format!("{}:{}: {}", o.path, o.line, o.what))
+        .collect();
+    assert!(bad.is_empty(), "tidy:\n{}", bad.join("\n"));
+}
+
+#[test]
+fn every_pending_entry_still_fails() {
+    let all = offences();
+    let stale: Vec<&str> = PENDING
+        .iter()
+        .copied()
+        .filter(|p| !all.iter().any(|o| o.key == *p))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "tidy: these PENDING entries pass now; remove them: {stale:?}"
+    );
+}
+
+#[test]
+fn the_scanner_skips_strings_chars_and_comments() {
+    let src = r####"
+fn a() {
+    let s = "}}} { fn fake() {";
+    let r = r#"a "quoted" } brace"#;
+    let rr = br##"}"# still inside"##;
+    let c = '}';
+    let e = '\'';
+    let u = '\u{7d}';
+    let l: &'static str = "x";
+    // } fn commented() {
+    /* } /* nested } */ fn also_commented() { */
+    let f: fn(u8) -> u8 = |x| x;
+    fn inner() {}
+}
+trait T {
+    fn declared(&self) -> u8;
+    fn defaulted(&self) {
+        'outer: loop { break 'outer; }
+    }
+}
+"####;
+    let code = code_only(src);
+    let code_text = String::from_utf8(code.clone()).unwrap();
+    assert!(
+        !code_text.contains("fake") && !code_text.contains("commented"),
+        "{code_text}"
+    );
+    assert!(
+        code_text.contains("'static") && code_text.contains("'outer"),
+        "{code_text}"
+    );
+    assert_eq!(code.len(), src.len());
+    assert_eq!(code_text.lines().count(), src.lines().count());
+    let fns = functions(&code);
+    let found: Vec<(&str, usize, usize)> = fns
+        .iter()
+        .map(|f| (f.name.as_str(), f.first, f.last))
+        .collect();
+    assert_eq!(found, [("a", 2, 14), ("defaulted", 17, 19)]);
+}
+
+#[test]
+fn the_rules_name_file_line_and_what_is_wrong() {
+    let body = |n: usize| "    let _ = 1;\n".repeat(n);
+    let long = format!("fn long() {{\n{}}}\n", body(85));
+    let unmarked = format!("fn unmarked() {{\n{}}}\n", body(75));
+    let marked = format!(
+        "// long: one table, read whole\n#[test]\nfn marked() {{\n{}}}\n",
+        body(75)
+    );
+    let safe = "fn s() {\n    // SAFETY: nothing to uphold\n    unsafe { f() }\n}\n";
+    let continued = "fn c() {\n    // SAFETY: none\n    let x =\n        unsafe { f() };\n}\n";
+    let unsafe_bare = "fn u() {\n    let x = 1;\n    unsafe { f() }\n}\n";
+    let src = [
+        long,
+        unmarked,
+        marked,
+        safe.to_string(),
+        continued.to_string(),
+        unsafe_bare.to_string(),
+    ]
+    .concat();
+    let got: Vec<(usize, String)> = check_source("x.rs", &src)
+        .into_iter()
+        .map(|o| (o.line, o.key))
+        .collect();
+    let unmarked_at = 1 + 87;
+    let unsafe_at = src.lines().position(|l| l == "fn u() {").unwrap() + 3;
+    assert_eq!(
+        got,
+        [
+            (1, "x.rs:long".to_string()),
+            (unmarked_at, "x.rs:unmarked".to_string()),
+            (unsafe_at, "x.rs:unsafe".to_string()),
+        ]
+    );
+    let big = "\n".repeat(MAX_FILE_LINES + 1);
+    assert_eq!(check_source("big.rs", &big)[0].key, "big.rs");
+    assert!(check_source("ok.rs", &"\n".repeat(MAX_FILE_LINES)).is_empty());
+}
