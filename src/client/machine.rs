@@ -52,11 +52,11 @@ mod tests;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
-pub(crate) use call::{CloseCause, Decided, Kind};
 pub use call::Unsent;
+pub(crate) use call::{CloseCause, Decided, Kind};
 
-pub use super::deadline::Moment;
 use super::deadline;
+pub use super::deadline::Moment;
 use super::owner::mix;
 use super::{Error, Release};
 use crate::proto::{self, Decoded, Reply, Request};
@@ -407,7 +407,7 @@ impl<T: Moment> Machine<T> {
                     self.decide(call.id, &call.req, call.req.lost(), false);
                     return false;
                 }
-                self.acquire_answered(now, &call, reply);
+                self.acquire_answered(now, call, reply);
             }
             Reply::Released { token, key } | Reply::NotReleased { token, key } => {
                 if let Some(call) = self.take_by_token(token, key, false) {
@@ -420,9 +420,9 @@ impl<T: Moment> Machine<T> {
                 }
             }
             Reply::Extended { token, key } | Reply::NotExtended { token, key } => {
-                if let Some(call) = self.take_by_token(token, key, true) {
+                if let Some(mut call) = self.take_by_token(token, key, true) {
                     let extended = matches!(reply, Reply::Extended { .. });
-                    let outcome = extend_outcome(&call, now, extended);
+                    let outcome = extend_outcome(&mut call, now, extended);
                     self.decide(call.id, &call.req, Outcome::Extend(outcome), !extended);
                 }
             }
@@ -431,7 +431,7 @@ impl<T: Moment> Machine<T> {
     }
 
     /// Decides an acquire answered A, T or B at `now`.
-    fn acquire_answered(&mut self, now: T, call: &Call<T>, reply: &Reply<'_>) {
+    fn acquire_answered(&mut self, now: T, mut call: Call<T>, reply: &Reply<'_>) {
         let outcome = match *reply {
             Reply::Acquired { token, .. } if now > call.req.plan.gate => {
                 // Seen after D: not handed over; give it back.
@@ -440,7 +440,7 @@ impl<T: Moment> Machine<T> {
             }
             Reply::Acquired { token, .. } => {
                 let written = call.written_at.unwrap_or(now);
-                AcquireOutcome::Acquired(call.req.held(token, written))
+                AcquireOutcome::Acquired(call.req.take_held(token, written))
             }
             Reply::Busy { .. } => AcquireOutcome::Busy,
             _ => AcquireOutcome::Timeout,
@@ -605,7 +605,7 @@ impl<T: Moment> Machine<T> {
 /// What an extend's reply means: `E` before `until` is a new lease from
 /// when the extend was written; `X`, or an `E` at or after `until` (whoever
 /// watched the expiry has been told the grant is lost), is lost.
-fn extend_outcome<T: Moment>(call: &Call<T>, now: T, extended: bool) -> ExtendOutcome<T> {
+fn extend_outcome<T: Moment>(call: &mut Call<T>, now: T, extended: bool) -> ExtendOutcome<T> {
     let (token, until) = match call.req.kind {
         Kind::Extend { token, until, .. } => (token, until),
         Kind::Acquire { .. } | Kind::Release { .. } => return ExtendOutcome::Lost,
@@ -613,6 +613,6 @@ fn extend_outcome<T: Moment>(call: &Call<T>, now: T, extended: bool) -> ExtendOu
     if !(extended && now < until) {
         return ExtendOutcome::Lost;
     }
-    ExtendOutcome::Extended(call.req.held(token, call.written_at.unwrap_or(now)))
+    let written = call.written_at.unwrap_or(now);
+    ExtendOutcome::Extended(call.req.take_held(token, written))
 }
-

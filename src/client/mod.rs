@@ -52,9 +52,11 @@
 //! client, which sends the renewals of every kept ticket due within a
 //! sixth of its lease together, in one write (see [`KeptTicket`]).
 //!
-//! The same rules as a sans-IO state machine that the caller drives (bytes
-//! in, bytes out, the clock passed in) are in [`machine`]: for programs with
-//! their own event loop, and for deterministic tests.
+//! The rules themselves are a sans-IO state machine, [`machine`] (bytes in,
+//! bytes out, the clock passed in): every session is a
+//! [`machine::Machine`] on the monotonic clock, and its threads only move
+//! the bytes and wake the callers. Programs with their own event loop, and
+//! deterministic tests, drive a machine directly.
 
 pub mod admin;
 mod deadline;
@@ -523,9 +525,13 @@ impl Client {
         // The handover gate: a grant that reaches this thread after D is
         // not handed to a caller who was promised an answer by D.
         Ok(match decided.hand_over(Instant::now()) {
-            Ok(Outcome::Acquire(AcquireOutcome::Acquired(held))) => Acquire::Acquired(
-                Ticket::new(self.clone(), held.key, held.token, held.lease, held.expires_at),
-            ),
+            Ok(Outcome::Acquire(AcquireOutcome::Acquired(held))) => Acquire::Acquired(Ticket::new(
+                self.clone(),
+                held.key,
+                held.token,
+                held.lease,
+                held.expires_at,
+            )),
             Ok(Outcome::Acquire(AcquireOutcome::Timeout)) => Acquire::Timeout,
             Ok(Outcome::Acquire(AcquireOutcome::Busy)) => Acquire::Busy,
             Err(late) => {
@@ -589,9 +595,7 @@ impl Client {
         };
         match decided.outcome {
             Outcome::Release(r @ (Release::Released | Release::NotHeld | Release::NotSent)) => r,
-            Outcome::Release(Release::Indeterminate)
-            | Outcome::Acquire(_)
-            | Outcome::Extend(_) => {
+            Outcome::Release(Release::Indeterminate) | Outcome::Acquire(_) | Outcome::Extend(_) => {
                 self.inner.pool.note_failure(&session);
                 Release::Indeterminate
             }

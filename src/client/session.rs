@@ -263,7 +263,10 @@ impl Session {
     /// Queues every call of `calls` at once, so the writer puts them in one
     /// write (as many as fit in one batch of its); each one's hook runs when
     /// it ends. `None`, the calls dropped, if the session is already dead.
-    pub(crate) fn submit_all(&self, calls: Vec<(Unsent<Instant>, OnDone)>) -> Option<Vec<Submitted>> {
+    pub(crate) fn submit_all(
+        &self,
+        calls: Vec<(Unsent<Instant>, OnDone)>,
+    ) -> Option<Vec<Submitted>> {
         let mut st = lock(&self.state);
         if st.dead {
             return None;
@@ -311,7 +314,7 @@ impl Session {
     pub(crate) fn tick(&self, now: Instant, id: CallId) -> Option<Instant> {
         let mut st = lock(&self.state);
         st.machine.handle_timeout(now);
-        self.after_machine(&mut st);
+        self.after_machine(&mut st, usize::MAX);
         st.machine.deadline_of(id)
     }
 
@@ -329,8 +332,9 @@ impl Session {
     }
 
     /// Hands every outcome the machine decided to its caller, and closes the
-    /// session if the machine gave up on it.
-    fn after_machine(&self, st: &mut State) {
+    /// session if the machine gave up on it; wakes the writer if more than
+    /// `queued` calls wait for it now.
+    fn after_machine(&self, st: &mut State, queued: usize) {
         dispatch(st);
         if st.machine.wants_close() {
             let (why, kind, detail) = match st.machine.take_close_cause() {
@@ -341,7 +345,11 @@ impl Session {
                             format!("it answered bytes that are no ticketd reply ({reason})"),
                         )
                     });
-                    (format!("malformed reply from the server: {reason}"), kind, detail)
+                    (
+                        format!("malformed reply from the server: {reason}"),
+                        kind,
+                        detail,
+                    )
                 }
                 Some(CloseCause::WrongKey) => {
                     let why = "reply key does not match the request";
@@ -354,8 +362,8 @@ impl Session {
                 ),
             };
             self.close_locked(st, &why, Some((kind, detail)));
-        } else if st.machine.queued() > 0 {
-            // A grant given back, say.
+        } else if st.machine.queued() > queued {
+            // A grant given back.
             self.writer_cv.notify_one();
         }
     }
@@ -460,15 +468,16 @@ impl Session {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     let mut st = lock(&self.state);
-                    let cause = classify_reply(st.machine.unparsed())
-                        .unwrap_or_else(|| classify_io(&e));
+                    let cause =
+                        classify_reply(st.machine.unparsed()).unwrap_or_else(|| classify_io(&e));
                     self.close_locked(&mut st, &format!("read failed: {e}"), Some(cause));
                     return;
                 }
             };
             let mut st = lock(&self.state);
+            let queued = st.machine.queued();
             st.machine.receive(Instant::now(), &chunk[..n]);
-            self.after_machine(&mut st);
+            self.after_machine(&mut st, queued);
             if st.dead {
                 return;
             }

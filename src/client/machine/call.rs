@@ -199,15 +199,15 @@ impl<T: Moment> Unsent<T> {
     }
 
     /// The grant a reply handed over, counted from `written` (the write,
-    /// never the reply).
-    pub(crate) fn held(&self, token: u64, written: T) -> Held<T> {
+    /// never the reply). The key moves into it: the call is done.
+    pub(crate) fn take_held(&mut self, token: u64, written: T) -> Held<T> {
         let lease_s = match self.kind {
             Kind::Acquire { lease_s, .. } | Kind::Extend { lease_s, .. } => lease_s,
             Kind::Release { .. } => 0,
         };
         let lease = Duration::from_secs(u64::from(lease_s));
         Held {
-            key: self.key.clone(),
+            key: std::mem::take(&mut self.key),
             token,
             lease,
             expires_at: written.plus(lease),

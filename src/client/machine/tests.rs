@@ -399,3 +399,116 @@ fn the_same_seed_gives_the_same_owners() {
     assert_eq!(run(7), run(7));
     assert_ne!(run(7), run(8));
 }
+
+#[test]
+fn unsent_calls_move_to_another_machine_with_their_owner_and_deadline() {
+    let mut first = Machine::new(1);
+    first.acquire(Millis(0), "k", 10 * S, 5 * S).unwrap();
+    first.release(Millis(0), "k", 3).unwrap();
+    let owner = first.queued_owners()[0];
+    let moved = first.take_unsent();
+    assert_eq!((moved.len(), first.pending()), (2, 0));
+    assert_eq!(moved[0].1.key(), "k");
+    assert_eq!(moved[0].1.send_deadline(), Millis(10_000), "the same D");
+    let mut second = Machine::new(2);
+    let ids: Vec<CallId> = moved.into_iter().map(|(_, c)| second.adopt(c)).collect();
+    let bytes = sent(&mut second, Millis(4_000));
+    let (wait_s, _, sent_owner) = acquire_sent(&bytes[..13]);
+    assert_eq!((wait_s, sent_owner), (6, owner), "6 s left of the same D");
+    second.receive(Millis(4_001), &reply(&Reply::Timeout { owner, key: "k" }));
+    assert_eq!(
+        second.poll_outcome(),
+        Some((ids[0], Outcome::Acquire(AcquireOutcome::Timeout)))
+    );
+    assert!(first.poll_outcome().is_none(), "nothing is decided twice");
+}
+
+#[test]
+fn transmit_at_most_leaves_the_rest_queued_and_unsent() {
+    let mut m = Machine::new(1);
+    for key in ["a", "b", "c"] {
+        m.acquire(Millis(0), key, S, S).unwrap();
+    }
+    let mut out = Vec::new();
+    let n = m.transmit_at_most(Millis(0), &mut out, 1);
+    assert_eq!((n, out.len()), (13, 13), "one whole request at least");
+    assert_eq!((m.queued(), m.pending()), (2, 3));
+    let n = m.transmit_at_most(Millis(0), &mut out, 26);
+    assert_eq!((n, m.queued()), (26, 0));
+}
+
+#[test]
+fn the_deadline_of_a_call_follows_it_from_the_queue_to_the_wire() {
+    let mut m = Machine::new(1);
+    let id = m.acquire(Millis(0), "k", 2 * S, 5 * S).unwrap();
+    assert_eq!(m.deadline_of(id), Some(Millis(2_000)), "D while queued");
+    let (_, _, owner) = acquire_sent(&sent(&mut m, Millis(100)));
+    assert_eq!(m.deadline_of(id), Some(Millis(3_000)), "D + 1 s once sent");
+    m.receive(Millis(200), &reply(&Reply::Busy { owner, key: "k" }));
+    assert_eq!(m.deadline_of(id), None, "decided");
+    assert_eq!(
+        m.poll_outcome(),
+        Some((id, Outcome::Acquire(AcquireOutcome::Busy)))
+    );
+}
+
+#[test]
+fn a_reply_to_an_owner_naming_another_key_closes_the_session() {
+    let mut m = Machine::new(1);
+    let id = m.acquire(Millis(0), "k", 5 * S, 5 * S).unwrap();
+    let (_, _, owner) = acquire_sent(&sent(&mut m, Millis(0)));
+    m.receive(
+        Millis(1),
+        &reply(&Reply::Acquired {
+            token: 3,
+            owner,
+            key: "other",
+        }),
+    );
+    assert!(m.wants_close(), "the reply cannot be trusted");
+    assert_eq!(
+        m.poll_outcome(),
+        Some((id, Outcome::Acquire(AcquireOutcome::Indeterminate)))
+    );
+    assert_eq!(m.take_close_cause(), Some(CloseCause::WrongKey));
+    m.connection_lost();
+    assert!(sent(&mut m, Millis(2)).is_empty(), "nothing given back");
+}
+
+#[test]
+fn the_rules_run_on_the_monotonic_clock_too() {
+    let start = std::time::Instant::now();
+    let mut m: Machine<std::time::Instant> = Machine::on_clock(1, 1024);
+    let id = m.acquire(start, "k", 3 * S, 7 * S).unwrap();
+    let mut out = Vec::new();
+    m.transmit(start + Duration::from_millis(1_500), &mut out);
+    let (wait_s, lease_s, owner) = acquire_sent(&out);
+    assert_eq!((wait_s, lease_s), (2, 7), "1.5 s left, rounded up");
+    m.receive(
+        start + 2 * S,
+        &reply(&Reply::Acquired {
+            token: 4,
+            owner,
+            key: "k",
+        }),
+    );
+    let Some(d) = m.poll_decided() else {
+        panic!("not decided");
+    };
+    assert_eq!(d.id, id);
+    // Reaching its caller after D, the grant is not handed over.
+    let Err(late) = d.hand_over(start + 3 * S + Duration::from_millis(1)) else {
+        panic!("handed over after D");
+    };
+    assert_eq!(
+        late.expires_at,
+        start + Duration::from_millis(1_500) + 7 * S,
+        "written + lease"
+    );
+    m.give_back(start + 4 * S, &late);
+    let mut want = Vec::new();
+    proto::encode_request(&Request::Release { token: 4, key: "k" }, &mut want);
+    let mut out = Vec::new();
+    m.transmit(start + 4 * S, &mut out);
+    assert_eq!(out, want, "the late grant given back");
+}
