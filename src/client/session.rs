@@ -235,25 +235,21 @@ impl Session {
     /// Queues `call` here, and waits for its outcome.
     pub(crate) fn run(&self, call: Unsent<Instant>) -> Waited {
         let first = call.send_deadline();
-        match self.submit(call, None) {
+        match self.submit(call) {
             Ok((id, waiter)) => self.await_call(id, &waiter, first),
-            Err(call) => Waited::Moved(call),
+            Err(call) => Waited::Moved(*call),
         }
     }
 
-    /// Queues `call` for the writer; its hook runs when it ends. `Err` with
-    /// the call, untouched, if the session is already dead.
-    pub(crate) fn submit(
-        &self,
-        call: Unsent<Instant>,
-        on_done: Option<OnDone>,
-    ) -> Result<(CallId, Arc<Waiter>), Unsent<Instant>> {
+    /// Queues `call` for the writer. `Err` with the call, untouched, if the
+    /// session is already dead.
+    fn submit(&self, call: Unsent<Instant>) -> Result<Submitted, Box<Unsent<Instant>>> {
         let mut st = lock(&self.state);
         if st.dead {
-            return Err(call);
+            return Err(Box::new(call));
         }
         let id = st.machine.adopt(call);
-        let waiter = Waiter::new(on_done);
+        let waiter = Waiter::new(None);
         st.waiters.insert(id, Arc::clone(&waiter));
         drop(st);
         self.writer_cv.notify_one();
