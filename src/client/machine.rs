@@ -64,6 +64,10 @@ use crate::readbuf::ReadBuf;
 use crate::time::Millis;
 use call::Call;
 
+/// The read buffer a machine keeps between replies; grown past it (for a
+/// long reply), it is given back once empty.
+const KEEP_READ_BYTES: usize = 16 * 1024;
+
 /// One call made on a [`Machine`], to match it with its outcome.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct CallId(pub u64);
@@ -381,7 +385,10 @@ impl<T: Moment> Machine<T> {
                 }
             }
         }
-        buf.shrink_if_empty();
+        if buf.capacity() > KEEP_READ_BYTES {
+            // A long reply grew it: the memory goes back once it is handled.
+            buf.shrink_if_empty();
+        }
         self.rbuf = buf;
     }
 

@@ -12,9 +12,10 @@
 //! ([`Waited::Moved`]), who try them on another session with the same owner
 //! and the same deadlines.
 //!
-//! Every outcome the machine decides is handed to its caller's [`Waiter`]
+//! Every outcome the machine decides is taken for its caller's [`Waiter`]
 //! under the session's lock, so "is it still queued?" has one answer for
-//! the writer, the reader and the waiting caller.
+//! the writer, the reader and the waiting caller; the waiter is woken once
+//! the lock is let go.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -60,6 +61,9 @@ pub(crate) type OnDone = Box<dyn Fn() + Send + Sync>;
 
 /// A call queued on a session: its id there, and where its outcome comes.
 pub(crate) type Submitted = (CallId, Arc<Waiter>);
+
+/// An outcome decided, for the waiter it goes to.
+type Finished = (Arc<Waiter>, Waited);
 
 /// Where a call's outcome is left for whoever waits for it.
 pub(crate) struct Waiter {
@@ -114,6 +118,9 @@ struct State {
     machine: Machine<Instant>,
     /// The caller of each undecided call.
     waiters: HashMap<CallId, Arc<Waiter>>,
+    /// Outcomes decided under the lock, handed to their waiters once it is
+    /// let go ([`unlock`]): a waiter woken does not wait for the lock.
+    done: Vec<Finished>,
     dead: bool,
     why: Option<String>,
     /// Why the connection failed, when it ended by no doing of the client.
@@ -152,6 +159,7 @@ impl Session {
                 // machine's seed is never drawn from.
                 machine: Machine::on_clock(0, max_key_bytes),
                 waiters: HashMap::new(),
+                done: Vec::new(),
                 dead: false,
                 why: None,
                 failure: None,
@@ -297,7 +305,8 @@ impl Session {
                 if let Some(w) = waiter.take() {
                     return w;
                 }
-                // Decided meanwhile: its outcome is in the slot already.
+                // Decided meanwhile by another thread, which is handing
+                // the outcome over.
                 next = Some(Instant::now() + TRANSPORT_DEADLINE);
             }
         }
@@ -311,7 +320,9 @@ impl Session {
         let mut st = lock(&self.state);
         st.machine.handle_timeout(now);
         self.after_machine(&mut st, usize::MAX);
-        st.machine.deadline_of(id)
+        let next = st.machine.deadline_of(id);
+        unlock(st, &mut Vec::new());
+        next
     }
 
     /// Gives `held` back: a release of that exact token on this session,
@@ -370,6 +381,7 @@ impl Session {
     pub(crate) fn close(&self, why: &str) {
         let mut st = lock(&self.state);
         self.close_locked(&mut st, why, None);
+        unlock(st, &mut Vec::new());
     }
 
     /// Closes the session because the connection failed: `kind` and
@@ -377,6 +389,7 @@ impl Session {
     fn close_failed(&self, why: &str, cause: (FailureKind, String)) {
         let mut st = lock(&self.state);
         self.close_locked(&mut st, why, Some(cause));
+        unlock(st, &mut Vec::new());
     }
 
     fn close_locked(&self, st: &mut State, why: &str, cause: Option<(FailureKind, String)>) {
@@ -392,7 +405,7 @@ impl Session {
         dispatch(st);
         for (id, call) in st.machine.take_unsent() {
             if let Some(w) = st.waiters.remove(&id) {
-                w.finish(Waited::Moved(call));
+                st.done.push((w, Waited::Moved(call)));
             }
         }
         // Wakes the reader (read returns 0) and a writer blocked in write
@@ -414,6 +427,7 @@ impl Session {
 
     fn writer_loop(&self) {
         let mut buf = Vec::with_capacity(BATCH_BYTES);
+        let mut spare = Vec::new();
         loop {
             {
                 let mut st = lock(&self.state);
@@ -436,6 +450,7 @@ impl Session {
                 // Calls past their send deadline were dropped unsent.
                 dispatch(&mut st);
                 st.writes += u64::from(!buf.is_empty());
+                unlock(st, &mut spare);
             }
             if buf.is_empty() {
                 continue;
@@ -449,6 +464,7 @@ impl Session {
 
     fn reader_loop(&self, mut stream: ClientStream) {
         let mut chunk = vec![0u8; READ_CHUNK];
+        let mut spare = Vec::new();
         loop {
             let n = match stream.read(&mut chunk) {
                 Ok(0) => {
@@ -458,6 +474,7 @@ impl Session {
                         "the server closed the connection".into(),
                     ));
                     self.close_locked(&mut st, "connection closed by the server", Some(cause));
+                    unlock(st, &mut spare);
                     return;
                 }
                 Ok(n) => n,
@@ -467,6 +484,7 @@ impl Session {
                     let cause =
                         classify_reply(st.machine.unparsed()).unwrap_or_else(|| classify_io(&e));
                     self.close_locked(&mut st, &format!("read failed: {e}"), Some(cause));
+                    unlock(st, &mut spare);
                     return;
                 }
             };
@@ -474,18 +492,31 @@ impl Session {
             let queued = st.machine.queued();
             st.machine.receive(Instant::now(), &chunk[..n]);
             self.after_machine(&mut st, queued);
-            if st.dead {
+            let dead = st.dead;
+            unlock(st, &mut spare);
+            if dead {
                 return;
             }
         }
     }
 }
 
-/// Hands every outcome the machine decided to its caller.
+/// Takes every outcome the machine decided, for its caller.
 fn dispatch(st: &mut State) {
     while let Some(d) = st.machine.poll_decided() {
         if let Some(w) = st.waiters.remove(&d.id) {
-            w.finish(Waited::Decided(d));
+            st.done.push((w, Waited::Decided(d)));
         }
+    }
+}
+
+/// Lets the session's lock go, then hands the outcomes decided under it to
+/// their waiters. `spare` is an empty list kept by the caller, swapped
+/// with the session's so that neither allocates again.
+fn unlock(mut st: MutexGuard<'_, State>, spare: &mut Vec<Finished>) {
+    std::mem::swap(&mut st.done, spare);
+    drop(st);
+    for (w, outcome) in spare.drain(..) {
+        w.finish(outcome);
     }
 }
