@@ -290,7 +290,7 @@ impl Session {
     /// Waits for call `id` to end. Its first deadline is `first`; whenever
     /// a deadline of the call comes, the machine decides what is due
     /// ([`Session::tick`]) and says the next.
-    pub(crate) fn await_call(&self, id: CallId, waiter: &Waiter, first: Instant) -> Waited {
+    fn await_call(&self, id: CallId, waiter: &Waiter, first: Instant) -> Waited {
         let mut next = Some(first);
         loop {
             // A call handed out after the wait began has deadlines of its
