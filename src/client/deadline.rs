@@ -16,7 +16,7 @@ use crate::time::Millis;
 /// A point in time a plan can be made on: the blocking client's `Instant`,
 /// or the [`Millis`] of a caller-driven clock (the sans-IO client,
 /// [`super::machine`]). The rules are the same on both.
-pub trait Moment: Copy + Ord {
+pub trait Moment: Copy + Ord + std::fmt::Debug {
     /// `self` plus `d`.
     #[must_use]
     fn plus(self, d: Duration) -> Self;

@@ -13,10 +13,10 @@
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::deadline::{self, Plan, TRANSPORT_DEADLINE};
+use super::machine::{ExtendOutcome, Outcome, Unsent};
 use super::renew::{Kept, KeptState, Shared};
-use super::session::{lock, Answer, Call, Kind, Waited};
-use super::{Client, Error, Release, RetryPause};
+use super::session::lock;
+use super::{Client, Error, Release};
 
 /// The outcome of [`crate::client::Ticket::extend`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,8 +52,9 @@ pub enum ExtendToken {
 /// How one extend call ended, inside the client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Extended {
-    /// `E` matched for the attempt written at this time.
-    Yes { written_at: Instant },
+    /// `E` matched: the grant now expires at this time (the answered
+    /// attempt's write plus the lease).
+    Yes { expires_at: Instant },
     /// `X`.
     No,
     /// `until` passed with no `E` or `X`.
@@ -71,61 +72,32 @@ impl Client {
     /// # Errors
     /// The key or lease is invalid; nothing was sent.
     pub fn extend(&self, key: &str, token: u64, lease: Duration) -> Result<ExtendToken, Error> {
-        deadline::check_key(key, self.inner.max_key_bytes)?;
-        let lease_s = deadline::lease_s(lease)?;
-        let until = Instant::now() + TRANSPORT_DEADLINE;
-        Ok(
-            match self.extend_until(Arc::from(key), token, lease_s, until) {
-                Extended::Yes { .. } => ExtendToken::Extended,
-                Extended::No => ExtendToken::NotHeld,
-                Extended::NoAnswer => ExtendToken::Indeterminate,
-            },
-        )
+        let max = self.inner.max_key_bytes;
+        let call = Unsent::extend_token(Instant::now(), key, token, lease, max)?;
+        Ok(match self.extend_call(call) {
+            Extended::Yes { .. } => ExtendToken::Extended,
+            Extended::No => ExtendToken::NotHeld,
+            Extended::NoAnswer => ExtendToken::Indeterminate,
+        })
     }
 
-    /// Sends the extend until an `E` or `X` matches or `until` passes. An
+    /// Sends the extend until an `E` or `X` matches or its limit passes. An
     /// attempt that got no reply is given up after the transport deadline
-    /// (its session is closed) and sent again elsewhere, never past `until`.
-    /// An `E` matched at or after `until` counts for nothing: whoever waits
-    /// for `until` has been told the ticket is lost.
-    pub(crate) fn extend_until(
-        &self,
-        key: Arc<str>,
-        token: u64,
-        lease_s: u8,
-        until: Instant,
-    ) -> Extended {
-        let mut backoff = RetryPause::new(until);
-        loop {
-            let now = Instant::now();
-            if now >= until {
-                return Extended::NoAnswer;
-            }
-            let plan = Plan::until(now, until);
-            let Some(session) = self.inner.pool.get(plan.send_deadline) else {
-                backoff.pause();
-                continue;
-            };
-            let call = Call::new(Kind::Extend { token, lease_s }, Arc::clone(&key), plan);
-            if !session.enqueue(Arc::clone(&call)) {
-                backoff.pause();
-                continue;
-            }
-            match session.await_call(&call) {
-                Waited::Answered {
-                    answer: Answer::Extended,
-                    written_at,
-                } if Instant::now() < until => return Extended::Yes { written_at },
-                Waited::Answered {
-                    answer: Answer::NotExtended,
-                    ..
-                } => return Extended::No,
-                // Sent, but no reply in time (or after `until`): the next
-                // round gives up or sends it again.
-                Waited::Answered { .. } | Waited::Indeterminate | Waited::NotSent => {
-                    self.inner.pool.note_failure(&session);
-                    backoff.pause();
-                }
+    /// (its session is closed) and sent again elsewhere, never past the
+    /// limit. An `E` matched at or after the limit counts for nothing:
+    /// whoever waits for it has been told the ticket is lost.
+    pub(crate) fn extend_call(&self, call: Unsent<Instant>) -> Extended {
+        let Some((session, decided)) = self.run(call, true) else {
+            return Extended::NoAnswer;
+        };
+        match decided.outcome {
+            Outcome::Extend(ExtendOutcome::Extended(held)) => Extended::Yes {
+                expires_at: held.expires_at,
+            },
+            Outcome::Extend(ExtendOutcome::Lost) if decided.refused => Extended::No,
+            Outcome::Extend(ExtendOutcome::Lost) | Outcome::Acquire(_) | Outcome::Release(_) => {
+                self.inner.pool.note_failure(&session);
+                Extended::NoAnswer
             }
         }
     }

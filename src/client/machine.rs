@@ -4,9 +4,10 @@
 //!
 //! It is for programs that drive their own I/O, and for deterministic tests
 //! (with the `harness` feature's in-memory server): no thread, no socket, no
-//! OS clock. The blocking [`super::Client`] keeps its own threads; both make
-//! their deadlines with the same plan (`deadline.rs`) and the same wire
-//! wait rounding.
+//! OS clock. The blocking [`super::Client`] is built on it too: each of its
+//! connections is a machine on the monotonic clock ([`std::time::Instant`]),
+//! driven by the connection's writer and reader threads and by the callers
+//! waiting for their outcomes.
 //!
 //! One machine is one session (one connection at a time):
 //!
@@ -22,7 +23,8 @@
 //! 3. [`Machine::receive`] feeds the bytes read; replies are matched by owner
 //!    (A/T/B) and by token and key (R/N). T and B are definitive. An A
 //!    matched after `D` is not handed over: a release of that exact token is
-//!    queued and the call is Indeterminate.
+//!    queued and the call is Indeterminate. An A/T/B for the owner of a call
+//!    that names another key is not trusted: the session is given up.
 //! 4. [`Machine::handle_timeout`]: a request that may have been sent and has
 //!    no reply by `D + 1 s` (or the transport deadline) makes the machine ask
 //!    for its session to be closed ([`Machine::wants_close`]): every call
@@ -30,6 +32,8 @@
 //! 5. [`Machine::connection_lost`]: the connection died. What may have been
 //!    sent is Indeterminate; what was definitely not sent stays queued and
 //!    goes out on the next connection, with the same owner and the same `D`.
+//!    A program with several connections can instead move it to another
+//!    machine: [`Machine::take_unsent`], then [`Machine::adopt`].
 //!
 //! [`Machine::extend`] renews a grant (PROTOCOL §5.3): refused without sending
 //! once the grant's conservative expiry has passed; sent again on the next
@@ -41,15 +45,28 @@
 //! decided. Owners come from the seed given to [`Machine::new`], so the same
 //! seed and the same calls give the same bytes.
 
-use std::collections::VecDeque;
+mod call;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
-use super::deadline::{self, Plan};
+pub use call::Unsent;
+pub(crate) use call::{CloseCause, Decided, Kind};
+
+use super::deadline;
+pub use super::deadline::Moment;
 use super::owner::mix;
 use super::{Error, Release};
 use crate::proto::{self, Decoded, Reply, Request};
 use crate::readbuf::ReadBuf;
 use crate::time::Millis;
+use call::Call;
+
+/// The read buffer a machine keeps between replies; grown past it (for a
+/// long reply), it is given back once empty.
+const KEEP_READ_BYTES: usize = 16 * 1024;
 
 /// One call made on a [`Machine`], to match it with its outcome.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -59,7 +76,7 @@ pub struct CallId(pub u64);
 /// conservative expiry (the time the request was handed out to be written,
 /// plus the lease: the server's lease always ends later).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Held {
+pub struct Held<T = Millis> {
     /// The key.
     pub key: String,
     /// The fencing token: pass it to the resource you guard.
@@ -67,23 +84,23 @@ pub struct Held {
     /// The lease asked for.
     pub lease: Duration,
     /// Leave the critical section before this moment.
-    pub expires_at: Millis,
+    pub expires_at: T,
 }
 
-impl Held {
+impl<T: Moment> Held<T> {
     /// The conservative expiry has been reached: the holder must stop
     /// using the token.
     #[must_use]
-    pub fn is_expired(&self, now: Millis) -> bool {
+    pub fn is_expired(&self, now: T) -> bool {
         now >= self.expires_at
     }
 }
 
 /// What an acquire came to.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum AcquireOutcome {
+pub enum AcquireOutcome<T = Millis> {
     /// Granted, and handed over by `D`.
-    Acquired(Held),
+    Acquired(Held<T>),
     /// Definitely not acquired: the wait ran out on the server, the key was
     /// held (`wait = 0`), or the request was never sent before `D`.
     Timeout,
@@ -96,11 +113,11 @@ pub enum AcquireOutcome {
 
 /// What an extend came to (PROTOCOL §5.3).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ExtendOutcome {
+pub enum ExtendOutcome<T = Millis> {
     /// `E` before the grant's conservative expiry: the grant as it is now,
     /// its expiry the time the answered attempt was written plus the new
     /// lease. Replace the old [`Held`] with it.
-    Extended(Held),
+    Extended(Held<T>),
     /// `X` (the grant is gone or capped), or the conservative expiry came
     /// with no `E`: stop using the token.
     Lost,
@@ -108,63 +125,41 @@ pub enum ExtendOutcome {
 
 /// The outcome of one call.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Outcome<T = Millis> {
     /// Of [`Machine::acquire`].
-    Acquire(AcquireOutcome),
+    Acquire(AcquireOutcome<T>),
     /// Of [`Machine::release`].
     Release(Release),
     /// Of [`Machine::extend`].
-    Extend(ExtendOutcome),
+    Extend(ExtendOutcome<T>),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Acquire {
-        owner: u64,
-        lease_s: u8,
-    },
-    Release {
-        token: u64,
-    },
-    /// Sent again after a lost session while `until` (the grant's
-    /// conservative expiry) has not passed.
-    Extend {
-        token: u64,
-        lease_s: u8,
-        until: Millis,
-    },
-}
-
+/// The client state machine, on the clock `T` ([`Millis`] of a clock the
+/// caller keeps, by default). See the module documentation.
 #[derive(Debug)]
-struct Call {
-    id: CallId,
-    kind: Kind,
-    key: String,
-    plan: Plan<Millis>,
-    /// When its bytes were handed out: from then on it may have been sent.
-    written_at: Option<Millis>,
-    /// A compensating release nobody waits for: its outcome is not reported.
-    silent: bool,
-}
-
-/// The client state machine. See the module documentation.
-#[derive(Debug)]
-pub struct Machine {
+pub struct Machine<T: Moment = Millis> {
     seed: u64,
     owners: u64,
     next_id: u64,
     max_key_bytes: usize,
     /// Not yet handed out, in call order.
-    queued: VecDeque<Call>,
-    /// Handed out, waiting for a reply, in the order written.
-    in_flight: Vec<Call>,
+    queued: VecDeque<Call<T>>,
+    /// Handed out, waiting for a reply.
+    sent: BTreeMap<CallId, Call<T>>,
+    /// The acquires of `sent` by owner.
+    by_owner: HashMap<u64, CallId>,
+    /// The releases and extends of `sent` by token.
+    by_token: BTreeSet<(u64, CallId)>,
     /// Received bytes of a reply not yet complete.
     rbuf: ReadBuf,
-    outcomes: VecDeque<(CallId, Outcome)>,
+    outcomes: VecDeque<Decided<T>>,
     wants_close: bool,
+    cause: Option<CloseCause>,
+    /// Requests handed out so far.
+    handed_out: u64,
 }
 
-impl Machine {
+impl Machine<Millis> {
     /// A machine whose owners are drawn from `seed` (distinct machines in
     /// one test should have distinct seeds), for keys of at most the
     /// server's default 1024 bytes.
@@ -176,16 +171,28 @@ impl Machine {
     /// [`Machine::new`] for a server with another `--max-key-bytes`.
     #[must_use]
     pub fn with_max_key_bytes(seed: u64, max_key_bytes: usize) -> Machine {
+        Machine::on_clock(seed, max_key_bytes)
+    }
+}
+
+impl<T: Moment> Machine<T> {
+    /// [`Machine::with_max_key_bytes`] on another clock.
+    #[must_use]
+    pub fn on_clock(seed: u64, max_key_bytes: usize) -> Machine<T> {
         Machine {
             seed: mix(seed),
             owners: 0,
             next_id: 1,
             max_key_bytes,
             queued: VecDeque::new(),
-            in_flight: Vec::new(),
+            sent: BTreeMap::new(),
+            by_owner: HashMap::new(),
+            by_token: BTreeSet::new(),
             rbuf: ReadBuf::new(0),
             outcomes: VecDeque::new(),
             wants_close: false,
+            cause: None,
+            handed_out: 0,
         }
     }
 
@@ -194,17 +201,9 @@ impl Machine {
         mix(self.seed.wrapping_add(self.owners))
     }
 
-    fn push(&mut self, kind: Kind, key: &str, plan: Plan<Millis>, silent: bool) -> CallId {
+    fn next_id(&mut self) -> CallId {
         let id = CallId(self.next_id);
         self.next_id += 1;
-        self.queued.push_back(Call {
-            id,
-            kind,
-            key: key.to_owned(),
-            plan,
-            written_at: None,
-            silent,
-        });
         id
     }
 
@@ -215,29 +214,23 @@ impl Machine {
     /// A bad key or lease; nothing is queued.
     pub fn acquire(
         &mut self,
-        now: Millis,
+        now: T,
         key: &str,
         wait: Duration,
         lease: Duration,
     ) -> Result<CallId, Error> {
-        deadline::check_key(key, self.max_key_bytes)?;
-        let lease_s = deadline::lease_s(lease)?;
-        let owner = self.next_owner();
-        Ok(self.push(
-            Kind::Acquire { owner, lease_s },
-            key,
-            Plan::acquire(now, wait),
-            false,
-        ))
+        let max = self.max_key_bytes;
+        let call = Unsent::acquire(now, key, wait, lease, max, || self.next_owner())?;
+        Ok(self.adopt(call))
     }
 
     /// Releases `token` on `key` at `now`, under the 5 s transport deadline.
     ///
     /// # Errors
     /// A bad key; nothing is queued.
-    pub fn release(&mut self, now: Millis, key: &str, token: u64) -> Result<CallId, Error> {
-        deadline::check_key(key, self.max_key_bytes)?;
-        Ok(self.push(Kind::Release { token }, key, Plan::transport(now), false))
+    pub fn release(&mut self, now: T, key: &str, token: u64) -> Result<CallId, Error> {
+        let call = Unsent::release(now, key, token, self.max_key_bytes)?;
+        Ok(self.adopt(call))
     }
 
     /// Extends `held` at `now` to live `lease` from then (PROTOCOL §5.3). A
@@ -251,28 +244,37 @@ impl Machine {
     ///
     /// # Errors
     /// A bad lease; nothing is queued.
-    pub fn extend(&mut self, now: Millis, held: &Held, lease: Duration) -> Result<CallId, Error> {
-        let lease_s = deadline::lease_s(lease)?;
-        let until = held
-            .expires_at
-            .min(now.add_ms(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX)));
-        let kind = Kind::Extend {
-            token: held.token,
-            lease_s,
-            until,
-        };
-        // Queued, it may wait for a connection until the expiry; each
-        // attempt gets its transport deadline when it is written.
-        let mut plan = Plan::until(now, until);
-        plan.send_deadline = until;
-        plan.give_up = until;
-        let id = self.push(kind, &held.key, plan, false);
+    pub fn extend(&mut self, now: T, held: &Held<T>, lease: Duration) -> Result<CallId, Error> {
+        let call = Unsent::extend(now, &held.key, held.token, lease, held.expires_at)?;
         if held.is_expired(now) {
-            if let Some(call) = self.queued.pop_back() {
-                self.report(&call, Outcome::Extend(ExtendOutcome::Lost));
-            }
+            let id = self.next_id();
+            self.decide(id, &call, call.not_sent(), false);
+            return Ok(id);
         }
-        Ok(id)
+        Ok(self.adopt(call))
+    }
+
+    /// Queues `call`, taken out of another machine by
+    /// [`Machine::take_unsent`] (or made by the blocking client), behind
+    /// every call already queued. Its outcome comes out of this machine,
+    /// under the returned id.
+    pub fn adopt(&mut self, call: Unsent<T>) -> CallId {
+        let id = self.next_id();
+        self.queued.push_back(Call {
+            id,
+            req: call,
+            written_at: None,
+        });
+        id
+    }
+
+    /// Takes every call still queued out of the machine, in call order:
+    /// none of them was ever handed out, so each may go to another machine
+    /// ([`Machine::adopt`]) with its owner and deadlines unchanged. For a
+    /// program that gives up this machine's connection for good instead of
+    /// calling [`Machine::connection_lost`] and reconnecting.
+    pub fn take_unsent(&mut self) -> Vec<(CallId, Unsent<T>)> {
+        self.queued.drain(..).map(|c| (c.id, c.req)).collect()
     }
 
     /// Appends to `out` the bytes of every queued request that may still be
@@ -280,212 +282,252 @@ impl Machine {
     /// this call on they may have been sent. Requests past their send
     /// deadline are dropped unsent (their outcome is Timeout, or NotSent for
     /// a release). Nothing is handed out while a close is pending.
-    pub fn transmit(&mut self, now: Millis, out: &mut Vec<u8>) -> usize {
+    pub fn transmit(&mut self, now: T, out: &mut Vec<u8>) -> usize {
+        self.transmit_at_most(now, out, usize::MAX)
+    }
+
+    /// [`Machine::transmit`], stopping once `max_bytes` have been handed
+    /// out (at least one request goes out if one is due): what stays
+    /// queued has definitely not been sent and can still move elsewhere.
+    pub fn transmit_at_most(&mut self, now: T, out: &mut Vec<u8>, max_bytes: usize) -> usize {
         if self.wants_close {
             return 0;
         }
         let start = out.len();
-        while let Some(mut call) = self.queued.pop_front() {
-            let Some(wait_s) = call.plan.wire_wait_at(now) else {
-                self.not_sent(call);
+        while out.len() - start < max_bytes {
+            let Some(mut call) = self.queued.pop_front() else {
+                break;
+            };
+            let Some(wait_s) = call.req.plan.wire_wait_at(now) else {
+                self.decide(call.id, &call.req, call.req.not_sent(), false);
                 continue;
             };
-            let req = match call.kind {
-                Kind::Acquire { owner, lease_s } => Request::Acquire {
-                    wait_s,
-                    lease_s,
-                    owner,
-                    key: &call.key,
-                },
-                Kind::Release { token } => Request::Release {
-                    token,
-                    key: &call.key,
-                },
+            let key = &call.req.key;
+            let req = match call.req.kind {
+                Kind::Acquire { owner, lease_s } => {
+                    self.by_owner.insert(owner, call.id);
+                    Request::Acquire {
+                        wait_s,
+                        lease_s,
+                        owner,
+                        key,
+                    }
+                }
+                Kind::Release { token } => {
+                    self.by_token.insert((token, call.id));
+                    Request::Release { token, key }
+                }
                 Kind::Extend {
                     token,
                     lease_s,
                     until,
                 } => {
                     // Each attempt has its own transport deadline, never
-                    // past the grant's expiry.
-                    call.plan = Plan::until(now, until);
+                    // past `until`.
+                    call.req.plan = deadline::Plan::until(now, until);
+                    self.by_token.insert((token, call.id));
                     Request::Extend {
                         lease_s,
                         token,
-                        key: &call.key,
+                        key,
                     }
                 }
             };
             proto::encode_request(&req, out);
             call.written_at = Some(now);
-            self.in_flight.push(call);
+            self.handed_out += 1;
+            self.sent.insert(call.id, call);
         }
         out.len() - start
     }
 
-    fn not_sent(&mut self, call: Call) {
-        let outcome = match call.kind {
-            Kind::Acquire { .. } => Outcome::Acquire(AcquireOutcome::Timeout),
-            Kind::Release { .. } => Outcome::Release(Release::NotSent),
-            Kind::Extend { .. } => Outcome::Extend(ExtendOutcome::Lost),
-        };
-        self.report(&call, outcome);
-    }
-
-    fn report(&mut self, call: &Call, outcome: Outcome) {
-        if !call.silent {
-            self.outcomes.push_back((call.id, outcome));
+    fn decide(&mut self, id: CallId, req: &Unsent<T>, outcome: Outcome<T>, refused: bool) {
+        if !req.silent {
+            self.outcomes.push_back(Decided {
+                id,
+                outcome,
+                refused,
+                gate: req.plan.gate,
+            });
         }
     }
 
     /// Feeds bytes read from the connection at `now`. A reply that matches
     /// no call is ignored; a malformed one makes the machine ask for the
     /// session to be closed (every call in flight is then Indeterminate).
-    pub fn receive(&mut self, now: Millis, bytes: &[u8]) {
+    pub fn receive(&mut self, now: T, bytes: &[u8]) {
         if self.wants_close {
             return;
         }
         // Complete replies are handled at once: what stays is at most one
         // incomplete reply, which the decoder bounds.
         self.rbuf.append(bytes);
+        let mut buf = std::mem::replace(&mut self.rbuf, ReadBuf::new(0));
         loop {
-            let (reply, used) = match proto::decode_reply(self.rbuf.data(), self.max_key_bytes) {
-                Decoded::Frame { frame, used } => (owned(&frame), used),
+            match proto::decode_reply(buf.data(), self.max_key_bytes) {
+                Decoded::Frame { frame, used } => {
+                    if !self.matched(now, &frame) {
+                        self.cause = Some(CloseCause::WrongKey);
+                        self.close_session();
+                        return;
+                    }
+                    buf.consume(used);
+                }
                 Decoded::Incomplete => break,
-                Decoded::Malformed(_) => {
+                Decoded::Malformed(m) => {
+                    let head = buf.data()[..buf.len().min(64)].to_vec();
+                    self.cause = Some(CloseCause::Malformed {
+                        reason: m.to_string(),
+                        head,
+                    });
                     self.close_session();
                     return;
                 }
-            };
-            self.rbuf.consume(used);
-            self.matched(now, reply);
+            }
         }
+        if buf.capacity() > KEEP_READ_BYTES {
+            // A long reply grew it: the memory goes back once it is handled.
+            buf.shrink_if_empty();
+        }
+        self.rbuf = buf;
     }
 
-    // Long because each reply kind is matched to its call and judged against
-    // the call's deadline in one place (PROTOCOL §3).
-    fn matched(&mut self, now: Millis, reply: OwnedReply) {
-        let found = self.in_flight.iter().position(|c| match (&reply, c.kind) {
-            (OwnedReply::Acquire { owner, key, .. }, Kind::Acquire { owner: o, .. }) => {
-                *owner == o && *key == c.key
+    /// Matches one reply to its call and decides the call; `false` if the
+    /// reply cannot be trusted (an acquire's owner with another key).
+    fn matched(&mut self, now: T, reply: &Reply<'_>) -> bool {
+        match *reply {
+            Reply::Acquired { owner, key, .. }
+            | Reply::Timeout { owner, key }
+            | Reply::Busy { owner, key } => {
+                let Some(id) = self.by_owner.remove(&owner) else {
+                    // Nothing of ours. A grant nobody waits for (a correct
+                    // server never sends one) is given back at once.
+                    if let Reply::Acquired { token, key, .. } = *reply {
+                        self.adopt(Unsent::give_back(now, key, token));
+                    }
+                    return true;
+                };
+                let Some(call) = self.sent.remove(&id) else {
+                    return true;
+                };
+                if call.req.key != key {
+                    self.decide(call.id, &call.req, call.req.lost(), false);
+                    return false;
+                }
+                self.acquire_answered(now, call, reply);
             }
-            (OwnedReply::Release { token, key, .. }, Kind::Release { token: t }) => {
-                *token == t && *key == c.key
-            }
-            (OwnedReply::Extend { token, key, .. }, Kind::Extend { token: t, .. }) => {
-                *token == t && *key == c.key
-            }
-            _ => false,
-        });
-        let Some(i) = found else {
-            // Nothing of ours. A grant nobody waits for (a correct server
-            // never sends one) is given back at once; anything else is
-            // ignored.
-            if let OwnedReply::Acquire {
-                token: Some(token),
-                key,
-                ..
-            } = reply
-            {
-                self.push(Kind::Release { token }, &key, Plan::transport(now), true);
-            }
-            return;
-        };
-        let call = self.in_flight.remove(i);
-        // Found by kind above: a reply to an acquire is matched to an acquire.
-        let lease_s = match call.kind {
-            Kind::Acquire { lease_s, .. } | Kind::Extend { lease_s, .. } => lease_s,
-            Kind::Release { .. } => 0,
-        };
-        let outcome = match reply {
-            OwnedReply::Acquire {
-                token: Some(token), ..
-            } => {
-                if now > call.plan.gate {
-                    // Seen after D: not handed over; give it back.
-                    self.push(
-                        Kind::Release { token },
-                        &call.key,
-                        Plan::transport(now),
-                        true,
-                    );
-                    AcquireOutcome::Indeterminate
-                } else {
-                    let lease = Duration::from_secs(u64::from(lease_s));
-                    let written = call.written_at.unwrap_or(now);
-                    AcquireOutcome::Acquired(Held {
-                        key: call.key.clone(),
-                        token,
-                        lease,
-                        expires_at: deadline::Moment::plus(written, lease),
-                    })
+            Reply::Released { token, key } | Reply::NotReleased { token, key } => {
+                if let Some(call) = self.take_by_token(token, key, false) {
+                    let r = if matches!(reply, Reply::Released { .. }) {
+                        Release::Released
+                    } else {
+                        Release::NotHeld
+                    };
+                    self.decide(call.id, &call.req, Outcome::Release(r), false);
                 }
             }
-            OwnedReply::Acquire { busy: true, .. } => AcquireOutcome::Busy,
-            OwnedReply::Acquire { .. } => AcquireOutcome::Timeout,
-            OwnedReply::Release { released, .. } => {
-                let r = if released {
-                    Release::Released
-                } else {
-                    Release::NotHeld
-                };
-                self.report(&call, Outcome::Release(r));
-                return;
+            Reply::Extended { token, key } | Reply::NotExtended { token, key } => {
+                if let Some(mut call) = self.take_by_token(token, key, true) {
+                    let extended = matches!(reply, Reply::Extended { .. });
+                    let outcome = extend_outcome(&mut call, now, extended);
+                    self.decide(call.id, &call.req, Outcome::Extend(outcome), !extended);
+                }
             }
-            OwnedReply::Extend { extended, .. } => {
-                let outcome = extend_outcome(&call, now, extended, lease_s);
-                self.report(&call, Outcome::Extend(outcome));
-                return;
+        }
+        true
+    }
+
+    /// Decides an acquire answered A, T or B at `now`.
+    fn acquire_answered(&mut self, now: T, mut call: Call<T>, reply: &Reply<'_>) {
+        let outcome = match *reply {
+            Reply::Acquired { token, .. } if now > call.req.plan.gate => {
+                // Seen after D: not handed over; give it back.
+                self.adopt(Unsent::give_back(now, &call.req.key, token));
+                AcquireOutcome::Indeterminate
             }
+            Reply::Acquired { token, .. } => {
+                let written = call.written_at.unwrap_or(now);
+                AcquireOutcome::Acquired(call.req.take_held(token, written))
+            }
+            Reply::Busy { .. } => AcquireOutcome::Busy,
+            _ => AcquireOutcome::Timeout,
         };
-        self.report(&call, Outcome::Acquire(outcome));
+        self.decide(call.id, &call.req, Outcome::Acquire(outcome), false);
+    }
+
+    /// Takes the oldest release (or extend) in flight of `token` on `key`.
+    fn take_by_token(&mut self, token: u64, key: &str, extend: bool) -> Option<Call<T>> {
+        let found = self
+            .by_token
+            .range((token, CallId(0))..=(token, CallId(u64::MAX)))
+            .map(|&(_, id)| id)
+            .find(|id| {
+                self.sent.get(id).is_some_and(|c| {
+                    c.req.key == key && matches!(c.req.kind, Kind::Extend { .. }) == extend
+                })
+            })?;
+        self.by_token.remove(&(token, found));
+        self.sent.remove(&found)
     }
 
     /// Decides what is due at `now`: queued calls past their send deadline
     /// are dropped unsent; a call that may have been sent and has no reply
     /// by its give-up moment closes the session.
-    pub fn handle_timeout(&mut self, now: Millis) {
+    pub fn handle_timeout(&mut self, now: T) {
         let mut i = 0;
         while i < self.queued.len() {
-            if now >= self.queued[i].plan.send_deadline {
+            if now >= self.queued[i].req.plan.send_deadline {
                 if let Some(call) = self.queued.remove(i) {
-                    self.not_sent(call);
+                    self.decide(call.id, &call.req, call.req.not_sent(), false);
                 }
             } else {
                 i += 1;
             }
         }
-        if self.in_flight.iter().any(|c| now >= c.plan.give_up) {
+        if self.sent.values().any(|c| now >= c.req.plan.give_up) {
+            self.cause = Some(CloseCause::NoReply);
             self.close_session();
         }
     }
 
     /// The next moment [`Machine::handle_timeout`] has something to decide.
     #[must_use]
-    pub fn next_timeout(&self) -> Option<Millis> {
-        let queued = self.queued.iter().map(|c| c.plan.send_deadline);
-        let flying = self.in_flight.iter().map(|c| c.plan.give_up);
+    pub fn next_timeout(&self) -> Option<T> {
+        let queued = self.queued.iter().map(|c| c.req.plan.send_deadline);
+        let flying = self.sent.values().map(|c| c.req.plan.give_up);
         queued.chain(flying).min()
+    }
+
+    /// The next moment [`Machine::handle_timeout`] has something to decide
+    /// about call `id`: its send deadline while it is queued, its give-up
+    /// moment once handed out; `None` once it is decided (or moved out).
+    #[must_use]
+    pub fn deadline_of(&self, id: CallId) -> Option<T> {
+        if let Some(c) = self.sent.get(&id) {
+            return Some(c.req.plan.give_up);
+        }
+        self.queued
+            .iter()
+            .find(|c| c.id == id)
+            .map(|c| c.req.plan.send_deadline)
     }
 
     fn close_session(&mut self) {
         self.wants_close = true;
+        self.by_owner.clear();
+        self.by_token.clear();
         let mut again = Vec::new();
-        for mut call in std::mem::take(&mut self.in_flight) {
-            let outcome = match call.kind {
-                Kind::Acquire { .. } => Outcome::Acquire(AcquireOutcome::Indeterminate),
-                Kind::Release { .. } => Outcome::Release(Release::Indeterminate),
-                Kind::Extend { until, .. } => {
-                    // Applying an extend twice only moves the caller's own
-                    // expiry: it goes out again, until the expiry.
-                    call.written_at = None;
-                    call.plan.send_deadline = until;
-                    call.plan.give_up = until;
-                    again.push(call);
-                    continue;
-                }
-            };
-            self.report(&call, outcome);
+        for (id, mut call) in std::mem::take(&mut self.sent) {
+            if let Kind::Extend { until, .. } = call.req.kind {
+                // Applying an extend twice only moves the caller's own
+                // expiry: it goes out again, until `until`.
+                call.written_at = None;
+                call.req.plan.send_deadline = until;
+                call.req.plan.give_up = until;
+                again.push(call);
+                continue;
+            }
+            self.decide(id, &call.req, call.req.lost(), false);
         }
         for call in again.into_iter().rev() {
             self.queued.push_front(call);
@@ -510,503 +552,74 @@ impl Machine {
     }
 
     /// The next decided outcome, in the order decided.
-    pub fn poll_outcome(&mut self) -> Option<(CallId, Outcome)> {
+    pub fn poll_outcome(&mut self) -> Option<(CallId, Outcome<T>)> {
+        self.outcomes.pop_front().map(|d| (d.id, d.outcome))
+    }
+
+    /// [`Machine::poll_outcome`] with what the blocking client needs besides.
+    pub(crate) fn poll_decided(&mut self) -> Option<Decided<T>> {
         self.outcomes.pop_front()
+    }
+
+    /// Why the machine asked for its session to be closed, once.
+    pub(crate) fn take_close_cause(&mut self) -> Option<CloseCause> {
+        self.cause.take()
+    }
+
+    /// The received bytes not yet a whole reply.
+    pub(crate) fn unparsed(&self) -> &[u8] {
+        self.rbuf.data()
+    }
+
+    /// Gives `held` back at `now`: a release nobody waits for, for a grant
+    /// that reached its caller too late ([`Decided::hand_over`]).
+    pub(crate) fn give_back(&mut self, now: T, held: &Held<T>) {
+        self.adopt(Unsent::give_back(now, &held.key, held.token));
+    }
+
+    /// Requests handed out so far.
+    #[cfg(test)]
+    pub(crate) fn handed_out(&self) -> u64 {
+        self.handed_out
+    }
+
+    /// Owners of the acquires still queued (unsent).
+    #[cfg(test)]
+    pub(crate) fn queued_owners(&self) -> Vec<u64> {
+        self.queued
+            .iter()
+            .filter_map(|c| match c.req.kind {
+                Kind::Acquire { owner, .. } => Some(owner),
+                Kind::Release { .. } | Kind::Extend { .. } => None,
+            })
+            .collect()
     }
 
     /// Calls not yet decided (queued or in flight, compensating releases
     /// included).
     #[must_use]
     pub fn pending(&self) -> usize {
-        self.queued.len() + self.in_flight.len()
+        self.queued.len() + self.sent.len()
+    }
+
+    /// Calls queued, not yet handed out.
+    #[must_use]
+    pub fn queued(&self) -> usize {
+        self.queued.len()
     }
 }
 
-/// What an extend's reply means: `E` before the grant's expiry is a new
-/// lease from when the extend was written; `X`, or an `E` after the expiry
-/// (whoever watched the expiry has been told the grant is lost), is lost.
-fn extend_outcome(call: &Call, now: Millis, extended: bool, lease_s: u8) -> ExtendOutcome {
-    let (token, until) = match call.kind {
+/// What an extend's reply means: `E` before `until` is a new lease from
+/// when the extend was written; `X`, or an `E` at or after `until` (whoever
+/// watched the expiry has been told the grant is lost), is lost.
+fn extend_outcome<T: Moment>(call: &mut Call<T>, now: T, extended: bool) -> ExtendOutcome<T> {
+    let (token, until) = match call.req.kind {
         Kind::Extend { token, until, .. } => (token, until),
-        _ => (0, now),
+        Kind::Acquire { .. } | Kind::Release { .. } => return ExtendOutcome::Lost,
     };
     if !(extended && now < until) {
         return ExtendOutcome::Lost;
     }
-    let lease = Duration::from_secs(u64::from(lease_s));
     let written = call.written_at.unwrap_or(now);
-    ExtendOutcome::Extended(Held {
-        key: call.key.clone(),
-        token,
-        lease,
-        expires_at: deadline::Moment::plus(written, lease),
-    })
-}
-
-/// A reply, owned, reduced to what matching needs.
-enum OwnedReply {
-    Acquire {
-        owner: u64,
-        key: String,
-        token: Option<u64>,
-        busy: bool,
-    },
-    Release {
-        token: u64,
-        key: String,
-        released: bool,
-    },
-    Extend {
-        token: u64,
-        key: String,
-        extended: bool,
-    },
-}
-
-fn owned(r: &Reply<'_>) -> OwnedReply {
-    match *r {
-        Reply::Acquired { token, owner, key } => OwnedReply::Acquire {
-            owner,
-            key: key.to_owned(),
-            token: Some(token),
-            busy: false,
-        },
-        Reply::Timeout { owner, key } => OwnedReply::Acquire {
-            owner,
-            key: key.to_owned(),
-            token: None,
-            busy: false,
-        },
-        Reply::Busy { owner, key } => OwnedReply::Acquire {
-            owner,
-            key: key.to_owned(),
-            token: None,
-            busy: true,
-        },
-        Reply::Released { token, key } => OwnedReply::Release {
-            token,
-            key: key.to_owned(),
-            released: true,
-        },
-        Reply::NotReleased { token, key } => OwnedReply::Release {
-            token,
-            key: key.to_owned(),
-            released: false,
-        },
-        Reply::Extended { token, key } => OwnedReply::Extend {
-            token,
-            key: key.to_owned(),
-            extended: true,
-        },
-        Reply::NotExtended { token, key } => OwnedReply::Extend {
-            token,
-            key: key.to_owned(),
-            extended: false,
-        },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const S: Duration = Duration::from_secs(1);
-
-    fn reply(r: &Reply<'_>) -> Vec<u8> {
-        let mut v = Vec::new();
-        proto::encode_reply(r, &mut v);
-        v
-    }
-
-    /// The one request in `bytes`: (wait_s, lease_s, owner) or a release.
-    fn acquire_sent(bytes: &[u8]) -> (u8, u8, u64) {
-        match proto::decode_request(bytes, 1024) {
-            Decoded::Frame {
-                frame:
-                    Request::Acquire {
-                        wait_s,
-                        lease_s,
-                        owner,
-                        ..
-                    },
-                used,
-            } => {
-                assert_eq!(used, bytes.len(), "one frame");
-                (wait_s, lease_s, owner)
-            }
-            other => panic!("not one acquire: {other:?}"),
-        }
-    }
-
-    fn sent(m: &mut Machine, now: Millis) -> Vec<u8> {
-        let mut v = Vec::new();
-        m.transmit(now, &mut v);
-        v
-    }
-
-    #[test]
-    fn the_wire_wait_is_the_time_left_when_written_rounded_up() {
-        let mut m = Machine::new(1);
-        let id = m.acquire(Millis(0), "db", 10 * S, 5 * S).unwrap();
-        let (wait_s, lease_s, owner) = acquire_sent(&sent(&mut m, Millis(2_500)));
-        assert_eq!((wait_s, lease_s), (8, 5), "7.5 s left, rounded up");
-        m.receive(
-            Millis(3_000),
-            &reply(&Reply::Acquired {
-                token: 9,
-                owner,
-                key: "db",
-            }),
-        );
-        let Some((got, Outcome::Acquire(AcquireOutcome::Acquired(held)))) = m.poll_outcome() else {
-            panic!("not acquired");
-        };
-        assert_eq!(got, id);
-        assert_eq!(held.token, 9);
-        assert_eq!(
-            held.expires_at,
-            Millis(7_500),
-            "written + lease, not replied + lease"
-        );
-        assert!(!held.is_expired(Millis(7_499)) && held.is_expired(Millis(7_500)));
-    }
-
-    #[test]
-    fn a_request_still_queued_at_d_is_never_sent_and_times_out() {
-        let mut m = Machine::new(1);
-        let id = m.acquire(Millis(0), "db", 2 * S, 5 * S).unwrap();
-        assert_eq!(m.next_timeout(), Some(Millis(2_000)));
-        assert!(sent(&mut m, Millis(2_000)).is_empty());
-        assert_eq!(
-            m.poll_outcome(),
-            Some((id, Outcome::Acquire(AcquireOutcome::Timeout)))
-        );
-        // The same by the clock alone.
-        let id = m.acquire(Millis(0), "db", 2 * S, 5 * S).unwrap();
-        m.handle_timeout(Millis(2_000));
-        assert_eq!(
-            m.poll_outcome(),
-            Some((id, Outcome::Acquire(AcquireOutcome::Timeout)))
-        );
-        assert_eq!(m.pending(), 0);
-    }
-
-    #[test]
-    fn no_reply_by_d_plus_the_grace_closes_the_session_as_indeterminate() {
-        let mut m = Machine::new(1);
-        let a = m.acquire(Millis(0), "db", 2 * S, 5 * S).unwrap();
-        let r = m.release(Millis(0), "other", 4).unwrap();
-        assert!(!sent(&mut m, Millis(0)).is_empty());
-        m.handle_timeout(Millis(2_999));
-        assert!(!m.wants_close() && m.poll_outcome().is_none());
-        m.handle_timeout(Millis(3_000));
-        assert!(m.wants_close());
-        // Closing the session loses every reply on it.
-        assert_eq!(
-            m.poll_outcome(),
-            Some((a, Outcome::Acquire(AcquireOutcome::Indeterminate)))
-        );
-        assert_eq!(
-            m.poll_outcome(),
-            Some((r, Outcome::Release(Release::Indeterminate)))
-        );
-        // Nothing more goes out on a session being closed.
-        let later = m.acquire(Millis(3_000), "db", 2 * S, 5 * S).unwrap();
-        assert!(sent(&mut m, Millis(3_000)).is_empty());
-        m.connection_lost();
-        assert!(m.poll_outcome().is_none(), "the unsent call waits");
-        let (wait_s, ..) = acquire_sent(&sent(&mut m, Millis(3_500)));
-        assert_eq!(wait_s, 2, "same D on the next connection: 1.5 s left");
-        let _ = later;
-    }
-
-    #[test]
-    fn a_grant_seen_after_d_is_given_back_and_indeterminate() {
-        let mut m = Machine::new(1);
-        let id = m.acquire(Millis(0), "db", 2 * S, 5 * S).unwrap();
-        let (_, _, owner) = acquire_sent(&sent(&mut m, Millis(0)));
-        m.receive(
-            Millis(2_001),
-            &reply(&Reply::Acquired {
-                token: 7,
-                owner,
-                key: "db",
-            }),
-        );
-        assert_eq!(
-            m.poll_outcome(),
-            Some((id, Outcome::Acquire(AcquireOutcome::Indeterminate)))
-        );
-        let mut want = Vec::new();
-        proto::encode_request(
-            &Request::Release {
-                token: 7,
-                key: "db",
-            },
-            &mut want,
-        );
-        assert_eq!(
-            sent(&mut m, Millis(2_001)),
-            want,
-            "the compensating release"
-        );
-        m.receive(
-            Millis(2_002),
-            &reply(&Reply::Released {
-                token: 7,
-                key: "db",
-            }),
-        );
-        assert_eq!(m.poll_outcome(), None, "nobody waits for it");
-        assert_eq!(m.pending(), 0);
-        // A grant for an owner nobody waits for is given back too.
-        m.receive(
-            Millis(2_003),
-            &reply(&Reply::Acquired {
-                token: 8,
-                owner: 12_345,
-                key: "db",
-            }),
-        );
-        let mut want = Vec::new();
-        proto::encode_request(
-            &Request::Release {
-                token: 8,
-                key: "db",
-            },
-            &mut want,
-        );
-        assert_eq!(sent(&mut m, Millis(2_003)), want);
-    }
-
-    #[test]
-    fn t_and_b_are_definitive_and_replies_match_by_owner_in_any_order() {
-        let mut m = Machine::new(1);
-        let a = m.acquire(Millis(0), "db", Duration::ZERO, 5 * S).unwrap();
-        let b = m.acquire(Millis(0), "db", Duration::ZERO, 5 * S).unwrap();
-        let bytes = sent(&mut m, Millis(0));
-        let (wait_a, _, owner_a) = acquire_sent(&bytes[..14]);
-        let (wait_b, _, owner_b) = acquire_sent(&bytes[14..]);
-        assert_eq!((wait_a, wait_b), (0, 0), "wait 0 stays one direct attempt");
-        assert_ne!(owner_a, owner_b, "a fresh owner per call");
-        let mut r = reply(&Reply::Busy {
-            owner: owner_b,
-            key: "db",
-        });
-        r.extend(reply(&Reply::Timeout {
-            owner: owner_a,
-            key: "db",
-        }));
-        // Split anywhere: bytes arrive as they come.
-        m.receive(Millis(1), &r[..5]);
-        m.receive(Millis(1), &r[5..]);
-        assert_eq!(
-            m.poll_outcome(),
-            Some((b, Outcome::Acquire(AcquireOutcome::Busy)))
-        );
-        assert_eq!(
-            m.poll_outcome(),
-            Some((a, Outcome::Acquire(AcquireOutcome::Timeout)))
-        );
-    }
-
-    #[test]
-    fn wait_zero_and_releases_run_under_the_transport_deadline() {
-        let mut m = Machine::new(1);
-        let a = m.acquire(Millis(0), "db", Duration::ZERO, 5 * S).unwrap();
-        let r = m.release(Millis(0), "db", 3).unwrap();
-        m.handle_timeout(Millis(4_999));
-        assert_eq!(m.poll_outcome(), None);
-        m.handle_timeout(Millis(5_000));
-        assert_eq!(
-            m.poll_outcome(),
-            Some((a, Outcome::Acquire(AcquireOutcome::Timeout)))
-        );
-        assert_eq!(
-            m.poll_outcome(),
-            Some((r, Outcome::Release(Release::NotSent)))
-        );
-    }
-
-    #[test]
-    fn a_lost_connection_makes_sent_calls_indeterminate_and_keeps_unsent_ones() {
-        let mut m = Machine::new(1);
-        let sent_one = m.acquire(Millis(0), "a", 10 * S, 5 * S).unwrap();
-        let first = sent(&mut m, Millis(0));
-        let (_, _, owner_before) = acquire_sent(&first);
-        let unsent = m.acquire(Millis(0), "b", 10 * S, 5 * S).unwrap();
-        m.connection_lost();
-        assert_eq!(
-            m.poll_outcome(),
-            Some((sent_one, Outcome::Acquire(AcquireOutcome::Indeterminate)))
-        );
-        assert_eq!(m.poll_outcome(), None);
-        let (wait_s, _, owner) = acquire_sent(&sent(&mut m, Millis(4_000)));
-        assert_eq!(wait_s, 6);
-        assert_ne!(owner, owner_before);
-        // The retried call keeps its owner: the reply to it matches.
-        m.receive(Millis(4_000), &reply(&Reply::Timeout { owner, key: "b" }));
-        assert_eq!(
-            m.poll_outcome(),
-            Some((unsent, Outcome::Acquire(AcquireOutcome::Timeout)))
-        );
-    }
-
-    #[test]
-    fn bad_arguments_queue_nothing_and_a_malformed_reply_closes_the_session() {
-        let mut m = Machine::new(1);
-        assert!(m.acquire(Millis(0), "", S, S).is_err());
-        assert!(m.acquire(Millis(0), "a\nb", S, S).is_err());
-        assert!(m.acquire(Millis(0), "a", S, Duration::ZERO).is_err());
-        assert!(m.acquire(Millis(0), "a", S, 256 * S).is_err());
-        assert_eq!(m.pending(), 0);
-        let id = m.acquire(Millis(0), "a", S, S).unwrap();
-        let _ = sent(&mut m, Millis(0));
-        m.receive(Millis(1), b"Z\n");
-        assert!(m.wants_close());
-        assert_eq!(
-            m.poll_outcome(),
-            Some((id, Outcome::Acquire(AcquireOutcome::Indeterminate)))
-        );
-    }
-
-    fn held(m: &mut Machine, now: Millis, lease: Duration) -> Held {
-        m.acquire(now, "db", Duration::ZERO, lease).unwrap();
-        let (_, _, owner) = acquire_sent(&sent(m, now));
-        m.receive(
-            now,
-            &reply(&Reply::Acquired {
-                token: 5,
-                owner,
-                key: "db",
-            }),
-        );
-        match m.poll_outcome() {
-            Some((_, Outcome::Acquire(AcquireOutcome::Acquired(h)))) => h,
-            other => panic!("not acquired: {other:?}"),
-        }
-    }
-
-    #[test]
-    fn an_extend_moves_the_expiry_to_its_write_time_plus_the_lease() {
-        let mut m = Machine::new(1);
-        let h = held(&mut m, Millis(0), 10 * S);
-        assert_eq!(h.expires_at, Millis(10_000));
-        let id = m.extend(Millis(3_000), &h, 20 * S).unwrap();
-        let mut want = Vec::new();
-        proto::encode_request(
-            &Request::Extend {
-                lease_s: 20,
-                token: 5,
-                key: "db",
-            },
-            &mut want,
-        );
-        assert_eq!(sent(&mut m, Millis(4_000)), want);
-        m.receive(
-            Millis(4_500),
-            &reply(&Reply::Extended {
-                token: 5,
-                key: "db",
-            }),
-        );
-        let Some((got, Outcome::Extend(ExtendOutcome::Extended(h2)))) = m.poll_outcome() else {
-            panic!("not extended");
-        };
-        assert_eq!(got, id);
-        assert_eq!(
-            (h2.token, h2.expires_at),
-            (5, Millis(24_000)),
-            "written + lease"
-        );
-        // X is definitive.
-        m.extend(Millis(5_000), &h2, 20 * S).unwrap();
-        let _ = sent(&mut m, Millis(5_000));
-        m.receive(
-            Millis(5_001),
-            &reply(&Reply::NotExtended {
-                token: 5,
-                key: "db",
-            }),
-        );
-        assert_eq!(
-            m.poll_outcome().map(|(_, o)| o),
-            Some(Outcome::Extend(ExtendOutcome::Lost))
-        );
-    }
-
-    #[test]
-    fn an_expired_grant_is_not_extended_and_a_late_e_revives_nothing() {
-        let mut m = Machine::new(1);
-        let h = held(&mut m, Millis(0), 2 * S);
-        m.extend(Millis(2_000), &h, 5 * S).unwrap();
-        assert_eq!(
-            m.poll_outcome().map(|(_, o)| o),
-            Some(Outcome::Extend(ExtendOutcome::Lost))
-        );
-        assert!(sent(&mut m, Millis(2_000)).is_empty(), "nothing sent");
-        m.extend(Millis(1_000), &h, 5 * S).unwrap();
-        let _ = sent(&mut m, Millis(1_000));
-        m.receive(
-            Millis(2_000),
-            &reply(&Reply::Extended {
-                token: 5,
-                key: "db",
-            }),
-        );
-        assert_eq!(
-            m.poll_outcome().map(|(_, o)| o),
-            Some(Outcome::Extend(ExtendOutcome::Lost)),
-            "an E at the expiry counts for nothing"
-        );
-    }
-
-    #[test]
-    fn an_unanswered_extend_is_sent_again_on_the_next_connection_until_the_expiry() {
-        let mut m = Machine::new(1);
-        let h = held(&mut m, Millis(0), 30 * S);
-        let id = m.extend(Millis(1_000), &h, 30 * S).unwrap();
-        let first = sent(&mut m, Millis(1_000));
-        // No reply within the 5 s transport deadline: the session is given
-        // up, the extend is not.
-        m.handle_timeout(Millis(6_000));
-        assert!(m.wants_close());
-        assert_eq!(m.poll_outcome(), None);
-        m.connection_lost();
-        assert_eq!(sent(&mut m, Millis(6_100)), first, "the same extend again");
-        m.receive(
-            Millis(6_200),
-            &reply(&Reply::Extended {
-                token: 5,
-                key: "db",
-            }),
-        );
-        let Some((got, Outcome::Extend(ExtendOutcome::Extended(h2)))) = m.poll_outcome() else {
-            panic!("not extended");
-        };
-        assert_eq!((got, h2.expires_at), (id, Millis(36_100)));
-        // Never past the expiry: a connection that stays down loses it.
-        let id = m.extend(Millis(7_000), &h2, 30 * S).unwrap();
-        let _ = sent(&mut m, Millis(7_000));
-        m.connection_lost();
-        m.handle_timeout(Millis(36_099));
-        assert_eq!(m.poll_outcome(), None);
-        m.handle_timeout(Millis(36_100));
-        assert_eq!(
-            m.poll_outcome(),
-            Some((id, Outcome::Extend(ExtendOutcome::Lost)))
-        );
-    }
-
-    #[test]
-    fn the_same_seed_gives_the_same_owners() {
-        let run = |seed| {
-            let mut m = Machine::new(seed);
-            m.acquire(Millis(0), "a", S, S).unwrap();
-            m.acquire(Millis(0), "a", S, S).unwrap();
-            sent(&mut m, Millis(0))
-        };
-        assert_eq!(run(7), run(7));
-        assert_ne!(run(7), run(8));
-    }
+    ExtendOutcome::Extended(call.req.take_held(token, written))
 }

@@ -52,9 +52,11 @@
 //! client, which sends the renewals of every kept ticket due within a
 //! sixth of its lease together, in one write (see [`KeptTicket`]).
 //!
-//! The same rules as a sans-IO state machine that the caller drives (bytes
-//! in, bytes out, the clock passed in) are in [`machine`]: for programs with
-//! their own event loop, and for deterministic tests.
+//! The rules themselves are a sans-IO state machine, [`machine`] (bytes in,
+//! bytes out, the clock passed in): every session is a
+//! [`machine::Machine`] on the monotonic clock, and its threads only move
+//! the bytes and wake the callers. Programs with their own event loop, and
+//! deterministic tests, drive a machine directly.
 
 pub mod admin;
 mod deadline;
@@ -86,9 +88,9 @@ pub use extend::{Extend, ExtendToken, KeptTicket};
 pub use failure::{Failure, FailureKind};
 pub use ticket::Ticket;
 
-use deadline::Plan;
+use machine::{AcquireOutcome, Decided, Outcome, Unsent};
 use pool::Pool;
-use session::{lock, Answer, Call, Kind, Waited};
+use session::{lock, Session, Waited};
 use transport::{Security, Target};
 
 /// The server address the CLI and examples use when given none.
@@ -455,8 +457,8 @@ struct Inner {
 /// Releases nobody waits for (dropped tickets, late grants), done one after
 /// another by a thread that exists only while there are some.
 struct Background {
-    /// Key, token, and the plan made when the release was asked for.
-    queue: VecDeque<(String, u64, Plan)>,
+    /// The releases, each with the deadline it was given when asked for.
+    queue: VecDeque<Unsent<Instant>>,
     running: bool,
 }
 
@@ -515,55 +517,66 @@ impl Client {
     /// 1..=255). Returns within `wait` + 1 s (or 5 s for `wait = 0`); `Err`
     /// only for bad arguments, before anything is sent.
     pub fn acquire(&self, key: &str, wait: Duration, lease: Duration) -> Result<Acquire, Error> {
-        deadline::check_key(key, self.inner.max_key_bytes)?;
-        let lease_s = deadline::lease_s(lease)?;
-        let plan = Plan::acquire(Instant::now(), wait);
-        let owner = owner::next_owner();
-        let key_arc: Arc<str> = Arc::from(key);
-        let mut backoff = RetryPause::new(plan.send_deadline);
+        let max = self.inner.max_key_bytes;
+        let call = Unsent::acquire(Instant::now(), key, wait, lease, max, owner::next_owner)?;
+        let Some((session, decided)) = self.run(call, false) else {
+            return Ok(Acquire::Timeout);
+        };
+        // The handover gate: a grant that reaches this thread after D is
+        // not handed to a caller who was promised an answer by D.
+        Ok(match decided.hand_over(Instant::now()) {
+            Ok(Outcome::Acquire(AcquireOutcome::Acquired(held))) => Acquire::Acquired(Ticket::new(
+                self.clone(),
+                held.key,
+                held.token,
+                held.lease,
+                held.expires_at,
+            )),
+            Ok(Outcome::Acquire(AcquireOutcome::Timeout)) => Acquire::Timeout,
+            Ok(Outcome::Acquire(AcquireOutcome::Busy)) => Acquire::Busy,
+            Err(late) => {
+                if !session.give_back(&late) {
+                    self.release_in_background(late.key, late.token);
+                }
+                Acquire::Indeterminate
+            }
+            Ok(_) => {
+                self.inner.pool.note_failure(&session);
+                Acquire::Indeterminate
+            }
+        })
+    }
+
+    /// Runs `call` on a session of the pool until its machine decides it:
+    /// a call that was never sent when its session died is tried again on
+    /// another, with the same owner and deadlines (after a pause, never
+    /// past its send deadline). `None` if no session could be had by then
+    /// (at once with `fail_fast` and every address refusing). A
+    /// `persistent` call (an extend) keeps trying until its deadline even
+    /// then, and keeps the failure of every session it lost.
+    pub(crate) fn run(
+        &self,
+        mut call: Unsent<Instant>,
+        persistent: bool,
+    ) -> Option<(Arc<Session>, Decided<Instant>)> {
+        let send_deadline = call.send_deadline();
+        let mut backoff = RetryPause::new(send_deadline);
         loop {
-            // Retried only from here, and only after NotSent: same owner,
-            // same plan, another session.
-            let Some(session) = self.inner.pool.get(plan.send_deadline) else {
-                return Ok(Acquire::Timeout);
-            };
-            let call = Call::new(Kind::Acquire { owner, lease_s }, Arc::clone(&key_arc), plan);
-            if !session.enqueue(Arc::clone(&call)) {
+            let Some(session) = self.inner.pool.get(send_deadline) else {
+                if !persistent || Instant::now() >= send_deadline {
+                    return None;
+                }
                 backoff.pause();
                 continue;
-            }
-            match session.await_call(&call) {
-                Waited::NotSent => backoff.pause(),
-                Waited::Indeterminate => {
-                    self.inner.pool.note_failure(&session);
-                    return Ok(Acquire::Indeterminate);
-                }
-                Waited::Answered { answer, written_at } => {
-                    return Ok(match answer {
-                        Answer::Acquired { token } => {
-                            // The handover gate: a grant seen after D is not
-                            // handed to a caller who was promised an answer by D.
-                            if Instant::now() > plan.gate {
-                                self.release_in_background(key.to_owned(), token);
-                                Acquire::Indeterminate
-                            } else {
-                                Acquire::Acquired(Ticket::new(
-                                    self.clone(),
-                                    key.to_owned(),
-                                    token,
-                                    lease,
-                                    written_at + lease,
-                                ))
-                            }
-                        }
-                        Answer::Timeout => Acquire::Timeout,
-                        Answer::Busy => Acquire::Busy,
-                        // Acquires are matched only by A/T/B replies.
-                        Answer::Released
-                        | Answer::NotReleased
-                        | Answer::Extended
-                        | Answer::NotExtended => Acquire::Indeterminate,
-                    });
+            };
+            match session.run(call) {
+                Waited::Decided(d) => return Some((session, d)),
+                Waited::Moved(c) => {
+                    if persistent {
+                        self.inner.pool.note_failure(&session);
+                    }
+                    call = c;
+                    backoff.pause();
                 }
             }
         }
@@ -572,34 +585,19 @@ impl Client {
     /// Releases `token` on `key`, from any process: locks belong to tokens,
     /// not to connections. Waits at most the 5 s transport deadline.
     pub fn release(&self, key: &str, token: u64) -> Result<Release, Error> {
-        deadline::check_key(key, self.inner.max_key_bytes)?;
-        Ok(self.release_checked(Arc::from(key), token, Plan::transport(Instant::now())))
+        let call = Unsent::release(Instant::now(), key, token, self.inner.max_key_bytes)?;
+        Ok(self.release_checked(call))
     }
 
-    fn release_checked(&self, key: Arc<str>, token: u64, plan: Plan) -> Release {
-        let mut backoff = RetryPause::new(plan.send_deadline);
-        loop {
-            let Some(session) = self.inner.pool.get(plan.send_deadline) else {
-                return Release::NotSent;
-            };
-            let call = Call::new(Kind::Release { token }, Arc::clone(&key), plan);
-            if !session.enqueue(Arc::clone(&call)) {
-                backoff.pause();
-                continue;
-            }
-            match session.await_call(&call) {
-                Waited::NotSent => backoff.pause(),
-                Waited::Indeterminate => {
-                    self.inner.pool.note_failure(&session);
-                    return Release::Indeterminate;
-                }
-                Waited::Answered { answer, .. } => {
-                    return match answer {
-                        Answer::Released => Release::Released,
-                        Answer::NotReleased => Release::NotHeld,
-                        _ => Release::Indeterminate,
-                    }
-                }
+    fn release_checked(&self, call: Unsent<Instant>) -> Release {
+        let Some((session, decided)) = self.run(call, false) else {
+            return Release::NotSent;
+        };
+        match decided.outcome {
+            Outcome::Release(r @ (Release::Released | Release::NotHeld | Release::NotSent)) => r,
+            Outcome::Release(Release::Indeterminate) | Outcome::Acquire(_) | Outcome::Extend(_) => {
+                self.inner.pool.note_failure(&session);
+                Release::Indeterminate
             }
         }
     }
@@ -607,13 +605,15 @@ impl Client {
     /// Queues a release nobody waits for; a short-lived thread works the
     /// queue and ends when it is empty.
     pub(crate) fn release_in_background(&self, key: String, token: u64) {
-        let mut bg = lock(&self.inner.background);
         // The transport deadline runs from now, not from when the worker
         // gets to it: with the server unreachable, a backlog of dropped
         // tickets is given up within 5 s instead of 5 s each (their leases
-        // end them).
-        bg.queue
-            .push_back((key, token, Plan::transport(Instant::now())));
+        // end them). The key was checked when the lock was acquired.
+        let Ok(call) = Unsent::release(Instant::now(), &key, token, usize::MAX) else {
+            return;
+        };
+        let mut bg = lock(&self.inner.background);
+        bg.queue.push_back(call);
         if bg.running {
             return;
         }
@@ -641,10 +641,10 @@ impl Client {
                 }
                 next
             };
-            let Some((key, token, plan)) = next else {
+            let Some(call) = next else {
                 return;
             };
-            let _ = self.release_checked(Arc::from(key), token, plan);
+            let _ = self.release_checked(call);
         }
     }
 

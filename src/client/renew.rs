@@ -12,8 +12,8 @@
 //! later; tickets kept alive together soon share one renewal round, which is
 //! what makes 100,000 kept tickets cheap for the server.
 //!
-//! Each extend is its own [`Call`] with the plan of a single
-//! [`Client::extend_until`] attempt, matched by token and key as any other,
+//! Each extend is its own call of a session's machine, as a single
+//! [`Client::extend_call`] attempt is, matched by token and key as any other,
 //! and every rule of a single extend holds for each ticket of a batch: the
 //! expiry moves only on a matched `E` (to that attempt's write time plus the
 //! lease), an attempt that gets no answer within the transport deadline
@@ -32,8 +32,9 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::deadline::Plan;
-use super::session::{lock, Answer, Call, Kind, Session, Waited};
+use super::deadline::TRANSPORT_DEADLINE;
+use super::machine::{CallId, ExtendOutcome, Outcome, Unsent};
+use super::session::{lock, OnDone, Session, Waited, Waiter};
 use super::Client;
 
 /// First pause before a failed attempt is sent again; doubles up to
@@ -169,15 +170,47 @@ struct Entry {
     token: u64,
     shared: Arc<Shared>,
     lease: Duration,
-    lease_s: u8,
     /// The current round's renewal deadline.
     until: Instant,
     /// When it is due (renewal or retry), while idle: its key in `due`.
     next_at: Option<Instant>,
-    /// The attempt in flight: its session and call, and its key in `timers`.
-    attempt: Option<(Arc<Session>, Arc<Call>, Instant)>,
+    /// The attempt in flight: its session, its call there, and its key in
+    /// `timers`.
+    attempt: Option<Attempt>,
     /// Pause before the next retry of this round.
     retry_pause: Duration,
+}
+
+/// One extend of a kept ticket, queued on a session.
+struct Attempt {
+    session: Arc<Session>,
+    id: CallId,
+    waiter: Arc<Waiter>,
+    /// When to look at it next: its deadline, or the transport deadline.
+    timer: Instant,
+}
+
+/// How one attempt ended.
+enum Ended {
+    /// `E`: the grant now expires at this time.
+    Extended(Instant),
+    /// `X`: the grant is gone.
+    Refused,
+    /// No answer in time, or not sent at all.
+    NoAnswer,
+}
+
+impl From<Waited> for Ended {
+    fn from(w: Waited) -> Ended {
+        match w {
+            Waited::Decided(d) => match d.outcome {
+                Outcome::Extend(ExtendOutcome::Extended(held)) => Ended::Extended(held.expires_at),
+                _ if d.refused => Ended::Refused,
+                _ => Ended::NoAnswer,
+            },
+            Waited::Moved(_) => Ended::NoAnswer,
+        }
+    }
 }
 
 /// The renewer thread's state.
@@ -275,9 +308,9 @@ impl Loop {
                     .entries
                     .get(&id)
                     .and_then(|e| e.attempt.as_ref())
-                    .and_then(|(_, call, _)| call.outcome());
+                    .and_then(|a| a.waiter.take());
                 if let Some(w) = outcome {
-                    self.settle(id, w);
+                    self.settle(id, w.into());
                 }
             }
         }
@@ -293,7 +326,6 @@ impl Loop {
             token: k.token,
             shared: k.shared,
             lease,
-            lease_s: u8::try_from(lease.as_secs()).unwrap_or(u8::MAX),
             until: renewal_deadline(expires_at, lease),
             next_at: None,
             attempt: None,
@@ -315,34 +347,32 @@ impl Loop {
     }
 
     /// Ends `id`'s attempt in flight with `w`.
-    fn settle(&mut self, id: u64, w: Waited) {
+    fn settle(&mut self, id: u64, w: Ended) {
         let Some(e) = self.entries.get_mut(&id) else {
             return;
         };
-        let Some((_, _, give_up)) = e.attempt.take() else {
+        let Some(a) = e.attempt.take() else {
             return;
         };
-        self.timers.remove(&(give_up, id));
+        self.timers.remove(&(a.timer, id));
         self.conclude(id, w);
     }
 
     /// What an attempt's end `w` means for ticket `id`: its expiry moves
     /// on an `E`; `X` or its deadline passing loses it; otherwise it is
     /// sent again (after a pause) unless its holder stopped it.
-    fn conclude(&mut self, id: u64, w: Waited) {
+    fn conclude(&mut self, id: u64, w: Ended) {
         let now = Instant::now();
         let Some(e) = self.entries.get_mut(&id) else {
             return;
         };
         let (lease, until) = (e.lease, e.until);
         match w {
-            // An E matched at or after the deadline counts for nothing: the
-            // holder may already have been told the ticket is lost.
-            Waited::Answered {
-                answer: Answer::Extended,
-                written_at,
-            } if now < until => {
-                let expires_at = written_at + lease;
+            // An E matched at or after the deadline counted for nothing (the
+            // machine's rule): the holder may already have been told the
+            // ticket is lost.
+            Ended::Extended(expires_at) => {
+                let written_at = expires_at - lease;
                 let stop = {
                     let mut st = lock(&e.shared.state);
                     st.expires_at = expires_at;
@@ -357,13 +387,10 @@ impl Loop {
                     self.schedule(id, renew_at(written_at, lease));
                 }
             }
-            Waited::Answered {
-                answer: Answer::NotExtended,
-                ..
-            } => self.let_go(id, true),
+            Ended::Refused => self.let_go(id, true),
             // No answer in time: sent again, before the deadline, unless
             // the holder stopped it meanwhile.
-            Waited::Answered { .. } | Waited::Indeterminate | Waited::NotSent => {
+            Ended::NoAnswer => {
                 let stop = lock(&e.shared.state).stop;
                 if now >= until {
                     self.let_go(id, true);
@@ -387,8 +414,8 @@ impl Loop {
         if let Some(at) = e.next_at {
             self.due.remove(&(at, id));
         }
-        if let Some((_, _, give_up)) = e.attempt {
-            self.timers.remove(&(give_up, id));
+        if let Some(a) = e.attempt {
+            self.timers.remove(&(a.timer, id));
         }
         let release = {
             let mut st = lock(&e.shared.state);
@@ -403,34 +430,37 @@ impl Loop {
         }
     }
 
-    /// Attempts whose plan ran out: withdrawn if still queued, their
-    /// session closed if sent and unanswered.
+    /// Attempts whose deadline came: the machine decides what is due (an
+    /// extend still queued at the ticket's deadline is not sent; one sent
+    /// with no answer by its transport deadline closes its session).
     fn expire_attempts(&mut self, now: Instant) {
         while let Some(&(t, id)) = self.timers.first() {
             if t > now {
                 return;
             }
-            let w = self
-                .entries
-                .get(&id)
-                .and_then(|e| e.attempt.as_ref())
-                .map(|(session, call, _)| call.outcome().or_else(|| session.enforce(call, now)));
-            match w {
-                Some(Some(w)) => self.settle(id, w),
-                // Written just before its deadline: the reply may still
-                // come; look again shortly.
-                Some(None) => {
-                    self.timers.remove(&(t, id));
-                    let later = now + Duration::from_millis(1);
-                    if let Some(e) = self.entries.get_mut(&id) {
-                        if let Some(a) = e.attempt.as_mut() {
-                            a.2 = later;
-                        }
-                    }
-                    self.timers.insert((later, id));
+            self.timers.remove(&(t, id));
+            let Some(a) = self.entries.get_mut(&id).and_then(|e| e.attempt.as_mut()) else {
+                continue;
+            };
+            let next = match a.waiter.take() {
+                Some(w) => Err(w),
+                None => match a.session.tick(now, a.id) {
+                    Some(next) => Ok(next.min(now + TRANSPORT_DEADLINE)),
+                    None => match a.waiter.take() {
+                        Some(w) => Err(w),
+                        None => Ok(now + TRANSPORT_DEADLINE),
+                    },
+                },
+            };
+            match next {
+                Err(w) => {
+                    a.timer = now;
+                    self.settle(id, w.into());
                 }
-                None => {
-                    self.timers.remove(&(t, id));
+                // Not decided yet: look again at its next deadline.
+                Ok(later) => {
+                    a.timer = later;
+                    self.timers.insert((later, id));
                 }
             }
         }
@@ -454,7 +484,8 @@ impl Loop {
             })
             .map(|&(_, id)| id)
             .collect();
-        let mut calls = Vec::with_capacity(batch.len());
+        let mut calls: Vec<(Unsent<Instant>, OnDone)> = Vec::with_capacity(batch.len());
+        let mut ids = Vec::with_capacity(batch.len());
         let mut send_by = horizon;
         for &id in &batch {
             let Some(e) = self.entries.get_mut(&id) else {
@@ -463,36 +494,44 @@ impl Loop {
             if let Some(at) = e.next_at.take() {
                 self.due.remove(&(at, id));
             }
-            let plan = Plan::until(now, e.until);
-            send_by = send_by.min(plan.send_deadline);
+            let Ok(call) = Unsent::extend(now, &e.key, e.token, e.lease, e.until) else {
+                // A lease that was granted is a valid one: never here.
+                self.let_go(id, true);
+                continue;
+            };
+            send_by = send_by.min((now + TRANSPORT_DEADLINE).min(call.send_deadline()));
             let me = self.me.clone();
-            let hook = Box::new(move || {
+            let hook: OnDone = Box::new(move || {
                 let _ = me.send(Msg::Done(id));
             });
-            let kind = Kind::Extend {
-                token: e.token,
-                lease_s: e.lease_s,
-            };
-            calls.push((id, Call::watched(kind, Arc::clone(&e.key), plan, hook)));
+            calls.push((call, hook));
+            ids.push(id);
         }
         // Never blocked past an attempt already in flight running out.
         if let Some(&(t, _)) = self.timers.first() {
             send_by = send_by.min(t);
         }
         let session = self.client.inner.pool.get(send_by);
-        let only: Vec<Arc<Call>> = calls.iter().map(|(_, c)| Arc::clone(c)).collect();
-        let queued = session.as_ref().is_some_and(|s| s.enqueue_all(&only));
-        for (id, call) in calls {
-            let give_up = call.plan.give_up;
-            if let (true, Some(s)) = (queued, session.as_ref()) {
-                if let Some(e) = self.entries.get_mut(&id) {
-                    e.attempt = Some((Arc::clone(s), call, give_up));
-                    self.timers.insert((give_up, id));
-                }
-            } else {
-                // Not queued anywhere: retried like an unsent call.
-                self.conclude(id, Waited::NotSent);
+        let queued = session.as_ref().and_then(|s| s.submit_all(calls));
+        let (Some(session), Some(queued)) = (session, queued) else {
+            // Not queued anywhere: retried like an unsent call.
+            for id in ids {
+                self.conclude(id, Ended::NoAnswer);
             }
+            return;
+        };
+        for (id, (call, waiter)) in ids.into_iter().zip(queued) {
+            let Some(e) = self.entries.get_mut(&id) else {
+                continue;
+            };
+            let timer = (now + TRANSPORT_DEADLINE).min(e.until);
+            e.attempt = Some(Attempt {
+                session: Arc::clone(&session),
+                id: call,
+                waiter,
+                timer,
+            });
+            self.timers.insert((timer, id));
         }
     }
 }

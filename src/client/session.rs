@@ -1,32 +1,34 @@
-//! One connection to a server: a writer thread, a reader thread, and the
-//! table that matches pipelined replies to the calls waiting for them.
+//! One connection to a server: a [`Machine`] on the monotonic clock, which
+//! decides everything PROTOCOL §3 asks (matching, deadlines, outcomes), and
+//! the threads and waits that drive it: a writer thread hands the bytes the
+//! machine gives out to the socket, a reader thread feeds it the replies,
+//! and each caller waits for its own call's outcome, asking the machine to
+//! decide ([`Session::tick`]) when the call's deadline comes.
 //!
-//! A call is [`Phase::Queued`] while it sits in the session's queue: not one
-//! byte of it has been handed to the socket, so it can still be withdrawn and
-//! retried elsewhere. The writer moves it to [`Phase::Sent`] *before* its
-//! bytes go to a `write` call, which is the conservative reading of "may have
-//! been sent": from then on it is never sent again. The reader matches A/T/B
-//! by owner and R/N by token and key, in any order.
+//! A call is queued in the machine until the writer takes it, under the
+//! session's lock and *before* its bytes go to `write`: the conservative
+//! reading of "may have been sent". When the session dies, the calls still
+//! queued were never sent: they go back to their callers
+//! ([`Waited::Moved`]), who try them on another session with the same owner
+//! and the same deadlines.
 //!
-//! Lock order: the session's `state`, then a call's `phase`. Every move of a
-//! call between phases happens under `state`, so "is it still queued?" has
-//! one answer for the writer, the reader and the waiting caller.
+//! Every outcome the machine decides is taken for its caller's [`Waiter`]
+//! under the session's lock, so "is it still queued?" has one answer for
+//! the writer, the reader and the waiting caller; the waiter is woken once
+//! the lock is let go.
 
-use std::collections::{HashMap, VecDeque};
-use std::io::{self, Write};
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
 use std::net::Shutdown;
-
-use crate::client::transport::ClientStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::deadline::Plan;
+use super::deadline::TRANSPORT_DEADLINE;
 use super::failure::{classify_io, classify_reply, Failure, FailureKind};
-use crate::limits::max_reply_frame;
-use crate::proto::{decode_reply, encode_request, Decoded, Reply, Request};
-use crate::readbuf::ReadBuf;
+use super::machine::{CallId, CloseCause, Decided, Held, Machine, Unsent};
+use crate::client::transport::ClientStream;
 
 /// Most bytes the writer hands to one `write_all`. Bounds how many queued
 /// requests one stalled write turns from "unsent" into "may have been sent".
@@ -42,81 +44,13 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// What a call asks the server.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
-    /// An acquire; the wait byte is computed when it is written.
-    Acquire {
-        /// Fresh correlation id of this call.
-        owner: u64,
-        /// Lease byte, already checked.
-        lease_s: u8,
-    },
-    /// A release of `token`.
-    Release {
-        /// The token being released.
-        token: u64,
-    },
-    /// An extend of `token` (PROTOCOL §5).
-    Extend {
-        /// The token being extended.
-        token: u64,
-        /// Lease byte, already checked.
-        lease_s: u8,
-    },
-}
-
-/// A matched reply, without its key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Answer {
-    Acquired { token: u64 },
-    Timeout,
-    Busy,
-    Released,
-    NotReleased,
-    Extended,
-    NotExtended,
-}
-
-/// How a call ended, as seen by the session.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Outcome {
-    /// A reply matched; `written_at` is when its bytes were handed to a write.
-    Answered { answer: Answer, written_at: Instant },
-    /// Withdrawn before any byte of it reached a socket: safe to retry.
-    NotSent,
-    /// It may have been sent and no reply can come any more.
-    Lost,
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Phase {
-    Queued,
-    Sent { written_at: Instant },
-    Done(Outcome),
-}
-
 /// What a waiting caller learns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum Waited {
-    Answered {
-        answer: Answer,
-        written_at: Instant,
-    },
-    /// Never sent: retry on another session if time is left.
-    NotSent,
-    /// May have been sent, no reply will be matched: Indeterminate.
-    Indeterminate,
-}
-
-impl From<Outcome> for Waited {
-    fn from(o: Outcome) -> Waited {
-        match o {
-            Outcome::Answered { answer, written_at } => Waited::Answered { answer, written_at },
-            Outcome::NotSent => Waited::NotSent,
-            Outcome::Lost => Waited::Indeterminate,
-        }
-    }
+    /// The machine decided the call.
+    Decided(Decided<Instant>),
+    /// Never sent, and its session is gone: try it on another.
+    Moved(Unsent<Instant>),
 }
 
 /// Told once, when a call ends, by whichever thread ends it (the reader,
@@ -125,94 +59,75 @@ impl From<Outcome> for Waited {
 /// so it must only hand the news on (a channel send), never block.
 pub(crate) type OnDone = Box<dyn Fn() + Send + Sync>;
 
-/// One request and the caller (if any) waiting for it.
-pub(crate) struct Call {
-    pub(crate) kind: Kind,
-    pub(crate) key: Arc<str>,
-    pub(crate) plan: Plan,
-    phase: Mutex<Phase>,
+/// A call queued on a session: its id there, and where its outcome comes.
+pub(crate) type Submitted = (CallId, Arc<Waiter>);
+
+/// An outcome decided, for the waiter it goes to.
+type Finished = (Arc<Waiter>, Waited);
+
+/// Where a call's outcome is left for whoever waits for it.
+pub(crate) struct Waiter {
+    slot: Mutex<Option<Waited>>,
     cv: Condvar,
     on_done: Option<OnDone>,
 }
 
-impl Call {
-    pub(crate) fn new(kind: Kind, key: Arc<str>, plan: Plan) -> Arc<Call> {
-        Call::build(kind, key, plan, None)
-    }
-
-    /// A call that runs `on_done` the moment it ends.
-    pub(crate) fn watched(kind: Kind, key: Arc<str>, plan: Plan, on_done: OnDone) -> Arc<Call> {
-        Call::build(kind, key, plan, Some(on_done))
-    }
-
-    fn build(kind: Kind, key: Arc<str>, plan: Plan, on_done: Option<OnDone>) -> Arc<Call> {
-        Arc::new(Call {
-            kind,
-            key,
-            plan,
-            phase: Mutex::new(Phase::Queued),
+impl Waiter {
+    fn new(on_done: Option<OnDone>) -> Arc<Waiter> {
+        Arc::new(Waiter {
+            slot: Mutex::new(None),
             cv: Condvar::new(),
             on_done,
         })
     }
 
-    /// How the call ended, once it has.
-    pub(crate) fn outcome(&self) -> Option<Waited> {
-        match *lock(&self.phase) {
-            Phase::Done(o) => Some(o.into()),
-            Phase::Queued | Phase::Sent { .. } => None,
-        }
-    }
-
-    fn finish(&self, outcome: Outcome) {
-        let mut ph = lock(&self.phase);
-        if !matches!(*ph, Phase::Done(_)) {
-            *ph = Phase::Done(outcome);
-            self.cv.notify_all();
-            drop(ph);
-            self.done();
-        }
-    }
-
-    fn answer(&self, answer: Answer) {
-        let mut ph = lock(&self.phase);
-        if let Phase::Sent { written_at } = *ph {
-            *ph = Phase::Done(Outcome::Answered { answer, written_at });
-            self.cv.notify_all();
-            drop(ph);
-            self.done();
-        }
-    }
-
-    /// Runs the watcher, after the phase lock is let go.
-    fn done(&self) {
+    fn finish(&self, w: Waited) {
+        *lock(&self.slot) = Some(w);
+        self.cv.notify_all();
         if let Some(f) = &self.on_done {
             f();
         }
     }
 
-    fn set_sent(&self, written_at: Instant) {
-        *lock(&self.phase) = Phase::Sent { written_at };
+    /// The outcome, once it is in (taken: it is handed out once).
+    pub(crate) fn take(&self) -> Option<Waited> {
+        lock(&self.slot).take()
+    }
+
+    /// Waits for the outcome until `until`.
+    fn wait_until(&self, until: Instant) -> Option<Waited> {
+        let mut slot = lock(&self.slot);
+        loop {
+            if let Some(w) = slot.take() {
+                return Some(w);
+            }
+            let now = Instant::now();
+            if now >= until {
+                return None;
+            }
+            slot = self
+                .cv
+                .wait_timeout(slot, until - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
     }
 }
 
 struct State {
+    machine: Machine<Instant>,
+    /// The caller of each undecided call.
+    waiters: HashMap<CallId, Arc<Waiter>>,
+    /// Outcomes decided under the lock, handed to their waiters once it is
+    /// let go ([`unlock`]): a waiter woken does not wait for the lock.
+    done: Vec<Finished>,
     dead: bool,
     why: Option<String>,
     /// Why the connection failed, when it ended by no doing of the client.
     failure: Option<Failure>,
-    queue: VecDeque<Arc<Call>>,
-    acquires: HashMap<u64, Arc<Call>>,
-    /// By token; the list holds one entry per pending release of that token,
-    /// usually one, checked against the key of the reply.
-    releases: HashMap<u64, Vec<Arc<Call>>>,
-    /// Pending extends, matched by E/X as releases are by R/N.
-    extends: HashMap<u64, Vec<Arc<Call>>>,
     /// Tests hold the writer to observe queued calls.
     writer_paused: bool,
-    /// Frames handed to `write`, for tests and diagnostics.
-    frames_written: u64,
-    /// `write_all` calls that carried them.
+    /// `write_all` calls so far.
     writes: u64,
 }
 
@@ -222,56 +137,9 @@ pub(crate) struct Session {
     /// The server address, for [`Failure`]s.
     peer: String,
     stream: ClientStream,
-    max_key_bytes: usize,
     state: Mutex<State>,
     writer_cv: Condvar,
     threads: Mutex<Vec<JoinHandle<()>>>,
-}
-
-/// Encodes one call into the batch and files it where its reply will be
-/// matched: by owner (acquire) or by token (release, extend).
-fn encode_call(st: &mut State, call: &Arc<Call>, wait_s: u8, buf: &mut Vec<u8>) {
-    match call.kind {
-        Kind::Acquire { owner, lease_s } => {
-            encode_request(
-                &Request::Acquire {
-                    wait_s,
-                    lease_s,
-                    owner,
-                    key: &call.key,
-                },
-                buf,
-            );
-            if let Some(old) = st.acquires.insert(owner, Arc::clone(call)) {
-                // Owners are fresh per call and a call is
-                // queued on one session at a time; should it
-                // ever happen, the older call cannot be told
-                // apart any more.
-                old.finish(Outcome::Lost);
-            }
-        }
-        Kind::Release { token } => {
-            encode_request(
-                &Request::Release {
-                    token,
-                    key: &call.key,
-                },
-                buf,
-            );
-            st.releases.entry(token).or_default().push(Arc::clone(call));
-        }
-        Kind::Extend { token, lease_s } => {
-            encode_request(
-                &Request::Extend {
-                    lease_s,
-                    token,
-                    key: &call.key,
-                },
-                buf,
-            );
-            st.extends.entry(token).or_default().push(Arc::clone(call));
-        }
-    }
 }
 
 impl Session {
@@ -286,17 +154,16 @@ impl Session {
             id: NEXT_SESSION_ID.fetch_add(1, Ordering::Relaxed),
             peer,
             stream,
-            max_key_bytes,
             state: Mutex::new(State {
+                // Owners come with the calls (the process's own), so the
+                // machine's seed is never drawn from.
+                machine: Machine::on_clock(0, max_key_bytes),
+                waiters: HashMap::new(),
+                done: Vec::new(),
                 dead: false,
                 why: None,
                 failure: None,
-                queue: VecDeque::new(),
-                acquires: HashMap::new(),
-                releases: HashMap::new(),
-                extends: HashMap::new(),
                 writer_paused: false,
-                frames_written: 0,
                 writes: 0,
             }),
             writer_cv: Condvar::new(),
@@ -346,7 +213,7 @@ impl Session {
     /// Frames handed to `write` so far.
     #[cfg(test)]
     pub(crate) fn frames_written(&self) -> u64 {
-        lock(&self.state).frames_written
+        lock(&self.state).machine.handed_out()
     }
 
     /// `write_all` calls so far.
@@ -364,14 +231,7 @@ impl Session {
     /// Owners of the acquires still queued (unsent) here.
     #[cfg(test)]
     pub(crate) fn queued_owners(&self) -> Vec<u64> {
-        lock(&self.state)
-            .queue
-            .iter()
-            .filter_map(|c| match c.kind {
-                Kind::Acquire { owner, .. } => Some(owner),
-                Kind::Release { .. } | Kind::Extend { .. } => None,
-            })
-            .collect()
+        lock(&self.state).machine.queued_owners()
     }
 
     #[cfg(test)]
@@ -380,150 +240,174 @@ impl Session {
         self.writer_cv.notify_all();
     }
 
-    /// Queues `call` for the writer; `false` if the session is already dead
-    /// (the call is untouched and can go elsewhere).
-    pub(crate) fn enqueue(&self, call: Arc<Call>) -> bool {
-        let mut st = lock(&self.state);
-        if st.dead {
-            return false;
+    /// Queues `call` here, and waits for its outcome.
+    pub(crate) fn run(&self, call: Unsent<Instant>) -> Waited {
+        let first = call.send_deadline();
+        match self.submit(call) {
+            Ok((id, waiter)) => self.await_call(id, &waiter, first),
+            Err(call) => Waited::Moved(*call),
         }
-        st.queue.push_back(call);
-        drop(st);
-        self.writer_cv.notify_one();
-        true
     }
 
-    /// Queues every call of `calls` at once, so the writer puts them in
-    /// one write (as many as fit in one batch of its); `false` if the
-    /// session is already dead (the calls are untouched).
-    pub(crate) fn enqueue_all(&self, calls: &[Arc<Call>]) -> bool {
+    /// Queues `call` for the writer. `Err` with the call, untouched, if the
+    /// session is already dead.
+    fn submit(&self, call: Unsent<Instant>) -> Result<Submitted, Box<Unsent<Instant>>> {
         let mut st = lock(&self.state);
         if st.dead {
-            return false;
+            return Err(Box::new(call));
         }
-        st.queue.extend(calls.iter().cloned());
+        let id = st.machine.adopt(call);
+        let waiter = Waiter::new(None);
+        st.waiters.insert(id, Arc::clone(&waiter));
         drop(st);
         self.writer_cv.notify_one();
-        true
+        Ok((id, waiter))
     }
 
-    /// Waits for `call` (queued here) to end, enforcing its plan: withdrawn
-    /// unsent at `send_deadline`, given up with this session closed at
-    /// `give_up` if it may have been sent and has no reply.
-    pub(crate) fn await_call(&self, call: &Arc<Call>) -> Waited {
+    /// Queues every call of `calls` at once, so the writer puts them in one
+    /// write (as many as fit in one batch of its); each one's hook runs when
+    /// it ends. `None`, the calls dropped, if the session is already dead.
+    pub(crate) fn submit_all(
+        &self,
+        calls: Vec<(Unsent<Instant>, OnDone)>,
+    ) -> Option<Vec<Submitted>> {
+        let mut st = lock(&self.state);
+        if st.dead {
+            return None;
+        }
+        let mut ids = Vec::with_capacity(calls.len());
+        for (call, on_done) in calls {
+            let id = st.machine.adopt(call);
+            let waiter = Waiter::new(Some(on_done));
+            st.waiters.insert(id, Arc::clone(&waiter));
+            ids.push((id, waiter));
+        }
+        drop(st);
+        self.writer_cv.notify_one();
+        Some(ids)
+    }
+
+    /// Waits for call `id` to end. Its first deadline is `first`; whenever
+    /// a deadline of the call comes, the machine decides what is due
+    /// ([`Session::tick`]) and says the next.
+    fn await_call(&self, id: CallId, waiter: &Waiter, first: Instant) -> Waited {
+        let mut next = Some(first);
         loop {
+            // A call handed out after the wait began has deadlines of its
+            // own, never sooner than the transport deadline from its write.
             let now = Instant::now();
-            {
-                let ph = lock(&call.phase);
-                let limit = match *ph {
-                    Phase::Done(o) => return o.into(),
-                    Phase::Queued => call.plan.send_deadline,
-                    Phase::Sent { .. } => call.plan.give_up,
-                };
-                if now < limit {
-                    let (ph, _) = call
-                        .cv
-                        .wait_timeout(ph, limit - now)
-                        .unwrap_or_else(PoisonError::into_inner);
-                    if let Phase::Done(o) = *ph {
-                        return o.into();
-                    }
-                    continue;
-                }
-            }
-            if let Some(w) = self.enforce(call, now) {
+            let limit = next.map_or(now, |t| t.min(now + TRANSPORT_DEADLINE));
+            if let Some(w) = waiter.wait_until(limit) {
                 return w;
             }
-        }
-    }
-
-    /// Applies `call`'s plan at `now`, a moment at or past one of its
-    /// limits: a call still queued at its send deadline is withdrawn
-    /// (NotSent); one that may have been sent and has no reply at its
-    /// give-up closes this session (Indeterminate). `None` if it is still
-    /// running (written just before its send deadline).
-    pub(crate) fn enforce(&self, call: &Arc<Call>, now: Instant) -> Option<Waited> {
-        // Decided under the session lock, so the writer cannot move the
-        // call between "queued" and "sent" meanwhile.
-        let mut st = lock(&self.state);
-        let phase = *lock(&call.phase);
-        match phase {
-            Phase::Done(o) => Some(o.into()),
-            Phase::Queued if now >= call.plan.send_deadline => {
-                st.queue.retain(|c| !Arc::ptr_eq(c, call));
-                call.finish(Outcome::NotSent);
-                Some(Waited::NotSent)
-            }
-            Phase::Sent { .. } if now >= call.plan.give_up => {
-                // Close exactly this session: the reply can no longer be
-                // told apart from a late one, and the server must not
-                // keep a queued acquire for a caller that has gone.
-                if !st.dead {
-                    st.failure = Some(Failure::new(
-                        self.peer.clone(),
-                        FailureKind::NoReply,
-                        "no reply within the wait plus 1 s".into(),
-                    ));
+            next = self.tick(Instant::now(), id);
+            if next.is_none() {
+                if let Some(w) = waiter.take() {
+                    return w;
                 }
-                self.close_locked(&mut st, "no reply by the deadline plus grace");
-                drop(st);
-                self.shutdown();
-                let outcome = match *lock(&call.phase) {
-                    Phase::Done(o) => o,
-                    _ => Outcome::Lost,
-                };
-                Some(outcome.into())
+                // Decided meanwhile by another thread, which is handing
+                // the outcome over.
+                next = Some(Instant::now() + TRANSPORT_DEADLINE);
             }
-            Phase::Queued | Phase::Sent { .. } => None,
         }
     }
 
-    /// Closes the session: queued calls become [`Outcome::NotSent`], calls
-    /// that may have been sent become [`Outcome::Lost`], both threads end.
-    pub(crate) fn close(&self, why: &str) {
+    /// Lets the machine decide what is due at `now` (a call still queued at
+    /// its send deadline is not sent; one that may have been sent and has
+    /// no reply by its give-up closes this session), and returns the next
+    /// deadline of call `id`, `None` once it has ended.
+    pub(crate) fn tick(&self, now: Instant, id: CallId) -> Option<Instant> {
+        let mut st = lock(&self.state);
+        st.machine.handle_timeout(now);
+        self.after_machine(&mut st, usize::MAX);
+        let next = st.machine.deadline_of(id);
+        unlock(st, &mut Vec::new());
+        next
+    }
+
+    /// Gives `held` back: a release of that exact token on this session,
+    /// nobody waiting for it. `false` if the session is dead.
+    pub(crate) fn give_back(&self, held: &Held<Instant>) -> bool {
         let mut st = lock(&self.state);
         if st.dead {
-            return;
+            return false;
         }
-        self.close_locked(&mut st, why);
+        st.machine.give_back(Instant::now(), held);
         drop(st);
-        self.shutdown();
+        self.writer_cv.notify_one();
+        true
+    }
+
+    /// Hands every outcome the machine decided to its caller, and closes the
+    /// session if the machine gave up on it; wakes the writer if more than
+    /// `queued` calls wait for it now.
+    fn after_machine(&self, st: &mut State, queued: usize) {
+        dispatch(st);
+        if st.machine.wants_close() {
+            let (why, kind, detail) = match st.machine.take_close_cause() {
+                Some(CloseCause::Malformed { reason, head }) => {
+                    let (kind, detail) = classify_reply(&head).unwrap_or_else(|| {
+                        (
+                            FailureKind::NotTicketd,
+                            format!("it answered bytes that are no ticketd reply ({reason})"),
+                        )
+                    });
+                    (
+                        format!("malformed reply from the server: {reason}"),
+                        kind,
+                        detail,
+                    )
+                }
+                Some(CloseCause::WrongKey) => {
+                    let why = "reply key does not match the request";
+                    (why.to_owned(), FailureKind::NotTicketd, why.to_owned())
+                }
+                Some(CloseCause::NoReply) | None => (
+                    "no reply by the deadline plus grace".to_owned(),
+                    FailureKind::NoReply,
+                    "no reply within the wait plus 1 s".to_owned(),
+                ),
+            };
+            self.close_locked(st, &why, Some((kind, detail)));
+        } else if st.machine.queued() > queued {
+            // A grant given back.
+            self.writer_cv.notify_one();
+        }
+    }
+
+    /// Closes the session: calls that may have been sent are decided
+    /// (Indeterminate; extends go back to their callers like the calls
+    /// never sent), both threads end.
+    pub(crate) fn close(&self, why: &str) {
+        let mut st = lock(&self.state);
+        self.close_locked(&mut st, why, None);
+        unlock(st, &mut Vec::new());
     }
 
     /// Closes the session because the connection failed: `kind` and
     /// `detail` become its [`Failure`].
-    fn close_failed(&self, why: &str, (kind, detail): (FailureKind, String)) {
+    fn close_failed(&self, why: &str, cause: (FailureKind, String)) {
         let mut st = lock(&self.state);
-        if st.dead {
-            return;
-        }
-        st.failure = Some(Failure::new(self.peer.clone(), kind, detail));
-        self.close_locked(&mut st, why);
-        drop(st);
-        self.shutdown();
+        self.close_locked(&mut st, why, Some(cause));
+        unlock(st, &mut Vec::new());
     }
 
-    fn close_locked(&self, st: &mut State, why: &str) {
+    fn close_locked(&self, st: &mut State, why: &str, cause: Option<(FailureKind, String)>) {
         if st.dead {
             return;
         }
         st.dead = true;
         st.why = Some(why.to_owned());
-        for call in st.queue.drain(..) {
-            call.finish(Outcome::NotSent);
+        if let Some((kind, detail)) = cause {
+            st.failure = Some(Failure::new(self.peer.clone(), kind, detail));
         }
-        for (_, call) in st.acquires.drain() {
-            call.finish(Outcome::Lost);
-        }
-        for (_, calls) in st.releases.drain().chain(st.extends.drain()) {
-            for call in calls {
-                call.finish(Outcome::Lost);
+        st.machine.connection_lost();
+        dispatch(st);
+        for (id, call) in st.machine.take_unsent() {
+            if let Some(w) = st.waiters.remove(&id) {
+                st.done.push((w, Waited::Moved(call)));
             }
         }
-        self.writer_cv.notify_all();
-    }
-
-    fn shutdown(&self) {
         // Wakes the reader (read returns 0) and a writer blocked in write
         // (EPIPE); every dup of the socket sees it.
         let _ = self.stream.shutdown(Shutdown::Both);
@@ -543,6 +427,7 @@ impl Session {
 
     fn writer_loop(&self) {
         let mut buf = Vec::with_capacity(BATCH_BYTES);
+        let mut spare = Vec::new();
         loop {
             {
                 let mut st = lock(&self.state);
@@ -550,7 +435,7 @@ impl Session {
                     if st.dead {
                         return;
                     }
-                    if !st.queue.is_empty() && !st.writer_paused {
+                    if st.machine.queued() > 0 && !st.writer_paused {
                         break;
                     }
                     st = self
@@ -559,22 +444,13 @@ impl Session {
                         .unwrap_or_else(PoisonError::into_inner);
                 }
                 // The wire wait is computed here, just before the write.
-                let now = Instant::now();
                 buf.clear();
-                while buf.len() < BATCH_BYTES {
-                    let Some(call) = st.queue.pop_front() else {
-                        break;
-                    };
-                    let Some(wait_s) = call.plan.wire_wait_at(now) else {
-                        // Reached its deadline unsent: never sent at all.
-                        call.finish(Outcome::NotSent);
-                        continue;
-                    };
-                    encode_call(&mut st, &call, wait_s, &mut buf);
-                    call.set_sent(now);
-                    st.frames_written += 1;
-                }
+                st.machine
+                    .transmit_at_most(Instant::now(), &mut buf, BATCH_BYTES);
+                // Calls past their send deadline were dropped unsent.
+                dispatch(&mut st);
                 st.writes += u64::from(!buf.is_empty());
+                unlock(st, &mut spare);
             }
             if buf.is_empty() {
                 continue;
@@ -587,126 +463,60 @@ impl Session {
     }
 
     fn reader_loop(&self, mut stream: ClientStream) {
-        // Every read is offered at least `READ_CHUNK` bytes; what the
-        // buffer holds beyond them is at most one incomplete reply, which
-        // the decoder bounds.
-        let cap = 2 * READ_CHUNK + max_reply_frame(self.max_key_bytes);
-        let mut buf = ReadBuf::new(READ_CHUNK);
+        let mut chunk = vec![0u8; READ_CHUNK];
+        let mut spare = Vec::new();
         loop {
-            if !buf.make_room(READ_CHUNK, cap) {
-                let why = "a reply longer than the longest the protocol allows";
-                self.close_failed(why, (FailureKind::NotTicketd, why.into()));
-                return;
-            }
-            match buf.read_from(&mut stream) {
+            let n = match stream.read(&mut chunk) {
                 Ok(0) => {
-                    let why = "connection closed by the server";
-                    let cause = classify_reply(buf.data()).unwrap_or((
+                    let mut st = lock(&self.state);
+                    let cause = classify_reply(st.machine.unparsed()).unwrap_or((
                         FailureKind::Closed,
                         "the server closed the connection".into(),
                     ));
-                    self.close_failed(why, cause);
+                    self.close_locked(&mut st, "connection closed by the server", Some(cause));
+                    unlock(st, &mut spare);
                     return;
                 }
-                Ok(_) => {}
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    let cause = classify_reply(buf.data()).unwrap_or_else(|| classify_io(&e));
-                    self.close_failed(&format!("read failed: {e}"), cause);
+                    let mut st = lock(&self.state);
+                    let cause =
+                        classify_reply(st.machine.unparsed()).unwrap_or_else(|| classify_io(&e));
+                    self.close_locked(&mut st, &format!("read failed: {e}"), Some(cause));
+                    unlock(st, &mut spare);
                     return;
                 }
-            }
-            loop {
-                match decode_reply(buf.data(), self.max_key_bytes) {
-                    Decoded::Incomplete => break,
-                    Decoded::Frame { frame, used } => {
-                        if let Err(why) = self.deliver(frame) {
-                            self.close_failed(why, (FailureKind::NotTicketd, why.into()));
-                            return;
-                        }
-                        buf.consume(used);
-                    }
-                    Decoded::Malformed(m) => {
-                        let why = format!("malformed reply from the server: {m}");
-                        let cause = classify_reply(buf.data()).unwrap_or_else(|| {
-                            (
-                                FailureKind::NotTicketd,
-                                format!("it answered bytes that are no ticketd reply ({m})"),
-                            )
-                        });
-                        self.close_failed(&why, cause);
-                        return;
-                    }
-                }
+            };
+            let mut st = lock(&self.state);
+            let queued = st.machine.queued();
+            st.machine.receive(Instant::now(), &chunk[..n]);
+            self.after_machine(&mut st, queued);
+            let dead = st.dead;
+            unlock(st, &mut spare);
+            if dead {
+                return;
             }
         }
-    }
-
-    /// Hands a reply to the call it answers.
-    fn deliver(&self, reply: Reply<'_>) -> Result<(), &'static str> {
-        let mut st = lock(&self.state);
-        match reply {
-            Reply::Acquired { owner, key, .. }
-            | Reply::Timeout { owner, key }
-            | Reply::Busy { owner, key } => {
-                let Some(call) = st.acquires.remove(&owner) else {
-                    if let Reply::Acquired { token, key, .. } = reply {
-                        // A grant nobody waits for: give it back at once
-                        // rather than leaving the key held for a lease.
-                        let call = Call::new(
-                            Kind::Release { token },
-                            Arc::from(key),
-                            Plan::transport(Instant::now()),
-                        );
-                        st.queue.push_back(call);
-                        self.writer_cv.notify_one();
-                    }
-                    return Ok(());
-                };
-                if *call.key != *key {
-                    call.finish(Outcome::Lost);
-                    return Err("reply key does not match the request");
-                }
-                call.answer(match reply {
-                    Reply::Acquired { token, .. } => Answer::Acquired { token },
-                    Reply::Timeout { .. } => Answer::Timeout,
-                    _ => Answer::Busy,
-                });
-            }
-            Reply::Released { token, key } | Reply::NotReleased { token, key } => {
-                if let Some(call) = take_by_token(&mut st.releases, token, key) {
-                    call.answer(if matches!(reply, Reply::Released { .. }) {
-                        Answer::Released
-                    } else {
-                        Answer::NotReleased
-                    });
-                }
-            }
-            Reply::Extended { token, key } | Reply::NotExtended { token, key } => {
-                if let Some(call) = take_by_token(&mut st.extends, token, key) {
-                    call.answer(if matches!(reply, Reply::Extended { .. }) {
-                        Answer::Extended
-                    } else {
-                        Answer::NotExtended
-                    });
-                }
-            }
-        }
-        Ok(())
     }
 }
 
-/// Takes the oldest pending call of `token` on `key` out of `pending`, if
-/// any; a reply nobody waits for (its call gave up) matches nothing.
-fn take_by_token(
-    pending: &mut HashMap<u64, Vec<Arc<Call>>>,
-    token: u64,
-    key: &str,
-) -> Option<Arc<Call>> {
-    let calls = pending.get_mut(&token)?;
-    let i = calls.iter().position(|c| *c.key == *key)?;
-    let call = calls.remove(i);
-    if calls.is_empty() {
-        pending.remove(&token);
+/// Takes every outcome the machine decided, for its caller.
+fn dispatch(st: &mut State) {
+    while let Some(d) = st.machine.poll_decided() {
+        if let Some(w) = st.waiters.remove(&d.id) {
+            st.done.push((w, Waited::Decided(d)));
+        }
     }
-    Some(call)
+}
+
+/// Lets the session's lock go, then hands the outcomes decided under it to
+/// their waiters. `spare` is an empty list kept by the caller, swapped
+/// with the session's so that neither allocates again.
+fn unlock(mut st: MutexGuard<'_, State>, spare: &mut Vec<Finished>) {
+    std::mem::swap(&mut st.done, spare);
+    drop(st);
+    for (w, outcome) in spare.drain(..) {
+        w.finish(outcome);
+    }
 }

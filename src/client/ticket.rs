@@ -1,11 +1,11 @@
 //! A held lock: key, fencing token and a conservative local expiry.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::extend::Extended;
-use super::{deadline, Client, Error, Extend, KeptTicket, Release};
+use super::machine::Unsent;
+use super::{Client, Error, Extend, KeptTicket, Release};
 
 /// A lock this process holds, as granted by the server.
 ///
@@ -109,21 +109,18 @@ impl Ticket {
     /// # Errors
     /// `lease` is not whole seconds within 1..=255; nothing was sent.
     pub fn extend(&mut self, lease: Duration) -> Result<Extend, Error> {
-        let lease_s = deadline::lease_s(lease)?;
-        if self.lost || self.is_expired() {
+        let now = Instant::now();
+        let call = Unsent::extend(now, &self.key, self.token, lease, self.expires_at)?;
+        if self.lost || now >= self.expires_at {
             self.lost = true;
             return Ok(Extend::Lost);
         }
         // A shorter lease may take effect on the server before its answer
         // comes back: from now on the expiry is no later than now + lease.
-        self.expires_at = self.expires_at.min(Instant::now() + lease);
-        let key: Arc<str> = Arc::from(self.key.as_str());
-        match self
-            .client
-            .extend_until(key, self.token, lease_s, self.expires_at)
-        {
-            Extended::Yes { written_at } => {
-                self.expires_at = written_at + lease;
+        self.expires_at = call.send_deadline();
+        match self.client.extend_call(call) {
+            Extended::Yes { expires_at } => {
+                self.expires_at = expires_at;
                 self.lease = lease;
                 Ok(Extend::Extended)
             }

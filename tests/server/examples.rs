@@ -150,6 +150,20 @@ fn shared_client_counts_every_increment_under_one_lock() {
 }
 
 #[test]
+fn client_bench_counts_granted_and_released_cycles_of_its_threads() {
+    let server = Ticketd::start(&[]);
+    let addr = server.addr().to_string();
+    let out = run(
+        "client_bench",
+        &[&addr, "4", "0.5"],
+        &[],
+        Duration::from_secs(120),
+    );
+    assert!(out.contains("threads 4"), "{out}");
+    assert!(number_after(&out, "cycles/s ") > 0, "{out}");
+}
+
+#[test]
 fn engine_memory_hot_path_allocates_nothing_for_a_short_key_and_leaks_nothing() {
     let out = run(
         "engine_memory",
