@@ -33,11 +33,13 @@ pub(super) enum ConnSlot {
 #[derive(Debug)]
 pub(super) struct ConnWaiters {
     pub(super) id: ConnId,
-    /// The connection's holder number ([`Caller::holder`]): its waiters'
-    /// grants record it.
+    /// The connection's holder number
+    /// ([`Caller::holder`](super::Caller::holder)): its waiters' grants
+    /// record it.
     pub(super) holder: u64,
     /// The key of each of the connection's waiters, at the index that waiter
-    /// records in [`Waiter::slot`]. Entries never move while in use.
+    /// records in [`Waiter::slot`](super::waiters::Waiter::slot). Entries
+    /// never move while in use.
     pub(super) slots: Vec<ConnSlot>,
     /// Head of the free list in `slots`, or [`NO_SLOT`].
     pub(super) free: u32,

@@ -1,23 +1,35 @@
 //! The invariant checker: the engine's tables against each other and
 //! against a recount, for tests and fuzzing.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::conns::{ConnSlot, NO_SLOT};
+use super::waiters::Queue;
 use super::{quota, Engine, HolderUse};
 use crate::time::Millis;
 
 impl<T: Copy + Default> Engine<T> {
     /// Checks the engine's internal invariants, panicking with a message on
     /// the first one broken. For tests and fuzzing; O(keys + waiters × timers).
-    /// Long on purpose: a checklist read top to bottom, one statement per
-    /// invariant over one walk of the tables; split, the pieces would only
-    /// pass the same tables and tallies to each other.
+    /// A checklist read top to bottom: the keys, the queues and their
+    /// waiters, the connection table, then the counts against a recount.
     pub fn check_invariants(&self) {
-        let mut total = 0usize;
-        let mut by_conn: HashMap<u32, u32> = HashMap::new();
-        let mut seen_slots = std::collections::HashSet::new();
+        self.check_keys();
+        let by_conn = self.check_queues();
+        self.check_conns(&by_conn);
+        assert!(
+            self.waiters_total <= self.limits.max_waiters,
+            "over max_waiters"
+        );
+        assert!(self.keys.len() <= self.limits.max_keys, "over max_keys");
+        self.check_accounting();
+    }
+
+    /// Every registered key: its token below the next, token 0 only in the
+    /// restart grace, its lease end not below the expiry floor; and the
+    /// grant ages counting every client grant.
+    fn check_keys(&self) {
         let mut granted = 0usize;
         let mut first_grant = None::<Millis>;
         for (key, slot) in self.keys.iter() {
@@ -54,6 +66,14 @@ impl<T: Copy + Default> Engine<T> {
                 "the grant ages' oldest second is not the table's"
             );
         }
+    }
+
+    /// Every queue: its key registered, not empty, within its limit, its
+    /// one timer entry no later than anything due; then its waiters.
+    /// Returns the waiters counted by connection index.
+    fn check_queues(&self) -> HashMap<u32, u32> {
+        let mut by_conn: HashMap<u32, u32> = HashMap::new();
+        let mut seen_slots = HashSet::new();
         for (key, q) in self.queues.iter() {
             let slot = self
                 .keys
@@ -84,27 +104,9 @@ impl<T: Copy + Default> Engine<T> {
                     q.timer_at
                 );
             }
-            for w in &q.waiters {
-                total += 1;
-                *by_conn.entry(w.conn).or_insert(0) += 1;
-                assert!(w.lease_s() > 0, "waiter on {key:?} with lease 0");
-                assert!(
-                    seen_slots.insert((w.conn, w.slot)),
-                    "two waiters share connection slot {}/{}",
-                    w.conn,
-                    w.slot
-                );
-                let cw = self
-                    .conn_table
-                    .conns
-                    .get(w.conn as usize)
-                    .unwrap_or_else(|| panic!("waiter on {key:?} names no connection"));
-                match cw.slots.get(w.slot as usize) {
-                    Some(ConnSlot::Queued(k)) if Arc::ptr_eq(k, key) => {}
-                    other => panic!("waiter on {key:?} recorded as {other:?}"),
-                }
-            }
+            self.check_waiters(key, q, &mut by_conn, &mut seen_slots);
         }
+        let total: usize = by_conn.values().map(|&n| n as usize).sum();
         assert_eq!(total, self.waiters_total, "waiter count drifted");
         let queues_with_timers = if self.clocked { self.queues.len() } else { 0 };
         assert_eq!(
@@ -112,6 +114,43 @@ impl<T: Copy + Default> Engine<T> {
             queues_with_timers,
             "timer entries of keys without waiters, or two for one key"
         );
+        by_conn
+    }
+
+    /// The waiters of `key`'s queue `q`: a lease, a connection slot of
+    /// their own that names this queue's key. Counts them into `by_conn`.
+    fn check_waiters(
+        &self,
+        key: &Arc<str>,
+        q: &Queue<T>,
+        by_conn: &mut HashMap<u32, u32>,
+        seen_slots: &mut HashSet<(u32, u32)>,
+    ) {
+        for w in &q.waiters {
+            *by_conn.entry(w.conn).or_insert(0) += 1;
+            assert!(w.lease_s() > 0, "waiter on {key:?} with lease 0");
+            assert!(
+                seen_slots.insert((w.conn, w.slot)),
+                "two waiters share connection slot {}/{}",
+                w.conn,
+                w.slot
+            );
+            let cw = self
+                .conn_table
+                .conns
+                .get(w.conn as usize)
+                .unwrap_or_else(|| panic!("waiter on {key:?} names no connection"));
+            match cw.slots.get(w.slot as usize) {
+                Some(ConnSlot::Queued(k)) if Arc::ptr_eq(k, key) => {}
+                other => panic!("waiter on {key:?} recorded as {other:?}"),
+            }
+        }
+    }
+
+    /// The connection table: indexed both ways, each entry with waiters,
+    /// as many as the queues hold of it (`by_conn`), its slots either
+    /// queued or on a free list that does not loop.
+    fn check_conns(&self, by_conn: &HashMap<u32, u32>) {
         assert_eq!(
             self.conn_table.index.len(),
             self.conn_table.conns.len(),
@@ -150,12 +189,6 @@ impl<T: Copy + Default> Engine<T> {
             }
             assert_eq!(free + queued, cw.slots.len(), "lost slots in {}", cw.id);
         }
-        assert!(
-            self.waiters_total <= self.limits.max_waiters,
-            "over max_waiters"
-        );
-        assert!(self.keys.len() <= self.limits.max_keys, "over max_keys");
-        self.check_accounting();
     }
 
     /// The holders' counts and the memory estimate against a recount of

@@ -147,6 +147,20 @@
 //!   at the next tick, release or expiry of their key).
 //! * Expired keys are registered until swept or taken over, so they count
 //!   against `max_keys`.
+//!
+//! # Where things are
+//!
+//! This file holds the types, the [`Engine`] with its constructors and its
+//! request dispatch; each concern has a file of its own: `acquire` (a
+//! fresh grant, a takeover, a queued waiter: the hot path), `release`
+//! (release, a committed expiry and the handover to the head waiter),
+//! `extend`, `waiters` (queues, wait timeouts, disconnects), `conns` (the
+//! connection table), `deadlines` (the deadline index and `tick`), `sweep`,
+//! `leases` (lease ends, the longest lease, the restart grace), `tokens`,
+//! `budget` (quotas and the memory budget as acquires meet them), `quota`
+//! (the counts by holder and the cost estimates), `outbox` (replies and
+//! events), `view` (what the engine shows), `image` (the snapshot) and
+//! `invariants` (the checker for tests and fuzzing).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

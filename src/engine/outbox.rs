@@ -72,7 +72,7 @@ struct OutMsg<T> {
     /// The encoded frame is `Outbox::frames[frame_start..frame_end]`.
     frame_start: usize,
     frame_end: usize,
-    /// The tag of the request the event answers (see [`Engine`]).
+    /// The tag of the request the event answers (see [`Engine`](super::Engine)).
     tag: T,
 }
 

@@ -5,14 +5,10 @@ use super::waiters::{Waiter, WAITER_ID_LIMIT};
 use super::*;
 use crate::proto::{encode_reply, Reply};
 
-/// The server copies `frames()` to the sockets and services read
-/// `iter()`: both must tell the same replies, in order, the bytes being
-/// the codec's, a run per connection, and nothing of a withheld grant.
-/// Long because every check reuses the one table of replies, which
-/// rustfmt spreads a field to a line.
-#[test]
-fn outbox_frames_are_the_encoded_replies_in_runs_per_connection() {
-    let replies = [
+/// Seven replies to connections 1 and 2 in three runs, every kind
+/// among them: a grant and an extension to withhold, wrong-token answers.
+fn mixed_replies() -> [(ConnId, Reply<'static>, u8); 7] {
+    [
         (
             1,
             Reply::Acquired {
@@ -41,23 +37,37 @@ fn outbox_frames_are_the_encoded_replies_in_runs_per_connection() {
         (2, Reply::Busy { owner: 4, key: "k" }, 0),
         (1, Reply::NotExtended { token: 1, key: "x" }, 0),
         (1, Reply::NotReleased { token: 2, key: "x" }, 0),
-    ];
+    ]
+}
+
+/// The codec's bytes of `rs`, one frame after another.
+fn wire(rs: &[(ConnId, Reply<'_>, u8)]) -> Vec<u8> {
+    let mut v = Vec::new();
+    for (_, r, _) in rs {
+        encode_reply(r, &mut v);
+    }
+    v
+}
+
+/// The outbox's frames, a run per item.
+fn runs(out: &Outbox) -> Vec<(ConnId, Vec<u8>)> {
+    out.frames().map(|(c, f)| (c, f.to_vec())).collect()
+}
+
+/// The server copies `frames()` to the sockets and services read
+/// `iter()`: both must tell the same replies, in order, the bytes being
+/// the codec's, a run per connection, and nothing of a withheld grant.
+#[test]
+fn outbox_frames_are_the_encoded_replies_in_runs_per_connection() {
+    let replies = mixed_replies();
     let mut out = Outbox::new();
     for &(conn, reply, lease_s) in &replies {
         out.push(conn, reply, lease_s);
     }
     let read: Vec<_> = out.iter().map(|a| (a.conn, a.reply, a.lease_s)).collect();
     assert_eq!(read, replies);
-    let wire = |rs: &[(ConnId, Reply<'_>, u8)]| {
-        let mut v = Vec::new();
-        for (_, r, _) in rs {
-            encode_reply(r, &mut v);
-        }
-        v
-    };
-    let runs: Vec<(ConnId, Vec<u8>)> = out.frames().map(|(c, f)| (c, f.to_vec())).collect();
     assert_eq!(
-        runs,
+        runs(&out),
         vec![
             (1, wire(&replies[0..2])),
             (2, wire(&replies[2..5])),
@@ -66,9 +76,8 @@ fn outbox_frames_are_the_encoded_replies_in_runs_per_connection() {
     );
     // Withholding the grant and the extension splits their runs.
     assert_eq!(out.retain_leases(|_| false), 2);
-    let runs: Vec<(ConnId, Vec<u8>)> = out.frames().map(|(c, f)| (c, f.to_vec())).collect();
     assert_eq!(
-        runs,
+        runs(&out),
         vec![
             (1, wire(&replies[1..2])),
             (2, wire(&replies[2..3])),
@@ -109,6 +118,7 @@ fn outbox_frames_are_the_encoded_replies_in_runs_per_connection() {
 /// after what the buffer held; replies to others stay in the outbox.
 /// They are counted, their wrong-token answers listed, and a withheld
 /// grant or extension among them is listed as the range to cut out.
+/// Long because it follows one lent buffer from its loan to the turn's end.
 #[test]
 fn a_lent_write_buffer_gets_its_replies_encoded_and_withheld_ranges_listed() {
     let mine = [
@@ -154,10 +164,7 @@ fn a_lent_write_buffer_gets_its_replies_encoded_and_withheld_ranges_listed() {
     assert_eq!(buf[3..], want[..]);
     // Only the reply to connection 2 is held as a message.
     assert_eq!(out.len(), 1);
-    let runs: Vec<(ConnId, Vec<u8>)> = out.frames().map(|(c, f)| (c, f.to_vec())).collect();
-    let mut wire = Vec::new();
-    encode_reply(&other, &mut wire);
-    assert_eq!(runs, vec![(2, wire)]);
+    assert_eq!(runs(&out), vec![(2, wire(&[(2, other, 10)]))]);
     assert!(!out.may_lend(2), "a reply to 2 is held: it goes first");
     assert!(out.may_lend(1));
     let mut counts = [0; 7];

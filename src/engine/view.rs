@@ -112,10 +112,10 @@ impl<T: Copy + Default> Engine<T> {
 
     /// Clocked mode: how long the longest-held current grant has been held
     /// at `now`, extensions included, to the second it began (so up to
-    /// 1 s long); `None` when nothing is held, and in replicated mode. O(1). A grant whose lease ran out counts until a
-    /// takeover, a hand-over or the sweep ends it (at most about one
-    /// sweep interval later); a restart grace's unknown holders do not
-    /// count.
+    /// 1 s long); `None` when nothing is held, and in replicated mode.
+    /// O(1). A grant whose lease ran out counts until a takeover, a
+    /// hand-over or the sweep ends it (at most about one sweep interval
+    /// later); a restart grace's unknown holders do not count.
     #[must_use]
     pub fn oldest_hold_ms(&self, now: Millis) -> Option<u64> {
         self.holds.oldest().map(|at| now.since(at))

@@ -23,7 +23,8 @@ pub(super) struct Waiter<T = ()> {
     pub(super) wait_deadline: Millis,
     /// `id << 16 | wait_s << 8 | lease_s`.
     pub(super) id_lease: u64,
-    /// Index of its connection in [`ConnTable::conns`].
+    /// Index of its connection in
+    /// [`ConnTable::conns`](super::conns::ConnTable::conns).
     pub(super) conn: u32,
     /// Index of its entry in that connection's [`ConnWaiters::slots`].
     pub(super) slot: u32,
