@@ -1,0 +1,259 @@
+//! What the engine shows of its table: counts, a key's grant and queue,
+//! sorted listings, and the admin port's [`LockTable`].
+
+use super::waiters::Waiter;
+use super::{ConnId, Engine, EngineStats, HolderUse, WaiterId};
+use crate::limits::EngineLimits;
+use crate::time::Millis;
+
+/// One queued acquire, as [`Engine::queue`] shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Queued<'a, T> {
+    /// Its id, for [`Engine::wait_timeout`].
+    pub id: WaiterId,
+    /// Its connection.
+    pub conn: ConnId,
+    /// Its owner.
+    pub owner: u64,
+    /// Its wait, in seconds.
+    pub wait_s: u8,
+    /// The lease it asks for, in seconds.
+    pub lease_s: u8,
+    /// Its connection's holder number
+    /// ([`Caller::holder`](super::Caller::holder)): its grant's.
+    pub holder: u64,
+    /// Its tag.
+    pub tag: &'a T,
+}
+
+/// A registered key as `GET /v1/locks/KEY` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockInfo {
+    /// The fencing token of the current grant (0: the unknown holder of a
+    /// restart grace).
+    pub token: u64,
+    /// Milliseconds until the lease runs out, 0 once it has; `None` in
+    /// cluster mode, whose replicated engine has no clock.
+    pub expires_in_ms: Option<u64>,
+    /// Queued acquires.
+    pub waiters: usize,
+    /// Milliseconds since the grant; `None` in cluster mode.
+    pub held_for_ms: Option<u64>,
+    /// Who took the grant ([`Caller::holder`](super::Caller::holder);
+    /// 0: unknown).
+    pub holder: u64,
+}
+
+/// What the admin port reads of a lock table, whatever its tags: an
+/// [`Engine`] of any tag type behind one object type.
+pub trait LockTable {
+    /// See [`Engine::lock_info`].
+    fn lock_info(&self, now: Millis, key: &str) -> Option<LockInfo>;
+    /// See [`Engine::key_buckets`].
+    fn key_buckets(&self) -> usize;
+    /// See [`Engine::scan_keys`].
+    fn scan_keys(&self, from: usize, to: usize, visit: &mut dyn FnMut(&str)) -> usize;
+    /// See [`Engine::stats`].
+    fn stats(&self) -> &EngineStats;
+    /// See [`Engine::key_count`].
+    fn key_count(&self) -> usize;
+    /// See [`Engine::waiter_count`].
+    fn waiter_count(&self) -> usize;
+    /// See [`Engine::oldest_hold_ms`].
+    fn oldest_hold_ms(&self, now: Millis) -> Option<u64>;
+    /// See [`Engine::memory_bytes`].
+    fn memory_bytes(&self) -> u64;
+    /// See [`Engine::holder_use`].
+    fn holder_use(&self, holder: u64) -> HolderUse;
+}
+
+impl<T: Copy + Default> LockTable for Engine<T> {
+    fn lock_info(&self, now: Millis, key: &str) -> Option<LockInfo> {
+        Engine::lock_info(self, now, key)
+    }
+    fn key_buckets(&self) -> usize {
+        Engine::key_buckets(self)
+    }
+    fn scan_keys(&self, from: usize, to: usize, visit: &mut dyn FnMut(&str)) -> usize {
+        Engine::scan_keys(self, from, to, visit)
+    }
+    fn stats(&self) -> &EngineStats {
+        Engine::stats(self)
+    }
+    fn key_count(&self) -> usize {
+        Engine::key_count(self)
+    }
+    fn oldest_hold_ms(&self, now: Millis) -> Option<u64> {
+        Engine::oldest_hold_ms(self, now)
+    }
+    fn waiter_count(&self) -> usize {
+        Engine::waiter_count(self)
+    }
+    fn memory_bytes(&self) -> u64 {
+        Engine::memory_bytes(self)
+    }
+    fn holder_use(&self, holder: u64) -> HolderUse {
+        Engine::holder_use(self, holder)
+    }
+}
+
+impl<T: Copy + Default> Engine<T> {
+    /// The limits this engine enforces.
+    #[must_use]
+    pub fn limits(&self) -> &EngineLimits {
+        &self.limits
+    }
+
+    /// What the engine counted since it started.
+    #[must_use]
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
+    /// Clocked mode: how long the longest-held current grant has been held
+    /// at `now`, extensions included, to the second it began (so up to
+    /// 1 s long); `None` when nothing is held, and in replicated mode.
+    /// O(1). A grant whose lease ran out counts until a takeover, a
+    /// hand-over or the sweep ends it (at most about one sweep interval
+    /// later); a restart grace's unknown holders do not count.
+    #[must_use]
+    pub fn oldest_hold_ms(&self, now: Millis) -> Option<u64> {
+        self.holds.oldest().map(|at| now.since(at))
+    }
+
+    /// `key` as the admin port shows it, or `None` when it is not
+    /// registered. Two lookups; no allocation.
+    #[must_use]
+    pub fn lock_info(&self, now: Millis, key: &str) -> Option<LockInfo> {
+        let slot = self.keys.get(key)?;
+        let waiters = self.queues.get(key).map_or(0, |q| q.waiters.len());
+        let clocked = self.clocked;
+        Some(LockInfo {
+            token: slot.token,
+            expires_in_ms: clocked.then(|| slot.expires_at.since(now)),
+            waiters,
+            held_for_ms: clocked.then(|| now.since(slot.granted_at)),
+            holder: slot.holder,
+        })
+    }
+
+    /// Buckets of the key table: the range of [`Engine::scan_keys`]. It
+    /// changes when the table grows, which reorders the keys.
+    #[must_use]
+    pub fn key_buckets(&self) -> usize {
+        self.keys.num_buckets()
+    }
+
+    /// Calls `visit` with every registered key in buckets `from..to` of
+    /// the key table and returns the first bucket not visited, so that a
+    /// listing of a large table runs in steps over several loop turns.
+    pub fn scan_keys(&self, from: usize, to: usize, mut visit: impl FnMut(&str)) -> usize {
+        self.keys.visit_buckets(from, to, |k, _| visit(k))
+    }
+
+    /// Registered keys (held, or expired and not yet swept).
+    #[must_use]
+    pub fn key_count(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Queued acquires over all keys.
+    #[must_use]
+    pub fn waiter_count(&self) -> usize {
+        self.waiters_total
+    }
+
+    /// The token currently held on `key`, and whether its lease has run out
+    /// at `now` (always false in replicated mode).
+    #[must_use]
+    pub fn holder(&self, now: Millis, key: &str) -> Option<(u64, bool)> {
+        self.keys
+            .get(key)
+            .map(|s| (s.token, self.is_expired(s, now)))
+    }
+
+    /// The owners queued on `key`, head first.
+    #[must_use]
+    pub fn queued_owners(&self, key: &str) -> Vec<u64> {
+        self.queues
+            .get(key)
+            .map(|q| q.waiters.iter().map(|w| w.owner).collect())
+            .unwrap_or_default()
+    }
+
+    /// The grant on `key`: its token and the tag of the request granted.
+    #[must_use]
+    pub fn grant(&self, key: &str) -> Option<(u64, &T)> {
+        self.keys.get(key).map(|s| (s.token, &s.tag))
+    }
+
+    /// The tag of the grant on `key`, to change (cluster mode records a
+    /// lease generation in it when an extend takes effect).
+    pub fn grant_tag_mut(&mut self, key: &str) -> Option<&mut T> {
+        self.keys.get_mut(key).map(|s| &mut s.tag)
+    }
+
+    /// The acquires queued on `key`, head first.
+    pub fn queue(&self, key: &str) -> impl Iterator<Item = Queued<'_, T>> + '_ {
+        let conns = &self.conn_table.conns;
+        self.queues
+            .get(key)
+            .into_iter()
+            .flat_map(|q| q.waiters.iter())
+            .map(move |w| Queued {
+                id: w.id(),
+                conn: conns[w.conn as usize].id,
+                holder: conns[w.conn as usize].holder,
+                owner: w.owner,
+                wait_s: w.wait_s(),
+                lease_s: w.lease_s(),
+                tag: &w.tag,
+            })
+    }
+
+    /// The first waiter on `key` whose tag satisfies `pred`.
+    pub fn find_waiter(&self, key: &str, mut pred: impl FnMut(&T) -> bool) -> Option<WaiterId> {
+        self.queues
+            .get(key)?
+            .waiters
+            .iter()
+            .find(|w| pred(&w.tag))
+            .map(Waiter::id)
+    }
+
+    /// True while `conn` has a queued acquire.
+    #[must_use]
+    pub fn has_waiters(&self, conn: ConnId) -> bool {
+        self.conn_table.index.contains_key(&conn)
+    }
+
+    /// Connections that have queued acquires.
+    #[must_use]
+    pub fn waiting_conn_count(&self) -> usize {
+        self.conn_table.index.len()
+    }
+
+    /// Every registered key, sorted: a deterministic order, whatever the
+    /// hash key. O(keys log keys).
+    #[must_use]
+    pub fn sorted_keys(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self.keys.iter().map(|(k, _)| k.as_str()).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Every key that has waiters, sorted. O(such keys log such keys).
+    #[must_use]
+    pub fn sorted_queued_keys(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self.queues.iter().map(|(k, _)| &**k).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The holder number ([`Caller::holder`](super::Caller::holder)) of
+    /// the grant on `key`.
+    #[must_use]
+    pub fn grant_holder(&self, key: &str) -> Option<u64> {
+        self.keys.get(key).map(|s| s.holder)
+    }
+}
