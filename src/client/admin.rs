@@ -554,9 +554,20 @@ mod tests {
         let addr = l.local_addr().expect("addr").to_string();
         let t = std::thread::spawn(move || {
             let (mut s, _) = l.accept().expect("accept");
+            // The whole request is read before the answer and the close,
+            // and what follows is drained: a close with unread bytes would
+            // reset the connection before the client reads the answer.
+            let mut seen = Vec::new();
             let mut buf = [0u8; 1024];
-            let _ = s.read(&mut buf);
+            while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => seen.extend_from_slice(&buf[..n]),
+                }
+            }
             let _ = s.write_all(answer.as_bytes());
+            let _ = s.shutdown(std::net::Shutdown::Write);
+            while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
         });
         (addr, t)
     }
