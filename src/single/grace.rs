@@ -143,7 +143,12 @@ pub(super) fn earlier_leases(dir: &Path, loaded: &Loaded) -> io::Result<LeaseRec
 
 /// The start-up note on the restart grace: `grace` as configured, the
 /// `remaining_ms` the earlier run's leases may still run and `why`.
-pub(super) fn describe_grace(grace: RestartGrace, remaining_ms: u64, why: &str, host: &HostTime) -> String {
+pub(super) fn describe_grace(
+    grace: RestartGrace,
+    remaining_ms: u64,
+    why: &str,
+    host: &HostTime,
+) -> String {
     match (grace, remaining_ms) {
         (RestartGrace::Off, 0) => format!("restart_grace=off (none was due: {why})"),
         (RestartGrace::Off, ms) => {
