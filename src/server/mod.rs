@@ -841,7 +841,7 @@ impl<S: Service> Server<S> {
             return;
         };
         let view = admin::View {
-            service: &self.service,
+            observed: self.service.observe(),
             stats: &self.stats,
             connections: self.conns.len(),
             max_key_bytes: self.config.max_key_bytes,
@@ -855,8 +855,11 @@ impl<S: Service> Server<S> {
         self.stats.admin_refused = admin.refused;
         self.stats.admin_refused_peer = admin.refused_peer;
         for (key, change) in admin.take_changes() {
-            let (status, body) = self.service.member_change(now, change);
-            admin.answer(key, status, &body);
+            let outcome = self
+                .service
+                .membership()
+                .map(|m| m.member_change(now, change));
+            admin.answer(key, outcome);
         }
     }
 

@@ -88,7 +88,7 @@ use crate::engine::{ConnId, Engine, Outbox};
 use crate::limits::EngineLimits;
 use crate::proto::Request;
 use crate::server::ratelimit::LogLimit;
-use crate::service::Service;
+use crate::service::{NotReady, Observe, Service};
 use crate::time::{HostTime, Millis};
 use crate::token::{self, TokenRng};
 
@@ -421,10 +421,6 @@ impl Service for SingleService {
         self.engine.tick(now, out);
     }
 
-    fn engine(&self) -> Option<&dyn crate::engine::LockTable> {
-        Some(&self.engine)
-    }
-
     /// The engine answers every request in the call that hands it over.
     fn answers_in_the_call(&self) -> bool {
         true
@@ -439,21 +435,6 @@ impl Service for SingleService {
     /// the lease bound cannot be written.
     fn withholds_grants(&self) -> bool {
         self.store.is_some()
-    }
-
-    /// Ready once a grant can be made: no restart grace in force, and a
-    /// durable token mark (and lease bound) above the next token.
-    fn readiness(&self, now: Millis) -> Result<(), crate::service::NotReady> {
-        use crate::service::NotReady;
-        if let Some(until) = self.engine.restart_grace(now) {
-            return Err(NotReady::RestartGrace {
-                left_ms: until.since(now),
-            });
-        }
-        if self.engine.tokens_exhausted() {
-            return Err(NotReady::TokensNotDurable);
-        }
-        Ok(())
     }
 
     fn next_deadline(&self) -> Option<Millis> {
@@ -564,6 +545,43 @@ impl Service for SingleService {
         }
     }
 
+    fn describe(&self) -> String {
+        match &self.store {
+            Some(s) => format!(
+                "mode=single data_dir={} {}",
+                s.dir.display(),
+                self.grace_note
+            ),
+            None => "mode=single data_dir=none tokens=wall-clock-seeded restart_grace=none \
+                     (no data directory: nothing to remember)"
+                .to_owned(),
+        }
+    }
+
+    fn observe(&self) -> Option<&dyn Observe> {
+        Some(self)
+    }
+}
+
+impl Observe for SingleService {
+    fn lock_table(&self) -> Option<&dyn crate::engine::LockTable> {
+        Some(&self.engine)
+    }
+
+    /// Ready once a grant can be made: no restart grace in force, and a
+    /// durable token mark (and lease bound) above the next token.
+    fn readiness(&self, now: Millis) -> Result<(), NotReady> {
+        if let Some(until) = self.engine.restart_grace(now) {
+            return Err(NotReady::RestartGrace {
+                left_ms: until.since(now),
+            });
+        }
+        if self.engine.tokens_exhausted() {
+            return Err(NotReady::TokensNotDurable);
+        }
+        Ok(())
+    }
+
     /// The restart grace left, and the lease bound's writes (with a data
     /// directory).
     fn write_metrics(&self, now: Millis, out: &mut crate::metrics::Exposition) {
@@ -585,19 +603,6 @@ impl Service for SingleService {
                  the start's included.",
                 store.bound_writes,
             );
-        }
-    }
-
-    fn describe(&self) -> String {
-        match &self.store {
-            Some(s) => format!(
-                "mode=single data_dir={} {}",
-                s.dir.display(),
-                self.grace_note
-            ),
-            None => "mode=single data_dir=none tokens=wall-clock-seeded restart_grace=none \
-                     (no data directory: nothing to remember)"
-                .to_owned(),
         }
     }
 }

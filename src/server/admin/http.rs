@@ -3,7 +3,6 @@
 
 use std::io::{self, Read, Write};
 
-use crate::service::Service;
 use crate::time::Millis;
 
 use super::routes::route;
@@ -15,7 +14,7 @@ const READS_PER_TURN: usize = 4;
 const MAX_HEADERS: usize = 32;
 
 /// Reads what has arrived and, once the head is complete, routes it.
-pub(super) fn read_request<S: Service>(c: &mut AdminConn, now: Millis, view: &View<'_, S>) {
+pub(super) fn read_request(c: &mut AdminConn, now: Millis, view: &View<'_>) {
     let mut chunk = [0u8; 2048];
     let mut eof = false;
     for _ in 0..READS_PER_TURN {

@@ -4,7 +4,6 @@
 use std::collections::BTreeSet;
 
 use crate::engine::LockTable;
-use crate::service::Service;
 use crate::time::Millis;
 
 use super::decode::{decimal, percent_decode, BadRequest};
@@ -30,12 +29,8 @@ pub(super) struct Listing {
 }
 
 /// Advances a listing by one step; the JSON body once it is done.
-pub(super) fn step_listing<S: Service>(
-    l: &mut Listing,
-    now: Millis,
-    view: &View<'_, S>,
-) -> Option<String> {
-    let engine: &dyn LockTable = view.service.engine()?;
+pub(super) fn step_listing(l: &mut Listing, now: Millis, view: &View<'_>) -> Option<String> {
+    let engine: &dyn LockTable = view.lock_table()?;
     if l.buckets != engine.key_buckets() {
         // The table grew (or this is the first step): the order of its
         // buckets changed, so start the pass again.

@@ -2,27 +2,31 @@
 
 use crate::engine::LockTable;
 use crate::metrics::Exposition;
-use crate::service::Service;
+use crate::service::Observe;
 use crate::time::Millis;
 
 use super::super::Stats;
 use super::View;
 
 /// The scrape: the server's counters, the engine's, then the service's own.
-pub(super) fn render_metrics<S: Service>(now: Millis, view: &View<'_, S>) -> String {
+pub(super) fn render_metrics(now: Millis, view: &View<'_>) -> String {
     let mut e = Exposition::new();
     connection_metrics(&mut e, view);
     request_metrics(&mut e, view.stats);
-    if let Some(engine) = view.service.engine() {
-        lock_metrics(&mut e, now, engine, view.service);
+    if let Some(observed) = view.observed {
+        if let Some(engine) = observed.lock_table() {
+            lock_metrics(&mut e, now, engine, observed);
+        }
     }
     quota_metrics(&mut e, view);
-    view.service.write_metrics(now, &mut e);
+    if let Some(observed) = view.observed {
+        observed.write_metrics(now, &mut e);
+    }
     e.finish()
 }
 
 /// The build, and the client connections: open, refused, malformed.
-fn connection_metrics<S: Service>(e: &mut Exposition, view: &View<'_, S>) {
+fn connection_metrics(e: &mut Exposition, view: &View<'_>) {
     let s = view.stats;
     e.info(
         "ticketd_build_info",
@@ -71,9 +75,9 @@ fn connection_metrics<S: Service>(e: &mut Exposition, view: &View<'_, S>) {
 }
 
 /// The quotas per identity and the memory budget: refusals and bytes.
-fn quota_metrics<S: Service>(e: &mut Exposition, view: &View<'_, S>) {
+fn quota_metrics(e: &mut Exposition, view: &View<'_>) {
     let s = view.stats;
-    let engine = view.service.engine();
+    let engine = view.lock_table();
     let q = engine.map(|e| e.stats().quotas).unwrap_or_default();
     e.labelled_counter(
         "ticketd_quota_refusals_total",
@@ -133,7 +137,7 @@ fn request_metrics(e: &mut Exposition, s: &Stats) {
 }
 
 /// The lock table: keys, waiters, grants, expiries, wait and hold times.
-fn lock_metrics<S: Service>(e: &mut Exposition, now: Millis, engine: &dyn LockTable, service: &S) {
+fn lock_metrics(e: &mut Exposition, now: Millis, engine: &dyn LockTable, service: &dyn Observe) {
     let es = engine.stats();
     e.gauge(
         "ticketd_keys",

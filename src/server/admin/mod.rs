@@ -49,8 +49,8 @@ use mio::{Interest, Registry, Token};
 use slab::Slab;
 
 use crate::config::{AdminListen, Config};
-use crate::engine::LockInfo;
-use crate::service::{MemberChange, Service};
+use crate::engine::{LockInfo, LockTable};
+use crate::service::{MemberChange, NotReady, Observe, Refusal};
 use crate::time::Millis;
 
 use super::transport::{PeerAddr, Stream};
@@ -62,6 +62,7 @@ pub use json::json_str;
 use http::{read_request, respond, write_some};
 use json::lock_json;
 use listing::{step_listing, Listing};
+use routes::change_answer;
 
 /// The most admin connections open at once.
 pub const ADMIN_MAX_CONNS: usize = 64;
@@ -151,8 +152,9 @@ pub(crate) struct Admin {
 }
 
 /// What the admin port reads to answer: the loop's own state.
-pub(crate) struct View<'a, S: Service> {
-    pub service: &'a S,
+pub(crate) struct View<'a> {
+    /// What the service shows ([`crate::service::Service::observe`]).
+    pub observed: Option<&'a dyn Observe>,
     pub stats: &'a Stats,
     pub connections: usize,
     pub max_key_bytes: usize,
@@ -168,7 +170,7 @@ pub(crate) struct View<'a, S: Service> {
     pub max_memory: u64,
 }
 
-impl<S: Service> View<'_, S> {
+impl View<'_> {
     /// Whether the reader on `c` is `--admin-identity`, and so sees full
     /// tokens (a token releases its grant); everyone else sees sequences.
     fn shows_tokens(&self, c: &AdminConn) -> bool {
@@ -189,6 +191,17 @@ impl<S: Service> View<'_, S> {
             .flatten();
         lock_json(out, key, info, full, name.as_deref());
     }
+
+    /// The service's lock table, when it shows one.
+    fn lock_table(&self) -> Option<&dyn LockTable> {
+        self.observed.and_then(|o| o.lock_table())
+    }
+
+    /// Whether the service can grant now (`GET /readyz`); one that shows
+    /// nothing is ready.
+    fn readiness(&self, now: Millis) -> Result<(), NotReady> {
+        self.observed.map_or(Ok(()), |o| o.readiness(now))
+    }
 }
 
 impl Admin {
@@ -208,17 +221,20 @@ impl Admin {
         out
     }
 
-    /// Answers a membership change taken with [`Admin::take_changes`].
-    pub(crate) fn answer(&mut self, key: usize, status: u16, body: &str) {
+    /// Answers a membership change taken with [`Admin::take_changes`]
+    /// with its `outcome`: what was proposed, why it was refused, or
+    /// `None` when the service takes no membership changes.
+    pub(crate) fn answer(&mut self, key: usize, outcome: Option<Result<String, Refusal>>) {
         let Some(c) = self.conns.get_mut(key) else {
             return;
         };
+        let (status, body) = change_answer(outcome);
         let ct = if status == 200 {
             "application/json"
         } else {
             "text/plain"
         };
-        respond(c, status, ct, body);
+        respond(c, status, ct, &body);
         if !c.queued {
             c.queued = true;
             self.active.push(key);
@@ -366,12 +382,7 @@ impl Admin {
     }
 
     /// One turn: accept, read and answer, step listings, write, time out.
-    pub(crate) fn turn<S: Service>(
-        &mut self,
-        now: Millis,
-        registry: &Registry,
-        view: &View<'_, S>,
-    ) {
+    pub(crate) fn turn(&mut self, now: Millis, registry: &Registry, view: &View<'_>) {
         self.accept(now, registry);
         if self.listings > 0 {
             for (key, c) in &mut self.conns {
@@ -456,13 +467,7 @@ impl Admin {
         }
     }
 
-    fn step<S: Service>(
-        &mut self,
-        now: Millis,
-        registry: &Registry,
-        key: usize,
-        view: &View<'_, S>,
-    ) {
+    fn step(&mut self, now: Millis, registry: &Registry, key: usize, view: &View<'_>) {
         let Some(c) = self.conns.get_mut(key) else {
             return;
         };

@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 
 use crate::metrics;
-use crate::service::{MemberChange, Service};
+use crate::service::{MemberChange, Refusal, RefusalKind};
 use crate::time::Millis;
 
 use super::decode::{decimal, decode_key, percent_decode};
@@ -16,13 +16,7 @@ use super::{AdminConn, State, View};
 /// Answers one request line: the member-change paths, then the GET paths.
 /// Long because it is one match over the admin API's paths, read as its
 /// table of contents; each arm is a few lines.
-pub(super) fn route<S: Service>(
-    c: &mut AdminConn,
-    now: Millis,
-    method: &str,
-    target: &str,
-    view: &View<'_, S>,
-) {
+pub(super) fn route(c: &mut AdminConn, now: Millis, method: &str, target: &str, view: &View<'_>) {
     let (path, query) = match target.split_once('?') {
         Some((p, q)) => (p, Some(q)),
         None => (target, None),
@@ -46,7 +40,7 @@ pub(super) fn route<S: Service>(
     match path {
         "/livez" => respond(c, 200, "text/plain", "ok\n"),
         "/readyz" if view.stopping => respond(c, 503, "text/plain", "not ready: shutting down\n"),
-        "/readyz" => match view.service.readiness(now) {
+        "/readyz" => match view.readiness(now) {
             Ok(()) => respond(c, 200, "text/plain", "ok\n"),
             Err(why) => respond(c, 503, "text/plain", &format!("not ready: {why}\n")),
         },
@@ -54,14 +48,14 @@ pub(super) fn route<S: Service>(
             let text = render_metrics(now, view);
             respond(c, 200, metrics::CONTENT_TYPE, &text);
         }
-        "/v1/cluster" => match view.service.cluster_json(now) {
+        "/v1/cluster" => match view.observed.and_then(|o| o.cluster_json(now)) {
             Some(json) => respond(c, 200, "application/json", &json),
             None => respond(c, 404, "text/plain", "not a cluster node\n"),
         },
         "/v1/locks" => match parse_listing(query.unwrap_or(""), view.max_key_bytes) {
             Ok(mut listing) => {
                 listing.full_tokens = view.shows_tokens(c);
-                if view.service.engine().is_none() {
+                if view.lock_table().is_none() {
                     return respond(c, 503, "text/plain", "no lock table\n");
                 }
                 c.state = State::Listing(Box::new(listing));
@@ -77,7 +71,7 @@ pub(super) fn route<S: Service>(
             if query.is_some() {
                 return respond(c, 400, "text/plain", "/v1/locks/KEY takes no query\n");
             }
-            let Some(engine) = view.service.engine() else {
+            let Some(engine) = view.lock_table() else {
                 return respond(c, 503, "text/plain", "no lock table\n");
             };
             match engine.lock_info(now, &key) {
@@ -157,9 +151,55 @@ fn parse_member_change(
     }
 }
 
+/// The HTTP answer to a membership change: 200 with what was proposed,
+/// a refusal's status by its kind with its message, 404 when the service
+/// takes no membership changes.
+pub(super) fn change_answer(outcome: Option<Result<String, Refusal>>) -> (u16, String) {
+    match outcome {
+        None => (404, "not a cluster node\n".to_owned()),
+        Some(Ok(what)) => {
+            let mut j = String::from("{\"proposed\":");
+            json_str(&mut j, &what);
+            j.push_str("}\n");
+            (200, j)
+        }
+        Some(Err(r)) => {
+            let status = match r.kind {
+                RefusalKind::Invalid => 400,
+                RefusalKind::Conflict => 409,
+                RefusalKind::NotLeader => 421,
+                RefusalKind::Unavailable => 503,
+            };
+            (status, format!("{}\n", r.message))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn membership_outcomes_get_their_http_status() {
+        let refused = |kind| {
+            Some(Err(Refusal {
+                kind,
+                message: "why".into(),
+            }))
+        };
+        assert_eq!(change_answer(None).0, 404);
+        assert_eq!(
+            change_answer(Some(Ok("remove 3".into()))),
+            (200, "{\"proposed\":\"remove 3\"}\n".to_owned())
+        );
+        assert_eq!(
+            change_answer(refused(RefusalKind::Invalid)),
+            (400, "why\n".to_owned())
+        );
+        assert_eq!(change_answer(refused(RefusalKind::Conflict)).0, 409);
+        assert_eq!(change_answer(refused(RefusalKind::NotLeader)).0, 421);
+        assert_eq!(change_answer(refused(RefusalKind::Unavailable)).0, 503);
+    }
 
     #[test]
     fn member_changes_take_a_decimal_node_id() {
