@@ -71,6 +71,7 @@
 //! turn.
 
 mod bound;
+mod error;
 mod floor;
 mod grace;
 mod mark;
@@ -93,6 +94,7 @@ use crate::time::{HostTime, Millis};
 use crate::token::{self, TokenRng};
 
 pub use bound::BOUND_FILE;
+pub use error::OpenError;
 pub use floor::FLOOR_FILE;
 pub use grace::{grace_for, LeaseRecord, LEASE_BOUND_STEP_MS};
 pub use mark::{LOCK_FILE, MARK_FILE};
@@ -159,14 +161,10 @@ impl SingleService {
     /// in it is not a regular file; or its mark is missing, damaged or
     /// lower than the directory's floor record, or both are missing from
     /// a directory that shows earlier use (it is never silently
-    /// replaced). Every message names the path.
-    pub fn open(config: &Config) -> io::Result<Self> {
-        let rng = TokenRng::os().map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!("cannot read the OS random number generator (tokens need it): {e}"),
-            )
-        })?;
+    /// replaced). Every message names the path. The OS random number
+    /// generator cannot be read. [`OpenError`] says which.
+    pub fn open(config: &Config) -> Result<Self, OpenError> {
+        let rng = TokenRng::os().map_err(OpenError::Rng)?;
         let mut service = match &config.data_dir {
             Some(dir) => Self::with_store(
                 config.engine.clone(),
@@ -174,7 +172,11 @@ impl SingleService {
                 config.restart_grace,
                 config.max_lease_s,
                 config.insecure,
-            )?,
+            )
+            .map_err(|source| OpenError::DataDir {
+                dir: dir.clone(),
+                source,
+            })?,
             None => Self::with_wall_clock_seed(config.engine.clone()),
         };
         service.engine.set_max_lease(config.max_lease_s);

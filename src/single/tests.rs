@@ -510,3 +510,24 @@ fn no_grant_while_the_lease_bound_cannot_be_written() {
     assert!(acquire(&mut s, MARK_RETRY_MS + 1, "b", 5, &mut out).contains("Acquired"));
     fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn open_names_the_data_directory_it_cannot_use() {
+    let file = temp_dir("open-file");
+    fs::write(&file, "not a directory").unwrap();
+    let config = Config {
+        data_dir: Some(file.clone()),
+        ..Config::default()
+    };
+    match SingleService::open(&config) {
+        Err(OpenError::DataDir { dir, source }) => {
+            assert_eq!(dir, file);
+            assert!(
+                source.to_string().contains(&*file.to_string_lossy()),
+                "{source}"
+            );
+        }
+        other => panic!("not a data directory error: {other:?}"),
+    }
+    fs::remove_file(&file).unwrap();
+}
