@@ -71,6 +71,8 @@ pub mod client;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 #[cfg(feature = "server")]
+pub mod codec;
+#[cfg(feature = "server")]
 pub mod config;
 #[cfg(feature = "server")]
 pub mod datadir;

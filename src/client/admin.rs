@@ -1,15 +1,14 @@
 //! A blocking reader of the admin port (`ticketd --admin-listen`): one
-//! HTTP/1.1 `GET` per call, and a small JSON reader for what the port
-//! answers. `ticket status`, `ticket locks` and `ticket cluster status`
-//! are built on it.
+//! HTTP/1.1 request per call, and the JSON it answers as a [`Json`] value.
+//! `ticket status`, `ticket locks` and `ticket cluster` are built on it.
 //!
-//! The JSON reader takes any JSON text (objects, arrays, strings with
-//! escapes, numbers, booleans, null), bounded in nesting depth and by the
-//! size of the response, which is itself bounded ([`MAX_RESPONSE_BYTES`]).
+//! JSON is read with `serde_json` (strict RFC 8259, 64-bit integers read
+//! exactly), bounded in nesting depth and by the size of the response,
+//! which is itself bounded ([`MAX_RESPONSE_BYTES`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io::{Read, Write};
+use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
@@ -19,17 +18,115 @@ pub const MAX_RESPONSE_BYTES: usize = 16 << 20;
 /// Deepest JSON nesting accepted.
 const MAX_DEPTH: usize = 32;
 
-/// Why an admin request failed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AdminError(pub String);
+/// Why an admin request failed, or why its answer could not be used.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum AdminError {
+    /// `addr` is no address this call can reach an admin port at: `unix:`
+    /// without a path, a host with no address, or `https://` given to
+    /// [`request`] (HTTPS needs [`request_tls`]).
+    Address {
+        /// The address as given.
+        addr: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The host of `addr` could not be resolved.
+    Resolve {
+        /// The address as given.
+        addr: String,
+        /// The resolver's error.
+        source: io::Error,
+    },
+    /// No connection could be made (refused, unreachable, timed out).
+    Connect {
+        /// The address as given.
+        addr: String,
+        /// The connect error.
+        source: io::Error,
+    },
+    /// The connection failed once made: setting its timeouts (`op`
+    /// "socket"), sending the request ("send") or reading the answer
+    /// ("read"; a failed TLS handshake or a timeout shows here).
+    Io {
+        /// The address as given.
+        addr: String,
+        /// What was being done.
+        op: &'static str,
+        /// The error.
+        source: io::Error,
+    },
+    /// A TLS session could not be set up for `addr` (its host is no name a
+    /// certificate can be checked against).
+    Tls {
+        /// The address as given.
+        addr: String,
+        /// Why not.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The answer is no HTTP/1.1 response this reader takes: not HTTP, not
+    /// UTF-8, or over [`MAX_RESPONSE_BYTES`].
+    Response {
+        /// The address as given.
+        addr: String,
+        /// What is wrong with the answer.
+        reason: String,
+    },
+    /// The port answered with a status the caller did not expect, such as
+    /// 404 for a key that is not registered or 503 from a node that is not
+    /// ready.
+    Status {
+        /// The address as given.
+        addr: String,
+        /// The request target.
+        target: String,
+        /// The HTTP status.
+        status: u16,
+        /// The body, which says why.
+        body: String,
+    },
+    /// The body is not JSON, or is nested deeper than 32.
+    MalformedJson {
+        /// What the JSON reader found.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
 
 impl fmt::Display for AdminError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        match self {
+            AdminError::Address { addr, reason } => write!(f, "{addr}: {reason}"),
+            AdminError::Resolve { addr, source } => write!(f, "{addr}: bad address: {source}"),
+            AdminError::Connect { addr, source } => write!(f, "{addr}: connect: {source}"),
+            AdminError::Io { addr, op, source } => write!(f, "{addr}: {op}: {source}"),
+            AdminError::Tls { addr, source } => write!(f, "{addr}: TLS: {source}"),
+            AdminError::Response { addr, reason } => write!(f, "{addr}: {reason}"),
+            AdminError::Status {
+                addr,
+                target,
+                status,
+                body,
+            } => write!(f, "{addr}{target}: {status} {}", body.trim()),
+            AdminError::MalformedJson { source } => write!(f, "bad JSON: {source}"),
+        }
     }
 }
 
-impl std::error::Error for AdminError {}
+impl std::error::Error for AdminError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            AdminError::Resolve { source, .. }
+            | AdminError::Connect { source, .. }
+            | AdminError::Io { source, .. } => Some(source),
+            AdminError::Tls { source, .. } | AdminError::MalformedJson { source } => {
+                Some(source.as_ref())
+            }
+            AdminError::Address { .. }
+            | AdminError::Response { .. }
+            | AdminError::Status { .. } => None,
+        }
+    }
+}
 
 /// `GET target` from the admin port at `addr` (`host:port`, or
 /// `unix:/path` for `--admin-listen unix:/path`): the status and the body.
@@ -39,6 +136,25 @@ impl std::error::Error for AdminError {}
 /// HTTP response.
 pub fn get(addr: &str, target: &str, timeout: Duration) -> Result<(u16, String), AdminError> {
     request(addr, "GET", target, timeout)
+}
+
+/// `GET target` from the admin port at `addr`, as [`get`], and its body
+/// read as JSON: `/v1/locks/KEY`, `/v1/locks?prefix=...`, `/v1/cluster`.
+///
+/// # Errors
+/// As [`get`]; [`AdminError::Status`] for any status but 200 (404: no such
+/// key, or not a cluster node), [`AdminError::MalformedJson`] for a body
+/// that is not JSON.
+pub fn get_json(addr: &str, target: &str, timeout: Duration) -> Result<Json, AdminError> {
+    match get(addr, target, timeout)? {
+        (200, body) => Json::parse(&body),
+        (status, body) => Err(AdminError::Status {
+            addr: addr.to_owned(),
+            target: target.to_owned(),
+            status,
+            body,
+        }),
+    }
 }
 
 /// `METHOD target` (no body) to the admin port at `addr`: the status and
@@ -52,32 +168,27 @@ pub fn request(
     target: &str,
     timeout: Duration,
 ) -> Result<(u16, String), AdminError> {
-    let fail = |what: &str, e: &dyn fmt::Display| AdminError(format!("{addr}: {what}: {e}"));
     if addr.starts_with("https://") {
-        return Err(AdminError(format!(
-            "{addr}: HTTPS needs the CA to trust: use request_tls (ticket: --tls-ca)"
-        )));
+        return Err(AdminError::Address {
+            addr: addr.to_owned(),
+            reason: "HTTPS needs the CA to trust: use request_tls (ticket: --tls-ca)",
+        });
     }
     if let Some(path) = addr.strip_prefix("unix:") {
         if path.is_empty() {
-            return Err(AdminError("unix: needs a path".into()));
+            return Err(AdminError::Address {
+                addr: addr.to_owned(),
+                reason: "needs a path (unix:/PATH)",
+            });
         }
         // A local connect does not wait for a network: no connect timeout.
-        let s = UnixStream::connect(path).map_err(|e| fail("connect", &e))?;
+        let s = UnixStream::connect(path).map_err(|e| connect_error(addr, e))?;
         s.set_read_timeout(Some(timeout))
             .and_then(|()| s.set_write_timeout(Some(timeout)))
-            .map_err(|e| fail("socket", &e))?;
+            .map_err(|e| io_error(addr, "socket", e))?;
         return exchange(s, addr, "localhost", method, target);
     }
-    let sock = addr
-        .to_socket_addrs()
-        .map_err(|e| fail("bad address", &e))?
-        .next()
-        .ok_or_else(|| AdminError(format!("{addr}: no address")))?;
-    let s = TcpStream::connect_timeout(&sock, timeout).map_err(|e| fail("connect", &e))?;
-    s.set_read_timeout(Some(timeout))
-        .and_then(|()| s.set_write_timeout(Some(timeout)))
-        .map_err(|e| fail("socket", &e))?;
+    let s = connect_tcp(addr, addr, timeout)?;
     exchange(s, addr, addr, method, target)
 }
 
@@ -99,19 +210,14 @@ pub fn request_tls(
     timeout: Duration,
 ) -> Result<(u16, String), AdminError> {
     let hostport = addr.strip_prefix("https://").unwrap_or(addr);
-    let fail = |what: &str, e: &dyn fmt::Display| AdminError(format!("{addr}: {what}: {e}"));
-    let name = super::tls::name_of(hostport).map_err(|e| fail("TLS", &e))?;
-    let sock = hostport
-        .to_socket_addrs()
-        .map_err(|e| fail("bad address", &e))?
-        .next()
-        .ok_or_else(|| AdminError(format!("{addr}: no address")))?;
-    let s = TcpStream::connect_timeout(&sock, timeout).map_err(|e| fail("connect", &e))?;
-    s.set_read_timeout(Some(timeout))
-        .and_then(|()| s.set_write_timeout(Some(timeout)))
-        .map_err(|e| fail("socket", &e))?;
+    let tls_error = |e: Box<dyn std::error::Error + Send + Sync>| AdminError::Tls {
+        addr: addr.to_owned(),
+        source: e,
+    };
+    let name = super::tls::name_of(hostport).map_err(|e| tls_error(Box::new(e)))?;
+    let s = connect_tcp(addr, hostport, timeout)?;
     let session = rustls::ClientConnection::new(std::sync::Arc::clone(config), name)
-        .map_err(|e| fail("TLS", &e))?;
+        .map_err(|e| tls_error(Box::new(e)))?;
     exchange(
         rustls::StreamOwned::new(session, s),
         addr,
@@ -119,6 +225,42 @@ pub fn request_tls(
         method,
         target,
     )
+}
+
+fn connect_error(addr: &str, source: io::Error) -> AdminError {
+    AdminError::Connect {
+        addr: addr.to_owned(),
+        source,
+    }
+}
+
+fn io_error(addr: &str, op: &'static str, source: io::Error) -> AdminError {
+    AdminError::Io {
+        addr: addr.to_owned(),
+        op,
+        source,
+    }
+}
+
+/// A TCP connection to `hostport` (`addr` as given, for errors), with
+/// `timeout` on the connect and on every read and write.
+fn connect_tcp(addr: &str, hostport: &str, timeout: Duration) -> Result<TcpStream, AdminError> {
+    let sock = hostport
+        .to_socket_addrs()
+        .map_err(|source| AdminError::Resolve {
+            addr: addr.to_owned(),
+            source,
+        })?
+        .next()
+        .ok_or_else(|| AdminError::Address {
+            addr: addr.to_owned(),
+            reason: "no address",
+        })?;
+    let s = TcpStream::connect_timeout(&sock, timeout).map_err(|e| connect_error(addr, e))?;
+    s.set_read_timeout(Some(timeout))
+        .and_then(|()| s.set_write_timeout(Some(timeout)))
+        .map_err(|e| io_error(addr, "socket", e))?;
+    Ok(s)
 }
 
 /// One request on a connected stream, and the response read to its end.
@@ -129,31 +271,32 @@ fn exchange(
     method: &str,
     target: &str,
 ) -> Result<(u16, String), AdminError> {
-    let fail = |what: &str, e: &dyn fmt::Display| AdminError(format!("{addr}: {what}: {e}"));
     write!(
         s,
         "{method} {target} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: \
          close\r\n\r\n"
     )
-    .map_err(|e| fail("send", &e))?;
+    .map_err(|e| io_error(addr, "send", e))?;
     let mut raw = Vec::new();
     s.take(MAX_RESPONSE_BYTES as u64 + 1)
         .read_to_end(&mut raw)
-        .map_err(|e| fail("read", &e))?;
+        .map_err(|e| io_error(addr, "read", e))?;
+    let bad = |reason: String| AdminError::Response {
+        addr: addr.to_owned(),
+        reason,
+    };
     if raw.len() > MAX_RESPONSE_BYTES {
-        return Err(AdminError(format!(
-            "{addr}: response over {MAX_RESPONSE_BYTES} bytes"
-        )));
+        return Err(bad(format!("response over {MAX_RESPONSE_BYTES} bytes")));
     }
-    let text = String::from_utf8(raw).map_err(|_| AdminError(format!("{addr}: not UTF-8")))?;
+    let text = String::from_utf8(raw).map_err(|_| bad("not UTF-8".into()))?;
     let (head, body) = text
         .split_once("\r\n\r\n")
-        .ok_or_else(|| AdminError(format!("{addr}: not an HTTP response")))?;
+        .ok_or_else(|| bad("not an HTTP response".into()))?;
     let status = head
         .strip_prefix("HTTP/1.1 ")
         .and_then(|r| r.get(..3))
         .and_then(|c| c.parse().ok())
-        .ok_or_else(|| AdminError(format!("{addr}: not an HTTP/1.1 response")))?;
+        .ok_or_else(|| bad("not an HTTP/1.1 response".into()))?;
     Ok((status, body.to_owned()))
 }
 
@@ -196,18 +339,64 @@ impl Json {
     /// Parses JSON text.
     ///
     /// # Errors
-    /// Not JSON, or nested deeper than 32.
+    /// [`AdminError::MalformedJson`]: not JSON, or nested deeper than 32.
     pub fn parse(text: &str) -> Result<Json, AdminError> {
-        let mut p = Parser {
-            b: text.as_bytes(),
-            i: 0,
-        };
-        let v = p.value(0)?;
-        p.ws();
-        if p.i != p.b.len() {
-            return Err(p.err("trailing characters"));
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| AdminError::MalformedJson {
+                source: Box::new(e),
+            })?;
+        Json::from_value(value, 0)
+    }
+
+    /// `v` as a [`Json`], nested at `depth`.
+    fn from_value(v: serde_json::Value, depth: usize) -> Result<Json, AdminError> {
+        use serde_json::Value;
+        if depth > MAX_DEPTH {
+            return Err(AdminError::MalformedJson {
+                source: format!("nested deeper than {MAX_DEPTH}").into(),
+            });
         }
-        Ok(v)
+        Ok(match v {
+            Value::Null => Json::Null,
+            Value::Bool(b) => Json::Bool(b),
+            // serde_json keeps a non-negative integer as a u64, exactly.
+            Value::Number(n) => match n.as_u64() {
+                Some(u) => Json::Int(u),
+                None => Json::Num(n.as_f64().unwrap_or(f64::NAN)),
+            },
+            Value::String(s) => Json::Str(s),
+            Value::Array(a) => Json::Arr(
+                a.into_iter()
+                    .map(|x| Json::from_value(x, depth + 1))
+                    .collect::<Result<_, _>>()?,
+            ),
+            Value::Object(m) => Json::Obj(
+                m.into_iter()
+                    .map(|(k, x)| Ok((k, Json::from_value(x, depth + 1)?)))
+                    .collect::<Result<_, AdminError>>()?,
+            ),
+        })
+    }
+
+    /// `self` as serde_json's value, to be written out.
+    fn to_value(&self) -> serde_json::Value {
+        use serde_json::Value;
+        match self {
+            Json::Null => Value::Null,
+            Json::Bool(b) => Value::Bool(*b),
+            Json::Int(n) => Value::from(*n),
+            // A whole number reads back as the integer it is; NaN and the
+            // infinities, which JSON cannot write, as null.
+            Json::Num(n) => match self.as_u64() {
+                Some(u) => Value::from(u),
+                None => serde_json::Number::from_f64(*n).map_or(Value::Null, Value::Number),
+            },
+            Json::Str(s) => Value::String(s.clone()),
+            Json::Arr(a) => Value::Array(a.iter().map(Json::to_value).collect()),
+            Json::Obj(m) => {
+                Value::Object(m.iter().map(|(k, x)| (k.clone(), x.to_value())).collect())
+            }
+        }
     }
 
     /// The member `name` of an object.
@@ -252,174 +441,10 @@ impl Json {
     }
 }
 
-struct Parser<'a> {
-    b: &'a [u8],
-    i: usize,
-}
-
-impl Parser<'_> {
-    fn err(&self, what: &str) -> AdminError {
-        AdminError(format!("bad JSON at byte {}: {what}", self.i))
-    }
-
-    fn ws(&mut self) {
-        while self.i < self.b.len() && matches!(self.b[self.i], b' ' | b'\t' | b'\n' | b'\r') {
-            self.i += 1;
-        }
-    }
-
-    fn eat(&mut self, lit: &str) -> bool {
-        if self.b[self.i..].starts_with(lit.as_bytes()) {
-            self.i += lit.len();
-            true
-        } else {
-            false
-        }
-    }
-
-    // Long because it is the JSON grammar, one arm per kind of value.
-    fn value(&mut self, depth: usize) -> Result<Json, AdminError> {
-        if depth > MAX_DEPTH {
-            return Err(self.err("nested too deep"));
-        }
-        self.ws();
-        match self.b.get(self.i) {
-            None => Err(self.err("unexpected end")),
-            Some(b'{') => {
-                self.i += 1;
-                let mut m = BTreeMap::new();
-                self.ws();
-                if self.eat("}") {
-                    return Ok(Json::Obj(m));
-                }
-                loop {
-                    self.ws();
-                    let k = self.string()?;
-                    self.ws();
-                    if !self.eat(":") {
-                        return Err(self.err("expected ':'"));
-                    }
-                    let v = self.value(depth + 1)?;
-                    m.insert(k, v);
-                    self.ws();
-                    if self.eat("}") {
-                        return Ok(Json::Obj(m));
-                    }
-                    if !self.eat(",") {
-                        return Err(self.err("expected ',' or '}'"));
-                    }
-                }
-            }
-            Some(b'[') => {
-                self.i += 1;
-                let mut v = Vec::new();
-                self.ws();
-                if self.eat("]") {
-                    return Ok(Json::Arr(v));
-                }
-                loop {
-                    v.push(self.value(depth + 1)?);
-                    self.ws();
-                    if self.eat("]") {
-                        return Ok(Json::Arr(v));
-                    }
-                    if !self.eat(",") {
-                        return Err(self.err("expected ',' or ']'"));
-                    }
-                }
-            }
-            Some(b'"') => Ok(Json::Str(self.string()?)),
-            Some(b't') if self.eat("true") => Ok(Json::Bool(true)),
-            Some(b'f') if self.eat("false") => Ok(Json::Bool(false)),
-            Some(b'n') if self.eat("null") => Ok(Json::Null),
-            Some(b'-' | b'0'..=b'9') => {
-                let start = self.i;
-                while self.i < self.b.len()
-                    && matches!(
-                        self.b[self.i],
-                        b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9'
-                    )
-                {
-                    self.i += 1;
-                }
-                let text = std::str::from_utf8(&self.b[start..self.i]).ok();
-                if let Some(n) = text
-                    .filter(|t| t.bytes().all(|c| c.is_ascii_digit()))
-                    .and_then(|t| t.parse::<u64>().ok())
-                {
-                    return Ok(Json::Int(n));
-                }
-                text.and_then(|s| s.parse().ok())
-                    .map(Json::Num)
-                    .ok_or_else(|| self.err("bad number"))
-            }
-            Some(_) => Err(self.err("unexpected character")),
-        }
-    }
-
-    fn hex4(&mut self) -> Result<u32, AdminError> {
-        let h = self
-            .b
-            .get(self.i..self.i + 4)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u32::from_str_radix(h, 16).ok())
-            .ok_or_else(|| self.err("bad \\u escape"))?;
-        self.i += 4;
-        Ok(h)
-    }
-
-    fn string(&mut self) -> Result<String, AdminError> {
-        if !self.eat("\"") {
-            return Err(self.err("expected a string"));
-        }
-        let mut out = Vec::new();
-        loop {
-            let Some(&c) = self.b.get(self.i) else {
-                return Err(self.err("unterminated string"));
-            };
-            self.i += 1;
-            match c {
-                b'"' => break,
-                b'\\' => {
-                    let Some(&e) = self.b.get(self.i) else {
-                        return Err(self.err("unterminated escape"));
-                    };
-                    self.i += 1;
-                    let ch = match e {
-                        b'"' => '"',
-                        b'\\' => '\\',
-                        b'/' => '/',
-                        b'b' => '\u{8}',
-                        b'f' => '\u{c}',
-                        b'n' => '\n',
-                        b'r' => '\r',
-                        b't' => '\t',
-                        b'u' => {
-                            let hi = self.hex4()?;
-                            let code = if (0xD800..0xDC00).contains(&hi) {
-                                if !self.eat("\\u") {
-                                    return Err(self.err("lone surrogate"));
-                                }
-                                let lo = self.hex4()?;
-                                if !(0xDC00..0xE000).contains(&lo) {
-                                    return Err(self.err("bad surrogate pair"));
-                                }
-                                0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00)
-                            } else {
-                                hi
-                            };
-                            char::from_u32(code).ok_or_else(|| self.err("bad code point"))?
-                        }
-                        _ => return Err(self.err("bad escape")),
-                    };
-                    let mut buf = [0u8; 4];
-                    out.extend_from_slice(ch.encode_utf8(&mut buf).as_bytes());
-                }
-                c if c < 0x20 => return Err(self.err("control character in a string")),
-                c => out.push(c),
-            }
-        }
-        String::from_utf8(out).map_err(|_| self.err("not UTF-8"))
+/// Compact JSON text (no spaces), object members in key order.
+impl fmt::Display for Json {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_value().to_string())
     }
 }
 
@@ -486,6 +511,108 @@ mod tests {
         }
         let deep = "[".repeat(100) + &"]".repeat(100);
         assert!(Json::parse(&deep).is_err());
+    }
+
+    #[test]
+    fn malformed_json_is_its_own_error_with_a_source() {
+        use std::error::Error as _;
+        for bad in ["{", "01", "[1,]", &("[".repeat(40) + &"]".repeat(40))] {
+            let e = Json::parse(bad).expect_err(bad);
+            assert!(
+                matches!(e, AdminError::MalformedJson { .. }),
+                "{bad:?}: {e:?}"
+            );
+            assert!(e.source().is_some(), "{bad:?}");
+            assert!(e.to_string().starts_with("bad JSON: "), "{e}");
+        }
+        let deep = "[".repeat(40) + &"]".repeat(40);
+        let e = Json::parse(&deep).expect_err("too deep");
+        assert_eq!(e.to_string(), "bad JSON: nested deeper than 32");
+        // 33 levels (depths 0 to 32) are still taken.
+        assert!(Json::parse(&("[".repeat(33) + &"]".repeat(33))).is_ok());
+    }
+
+    #[test]
+    fn json_is_written_back_compact_in_key_order_and_exact() {
+        let text = r#"{ "b": [1, 2.5, -3e2, 1e2], "a": "x\"\u0001/é", "t": 18446744073709551557,
+            "n": null, "y": true }"#;
+        let v = Json::parse(text).expect("parses");
+        assert_eq!(
+            v.to_string(),
+            r#"{"a":"x\"\u0001/é","b":[1,2.5,-300.0,100],"n":null,"t":18446744073709551557,"y":true}"#
+        );
+        let again = Json::parse(&v.to_string()).expect("reads back");
+        assert_eq!(again.to_string(), v.to_string());
+        assert_eq!(again.get("t"), v.get("t"));
+        assert_eq!(Json::Num(f64::NAN).to_string(), "null");
+    }
+
+    /// A one-shot server on a free loopback port that answers `answer` to
+    /// whatever it is sent.
+    fn answering(answer: &'static str) -> (String, std::thread::JoinHandle<()>) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = l.local_addr().expect("addr").to_string();
+        let t = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().expect("accept");
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(answer.as_bytes());
+        });
+        (addr, t)
+    }
+
+    #[test]
+    fn each_failure_of_a_request_has_its_variant() {
+        use std::error::Error as _;
+        let t = Duration::from_secs(5);
+        let (addr, server) = answering("HTTP/1.1 503 Service Unavailable\r\n\r\nnot ready\n");
+        match get_json(&addr, "/readyz", t) {
+            Err(AdminError::Status {
+                status: 503,
+                ref body,
+                ref target,
+                ..
+            }) if body == "not ready\n" && target == "/readyz" => {}
+            other => panic!("{other:?}"),
+        }
+        server.join().unwrap();
+        let (addr, server) = answering("HTTP/1.1 200 OK\r\n\r\n{\"locks\":");
+        let e = get_json(&addr, "/v1/locks", t).expect_err("truncated JSON");
+        assert!(matches!(e, AdminError::MalformedJson { .. }), "{e:?}");
+        server.join().unwrap();
+        let (addr, server) = answering("SSH-2.0-OpenSSH\r\n");
+        let e = get(&addr, "/", t).expect_err("not HTTP");
+        assert_eq!(e.to_string(), format!("{addr}: not an HTTP response"));
+        assert!(matches!(e, AdminError::Response { .. }) && e.source().is_none());
+        server.join().unwrap();
+
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            l.local_addr().expect("addr").to_string()
+        };
+        match get(&closed, "/", t) {
+            Err(e @ AdminError::Connect { .. }) => {
+                let io = e.source().and_then(|s| s.downcast_ref::<io::Error>());
+                assert_eq!(
+                    io.map(io::Error::kind),
+                    Some(io::ErrorKind::ConnectionRefused)
+                );
+                assert!(
+                    e.to_string().starts_with(&format!("{closed}: connect: ")),
+                    "{e}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        for addr in ["unix:", "https://127.0.0.1:1"] {
+            let e = get(addr, "/", t).expect_err(addr);
+            assert!(matches!(e, AdminError::Address { .. }), "{addr}: {e:?}");
+        }
+        let e = get("no-port-here", "/", t).expect_err("no port");
+        assert!(
+            matches!(e, AdminError::Resolve { .. }) && e.source().is_some(),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -22,7 +22,8 @@ use raft::eraftpb::{
     ConfChangeSingle, ConfChangeTransition, ConfChangeType, ConfChangeV2, ConfState,
 };
 
-use crate::cluster::command::{DecodeError, Reader, Writer};
+use crate::cluster::command::{DecodeError, ReadFields, Writer};
+use crate::codec::ByteReader;
 
 /// The most members (voters and learners) a cluster may have.
 pub const MAX_MEMBERS: usize = 64;
@@ -311,7 +312,7 @@ impl Members {
     }
 
     /// Reads what [`Members::encode`] wrote.
-    pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+    pub(crate) fn decode(r: &mut ByteReader<'_>) -> Result<Self, DecodeError> {
         let mut m = Members::default();
         let n = r.count(8 + 4 + 1)?;
         if n > MAX_MEMBERS * 2 {
@@ -319,7 +320,7 @@ impl Members {
         }
         for _ in 0..n {
             let id = r.u64()?;
-            let text = r.key()?;
+            let text = r.key_str()?.to_owned();
             let addr = parse_addr(text.as_bytes()).ok_or(DecodeError::Invalid("address"))?;
             if m.addrs.insert(id, addr).is_some() {
                 return Err(DecodeError::Invalid("duplicate member"));
@@ -440,11 +441,11 @@ mod tests {
         let mut w = Writer::default();
         m.encode(&mut w);
         let bytes = w.buf;
-        let mut r = Reader::new(&bytes);
+        let mut r = ByteReader::new(&bytes);
         assert_eq!(Members::decode(&mut r).unwrap(), m);
         r.finish().unwrap();
         for cut in 0..bytes.len() {
-            let mut r = Reader::new(&bytes[..cut]);
+            let mut r = ByteReader::new(&bytes[..cut]);
             assert!(Members::decode(&mut r).is_err(), "cut at {cut}");
         }
         assert_eq!(parse_addr(b"not an address"), None);

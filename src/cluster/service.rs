@@ -22,6 +22,7 @@ use crate::config::ConfigError;
 use crate::engine::{ConnId, Outbox};
 use crate::limits::EngineLimits;
 use crate::proto::Request;
+use crate::server::admin::json_str;
 use crate::service::{MemberChange, Membership, Observe, Refusal, RefusalKind, Service};
 use crate::time::Millis;
 
@@ -559,19 +560,16 @@ impl Observe for ClusterService {
             n.applied()
         );
         let members = n.members();
-        let outgoing = n.voters_outgoing();
         for (name, learners) in [("voters", false), ("learners", true)] {
             let _ = write!(j, ",\"{name}\":[");
-            let mut first = true;
-            for m in members.iter().filter(|m| m.learner == learners) {
-                if !first {
+            for (i, m) in members.iter().filter(|m| m.learner == learners).enumerate() {
+                if i > 0 {
                     j.push(',');
                 }
-                first = false;
                 let _ = write!(j, "{{\"id\":{},\"address\":", m.id);
                 let replicated = n.replicated_members().addr(m.id);
                 match replicated.as_ref().or_else(|| self.peers.get(&m.id)) {
-                    Some(a) => crate::server::admin::json_str(&mut j, &a.to_string()),
+                    Some(a) => json_str(&mut j, &a.to_string()),
                     None => j.push_str("null"),
                 }
                 if let (Some(matched), Some(reachable)) = (m.matched, m.reachable) {
@@ -581,20 +579,21 @@ impl Observe for ClusterService {
             }
             j.push(']');
         }
+        let outgoing = n.voters_outgoing();
         let _ = write!(
             j,
-            ",\"joint\":{},\"voters_outgoing\":{:?}",
-            !outgoing.is_empty(),
-            outgoing
+            ",\"joint\":{},\"voters_outgoing\":",
+            !outgoing.is_empty()
         );
-        let _ = write!(
+        json_numbers(&mut j, outgoing);
+        j.push_str(",\"removed\":");
+        json_numbers(&mut j, n.replicated_members().removed().iter().copied());
+        let _ = writeln!(
             j,
-            ",\"removed\":{:?},\"change_pending\":{},\"this_node_removed\":{}",
-            n.replicated_members().removed().iter().collect::<Vec<_>>(),
+            ",\"change_pending\":{},\"this_node_removed\":{}}}",
             n.is_leader() && n.conf_change_pending(),
             n.removed()
         );
-        j.push_str("}\n");
         Some(j)
     }
 }
@@ -622,6 +621,19 @@ impl Membership for ClusterService {
             .collect();
         self.node.change_members(change, &reachable)
     }
+}
+
+/// A JSON array of numbers.
+fn json_numbers(out: &mut String, items: impl IntoIterator<Item = u64>) {
+    use std::fmt::Write as _;
+    out.push('[');
+    for (i, v) in items.into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let _ = write!(out, "{v}");
+    }
+    out.push(']');
 }
 
 /// The node's settings from the daemon's: the voters from `--peers`
@@ -727,6 +739,17 @@ fn describe(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn number_arrays_are_json_arrays() {
+        let mut j = String::new();
+        json_numbers(&mut j, []);
+        j.push(' ');
+        json_numbers(&mut j, [7]);
+        j.push(' ');
+        json_numbers(&mut j, std::collections::BTreeSet::from([3, 1, u64::MAX]));
+        assert_eq!(j, "[] [7] [1,3,18446744073709551615]");
+    }
 
     #[test]
     fn peers_parse_and_bad_ones_are_errors() {

@@ -26,6 +26,7 @@
 use std::fmt;
 
 use super::{Acquire, AcquireOutcome, Caller, ConnId, Engine, Outbox};
+use crate::codec::ReadError;
 use crate::limits::EngineLimits;
 use crate::time::Millis;
 
@@ -53,85 +54,17 @@ impl fmt::Display for ImageError {
 
 impl std::error::Error for ImageError {}
 
-/// Reads big-endian fields of an image; every read is bounds-checked.
-#[derive(Debug)]
-pub struct ImageReader<'a> {
-    buf: &'a [u8],
+impl From<ReadError> for ImageError {
+    fn from(e: ReadError) -> Self {
+        match e {
+            ReadError::Truncated => ImageError::Truncated,
+            ReadError::BadKey => ImageError::BadKey,
+        }
+    }
 }
 
-impl<'a> ImageReader<'a> {
-    /// A reader of `buf`.
-    #[must_use]
-    pub fn new(buf: &'a [u8]) -> Self {
-        ImageReader { buf }
-    }
-
-    /// The bytes not read yet.
-    #[must_use]
-    pub fn rest(&self) -> &'a [u8] {
-        self.buf
-    }
-
-    fn take(&mut self, n: usize) -> Result<&'a [u8], ImageError> {
-        if self.buf.len() < n {
-            return Err(ImageError::Truncated);
-        }
-        let (head, tail) = self.buf.split_at(n);
-        self.buf = tail;
-        Ok(head)
-    }
-
-    /// One byte.
-    ///
-    /// # Errors
-    /// [`ImageError::Truncated`] at the end of the bytes.
-    pub fn u8(&mut self) -> Result<u8, ImageError> {
-        Ok(self.take(1)?[0])
-    }
-
-    /// A big-endian `u32`.
-    ///
-    /// # Errors
-    /// [`ImageError::Truncated`] at the end of the bytes.
-    pub fn u32(&mut self) -> Result<u32, ImageError> {
-        let b = self.take(4)?;
-        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-    }
-
-    /// A big-endian `u64`.
-    ///
-    /// # Errors
-    /// [`ImageError::Truncated`] at the end of the bytes.
-    pub fn u64(&mut self) -> Result<u64, ImageError> {
-        let b = self.take(8)?;
-        let mut a = [0u8; 8];
-        a.copy_from_slice(b);
-        Ok(u64::from_be_bytes(a))
-    }
-
-    /// A count prefix, checked against the bytes left: `n` items of at
-    /// least `min_item_bytes` each must fit, so no count allocates more
-    /// than the image itself.
-    fn count(&mut self, min_item_bytes: usize) -> Result<usize, ImageError> {
-        let n = self.u32()? as usize;
-        if n.saturating_mul(min_item_bytes.max(1)) > self.buf.len() {
-            return Err(ImageError::Truncated);
-        }
-        Ok(n)
-    }
-
-    fn key(&mut self, max_key_bytes: usize) -> Result<String, ImageError> {
-        let len = self.u32()? as usize;
-        if len == 0 || len > max_key_bytes {
-            return Err(ImageError::BadKey);
-        }
-        let s = std::str::from_utf8(self.take(len)?).map_err(|_| ImageError::BadKey)?;
-        if s.as_bytes().contains(&b'\n') {
-            return Err(ImageError::BadKey);
-        }
-        Ok(s.to_owned())
-    }
-}
+/// Reads the fields of an image: the one byte reader of [`crate::codec`].
+pub use crate::codec::ByteReader as ImageReader;
 
 /// How a caller's tags are written into an image and read back. Grants and
 /// waiters may be written differently (a grant's tag may carry what a
@@ -273,7 +206,7 @@ impl<T: Copy + Default> Engine<T> {
         let n = r.count(4 + 8 + holder_bytes + 4 + codec.min_grant_bytes())?;
         let mut keys: Vec<KeyImage<T>> = Vec::with_capacity(n);
         for _ in 0..n {
-            let key = r.key(max_key_bytes)?;
+            let key = r.key(max_key_bytes)?.to_owned();
             if keys.last().is_some_and(|k| k.key >= key) {
                 return Err(ImageError::Invalid("key order"));
             }

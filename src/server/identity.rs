@@ -134,6 +134,7 @@ impl fmt::Display for Identity {
 }
 
 /// Printable ASCII, at most [`MAX_NAME_BYTES`], for logs and JSON.
+#[cfg(feature = "tls")]
 fn clean_name(name: &str) -> String {
     name.chars()
         .map(|c| {

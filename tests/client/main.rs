@@ -12,6 +12,7 @@
 mod contention;
 mod failure;
 mod keepalive;
+mod languages;
 mod rules;
 mod security;
 #[cfg(feature = "tls")]

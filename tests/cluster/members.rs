@@ -271,6 +271,19 @@ fn grow_three_to_five_and_back_under_load_removing_the_leader() {
     voters.sort_unstable();
     assert_eq!(voters.len(), 3, "{voters:?}");
     assert!(!voters.contains(&(old as u64 + 1)) && !voters.contains(&(second as u64 + 1)));
+    // The removed ids, as a JSON array of numbers.
+    let status = m.status(l).expect("the leader's status");
+    let mut removed: Vec<u64> = status
+        .get("removed")
+        .map(Json::items)
+        .unwrap_or(&[])
+        .iter()
+        .filter_map(Json::as_u64)
+        .collect();
+    removed.sort_unstable();
+    let mut want = vec![old as u64 + 1, second as u64 + 1];
+    want.sort_unstable();
+    assert_eq!(removed, want, "{status:?}");
     assert!(term >= old_term);
     // A removed id is refused for ever.
     let out = m.ticket(&["add", &m.peer(old)]);

@@ -13,6 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{free_port, Client, Reply, Ticketd};
+use ticketd::client::admin::{self, AdminError, Json};
 
 /// Starts `ticketd` with the admin port on a free port; returns it and the
 /// admin address (from its start-up log).
@@ -954,6 +955,15 @@ fn ticket_status_and_locks_read_the_admin_port() {
     let (code, _, err) = ticket(&["status", "nobody", "--admin", &a]);
     assert_eq!(code, 123, "{err}");
     assert!(err.contains("not registered"), "{err}");
+    // The public reader: the same object, and a 404 as its status.
+    let t5 = Duration::from_secs(5);
+    let v = admin::get_json(&a, "/v1/locks/db%2Fmain", t5).expect("get_json");
+    assert_eq!(v.get("key").and_then(Json::as_str), Some("db/main"));
+    assert_eq!(v.get("sequence").and_then(Json::as_u64), Some(db >> 16));
+    match admin::get_json(&a, "/v1/locks/nobody", t5) {
+        Err(AdminError::Status { status: 404, .. }) => {}
+        other => panic!("{other:?}"),
+    }
 
     let (code, out, err) = ticket(&["locks", "db/", "--admin", &a, "--json"]);
     assert_eq!(code, 0, "{err}");

@@ -2,7 +2,9 @@
 //! re-proposal, is absent for an unauthenticated caller (whose entries are
 //! the bytes of old), and is decoded strictly.
 
+use super::entry::{CALLER_PREFIX_BYTES, TAG_CALLER};
 use super::*;
+use crate::engine::Caller;
 
 fn request_entry(caller: Caller, req: &Request<'_>) -> Vec<u8> {
     let rid = Rid {

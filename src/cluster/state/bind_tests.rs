@@ -3,6 +3,7 @@
 //! back (holder 0).
 
 use super::*;
+use crate::cluster::command::{DecodeError, Writer};
 
 /// Two authenticated identities (odd holder numbers) and the admin.
 const ALICE: Caller = Caller {

@@ -1,0 +1,3 @@
+module github.com/ticketd/ticketd/clients/go
+
+go 1.19
