@@ -413,6 +413,7 @@ fn plant_bound(dir: &Path, line: &str) {
 /// The real start path, with the real clocks, on bounds an earlier run
 /// on this boot or before a reboot (another boot id) left: each case of
 /// the module documentation picks its clock and says so.
+// Long because it is one table of cases, each a few lines.
 #[test]
 fn a_start_measures_the_bound_on_the_clock_its_case_calls_for() {
     let dir = temp_dir("grace-clocks");
