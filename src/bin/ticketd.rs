@@ -7,8 +7,8 @@ use std::panic::{self, AssertUnwindSafe};
 use std::process::ExitCode;
 
 use ticketd::config::{self, Config, Parsed};
-use ticketd::server::Server;
-use ticketd::single::SingleService;
+use ticketd::server::{Server, StartError};
+use ticketd::single::{OpenError, SingleService};
 
 fn main() -> ExitCode {
     #[cfg(feature = "cluster")]
@@ -68,20 +68,23 @@ impl log::Log for Survivable {
 
 fn serve(config: Config) -> Result<(), String> {
     let max_conns = config.max_conns;
-    let service = SingleService::open(&config).map_err(|e| {
-        let dir = config
-            .data_dir
-            .as_ref()
-            .map_or_else(String::new, |d| format!(" {}", d.display()));
-        format!("cannot open the data directory{dir}: {e}")
+    let service = SingleService::open(&config).map_err(|e| match &e {
+        OpenError::DataDir { dir, .. } => {
+            format!("cannot open the data directory {}: {e}", dir.display())
+        }
+        _ => match &config.data_dir {
+            Some(dir) => format!("cannot open the data directory {}: {e}", dir.display()),
+            None => format!("cannot open the data directory: {e}"),
+        },
     })?;
     let listen = config.listen;
-    let mut server = Server::bind(config, service).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::InvalidInput {
+    let mut server = Server::bind(config, service).map_err(|e| match &e {
+        StartError::Config(_) | StartError::SocketActivation { .. } => {
             format!("cannot start: {e}")
-        } else {
-            format!("cannot listen on {listen}: {e}")
         }
+        #[cfg(feature = "tls")]
+        StartError::Tls(_) => format!("cannot start: {e}"),
+        _ => format!("cannot listen on {listen}: {e}"),
     })?;
     // Before the first accept, after the start-up line (which comes first).
     raise_fd_limit(max_conns);

@@ -16,7 +16,6 @@
 //! place and testable without a cluster.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 use std::net::SocketAddr;
 
 use raft::eraftpb::{
@@ -51,24 +50,10 @@ pub enum Change {
     Remove(u64, bool),
 }
 
-/// Why a change is refused: an HTTP status and a message for the operator.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Refusal {
-    /// 400 (bad request), 409 (conflicts with the cluster's state), 421
-    /// (not the leader) or 503 (no leader).
-    pub status: u16,
-    /// What to do about it.
-    pub message: String,
-}
+pub use crate::service::{Refusal, RefusalKind};
 
-impl fmt::Display for Refusal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {}", self.status, self.message)
-    }
-}
-
-fn refuse(status: u16, message: String) -> Refusal {
-    Refusal { status, message }
+fn refuse(kind: RefusalKind, message: String) -> Refusal {
+    Refusal { kind, message }
 }
 
 /// What the leader knows when it checks a change.
@@ -92,7 +77,7 @@ pub struct View<'a> {
 pub fn check_change(change: Change, view: &View<'_>) -> Result<ConfChangeV2, Refusal> {
     if view.pending {
         return Err(refuse(
-            409,
+            RefusalKind::Conflict,
             "a membership change is already in progress; wait until it has applied \
              (ticket cluster status) and try again"
                 .into(),
@@ -100,7 +85,7 @@ pub fn check_change(change: Change, view: &View<'_>) -> Result<ConfChangeV2, Ref
     }
     if !view.conf.voters_outgoing.is_empty() {
         return Err(refuse(
-            409,
+            RefusalKind::Conflict,
             "the cluster is between two configurations (joint consensus); wait until it \
              has left it"
                 .into(),
@@ -145,11 +130,11 @@ fn is_learner(view: &View<'_>, id: u64) -> bool {
 /// A new learner `id` at `addr`: a fresh id, a free address, room left.
 fn check_add(id: u64, addr: SocketAddr, view: &View<'_>) -> Result<(), Refusal> {
     if id == 0 {
-        return Err(refuse(400, "node ids start at 1".into()));
+        return Err(refuse(RefusalKind::Invalid, "node ids start at 1".into()));
     }
     if view.members.is_removed(id) {
         return Err(refuse(
-            409,
+            RefusalKind::Conflict,
             format!(
                 "node {id} was removed from this cluster, and ids are never reused; \
                  give the new node another id"
@@ -158,19 +143,19 @@ fn check_add(id: u64, addr: SocketAddr, view: &View<'_>) -> Result<(), Refusal> 
     }
     if is_voter(view, id) || is_learner(view, id) {
         return Err(refuse(
-            409,
+            RefusalKind::Conflict,
             format!("node {id} is already a member (ticket cluster status)"),
         ));
     }
     if view.conf.voters.len() + view.conf.learners.len() >= MAX_MEMBERS {
         return Err(refuse(
-            409,
+            RefusalKind::Conflict,
             format!("the cluster has {MAX_MEMBERS} members already"),
         ));
     }
     if let Some((other, _)) = view.members.addrs.iter().find(|(_, a)| **a == addr) {
         return Err(refuse(
-            409,
+            RefusalKind::Conflict,
             format!("address {addr} is node {other}'s peer address"),
         ));
     }
@@ -180,11 +165,14 @@ fn check_add(id: u64, addr: SocketAddr, view: &View<'_>) -> Result<(), Refusal> 
 /// Promoting `id`: a learner, not yet a voter.
 fn check_promote(id: u64, view: &View<'_>) -> Result<(), Refusal> {
     if is_voter(view, id) {
-        return Err(refuse(409, format!("node {id} is a voter already")));
+        return Err(refuse(
+            RefusalKind::Conflict,
+            format!("node {id} is a voter already"),
+        ));
     }
     if !is_learner(view, id) {
         return Err(refuse(
-            409,
+            RefusalKind::Conflict,
             format!("node {id} is not a learner of this cluster (add it first)"),
         ));
     }
@@ -199,7 +187,7 @@ fn check_remove(id: u64, force: bool, view: &View<'_>) -> Result<(), Refusal> {
     } else if is_voter(view, id) {
         if view.conf.voters.len() == 1 {
             return Err(refuse(
-                409,
+                RefusalKind::Conflict,
                 format!("node {id} is the only voter; a cluster needs one"),
             ));
         }
@@ -212,7 +200,7 @@ fn check_remove(id: u64, force: bool, view: &View<'_>) -> Result<(), Refusal> {
             .count();
         if left < majority && !force {
             return Err(refuse(
-                409,
+                RefusalKind::Conflict,
                 format!(
                     "removing node {id} would leave {left} reachable voter(s), fewer \
                      than a majority ({majority}) of the {} current voters; bring \
@@ -223,7 +211,7 @@ fn check_remove(id: u64, force: bool, view: &View<'_>) -> Result<(), Refusal> {
         }
     } else {
         return Err(refuse(
-            409,
+            RefusalKind::Conflict,
             format!("node {id} is not a member of this cluster"),
         ));
     }
@@ -409,7 +397,7 @@ mod tests {
         assert!(!cc.leave_joint());
         let e =
             check_change(Change::AddLearner(4, addr(4)), &view(&cs, true, &all, &m)).unwrap_err();
-        assert_eq!(e.status, 409);
+        assert_eq!(e.kind, RefusalKind::Conflict);
         assert!(e.message.contains("already in progress"), "{e}");
         let e =
             check_change(Change::AddLearner(2, addr(9)), &view(&cs, false, &all, &m)).unwrap_err();

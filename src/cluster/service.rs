@@ -23,7 +23,7 @@ use crate::engine::{ConnId, Outbox};
 use crate::limits::EngineLimits;
 use crate::proto::Request;
 use crate::server::admin::json_str;
-use crate::service::{MemberChange, Service};
+use crate::service::{MemberChange, Membership, Observe, Refusal, RefusalKind, Service};
 use crate::time::Millis;
 
 /// Everything cluster mode needs from the command line.
@@ -432,7 +432,17 @@ impl Service for ClusterService {
         self.node.leader() != 0
     }
 
-    fn engine(&self) -> Option<&dyn crate::engine::LockTable> {
+    fn observe(&self) -> Option<&dyn Observe> {
+        Some(self)
+    }
+
+    fn membership(&mut self) -> Option<&mut dyn Membership> {
+        Some(self)
+    }
+}
+
+impl Observe for ClusterService {
+    fn lock_table(&self) -> Option<&dyn crate::engine::LockTable> {
         Some(self.node.state_machine().engine())
     }
 
@@ -586,11 +596,16 @@ impl Service for ClusterService {
         );
         Some(j)
     }
+}
 
-    fn member_change(&mut self, now: Millis, change: MemberChange) -> (u16, String) {
+impl Membership for ClusterService {
+    fn member_change(&mut self, now: Millis, change: MemberChange) -> Result<String, Refusal> {
         self.now = self.now.max(now);
         if let Some(why) = &self.fatal {
-            return (503, format!("the node stopped: {why}\n"));
+            return Err(Refusal {
+                kind: RefusalKind::Unavailable,
+                message: format!("the node stopped: {why}"),
+            });
         }
         let change = match change {
             MemberChange::Add { id, address } => Change::AddLearner(id, address),
@@ -604,15 +619,7 @@ impl Service for ClusterService {
             .filter(|(_, at)| at.add_ms(window) >= self.now)
             .map(|(id, _)| *id)
             .collect();
-        match self.node.change_members(change, &reachable) {
-            Ok(what) => {
-                let mut j = String::from("{\"proposed\":");
-                json_str(&mut j, &what);
-                j.push_str("}\n");
-                (200, j)
-            }
-            Err(r) => (r.status, format!("{}\n", r.message)),
-        }
+        self.node.change_members(change, &reachable)
     }
 }
 

@@ -50,6 +50,7 @@ pub mod identity;
 mod mem;
 mod quota;
 pub(crate) mod ratelimit;
+mod start;
 pub mod systemd;
 pub(crate) mod throttle;
 #[cfg(feature = "tls")]
@@ -81,6 +82,7 @@ use crate::time::{Millis, MonotonicClock};
 use conn::{Conn, Fill, PeerAddr, Stream};
 use identity::{Identities, Identity};
 use ratelimit::LogLimit;
+pub use start::StartError;
 
 const LISTENER: Token = Token(0);
 const SIGNALS: Token = Token(1);
@@ -323,42 +325,61 @@ fn is_fd_exhaustion(e: &io::Error) -> bool {
 /// The TCP client listener (`--listen`, or the one inherited by
 /// `--listen-fd`), registered with `poll`; none when clients come only over
 /// Unix sockets, with an unspecified address in its place.
-fn bind_tcp(config: &Config, poll: &Poll) -> io::Result<(Option<TcpListener>, SocketAddr)> {
+fn bind_tcp(config: &Config, poll: &Poll) -> Result<(Option<TcpListener>, SocketAddr), StartError> {
     if !config.listen_tcp && config.listen_fd.is_none() {
         return Ok((None, SocketAddr::from(([0, 0, 0, 0], 0))));
     }
+    let listen = |source| StartError::Listen {
+        addr: config.listen,
+        source,
+    };
     let socket = match config.listen_fd {
-        Some(fd) => inherited_listener(fd)?,
+        Some(fd) => inherited_listener(fd).map_err(|source| {
+            if source.kind() == io::ErrorKind::InvalidInput {
+                StartError::SocketActivation { fd, source }
+            } else {
+                listen(source)
+            }
+        })?,
         None => {
             let socket = Socket::new(
                 Domain::for_address(config.listen),
                 Type::STREAM,
                 Some(Protocol::TCP),
-            )?;
+            )
+            .map_err(listen)?;
             // Restarting on the same port must not wait for TIME_WAIT to
             // clear.
-            socket.set_reuse_address(true)?;
-            socket.bind(&config.listen.into())?;
-            socket.listen(i32::try_from(config.backlog).unwrap_or(i32::MAX))?;
+            socket.set_reuse_address(true).map_err(listen)?;
+            socket.bind(&config.listen.into()).map_err(listen)?;
+            socket
+                .listen(i32::try_from(config.backlog).unwrap_or(i32::MAX))
+                .map_err(listen)?;
             socket
         }
     };
-    socket.set_nonblocking(true)?;
+    socket.set_nonblocking(true).map_err(listen)?;
     let mut listener = TcpListener::from_std(socket.into());
-    let local_addr = listener.local_addr()?;
+    let local_addr = listener.local_addr().map_err(listen)?;
     poll.registry()
-        .register(&mut listener, LISTENER, Interest::READABLE)?;
+        .register(&mut listener, LISTENER, Interest::READABLE)
+        .map_err(listen)?;
     Ok((Some(listener), local_addr))
 }
 
 /// The Unix-socket client listeners (`--unix-listen`), registered with
 /// `poll`, each marked as maybe having connections ready.
-fn bind_unix(config: &Config, poll: &Poll) -> io::Result<Vec<(unix::UnixListen, bool)>> {
+fn bind_unix(config: &Config, poll: &Poll) -> Result<Vec<(unix::UnixListen, bool)>, StartError> {
     let mut listeners = Vec::with_capacity(config.unix_listen.len());
     for (i, path) in config.unix_listen.iter().enumerate() {
-        let mut l = unix::bind(path, config.socket_mode)?;
+        let unix = |source| StartError::Unix {
+            path: path.clone(),
+            source,
+        };
+        let mut l = unix::bind(path, config.socket_mode).map_err(unix)?;
         poll.registry()
-            .register(&mut l.listener, Token(UNIX_BASE + i), Interest::READABLE)?;
+            .register(&mut l.listener, Token(UNIX_BASE + i), Interest::READABLE)
+            .map_err(unix)?;
         listeners.push((l, true));
     }
     Ok(listeners)
@@ -366,22 +387,22 @@ fn bind_unix(config: &Config, poll: &Poll) -> io::Result<Vec<(unix::UnixListen, 
 
 /// The admin port (`--admin-listen`), registered with `poll`, with its TLS
 /// (`--admin-tls`) when built with it.
-fn bind_admin(config: &Config, poll: &Poll) -> io::Result<Option<admin::Admin>> {
+fn bind_admin(config: &Config, poll: &Poll) -> Result<Option<admin::Admin>, StartError> {
     let Some(addr) = &config.admin_listen else {
         return Ok(None);
     };
     #[cfg_attr(not(feature = "tls"), allow(unused_mut))]
     let mut admin =
-        admin::Admin::bind(addr, config, poll.registry(), ADMIN_CONN_BASE).map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!("cannot listen on {addr} (--admin-listen): {e}"),
-            )
+        admin::Admin::bind(addr, config, poll.registry(), ADMIN_CONN_BASE).map_err(|source| {
+            StartError::Admin {
+                at: addr.clone(),
+                source,
+            }
         })?;
     #[cfg(feature = "tls")]
     if let Some(t) = &config.admin_tls {
         let tls = crate::tls::server_config(&t.cert, &t.key, t.client_ca.as_deref(), "--admin-tls")
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+            .map_err(StartError::Tls)?;
         admin.set_tls(tls);
     }
     Ok(Some(admin))
@@ -461,25 +482,26 @@ impl<S: Service> Server<S> {
     /// line: version, bound address, service and limits.
     ///
     /// # Errors
-    /// An invalid `config`, or the address cannot be bound.
-    pub fn bind(config: Config, mut service: S) -> io::Result<Self> {
-        config
-            .validate()
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    /// An invalid `config`, a TLS file that cannot be used, or an address
+    /// that cannot be bound: [`StartError`] says which.
+    pub fn bind(config: Config, mut service: S) -> Result<Self, StartError> {
+        config.validate().map_err(StartError::Config)?;
         #[cfg(feature = "tls")]
         let tls = match &config.tls {
             Some(t) => Some(
                 crate::tls::server_config(&t.cert, &t.key, t.client_ca.as_deref(), "--tls")
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+                    .map_err(StartError::Tls)?,
             ),
             None => None,
         };
-        let poll = Poll::new()?;
+        let poll = Poll::new().map_err(StartError::Setup)?;
         let (listener, local_addr) = bind_tcp(&config, &poll)?;
         let unix_listeners = bind_unix(&config, &poll)?;
-        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(StartError::Setup)?);
         let admin = bind_admin(&config, &poll)?;
-        service.register(poll.registry(), SERVICE_TOKEN_BASE)?;
+        service
+            .register(poll.registry(), SERVICE_TOKEN_BASE)
+            .map_err(StartError::Setup)?;
         service.set_waker(Arc::clone(&waker));
         log_start(
             &config,
@@ -841,7 +863,7 @@ impl<S: Service> Server<S> {
             return;
         };
         let view = admin::View {
-            service: &self.service,
+            observed: self.service.observe(),
             stats: &self.stats,
             connections: self.conns.len(),
             max_key_bytes: self.config.max_key_bytes,
@@ -855,8 +877,11 @@ impl<S: Service> Server<S> {
         self.stats.admin_refused = admin.refused;
         self.stats.admin_refused_peer = admin.refused_peer;
         for (key, change) in admin.take_changes() {
-            let (status, body) = self.service.member_change(now, change);
-            admin.answer(key, status, &body);
+            let outcome = self
+                .service
+                .membership()
+                .map(|m| m.member_change(now, change));
+            admin.answer(key, outcome);
         }
     }
 

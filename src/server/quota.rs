@@ -105,7 +105,12 @@ impl<S: Service> Server<S> {
     /// Logs the quota refusals the engine made since the last call, one
     /// line per kind per window, naming the identity refused last.
     pub(super) fn note_quota_refusals(&mut self, now: Millis) {
-        let Some(q) = self.service.engine().map(|e| e.stats().quotas) else {
+        let Some(q) = self
+            .service
+            .observe()
+            .and_then(|o| o.lock_table())
+            .map(|e| e.stats().quotas)
+        else {
             return;
         };
         let logs = &mut self.quota_logs;

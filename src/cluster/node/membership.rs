@@ -10,7 +10,7 @@ use protobuf::Message as _;
 use raft::eraftpb::{ConfChangeV2, ConfState, Entry, Message, MessageType};
 
 use crate::cluster::log::Disk;
-use crate::cluster::members::{self, Change, Members, Refusal};
+use crate::cluster::members::{self, Change, Members, Refusal, RefusalKind};
 
 #[cfg(any(test, feature = "testkit"))]
 use super::CONF_HISTORY;
@@ -129,8 +129,8 @@ impl<D: Disk> Node<D> {
     /// within an election timeout. Returns what was proposed.
     ///
     /// # Errors
-    /// Why the change is refused: not the leader (421, naming the leader),
-    /// a change in flight (409), an id removed before (409), ...
+    /// Why the change is refused: not the leader (naming the leader), a
+    /// change in flight, an id removed before, ...
     pub fn change_members(
         &mut self,
         change: Change,
@@ -138,7 +138,7 @@ impl<D: Disk> Node<D> {
     ) -> Result<String, Refusal> {
         if self.failed.is_some() || self.removed() {
             return Err(Refusal {
-                status: 503,
+                kind: RefusalKind::Unavailable,
                 message: format!("node {} is stopped or removed", self.cfg.id),
             });
         }
@@ -155,12 +155,16 @@ impl<D: Disk> Node<D> {
                         .map_or_else(|| "unknown".to_owned(), |a| a.to_string())
                 ),
             };
-            let status = if self.leader == 0 { 503 } else { 421 };
-            return Err(Refusal { status, message });
+            let kind = if self.leader == 0 {
+                RefusalKind::Unavailable
+            } else {
+                RefusalKind::NotLeader
+            };
+            return Err(Refusal { kind, message });
         }
         if !self.rn.raft.apply_to_current_term() {
             return Err(Refusal {
-                status: 503,
+                kind: RefusalKind::Unavailable,
                 message: "the leader was just elected and has not applied its first entry; \
                           try again"
                     .into(),
@@ -179,7 +183,7 @@ impl<D: Disk> Node<D> {
         let before = self.rn.raft.raft_log.last_index();
         if let Err(e) = self.rn.propose_conf_change(Vec::new(), cc) {
             return Err(Refusal {
-                status: 503,
+                kind: RefusalKind::Unavailable,
                 message: format!("raft refused the change: {e}"),
             });
         }

@@ -5,83 +5,33 @@
 //! restart-safe tokens; cluster mode's service proposes every request to Raft
 //! and answers after commit, and brings its own peer sockets, which it
 //! registers in the same `mio::Poll`.
+//!
+//! [`Service`] is the request path and the loop's hooks around it;
+//! what the admin port reads ([`Observe`]) and cluster mode's membership
+//! changes ([`Membership`]) are traits of their own, reached through
+//! [`Service::observe`] and [`Service::membership`].
 
 use std::io;
 
 use mio::event::Event;
 use mio::Registry;
 
-use crate::engine::{ConnId, LockTable, Outbox};
-use crate::metrics::Exposition;
+use crate::engine::{ConnId, Outbox};
 use crate::proto::Request;
 use crate::time::Millis;
 
-/// Why a service cannot grant now: `GET /readyz` answers 503 with it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum NotReady {
-    /// Single mode's restart grace holds every key for this much longer.
-    RestartGrace {
-        /// Milliseconds until the leases of the earlier run have ended.
-        left_ms: u64,
-    },
-    /// Single mode: the token high-water mark or the lease bound is not on
-    /// disk yet.
-    TokensNotDurable,
-    /// Cluster mode: the node stopped after a fatal error.
-    Stopped(String),
-    /// Cluster mode: no leader is known.
-    NoLeader {
-        /// This node's term.
-        term: u64,
-    },
-    /// Cluster mode: a leader is known, but no entry of its term is
-    /// applied here yet, so the table may lack earlier grants.
-    CatchingUp {
-        /// The leader's id.
-        leader: u64,
-        /// The term.
-        term: u64,
-        /// The last entry applied here.
-        applied: u64,
-        /// The last entry known committed.
-        committed: u64,
-    },
-}
-
-impl std::fmt::Display for NotReady {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            NotReady::RestartGrace { left_ms } => write!(
-                f,
-                "restart grace: every key is held for {left_ms} ms more, until leases of the \
-                 earlier run have ended"
-            ),
-            NotReady::TokensNotDurable => f.write_str(
-                "the token high-water mark or the lease bound is not durable yet (see the log)",
-            ),
-            NotReady::Stopped(why) => write!(f, "the node stopped: {why}"),
-            NotReady::NoLeader { term } => write!(f, "no leader known (term {term})"),
-            NotReady::CatchingUp {
-                leader,
-                term,
-                applied,
-                committed,
-            } => write!(
-                f,
-                "leader {leader} known, but no entry of term {term} applied here yet (applied \
-                 {applied}, commit {committed})"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for NotReady {}
+mod membership;
+mod observe;
 
 pub use crate::engine::Caller;
+pub use membership::{MemberChange, Membership, Refusal, RefusalKind};
+pub use observe::{NotReady, Observe};
 
-/// What the server loop drives. Every method gets `now`, read once per loop
-/// turn; replies go into `out`, addressed by connection.
+/// What the server loop drives: the requests, the turn's hooks around
+/// them (ticks, the end of the turn, closes, the stop), how replies may be
+/// written, and the service's own event sources. Every method gets `now`,
+/// read once per loop turn; replies go into `out`, addressed by
+/// connection.
 pub trait Service {
     /// One well-formed request from client connection `conn`.
     fn request(&mut self, now: Millis, conn: ConnId, req: Request<'_>, out: &mut Outbox);
@@ -218,109 +168,16 @@ pub trait Service {
         true
     }
 
-    /// The lock table, for the admin port's metrics and lock listings.
-    fn engine(&self) -> Option<&dyn LockTable> {
+    /// What the admin port (metrics, readiness, lock listings, cluster
+    /// status) and the loop's quota logs read of the service; `None`, the
+    /// default: nothing beyond the loop's own counters.
+    fn observe(&self) -> Option<&dyn Observe> {
         None
     }
 
-    /// `ticketd_wait_seconds` and `ticketd_hold_seconds` when the service
-    /// keeps them itself (cluster mode: the replicated table has no
-    /// clock); `None`: the engine's own.
-    fn lock_histograms(&self) -> Option<(&crate::metrics::Histogram, &crate::metrics::Histogram)> {
+    /// Where the admin port's membership changes go; `None`, the default:
+    /// not a cluster node.
+    fn membership(&mut self) -> Option<&mut dyn Membership> {
         None
-    }
-
-    /// How long the longest-held current grant has been held at `now`, for
-    /// `ticketd_oldest_hold_seconds`; `None` when nothing is held. O(1):
-    /// a scrape never walks the table.
-    fn oldest_hold_ms(&self, now: Millis) -> Option<u64> {
-        self.engine().and_then(|e| e.oldest_hold_ms(now))
-    }
-
-    /// Whether the service can grant now, for the admin port's
-    /// `GET /readyz`: the reason when it cannot.
-    ///
-    /// # Errors
-    /// Not ready, and why.
-    fn readiness(&self, now: Millis) -> Result<(), NotReady> {
-        let _ = now;
-        Ok(())
-    }
-
-    /// Metrics of the service's own (cluster mode: Raft, the WAL), added
-    /// to a scrape of `GET /metrics`.
-    fn write_metrics(&self, now: Millis, out: &mut Exposition) {
-        let _ = (now, out);
-    }
-
-    /// The JSON object of `GET /v1/cluster`, in cluster mode.
-    fn cluster_json(&self, now: Millis) -> Option<String> {
-        let _ = now;
-        None
-    }
-
-    /// A membership change asked for on the admin port
-    /// (`POST`/`DELETE /v1/cluster/members/...`): the HTTP status and the
-    /// body. The default: not a cluster node.
-    fn member_change(&mut self, now: Millis, change: MemberChange) -> (u16, String) {
-        let _ = (now, change);
-        (404, "not a cluster node\n".to_owned())
-    }
-}
-
-/// A membership change as the admin port parses it (see
-/// `docs/OPERATIONS.md`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MemberChange {
-    /// `POST /v1/cluster/members/ID?address=HOST:PORT`: add a learner.
-    Add {
-        /// The new node's id.
-        id: u64,
-        /// Its peer address.
-        address: std::net::SocketAddr,
-    },
-    /// `POST /v1/cluster/members/ID/promote`: make a learner a voter.
-    Promote {
-        /// The learner's id.
-        id: u64,
-    },
-    /// `DELETE /v1/cluster/members/ID[?force=true]`: remove a member.
-    Remove {
-        /// The member's id.
-        id: u64,
-        /// Skip the check that a majority of the voters stays reachable.
-        force: bool,
-    },
-}
-
-#[cfg(test)]
-mod tests {
-    use super::NotReady;
-
-    #[test]
-    fn not_ready_says_why_in_a_sentence() {
-        assert_eq!(
-            NotReady::RestartGrace { left_ms: 1500 }.to_string(),
-            "restart grace: every key is held for 1500 ms more, until leases of the earlier \
-             run have ended"
-        );
-        assert_eq!(
-            NotReady::NoLeader { term: 3 }.to_string(),
-            "no leader known (term 3)"
-        );
-        assert_eq!(
-            NotReady::CatchingUp {
-                leader: 2,
-                term: 3,
-                applied: 7,
-                committed: 9
-            }
-            .to_string(),
-            "leader 2 known, but no entry of term 3 applied here yet (applied 7, commit 9)"
-        );
-        assert_eq!(
-            NotReady::Stopped("disk full".into()).to_string(),
-            "the node stopped: disk full"
-        );
     }
 }
