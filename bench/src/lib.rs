@@ -633,6 +633,7 @@ impl Report {
 
     /// One flat JSON object (numbers and short strings only, so shell tools
     /// can pick fields out of it).
+    // Long because it is one report, field by field, in print order.
     #[must_use]
     pub fn to_json(&self) -> String {
         let s = &self.stats;
@@ -713,6 +714,7 @@ impl Report {
     }
 
     /// The human-readable report.
+    // Long because it is one report, line by line, in print order.
     #[must_use]
     pub fn to_text(&self) -> String {
         let s = &self.stats;
