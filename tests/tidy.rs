@@ -54,8 +54,6 @@ const PENDING: &[&str] = &[
     "bench/src/lib.rs",
     "bench/src/lib.rs:parse_args",
     "bench/src/lib.rs:run_backend",
-    "src/cluster/node/tests.rs:a_leader_removes_itself_through_a_joint_configuration_that_survives_a_restart",
-    "src/cluster/node/tests.rs:requests_applied_inside_an_installed_snapshot_are_answered_or_their_connection_closed",
     "src/config.rs",
     "src/engine.rs",
     "src/engine.rs:a_lent_write_buffer_gets_its_replies_encoded_and_withheld_ranges_listed",
