@@ -50,7 +50,6 @@ const PENDING: &[&str] = &[
     "bench/src/gen.rs",
     "bench/src/gen.rs:fill",
     "bench/src/gen.rs:on_reply",
-    "bench/src/gen.rs:run_worker",
     "bench/src/lib.rs",
     "bench/src/lib.rs:parse_args",
     "bench/src/lib.rs:run_backend",

@@ -900,6 +900,58 @@ pub fn slots_of(cfg: &Config, id: u64) -> usize {
     }
 }
 
+/// Opens connection `id` (the worker's `i`-th) to its address and
+/// registers it with `poll`, its slots ready to acquire.
+fn open_conn<B: Backend>(
+    b: &B,
+    cfg: &Config,
+    poll: &Poll,
+    i: usize,
+    id: u64,
+    key_seq: u64,
+) -> Result<Conn, String> {
+    let mut stream = match &cfg.unix {
+        Some(path) => crate::tls::Stream::open_unix(path)
+            .map_err(|e| format!("connecting to unix:{} ({}): {e}", path.display(), b.name()))?,
+        None => {
+            let addr = cfg.addrs[id as usize % cfg.addrs.len()];
+            let s = b
+                .connect(addr)
+                .map_err(|e| format!("connecting to {addr} ({}): {e}", b.name()))?;
+            crate::tls::Stream::open(s, addr, cfg.tls.as_ref())
+                .map_err(|e| format!("connecting to {addr} ({}): {e}", b.name()))?
+        }
+    };
+    poll.registry()
+        .register(stream.socket(), Token(i), Interest::READABLE)
+        .map_err(|e| e.to_string())?;
+    let slot = Slot {
+        state: SlotState::NeedAcquire { retry: false },
+        key: String::with_capacity(KEY_BYTES),
+        key_index: 0,
+        owner: 0,
+        token: 0,
+        first_try_ns: 0,
+        sent_ns: 0,
+        queued_ns: u64::MAX,
+        due_ns: 0,
+    };
+    let slots = slots_of(cfg, id);
+    Ok(Conn {
+        stream,
+        id,
+        input: ReadBuf::new(4 * READ_CHUNK_BYTES),
+        wbuf: Vec::with_capacity(16 * 1024),
+        wpos: 0,
+        want_write: false,
+        outstanding: VecDeque::with_capacity(slots * 2),
+        slots: vec![slot; slots],
+        ready: (0..slots as u16).rev().collect(),
+        owner_seq: 0,
+        key_seq,
+    })
+}
+
 /// Opens connections `ids` and drives them until `shared.stop`, or until
 /// the request budget is spent and answered. Returns what it measured.
 pub fn run_worker<B: Backend>(
@@ -918,47 +970,7 @@ pub fn run_worker<B: Backend>(
         let key_seq = run_nonce() + RUNS.fetch_add(1, Ordering::Relaxed) * 1_000_000_000;
         let mut conns = Vec::with_capacity(ids.len());
         for (i, &id) in ids.iter().enumerate() {
-            let mut stream = match &cfg.unix {
-                Some(path) => crate::tls::Stream::open_unix(path).map_err(|e| {
-                    format!("connecting to unix:{} ({}): {e}", path.display(), b.name())
-                })?,
-                None => {
-                    let addr = cfg.addrs[id as usize % cfg.addrs.len()];
-                    let s = b
-                        .connect(addr)
-                        .map_err(|e| format!("connecting to {addr} ({}): {e}", b.name()))?;
-                    crate::tls::Stream::open(s, addr, cfg.tls.as_ref())
-                        .map_err(|e| format!("connecting to {addr} ({}): {e}", b.name()))?
-                }
-            };
-            poll.registry()
-                .register(stream.socket(), Token(i), Interest::READABLE)
-                .map_err(|e| e.to_string())?;
-            let slot = Slot {
-                state: SlotState::NeedAcquire { retry: false },
-                key: String::with_capacity(KEY_BYTES),
-                key_index: 0,
-                owner: 0,
-                token: 0,
-                first_try_ns: 0,
-                sent_ns: 0,
-                queued_ns: u64::MAX,
-                due_ns: 0,
-            };
-            let slots = slots_of(cfg, id);
-            conns.push(Conn {
-                stream,
-                id,
-                input: ReadBuf::new(4 * READ_CHUNK_BYTES),
-                wbuf: Vec::with_capacity(16 * 1024),
-                wpos: 0,
-                want_write: false,
-                outstanding: VecDeque::with_capacity(slots * 2),
-                slots: vec![slot; slots],
-                ready: (0..slots as u16).rev().collect(),
-                owner_seq: 0,
-                key_seq,
-            });
+            conns.push(open_conn(b, cfg, &poll, i, id, key_seq)?);
         }
         let n = conns.len();
         let mut w = Worker {
