@@ -46,7 +46,6 @@ const PENDING: &[&str] = &[
     "bench/src/cluster_limit.rs",
     "bench/src/cluster_limit.rs:follow",
     "bench/src/cluster_limit.rs:lead",
-    "bench/src/cluster_limit.rs:three_nodes_answer_every_request",
     "bench/src/gen.rs",
     "bench/src/gen.rs:fill",
     "bench/src/gen.rs:on_reply",
