@@ -51,7 +51,6 @@ const PENDING: &[&str] = &[
     "bench/src/gen.rs:on_reply",
     "bench/src/lib.rs",
     "bench/src/lib.rs:parse_args",
-    "bench/src/lib.rs:run_backend",
     "src/config.rs",
     "src/engine.rs",
     "src/engine.rs:a_lent_write_buffer_gets_its_replies_encoded_and_withheld_ranges_listed",
