@@ -47,7 +47,6 @@ const PENDING: &[&str] = &[
     "bench/src/cluster_limit.rs:follow",
     "bench/src/cluster_limit.rs:lead",
     "bench/src/gen.rs",
-    "bench/src/gen.rs:fill",
     "bench/src/gen.rs:on_reply",
     "bench/src/lib.rs",
     "bench/src/lib.rs:parse_args",

@@ -440,6 +440,7 @@ impl<B: Backend> Worker<'_, B> {
     }
 
     /// Encodes whatever the connection's ready slots want to send.
+    // Long because it is one request per slot state, in one loop.
     fn fill(&mut self, c: usize, now: u64) {
         let b = self.b;
         let cfg = self.cfg;
@@ -454,21 +455,7 @@ impl<B: Backend> Worker<'_, B> {
                     }
                     if !retry {
                         slot.first_try_ns = now;
-                        match cfg.keys {
-                            Keys::Uncontended => {
-                                conn.key_seq += 1;
-                                set_key(&mut slot.key, &fresh_key(conn.id, conn.key_seq));
-                            }
-                            Keys::Hot(n) => {
-                                let i = if cfg.mode == Mode::Contended {
-                                    (conn.id % u64::from(n)) as u32
-                                } else {
-                                    (next_rand(&mut self.rng) % u64::from(n)) as u32
-                                };
-                                slot.key_index = i;
-                                set_key(&mut slot.key, &hot_key(i));
-                            }
-                        }
+                        next_key(cfg, conn.id, &mut conn.key_seq, &mut self.rng, slot);
                     } else {
                         self.stats.polls += u64::from(self.measuring);
                     }
@@ -897,6 +884,26 @@ pub fn slots_of(cfg: &Config, id: u64) -> usize {
         cfg.locks / n + usize::from((id as usize) < cfg.locks % n)
     } else {
         cfg.depth
+    }
+}
+
+/// Points `slot` at the key of its next acquire: a fresh one, or one of
+/// the hot keys (the connection's own one when contended, else any).
+fn next_key(cfg: &Config, conn_id: u64, key_seq: &mut u64, rng: &mut u64, slot: &mut Slot) {
+    match cfg.keys {
+        Keys::Uncontended => {
+            *key_seq += 1;
+            set_key(&mut slot.key, &fresh_key(conn_id, *key_seq));
+        }
+        Keys::Hot(n) => {
+            let i = if cfg.mode == Mode::Contended {
+                (conn_id % u64::from(n)) as u32
+            } else {
+                (next_rand(rng) % u64::from(n)) as u32
+            };
+            slot.key_index = i;
+            set_key(&mut slot.key, &hot_key(i));
+        }
     }
 }
 
