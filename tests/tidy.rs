@@ -85,7 +85,6 @@ const PENDING: &[&str] = &[
     "tests/cluster/members.rs:grow_three_to_five_and_back_under_load_removing_the_leader",
     "tests/cluster/process.rs:an_extended_lease_outlives_its_first_and_a_leader_change_ends_it_late_never_early",
     "tests/cluster/process.rs:leader_killed_under_load_loses_no_grant",
-    "tests/cluster/sim.rs:requests_whose_answer_went_inside_a_snapshot_have_their_connection_closed",
     "tests/cluster/tls.rs:certificates_made_by_openssl_are_accepted",
     "tests/cluster/tls.rs:node_3s_certificate_cannot_claim_id_2",
     "tests/engine/harness.rs:play",
