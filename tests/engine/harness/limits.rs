@@ -5,6 +5,13 @@ use super::*;
 
 #[test]
 fn a_client_that_does_not_read_is_paused_at_the_soft_limit_and_closed_at_the_hard_limit() {
+    a_client_that_does_not_read_is_paused_and_resumes();
+    a_client_that_never_reads_is_closed_at_the_hard_limit();
+}
+
+/// The soft limit: a client that does not read is paused while others are
+/// served, and resumes once it reads.
+fn a_client_that_does_not_read_is_paused_and_resumes() {
     let config = Config {
         max_key_bytes: 32,
         out_soft_limit_bytes: 1024,
@@ -49,7 +56,10 @@ fn a_client_that_does_not_read_is_paused_at_the_soft_limit_and_closed_at_the_har
     assert_eq!(replies(&got).len(), 400, "every request answered once");
     assert_eq!(h.stats().limit_closes, 0);
     drop(sink);
+}
 
+/// The hard limit, past the soft one: a client that never reads is closed.
+fn a_client_that_never_reads_is_closed_at_the_hard_limit() {
     // The hard limit: replies the client did not ask for in this turn (its
     // queued acquires timing out together) push the unsent bytes past it,
     // and a client that never reads is closed, its unsent replies dropped.
