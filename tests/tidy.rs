@@ -88,7 +88,6 @@ const PENDING: &[&str] = &[
     "tests/cluster/tls.rs:certificates_made_by_openssl_are_accepted",
     "tests/cluster/tls.rs:node_3s_certificate_cannot_claim_id_2",
     "tests/engine/harness.rs:play",
-    "tests/engine/model.rs:observe",
     "tests/engine/model.rs:run",
     "tests/faults/cluster.rs:isolated_leader_grants_nothing_and_the_majority_elects_a_new_one",
     "tests/faults/single.rs:kill_and_restart_under_load",
