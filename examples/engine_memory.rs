@@ -111,6 +111,7 @@ fn rss_delta(before: Option<usize>, after: Option<usize>) -> Option<isize> {
     Some(after? as isize - before? as isize)
 }
 
+// Long because it is one measurement, step by step.
 fn held_keys() {
     let limits = EngineLimits {
         max_keys: KEYS as usize + 1,

@@ -1400,28 +1400,7 @@ mod tests {
         }
         let mut tokens = Vec::new();
         for (c, conn) in clients.iter_mut().enumerate() {
-            let mut got = Vec::new();
-            let mut chunk = [0u8; 65536];
-            let mut answered = 0;
-            let mut last = 0;
-            while answered < EACH {
-                let n = conn.read(&mut chunk).unwrap();
-                assert!(n > 0, "the leader closed client {c}");
-                got.extend_from_slice(&chunk[..n]);
-                let mut at = 0;
-                while let Decoded::Frame { frame, used } = proto::decode_reply(&got[at..], 1024) {
-                    let Reply::Acquired { token, key, .. } = frame else {
-                        panic!("{frame:?}")
-                    };
-                    assert_eq!(key, format!("c{c}k{answered}"));
-                    assert!(token > last, "tokens increase per client");
-                    last = token;
-                    tokens.push(token);
-                    answered += 1;
-                    at += used;
-                }
-                got.drain(..at);
-            }
+            tokens.extend(read_grants(c, conn, EACH));
         }
         tokens.sort_unstable();
         tokens.dedup();
@@ -1440,26 +1419,59 @@ mod tests {
             let (fs, log) = f.join().unwrap().unwrap();
             assert_eq!(fs.batches, stats.batches, "{fs:?}");
             assert!(fs.syncs >= 1);
-            // Every request, each client's in the order sent, back to back
-            // from the log's start; zeros after them.
+            check_log(&log, total, CLIENTS, EACH);
+        }
+    }
+
+    /// Reads the `each` answers of client `c`, every one a grant of its
+    /// next key with a greater token than the last: the tokens.
+    fn read_grants(c: usize, conn: &mut TcpStream, each: usize) -> Vec<u64> {
+        let mut tokens = Vec::new();
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 65536];
+        let mut answered = 0;
+        let mut last = 0;
+        while answered < each {
+            let n = conn.read(&mut chunk).unwrap();
+            assert!(n > 0, "the leader closed client {c}");
+            got.extend_from_slice(&chunk[..n]);
             let mut at = 0;
-            let mut next = [0usize; CLIENTS];
-            while let Decoded::Frame { frame, used } =
-                proto::decode_request(&log[at..], DEFAULT_MAX_KEY_BYTES)
-            {
-                let Request::Acquire { key, .. } = frame else {
+            while let Decoded::Frame { frame, used } = proto::decode_reply(&got[at..], 1024) {
+                let Reply::Acquired { token, key, .. } = frame else {
                     panic!("{frame:?}")
                 };
-                let (c, i) = key[1..].split_once('k').unwrap();
-                let c: usize = c.parse().unwrap();
-                assert_eq!(i.parse::<usize>().unwrap(), next[c], "client {c}'s order");
-                next[c] += 1;
+                assert_eq!(key, format!("c{c}k{answered}"));
+                assert!(token > last, "tokens increase per client");
+                last = token;
+                tokens.push(token);
+                answered += 1;
                 at += used;
             }
-            assert_eq!(at, total);
-            assert_eq!(next, [EACH; CLIENTS]);
-            assert!(log[at..].iter().all(|&z| z == 0));
+            got.drain(..at);
         }
+        tokens
+    }
+
+    /// Every request of `clients` clients sending `each`, each client's in
+    /// the order sent, back to back from the log's start; zeros after them.
+    fn check_log(log: &[u8], total: usize, clients: usize, each: usize) {
+        let mut at = 0;
+        let mut next = vec![0usize; clients];
+        while let Decoded::Frame { frame, used } =
+            proto::decode_request(&log[at..], DEFAULT_MAX_KEY_BYTES)
+        {
+            let Request::Acquire { key, .. } = frame else {
+                panic!("{frame:?}")
+            };
+            let (c, i) = key[1..].split_once('k').unwrap();
+            let c: usize = c.parse().unwrap();
+            assert_eq!(i.parse::<usize>().unwrap(), next[c], "client {c}'s order");
+            next[c] += 1;
+            at += used;
+        }
+        assert_eq!(at, total);
+        assert_eq!(next, vec![each; clients]);
+        assert!(log[at..].iter().all(|&z| z == 0));
     }
 
     /// A client that reads its answers late still gets every one: answers

@@ -440,6 +440,7 @@ impl<B: Backend> Worker<'_, B> {
     }
 
     /// Encodes whatever the connection's ready slots want to send.
+    // Long because it is one request per slot state, in one loop.
     fn fill(&mut self, c: usize, now: u64) {
         let b = self.b;
         let cfg = self.cfg;
@@ -454,21 +455,7 @@ impl<B: Backend> Worker<'_, B> {
                     }
                     if !retry {
                         slot.first_try_ns = now;
-                        match cfg.keys {
-                            Keys::Uncontended => {
-                                conn.key_seq += 1;
-                                set_key(&mut slot.key, &fresh_key(conn.id, conn.key_seq));
-                            }
-                            Keys::Hot(n) => {
-                                let i = if cfg.mode == Mode::Contended {
-                                    (conn.id % u64::from(n)) as u32
-                                } else {
-                                    (next_rand(&mut self.rng) % u64::from(n)) as u32
-                                };
-                                slot.key_index = i;
-                                set_key(&mut slot.key, &hot_key(i));
-                            }
-                        }
+                        next_key(cfg, conn.id, &mut conn.key_seq, &mut self.rng, slot);
                     } else {
                         self.stats.polls += u64::from(self.measuring);
                     }
@@ -900,6 +887,78 @@ pub fn slots_of(cfg: &Config, id: u64) -> usize {
     }
 }
 
+/// Points `slot` at the key of its next acquire: a fresh one, or one of
+/// the hot keys (the connection's own one when contended, else any).
+fn next_key(cfg: &Config, conn_id: u64, key_seq: &mut u64, rng: &mut u64, slot: &mut Slot) {
+    match cfg.keys {
+        Keys::Uncontended => {
+            *key_seq += 1;
+            set_key(&mut slot.key, &fresh_key(conn_id, *key_seq));
+        }
+        Keys::Hot(n) => {
+            let i = if cfg.mode == Mode::Contended {
+                (conn_id % u64::from(n)) as u32
+            } else {
+                (next_rand(rng) % u64::from(n)) as u32
+            };
+            slot.key_index = i;
+            set_key(&mut slot.key, &hot_key(i));
+        }
+    }
+}
+
+/// Opens connection `id` (the worker's `i`-th) to its address and
+/// registers it with `poll`, its slots ready to acquire.
+fn open_conn<B: Backend>(
+    b: &B,
+    cfg: &Config,
+    poll: &Poll,
+    i: usize,
+    id: u64,
+    key_seq: u64,
+) -> Result<Conn, String> {
+    let mut stream = match &cfg.unix {
+        Some(path) => crate::tls::Stream::open_unix(path)
+            .map_err(|e| format!("connecting to unix:{} ({}): {e}", path.display(), b.name()))?,
+        None => {
+            let addr = cfg.addrs[id as usize % cfg.addrs.len()];
+            let s = b
+                .connect(addr)
+                .map_err(|e| format!("connecting to {addr} ({}): {e}", b.name()))?;
+            crate::tls::Stream::open(s, addr, cfg.tls.as_ref())
+                .map_err(|e| format!("connecting to {addr} ({}): {e}", b.name()))?
+        }
+    };
+    poll.registry()
+        .register(stream.socket(), Token(i), Interest::READABLE)
+        .map_err(|e| e.to_string())?;
+    let slot = Slot {
+        state: SlotState::NeedAcquire { retry: false },
+        key: String::with_capacity(KEY_BYTES),
+        key_index: 0,
+        owner: 0,
+        token: 0,
+        first_try_ns: 0,
+        sent_ns: 0,
+        queued_ns: u64::MAX,
+        due_ns: 0,
+    };
+    let slots = slots_of(cfg, id);
+    Ok(Conn {
+        stream,
+        id,
+        input: ReadBuf::new(4 * READ_CHUNK_BYTES),
+        wbuf: Vec::with_capacity(16 * 1024),
+        wpos: 0,
+        want_write: false,
+        outstanding: VecDeque::with_capacity(slots * 2),
+        slots: vec![slot; slots],
+        ready: (0..slots as u16).rev().collect(),
+        owner_seq: 0,
+        key_seq,
+    })
+}
+
 /// Opens connections `ids` and drives them until `shared.stop`, or until
 /// the request budget is spent and answered. Returns what it measured.
 pub fn run_worker<B: Backend>(
@@ -918,47 +977,7 @@ pub fn run_worker<B: Backend>(
         let key_seq = run_nonce() + RUNS.fetch_add(1, Ordering::Relaxed) * 1_000_000_000;
         let mut conns = Vec::with_capacity(ids.len());
         for (i, &id) in ids.iter().enumerate() {
-            let mut stream = match &cfg.unix {
-                Some(path) => crate::tls::Stream::open_unix(path).map_err(|e| {
-                    format!("connecting to unix:{} ({}): {e}", path.display(), b.name())
-                })?,
-                None => {
-                    let addr = cfg.addrs[id as usize % cfg.addrs.len()];
-                    let s = b
-                        .connect(addr)
-                        .map_err(|e| format!("connecting to {addr} ({}): {e}", b.name()))?;
-                    crate::tls::Stream::open(s, addr, cfg.tls.as_ref())
-                        .map_err(|e| format!("connecting to {addr} ({}): {e}", b.name()))?
-                }
-            };
-            poll.registry()
-                .register(stream.socket(), Token(i), Interest::READABLE)
-                .map_err(|e| e.to_string())?;
-            let slot = Slot {
-                state: SlotState::NeedAcquire { retry: false },
-                key: String::with_capacity(KEY_BYTES),
-                key_index: 0,
-                owner: 0,
-                token: 0,
-                first_try_ns: 0,
-                sent_ns: 0,
-                queued_ns: u64::MAX,
-                due_ns: 0,
-            };
-            let slots = slots_of(cfg, id);
-            conns.push(Conn {
-                stream,
-                id,
-                input: ReadBuf::new(4 * READ_CHUNK_BYTES),
-                wbuf: Vec::with_capacity(16 * 1024),
-                wpos: 0,
-                want_write: false,
-                outstanding: VecDeque::with_capacity(slots * 2),
-                slots: vec![slot; slots],
-                ready: (0..slots as u16).rev().collect(),
-                owner_seq: 0,
-                key_seq,
-            });
+            conns.push(open_conn(b, cfg, &poll, i, id, key_seq)?);
         }
         let n = conns.len();
         let mut w = Worker {

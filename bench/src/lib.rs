@@ -419,6 +419,51 @@ pub struct Report {
     pub server_cpu_s: Option<f64>,
 }
 
+/// One generator thread per `cfg.threads`, each driving its share of the
+/// connections.
+fn spawn_workers<B: Backend>(
+    b: &Arc<B>,
+    cfg: &Config,
+    shared: &Arc<Shared>,
+    base: Instant,
+) -> Result<Vec<std::thread::JoinHandle<Result<Stats, String>>>, String> {
+    let mut handles = Vec::new();
+    for t in 0..cfg.threads {
+        let ids: Vec<u64> = (0..cfg.connections as u64)
+            .filter(|i| *i as usize % cfg.threads == t)
+            .collect();
+        let (b, cfg, shared) = (Arc::clone(b), cfg.clone(), Arc::clone(shared));
+        handles.push(
+            std::thread::Builder::new()
+                .name(format!("bench-{t}"))
+                .spawn(move || gen::run_worker(&*b, &cfg, &ids, &shared, base))
+                .map_err(|e| format!("spawning a generator thread: {e}"))?,
+        );
+    }
+    Ok(handles)
+}
+
+/// Waits for every generator thread: their stats merged, or the last
+/// error one of them met.
+fn join_workers(
+    handles: Vec<std::thread::JoinHandle<Result<Stats, String>>>,
+) -> Result<Stats, String> {
+    let mut stats = Stats::default();
+    let mut err = None;
+    for h in handles {
+        match h.join() {
+            Ok(Ok(s)) => stats.merge(s),
+            Ok(Err(e)) => err = Some(e),
+            Err(_) => err = Some("a generator thread panicked".into()),
+        }
+    }
+    match err {
+        Some(e) => Err(e),
+        None => Ok(stats),
+    }
+}
+
+// Long because it is one run, step by step: warm up, measure, report.
 fn run_backend<B: Backend>(b: Arc<B>, args: &Args) -> Result<Report, String> {
     let cfg = &args.cfg;
     if cfg.mode.extends() && !b.supports_extend() {
@@ -437,19 +482,7 @@ fn run_backend<B: Backend>(b: Arc<B>, args: &Args) -> Result<Report, String> {
         None
     };
     let base = Instant::now();
-    let mut handles = Vec::new();
-    for t in 0..cfg.threads {
-        let ids: Vec<u64> = (0..cfg.connections as u64)
-            .filter(|i| *i as usize % cfg.threads == t)
-            .collect();
-        let (b, cfg, shared) = (Arc::clone(&b), cfg.clone(), Arc::clone(&shared));
-        handles.push(
-            std::thread::Builder::new()
-                .name(format!("bench-{t}"))
-                .spawn(move || gen::run_worker(&*b, &cfg, &ids, &shared, base))
-                .map_err(|e| format!("spawning a generator thread: {e}"))?,
-        );
-    }
+    let handles = spawn_workers(&b, cfg, &shared, base)?;
 
     let threads = cfg.threads as u64;
     let warmup_end = base + args.warmup;
@@ -494,18 +527,7 @@ fn run_backend<B: Backend>(b: Arc<B>, args: &Args) -> Result<Report, String> {
     let stop_at = Instant::now();
     let cpu_end = servers_cpu_s(&args.server_pids);
     shared.stop.store(true, Ordering::Relaxed);
-    let mut stats = Stats::default();
-    let mut err = None;
-    for h in handles {
-        match h.join() {
-            Ok(Ok(s)) => stats.merge(s),
-            Ok(Err(e)) => err = Some(e),
-            Err(_) => err = Some("a generator thread panicked".into()),
-        }
-    }
-    if let Some(e) = err {
-        return Err(e);
-    }
+    let mut stats = join_workers(handles)?;
     let (start, cpu_start) = measure_start.unwrap_or((stop_at, None));
     let fifo = (cfg.mode == Mode::Contended && b.fifo_probe())
         .then(|| gen::fifo_violations(&mut stats.grant_log));
@@ -633,6 +655,7 @@ impl Report {
 
     /// One flat JSON object (numbers and short strings only, so shell tools
     /// can pick fields out of it).
+    // Long because it is one report, field by field, in print order.
     #[must_use]
     pub fn to_json(&self) -> String {
         let s = &self.stats;
@@ -713,6 +736,7 @@ impl Report {
     }
 
     /// The human-readable report.
+    // Long because it is one report, line by line, in print order.
     #[must_use]
     pub fn to_text(&self) -> String {
         let s = &self.stats;

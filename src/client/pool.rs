@@ -120,6 +120,7 @@ impl Pool {
 
     /// A live session, connecting one if the next slot is empty; `None` once
     /// `send_deadline` passes with no session found (or the pool is closed).
+    // Long because it is one retry loop over what a slot can hold.
     pub(crate) fn get(&self, send_deadline: Instant) -> Option<Arc<Session>> {
         let mut backoff = FIRST_BACKOFF;
         loop {

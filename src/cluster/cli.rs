@@ -113,30 +113,7 @@ pub fn parse(args: Vec<OsString>) -> Result<(Config, ClusterConfig), ConfigError
     check_cluster_name(&cluster_name)?;
     let config = Config::take_flags(&mut args)?;
     reject_leftovers(args)?;
-    if config.engine.max_hold_ms > 0 {
-        // The replicated state machine reads no clock, so it cannot tell
-        // how long a grant has been held.
-        return Err(ConfigError::Invalid(
-            "--max-hold is a single-mode flag; cluster mode has no hold cap".into(),
-        ));
-    }
-    // A cluster restart keeps every lease in the replicated state (WAL and
-    // snapshot), so there is no grace to turn off; and the state machine
-    // applies the protocol's full lease range on every node alike.
-    if config.restart_grace != RestartGrace::Auto {
-        return Err(ConfigError::Invalid(
-            "--restart-grace is a single-mode flag; a cluster restart keeps every lease in \
-             the replicated state, so it needs no grace"
-                .into(),
-        ));
-    }
-    if config.max_lease_s != DEFAULT_MAX_LEASE_S {
-        return Err(ConfigError::Invalid(
-            "--max-lease is a single-mode flag; cluster mode grants the protocol's leases of \
-             1..=255 s"
-                .into(),
-        ));
-    }
+    reject_single_mode_flags(&config)?;
     if !peers.contains_key(&id) {
         return Err(ConfigError::Invalid(format!(
             "--id {id} is not among the ids of --peers ({:?})",
@@ -167,6 +144,35 @@ pub fn parse(args: Vec<OsString>) -> Result<(Config, ClusterConfig), ConfigError
     };
     cluster.check_protected()?;
     Ok((config, cluster))
+}
+
+/// Refuses the single-mode flags that mean nothing in a cluster.
+fn reject_single_mode_flags(config: &Config) -> Result<(), ConfigError> {
+    if config.engine.max_hold_ms > 0 {
+        // The replicated state machine reads no clock, so it cannot tell
+        // how long a grant has been held.
+        return Err(ConfigError::Invalid(
+            "--max-hold is a single-mode flag; cluster mode has no hold cap".into(),
+        ));
+    }
+    // A cluster restart keeps every lease in the replicated state (WAL and
+    // snapshot), so there is no grace to turn off; and the state machine
+    // applies the protocol's full lease range on every node alike.
+    if config.restart_grace != RestartGrace::Auto {
+        return Err(ConfigError::Invalid(
+            "--restart-grace is a single-mode flag; a cluster restart keeps every lease in \
+             the replicated state, so it needs no grace"
+                .into(),
+        ));
+    }
+    if config.max_lease_s != DEFAULT_MAX_LEASE_S {
+        return Err(ConfigError::Invalid(
+            "--max-lease is a single-mode flag; cluster mode grants the protocol's leases of \
+             1..=255 s"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The peer TLS files: all three flags, or none.

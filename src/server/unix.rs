@@ -154,6 +154,7 @@ mod tests {
             drop(c);
             peer_cred(&s).unwrap()
         };
+        // SAFETY: geteuid(2) has no preconditions and always succeeds.
         assert_eq!(uid, unsafe { libc::geteuid() });
         assert_eq!(pid, std::process::id() as i32);
         let e = bind(&path, 0o600).unwrap_err();

@@ -17,6 +17,7 @@ const CYCLES_PER_THREAD: usize = 500;
 /// Stop early rather than overrun the suite's time budget on a slow machine.
 const TIME_BUDGET: Duration = Duration::from_secs(12);
 
+// Long because it is one scenario, step by step.
 #[test]
 fn sixteen_threads_one_key_tokens_increase_and_sections_never_overlap() {
     let server = Ticketd::start(&[]);

@@ -662,6 +662,18 @@ fn an_acquire_that_reaches_its_node_inside_a_snapshot_is_answered() {
     assert_eq!(t.nodes[f].pending_requests(), 0);
 }
 
+/// A client of node `n` (connection 2, owner 2) acquires `key`.
+fn acquire_on(t: &mut Trio, n: usize, key: &str, out: &mut Outbox) {
+    let req = Request::Acquire {
+        wait_s: 0,
+        lease_s: 30,
+        owner: 2,
+        key,
+    };
+    t.nodes[n].request(t.now, 2, req, out);
+}
+
+// Long because it is one scenario, step by step.
 #[test]
 fn requests_whose_answer_went_inside_a_snapshot_have_their_connection_closed() {
     // A release, and an acquire that is not granted, reach their node only
@@ -704,14 +716,7 @@ fn requests_whose_answer_went_inside_a_snapshot_have_their_connection_closed() {
     for step in 0..300 {
         if step % 10 == 0 {
             // More traffic on the leader, so that it compacts on.
-            let key = format!("x{step}");
-            let req = Request::Acquire {
-                wait_s: 0,
-                lease_s: 30,
-                owner: 2,
-                key: &key,
-            };
-            t.nodes[leader].request(t.now, 2, req, &mut scratch);
+            acquire_on(&mut t, leader, &format!("x{step}"), &mut scratch);
         }
         let cut = t.nodes[leader].snapshot_index() < base + 3;
         let drop = |m: &Message| {

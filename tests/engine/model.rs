@@ -413,6 +413,7 @@ struct Checker {
 }
 
 impl Checker {
+    // Long because it checks every kind of reply in one match, side by side.
     fn observe(&mut self, now_ms: u64, replies: &[(ConnId, Rep)]) {
         for (conn, rep) in replies {
             match rep {

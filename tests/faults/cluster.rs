@@ -274,6 +274,7 @@ fn isolated_leader_grants_nothing_and_the_majority_elects_a_new_one() {
     assert_tokens_rise(&s, &attempts, cut_us, elected_us);
 }
 
+// Long because it is one scenario, step by step.
 #[test]
 fn one_way_partitions_are_safe_and_heal() {
     // Never beside a single-mode fault test measuring its timings.

@@ -236,6 +236,7 @@ fn sigkill_and_restart_under_load_without_a_data_dir_keeps_tokens_growing() {
     kill_and_restart_under_load(None);
 }
 
+// Long because it is one scenario, step by step.
 /// SIGSTOP for longer than the holder's lease and the first waiter's wait,
 /// then SIGCONT. The first turn after the stop sees the lease and the wait
 /// run out: the waiter whose wait ran out gets Timeout, never the key; the
@@ -340,6 +341,7 @@ fn timed_recv(c: &mut Client, timeout: Duration) -> (Reply, Duration) {
     (r, start.elapsed())
 }
 
+// Long because it is one scenario, step by step.
 /// The wall clock jumps ten days forward, then twenty back, under a server
 /// whose monotonic clock is left alone (`DONT_FAKE_MONOTONIC=1`): that is
 /// what an NTP step or an operator's `date -s` does. Leases and waits keep

@@ -266,6 +266,7 @@ fn round_trips(c: &mut Client, n: usize, tag: &str) -> Vec<u128> {
     us
 }
 
+// Long because it is one scenario, step by step.
 #[test]
 fn slow_huge_and_many_admin_clients_never_delay_a_lock_reply() {
     let (t, admin) = start(&[]);

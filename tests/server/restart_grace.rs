@@ -41,6 +41,7 @@ fn hold(server: &Ticketd) -> Instant {
     written
 }
 
+// Long because it is one scenario, step by step.
 /// After a restart within the lease written at `written`: every key gets T
 /// while the lease may run, a waiter queued in the grace is granted at its
 /// end, one whose wait runs out first gets T, a release gets N; then A.

@@ -377,6 +377,7 @@ fn make_certs(_dir: &Path) {
 /// speak mutual TLS with certificates made there. When `extend`, the
 /// extends per second and server CPU us per extend of the same lockers on
 /// the same cluster right after.
+// Long because it is one run, step by step: start, drive, tear down.
 fn bench_cluster(
     bin: &Path,
     clients: usize,
@@ -475,6 +476,7 @@ fn bench_single(bin: &Path, clients: usize, seconds: u64) -> Run {
 /// to the leader and pass its answers back). Afterwards the leader is
 /// stopped with SIGTERM (the followers end with its connection) and each
 /// node's `fdatasync` count and mean time are printed.
+// Long because it is one run, step by step: start, drive, tear down.
 fn bench_cluster_limit(limit: &Path, clients: usize, seconds: u64, spread: bool) -> Run {
     let dir = temp_dir("cluster-limit");
     if let Err(e) = std::fs::create_dir_all(&dir) {

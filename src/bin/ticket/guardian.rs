@@ -61,6 +61,8 @@ impl Guardian {
         // calls only and never returns.
         match unsafe { libc::fork() } {
             -1 => Err(io::Error::last_os_error()),
+            // SAFETY: this is the forked child and `rx` the pipe's read end,
+            // which is all `guard` requires; it never returns.
             0 => unsafe { guard(rx.as_raw_fd()) },
             pid => {
                 drop(rx);

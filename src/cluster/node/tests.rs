@@ -441,6 +441,41 @@ fn a_batch_raft_drops_is_answered_busy_and_not_released() {
         .any(|m| m.msg_type == MessageType::MsgPropose));
 }
 
+/// Three clients of `follower`: an acquire that is granted, an acquire of
+/// a key that is held (wait 0: not granted) and a release of a token that
+/// is not held; they commit and apply while the follower is cut off.
+fn follower_requests_commit_without_it(
+    nodes: &mut [Node<MemDisk>],
+    leader: usize,
+    follower: usize,
+    now: Millis,
+    out: &mut Outbox,
+) {
+    nodes[leader].request(now, 1, acquire(1, "held"), out);
+    settle_net(nodes, now, out);
+    out.clear();
+    nodes[follower].request(now, 7, acquire(2, "free"), out);
+    nodes[follower].request(now, 8, acquire(2, "held"), out);
+    nodes[follower].request(now, 9, Request::Release { token: 1, key: "b" }, out);
+    nodes[follower].end_turn(now, out).unwrap();
+    // The forward reaches the leader, then the follower stops hearing
+    // from it: the three requests commit and apply without it.
+    let forward: Vec<Message> = nodes[follower].take_messages();
+    assert!(forward
+        .iter()
+        .any(|m| m.msg_type == MessageType::MsgPropose));
+    for m in forward {
+        let to = usize::try_from(m.to).unwrap() - 1;
+        nodes[to].step(m);
+    }
+    settle_cut(nodes, Some(follower), now, out);
+    assert!(
+        !out.iter().any(|a| (7..=9).contains(&a.conn)),
+        "only the follower answers its clients"
+    );
+    assert_eq!(nodes[follower].pending_requests(), 3);
+}
+
 // Long because it is one scenario, step by step.
 #[test]
 fn requests_applied_inside_an_installed_snapshot_are_answered_or_their_connection_closed() {
@@ -456,52 +491,11 @@ fn requests_applied_inside_an_installed_snapshot_are_answered_or_their_connectio
     // at once while the follower is cut off.
     nodes[leader].cfg.leader_sync_ms = 0;
     out.clear();
-    // Three clients of the follower: an acquire that is granted, an
-    // acquire of a key that is held (wait 0: not granted) and a
-    // release of a token that is not held.
-    nodes[leader].request(
-        now,
-        1,
-        Request::Acquire {
-            wait_s: 0,
-            lease_s: 30,
-            owner: 1,
-            key: "held",
-        },
-        &mut out,
-    );
-    settle_net(&mut nodes, now, &mut out);
-    out.clear();
-    let acquire = |key| Request::Acquire {
-        wait_s: 0,
-        lease_s: 30,
-        owner: 2,
-        key,
-    };
-    nodes[follower].request(now, 7, acquire("free"), &mut out);
-    nodes[follower].request(now, 8, acquire("held"), &mut out);
-    nodes[follower].request(now, 9, Request::Release { token: 1, key: "b" }, &mut out);
-    nodes[follower].end_turn(now, &mut out).unwrap();
-    // The forward reaches the leader, then the follower stops hearing
-    // from it: the three requests commit and apply without it.
-    let forward: Vec<Message> = nodes[follower].take_messages();
-    assert!(forward
-        .iter()
-        .any(|m| m.msg_type == MessageType::MsgPropose));
-    for m in forward {
-        let to = usize::try_from(m.to).unwrap() - 1;
-        nodes[to].step(m);
-    }
-    settle_cut(&mut nodes, Some(follower), now, &mut out);
-    assert!(
-        !out.iter().any(|a| (7..=9).contains(&a.conn)),
-        "only the follower answers its clients"
-    );
-    assert_eq!(nodes[follower].pending_requests(), 3);
+    follower_requests_commit_without_it(&mut nodes, leader, follower, now, &mut out);
     // The leader compacts its log through them: the follower can only
     // catch up from a snapshot that covers its own requests.
     nodes[leader].snapshot_now = true;
-    nodes[leader].request(now, 2, acquire("other"), &mut out);
+    nodes[leader].request(now, 2, acquire(2, "other"), &mut out);
     settle_cut(&mut nodes, Some(follower), now, &mut out);
     assert!(nodes[leader].snapshot_index() > nodes[follower].applied());
     out.clear();
@@ -540,6 +534,34 @@ fn requests_applied_inside_an_installed_snapshot_are_answered_or_their_connectio
         "every other request's connection is closed"
     );
     assert_eq!(nodes[follower].stats().unanswerable, 2);
+}
+
+/// `leader` (node `me`) left through a joint configuration, stepped down,
+/// and the other two elected a new leader and forgot its address.
+fn assert_left_and_forgotten(nodes: &[Node<MemDisk>], leader: usize, me: u64) {
+    assert!(!nodes[leader].is_leader(), "stepped down after the leave");
+    assert!(nodes[leader].removed());
+    let hist = nodes[leader].conf_history();
+    assert_eq!(hist.len(), 2, "enter, then leave: {hist:?}");
+    assert!(hist[0].voters_outgoing.contains(&me) && !hist[0].voters.contains(&me));
+    assert!(hist[1].voters_outgoing.is_empty() && !hist[1].voters.contains(&me));
+    let new_leader = nodes
+        .iter()
+        .position(Node::is_leader)
+        .expect("a new leader");
+    assert_ne!(new_leader, leader);
+    for (i, n) in nodes.iter().enumerate().filter(|(i, _)| *i != leader) {
+        assert_eq!(
+            n.rn.raft.prs().conf().to_conf_state().voters.len(),
+            2,
+            "node {}",
+            i + 1
+        );
+        assert!(
+            n.replicated_members().addr(me).is_none(),
+            "address forgotten"
+        );
+    }
 }
 
 // Long because it is one scenario, step by step.
@@ -607,29 +629,7 @@ fn a_leader_removes_itself_through_a_joint_configuration_that_survives_a_restart
         led_while_joint && refused && restarted,
         "saw the joint configuration"
     );
-    assert!(!nodes[leader].is_leader(), "stepped down after the leave");
-    assert!(nodes[leader].removed());
-    let hist = nodes[leader].conf_history();
-    assert_eq!(hist.len(), 2, "enter, then leave: {hist:?}");
-    assert!(hist[0].voters_outgoing.contains(&me) && !hist[0].voters.contains(&me));
-    assert!(hist[1].voters_outgoing.is_empty() && !hist[1].voters.contains(&me));
-    let new_leader = nodes
-        .iter()
-        .position(Node::is_leader)
-        .expect("a new leader");
-    assert_ne!(new_leader, leader);
-    for (i, n) in nodes.iter().enumerate().filter(|(i, _)| *i != leader) {
-        assert_eq!(
-            n.rn.raft.prs().conf().to_conf_state().voters.len(),
-            2,
-            "node {}",
-            i + 1
-        );
-        assert!(
-            n.replicated_members().addr(me).is_none(),
-            "address forgotten"
-        );
-    }
+    assert_left_and_forgotten(&nodes, leader, me);
 }
 
 #[test]

@@ -5,6 +5,13 @@ use super::*;
 
 #[test]
 fn a_client_that_does_not_read_is_paused_at_the_soft_limit_and_closed_at_the_hard_limit() {
+    a_client_that_does_not_read_is_paused_and_resumes();
+    a_client_that_never_reads_is_closed_at_the_hard_limit();
+}
+
+/// The soft limit: a client that does not read is paused while others are
+/// served, and resumes once it reads.
+fn a_client_that_does_not_read_is_paused_and_resumes() {
     let config = Config {
         max_key_bytes: 32,
         out_soft_limit_bytes: 1024,
@@ -49,7 +56,10 @@ fn a_client_that_does_not_read_is_paused_at_the_soft_limit_and_closed_at_the_har
     assert_eq!(replies(&got).len(), 400, "every request answered once");
     assert_eq!(h.stats().limit_closes, 0);
     drop(sink);
+}
 
+/// The hard limit, past the soft one: a client that never reads is closed.
+fn a_client_that_never_reads_is_closed_at_the_hard_limit() {
     // The hard limit: replies the client did not ask for in this turn (its
     // queued acquires timing out together) push the unsent bytes past it,
     // and a client that never reads is closed, its unsent replies dropped.
@@ -160,6 +170,45 @@ fn kinds(bytes: &[u8]) -> (String, Vec<u64>) {
 /// and whether the server closed the connection.
 type Send<'a> = dyn FnMut(&[u8], usize) -> (Vec<u8>, bool) + 'a;
 
+/// The steps both play: each sends its frames on one connection and
+/// returns what came back; the extends use the token the first acquire got.
+fn limits_script(send: &mut Send<'_>) -> Vec<String> {
+    let mut got = Vec::new();
+    // A lease of 3 s is granted, 4 s is over --max-lease: Busy.
+    let (b, _) = send(
+        &[acquire("db", 1, 0, 3), acquire("queue", 2, 0, 4)].concat(),
+        2,
+    );
+    let (k, tokens) = kinds(&b);
+    got.push(k);
+    let t = tokens[0];
+    // Extend (protocol 1.1) by 3 s: E; by 4 s, over the cap: X; the
+    // refused extend leaves the key held (a second acquire: T).
+    let (b, _) = send(
+        &[
+            extend("db", t, 3),
+            extend("db", t, 4),
+            acquire("db", 3, 0, 3),
+            release("db", t),
+        ]
+        .concat(),
+        4,
+    );
+    got.push(kinds(&b).0);
+    // A 17-byte key is over --max-key-bytes: malformed, the connection
+    // is closed after the replies before it.
+    let (b, closed) = send(
+        &[
+            acquire("cache", 4, 0, 1),
+            acquire("k".repeat(17).as_str(), 5, 0, 1),
+        ]
+        .concat(),
+        2,
+    );
+    got.push(format!("{} closed={closed}", kinds(&b).0));
+    got
+}
+
 #[test]
 fn the_harness_applies_a_command_lines_limits_as_the_ticketd_binary_does() {
     // One command line for both: the longest lease, the key limit.
@@ -169,48 +218,9 @@ fn the_harness_applies_a_command_lines_limits_as_the_ticketd_binary_does() {
     else {
         panic!("not a run");
     };
-    // Each step sends its frames on one connection and returns what came
-    // back; the extends use the token the first acquire got.
-    let script = |send: &mut Send<'_>| {
-        let mut got = Vec::new();
-        // A lease of 3 s is granted, 4 s is over --max-lease: Busy.
-        let (b, _) = send(
-            &[acquire("db", 1, 0, 3), acquire("queue", 2, 0, 4)].concat(),
-            2,
-        );
-        let (k, tokens) = kinds(&b);
-        got.push(k);
-        let t = tokens[0];
-        // Extend (protocol 1.1) by 3 s: E; by 4 s, over the cap: X; the
-        // refused extend leaves the key held (a second acquire: T).
-        let (b, _) = send(
-            &[
-                extend("db", t, 3),
-                extend("db", t, 4),
-                acquire("db", 3, 0, 3),
-                release("db", t),
-            ]
-            .concat(),
-            4,
-        );
-        got.push(kinds(&b).0);
-        // A 17-byte key is over --max-key-bytes: malformed, the connection
-        // is closed after the replies before it.
-        let (b, closed) = send(
-            &[
-                acquire("cache", 4, 0, 1),
-                acquire("k".repeat(17).as_str(), 5, 0, 1),
-            ]
-            .concat(),
-            2,
-        );
-        got.push(format!("{} closed={closed}", kinds(&b).0));
-        got
-    };
-
     let mut h = Harness::new(config).expect("harness");
     let mut conn = h.connect();
-    let mem = script(&mut |frames: &[u8], _| {
+    let mem = limits_script(&mut |frames: &[u8], _| {
         assert_eq!(conn.write(frames), frames.len());
         h.run_until_idle();
         (conn.take(), conn.is_closed_by_server())
@@ -219,7 +229,7 @@ fn the_harness_applies_a_command_lines_limits_as_the_ticketd_binary_does() {
     let server = ticketd_testkit::process::Ticketd::start(&args);
     let mut s = TcpStream::connect(server.addr()).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let real = script(&mut |frames: &[u8], want: usize| {
+    let real = limits_script(&mut |frames: &[u8], want: usize| {
         s.write_all(frames).expect("write");
         // A reply to each frame, or EOF (the malformed-frame close).
         let mut got = Vec::new();

@@ -248,6 +248,12 @@ fn withheld_grants_are_cut_out_of_replies_encoded_into_the_write_buffer() {
     assert_eq!(stats.replies[0], 2, "grants counted, less the withheld");
     assert_eq!(stats.replies[5], 1, "extensions counted, less the withheld");
 
+    a_waiters_withheld_grant_is_cut_out_of_its_turn(&mut h);
+}
+
+/// A waiter's grant, withheld or not, in a turn where its connection also
+/// asks for another key (`h` has handed out tokens 1 to 3).
+fn a_waiters_withheld_grant_is_cut_out_of_its_turn(h: &mut Harness<Withholding>) {
     // A waiter's grant, made while another connection is handled.
     let (mut b, mut c) = (h.connect(), h.connect());
     b.write(&acquire("w", 5, 0, 5));

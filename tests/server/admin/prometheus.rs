@@ -3,6 +3,7 @@
 
 use super::*;
 
+// Long because it is one scenario, step by step.
 #[test]
 fn metrics_count_what_clients_did_and_pass_promtool() {
     let (t, admin) = start(&[]);
