@@ -218,48 +218,61 @@ func (c *Client) acquire(ctx context.Context, key string, lease time.Duration, p
 	fail := func(kind, cause error) (*Ticket, error) {
 		return nil, &Error{Op: "acquire", Key: key, Kind: kind, Cause: cause}
 	}
-	pause := newRetryPause(p.sendDeadline)
-	for {
-		// Tried again only from here, and only while definitely unsent:
-		// same owner, same plan, another session.
-		s := c.pool.get(ctx, p.sendDeadline)
-		if s == nil {
-			if canceled(ctx) {
-				return fail(ErrNotAcquired, ctx.Err())
-			}
-			return fail(ErrTimeout, c.notReached())
-		}
+	// Tried again only while definitely unsent: same owner, same plan,
+	// another session.
+	cl, s, o, stopped := c.sendOnce(ctx, p, func() *call {
 		cl := newCall(opAcquire, key, p)
 		cl.owner, cl.lease = owner, lb
+		return cl
+	})
+	switch {
+	case s == nil && canceled(ctx):
+		return fail(ErrNotAcquired, ctx.Err())
+	case s == nil:
+		return fail(ErrTimeout, c.notReached())
+	case o == notSent:
+		return fail(ErrNotAcquired, ctx.Err())
+	case o == lost && stopped:
+		return fail(ErrIndeterminate, ctx.Err())
+	case o == lost:
+		return fail(ErrIndeterminate, s.failure())
+	case cl.replyOp == opTimeout:
+		return fail(ErrTimeout, nil)
+	case cl.replyOp == opBusy:
+		return fail(ErrBusy, nil)
+	case stopped:
+		// Granted as the caller gave up: given back.
+		c.releaseInBackground(key, cl.replyToken)
+		return fail(ErrNotAcquired, ctx.Err())
+	case time.Now().After(p.gate):
+		// The handover gate: a grant seen after D is given back.
+		c.releaseInBackground(key, cl.replyToken)
+		return fail(ErrIndeterminate, errLateGrant)
+	}
+	return newTicket(c, key, cl.replyToken, lease, cl.writtenAt), nil
+}
+
+// sendOnce hands the call mk makes to a pooled session and waits for its
+// outcome, trying again (a new call, same plan) only while the call was
+// definitely not sent and ctx goes on: a request is sent at most once
+// (PROTOCOL §3). s is nil when no session could be had by the plan's send
+// deadline; o is notSent only when ctx ended first.
+func (c *Client) sendOnce(ctx context.Context, p plan, mk func() *call) (cl *call, s *session, o int, stopped bool) {
+	pause := newRetryPause(p.sendDeadline)
+	for {
+		if s = c.pool.get(ctx, p.sendDeadline); s == nil {
+			return nil, nil, 0, false
+		}
+		cl = mk()
 		if !s.submit(cl) {
 			pause.wait(ctx)
 			continue
 		}
-		o, stopped := s.await(ctx, cl)
-		switch {
-		case o == notSent && stopped:
-			return fail(ErrNotAcquired, ctx.Err())
-		case o == notSent:
+		if o, stopped = s.await(ctx, cl); o == notSent && !stopped {
 			pause.wait(ctx)
 			continue
-		case o == lost && stopped:
-			return fail(ErrIndeterminate, ctx.Err())
-		case o == lost:
-			return fail(ErrIndeterminate, s.failure())
-		case cl.replyOp == opTimeout:
-			return fail(ErrTimeout, nil)
-		case cl.replyOp == opBusy:
-			return fail(ErrBusy, nil)
-		case stopped:
-			// Granted as the caller gave up: given back.
-			c.releaseInBackground(key, cl.replyToken)
-			return fail(ErrNotAcquired, ctx.Err())
-		case time.Now().After(p.gate):
-			// The handover gate: a grant seen after D is given back.
-			c.releaseInBackground(key, cl.replyToken)
-			return fail(ErrIndeterminate, errLateGrant)
 		}
-		return newTicket(c, key, cl.replyToken, lease, cl.writtenAt), nil
+		return cl, s, o, stopped
 	}
 }
 
@@ -298,40 +311,28 @@ func (c *Client) release(ctx context.Context, key string, token uint64) error {
 	fail := func(kind, cause error) error {
 		return &Error{Op: "release", Key: key, Kind: kind, Cause: cause}
 	}
-	pause := newRetryPause(p.sendDeadline)
-	for {
-		s := c.pool.get(ctx, p.sendDeadline)
-		if s == nil {
-			if ctx.Err() != nil {
-				return fail(ErrNotSent, ctx.Err())
-			}
-			if c.pool.isClosed() {
-				return fail(ErrNotSent, ErrClosed)
-			}
-			return fail(ErrNotSent, c.notReached())
-		}
+	cl, s, o, stopped := c.sendOnce(ctx, p, func() *call {
 		cl := newCall(opRelease, key, p)
 		cl.token = token
-		if !s.submit(cl) {
-			pause.wait(ctx)
-			continue
-		}
-		o, stopped := s.await(ctx, cl)
-		switch {
-		case o == notSent && stopped:
-			return fail(ErrNotSent, ctx.Err())
-		case o == notSent:
-			pause.wait(ctx)
-			continue
-		case o == lost && stopped:
-			return fail(ErrIndeterminate, ctx.Err())
-		case o == lost:
-			return fail(ErrIndeterminate, s.failure())
-		case cl.replyOp == opRelease:
-			return nil
-		}
-		return fail(ErrNotHeld, nil)
+		return cl
+	})
+	switch {
+	case s == nil && ctx.Err() != nil:
+		return fail(ErrNotSent, ctx.Err())
+	case s == nil && c.pool.isClosed():
+		return fail(ErrNotSent, ErrClosed)
+	case s == nil:
+		return fail(ErrNotSent, c.notReached())
+	case o == notSent:
+		return fail(ErrNotSent, ctx.Err())
+	case o == lost && stopped:
+		return fail(ErrIndeterminate, ctx.Err())
+	case o == lost:
+		return fail(ErrIndeterminate, s.failure())
+	case cl.replyOp == opRelease:
+		return nil
 	}
+	return fail(ErrNotHeld, nil)
 }
 
 // releaseInBackground gives back a grant nobody waits for (a late grant,
