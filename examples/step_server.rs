@@ -62,6 +62,9 @@ fn describe(r: &Reply<'_>) -> String {
         Reply::NotReleased { token, key } => format!("N token={token} {key}"),
         Reply::Extended { token, key } => format!("E token={token} {key}"),
         Reply::NotExtended { token, key } => format!("X token={token} {key}"),
+        Reply::LimitMismatch { owner, limit, key } => {
+            format!("L owner={owner} limit={limit} {key}")
+        }
     }
 }
 

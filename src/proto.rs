@@ -1,4 +1,4 @@
-//! Wire codec for protocol version 1.1 (PROTOCOL §1 and §5.1). No I/O.
+//! Wire codec for protocol version 1.2 (PROTOCOL §1, §5.1 and §6.1). No I/O.
 //!
 //! Every frame is a fixed binary header, a UTF-8 key and one `0x0A`. Because
 //! the header is binary and may itself contain `0x0A`, a decoder consumes the
@@ -26,6 +26,10 @@ pub const OP_NOT_RELEASED: u8 = b'N';
 pub const OP_EXTEND: u8 = b'E';
 /// Op byte of a NotExtended reply (protocol 1.1).
 pub const OP_NOT_EXTENDED: u8 = b'X';
+/// Op byte of an Acquire With Limit request (protocol 1.2).
+pub const OP_ACQUIRE_WITH_LIMIT: u8 = b'P';
+/// Op byte of a LimitMismatch reply (protocol 1.2).
+pub const OP_LIMIT_MISMATCH: u8 = b'L';
 /// The frame terminator.
 pub const NEWLINE: u8 = b'\n';
 
@@ -50,6 +54,24 @@ pub enum Request<'a> {
         /// The lock name.
         key: &'a str,
     },
+    /// `'P' wait:u8 lease:u8 owner:u64 limit:u16 mode:u8 key '\n'`
+    /// (protocol 1.2, PROTOCOL §6): one place of a key that admits
+    /// `limit` holders at once, shared or exclusive.
+    AcquireWithLimit {
+        /// Seconds the client is willing to queue; 0 = one immediate attempt.
+        wait_s: u8,
+        /// Seconds the grant lives; never 0 in a well-formed frame.
+        lease_s: u8,
+        /// Correlation id echoed in the reply.
+        owner: u64,
+        /// How many holders the key admits at once; never 0 in a
+        /// well-formed frame.
+        limit: u16,
+        /// Whether the grant shares the key or needs it whole.
+        mode: Mode,
+        /// The lock name.
+        key: &'a str,
+    },
     /// `'E' lease:u8 token:u64 key '\n'` (protocol 1.1, PROTOCOL §5).
     Extend {
         /// Seconds the grant lives from now on; never 0 in a well-formed frame.
@@ -61,12 +83,58 @@ pub enum Request<'a> {
     },
 }
 
+/// How an Acquire With Limit takes its key (PROTOCOL §6.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// One of the key's places, beside other shared holders (`'S'`).
+    Shared,
+    /// The whole key, alone (`'X'`).
+    Exclusive,
+}
+
+impl Mode {
+    /// The mode's byte on the wire.
+    #[must_use]
+    pub fn byte(self) -> u8 {
+        match self {
+            Mode::Shared => b'S',
+            Mode::Exclusive => b'X',
+        }
+    }
+
+    /// The mode a wire byte names, if any.
+    #[must_use]
+    pub fn from_byte(b: u8) -> Option<Mode> {
+        match b {
+            b'S' => Some(Mode::Shared),
+            b'X' => Some(Mode::Exclusive),
+            _ => None,
+        }
+    }
+
+    /// Its name in logs, JSON and the command line: `shared` or `exclusive`.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Shared => "shared",
+            Mode::Exclusive => "exclusive",
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl Request<'_> {
     /// The key the request names.
     #[must_use]
     pub fn key(&self) -> &str {
         match self {
             Request::Acquire { key, .. }
+            | Request::AcquireWithLimit { key, .. }
             | Request::Release { key, .. }
             | Request::Extend { key, .. } => key,
         }
@@ -77,7 +145,7 @@ impl Request<'_> {
     #[must_use]
     pub fn guessed_token(&self) -> bool {
         match self {
-            Request::Acquire { .. } => false,
+            Request::Acquire { .. } | Request::AcquireWithLimit { .. } => false,
             Request::Release { token, .. } | Request::Extend { token, .. } => *token != 0,
         }
     }
@@ -138,6 +206,17 @@ pub enum Reply<'a> {
         /// The lock name.
         key: &'a str,
     },
+    /// Not granted, not queued: the key is registered with another limit,
+    /// which this reply carries: `'L' owner:u64 limit:u16 key '\n'`
+    /// (protocol 1.2).
+    LimitMismatch {
+        /// The owner of the acquire being answered.
+        owner: u64,
+        /// The limit the key is registered with.
+        limit: u16,
+        /// The lock name.
+        key: &'a str,
+    },
 }
 
 impl<'a> Reply<'a> {
@@ -151,7 +230,8 @@ impl<'a> Reply<'a> {
             | Reply::Released { key, .. }
             | Reply::NotReleased { key, .. }
             | Reply::Extended { key, .. }
-            | Reply::NotExtended { key, .. } => key,
+            | Reply::NotExtended { key, .. }
+            | Reply::LimitMismatch { key, .. } => key,
         }
     }
 }
@@ -162,8 +242,12 @@ impl<'a> Reply<'a> {
 pub enum Malformed {
     /// The first byte is not an op of this direction.
     UnknownOp(u8),
-    /// An Acquire or Extend with `lease = 0`.
+    /// An Acquire, Acquire With Limit or Extend with `lease = 0`.
     ZeroLease,
+    /// An Acquire With Limit with `limit = 0`.
+    ZeroLimit,
+    /// An Acquire With Limit whose mode byte is neither `'S'` nor `'X'`.
+    UnknownMode(u8),
     /// The newline follows the header directly.
     EmptyKey,
     /// The key is not valid UTF-8.
@@ -177,6 +261,8 @@ impl fmt::Display for Malformed {
         match self {
             Malformed::UnknownOp(op) => write!(f, "unknown op byte 0x{op:02x}"),
             Malformed::ZeroLease => f.write_str("lease of 0 seconds"),
+            Malformed::ZeroLimit => f.write_str("limit of 0 holders"),
+            Malformed::UnknownMode(b) => write!(f, "unknown mode byte 0x{b:02x}"),
             Malformed::EmptyKey => f.write_str("empty key"),
             Malformed::InvalidUtf8 => f.write_str("key is not valid UTF-8"),
             Malformed::KeyTooLong => {
@@ -211,6 +297,7 @@ pub fn request_header_len(op: u8) -> Option<usize> {
         OP_ACQUIRE => Some(ACQUIRE_HEADER),
         OP_RELEASE => Some(RELEASE_HEADER),
         OP_EXTEND => Some(EXTEND_HEADER),
+        OP_ACQUIRE_WITH_LIMIT => Some(ACQUIRE_WITH_LIMIT_HEADER),
         _ => None,
     }
 }
@@ -221,12 +308,17 @@ const ACQUIRE_HEADER: usize = 11;
 const RELEASE_HEADER: usize = 9;
 /// Header bytes of an Extend: op, lease, token.
 const EXTEND_HEADER: usize = 10;
+/// Header bytes of an Acquire With Limit: op, wait, lease, owner, limit, mode.
+const ACQUIRE_WITH_LIMIT_HEADER: usize = 14;
+/// Header bytes of a LimitMismatch reply: op, owner, limit.
+const LIMIT_MISMATCH_HEADER: usize = 11;
 
 /// Header length of a reply op, or `None` for a byte that is no reply op.
 #[must_use]
 pub fn reply_header_len(op: u8) -> Option<usize> {
     match op {
         OP_ACQUIRE => Some(17),
+        OP_LIMIT_MISMATCH => Some(LIMIT_MISMATCH_HEADER),
         OP_TIMEOUT | OP_BUSY | OP_RELEASE | OP_NOT_RELEASED | OP_EXTEND | OP_NOT_EXTENDED => {
             Some(9)
         }
@@ -430,8 +522,38 @@ pub fn decode_request(buf: &[u8], max_key_bytes: usize) -> Decoded<Request<'_>> 
                 key,
             })
         }
+        Some(&OP_ACQUIRE_WITH_LIMIT) => decode_acquire_with_limit(buf, max_key_bytes),
         Some(&op) => Decoded::Malformed(Malformed::UnknownOp(op)),
     }
+}
+
+/// Decodes an Acquire With Limit (protocol 1.2): out of line, so that the
+/// 1.0 and 1.1 frames keep their code as it was. A zero lease, a zero
+/// limit and an unknown mode are refused as soon as their byte arrives.
+#[cold]
+#[inline(never)]
+fn decode_acquire_with_limit(buf: &[u8], max_key_bytes: usize) -> Decoded<Request<'_>> {
+    if buf.get(2) == Some(&0) {
+        return Decoded::Malformed(Malformed::ZeroLease);
+    }
+    if let (Some(&0), Some(&0)) = (buf.get(11), buf.get(12)) {
+        return Decoded::Malformed(Malformed::ZeroLimit);
+    }
+    if let Some(&b) = buf.get(13) {
+        if Mode::from_byte(b).is_none() {
+            return Decoded::Malformed(Malformed::UnknownMode(b));
+        }
+    }
+    request_frame::<ACQUIRE_WITH_LIMIT_HEADER>(buf, max_key_bytes, |h, key| {
+        Request::AcquireWithLimit {
+            wait_s: h[1],
+            lease_s: h[2],
+            owner: be_u64(&h[3..]),
+            limit: u16::from_be_bytes([h[11], h[12]]),
+            mode: Mode::from_byte(h[13]).unwrap_or(Mode::Exclusive),
+            key,
+        }
+    })
 }
 
 /// Decodes one reply from the front of `buf` (the client side).
@@ -452,6 +574,11 @@ pub fn decode_reply(buf: &[u8], max_key_bytes: usize) -> Decoded<Reply<'_>> {
         Decoded::Frame { frame: key, used } => {
             let a = be_u64(&buf[1..9]);
             let frame = match op {
+                OP_LIMIT_MISMATCH => Reply::LimitMismatch {
+                    owner: a,
+                    limit: u16::from_be_bytes([buf[9], buf[10]]),
+                    key,
+                },
                 OP_ACQUIRE => Reply::Acquired {
                     token: a,
                     owner: be_u64(&buf[9..17]),
@@ -488,6 +615,23 @@ pub fn encode_request(req: &Request<'_>, out: &mut Vec<u8>) {
             out.extend_from_slice(&owner.to_be_bytes());
             out.extend_from_slice(key.as_bytes());
         }
+        Request::AcquireWithLimit {
+            wait_s,
+            lease_s,
+            owner,
+            limit,
+            mode,
+            key,
+        } => {
+            out.reserve(15 + key.len());
+            out.push(OP_ACQUIRE_WITH_LIMIT);
+            out.push(wait_s);
+            out.push(lease_s);
+            out.extend_from_slice(&owner.to_be_bytes());
+            out.extend_from_slice(&limit.to_be_bytes());
+            out.push(mode.byte());
+            out.extend_from_slice(key.as_bytes());
+        }
         Request::Release { token, key } => {
             out.reserve(10 + key.len());
             out.push(OP_RELEASE);
@@ -517,6 +661,9 @@ pub fn encode_request(req: &Request<'_>, out: &mut Vec<u8>) {
 /// checked the capacity at every byte.
 pub fn encode_reply(reply: &Reply<'_>, out: &mut Vec<u8>) {
     let (op, a, b) = match *reply {
+        Reply::LimitMismatch { owner, limit, key } => {
+            return encode_limit_mismatch(owner, limit, key, out);
+        }
         Reply::Acquired { token, owner, .. } => (OP_ACQUIRE, token, owner),
         Reply::Timeout { owner, .. } => (OP_TIMEOUT, owner, 0),
         Reply::Busy { owner, .. } => (OP_BUSY, owner, 0),
@@ -559,448 +706,19 @@ pub(crate) fn encode_reply_parts(op: u8, a: u64, b: u64, key: &[u8], out: &mut V
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    const MAX: usize = 1024;
-
-    fn enc_req(r: &Request<'_>) -> Vec<u8> {
-        let mut v = Vec::new();
-        encode_request(r, &mut v);
-        v
-    }
-
-    /// The ASCII shortcut of the key check agrees with full UTF-8
-    /// validation: at every length around a word boundary, with a
-    /// non-ASCII byte at every position, valid or not.
-    #[test]
-    fn key_check_is_utf8_validation() {
-        let frame = |key: &[u8]| {
-            let mut f = vec![b'R'];
-            f.extend_from_slice(&[0; 8]);
-            f.extend_from_slice(key);
-            f.push(b'\n');
-            f
-        };
-        let mut samples: Vec<Vec<u8>> = Vec::new();
-        for len in 1..=40 {
-            let ascii: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
-            samples.push(ascii.clone());
-            for pos in 0..len {
-                for bad in [&[0x80u8][..], &[0xff], &[0xc0, 0x80], &[0xed, 0xa0, 0x80]] {
-                    let mut k = ascii.clone();
-                    k.splice(pos..=pos, bad.iter().copied());
-                    samples.push(k);
-                }
-                let mut k = ascii.clone();
-                k.splice(pos..=pos, "ü€🔒".bytes());
-                samples.push(k);
-                let mut k = ascii.clone();
-                k[pos] = 0x7f;
-                samples.push(k);
-            }
-        }
-        for key in samples {
-            let want = match std::str::from_utf8(&key) {
-                Ok(k) => Decoded::Frame {
-                    frame: Request::Release { token: 0, key: k },
-                    used: 10 + key.len(),
-                },
-                Err(_) => Decoded::Malformed(Malformed::InvalidUtf8),
-            };
-            assert_eq!(decode_request(&frame(&key), MAX), want, "{key:?}");
-        }
-    }
-
-    /// The newline search and the ASCII check of the key, against a
-    /// byte-by-byte reference: keys of every length across the 16-byte
-    /// steps, a non-ASCII byte before, at the end of and after the key,
-    /// whatever follows the frame in the buffer, and every prefix of it.
-    #[test]
-    fn key_end_matches_a_byte_by_byte_reference() {
-        // Each request op is decoded by code of its own (specialised for
-        // its header length), so each is checked against the reference.
-        // The headers: op, then bytes that hold no newline and no zero
-        // lease, for the key's search to start after them.
-        let headers: [&[u8]; 3] = [
-            &[b'A', 3, 7, 0, 0, 0, 0, 0, 0, 0, 9],
-            &[b'R', 0, 0, 0, 0, 0, 0, 0, 5],
-            &[b'E', 7, 0, 0, 0, 0, 0, 0, 0, 5],
-        ];
-        fn reference<'a>(buf: &'a [u8], header: &[u8], max: usize) -> Decoded<Request<'a>> {
-            let h = header.len();
-            if buf.len() < h {
-                return Decoded::Incomplete;
-            }
-            let window = &buf[h..buf.len().min(h + max + 1)];
-            match window.iter().position(|&b| b == b'\n') {
-                Some(0) => Decoded::Malformed(Malformed::EmptyKey),
-                Some(n) => match std::str::from_utf8(&window[..n]) {
-                    Ok(key) => Decoded::Frame {
-                        frame: match header[0] {
-                            b'A' => Request::Acquire {
-                                wait_s: buf[1],
-                                lease_s: buf[2],
-                                owner: be_u64(&buf[3..11]),
-                                key,
-                            },
-                            b'R' => Request::Release {
-                                token: be_u64(&buf[1..9]),
-                                key,
-                            },
-                            _ => Request::Extend {
-                                lease_s: buf[1],
-                                token: be_u64(&buf[2..10]),
-                                key,
-                            },
-                        },
-                        used: h + n + 1,
-                    },
-                    Err(_) => Decoded::Malformed(Malformed::InvalidUtf8),
-                },
-                None if window.len() > max => Decoded::Malformed(Malformed::KeyTooLong),
-                None => Decoded::Incomplete,
-            }
-        }
-        let tails: [&[u8]; 5] = [
-            b"",
-            b"\n",
-            b"\xff\xfe",
-            b"R\0\0\0\0\0\0\0\x07k\n",
-            &[0x80; 40],
-        ];
-        let mut checked = 0u32;
-        for key_len in 1..=70usize {
-            let ascii: Vec<u8> = (0..key_len).map(|i| b'a' + (i % 26) as u8).collect();
-            let mut keys = vec![ascii.clone()];
-            for pos in [0, key_len / 2, key_len - 1] {
-                let mut k = ascii.clone();
-                k[pos] = 0xe9; // not UTF-8 on its own
-                keys.push(k);
-                let mut k = ascii.clone();
-                k.splice(pos..=pos, "é".bytes());
-                keys.push(k);
-            }
-            for header in headers {
-                for key in &keys {
-                    for tail in tails {
-                        let mut buf = header.to_vec();
-                        buf.extend_from_slice(key);
-                        buf.push(b'\n');
-                        buf.extend_from_slice(tail);
-                        for max in [
-                            key.len().saturating_sub(1).max(1),
-                            key.len(),
-                            key.len() + 1,
-                            64,
-                            MAX,
-                        ] {
-                            for end in 0..=buf.len() {
-                                let b = &buf[..end];
-                                assert_eq!(
-                                    decode_request(b, max),
-                                    reference(b, header, max),
-                                    "{b:?}, max {max}"
-                                );
-                                checked += 1;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        assert!(checked > 300_000);
-    }
-
-    #[test]
-    fn spec_example_frame_with_newline_inside_owner() {
-        let bytes = [
-            0x41, 0x05, 0x1E, 0, 0, 0, 0, 0, 0, 0x0A, 0x0B, 0x64, 0x62, 0x0A,
-        ];
-        let req = Request::Acquire {
-            wait_s: 5,
-            lease_s: 30,
-            owner: 0x0A0B,
-            key: "db",
-        };
-        assert_eq!(enc_req(&req), bytes);
-        assert_eq!(
-            decode_request(&bytes, MAX),
-            Decoded::Frame {
-                frame: req,
-                used: 14
-            }
-        );
-    }
-
-    #[test]
-    fn release_header_full_of_newlines() {
-        let req = Request::Release {
-            token: 0x0A0A_0A0A_0A0A_0A0A,
-            key: "k",
-        };
-        let bytes = enc_req(&req);
-        assert_eq!(bytes.len(), 11);
-        assert_eq!(
-            decode_request(&bytes, MAX),
-            Decoded::Frame {
-                frame: req,
-                used: 11
-            }
-        );
-    }
-
-    /// PROTOCOL §5.1's example: extend `token=7 key="db"` by 30 s.
-    #[test]
-    fn spec_example_extend_frame() {
-        let bytes = [0x45, 0x1E, 0, 0, 0, 0, 0, 0, 0, 0x07, 0x64, 0x62, 0x0A];
-        let req = Request::Extend {
-            lease_s: 30,
-            token: 7,
-            key: "db",
-        };
-        assert_eq!(enc_req(&req), bytes);
-        assert_eq!(
-            decode_request(&bytes, MAX),
-            Decoded::Frame {
-                frame: req,
-                used: 13
-            }
-        );
-    }
-
-    /// An Extend whose lease and token are all newline bytes is read by
-    /// count, and decoding it split at every byte gives Incomplete until the
-    /// last byte arrives.
-    #[test]
-    fn extend_header_full_of_newlines_split_at_every_byte() {
-        let req = Request::Extend {
-            lease_s: 0x0A,
-            token: 0x0A0A_0A0A_0A0A_0A0A,
-            key: "k",
-        };
-        let bytes = enc_req(&req);
-        assert_eq!(bytes.len(), 12);
-        for cut in 0..bytes.len() {
-            assert_eq!(
-                decode_request(&bytes[..cut], MAX),
-                Decoded::Incomplete,
-                "cut {cut}"
-            );
-        }
-        assert_eq!(
-            decode_request(&bytes, MAX),
-            Decoded::Frame {
-                frame: req,
-                used: 12
-            }
-        );
-    }
-
-    #[test]
-    fn malformed_extends_are_named() {
-        // Lease 0 is known from the second byte on.
-        assert_eq!(
-            decode_request(&[b'E', 0], MAX),
-            Decoded::Malformed(Malformed::ZeroLease)
-        );
-        let frame = |key: &[u8]| {
-            let mut f = vec![b'E', 30];
-            f.extend_from_slice(&[0; 8]);
-            f.extend_from_slice(key);
-            f
-        };
-        assert_eq!(
-            decode_request(&frame(b"\n"), MAX),
-            Decoded::Malformed(Malformed::EmptyKey)
-        );
-        assert_eq!(
-            decode_request(&frame(b"\xff\n"), MAX),
-            Decoded::Malformed(Malformed::InvalidUtf8)
-        );
-        assert_eq!(decode_request(&frame(b"kkkk"), 4), Decoded::Incomplete);
-        assert_eq!(
-            decode_request(&frame(b"kkkkk"), 4),
-            Decoded::Malformed(Malformed::KeyTooLong)
-        );
-        // X is a reply op, never a request.
-        assert_eq!(
-            decode_request(b"X", MAX),
-            Decoded::Malformed(Malformed::UnknownOp(b'X'))
-        );
-    }
-
-    #[test]
-    fn every_malformed_case_is_named() {
-        assert_eq!(
-            decode_request(b"X", MAX),
-            Decoded::Malformed(Malformed::UnknownOp(b'X'))
-        );
-        assert_eq!(
-            decode_request(&[b'A', 1, 0], MAX),
-            Decoded::Malformed(Malformed::ZeroLease)
-        );
-        let mut empty = vec![b'A', 1, 1];
-        empty.extend_from_slice(&[0; 8]);
-        empty.push(b'\n');
-        assert_eq!(
-            decode_request(&empty, MAX),
-            Decoded::Malformed(Malformed::EmptyKey)
-        );
-        let mut bad = vec![b'R'];
-        bad.extend_from_slice(&[0; 8]);
-        bad.extend_from_slice(&[0xff, 0xfe, b'\n']);
-        assert_eq!(
-            decode_request(&bad, MAX),
-            Decoded::Malformed(Malformed::InvalidUtf8)
-        );
-        let mut long = vec![b'R'];
-        long.extend_from_slice(&[0; 8]);
-        long.extend(std::iter::repeat_n(b'k', 4));
-        assert_eq!(decode_request(&long, 4), Decoded::Incomplete);
-        long.push(b'k');
-        assert_eq!(
-            decode_request(&long, 4),
-            Decoded::Malformed(Malformed::KeyTooLong)
-        );
-    }
-
-    #[test]
-    fn key_of_exactly_max_bytes_is_accepted() {
-        let key = "k".repeat(MAX);
-        let bytes = enc_req(&Request::Release {
-            token: 1,
-            key: &key,
-        });
-        assert!(matches!(
-            decode_request(&bytes, MAX),
-            Decoded::Frame { used, .. } if used == bytes.len()
-        ));
-    }
-
-    #[test]
-    fn replies_round_trip() {
-        let replies = [
-            Reply::Acquired {
-                token: 10,
-                owner: 0x0A,
-                key: "a",
-            },
-            Reply::Timeout {
-                owner: 7, key: "é"
-            },
-            Reply::Busy { owner: 8, key: "b" },
-            Reply::Released { token: 9, key: "c" },
-            Reply::NotReleased { token: 0, key: "d" },
-            Reply::Extended {
-                token: 0x0A0A,
-                key: "e",
-            },
-            Reply::NotExtended {
-                token: 11,
-                key: "f",
-            },
-        ];
-        for r in replies {
-            let mut v = Vec::new();
-            encode_reply(&r, &mut v);
-            assert_eq!(
-                decode_reply(&v, MAX),
-                Decoded::Frame {
-                    frame: r,
-                    used: v.len()
-                }
-            );
-        }
-        assert_eq!(
-            decode_reply(b"Z", MAX),
-            Decoded::Malformed(Malformed::UnknownOp(b'Z'))
-        );
-    }
-
-    /// (wait, lease, owner, token, key, op): op 0 = Acquire, 1 = Release, 2 = Extend.
-    fn arb_request() -> impl Strategy<Value = (u8, u8, u64, u64, String, u8)> {
-        (
-            any::<u8>(),
-            1u8..,
-            any::<u64>(),
-            any::<u64>(),
-            "[^\n]{1,12}",
-            0u8..3,
-        )
-    }
-
-    fn make_request<'a>(
-        (wait_s, lease_s, owner, token, key, op): &'a (u8, u8, u64, u64, String, u8),
-    ) -> Request<'a> {
-        match op {
-            0 => Request::Acquire {
-                wait_s: *wait_s,
-                lease_s: *lease_s,
-                owner: *owner,
-                key,
-            },
-            1 => Request::Release { token: *token, key },
-            _ => Request::Extend {
-                lease_s: *lease_s,
-                token: *token,
-                key,
-            },
-        }
-    }
-
-    proptest! {
-        #[test]
-        fn a_stream_split_anywhere_decodes_to_the_same_frames(
-            reqs in proptest::collection::vec(arb_request(), 1..8),
-            split in any::<prop::sample::Index>(),
-        ) {
-            let mut stream = Vec::new();
-            for r in &reqs {
-                encode_request(&make_request(r), &mut stream);
-            }
-            // Feed in two pieces split at an arbitrary byte, like a reader would.
-            let cut = split.index(stream.len() + 1);
-            let mut buf: Vec<u8> = stream[..cut].to_vec();
-            let mut rest = &stream[cut..];
-            let mut decoded = 0;
-            loop {
-                match decode_request(&buf, MAX) {
-                    Decoded::Frame { frame, used } => {
-                        prop_assert_eq!(frame, make_request(&reqs[decoded]));
-                        buf.drain(..used);
-                        decoded += 1;
-                    }
-                    Decoded::Incomplete => {
-                        prop_assert!(!rest.is_empty(), "stream ended mid-frame");
-                        buf.extend_from_slice(rest);
-                        rest = &[];
-                    }
-                    Decoded::Malformed(m) => prop_assert!(false, "malformed: {}", m),
-                }
-                if decoded == reqs.len() {
-                    break;
-                }
-            }
-            prop_assert!(buf.is_empty() && rest.is_empty());
-        }
-
-        #[test]
-        fn random_bytes_never_panic_and_never_overrun(bytes in proptest::collection::vec(any::<u8>(), 0..64), max in 1usize..16) {
-            match decode_request(&bytes, max) {
-                Decoded::Frame { used, frame } => {
-                    prop_assert!(used <= bytes.len());
-                    prop_assert!(used <= 12 + max);
-                    prop_assert!(!frame.key().is_empty() && frame.key().len() <= max);
-                }
-                Decoded::Incomplete => prop_assert!(bytes.len() < 12 + max),
-                Decoded::Malformed(_) => {}
-            }
-            if let Decoded::Frame { used, .. } = decode_reply(&bytes, max) {
-                prop_assert!(used <= bytes.len() && used <= 18 + max);
-            }
-        }
-    }
+/// Appends a LimitMismatch reply (protocol 1.2): `'L' owner:u64
+/// limit:u16 key '\n'`. Out of line: its header is the only one with a
+/// 16-bit field.
+#[cold]
+#[inline(never)]
+pub(crate) fn encode_limit_mismatch(owner: u64, limit: u16, key: &str, out: &mut Vec<u8>) {
+    out.reserve(LIMIT_MISMATCH_HEADER + key.len() + 1);
+    out.push(OP_LIMIT_MISMATCH);
+    out.extend_from_slice(&owner.to_be_bytes());
+    out.extend_from_slice(&limit.to_be_bytes());
+    out.extend_from_slice(key.as_bytes());
+    out.push(NEWLINE);
 }
+
+#[cfg(test)]
+mod tests;

@@ -50,8 +50,6 @@ const PENDING: &[&str] = &[
     "bench/src/gen.rs:on_reply",
     "bench/src/lib.rs",
     "bench/src/lib.rs:parse_args",
-    "src/proto.rs",
-    "src/proto.rs:key_end_matches_a_byte_by_byte_reference",
     "src/server/mod.rs",
     "src/server/mod.rs:handle_conn_input",
     "testkit/src/certs.rs:make",

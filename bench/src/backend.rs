@@ -182,7 +182,9 @@ impl Backend for Ticketd {
                         owner: Some(owner),
                     },
                     Reply::Timeout { owner, .. } => Outcome::NotGranted { owner: Some(owner) },
-                    Reply::Busy { owner, .. } => Outcome::Busy { owner: Some(owner) },
+                    Reply::Busy { owner, .. } | Reply::LimitMismatch { owner, .. } => {
+                        Outcome::Busy { owner: Some(owner) }
+                    }
                     Reply::Released { token, .. } => Outcome::Released { token: Some(token) },
                     Reply::NotReleased { token, .. } => Outcome::NotReleased { token: Some(token) },
                     Reply::Extended { token, .. } => Outcome::Extended { token: Some(token) },

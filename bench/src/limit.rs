@@ -64,7 +64,7 @@ fn read_and_answer(conn: &mut BufferedConn, next_token: &mut u64, stats: &mut Li
 /// token, `R`, `E`. The cluster limit answers the same way.
 pub(crate) fn answer(req: Request<'_>, next_token: &mut u64, out: &mut Vec<u8>) {
     let reply = match req {
-        Request::Acquire { owner, key, .. } => {
+        Request::Acquire { owner, key, .. } | Request::AcquireWithLimit { owner, key, .. } => {
             *next_token += 1;
             Reply::Acquired {
                 token: *next_token,

@@ -416,6 +416,9 @@ impl<T: Moment> Machine<T> {
                 }
                 self.acquire_answered(now, call, reply);
             }
+            // Protocol 1.2's answer to an Acquire With Limit, which this
+            // client does not send: no call of ours can be waiting for it.
+            Reply::LimitMismatch { .. } => return false,
             Reply::Released { token, key } | Reply::NotReleased { token, key } => {
                 if let Some(call) = self.take_by_token(token, key, false) {
                     let r = if matches!(reply, Reply::Released { .. }) {

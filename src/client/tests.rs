@@ -101,6 +101,9 @@ impl Conn {
                         token,
                         key: key.to_owned(),
                     },
+                    Request::AcquireWithLimit { key, .. } => {
+                        panic!("the blocking client sent a protocol 1.2 acquire for {key}")
+                    }
                 };
                 self.buf.drain(..used);
                 return Some(seen);

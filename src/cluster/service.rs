@@ -332,7 +332,8 @@ impl Service for ClusterService {
         if self.fatal.is_some() {
             // Never proposed: Busy / NotReleased are the truth.
             match req {
-                Request::Acquire { owner, key, .. } => {
+                Request::Acquire { owner, key, .. }
+                | Request::AcquireWithLimit { owner, key, .. } => {
                     out.push(conn, crate::proto::Reply::Busy { owner, key }, 0);
                 }
                 Request::Release { token, key } => {

@@ -512,6 +512,9 @@ impl<T: Copy + Default> Engine<T> {
                     out,
                 );
             }
+            Request::AcquireWithLimit { owner, key, .. } => {
+                out.push(conn, crate::proto::Reply::Busy { owner, key }, 0);
+            }
             Request::Release { token, key } => {
                 self.release(now, conn, token, key, out);
             }

@@ -617,6 +617,7 @@ impl<T: Copy + Default> Outbox<T> {
             Reply::NotReleased { token, key } => (Kind::NotReleased, token, 0, key),
             Reply::Extended { token, key } => (Kind::Extended, token, 0, key),
             Reply::NotExtended { token, key } => (Kind::NotExtended, token, 0, key),
+            Reply::LimitMismatch { .. } => unreachable!("pushed by push_limit_mismatch"),
         };
         self.push_reply(conn, kind, token, owner, key, lease_s, tag);
     }

@@ -1240,6 +1240,14 @@ impl<S: Service> Server<S> {
             let mut room = ident.guesses.room(now, turn);
             while budget > 0 && projected_out < soft {
                 match decode_request(c.frame_bytes(), max_key_bytes) {
+                    // Protocol 1.2 is not served yet: its op is unknown.
+                    Decoded::Frame {
+                        frame: Request::AcquireWithLimit { .. },
+                        ..
+                    } => {
+                        bad = Some(Malformed::UnknownOp(crate::proto::OP_ACQUIRE_WITH_LIMIT));
+                        break;
+                    }
                     Decoded::Frame { frame, used } => {
                         if !matches!(frame, Request::Acquire { .. }) {
                             let Some(left) = room else {
@@ -1259,6 +1267,7 @@ impl<S: Service> Server<S> {
                             Request::Acquire { .. } => 0,
                             Request::Release { .. } => 1,
                             Request::Extend { .. } => 2,
+                            Request::AcquireWithLimit { .. } => 0,
                         }] += 1;
                         let wrong_before = self.out.wrong_token_count();
                         let guess = frame.guessed_token();

@@ -708,6 +708,7 @@ fn owned(r: Reply<'_>) -> Reply<'static> {
         Reply::NotReleased { token, .. } => Reply::NotReleased { token, key },
         Reply::Extended { token, .. } => Reply::Extended { token, key },
         Reply::NotExtended { token, .. } => Reply::NotExtended { token, key },
+        Reply::LimitMismatch { owner, limit, .. } => Reply::LimitMismatch { owner, limit, key },
     }
 }
 

@@ -133,9 +133,25 @@ fn check_verdict(
                     // The lease byte: third in an Acquire, second in an Extend.
                     let zero_at = |at: usize| data.len() > at && data[at] == 0;
                     assert!(
-                        (data.first() == Some(&b'A') && zero_at(2))
+                        (matches!(data.first(), Some(&b'A' | &b'P')) && zero_at(2))
                             || (data.first() == Some(&b'E') && zero_at(1)),
                         "{what}: zero lease without one"
+                    );
+                }
+                Malformed::ZeroLimit => {
+                    // The limit: bytes 11 and 12 of an Acquire With Limit.
+                    assert!(
+                        data.first() == Some(&b'P') && data.get(11..13) == Some(&[0, 0][..]),
+                        "{what}: zero limit without one"
+                    );
+                }
+                Malformed::UnknownMode(b) => {
+                    assert!(
+                        data.first() == Some(&b'P')
+                            && data.get(13) == Some(&b)
+                            && b != b'S'
+                            && b != b'X',
+                        "{what}: unknown mode without one"
                     );
                 }
                 Malformed::EmptyKey => {

@@ -437,6 +437,15 @@ pub enum Reply {
         /// Key.
         key: String,
     },
+    /// `L owner limit key` (protocol 1.2)
+    LimitMismatch {
+        /// Echoed owner.
+        owner: u64,
+        /// The limit the key is registered with.
+        limit: u16,
+        /// Key.
+        key: String,
+    },
 }
 
 impl Reply {
@@ -480,6 +489,11 @@ impl From<proto::Reply<'_>> for Reply {
             },
             proto::Reply::NotExtended { token, key } => Reply::NotExtended {
                 token,
+                key: key.into(),
+            },
+            proto::Reply::LimitMismatch { owner, limit, key } => Reply::LimitMismatch {
+                owner,
+                limit,
                 key: key.into(),
             },
         }

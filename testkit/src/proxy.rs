@@ -59,6 +59,21 @@ pub enum Req {
         /// Key.
         key: String,
     },
+    /// An acquire with a limit and a mode (protocol 1.2).
+    AcquireWithLimit {
+        /// Wait byte.
+        wait_s: u8,
+        /// Lease byte.
+        lease_s: u8,
+        /// Owner.
+        owner: u64,
+        /// The key's limit.
+        limit: u16,
+        /// Shared or exclusive.
+        mode: ticketd::proto::Mode,
+        /// Key.
+        key: String,
+    },
     /// A release.
     Release {
         /// Token.
@@ -81,7 +96,10 @@ impl Req {
     /// The key of the request.
     pub fn key(&self) -> &str {
         match self {
-            Req::Acquire { key, .. } | Req::Release { key, .. } | Req::Extend { key, .. } => key,
+            Req::Acquire { key, .. }
+            | Req::AcquireWithLimit { key, .. }
+            | Req::Release { key, .. }
+            | Req::Extend { key, .. } => key,
         }
     }
 }
@@ -285,6 +303,21 @@ fn to_req(r: Request<'_>) -> Req {
             wait_s,
             lease_s,
             owner,
+            key: key.to_owned(),
+        },
+        Request::AcquireWithLimit {
+            wait_s,
+            lease_s,
+            owner,
+            limit,
+            mode,
+            key,
+        } => Req::AcquireWithLimit {
+            wait_s,
+            lease_s,
+            owner,
+            limit,
+            mode,
             key: key.to_owned(),
         },
         Request::Release { token, key } => Req::Release {

@@ -43,7 +43,7 @@ fn held(server: &Ticketd, key: &str) -> bool {
 fn owners(seen: &[proxy::Seen]) -> Vec<u64> {
     seen.iter()
         .filter_map(|s| match s.req {
-            Req::Acquire { owner, .. } => Some(owner),
+            Req::Acquire { owner, .. } | Req::AcquireWithLimit { owner, .. } => Some(owner),
             Req::Release { .. } | Req::Extend { .. } => None,
         })
         .collect()
@@ -297,7 +297,7 @@ fn a_late_grant_is_released_at_once_not_at_the_end_of_its_lease() {
             .iter()
             .filter_map(|s| match s.req {
                 Req::Release { token, .. } => Some(token),
-                Req::Acquire { .. } | Req::Extend { .. } => None,
+                Req::Acquire { .. } | Req::AcquireWithLimit { .. } | Req::Extend { .. } => None,
             })
             .collect()
     };

@@ -505,6 +505,9 @@ fn owned(out: &mut Outbox) -> Vec<(ConnId, Rep)> {
                 Reply::NotReleased { token, key } => Rep::N(token, key.into()),
                 Reply::Extended { token, key } => Rep::E(token, key.into()),
                 Reply::NotExtended { token, key } => Rep::X(token, key.into()),
+                other @ Reply::LimitMismatch { .. } => {
+                    panic!("the model sends no 1.2 frame: {other:?}")
+                }
             };
             (x.conn, r)
         })

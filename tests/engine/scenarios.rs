@@ -81,6 +81,7 @@ fn drain(out: &mut Outbox) -> Vec<(ConnId, R)> {
                 Reply::NotReleased { token, key } => n(token, key),
                 Reply::Extended { token, key } => ext(token, key),
                 Reply::NotExtended { token, key } => not_ext(token, key),
+                other @ Reply::LimitMismatch { .. } => panic!("no 1.2 frame here: {other:?}"),
             };
             (x.conn, r)
         })

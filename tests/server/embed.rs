@@ -63,6 +63,7 @@ impl Client {
                     Reply::NotReleased { token, .. } => ('N', token),
                     Reply::Extended { token, .. } => ('E', token),
                     Reply::NotExtended { token, .. } => ('X', token),
+                    Reply::LimitMismatch { owner, .. } => ('L', owner),
                 };
                 self.buf.drain(..used);
                 return Some(r);

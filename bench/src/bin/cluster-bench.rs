@@ -262,6 +262,7 @@ impl Conn {
                     Reply::NotReleased { token, .. } => (b'N', token),
                     Reply::Extended { token, .. } => (b'E', token),
                     Reply::NotExtended { token, .. } => (b'X', token),
+                    Reply::LimitMismatch { limit, .. } => (b'L', u64::from(limit)),
                 };
                 self.buf.drain(..used);
                 return Some(r);

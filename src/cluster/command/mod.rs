@@ -174,6 +174,9 @@ impl Writer {
                 self.u8(lease_s);
                 self.key(key);
             }
+            Request::AcquireWithLimit { .. } => {
+                unreachable!("cluster mode refuses protocol 1.2 requests before proposing them")
+            }
             Request::Release { token, key } => {
                 self.u8(TAG_RELEASE);
                 self.rid(rid);

@@ -19,7 +19,9 @@ impl<D: Disk> Node<D> {
     pub(super) fn refuse(&mut self, conn: ConnId, req: Request<'_>, out: &mut Outbox) {
         self.stats.refused += 1;
         match req {
-            Request::Acquire { owner, key, .. } => out.push(conn, Reply::Busy { owner, key }, 0),
+            Request::Acquire { owner, key, .. } | Request::AcquireWithLimit { owner, key, .. } => {
+                out.push(conn, Reply::Busy { owner, key }, 0);
+            }
             Request::Release { token, key } => {
                 out.push(conn, Reply::NotReleased { token, key }, 0);
             }
@@ -67,7 +69,9 @@ impl<D: Disk> Node<D> {
         req: Request<'_>,
         out: &mut Outbox,
     ) {
-        if !self.may_propose() {
+        // Protocol 1.2 is served in single mode only: cluster mode answers
+        // an Acquire With Limit Busy, never proposing it (PROTOCOL §6).
+        if !self.may_propose() || matches!(req, Request::AcquireWithLimit { .. }) {
             self.refuse(conn, req, out);
             return;
         }

@@ -36,6 +36,9 @@ impl From<Request<'_>> for OwnedReq {
                 owner,
                 key: key.to_string(),
             },
+            Request::AcquireWithLimit { .. } => {
+                unreachable!("the simulation's clients speak protocol 1.1")
+            }
             Request::Release { token, key } => OwnedReq::Release {
                 token,
                 key: key.to_string(),
@@ -88,6 +91,11 @@ impl From<Reply<'_>> for OwnedReply {
                 op: b'B',
                 owner,
                 token: 0,
+            },
+            Reply::LimitMismatch { owner, limit, .. } => OwnedReply::Owner {
+                op: b'L',
+                owner,
+                token: u64::from(limit),
             },
             Reply::Released { token, key } => OwnedReply::Release {
                 released: true,

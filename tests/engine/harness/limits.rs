@@ -157,6 +157,7 @@ fn kinds(bytes: &[u8]) -> (String, Vec<u64>) {
             Reply::NotReleased { .. } => ('N', None),
             Reply::Extended { .. } => ('E', None),
             Reply::NotExtended { .. } => ('X', None),
+            Reply::LimitMismatch { .. } => ('L', None),
         };
         kinds.push(k);
         tokens.extend(token);
