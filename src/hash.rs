@@ -410,7 +410,6 @@ impl<K: Borrow<str>, V> StrMap<K, V> {
     }
 
     /// Keeps the entries for which `keep` returns true.
-    #[cfg(test)]
     pub fn retain(&mut self, mut keep: impl FnMut(&K, &mut V) -> bool) {
         self.table.retain(|(k, v)| keep(k, v));
     }

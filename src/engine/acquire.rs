@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::conns::WAITERS_CEILING;
 use super::tokens::try_take_token;
-use super::waiters::{Queue, Waiter, WAITER_ID_LIMIT};
+use super::waiters::{Queue, Waiter, SHARED_BIT, WAITER_ID_LIMIT};
 use super::{quota, Acquire, AcquireOutcome, ConnId, Engine, Grant, Kind, Outbox, Slot};
 use crate::hash::{KeyStr, StrEntry};
 use crate::proto::Reply;
@@ -19,7 +19,7 @@ use crate::time::Millis;
 /// compiler to inline what its hot path calls.
 #[cold]
 #[inline(never)]
-fn busy<T: Copy + Default>(
+pub(super) fn busy<T: Copy + Default>(
     out: &mut Outbox<T>,
     conn: ConnId,
     owner: u64,
@@ -35,20 +35,23 @@ fn busy<T: Copy + Default>(
 /// it once, up front. Passed by reference to steps that are inlined, so it
 /// costs no copy.
 #[derive(Clone, Copy)]
-struct Ask<'a, T> {
-    now: Millis,
-    conn: ConnId,
-    key: &'a str,
-    owner: u64,
-    wait_s: u8,
-    lease_s: u8,
-    tag: T,
+pub(super) struct Ask<'a, T> {
+    pub(super) now: Millis,
+    pub(super) conn: ConnId,
+    pub(super) key: &'a str,
+    pub(super) owner: u64,
+    pub(super) wait_s: u8,
+    pub(super) lease_s: u8,
+    pub(super) tag: T,
     /// When a grant made now ends ([`Engine::lease_end`]).
-    expires_at: Millis,
+    pub(super) expires_at: Millis,
     /// Who asks ([`Caller::holder`](super::Caller::holder)).
-    holder: u64,
+    pub(super) holder: u64,
     /// Bytes of the memory budget left before this acquire.
-    mem_room: u64,
+    pub(super) mem_room: u64,
+    /// A shared acquire of a key of limit 2 or more (PROTOCOL §6): its
+    /// waiter records the mode.
+    pub(super) shared: bool,
 }
 
 impl<T: Copy + Default> Ask<'_, T> {
@@ -122,6 +125,7 @@ impl<T: Copy + Default> Engine<T> {
             expires_at: self.lease_end(now, lease_s),
             holder: self.caller.holder,
             mem_room: self.mem_limit.saturating_sub(self.memory_bytes()),
+            shared: false,
         };
         let holder_expiry = match self.grant_or_find(&ask, out) {
             ControlFlow::Break(answered) => return answered,
@@ -146,7 +150,7 @@ impl<T: Copy + Default> Engine<T> {
         ask: &Ask<'_, T>,
         out: &mut Outbox<T>,
     ) -> ControlFlow<AcquireOutcome, Millis> {
-        let full = self.keys.len() >= self.limits.max_keys;
+        let full = self.no_room_for_mutex(ask.key);
         let in_grace = self.clocked && ask.now < self.grace_until;
         let key_cost = quota::key_cost(ask.key.len());
         let key_quota = self.limits.max_keys_per_holder;
@@ -208,6 +212,16 @@ impl<T: Copy + Default> Engine<T> {
         };
         let old = std::mem::replace(slot, ask.slot(token));
         ControlFlow::Break(self.taken_over(ask, old, token, out))
+    }
+
+    /// Whether `key` may not be registered as a mutex: `max_keys` is
+    /// reached (every permit of a key of limit 2 or more counts as a key),
+    /// or `key` has such a limit, which an Acquire (limit 1) is answered
+    /// Busy for (PROTOCOL §6.2).
+    #[inline(always)]
+    fn no_room_for_mutex(&self, key: &str) -> bool {
+        self.keys.len() + self.permit_grants >= self.limits.max_keys
+            || (!self.permits.is_empty() && self.permits.contains_key(key))
     }
 
     /// Counts a key just registered to a restart grace's unknown holder
@@ -292,7 +306,7 @@ impl<T: Copy + Default> Engine<T> {
     /// unless the waiter limits, the holder's waiter quota or the memory
     /// budget refuse it (Busy).
     #[inline]
-    fn enqueue(
+    pub(super) fn enqueue(
         &mut self,
         ask: &Ask<'_, T>,
         holder_expiry: Millis,
@@ -319,7 +333,10 @@ impl<T: Copy + Default> Engine<T> {
         let waiter = Waiter {
             owner: ask.owner,
             wait_deadline,
-            id_lease: id << 16 | u64::from(ask.wait_s) << 8 | u64::from(ask.lease_s),
+            id_lease: if ask.shared { SHARED_BIT } else { 0 }
+                | id << 16
+                | u64::from(ask.wait_s) << 8
+                | u64::from(ask.lease_s),
             conn: conn_idx,
             slot,
             tag: ask.tag,

@@ -55,7 +55,7 @@ impl<T: Copy + Default> Engine<T> {
         if !self.clocked {
             return;
         }
-        let holder_expiry = self.keys.get(key).map_or(Millis::NEVER, |s| s.expires_at);
+        let holder_expiry = self.first_grant_end(key);
         let due = if queue.timer_at == Millis::NEVER {
             queue
                 .waiters
@@ -104,6 +104,10 @@ impl<T: Copy + Default> Engine<T> {
         due.sort_unstable();
         for key in due.drain(..) {
             self.time_out_waiters(now, &key, false, out);
+            if !self.permits.is_empty() && self.permits.contains_key(&key) {
+                self.settle_permits(now, &key, out);
+                continue;
+            }
             let expired = self.keys.get(&key).is_some_and(|s| s.expires_at <= now);
             let waiting = self.queues.get(&key).is_some_and(|q| !q.waiters.is_empty());
             if expired && waiting {
@@ -134,7 +138,8 @@ impl<T: Copy + Default> Engine<T> {
         let sweep = if self.sweep.is_some() {
             Some(Millis::ZERO)
         } else {
-            (!self.keys.is_empty()).then_some(self.next_sweep.max(self.expiry_floor))
+            (!self.keys.is_empty() || !self.permits.is_empty())
+                .then_some(self.next_sweep.max(self.expiry_floor))
         };
         match (timer, sweep) {
             (Some(a), Some(b)) => Some(a.min(b)),

@@ -30,7 +30,12 @@ impl<T: Copy + Default> Engine<T> {
         // client's; a lease above `--max-lease` is refused as for acquire.
         let allowed = token != 0 && lease_s <= self.max_lease_s;
         let caller = self.caller;
-        let extended = match self.keys.get_mut(key) {
+        let slot = match self.keys.get_mut(key) {
+            Some(slot) => Some(slot),
+            None if !self.permits.is_empty() => self.permit_slot_mut(key, token),
+            None => None,
+        };
+        let extended = match slot {
             Some(slot)
                 if allowed
                     && slot.token == token

@@ -16,6 +16,7 @@ impl<T: Copy + Default> Engine<T> {
     /// waiters, the connection table, then the counts against a recount.
     pub fn check_invariants(&self) {
         self.check_keys();
+        self.check_permits();
         let by_conn = self.check_queues();
         self.check_conns(&by_conn);
         assert!(
@@ -23,6 +24,8 @@ impl<T: Copy + Default> Engine<T> {
             "over max_waiters"
         );
         assert!(self.keys.len() <= self.limits.max_keys, "over max_keys");
+        let grants: usize = self.permits.iter().map(|(_, s)| s.grants.len()).sum();
+        assert_eq!(grants, self.permit_grants, "permit grant count drifted");
         self.check_accounting();
     }
 
@@ -32,7 +35,16 @@ impl<T: Copy + Default> Engine<T> {
     fn check_keys(&self) {
         let mut granted = 0usize;
         let mut first_grant = None::<Millis>;
-        for (key, slot) in self.keys.iter() {
+        let permits = self
+            .permits
+            .iter()
+            .flat_map(|(key, set)| set.grants.iter().map(move |g| (key.as_str(), &g.slot)));
+        for (key, slot) in self
+            .keys
+            .iter()
+            .map(|(k, s)| (k.as_str(), s))
+            .chain(permits)
+        {
             if self.clocked && slot.token != 0 {
                 granted += 1;
                 first_grant = Some(first_grant.map_or(slot.granted_at, |g| g.min(slot.granted_at)));
@@ -68,6 +80,45 @@ impl<T: Copy + Default> Engine<T> {
         }
     }
 
+    /// Every key of limit 2 or more (PROTOCOL §6): not also a mutex, its
+    /// limit at least 2, no more grants than its limit, an exclusive grant
+    /// alone, tokens distinct, and something in it (a grant or a waiter).
+    fn check_permits(&self) {
+        for (key, set) in self.permits.iter() {
+            let key = key.as_str();
+            assert!(
+                !self.keys.contains_key(key),
+                "{key:?} is a mutex and has permits"
+            );
+            assert!(set.limit >= 2, "{key:?} has permits of limit {}", set.limit);
+            assert!(
+                set.grants.len() <= usize::from(set.limit),
+                "{key:?} has {} grants, limit {}",
+                set.grants.len(),
+                set.limit
+            );
+            assert!(
+                set.grants.len() == 1 || set.grants.iter().all(|g| !g.exclusive),
+                "{key:?} has an exclusive grant beside another"
+            );
+            let mut tokens: Vec<u64> = set.grants.iter().map(|g| g.slot.token).collect();
+            tokens.sort_unstable();
+            tokens.dedup();
+            assert_eq!(tokens.len(), set.grants.len(), "{key:?} has a token twice");
+            assert!(
+                !set.grants.is_empty() || self.queues.contains_key(key),
+                "{key:?} has neither grants nor waiters"
+            );
+            if let Some(head) = self.queues.get(key).and_then(|q| q.waiters.front()) {
+                // Whenever a place frees, the heads that fit are granted.
+                assert!(
+                    !set.fits(!head.shared()),
+                    "{key:?}: its head waiter fits but waits"
+                );
+            }
+        }
+    }
+
     /// Every queue: its key registered, not empty, within its limit, its
     /// one timer entry no later than anything due; then its waiters.
     /// Returns the waiters counted by connection index.
@@ -75,10 +126,11 @@ impl<T: Copy + Default> Engine<T> {
         let mut by_conn: HashMap<u32, u32> = HashMap::new();
         let mut seen_slots = HashSet::new();
         for (key, q) in self.queues.iter() {
-            let slot = self
-                .keys
-                .get(key)
-                .unwrap_or_else(|| panic!("{key:?} has a queue but is not registered"));
+            assert!(
+                self.keys.contains_key(key) || self.permits.contains_key(key),
+                "{key:?} has a queue but is not registered"
+            );
+            let first_end = self.first_grant_end(key);
             assert!(!q.waiters.is_empty(), "{key:?} has an empty queue");
             assert!(
                 q.waiters.len() <= self.limits.max_waiters_per_key,
@@ -97,7 +149,7 @@ impl<T: Copy + Default> Engine<T> {
                     .map(|w| w.wait_deadline)
                     .min()
                     .unwrap_or(Millis::NEVER)
-                    .min(slot.expires_at);
+                    .min(first_end);
                 assert!(
                     q.timer_at <= first_due,
                     "{key:?} timer at {} is later than {first_due}",
@@ -196,7 +248,16 @@ impl<T: Copy + Default> Engine<T> {
     fn check_accounting(&self) {
         let mut uses: HashMap<u64, HolderUse> = HashMap::new();
         let mut key_bytes = 0;
-        for (key, slot) in self.keys.iter() {
+        let permits = self
+            .permits
+            .iter()
+            .flat_map(|(key, set)| set.grants.iter().map(move |g| (key.as_str(), &g.slot)));
+        for (key, slot) in self
+            .keys
+            .iter()
+            .map(|(k, s)| (k.as_str(), s))
+            .chain(permits)
+        {
             key_bytes += quota::key_cost(key.len());
             if slot.holder != 0 {
                 uses.entry(slot.holder).or_default().keys += 1;

@@ -38,7 +38,10 @@ impl<T: Copy + Default> Engine<T> {
     /// lease can run past `now` (nothing is outstanding). O(keys).
     #[must_use]
     pub fn outstanding_until(&self, now: Millis) -> Option<Millis> {
-        let keys = self.keys.iter().map(|(_, s)| s.expires_at).max();
+        let permits = self.permits.iter().flat_map(|(_, set)| &set.grants);
+        let keys = (self.keys.iter().map(|(_, s)| s.expires_at))
+            .chain(permits.map(|g| g.slot.expires_at))
+            .max();
         let latest = keys.unwrap_or(Millis::ZERO).max(self.grace_until);
         (self.clocked && latest > now).then_some(latest)
     }

@@ -42,6 +42,19 @@
 //! N for releases. [`Engine::granted_until`] is the latest lease end of
 //! every grant, which the service keeps durable for the next restart.
 //!
+//! # Permits (protocol 1.2)
+//!
+//! [`Engine::acquire_with_limit`] registers a key with a limit of N
+//! places: a counting semaphore, or with shared and exclusive acquires a
+//! read/write lock (PROTOCOL §6). Such a key lives in a table of its own
+//! (module `permits`), each grant with its own token and lease; its
+//! waiters share the queues, the deadline index and the connection table
+//! with the mutexes, the mode in a bit of the waiter. The mutex paths pay
+//! for it only when they miss: a release, extend or expiry of a key that
+//! is not a mutex looks in the permit table while it is not empty. The
+//! server does not take `P` yet: the codec decodes it and the engine
+//! serves it, the services still close a connection that sends it.
+//!
 //! # The deadline index
 //!
 //! `BTreeMap<(deadline, seq), key>` holds exactly one entry per key that has
@@ -154,7 +167,9 @@
 //! `extend`, `waiters` (queues, wait timeouts, disconnects), `conns` (the
 //! connection table), `deadlines` (the deadline index and `tick`), `sweep`,
 //! `leases` (lease ends, the longest lease, the restart grace), `tokens`,
-//! `budget` (quotas and the memory budget as acquires meet them), `quota`
+//! `budget` (quotas and the memory budget as acquires meet them),
+//! `permits` (keys of a limit of 2 or more: semaphores and
+//! shared/exclusive locks, PROTOCOL §6), `quota`
 //! (the counts by holder and the cost estimates), `outbox` (replies and
 //! events), `view` (what the engine shows), `image` (the snapshot) and
 //! `invariants` (the checker for tests and fuzzing).
@@ -171,6 +186,7 @@ mod image;
 mod invariants;
 mod leases;
 mod outbox;
+mod permits;
 mod quota;
 mod release;
 mod sweep;
@@ -188,6 +204,8 @@ pub use view::{LockInfo, LockTable, Queued};
 
 use conns::ConnTable;
 use outbox::Kind;
+use permits::PermitSet;
+pub use permits::Places;
 use sweep::SweepPass;
 use waiters::Queue;
 
@@ -261,6 +279,9 @@ pub enum AcquireOutcome {
     Queued(WaiterId),
     /// Held and `wait = 0`: a `T` is in the outbox.
     Timeout,
+    /// The key is registered with another limit, the one given (PROTOCOL
+    /// §6.2): an `L` is in the outbox.
+    LimitMismatch(u16),
     /// A capacity limit: a `B` is in the outbox.
     Busy,
 }
@@ -340,6 +361,12 @@ pub struct Engine<T = ()> {
     /// Queues of the keys that have waiters. The key is shared with the
     /// deadline index, so scheduling a timer never allocates.
     queues: StrMap<Arc<str>, Queue<T>>,
+    /// Keys registered with a limit of 2 or more (PROTOCOL §6), each with
+    /// its grants; their waiters are in `queues` like a mutex's. A key is
+    /// in `keys` or here, never both.
+    permits: StrMap<KeyStr, PermitSet<T>>,
+    /// The grants held in `permits`, all keys together.
+    permit_grants: usize,
     timers: BTreeMap<(Millis, u64), Arc<str>>,
     timer_seq: u64,
     next_token: u64,
@@ -438,6 +465,8 @@ impl<T: Copy + Default> Engine<T> {
             clocked: true,
             keys: StrMap::with_key(hash_key),
             queues: StrMap::with_key(hash_key),
+            permits: StrMap::with_key(hash_key),
+            permit_grants: 0,
             timers: BTreeMap::new(),
             timer_seq: 0,
             next_token: first_token.max(1),
@@ -490,7 +519,9 @@ impl<T: Copy + Default> Engine<T> {
         self.caller = caller;
     }
 
-    /// Handles one decoded request: [`Engine::acquire`] or [`Engine::release`].
+    /// Handles one decoded request: [`Engine::acquire`],
+    /// [`Engine::acquire_with_limit`], [`Engine::release`] or
+    /// [`Engine::extend`].
     #[inline(always)]
     pub fn handle(&mut self, now: Millis, conn: ConnId, req: Request<'_>, out: &mut Outbox<T>) {
         match req {
@@ -512,8 +543,22 @@ impl<T: Copy + Default> Engine<T> {
                     out,
                 );
             }
-            Request::AcquireWithLimit { owner, key, .. } => {
-                out.push(conn, crate::proto::Reply::Busy { owner, key }, 0);
+            Request::AcquireWithLimit {
+                wait_s,
+                lease_s,
+                owner,
+                limit,
+                mode,
+                key,
+            } => {
+                let req = Acquire {
+                    key,
+                    owner,
+                    wait_s,
+                    lease_s,
+                };
+                let places = Places { limit, mode };
+                self.acquire_with_limit(now, conn, req, places, T::default(), out);
             }
             Request::Release { token, key } => {
                 self.release(now, conn, token, key, out);

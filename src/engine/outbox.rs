@@ -3,8 +3,8 @@
 
 use super::{ConnId, Grant};
 use crate::proto::{
-    encode_reply_parts, Reply, OP_ACQUIRE, OP_BUSY, OP_EXTEND, OP_NOT_EXTENDED, OP_NOT_RELEASED,
-    OP_RELEASE, OP_TIMEOUT,
+    encode_limit_mismatch, encode_reply_parts, Reply, OP_ACQUIRE, OP_BUSY, OP_EXTEND,
+    OP_LIMIT_MISMATCH, OP_NOT_EXTENDED, OP_NOT_RELEASED, OP_RELEASE, OP_TIMEOUT,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,6 +16,9 @@ pub(super) enum Kind {
     NotReleased,
     Extended,
     NotExtended,
+    /// An acquire with a limit other than its key's (PROTOCOL §6.2); the
+    /// message's `token` holds the key's limit.
+    LimitMismatch,
     /// A lease ran out (no reply: nobody is told). The key is
     /// `Outbox::expired_keys[frame_start..frame_end]`.
     Expired,
@@ -33,6 +36,7 @@ impl Kind {
             Kind::NotReleased => OP_NOT_RELEASED,
             Kind::Extended => OP_EXTEND,
             Kind::NotExtended => OP_NOT_EXTENDED,
+            Kind::LimitMismatch => OP_LIMIT_MISMATCH,
             Kind::Expired => 0,
         }
     }
@@ -41,6 +45,7 @@ impl Kind {
     fn header_len(self) -> usize {
         match self {
             Kind::Acquired(_) => 17,
+            Kind::LimitMismatch => 11,
             Kind::Expired => 0,
             _ => 9,
         }
@@ -57,7 +62,9 @@ impl Kind {
             Kind::NotReleased => 4,
             Kind::Extended => 5,
             Kind::NotExtended => 6,
-            Kind::Expired => return None,
+            // Not among the seven replies of protocol 1.1 that the reply
+            // counters of `GET /metrics` name.
+            Kind::LimitMismatch | Kind::Expired => return None,
         })
     }
 }
@@ -172,6 +179,19 @@ pub enum Event<'a, T> {
         key: &'a str,
         /// The token given.
         token: u64,
+    },
+    /// An acquire with a limit gave a limit other than the key's.
+    LimitMismatch {
+        /// The connection answered.
+        conn: ConnId,
+        /// The lock name.
+        key: &'a str,
+        /// The acquire's owner.
+        owner: u64,
+        /// The limit the key is registered with.
+        limit: u16,
+        /// The tag of the acquire.
+        tag: T,
     },
     /// The lease of grant `token` on `key` ran out (taken over, handed
     /// over, swept, or a committed `Expire`); no reply goes to its holder.
@@ -441,6 +461,13 @@ impl<T: Copy + Default> Outbox<T> {
                     lease_s: m.lease_s,
                 },
                 Kind::NotExtended => Event::NotExtended { conn, key, token },
+                Kind::LimitMismatch => Event::LimitMismatch {
+                    conn,
+                    key,
+                    owner,
+                    limit: limit_of(token),
+                    tag,
+                },
                 Kind::Expired => Event::Expired { key, token },
             }
         })
@@ -477,6 +504,11 @@ impl<T: Copy + Default> Outbox<T> {
                     },
                     Kind::Extended => Reply::Extended {
                         token: m.token,
+                        key,
+                    },
+                    Kind::LimitMismatch => Reply::LimitMismatch {
+                        owner: m.owner,
+                        limit: limit_of(m.token),
                         key,
                     },
                     Kind::NotExtended | Kind::Expired => Reply::NotExtended {
@@ -617,7 +649,9 @@ impl<T: Copy + Default> Outbox<T> {
             Reply::NotReleased { token, key } => (Kind::NotReleased, token, 0, key),
             Reply::Extended { token, key } => (Kind::Extended, token, 0, key),
             Reply::NotExtended { token, key } => (Kind::NotExtended, token, 0, key),
-            Reply::LimitMismatch { .. } => unreachable!("pushed by push_limit_mismatch"),
+            Reply::LimitMismatch { owner, limit, key } => {
+                return self.push_limit_mismatch(conn, owner, limit, key, tag);
+            }
         };
         self.push_reply(conn, kind, token, owner, key, lease_s, tag);
     }
@@ -685,6 +719,30 @@ impl<T: Copy + Default> Outbox<T> {
         });
     }
 
+    /// Appends a LimitMismatch: out of line, since its frame is laid out
+    /// unlike the others (the limit is a `u16`). The message keeps the
+    /// limit in its `token`.
+    #[cold]
+    #[inline(never)]
+    fn push_limit_mismatch(&mut self, conn: ConnId, owner: u64, limit: u16, key: &str, tag: T) {
+        if conn == self.direct.conn {
+            encode_limit_mismatch(owner, limit, key, &mut self.direct.buf);
+            return;
+        }
+        let frame_start = self.frames.len();
+        encode_limit_mismatch(owner, limit, key, &mut self.frames);
+        self.msgs.push(OutMsg {
+            conn,
+            kind: Kind::LimitMismatch,
+            lease_s: 0,
+            token: u64::from(limit),
+            owner,
+            frame_start,
+            frame_end: self.frames.len(),
+            tag,
+        });
+    }
+
     /// Records that the lease of grant `token` on `key` ran out.
     pub(super) fn push_expired(&mut self, key: &str, token: u64) {
         let frame_start = self.expired_keys.len();
@@ -711,4 +769,9 @@ impl<T: Copy + Default> Outbox<T> {
 #[inline(always)]
 pub(super) fn is_guess(kind: Kind, token: u64) -> bool {
     matches!(kind, Kind::NotReleased | Kind::NotExtended) && token != 0
+}
+
+/// The limit a [`Kind::LimitMismatch`] message keeps in its `token`.
+fn limit_of(token: u64) -> u16 {
+    u16::try_from(token).unwrap_or(u16::MAX)
 }

@@ -50,7 +50,16 @@ impl<T: Copy + Default> Engine<T> {
                 self.hand_over_or_delete(now, key, out);
                 true
             }
-            _ => {
+            Some(_) => {
+                out.push(conn, Reply::NotReleased { token, key }, 0);
+                false
+            }
+            None => {
+                if !self.permits.is_empty() {
+                    if let Some(done) = self.release_permit(now, conn, token, key, out) {
+                        return done;
+                    }
+                }
                 out.push(conn, Reply::NotReleased { token, key }, 0);
                 false
             }
@@ -73,7 +82,8 @@ impl<T: Copy + Default> Engine<T> {
                 self.hand_over_or_delete(now, key, out);
                 true
             }
-            _ => false,
+            Some(_) => false,
+            None => !self.permits.is_empty() && self.expire_permit(now, key, token, out),
         }
     }
 

@@ -83,6 +83,9 @@ impl<T: Copy + Default> Engine<T> {
             return;
         }
         self.sweep = None;
+        if !self.permits.is_empty() {
+            pass.floor = pass.floor.min(self.sweep_permits(now, out));
+        }
         self.expiry_floor = if pass.inserted {
             pass.floor.min(self.expiry_floor)
         } else {

@@ -9,19 +9,23 @@ use super::{ConnId, Engine, Grant, Outbox, WaiterId};
 use crate::proto::Reply;
 use crate::time::Millis;
 
-/// Waiter ids fit in 48 bits; the low 16 bits of `Waiter::id_lease` hold the
-/// wait and the lease, so a waiter is 32 bytes. 2^48 ids last nine years at
-/// a million queued acquires a second; past that the counter wraps to 1 (a
-/// waiter lives at most 255 s in single mode, so a wrapped id never meets a
-/// live one there).
-pub(super) const WAITER_ID_LIMIT: u64 = 1 << 48;
+/// Waiter ids fit in 47 bits; the low 16 bits of `Waiter::id_lease` hold the
+/// wait and the lease and its top bit the mode ([`SHARED_BIT`]), so a
+/// waiter is 32 bytes. 2^47 ids last four years at a million queued
+/// acquires a second; past that the counter wraps to 1 (a waiter lives at
+/// most 255 s in single mode, so a wrapped id never meets a live one
+/// there).
+pub(super) const WAITER_ID_LIMIT: u64 = 1 << 47;
+
+/// The bit of `Waiter::id_lease` set for a shared acquire (PROTOCOL §6).
+pub(super) const SHARED_BIT: u64 = 1 << 63;
 
 /// One queued acquire: 32 bytes.
 #[derive(Debug)]
 pub(super) struct Waiter<T = ()> {
     pub(super) owner: u64,
     pub(super) wait_deadline: Millis,
-    /// `id << 16 | wait_s << 8 | lease_s`.
+    /// `shared << 63 | id << 16 | wait_s << 8 | lease_s`.
     pub(super) id_lease: u64,
     /// Index of its connection in
     /// [`ConnTable::conns`](super::conns::ConnTable::conns).
@@ -34,7 +38,13 @@ pub(super) struct Waiter<T = ()> {
 
 impl<T> Waiter<T> {
     pub(super) fn id(&self) -> WaiterId {
-        self.id_lease >> 16
+        (self.id_lease & !SHARED_BIT) >> 16
+    }
+
+    /// Whether it asked for a shared place (PROTOCOL §6; a mutex's
+    /// waiters are exclusive).
+    pub(super) fn shared(&self) -> bool {
+        self.id_lease & SHARED_BIT != 0
     }
 
     /// When it was queued (clocked mode): its wait deadline less its wait.
@@ -77,7 +87,6 @@ impl<T: Copy + Default> Engine<T> {
         waiter: WaiterId,
         out: &mut Outbox<T>,
     ) -> bool {
-        let _ = now;
         let Some(queue) = self.queues.get_mut(key) else {
             return false;
         };
@@ -100,6 +109,10 @@ impl<T: Copy + Default> Engine<T> {
         if emptied {
             self.drop_queue(key);
         }
+        if !self.permits.is_empty() && self.permits.contains_key(key) {
+            // The head may have been what kept the next from a place.
+            self.settle_permits(now, key, out);
+        }
         true
     }
 
@@ -109,7 +122,6 @@ impl<T: Copy + Default> Engine<T> {
     /// O(1) when `conn` has no waiters; otherwise it visits only the queues
     /// `conn` is in: O(its waiters + the length of those queues).
     pub fn disconnect(&mut self, now: Millis, conn: ConnId, out: &mut Outbox<T>) {
-        let _ = (now, out);
         let Some(idx) = self.conn_table.index.remove(&conn) else {
             return;
         };
@@ -131,6 +143,7 @@ impl<T: Copy + Default> Engine<T> {
             _ => false,
         });
         let mut removed = 0usize;
+        let mut settle = Vec::new();
         for entry in keys.drain(..) {
             let ConnSlot::Queued(key) = entry else {
                 continue;
@@ -146,11 +159,21 @@ impl<T: Copy + Default> Engine<T> {
             if q.waiters.is_empty() {
                 self.drop_queue(&key);
             }
+            if !self.permits.is_empty() && self.permits.contains_key(&key) {
+                settle.push(key);
+            }
         }
         debug_assert_eq!(removed, count as usize, "per-connection count drifted");
         self.waiters_total -= removed;
         self.holders.remove_waiters(holder, removed);
         self.conn_table.recycle(keys);
+        // A waiter gone from the head of a permit key's queue may have
+        // kept the next from a place. In key order, so that the tokens
+        // issued depend only on the lock state (replicated engines agree).
+        settle.sort_unstable();
+        for key in settle {
+            self.settle_permits(now, &key, out);
+        }
     }
 
     /// Forgets a waiter taken out of its queue; returns its connection.

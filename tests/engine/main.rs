@@ -12,6 +12,8 @@ mod fuzz_regressions;
 #[cfg(feature = "harness")]
 mod harness;
 mod model;
+mod permits;
+mod permits_model;
 mod rows;
 mod scenarios;
 mod sim_single;

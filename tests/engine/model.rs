@@ -597,6 +597,7 @@ fn run(ops: &[Op], replicated: bool) {
                     AcquireOutcome::Queued(id) => Outcome::Queued(id),
                     AcquireOutcome::Timeout => Outcome::Timeout,
                     AcquireOutcome::Busy => Outcome::Busy,
+                    AcquireOutcome::LimitMismatch(n) => panic!("a mutex acquire met limit {n}"),
                 };
                 let want = m.acquire(conn, KEYS[key], owner, wait_s, lease_s, &mut expect);
                 assert_eq!(got, want, "outcome of {op:?}");

@@ -386,7 +386,11 @@ impl StateMachine {
                     (tag, AnswerKind::Acquired(token), key)
                 }
                 Event::TimedOut { key, tag, .. } => (tag, AnswerKind::Timeout, key),
-                Event::Busy { key, tag, .. } => (tag, AnswerKind::Busy, key),
+                // Cluster mode refuses protocol 1.2 acquires before they
+                // are proposed, so no command meets a limit; Busy if one did.
+                Event::Busy { key, tag, .. } | Event::LimitMismatch { key, tag, .. } => {
+                    (tag, AnswerKind::Busy, key)
+                }
                 Event::Released { key, token, .. } => (
                     Self::answer_tag(rid, conn),
                     AnswerKind::Released(token),
