@@ -48,6 +48,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Acquire::Timeout => println!("someone else held it for the whole wait"),
         Acquire::Busy => println!("the server is at a capacity limit"),
+        // Only an acquire with places (a semaphore, a read/write lock).
+        Acquire::LimitMismatch(n) => println!("the key is registered with a limit of {n}"),
         // Unknown: must not enter. A grant that may exist ends with its lease.
         Acquire::Indeterminate => println!("outcome unknown: not entering"),
     }

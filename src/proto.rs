@@ -128,6 +128,46 @@ impl fmt::Display for Mode {
     }
 }
 
+/// What an Acquire With Limit asks for beyond an Acquire (PROTOCOL §6.1):
+/// one of the key's `limit` places, in `mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Places {
+    /// How many grants the key admits at once, 1 to 65,535: 1 is a mutex.
+    pub limit: u16,
+    /// Shared (one place) or exclusive (the whole key).
+    pub mode: Mode,
+}
+
+impl Places {
+    /// The limit of a read/write lock: as many shared holders as the
+    /// protocol counts (PROTOCOL §6.3).
+    pub const READ_WRITE_LIMIT: u16 = u16::MAX;
+
+    /// One permit of a counting semaphore of `limit` places (shared mode).
+    #[must_use]
+    pub fn semaphore(limit: u16) -> Places {
+        Places {
+            limit,
+            mode: Mode::Shared,
+        }
+    }
+
+    /// A reader's place in a read/write lock.
+    #[must_use]
+    pub fn shared() -> Places {
+        Places::semaphore(Places::READ_WRITE_LIMIT)
+    }
+
+    /// A writer's hold of a read/write lock: the whole key.
+    #[must_use]
+    pub fn exclusive() -> Places {
+        Places {
+            limit: Places::READ_WRITE_LIMIT,
+            mode: Mode::Exclusive,
+        }
+    }
+}
+
 impl Request<'_> {
     /// The key the request names.
     #[must_use]

@@ -36,6 +36,9 @@ pub enum Error {
         /// The lease asked for.
         lease: Duration,
     },
+    /// A limit of zero places (protocol 1.2): a key admits 1 to 65,535
+    /// holders.
+    ZeroLimit,
     /// The client was built without any server address.
     NoAddress,
     /// A server address could not be resolved.
@@ -73,6 +76,7 @@ impl fmt::Display for Error {
             Error::LeaseNotWholeSeconds { lease } => {
                 write!(f, "a lease of {lease:?} is not a whole number of seconds")
             }
+            Error::ZeroLimit => f.write_str("a limit of 0 places is not allowed"),
             Error::NoAddress => f.write_str("no server address was given"),
             Error::Resolve { addr, reason } => {
                 write!(f, "cannot resolve server address {addr:?}: {reason}")

@@ -59,7 +59,7 @@ use super::deadline;
 pub use super::deadline::Moment;
 use super::owner::mix;
 use super::{Error, Release};
-use crate::proto::{self, Decoded, Reply, Request};
+use crate::proto::{self, Decoded, Places, Reply, Request};
 use crate::readbuf::ReadBuf;
 use crate::time::Millis;
 use call::Call;
@@ -106,6 +106,10 @@ pub enum AcquireOutcome<T = Millis> {
     Timeout,
     /// Definitely not acquired and not queued: a server capacity limit.
     Busy,
+    /// Definitely not acquired and not queued (protocol 1.2): the key is
+    /// registered with another limit, this one. Only an acquire with
+    /// places comes to it; the caller decides what to do.
+    LimitMismatch(u16),
     /// Unknown. Do not enter the critical section; a grant that may exist is
     /// taken back by its lease at the latest.
     Indeterminate,
@@ -219,8 +223,26 @@ impl<T: Moment> Machine<T> {
         wait: Duration,
         lease: Duration,
     ) -> Result<CallId, Error> {
+        self.acquire_with(now, key, None, wait, lease)
+    }
+
+    /// [`Machine::acquire`] of one of `places.limit` places of `key` in
+    /// `places.mode` (protocol 1.2, PROTOCOL §6), sent as an Acquire With
+    /// Limit; `None` is [`Machine::acquire`]. Besides the outcomes of an
+    /// acquire it may come to [`AcquireOutcome::LimitMismatch`].
+    ///
+    /// # Errors
+    /// A bad key or lease, or a limit of 0; nothing is queued.
+    pub fn acquire_with(
+        &mut self,
+        now: T,
+        key: &str,
+        places: Option<Places>,
+        wait: Duration,
+        lease: Duration,
+    ) -> Result<CallId, Error> {
         let max = self.max_key_bytes;
-        let call = Unsent::acquire(now, key, wait, lease, max, || self.next_owner())?;
+        let call = Unsent::acquire(now, key, (wait, lease), places, max, || self.next_owner())?;
         Ok(self.adopt(call))
     }
 
@@ -304,13 +326,27 @@ impl<T: Moment> Machine<T> {
             };
             let key = &call.req.key;
             let req = match call.req.kind {
-                Kind::Acquire { owner, lease_s } => {
+                Kind::Acquire {
+                    owner,
+                    lease_s,
+                    places,
+                } => {
                     self.by_owner.insert(owner, call.id);
-                    Request::Acquire {
-                        wait_s,
-                        lease_s,
-                        owner,
-                        key,
+                    match places {
+                        None => Request::Acquire {
+                            wait_s,
+                            lease_s,
+                            owner,
+                            key,
+                        },
+                        Some(Places { limit, mode }) => Request::AcquireWithLimit {
+                            wait_s,
+                            lease_s,
+                            owner,
+                            limit,
+                            mode,
+                            key,
+                        },
                     }
                 }
                 Kind::Release { token } => {
@@ -398,7 +434,8 @@ impl<T: Moment> Machine<T> {
         match *reply {
             Reply::Acquired { owner, key, .. }
             | Reply::Timeout { owner, key }
-            | Reply::Busy { owner, key } => {
+            | Reply::Busy { owner, key }
+            | Reply::LimitMismatch { owner, key, .. } => {
                 let Some(id) = self.by_owner.remove(&owner) else {
                     // Nothing of ours. A grant nobody waits for (a correct
                     // server never sends one) is given back at once.
@@ -410,15 +447,15 @@ impl<T: Moment> Machine<T> {
                 let Some(call) = self.sent.remove(&id) else {
                     return true;
                 };
-                if call.req.key != key {
+                // An `L` answers only an Acquire With Limit.
+                let mutex = matches!(call.req.kind, Kind::Acquire { places: None, .. });
+                let stray = matches!(reply, Reply::LimitMismatch { .. }) && mutex;
+                if call.req.key != key || stray {
                     self.decide(call.id, &call.req, call.req.lost(), false);
                     return false;
                 }
                 self.acquire_answered(now, call, reply);
             }
-            // Protocol 1.2's answer to an Acquire With Limit, which this
-            // client does not send: no call of ours can be waiting for it.
-            Reply::LimitMismatch { .. } => return false,
             Reply::Released { token, key } | Reply::NotReleased { token, key } => {
                 if let Some(call) = self.take_by_token(token, key, false) {
                     let r = if matches!(reply, Reply::Released { .. }) {
@@ -453,6 +490,7 @@ impl<T: Moment> Machine<T> {
                 AcquireOutcome::Acquired(call.req.take_held(token, written))
             }
             Reply::Busy { .. } => AcquireOutcome::Busy,
+            Reply::LimitMismatch { limit, .. } => AcquireOutcome::LimitMismatch(limit),
             _ => AcquireOutcome::Timeout,
         };
         self.decide(call.id, &call.req, Outcome::Acquire(outcome), false);

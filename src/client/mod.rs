@@ -88,6 +88,8 @@ pub use extend::{Extend, ExtendToken, KeptTicket};
 pub use failure::{Failure, FailureKind};
 pub use ticket::Ticket;
 
+pub use crate::proto::{Mode, Places};
+
 use machine::{AcquireOutcome, Decided, Outcome, Unsent};
 use pool::Pool;
 use session::{lock, Session, Waited};
@@ -144,6 +146,10 @@ pub enum Acquire {
     /// back, so the server refuses it): asking again with the same lease
     /// gets Busy again.
     Busy,
+    /// Definitely not acquired and not queued (protocol 1.2): the key is
+    /// registered with another limit, this one (an acquire with places
+    /// only; the caller decides, the client never retries with it).
+    LimitMismatch(u16),
     /// Unknown. Do not enter the critical section; a grant that may exist is
     /// released by the client if it arrives late, and by its lease anyway.
     Indeterminate,
@@ -517,8 +523,65 @@ impl Client {
     /// 1..=255). Returns within `wait` + 1 s (or 5 s for `wait = 0`); `Err`
     /// only for bad arguments, before anything is sent.
     pub fn acquire(&self, key: &str, wait: Duration, lease: Duration) -> Result<Acquire, Error> {
+        self.acquire_with(key, None, wait, lease)
+    }
+
+    /// One permit of `key` as a counting semaphore of `limit` places
+    /// (protocol 1.2, PROTOCOL §6): at most `limit` holders at once, each
+    /// with a ticket of its own. [`Acquire::LimitMismatch`] when the key
+    /// is registered with another limit. As [`Client::acquire`] otherwise.
+    pub fn acquire_permit(
+        &self,
+        key: &str,
+        limit: u16,
+        wait: Duration,
+        lease: Duration,
+    ) -> Result<Acquire, Error> {
+        self.acquire_with(key, Some(Places::semaphore(limit)), wait, lease)
+    }
+
+    /// A reader's place in the read/write lock `key` (protocol 1.2): held
+    /// beside other readers, never beside a writer, and not before a
+    /// writer that queued first. As [`Client::acquire`] otherwise.
+    pub fn acquire_shared(
+        &self,
+        key: &str,
+        wait: Duration,
+        lease: Duration,
+    ) -> Result<Acquire, Error> {
+        self.acquire_with(key, Some(Places::shared()), wait, lease)
+    }
+
+    /// A writer's hold of the read/write lock `key` (protocol 1.2): alone,
+    /// after every reader and writer that queued first. As
+    /// [`Client::acquire`] otherwise.
+    pub fn acquire_exclusive(
+        &self,
+        key: &str,
+        wait: Duration,
+        lease: Duration,
+    ) -> Result<Acquire, Error> {
+        self.acquire_with(key, Some(Places::exclusive()), wait, lease)
+    }
+
+    /// The general acquire: with `places`, one of `places.limit` places in
+    /// `places.mode`, sent as an Acquire With Limit (protocol 1.2); with
+    /// `None`, a mutex ([`Client::acquire`]). A server older than 1.2
+    /// closes the connection on an Acquire With Limit, so the outcome
+    /// there is Indeterminate.
+    ///
+    /// # Errors
+    /// A bad key or lease, or a limit of 0, before anything is sent.
+    pub fn acquire_with(
+        &self,
+        key: &str,
+        places: Option<Places>,
+        wait: Duration,
+        lease: Duration,
+    ) -> Result<Acquire, Error> {
         let max = self.inner.max_key_bytes;
-        let call = Unsent::acquire(Instant::now(), key, wait, lease, max, owner::next_owner)?;
+        let now = Instant::now();
+        let call = Unsent::acquire(now, key, (wait, lease), places, max, owner::next_owner)?;
         let Some((session, decided)) = self.run(call, false) else {
             return Ok(Acquire::Timeout);
         };
@@ -534,6 +597,7 @@ impl Client {
             )),
             Ok(Outcome::Acquire(AcquireOutcome::Timeout)) => Acquire::Timeout,
             Ok(Outcome::Acquire(AcquireOutcome::Busy)) => Acquire::Busy,
+            Ok(Outcome::Acquire(AcquireOutcome::LimitMismatch(n))) => Acquire::LimitMismatch(n),
             Err(late) => {
                 if !session.give_back(&late) {
                     self.release_in_background(late.key, late.token);

@@ -202,10 +202,10 @@ pub use quota::{HolderUse, QuotaRefusals};
 pub use sweep::{SWEEP_STEP_BUCKETS, SWEEP_STEP_DELETES};
 pub use view::{LockInfo, LockTable, Queued};
 
+pub use crate::proto::Places;
 use conns::ConnTable;
 use outbox::Kind;
 use permits::PermitSet;
-pub use permits::Places;
 use sweep::SweepPass;
 use waiters::Queue;
 

@@ -23,7 +23,7 @@ use super::acquire::{busy, Ask};
 use super::tokens::try_take_token;
 use super::{quota, Acquire, AcquireOutcome, ConnId, Engine, Grant, Kind, Outbox, Slot};
 use crate::hash::KeyStr;
-use crate::proto::{Mode, Reply};
+use crate::proto::{Mode, Places, Reply};
 use crate::time::Millis;
 
 /// The grants of a key registered with a limit of 2 or more.
@@ -84,16 +84,6 @@ fn limit_mismatch<T: Copy + Default>(
         tag,
     );
     AcquireOutcome::LimitMismatch(limit)
-}
-
-/// What an acquire with a limit asks for beyond an [`Acquire`]
-/// (PROTOCOL §6.1): one of the key's `limit` places, in `mode`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Places {
-    /// How many grants the key admits at once: 1 is a mutex.
-    pub limit: u16,
-    /// Shared (one place) or exclusive (the whole key).
-    pub mode: Mode,
 }
 
 impl<T: Copy + Default> Engine<T> {

@@ -570,7 +570,9 @@ fn worker(
         let outcome = match &r {
             Acquire::Acquired(t) => Outcome::Granted { token: t.token() },
             Acquire::Timeout => Outcome::Timeout,
-            Acquire::Busy => Outcome::Busy,
+            // Both refuse for good, neither queued (a mutex acquire never
+            // meets a limit).
+            Acquire::Busy | Acquire::LimitMismatch(_) => Outcome::Busy,
             Acquire::Indeterminate => Outcome::Indeterminate,
         };
         h.acquired(op, outcome, done_us);
@@ -639,7 +641,7 @@ pub fn acquire_recorded(
     let outcome = match &r {
         Acquire::Acquired(t) => Outcome::Granted { token: t.token() },
         Acquire::Timeout => Outcome::Timeout,
-        Acquire::Busy => Outcome::Busy,
+        Acquire::Busy | Acquire::LimitMismatch(_) => Outcome::Busy,
         Acquire::Indeterminate => Outcome::Indeterminate,
     };
     h.acquired(op, outcome, at_us);

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use ticketd::client::{Mode, Places};
+
 use ticketd::client::DEFAULT_ADDRESS;
 
 use crate::Exit;
@@ -15,7 +17,49 @@ pub(crate) struct AcquireOpts {
     pub(crate) key: String,
     pub(crate) wait: Duration,
     pub(crate) lease: Duration,
+    /// `--permits N`, `--shared`, `--exclusive` (protocol 1.2); `None`:
+    /// a mutex.
+    pub(crate) places: Option<Places>,
     pub(crate) servers: Servers,
+}
+
+/// `--permits N`: a number of places in 1..=65535.
+pub(crate) fn parse_permits(s: &str) -> Result<u16, String> {
+    match s.parse::<u16>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!(
+            "--permits {s:?} must be a whole number in 1..=65535"
+        )),
+    }
+}
+
+/// What `--permits N`, `--shared` and `--exclusive` ask for: a permit of
+/// a semaphore of N (shared, or the whole key with `--exclusive`), a
+/// reader's or a writer's hold of a read/write lock, or (none given) a
+/// mutex.
+fn parse_places(args: &mut pico_args::Arguments) -> Result<Option<Places>, Exit> {
+    let permits = args
+        .opt_value_from_fn("--permits", parse_permits)
+        .map_err(|e| Exit::usage(e.to_string()))?;
+    let shared = args.contains("--shared");
+    let exclusive = args.contains("--exclusive");
+    let mode = match (shared, exclusive) {
+        (true, true) => return Err(Exit::usage("--shared and --exclusive exclude each other")),
+        (true, false) => Some(Mode::Shared),
+        (false, true) => Some(Mode::Exclusive),
+        (false, false) => None,
+    };
+    Ok(match (permits, mode) {
+        (None, None) => None,
+        (Some(limit), mode) => Some(Places {
+            limit,
+            mode: mode.unwrap_or(Mode::Shared),
+        }),
+        (None, Some(mode)) => Some(Places {
+            limit: Places::READ_WRITE_LIMIT,
+            mode,
+        }),
+    })
 }
 
 pub(crate) fn parse_wait(s: &str) -> Result<Duration, String> {
@@ -139,12 +183,14 @@ pub(crate) fn parse_acquire_opts(args: &mut pico_args::Arguments) -> Result<Acqu
         .opt_value_from_fn("--lease", parse_lease)
         .map_err(|e| Exit::usage(e.to_string()))?
         .unwrap_or(Duration::from_secs(u64::from(DEFAULT_LEASE_S)));
+    let places = parse_places(args)?;
     let servers = servers(args)?;
     let key = free_string(args, "KEY")?;
     Ok(AcquireOpts {
         key,
         wait,
         lease,
+        places,
         servers,
     })
 }
@@ -152,6 +198,30 @@ pub(crate) fn parse_acquire_opts(args: &mut pico_args::Arguments) -> Result<Acqu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn places(args: &[&str]) -> Result<Option<Places>, String> {
+        let args = args.iter().map(std::ffi::OsString::from).collect();
+        let mut args = pico_args::Arguments::from_vec(args);
+        parse_places(&mut args).map_err(|e| e.message)
+    }
+
+    #[test]
+    fn permits_shared_and_exclusive_name_the_places() {
+        assert_eq!(places(&[]), Ok(None));
+        assert_eq!(places(&["--permits", "8"]), Ok(Some(Places::semaphore(8))));
+        assert_eq!(places(&["--shared"]), Ok(Some(Places::shared())));
+        assert_eq!(places(&["--exclusive"]), Ok(Some(Places::exclusive())));
+        let whole = Places {
+            limit: 3,
+            mode: Mode::Exclusive,
+        };
+        assert_eq!(places(&["--permits", "3", "--exclusive"]), Ok(Some(whole)));
+        assert!(places(&["--shared", "--exclusive"]).is_err());
+        for bad in ["0", "65536", "-1", "two"] {
+            let e = places(&["--permits", bad]).unwrap_err();
+            assert!(e.contains("1..=65535"), "{e}");
+        }
+    }
 
     #[test]
     fn waits_accept_fractions_and_clamp_leases_do_not() {

@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::time::Duration;
 
-use ticketd::client::{Acquire, Client, ExtendToken, FailureKind, Release, Ticket};
+use ticketd::client::{Acquire, Client, ExtendToken, FailureKind, Places, Release, Ticket};
 
 use crate::args::{
     finish, free_string, parse_acquire_opts, parse_lease, servers, AcquireOpts, Servers,
@@ -17,12 +17,22 @@ pub(crate) const HELP_ACQUIRE: &str = "\
 ticket acquire: take a lock and print its fencing token
 
 USAGE:
-    ticket acquire KEY [--wait S] [--lease S] [--server ADDR]...
+    ticket acquire KEY [--wait S] [--lease S] [--permits N] [--shared | --exclusive]
+                   [--server ADDR]...
 
 OPTIONS:
     --wait S        seconds to wait in the queue if the key is held
                     (default 10, fractions allowed, 0 = one attempt, max 255)
     --lease S       whole seconds the grant lives (1..=255, default 30)
+    --permits N     one of N places of KEY, a counting semaphore (1..=65535):
+                    at most N holders at once, each with its own token
+    --shared        a reader's place in the read/write lock KEY (beside other
+                    readers, never beside a writer); with --permits N, one
+                    place of the semaphore (the default)
+    --exclusive     a writer's hold of the read/write lock KEY, alone; with
+                    --permits N, the whole semaphore
+                    These three need a protocol 1.2 server; every holder
+                    of a key must give it the same limit
     --server ADDR   host:port of a server, or unix:/path; repeat for a cluster
                     (default 127.0.0.1:7470)
     --tls-ca FILE   speak TLS to TCP servers, trusting this CA (PEM); the
@@ -34,7 +44,8 @@ OPTIONS:
 
 On success prints the token on stdout and exits 0. The lock stays held
 after `ticket` exits, until `ticket release KEY TOKEN` or the lease ends.
-Exits 120 (timeout), 121 (busy) or 122 (indeterminate) otherwise.
+Exits 120 (timeout), 121 (busy, or the key has another limit) or 122
+(indeterminate) otherwise.
 ";
 
 pub(crate) const HELP_RELEASE: &str = "\
@@ -132,7 +143,7 @@ fn hint(kind: FailureKind) -> &'static str {
 /// Acquires, or ends the process with the status for why not.
 pub(crate) fn take(client: &Client, o: &AcquireOpts) -> Result<Ticket, Exit> {
     let outcome = client
-        .acquire(&o.key, o.wait, o.lease)
+        .acquire_with(&o.key, o.places, o.wait, o.lease)
         .map_err(|e| Exit::usage(e.to_string()))?;
     match outcome {
         Acquire::Acquired(t) => Ok(t),
@@ -149,6 +160,18 @@ pub(crate) fn take(client: &Client, o: &AcquireOpts) -> Result<Ticket, Exit> {
                 "busy: {:?} not acquired, the server is at a limit (a full queue, too many \
                  keys, or a lease longer than the server's --max-lease)",
                 o.key
+            ),
+        }),
+        Acquire::LimitMismatch(limit) => Err(Exit {
+            status: exit::BUSY,
+            message: format!(
+                "limit mismatch: {:?} not acquired, the key is registered with {}",
+                o.key,
+                match limit {
+                    1 => "a limit of 1 (a mutex)".to_owned(),
+                    Places::READ_WRITE_LIMIT => format!("a limit of {limit} (a read/write lock)"),
+                    n => format!("a limit of {n} (a semaphore)"),
+                }
             ),
         }),
         Acquire::Indeterminate => Err(Exit {

@@ -26,7 +26,7 @@ ticket run: run a command while holding a lock
 
 USAGE:
     ticket run KEY [--wait S] [--lease S] [--kill-grace S] [--no-renew | --max-hold S]
-               [--server ADDR]... -- CMD [ARGS...]
+               [--permits N] [--shared | --exclusive] [--server ADDR]... -- CMD [ARGS...]
 
 Acquires KEY, runs CMD with these variables in its environment, releases
 the lock when CMD exits and exits with CMD's status:
@@ -63,6 +63,8 @@ a cgroup contains it: run `ticket run` as a systemd service (docs/CLIENT.md).
 
 OPTIONS:
     --wait S, --lease S, --server ADDR   as for `ticket acquire`
+    --permits N, --shared, --exclusive   as for `ticket acquire`: run CMD
+                     while holding one of N places, or a read/write hold
     --kill-grace S   seconds between SIGTERM and SIGKILL (default 2, less
                      with renewal and a lease under 7 s)
     --no-renew       hold one lease only: CMD is stopped before it ends

@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::{AcquireOutcome, CallId, ExtendOutcome, Held, Outcome};
 use crate::client::deadline::{self, Moment, Plan, TRANSPORT_DEADLINE};
 use crate::client::{Error, Release};
+use crate::proto::Places;
 use crate::time::Millis;
 
 /// What a call asks the server.
@@ -19,6 +20,9 @@ pub(crate) enum Kind<T> {
         owner: u64,
         /// Lease byte, already checked.
         lease_s: u8,
+        /// Protocol 1.2: the places asked for (sent as `P`); `None`, a
+        /// mutex acquire sent as `A`.
+        places: Option<Places>,
     },
     /// A release of `token`.
     Release {
@@ -57,20 +61,25 @@ impl<T: Moment> Unsent<T> {
     /// An acquire of `key` started at `now`: the arguments checked, then a
     /// fresh owner from `owner` and one deadline `D = now + wait` (wait
     /// clamped to 255 s), or the 5 s transport deadline for `wait = 0`.
+    /// With `places` (protocol 1.2) it is sent as an Acquire With Limit.
     pub(crate) fn acquire(
         now: T,
         key: &str,
-        wait: Duration,
-        lease: Duration,
+        (wait, lease): (Duration, Duration),
+        places: Option<Places>,
         max_key_bytes: usize,
         owner: impl FnOnce() -> u64,
     ) -> Result<Unsent<T>, Error> {
         deadline::check_key(key, max_key_bytes)?;
         let lease_s = deadline::lease_s(lease)?;
+        if places.is_some_and(|p| p.limit == 0) {
+            return Err(Error::ZeroLimit);
+        }
         Ok(Unsent::new(
             Kind::Acquire {
                 owner: owner(),
                 lease_s,
+                places,
             },
             key,
             Plan::acquire(now, wait),

@@ -512,3 +512,87 @@ fn the_rules_run_on_the_monotonic_clock_too() {
     m.transmit(start + 4 * S, &mut out);
     assert_eq!(out, want, "the late grant given back");
 }
+
+/// The one Acquire With Limit in `bytes`: (owner, limit, mode).
+fn permit_sent(bytes: &[u8]) -> (u64, u16, proto::Mode) {
+    match proto::decode_request(bytes, 1024) {
+        Decoded::Frame {
+            frame: Request::AcquireWithLimit {
+                owner, limit, mode, ..
+            },
+            used,
+        } => {
+            assert_eq!(used, bytes.len(), "one frame");
+            (owner, limit, mode)
+        }
+        other => panic!("not one acquire with limit: {other:?}"),
+    }
+}
+
+#[test]
+fn an_acquire_with_places_is_sent_as_p_and_its_l_is_final() {
+    let mut m = Machine::new(1);
+    let id = m
+        .acquire_with(Millis(0), "pool", Some(Places::semaphore(8)), 5 * S, 30 * S)
+        .unwrap();
+    let (owner, limit, mode) = permit_sent(&sent(&mut m, Millis(0)));
+    assert_eq!((limit, mode), (8, proto::Mode::Shared));
+    let l = Reply::LimitMismatch {
+        owner,
+        limit: 4,
+        key: "pool",
+    };
+    m.receive(Millis(10), &reply(&l));
+    assert_eq!(
+        m.poll_outcome(),
+        Some((id, Outcome::Acquire(AcquireOutcome::LimitMismatch(4))))
+    );
+    assert!(!m.wants_close());
+    // A grant of a permit is a grant like any other.
+    let id = m
+        .acquire_with(Millis(20), "rw", Some(Places::exclusive()), 5 * S, 30 * S)
+        .unwrap();
+    let (owner, limit, mode) = permit_sent(&sent(&mut m, Millis(20)));
+    assert_eq!((limit, mode), (u16::MAX, proto::Mode::Exclusive));
+    let a = Reply::Acquired {
+        token: 77,
+        owner,
+        key: "rw",
+    };
+    m.receive(Millis(30), &reply(&a));
+    let Some((got, Outcome::Acquire(AcquireOutcome::Acquired(held)))) = m.poll_outcome() else {
+        panic!("not acquired");
+    };
+    assert_eq!((got, held.token), (id, 77));
+}
+
+#[test]
+fn an_l_for_a_mutex_acquire_closes_the_session_and_a_zero_limit_is_refused() {
+    let mut m = Machine::new(1);
+    let id = m.acquire(Millis(0), "db", 5 * S, 30 * S).unwrap();
+    let (_, _, owner) = acquire_sent(&sent(&mut m, Millis(0)));
+    let l = Reply::LimitMismatch {
+        owner,
+        limit: 3,
+        key: "db",
+    };
+    m.receive(Millis(10), &reply(&l));
+    assert!(
+        m.wants_close(),
+        "a server that answers A with L is not trusted"
+    );
+    assert_eq!(
+        m.poll_outcome(),
+        Some((id, Outcome::Acquire(AcquireOutcome::Indeterminate)))
+    );
+    let zero = Places {
+        limit: 0,
+        mode: proto::Mode::Shared,
+    };
+    let mut m = Machine::new(2);
+    assert_eq!(
+        m.acquire_with(Millis(0), "db", Some(zero), S, S),
+        Err(Error::ZeroLimit)
+    );
+    assert_eq!(m.pending(), 0);
+}
