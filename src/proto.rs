@@ -169,6 +169,17 @@ impl Places {
 }
 
 impl Request<'_> {
+    /// Whether it is an acquire (`A`, or `P` of protocol 1.2): a request
+    /// that names no token, so never a guess at one.
+    #[inline]
+    #[must_use]
+    pub fn is_acquire(&self) -> bool {
+        matches!(
+            self,
+            Request::Acquire { .. } | Request::AcquireWithLimit { .. }
+        )
+    }
+
     /// The key the request names.
     #[must_use]
     pub fn key(&self) -> &str {

@@ -1240,16 +1240,8 @@ impl<S: Service> Server<S> {
             let mut room = ident.guesses.room(now, turn);
             while budget > 0 && projected_out < soft {
                 match decode_request(c.frame_bytes(), max_key_bytes) {
-                    // Protocol 1.2 is not served yet: its op is unknown.
-                    Decoded::Frame {
-                        frame: Request::AcquireWithLimit { .. },
-                        ..
-                    } => {
-                        bad = Some(Malformed::UnknownOp(crate::proto::OP_ACQUIRE_WITH_LIMIT));
-                        break;
-                    }
                     Decoded::Frame { frame, used } => {
-                        if !matches!(frame, Request::Acquire { .. }) {
+                        if !frame.is_acquire() {
                             let Some(left) = room else {
                                 throttled = true;
                                 break;

@@ -15,6 +15,7 @@ mod data_dir;
 mod embed;
 mod examples;
 mod limits;
+mod permits;
 mod process;
 mod quotas;
 mod readme_flags;
