@@ -200,7 +200,7 @@ pub use image::{Image, ImageError, ImageReader, KeyImage, TagCodec, WaiterImage}
 pub use outbox::{Addressed, Event, Outbox};
 pub use quota::{HolderUse, QuotaRefusals};
 pub use sweep::{SWEEP_STEP_BUCKETS, SWEEP_STEP_DELETES};
-pub use view::{LockInfo, LockTable, Queued};
+pub use view::{LockInfo, LockTable, PermitInfo, PermitsInfo, Queued};
 
 pub use crate::proto::Places;
 use conns::ConnTable;
@@ -333,6 +333,13 @@ pub struct EngineStats {
     pub hold_ms: Histogram,
     /// Acquires refused for a holder's quota or the memory budget.
     pub quotas: QuotaRefusals,
+    /// Grants of keys of limit 2 or more (PROTOCOL §6) in shared mode
+    /// (also counted by path above).
+    pub permit_grants_shared: u64,
+    /// The same in exclusive mode.
+    pub permit_grants_exclusive: u64,
+    /// Acquires with a limit answered LimitMismatch.
+    pub limit_mismatches: u64,
 }
 
 impl Default for EngineStats {
@@ -345,6 +352,9 @@ impl Default for EngineStats {
             wait_ms: Histogram::new(WAIT_BOUNDS_MS),
             hold_ms: Histogram::new(HOLD_BOUNDS_MS),
             quotas: QuotaRefusals::default(),
+            permit_grants_shared: 0,
+            permit_grants_exclusive: 0,
+            limit_mismatches: 0,
         }
     }
 }

@@ -65,27 +65,6 @@ impl<T> PermitSet<T> {
     }
 }
 
-/// Answers an acquire LimitMismatch with the key's `limit`.
-#[cold]
-#[inline(never)]
-fn limit_mismatch<T: Copy + Default>(
-    out: &mut Outbox<T>,
-    conn: ConnId,
-    owner: u64,
-    limit: u16,
-    key: &str,
-    tag: T,
-) -> AcquireOutcome {
-    out.push_event(
-        conn,
-        Reply::LimitMismatch { owner, limit, key },
-        0,
-        Grant::Fresh,
-        tag,
-    );
-    AcquireOutcome::LimitMismatch(limit)
-}
-
 impl<T: Copy + Default> Engine<T> {
     /// PROTOCOL §6.2: an acquire of one of `places.limit` places of `key`,
     /// in `places.mode`. With limit 1 it is [`Engine::acquire_tagged`] (a mutex),
@@ -112,12 +91,12 @@ impl<T: Copy + Default> Engine<T> {
         } = req;
         if limit <= 1 {
             if let Some(set) = self.permits.get(key) {
-                return limit_mismatch(out, conn, owner, set.limit, key, tag);
+                return self.limit_mismatch(out, conn, owner, set.limit, key, tag);
             }
             return self.acquire_tagged(now, conn, req, tag, out);
         }
         if self.keys.contains_key(key) {
-            return limit_mismatch(out, conn, owner, 1, key, tag);
+            return self.limit_mismatch(out, conn, owner, 1, key, tag);
         }
         let lease_s = lease_s.max(1);
         if lease_s > self.max_lease_s {
@@ -125,7 +104,7 @@ impl<T: Copy + Default> Engine<T> {
         }
         match self.permits.get(key) {
             Some(set) if set.limit != limit => {
-                return limit_mismatch(out, conn, owner, set.limit, key, tag);
+                return self.limit_mismatch(out, conn, owner, set.limit, key, tag);
             }
             Some(_) => self.settle_permits(now, key, out),
             None => {}
@@ -163,6 +142,38 @@ impl<T: Copy + Default> Engine<T> {
             .get(key)
             .map_or(Millis::NEVER, PermitSet::earliest_end);
         self.enqueue(&ask, first_end, out)
+    }
+
+    /// Answers an acquire LimitMismatch with the key's `limit`, counted.
+    #[cold]
+    #[inline(never)]
+    fn limit_mismatch(
+        &mut self,
+        out: &mut Outbox<T>,
+        conn: ConnId,
+        owner: u64,
+        limit: u16,
+        key: &str,
+        tag: T,
+    ) -> AcquireOutcome {
+        self.stats.limit_mismatches += 1;
+        out.push_event(
+            conn,
+            Reply::LimitMismatch { owner, limit, key },
+            0,
+            Grant::Fresh,
+            tag,
+        );
+        AcquireOutcome::LimitMismatch(limit)
+    }
+
+    /// Counts a grant of a key of limit 2 or more by its mode.
+    fn count_permit_grant(&mut self, exclusive: bool) {
+        if exclusive {
+            self.stats.permit_grants_exclusive += 1;
+        } else {
+            self.stats.permit_grants_shared += 1;
+        }
     }
 
     /// Restart grace: registers `key` with `limit` and one exclusive grant
@@ -250,6 +261,7 @@ impl<T: Copy + Default> Engine<T> {
         self.key_bytes += key_cost;
         self.note_lease_end(ask.expires_at);
         self.stats.grants_fresh += 1;
+        self.count_permit_grant(exclusive);
         if self.clocked {
             self.stats.wait_ms.observe(0);
             self.holds.start(ask.now);
@@ -334,6 +346,7 @@ impl<T: Copy + Default> Engine<T> {
         let conn = self.forget_waiter(&w);
         let token = self.issue_token();
         self.stats.grants_handover += 1;
+        self.count_permit_grant(exclusive);
         if self.clocked {
             self.stats.wait_ms.observe(now.since(w.queued_at()));
             self.holds.start(now);

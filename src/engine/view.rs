@@ -3,6 +3,8 @@
 
 use super::waiters::Waiter;
 use super::{ConnId, Engine, EngineStats, HolderUse, WaiterId};
+use std::collections::VecDeque;
+
 use crate::limits::EngineLimits;
 use crate::time::Millis;
 
@@ -42,6 +44,37 @@ pub struct LockInfo {
     /// Who took the grant ([`Caller::holder`](super::Caller::holder);
     /// 0: unknown).
     pub holder: u64,
+    /// A key of limit 2 or more (PROTOCOL §6): its limit, grants and
+    /// waiters by mode. The fields above are then 0 and `None` (there is
+    /// no one grant) but for `waiters`, which counts every waiter.
+    pub permits: Option<PermitsInfo>,
+}
+
+/// The grants and waiters of a key of limit 2 or more, in [`LockInfo`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PermitsInfo {
+    /// The key's limit.
+    pub limit: u16,
+    /// Every grant standing, oldest first.
+    pub grants: Vec<PermitInfo>,
+    /// Queued shared acquires; the rest of [`LockInfo::waiters`] are
+    /// exclusive.
+    pub waiters_shared: usize,
+}
+
+/// One grant of a key of limit 2 or more, in [`PermitsInfo`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PermitInfo {
+    /// Its fencing token (0: the unknown holder of a restart grace).
+    pub token: u64,
+    /// Shared or exclusive.
+    pub mode: crate::proto::Mode,
+    /// Who took it (0: unknown).
+    pub holder: u64,
+    /// As [`LockInfo::expires_in_ms`].
+    pub expires_in_ms: Option<u64>,
+    /// As [`LockInfo::held_for_ms`].
+    pub held_for_ms: Option<u64>,
 }
 
 /// What the admin port reads of a lock table, whatever its tags: an
@@ -125,7 +158,9 @@ impl<T: Copy + Default> Engine<T> {
     /// registered. Two lookups; no allocation.
     #[must_use]
     pub fn lock_info(&self, now: Millis, key: &str) -> Option<LockInfo> {
-        let slot = self.keys.get(key)?;
+        let Some(slot) = self.keys.get(key) else {
+            return self.permits_info(now, key);
+        };
         let waiters = self.queues.get(key).map_or(0, |q| q.waiters.len());
         let clocked = self.clocked;
         Some(LockInfo {
@@ -134,6 +169,41 @@ impl<T: Copy + Default> Engine<T> {
             waiters,
             held_for_ms: clocked.then(|| now.since(slot.granted_at)),
             holder: slot.holder,
+            permits: None,
+        })
+    }
+
+    /// [`Engine::lock_info`] of a key of limit 2 or more.
+    fn permits_info(&self, now: Millis, key: &str) -> Option<LockInfo> {
+        let set = self.permits.get(key)?;
+        let clocked = self.clocked;
+        let grants = set
+            .grants
+            .iter()
+            .map(|g| PermitInfo {
+                token: g.slot.token,
+                mode: if g.exclusive {
+                    crate::proto::Mode::Exclusive
+                } else {
+                    crate::proto::Mode::Shared
+                },
+                holder: g.slot.holder,
+                expires_in_ms: clocked.then(|| g.slot.expires_at.since(now)),
+                held_for_ms: clocked.then(|| now.since(g.slot.granted_at)),
+            })
+            .collect();
+        let queue = self.queues.get(key).map(|q| &q.waiters);
+        Some(LockInfo {
+            token: 0,
+            expires_in_ms: None,
+            waiters: queue.map_or(0, VecDeque::len),
+            held_for_ms: None,
+            holder: 0,
+            permits: Some(PermitsInfo {
+                limit: set.limit,
+                grants,
+                waiters_shared: queue.map_or(0, |q| q.iter().filter(|w| w.shared()).count()),
+            }),
         })
     }
 
@@ -141,20 +211,31 @@ impl<T: Copy + Default> Engine<T> {
     /// changes when the table grows, which reorders the keys.
     #[must_use]
     pub fn key_buckets(&self) -> usize {
-        self.keys.num_buckets()
+        self.keys.num_buckets().max(1)
     }
 
     /// Calls `visit` with every registered key in buckets `from..to` of
     /// the key table and returns the first bucket not visited, so that a
-    /// listing of a large table runs in steps over several loop turns.
+    /// listing of a large table runs in steps over several loop turns. The
+    /// step that reaches the last bucket also visits every key of limit 2
+    /// or more (PROTOCOL §6), in one go.
     pub fn scan_keys(&self, from: usize, to: usize, mut visit: impl FnMut(&str)) -> usize {
-        self.keys.visit_buckets(from, to, |k, _| visit(k))
+        let reached = self.keys.visit_buckets(from, to, |k, _| visit(k));
+        let end = self.key_buckets();
+        if from < end && to >= end {
+            for (k, _) in self.permits.iter() {
+                visit(k.as_str());
+            }
+            return end.max(reached);
+        }
+        reached
     }
 
-    /// Registered keys (held, or expired and not yet swept).
+    /// Registered keys (held, or expired and not yet swept), mutexes and
+    /// keys of limit 2 or more.
     #[must_use]
     pub fn key_count(&self) -> usize {
-        self.keys.len()
+        self.keys.len() + self.permits.len()
     }
 
     /// Queued acquires over all keys.

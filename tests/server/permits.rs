@@ -189,3 +189,53 @@ fn ticket_run_with_permits_lets_two_commands_in_and_refuses_a_third() {
     .unwrap();
     assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
 }
+
+#[test]
+fn the_admin_port_and_ticket_status_show_holders_and_waiters_by_mode() {
+    let server = Ticketd::start(&["--admin-listen", "127.0.0.1:0"]);
+    let admin = server.admin_addr().expect("admin start-up line");
+    let mut a = common::Client::connect(server.addr());
+    a.send(&permit_frame("rw", 1, u16::MAX, Mode::Shared, 0));
+    a.send(&permit_frame("rw", 2, u16::MAX, Mode::Shared, 0));
+    let (t1, t2) = (a.recv().token(), a.recv().token());
+    a.send(&permit_frame("rw", 3, u16::MAX, Mode::Exclusive, 30));
+    a.send(&permit_frame("rw", 4, u16::MAX, Mode::Shared, 30));
+    a.acquire("m", 5, 0, 30);
+    assert!(a.recv().token() > 0);
+    let (code, body) = common::http(admin, "GET", "/v1/locks/rw").expect("an answer");
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["limit"], 65_535);
+    let holders = v["holders"].as_array().expect("holders");
+    let seqs: Vec<u64> = holders
+        .iter()
+        .map(|h| h["sequence"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, [t1 >> 16, t2 >> 16], "oldest first");
+    assert!(holders
+        .iter()
+        .all(|h| h["mode"] == "shared" && h["token"].is_null()));
+    assert_eq!(
+        (&v["waiters"], &v["waiters_shared"], &v["waiters_exclusive"]),
+        (&2.into(), &1.into(), &1.into())
+    );
+    // The listing shows both kinds of key, in key order.
+    let (_, list) = common::http(admin, "GET", "/v1/locks").expect("an answer");
+    let list: serde_json::Value = serde_json::from_str(&list).unwrap();
+    let keys: Vec<&str> = list["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["m", "rw"]);
+    let status = common::bin_command(env!("CARGO_BIN_EXE_ticket"))
+        .args(["status", "rw", "--admin", &admin.to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(status.status.success(), "{}", stderr(&status));
+    let want = format!("2/65535: #{},#{}", t1 >> 16, t2 >> 16);
+    assert!(text.contains(&want), "{text}");
+    assert!(text.contains("2 (1 shared, 1 exclusive)"), "{text}");
+}

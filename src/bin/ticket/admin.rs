@@ -183,6 +183,10 @@ fn lock_rows(locks: &[Json]) -> Vec<Vec<String>> {
         "HELD_FOR".into(),
     ]];
     for l in locks {
+        if l.get("limit").is_some() {
+            rows.push(permit_row(l));
+            continue;
+        }
         rows.push(vec![
             l.get("key")
                 .and_then(Json::as_str)
@@ -201,6 +205,63 @@ fn lock_rows(locks: &[Json]) -> Vec<Vec<String>> {
         ]);
     }
     rows
+}
+
+/// A key of limit 2 or more (PROTOCOL §6): its holders as
+/// `COUNT/LIMIT: T,T` (tokens or sequences, oldest first, an exclusive
+/// one marked `x`), the earliest expiry, the waiters with how many are
+/// shared and exclusive, the longest hold.
+fn permit_row(l: &Json) -> Vec<String> {
+    let holders = l.get("holders").map(Json::items).unwrap_or(&[]);
+    let marks: Vec<String> = holders
+        .iter()
+        .map(|g| {
+            let x = g.get("mode").and_then(Json::as_str) == Some("exclusive");
+            format!("{}{}", token_or_sequence(g), if x { "x" } else { "" })
+        })
+        .collect();
+    let earliest = holders
+        .iter()
+        .filter_map(|g| g.get("expires_in_ms").and_then(Json::as_u64))
+        .min();
+    let longest = holders
+        .iter()
+        .filter_map(|g| g.get("held_for_ms").and_then(Json::as_u64))
+        .max();
+    let names: Vec<&str> = holders
+        .iter()
+        .filter_map(|g| g.get("holder").and_then(Json::as_str))
+        .collect();
+    vec![
+        l.get("key")
+            .and_then(Json::as_str)
+            .unwrap_or("?")
+            .escape_debug()
+            .to_string(),
+        format!(
+            "{}/{}: {}",
+            holders.len(),
+            num(l.get("limit")),
+            if marks.is_empty() {
+                "-".into()
+            } else {
+                marks.join(",")
+            }
+        ),
+        if names.is_empty() {
+            "-".into()
+        } else {
+            names.join(",").escape_debug().to_string()
+        },
+        ms(earliest.map(Json::Int).as_ref()),
+        format!(
+            "{} ({} shared, {} exclusive)",
+            num(l.get("waiters")),
+            num(l.get("waiters_shared")),
+            num(l.get("waiters_exclusive"))
+        ),
+        ms(longest.map(Json::Int).as_ref()),
+    ]
 }
 
 /// The token when the admin port shows it (to `--admin-identity`), else

@@ -159,6 +159,20 @@ fn lock_metrics(e: &mut Exposition, now: Millis, engine: &dyn LockTable, service
             ("handover", es.grants_handover),
         ],
     );
+    e.labelled_counter(
+        "ticketd_permit_grants_total",
+        "Grants of keys of limit 2 or more (protocol 1.2), by mode; also in ticketd_grants_total.",
+        "mode",
+        &[
+            ("shared", es.permit_grants_shared),
+            ("exclusive", es.permit_grants_exclusive),
+        ],
+    );
+    e.counter(
+        "ticketd_limit_mismatches_total",
+        "Acquires with a limit other than their key's, answered LimitMismatch (protocol 1.2).",
+        es.limit_mismatches,
+    );
     e.counter(
         "ticketd_lease_expiries_total",
         "Grants whose lease ran out before a release.",

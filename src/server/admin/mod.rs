@@ -186,10 +186,12 @@ impl View<'_> {
 
     /// A lock as JSON for the reader on `c` ([`lock_json`]).
     fn lock_json(&self, out: &mut String, key: &str, info: &LockInfo, full: bool) {
-        let name = (info.holder != 0)
-            .then(|| self.identities.name_of(info.holder))
-            .flatten();
-        lock_json(out, key, info, full, name.as_deref());
+        let name_of = |holder: u64| {
+            (holder != 0)
+                .then(|| self.identities.name_of(holder))
+                .flatten()
+        };
+        lock_json(out, key, info, full, &name_of);
     }
 
     /// The service's lock table, when it shows one.
