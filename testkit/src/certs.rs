@@ -33,6 +33,73 @@ pub fn openssl(dir: &Path, args: &[&str]) {
     );
 }
 
+/// A self-signed EC P-256 CA valid two days in `dir`: `{ca}.pem` and
+/// `{ca}-key.pem`, named `/CN=test {ca}`.
+fn make_ca(dir: &Path, ca: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN=test {ca}"),
+            "-keyout",
+            &format!("{ca}-key.pem"),
+            "-out",
+            &format!("{ca}.pem"),
+        ],
+    );
+}
+
+/// A leaf certificate `{leaf}.pem` (key `{leaf}-key.pem`, CN `leaf`) in
+/// `dir`, signed by the CA `ca` with the extensions file `ext`.
+fn make_leaf(dir: &Path, leaf: &str, ca: &str, ext: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-subj",
+            &format!("/CN={leaf}"),
+            "-keyout",
+            &format!("{leaf}-key.pem"),
+            "-out",
+            &format!("{leaf}.csr"),
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{leaf}.csr"),
+            "-CA",
+            &format!("{ca}.pem"),
+            "-CAkey",
+            &format!("{ca}-key.pem"),
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            ext,
+            "-out",
+            &format!("{leaf}.pem"),
+        ],
+    );
+}
+
 impl Certs {
     /// Two CAs (`ca`, `other`), a server certificate for localhost and
     /// 127.0.0.1 from `ca`, two client certificates from `ca` (`client`,
@@ -62,26 +129,7 @@ impl Certs {
         )
         .unwrap();
         for ca in ["ca", "other"] {
-            openssl(
-                d,
-                &[
-                    "req",
-                    "-x509",
-                    "-newkey",
-                    "ec",
-                    "-pkeyopt",
-                    "ec_paramgen_curve:P-256",
-                    "-nodes",
-                    "-days",
-                    "2",
-                    "-subj",
-                    &format!("/CN=test {ca}"),
-                    "-keyout",
-                    &format!("{ca}-key.pem"),
-                    "-out",
-                    &format!("{ca}.pem"),
-                ],
-            );
+            make_ca(d, ca);
         }
         for (leaf, ca, ext) in [
             ("server", "ca", "server.ext"),
@@ -89,43 +137,7 @@ impl Certs {
             ("client2", "ca", "client.ext"),
             ("stranger", "other", "client.ext"),
         ] {
-            openssl(
-                d,
-                &[
-                    "req",
-                    "-newkey",
-                    "ec",
-                    "-pkeyopt",
-                    "ec_paramgen_curve:P-256",
-                    "-nodes",
-                    "-subj",
-                    &format!("/CN={leaf}"),
-                    "-keyout",
-                    &format!("{leaf}-key.pem"),
-                    "-out",
-                    &format!("{leaf}.csr"),
-                ],
-            );
-            openssl(
-                d,
-                &[
-                    "x509",
-                    "-req",
-                    "-in",
-                    &format!("{leaf}.csr"),
-                    "-CA",
-                    &format!("{ca}.pem"),
-                    "-CAkey",
-                    &format!("{ca}-key.pem"),
-                    "-CAcreateserial",
-                    "-days",
-                    "2",
-                    "-extfile",
-                    ext,
-                    "-out",
-                    &format!("{leaf}.pem"),
-                ],
-            );
+            make_leaf(d, leaf, ca, ext);
         }
         certs
     }

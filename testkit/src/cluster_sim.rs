@@ -420,31 +420,7 @@ impl Sim {
             nodes.push(Some(node));
             disks.push(disk);
         }
-        let mut clients = Vec::new();
-        let mut conn_owner = BTreeMap::new();
-        for i in 0..cfg.clients {
-            let node = 1 + (i % cfg.nodes) as u64;
-            let conn = i as ConnId + 1;
-            conn_owner.insert((node, conn), i);
-            // Distinct odd holder numbers for the authenticated half.
-            let caller = if i % 2 == 0 {
-                Caller {
-                    holder: 0x5EED_0000_0000_0001 + 2 * i as u64,
-                    admin: false,
-                }
-            } else {
-                Caller::default()
-            };
-            clients.push(Client {
-                node,
-                conn,
-                caller,
-                state: ClientState::Idle,
-                next_at: Millis(rng.range(0, 3000)),
-                op: None,
-                stale: Vec::new(),
-            });
-        }
+        let (clients, conn_owner) = initial_clients(&cfg, &mut rng);
         let next_fault = Millis(rng.range(cfg.fault_every_ms / 2, cfg.fault_every_ms * 3 / 2));
         let next_change = if cfg.conf_changes {
             Millis(3_000)
@@ -720,4 +696,39 @@ pub fn run(cfg: SimConfig) -> Result<SimReport, String> {
 /// Runs one seed and returns the clients' checked history too.
 pub fn run_with_history(cfg: SimConfig) -> Result<(SimReport, History), String> {
     Sim::new(cfg)?.run_with_history()
+}
+
+/// The simulation's clients at the start, each idle on its node (spread
+/// round-robin) with its first action drawn from `rng`, and the map from
+/// each (node, connection) to the client on it.
+fn initial_clients(
+    cfg: &SimConfig,
+    rng: &mut SplitMix64,
+) -> (Vec<Client>, BTreeMap<(u64, ConnId), usize>) {
+    let mut clients = Vec::new();
+    let mut conn_owner = BTreeMap::new();
+    for i in 0..cfg.clients {
+        let node = 1 + (i % cfg.nodes) as u64;
+        let conn = i as ConnId + 1;
+        conn_owner.insert((node, conn), i);
+        // Distinct odd holder numbers for the authenticated half.
+        let caller = if i % 2 == 0 {
+            Caller {
+                holder: 0x5EED_0000_0000_0001 + 2 * i as u64,
+                admin: false,
+            }
+        } else {
+            Caller::default()
+        };
+        clients.push(Client {
+            node,
+            conn,
+            caller,
+            state: ClientState::Idle,
+            next_at: Millis(rng.range(0, 3000)),
+            op: None,
+            stale: Vec::new(),
+        });
+    }
+    (clients, conn_owner)
 }

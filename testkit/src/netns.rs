@@ -567,14 +567,7 @@ fn worker(
             .acquire(key, WAIT, LEASE)
             .map_err(|e| format!("node {node} worker {id}: acquire {key}: {e}"))?;
         let done_us = clock.now_us();
-        let outcome = match &r {
-            Acquire::Acquired(t) => Outcome::Granted { token: t.token() },
-            Acquire::Timeout => Outcome::Timeout,
-            // Both refuse for good, neither queued (a mutex acquire never
-            // meets a limit).
-            Acquire::Busy | Acquire::LimitMismatch(_) => Outcome::Busy,
-            Acquire::Indeterminate => Outcome::Indeterminate,
-        };
+        let outcome = outcome_of(&r);
         h.acquired(op, outcome, done_us);
         attempts.lock().unwrap().push(Attempt {
             node,
@@ -596,17 +589,10 @@ fn worker(
                     continue;
                 }
                 let rop = h.release(id, id, key, ticket.token(), clock.now_us());
-                let out = match ticket
+                let released = ticket
                     .release()
-                    .map_err(|e| format!("node {node} worker {id}: release {key}: {e}"))?
-                {
-                    Release::Released => ReleaseOutcome::Released,
-                    Release::NotHeld => ReleaseOutcome::NotReleased,
-                    // Not sent: the client stopped using the lock at the
-                    // release call all the same; its lease ends it.
-                    Release::Indeterminate | Release::NotSent => ReleaseOutcome::Indeterminate,
-                };
-                h.released(rop, out, clock.now_us());
+                    .map_err(|e| format!("node {node} worker {id}: release {key}: {e}"))?;
+                h.released(rop, release_outcome(released), clock.now_us());
             }
             // B comes at once while no leader is known: do not spin.
             _ => std::thread::sleep(Duration::from_millis(50)),
@@ -638,12 +624,7 @@ pub fn acquire_recorded(
     );
     let r = c.acquire(key, wait, lease).expect("valid acquire");
     let at_us = clock.now_us();
-    let outcome = match &r {
-        Acquire::Acquired(t) => Outcome::Granted { token: t.token() },
-        Acquire::Timeout => Outcome::Timeout,
-        Acquire::Busy | Acquire::LimitMismatch(_) => Outcome::Busy,
-        Acquire::Indeterminate => Outcome::Indeterminate,
-    };
+    let outcome = outcome_of(&r);
     h.acquired(op, outcome, at_us);
     (r, at_us)
 }
@@ -651,12 +632,31 @@ pub fn acquire_recorded(
 /// Records a release of `ticket` by `client` in `h`.
 pub fn release_recorded(h: &mut History, clock: RealClock, client: u64, ticket: Ticket) {
     let op = h.release(client, client, ticket.key(), ticket.token(), clock.now_us());
-    let out = match ticket.release().expect("valid release") {
+    let out = release_outcome(ticket.release().expect("valid release"));
+    h.released(op, out, clock.now_us());
+}
+
+/// What the checker records for the client's answer to an acquire.
+fn outcome_of(r: &Acquire) -> Outcome {
+    match r {
+        Acquire::Acquired(t) => Outcome::Granted { token: t.token() },
+        Acquire::Timeout => Outcome::Timeout,
+        // Both refuse for good, neither queued (a mutex acquire never
+        // meets a limit).
+        Acquire::Busy | Acquire::LimitMismatch(_) => Outcome::Busy,
+        Acquire::Indeterminate => Outcome::Indeterminate,
+    }
+}
+
+/// What the checker records for the client's answer to a release.
+fn release_outcome(r: Release) -> ReleaseOutcome {
+    match r {
         Release::Released => ReleaseOutcome::Released,
         Release::NotHeld => ReleaseOutcome::NotReleased,
+        // Not sent: the client stopped using the lock at the release call
+        // all the same; its lease ends it.
         Release::Indeterminate | Release::NotSent => ReleaseOutcome::Indeterminate,
-    };
-    h.released(op, out, clock.now_us());
+    }
 }
 
 /// Counts of what each node's clients got in a time window.

@@ -355,6 +355,40 @@ fn frames(buf: &mut Vec<u8>) -> Vec<Req> {
     }
 }
 
+/// Counts a chunk read from client connection `conn` and logs as received
+/// the whole requests now in `received_buf` (taken out of it); returns the
+/// chunk's number.
+fn log_received(shared: &Shared, conn: usize, received_buf: &mut Vec<u8>) -> u64 {
+    let now = Instant::now();
+    let mut log = shared.log.lock().unwrap();
+    log.chunks += 1;
+    let chunk = log.chunks;
+    for req in frames(received_buf) {
+        log.received.push(Seen {
+            conn,
+            at: now,
+            chunk,
+            req,
+        });
+    }
+    chunk
+}
+
+/// Logs as forwarded the whole requests now in `forwarded_buf` (taken out
+/// of it), of chunk `chunk` of client connection `conn`.
+fn log_forwarded(shared: &Shared, conn: usize, chunk: u64, forwarded_buf: &mut Vec<u8>) {
+    let now = Instant::now();
+    let mut log = shared.log.lock().unwrap();
+    for req in frames(forwarded_buf) {
+        log.forwarded.push(Seen {
+            conn,
+            at: now,
+            chunk,
+            req,
+        });
+    }
+}
+
 fn client_to_server(
     conn: usize,
     fault: Fault,
@@ -384,21 +418,7 @@ fn client_to_server(
         };
         let data = &chunk[..n];
         received_buf.extend_from_slice(data);
-        let now = Instant::now();
-        let chunk = {
-            let mut log = shared.log.lock().unwrap();
-            log.chunks += 1;
-            let chunk = log.chunks;
-            for req in frames(&mut received_buf) {
-                log.received.push(Seen {
-                    conn,
-                    at: now,
-                    chunk,
-                    req,
-                });
-            }
-            chunk
-        };
+        let chunk = log_received(shared, conn, &mut received_buf);
         let pass: &[u8] = match fault {
             Fault::DropRequests => continue,
             Fault::DropAndClose => {
@@ -417,18 +437,7 @@ fn client_to_server(
         // server sends for it.
         forwarded_bytes += pass.len();
         forwarded_buf.extend_from_slice(pass);
-        let now = Instant::now();
-        {
-            let mut log = shared.log.lock().unwrap();
-            for req in frames(&mut forwarded_buf) {
-                log.forwarded.push(Seen {
-                    conn,
-                    at: now,
-                    chunk,
-                    req,
-                });
-            }
-        }
+        log_forwarded(shared, conn, chunk, &mut forwarded_buf);
         if server.write_all(pass).is_err() {
             let _ = client.shutdown(Shutdown::Both);
             return;

@@ -445,32 +445,7 @@ impl Sim {
                     self.client_step(client);
                 }
             }
-            Ev::Connected { conn } => {
-                let c = self.conns.get_mut(&conn).expect("conn exists");
-                let client = c.client;
-                if c.life != self.clients[client].life {
-                    return Ok(()); // made by a life of the client that crashed
-                }
-                self.clients[client].connecting = false;
-                // The kernel accepts while the process is stopped; a dead
-                // server or a partitioned link refuses.
-                let ok = !c.cut
-                    && self.server.up
-                    && c.epoch == self.server.epoch
-                    && self.clients[client].partitioned_until <= self.now;
-                if ok {
-                    c.established = true;
-                    self.clients[client].session = Some(conn);
-                } else {
-                    c.cut = true;
-                    c.client_closed = true;
-                    c.server_closed = true;
-                    let retry = self.now + self.rng.range(50 * MS, 200 * MS);
-                    self.clients[client].retry_at = retry;
-                    self.wake(client, retry);
-                }
-                self.client_step(client);
-            }
+            Ev::Connected { conn } => self.connected(conn),
             Ev::ToServer { conn, bytes } => {
                 let c = self.conns.get_mut(&conn).expect("conn exists");
                 if c.cut || c.server_closed || c.epoch != self.server.epoch {
@@ -488,38 +463,8 @@ impl Sim {
                 let client = c.client;
                 self.client_read(client, conn)?;
             }
-            Ev::ServerSeesClose { conn } => {
-                let c = self.conns.get_mut(&conn).expect("conn exists");
-                if c.server_closed || c.epoch != self.server.epoch {
-                    return Ok(());
-                }
-                c.server_closed = true;
-                let now = self.server_ms();
-                self.server
-                    .engine
-                    .disconnect(now, conn, &mut self.server.out);
-                if self.cfg.bug == Some(Bug::ReleaseOnDisconnect) {
-                    for (key, token) in self.server.granted_to.remove(&conn).unwrap_or_default() {
-                        self.server
-                            .engine
-                            .expire(now, &key, token, &mut self.server.out);
-                    }
-                }
-                self.server_flush()?;
-            }
-            Ev::ClientSeesClose { conn } => {
-                let c = self.conns.get_mut(&conn).expect("conn exists");
-                if c.client_closed || c.life != self.clients[c.client].life {
-                    return Ok(());
-                }
-                c.client_closed = true;
-                let client = c.client;
-                self.history.session_closed(conn, self.now);
-                if self.clients[client].session == Some(conn) {
-                    self.clients[client].session = None;
-                    self.session_lost(client);
-                }
-            }
+            Ev::ServerSeesClose { conn } => self.server_sees_close(conn)?,
+            Ev::ClientSeesClose { conn } => self.client_sees_close(conn),
             Ev::ServerTick => {
                 if self.server.up && self.server.tick_at <= self.now {
                     self.server.tick_at = u64::MAX;
@@ -528,46 +473,8 @@ impl Sim {
                     self.server_flush()?;
                 }
             }
-            Ev::ServerRestart => {
-                let first = match self.cfg.bug {
-                    Some(Bug::TokensRestartAtOne) => 1,
-                    // Above every token the old incarnation could have
-                    // issued, less the unused rest of a reserved block.
-                    _ => self.server.engine.next_token() + self.rng.below(1000),
-                };
-                let limits = self.server.engine.limits().clone();
-                // The durable lease bound the daemon keeps: at or past every
-                // lease granted, and past an unfinished grace (a crash
-                // during one). The daemon's is a step further still.
-                let old = &self.server.engine;
-                let now = self.server_ms();
-                let bound = old
-                    .granted_until()
-                    .max(old.restart_grace(now).unwrap_or(Millis::ZERO));
-                self.server.engine = Engine::with_hash_key(limits, first, self.hash_key);
-                if self.cfg.bug != Some(Bug::NoRestartGrace) {
-                    self.server.engine.set_restart_grace(bound);
-                    if bound > now {
-                        self.stats.graces += 1;
-                    }
-                }
-                self.server.epoch += 1;
-                self.server.up = true;
-                self.server.tick_at = u64::MAX;
-                self.server.granted_to.clear();
-                self.history.server_restart_with_grace(self.now, first);
-            }
-            Ev::ClientRestart { client } => {
-                let c = &mut self.clients[client];
-                c.alive = true;
-                c.life += 1;
-                c.retry_at = 0;
-                c.wake_at = 0;
-                c.phase = Phase::Idle;
-                c.compensate.clear();
-                let t = self.now;
-                self.wake(client, t);
-            }
+            Ev::ServerRestart => self.server_restart(),
+            Ev::ClientRestart { client } => self.client_restart(client),
             Ev::Fault => {
                 self.fault();
                 let next = self.now + self.rng.range(1, self.cfg.fault_every_us * 2);
@@ -577,6 +484,119 @@ impl Sim {
             }
         }
         Ok(())
+    }
+
+    /// A client's connection `conn` completes, or is refused (a dead server,
+    /// a cut or partitioned link): the client retries later.
+    fn connected(&mut self, conn: ConnId) {
+        let c = self.conns.get_mut(&conn).expect("conn exists");
+        let client = c.client;
+        if c.life != self.clients[client].life {
+            return; // made by a life of the client that crashed
+        }
+        self.clients[client].connecting = false;
+        // The kernel accepts while the process is stopped; a dead
+        // server or a partitioned link refuses.
+        let ok = !c.cut
+            && self.server.up
+            && c.epoch == self.server.epoch
+            && self.clients[client].partitioned_until <= self.now;
+        if ok {
+            c.established = true;
+            self.clients[client].session = Some(conn);
+        } else {
+            c.cut = true;
+            c.client_closed = true;
+            c.server_closed = true;
+            let retry = self.now + self.rng.range(50 * MS, 200 * MS);
+            self.clients[client].retry_at = retry;
+            self.wake(client, retry);
+        }
+        self.client_step(client);
+    }
+
+    /// The server reads the close of `conn`: its acquires are cancelled
+    /// (and, with the bug, its grants released).
+    fn server_sees_close(&mut self, conn: ConnId) -> Result<(), String> {
+        let c = self.conns.get_mut(&conn).expect("conn exists");
+        if c.server_closed || c.epoch != self.server.epoch {
+            return Ok(());
+        }
+        c.server_closed = true;
+        let now = self.server_ms();
+        self.server
+            .engine
+            .disconnect(now, conn, &mut self.server.out);
+        if self.cfg.bug == Some(Bug::ReleaseOnDisconnect) {
+            for (key, token) in self.server.granted_to.remove(&conn).unwrap_or_default() {
+                self.server
+                    .engine
+                    .expire(now, &key, token, &mut self.server.out);
+            }
+        }
+        self.server_flush()?;
+        Ok(())
+    }
+
+    /// The client reads the close of `conn`: the session ends, and with it
+    /// the client's call on it.
+    fn client_sees_close(&mut self, conn: ConnId) {
+        let c = self.conns.get_mut(&conn).expect("conn exists");
+        if c.client_closed || c.life != self.clients[c.client].life {
+            return;
+        }
+        c.client_closed = true;
+        let client = c.client;
+        self.history.session_closed(conn, self.now);
+        if self.clients[client].session == Some(conn) {
+            self.clients[client].session = None;
+            self.session_lost(client);
+        }
+    }
+
+    /// The server comes back: a new engine starting above every earlier
+    /// token, in a restart grace up to the durable lease bound.
+    fn server_restart(&mut self) {
+        let first = match self.cfg.bug {
+            Some(Bug::TokensRestartAtOne) => 1,
+            // Above every token the old incarnation could have
+            // issued, less the unused rest of a reserved block.
+            _ => self.server.engine.next_token() + self.rng.below(1000),
+        };
+        let limits = self.server.engine.limits().clone();
+        // The durable lease bound the daemon keeps: at or past every
+        // lease granted, and past an unfinished grace (a crash
+        // during one). The daemon's is a step further still.
+        let old = &self.server.engine;
+        let now = self.server_ms();
+        let bound = old
+            .granted_until()
+            .max(old.restart_grace(now).unwrap_or(Millis::ZERO));
+        self.server.engine = Engine::with_hash_key(limits, first, self.hash_key);
+        if self.cfg.bug != Some(Bug::NoRestartGrace) {
+            self.server.engine.set_restart_grace(bound);
+            if bound > now {
+                self.stats.graces += 1;
+            }
+        }
+        self.server.epoch += 1;
+        self.server.up = true;
+        self.server.tick_at = u64::MAX;
+        self.server.granted_to.clear();
+        self.history.server_restart_with_grace(self.now, first);
+    }
+
+    /// A crashed client comes back idle, in a new life.
+    fn client_restart(&mut self, client: usize) {
+        let c = &mut self.clients[client];
+        c.alive = true;
+        c.life += 1;
+        c.retry_at = 0;
+        c.wake_at = 0;
+        c.phase = Phase::Idle;
+        c.compensate.clear();
+        let t = self.now;
+        self.wake(client, t);
     }
 
     // ---- server side ----

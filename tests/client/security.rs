@@ -168,8 +168,27 @@ fn a_unix_socket_serves_allowed_uids_and_refuses_others() {
     let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o666);
 
+    the_allowed_uid_acquires(&listen);
+
+    another_uid_is_refused(&server, &listen);
+
+    // A second server does not replace the live socket.
+    let second = common::run_ticketd(&["--listen", &listen]);
+    assert_eq!(second.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(err.contains("a server that is running"), "{err}");
+    assert!(sock.exists());
+
+    assert_eq!(server.terminate().code(), Some(0));
+    assert!(!sock.exists(), "the socket file is removed at a clean stop");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Allowed (uid 0): the official client and the `ticket` command acquire
+/// over the socket `listen`.
+fn the_allowed_uid_acquires(listen: &str) {
     // Allowed (uid 0): the official client over the socket.
-    let client = ticketd::client::Client::connect(listen.clone()).unwrap();
+    let client = ticketd::client::Client::connect(listen).unwrap();
     let got = client
         .acquire("k", Duration::ZERO, Duration::from_secs(5))
         .unwrap();
@@ -184,12 +203,17 @@ fn a_unix_socket_serves_allowed_uids_and_refuses_others() {
     let ticket_bin = env!("CARGO_BIN_EXE_ticket");
     let ok = std::process::Command::new(ticket_bin)
         .args([
-            "acquire", "cli", "--wait", "0", "--lease", "5", "--server", &listen,
+            "acquire", "cli", "--wait", "0", "--lease", "5", "--server", listen,
         ])
         .output()
         .unwrap();
     assert_eq!(ok.status.code(), Some(0), "{ok:?}");
+}
 
+/// `ticket acquire` as uid/gid 65534 on the socket `listen` is closed and
+/// logged, and granted nothing.
+fn another_uid_is_refused(server: &Ticketd, listen: &str) {
+    let ticket_bin = env!("CARGO_BIN_EXE_ticket");
     // Refused: the same command as uid/gid 65534.
     let refused = std::process::Command::new("setpriv")
         .args([
@@ -199,7 +223,7 @@ fn a_unix_socket_serves_allowed_uids_and_refuses_others() {
             ticket_bin,
         ])
         .args([
-            "acquire", "other", "--wait", "0", "--lease", "5", "--server", &listen,
+            "acquire", "other", "--wait", "0", "--lease", "5", "--server", listen,
         ])
         .output()
         .unwrap();
@@ -214,15 +238,4 @@ fn a_unix_socket_serves_allowed_uids_and_refuses_others() {
         matches!(c.acquire_reply("other", 9, 0, 5), Reply::Acquired { .. }),
         "the refused client was granted nothing"
     );
-
-    // A second server does not replace the live socket.
-    let second = common::run_ticketd(&["--listen", &listen]);
-    assert_eq!(second.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&second.stderr);
-    assert!(err.contains("a server that is running"), "{err}");
-    assert!(sock.exists());
-
-    assert_eq!(server.terminate().code(), Some(0));
-    assert!(!sock.exists(), "the socket file is removed at a clean stop");
-    std::fs::remove_dir_all(&dir).unwrap();
 }

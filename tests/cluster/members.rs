@@ -230,15 +230,7 @@ fn grow_three_to_five_and_back_under_load_removing_the_leader() {
     assert_eq!(m.ids(l, "voters"), vec![1, 2, 3, 4, 5]);
     assert!(m.ids(l, "learners").is_empty());
     // The new nodes learnt every address from the log or a snapshot.
-    let v = m.status(3).unwrap();
-    let addrs3: Vec<String> = v
-        .get("voters")
-        .map(Json::items)
-        .unwrap_or(&[])
-        .iter()
-        .filter_map(|x| x.get("address").and_then(Json::as_str).map(str::to_owned))
-        .collect();
-    assert_eq!(addrs3.len(), 5, "{v:?}");
+    knows_every_address(&m, 3);
     // A second add of a member is refused, with a reason.
     let out = m.ticket(&["add", &m.peer(3)]);
     assert!(!out.status.success());
@@ -249,20 +241,8 @@ fn grow_three_to_five_and_back_under_load_removing_the_leader() {
     m.ticket_ok(&["remove", &(old + 1).to_string()]);
     let (new, _) = m.leader(Duration::from_secs(15));
     assert_ne!(new, old, "the removed leader still leads\n{}", m.c.logs());
-    // The removed leader applied its removal: its clients get B.
     m.c.assert_all_running();
-    let mut cl = m.c.client(old);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match cl.acquire_reply("after-removal", 9, 0, 5) {
-            Reply::Busy { .. } => break,
-            other => assert!(
-                Instant::now() < deadline,
-                "a removed node answered {other:?}"
-            ),
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    removed_node_answers_busy(&m, old);
     // Remove one more (not the new leader): back to three voters.
     let second = (0..5).find(|&i| i != old && i != new).unwrap();
     m.ticket_ok(&["remove", &(second + 1).to_string()]);
@@ -271,19 +251,7 @@ fn grow_three_to_five_and_back_under_load_removing_the_leader() {
     voters.sort_unstable();
     assert_eq!(voters.len(), 3, "{voters:?}");
     assert!(!voters.contains(&(old as u64 + 1)) && !voters.contains(&(second as u64 + 1)));
-    // The removed ids, as a JSON array of numbers.
-    let status = m.status(l).expect("the leader's status");
-    let mut removed: Vec<u64> = status
-        .get("removed")
-        .map(Json::items)
-        .unwrap_or(&[])
-        .iter()
-        .filter_map(Json::as_u64)
-        .collect();
-    removed.sort_unstable();
-    let mut want = vec![old as u64 + 1, second as u64 + 1];
-    want.sort_unstable();
-    assert_eq!(removed, want, "{status:?}");
+    assert_removed(&m, l, &[old, second]);
     assert!(term >= old_term);
     // A removed id is refused for ever.
     let out = m.ticket(&["add", &m.peer(old)]);
@@ -305,11 +273,65 @@ fn grow_three_to_five_and_back_under_load_removing_the_leader() {
     );
 
     let (history, tokens) = load.finish();
+    check_the_load(&m, &history, &tokens, add_ms);
+    m.c.assert_all_running();
+}
+
+/// Node `i`, added later, learnt every voter's address from the log or
+/// a snapshot.
+fn knows_every_address(m: &Members, i: usize) {
+    let v = m.status(i).unwrap();
+    let addrs3: Vec<String> = v
+        .get("voters")
+        .map(Json::items)
+        .unwrap_or(&[])
+        .iter()
+        .filter_map(|x| x.get("address").and_then(Json::as_str).map(str::to_owned))
+        .collect();
+    assert_eq!(addrs3.len(), 5, "{v:?}");
+}
+
+/// The removed leader (node `old`) applied its removal: its clients get B.
+fn removed_node_answers_busy(m: &Members, old: usize) {
+    let mut cl = m.c.client(old);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match cl.acquire_reply("after-removal", 9, 0, 5) {
+            Reply::Busy { .. } => break,
+            other => assert!(
+                Instant::now() < deadline,
+                "a removed node answered {other:?}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The leader's (node `l`) status lists the removed nodes (`nodes`,
+/// 0-based) as a JSON array of their ids.
+fn assert_removed(m: &Members, l: usize, nodes: &[usize]) {
+    let status = m.status(l).expect("the leader's status");
+    let mut removed: Vec<u64> = status
+        .get("removed")
+        .map(Json::items)
+        .unwrap_or(&[])
+        .iter()
+        .filter_map(Json::as_u64)
+        .collect();
+    removed.sort_unstable();
+    let mut want: Vec<u64> = nodes.iter().map(|&i| i as u64 + 1).collect();
+    want.sort_unstable();
+    assert_eq!(removed, want, "{status:?}");
+}
+
+/// What the load saw while the cluster grew and shrank: a history that
+/// passes the checker, each worker's tokens rising, some lock cycles.
+fn check_the_load(m: &Members, history: &History, tokens: &[Vec<u64>], add_ms: u128) {
     match history.check() {
         Ok(report) => println!("grow: history checker passed: {report}"),
         Err(v) => panic!("history checker FAILED: {v}\n{}", m.c.logs()),
     }
-    for t in &tokens {
+    for t in tokens {
         assert!(
             t.windows(2).all(|w| w[0] < w[1]),
             "tokens of one worker fell: {t:?}"
@@ -318,7 +340,6 @@ fn grow_three_to_five_and_back_under_load_removing_the_leader() {
     let cycles: usize = tokens.iter().map(Vec::len).sum();
     println!("grow: first add (catch-up and promote) took {add_ms} ms; {cycles} lock cycles");
     assert!(cycles > 0);
-    m.c.assert_all_running();
 }
 
 #[test]

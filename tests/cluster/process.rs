@@ -101,40 +101,7 @@ fn leader_killed_under_load_loses_no_grant() {
             Arc::clone(&tokens),
         );
         handles.push(std::thread::spawn(move || -> Result<(), String> {
-            let mut c = Client::connect(addr);
-            let mut owner = (w as u64) << 32;
-            while !stop.load(Ordering::SeqCst) {
-                let k = owner as usize % 3;
-                let key = format!("k{k}");
-                owner += 1;
-                c.acquire(&key, owner, 5, 30);
-                let r = match c.try_recv(Duration::from_secs(20)) {
-                    Ok(r) => r,
-                    Err(NoReply::TimedOut) => return Err(format!("worker {w}: no answer")),
-                    Err(e) => return Err(format!("worker {w}: {e:?}")),
-                };
-                let token = match r {
-                    Reply::Acquired { token, .. } => token,
-                    Reply::Busy { .. } | Reply::Timeout { .. } => {
-                        std::thread::sleep(Duration::from_millis(20));
-                        continue;
-                    }
-                    other => return Err(format!("worker {w}: {other:?}")),
-                };
-                if inside[k].swap(true, Ordering::SeqCst) {
-                    return Err(format!("two holders of {key}"));
-                }
-                tokens.lock().unwrap().entry(k).or_default().push(token);
-                grants.fetch_add(1, Ordering::SeqCst);
-                std::thread::sleep(Duration::from_millis(5));
-                inside[k].store(false, Ordering::SeqCst);
-                c.release(&key, token);
-                match c.try_recv(Duration::from_secs(20)) {
-                    Ok(Reply::Released { .. }) => {}
-                    other => return Err(format!("worker {w}: release of {token}: {other:?}")),
-                }
-            }
-            Ok(())
+            failover_worker(w, addr, &stop, &grants, &inside, &tokens)
         }));
     }
     let wait_grants = |n: u64| {
@@ -163,6 +130,60 @@ fn leader_killed_under_load_loses_no_grant() {
         }
     }
     let all = tokens.lock().unwrap();
+    tokens_rise_and_carry_random_bits(&all);
+}
+
+/// Worker `w` of the failover load on the node at `addr`, until `stop`:
+/// acquire, check nobody else is `inside`, record the token and count the
+/// grant, hold briefly, release (which must be R: the grant was
+/// committed).
+fn failover_worker(
+    w: usize,
+    addr: std::net::SocketAddr,
+    stop: &AtomicBool,
+    grants: &AtomicU64,
+    inside: &[AtomicBool],
+    tokens: &Mutex<BTreeMap<usize, Vec<u64>>>,
+) -> Result<(), String> {
+    let mut c = Client::connect(addr);
+    let mut owner = (w as u64) << 32;
+    while !stop.load(Ordering::SeqCst) {
+        let k = owner as usize % 3;
+        let key = format!("k{k}");
+        owner += 1;
+        c.acquire(&key, owner, 5, 30);
+        let r = match c.try_recv(Duration::from_secs(20)) {
+            Ok(r) => r,
+            Err(NoReply::TimedOut) => return Err(format!("worker {w}: no answer")),
+            Err(e) => return Err(format!("worker {w}: {e:?}")),
+        };
+        let token = match r {
+            Reply::Acquired { token, .. } => token,
+            Reply::Busy { .. } | Reply::Timeout { .. } => {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            other => return Err(format!("worker {w}: {other:?}")),
+        };
+        if inside[k].swap(true, Ordering::SeqCst) {
+            return Err(format!("two holders of {key}"));
+        }
+        tokens.lock().unwrap().entry(k).or_default().push(token);
+        grants.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(5));
+        inside[k].store(false, Ordering::SeqCst);
+        c.release(&key, token);
+        match c.try_recv(Duration::from_secs(20)) {
+            Ok(Reply::Released { .. }) => {}
+            other => return Err(format!("worker {w}: release of {token}: {other:?}")),
+        }
+    }
+    Ok(())
+}
+
+/// Each key's tokens (`all`, by key number) rise, and carry the
+/// proposer's random low bits.
+fn tokens_rise_and_carry_random_bits(all: &BTreeMap<usize, Vec<u64>>) {
     for (k, ts) in all.iter() {
         assert!(
             ts.windows(2).all(|w| w[0] < w[1]),
@@ -445,71 +466,7 @@ fn an_extended_lease_outlives_its_first_and_a_leader_change_ends_it_late_never_e
     let mut rival = cluster.client(other);
     let logs = || cluster.logs();
 
-    // 1. A 3 s grant extended every second, alternately through the
-    //    follower it was granted on and through the leader, until well
-    //    past its first lease; a rival's wait-0 acquire gets T throughout.
-    let sent = Instant::now();
-    let t = acquire(&mut holder, "job", 10, 3).token();
-    let first_end = sent + Duration::from_secs(3);
-    let mut held_until = first_end;
-    for round in 0..6 {
-        std::thread::sleep(Duration::from_millis(1000));
-        let c = if round % 2 == 0 {
-            &mut holder
-        } else {
-            &mut via_leader
-        };
-        let (at, r) = extend_once(c, "job", t, 3);
-        assert_eq!(
-            r,
-            Reply::Extended {
-                token: t,
-                key: "job".into()
-            },
-            "round {round}"
-        );
-        assert!(Instant::now() < held_until, "E after the expiry");
-        held_until = at + Duration::from_secs(3);
-        let probe_at = Instant::now();
-        let r = rival.acquire_reply("job", 20 + round, 0, 3);
-        assert!(
-            matches!(r, Reply::Timeout { .. }),
-            "round {round}: {r:?} while held ({:?} past the first lease)",
-            probe_at.saturating_duration_since(first_end)
-        );
-    }
-    assert!(
-        Instant::now() > first_end + Duration::from_secs(2),
-        "the extends did not take the grant past its first lease"
-    );
-    // A wrong token is refused with X, through either node, and changes
-    // nothing.
-    for c in [&mut holder, &mut via_leader] {
-        let (_, r) = extend_once(c, "job", t + 1000, 3);
-        assert_eq!(
-            r,
-            Reply::NotExtended {
-                token: t + 1000,
-                key: "job".into()
-            }
-        );
-    }
-    // No more extends: the rival gets T until the last extended lease
-    // ends, then the key, with a higher token; the old grant is gone.
-    let (_, t2) = probe_until_granted(
-        &mut rival,
-        "job",
-        30,
-        held_until,
-        Duration::from_secs(5),
-        &logs,
-    );
-    assert!(t2 > t, "{t2} after {t}");
-    let (_, r) = extend_once(&mut holder, "job", t, 3);
-    assert!(
-        matches!(r, Reply::NotExtended { token, .. } if token == t),
-        "{r:?}"
-    );
+    extends_keep_the_grant_past_its_first_lease(&mut holder, &mut via_leader, &mut rival, &logs);
 
     // 2. A 3 s grant extended through the leader to 6 s; the leader is
     //    killed right after its E. The new leader ends the grant no
@@ -538,6 +495,85 @@ fn an_extended_lease_outlives_its_first_and_a_leader_change_ends_it_late_never_e
     assert!(t4 > t3, "{t4} after {t3}");
     assert!(granted_at >= latest_end);
 
+    a_node_without_a_quorum_never_answers_x(&mut cluster, leader);
+}
+
+/// Phase 1 of the extend test: a 3 s grant extended every second,
+/// alternately through the follower it was granted on (`holder`) and
+/// through the leader (`via_leader`), until well past its first lease; a
+/// `rival`'s wait-0 acquire gets T throughout, and the key only once the
+/// extends stop and the last extended lease ends.
+fn extends_keep_the_grant_past_its_first_lease(
+    holder: &mut Client,
+    via_leader: &mut Client,
+    rival: &mut Client,
+    logs: &dyn Fn() -> String,
+) {
+    // 1. A 3 s grant extended every second, alternately through the
+    //    follower it was granted on and through the leader, until well
+    //    past its first lease; a rival's wait-0 acquire gets T throughout.
+    let sent = Instant::now();
+    let t = acquire(holder, "job", 10, 3).token();
+    let first_end = sent + Duration::from_secs(3);
+    let mut held_until = first_end;
+    for round in 0..6 {
+        std::thread::sleep(Duration::from_millis(1000));
+        let c = if round % 2 == 0 {
+            &mut *holder
+        } else {
+            &mut *via_leader
+        };
+        let (at, r) = extend_once(c, "job", t, 3);
+        assert_eq!(
+            r,
+            Reply::Extended {
+                token: t,
+                key: "job".into()
+            },
+            "round {round}"
+        );
+        assert!(Instant::now() < held_until, "E after the expiry");
+        held_until = at + Duration::from_secs(3);
+        let probe_at = Instant::now();
+        let r = rival.acquire_reply("job", 20 + round, 0, 3);
+        assert!(
+            matches!(r, Reply::Timeout { .. }),
+            "round {round}: {r:?} while held ({:?} past the first lease)",
+            probe_at.saturating_duration_since(first_end)
+        );
+    }
+    assert!(
+        Instant::now() > first_end + Duration::from_secs(2),
+        "the extends did not take the grant past its first lease"
+    );
+    // A wrong token is refused with X, through either node, and changes
+    // nothing.
+    for c in [&mut *holder, &mut *via_leader] {
+        let (_, r) = extend_once(c, "job", t + 1000, 3);
+        assert_eq!(
+            r,
+            Reply::NotExtended {
+                token: t + 1000,
+                key: "job".into()
+            }
+        );
+    }
+    // No more extends: the rival gets T until the last extended lease
+    // ends, then the key, with a higher token; the old grant is gone.
+    let (_, t2) = probe_until_granted(rival, "job", 30, held_until, Duration::from_secs(5), logs);
+    assert!(t2 > t, "{t2} after {t}");
+    let (_, r) = extend_once(holder, "job", t, 3);
+    assert!(
+        matches!(r, Reply::NotExtended { token, .. } if token == t),
+        "{r:?}"
+    );
+}
+
+/// Phase 3 of the extend test (the old leader, node `leader`, is down):
+/// a node without a quorum never answers an Extend with X, even for a
+/// token it has never heard of: it cannot know the grant is gone. Once a
+/// quorum is back, the live grant's extend is E or nothing.
+fn a_node_without_a_quorum_never_answers_x(cluster: &mut Cluster, leader: usize) {
     // 3. A node without a quorum never answers an Extend with X, even for
     //    a token it has never heard of: it cannot know the grant is gone.
     //    Once a quorum is back, the live grant's extend is E or nothing.

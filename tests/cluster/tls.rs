@@ -159,23 +159,7 @@ fn node_3s_certificate_cannot_claim_id_2() {
     // Node 1 connects to "node 2" and checks the name: refused.
     impostor.set_nonblocking(false).unwrap();
     let (mut s, _) = impostor.accept().unwrap();
-    let srv = {
-        use rustls::pki_types::pem::PemObject;
-        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-        let chain: Vec<_> = CertificateDer::pem_file_iter(certs.0.join("node3.pem"))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
-        let key = PrivateKeyDer::from_pem_file(certs.0.join("node3-key.pem")).unwrap();
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let cfg = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(chain, key)
-            .unwrap();
-        Arc::new(cfg)
-    };
+    let srv = node3_server_config(&certs.0);
     let mut conn = rustls::ServerConnection::new(srv).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut failed = false;
@@ -214,9 +198,42 @@ fn node_3s_certificate_cannot_claim_id_2() {
         c.node(0).log().contains("does not name node 2")
     });
     // The connection is closed.
+    assert!(connection_closed(&mut cl, &mut s));
+    assert!(
+        !c.node(0).log().contains("peer 2 authenticated"),
+        "{}",
+        c.logs()
+    );
+    assert_serves(&c, 2, "claim-after");
+    c.assert_all_running();
+}
+
+/// A TLS server configuration with node 3's (valid) certificate from the
+/// certificates directory `dir`.
+fn node3_server_config(dir: &Path) -> Arc<rustls::ServerConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain: Vec<_> = CertificateDer::pem_file_iter(dir.join("node3.pem"))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(dir.join("node3-key.pem")).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    Arc::new(cfg)
+}
+
+/// Whether the node closed the TLS connection `cl` over `s`: reads until
+/// the end of the stream or an error.
+fn connection_closed(cl: &mut rustls::ClientConnection, s: &mut TcpStream) -> bool {
     let mut b = [0u8; 64];
-    let closed = loop {
-        match cl.complete_io(&mut s) {
+    loop {
+        match cl.complete_io(s) {
             Ok((0, 0)) => match cl.reader().read(&mut b) {
                 Ok(0) => break true,
                 Ok(_) => {}
@@ -230,15 +247,7 @@ fn node_3s_certificate_cannot_claim_id_2() {
             Ok(_) => {}
             Err(_) => break true,
         }
-    };
-    assert!(closed);
-    assert!(
-        !c.node(0).log().contains("peer 2 authenticated"),
-        "{}",
-        c.logs()
-    );
-    assert_serves(&c, 2, "claim-after");
-    c.assert_all_running();
+    }
 }
 
 #[test]
@@ -329,55 +338,7 @@ fn certificates_made_by_openssl_are_accepted() {
         ],
     );
     for i in 1..=3 {
-        let key = format!("node{i}-key.pem");
-        let csr = format!("node{i}.csr");
-        let ext = format!("node{i}.ext");
-        std::fs::write(
-            dir.join(&ext),
-            format!(
-                "subjectAltName=DNS:node{i}.tlsossl\n\
-                 extendedKeyUsage=serverAuth,clientAuth\n\
-                 keyUsage=critical,digitalSignature,keyEncipherment\n"
-            ),
-        )
-        .unwrap();
-        openssl(
-            dir,
-            &[
-                "req",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-nodes",
-                "-keyout",
-                &key,
-                "-out",
-                &csr,
-                "-subj",
-                &format!("/CN=node{i}"),
-            ],
-        );
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &csr,
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca-key.pem",
-                "-CAcreateserial",
-                "-out",
-                &format!("node{i}.pem"),
-                "-days",
-                "30",
-                "-extfile",
-                &ext,
-            ],
-        );
+        openssl_node_certificate(dir, i);
     }
     let mut c = Cluster::new("tlsossl", 3);
     c.use_tls(dir);
@@ -388,6 +349,60 @@ fn certificates_made_by_openssl_are_accepted() {
         (0..3).all(|i| c.node(i).log().matches("authenticated; its data").count() >= 2)
     });
     c.assert_all_running();
+}
+
+/// Node `i`'s EC P-256 certificate for `node{i}.tlsossl`, for server and
+/// client use, made by `openssl` in `dir` and signed by its `ca.pem`.
+fn openssl_node_certificate(dir: &Path, i: usize) {
+    let key = format!("node{i}-key.pem");
+    let csr = format!("node{i}.csr");
+    let ext = format!("node{i}.ext");
+    std::fs::write(
+        dir.join(&ext),
+        format!(
+            "subjectAltName=DNS:node{i}.tlsossl\n\
+                 extendedKeyUsage=serverAuth,clientAuth\n\
+                 keyUsage=critical,digitalSignature,keyEncipherment\n"
+        ),
+    )
+    .unwrap();
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            &format!("/CN=node{i}"),
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca-key.pem",
+            "-CAcreateserial",
+            "-out",
+            &format!("node{i}.pem"),
+            "-days",
+            "30",
+            "-extfile",
+            &ext,
+        ],
+    );
 }
 
 #[test]

@@ -223,17 +223,7 @@ fn play(w: &mut dyn Wire, ops: &[Op]) -> Vec<(Vec<u8>, bool)> {
                 settle_all(w, Some(conn), &open);
             }
             Op::Pipelined { conn, ref requests } if open[conn] => {
-                let mut bytes = Vec::new();
-                for &(key, token) in requests {
-                    match token {
-                        Some(t) => bytes.extend(release(KEYS[key], t)),
-                        None => {
-                            owner += 1;
-                            bytes.extend(acquire(KEYS[key], owner, 0, 2));
-                        }
-                    }
-                }
-                w.send(conn, &bytes);
+                w.send(conn, &pipelined_bytes(requests, &mut owner));
                 settle_all(w, Some(conn), &open);
             }
             Op::Extend {
@@ -266,6 +256,23 @@ fn play(w: &mut dyn Wire, ops: &[Op]) -> Vec<(Vec<u8>, bool)> {
     (0..CONNS)
         .map(|c| (w.received(c).to_vec(), !open[c]))
         .collect()
+}
+
+/// The bytes of a pipelined batch: a release of each `(key, Some(token))`,
+/// an acquire (wait 0, lease 2 s) by the next owner after `owner` of each
+/// `(key, None)`.
+fn pipelined_bytes(requests: &[(usize, Option<u64>)], owner: &mut u64) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for &(key, token) in requests {
+        match token {
+            Some(t) => bytes.extend(release(KEYS[key], t)),
+            None => {
+                *owner += 1;
+                bytes.extend(acquire(KEYS[key], *owner, 0, 2));
+            }
+        }
+    }
+    bytes
 }
 
 fn assert_same(mem: &[(Vec<u8>, bool)], tcp: &[(Vec<u8>, bool)], ops: &[Op]) {

@@ -557,115 +557,62 @@ fn pick_token(m: &Model, key: usize, pick: u8, any: u64) -> u64 {
 }
 
 fn run(ops: &[Op], replicated: bool) {
-    const FIRST_TOKEN: u64 = 1;
-    let mut e = if replicated {
-        Engine::replicated(limits(), FIRST_TOKEN)
-    } else {
-        Engine::new(limits(), FIRST_TOKEN)
-    };
-    let mut m = Model::new(limits(), FIRST_TOKEN, replicated);
-    let mut out = Outbox::new();
-    let mut check = Checker {
-        replicated,
-        ..Checker::default()
-    };
-    let mut generation = [0u64; CONN_SLOTS];
-    let conn_id = |g: &[u64; CONN_SLOTS], slot: usize| slot as u64 + 10 * g[slot];
-    let mut next_owner = 1_000u64;
-
+    let mut r = Run::new(replicated);
     for op in ops {
-        let now = Millis(m.now_ms);
-        let mut expect = Vec::new();
-        match *op {
-            Op::Acquire {
-                key,
-                conn,
-                wait_s,
-                lease_s,
-            } => {
-                let conn = conn_id(&generation, conn);
-                let owner = next_owner;
-                next_owner += 1;
-                let req = Acquire {
-                    key: KEYS[key],
-                    owner,
-                    wait_s,
-                    lease_s,
-                };
-                let got = match e.acquire(now, conn, req, &mut out) {
-                    AcquireOutcome::Granted(t) => Outcome::Granted(t),
-                    AcquireOutcome::Queued(id) => Outcome::Queued(id),
-                    AcquireOutcome::Timeout => Outcome::Timeout,
-                    AcquireOutcome::Busy => Outcome::Busy,
-                    AcquireOutcome::LimitMismatch(n) => panic!("a mutex acquire met limit {n}"),
-                };
-                let want = m.acquire(conn, KEYS[key], owner, wait_s, lease_s, &mut expect);
-                assert_eq!(got, want, "outcome of {op:?}");
-                let queued = matches!(got, Outcome::Queued(_));
-                let deadline = (queued && !replicated).then(|| m.now_ms + u64::from(wait_s) * 1000);
-                check.pending.insert(owner, (conn, deadline, lease_s));
-            }
-            Op::Release {
-                key,
-                conn,
-                pick,
-                any,
-            } => {
-                let conn = conn_id(&generation, conn);
-                let token = pick_token(&m, key, pick, any);
-                let took = e.release(now, conn, token, KEYS[key], &mut out);
-                m.release(conn, KEYS[key], token, &mut expect);
-                assert_eq!(took, matches!(expect[0].1, Rep::R(..)));
-            }
-            Op::Extend {
-                key,
-                conn,
-                pick,
-                any,
-                lease_s,
-            } => {
-                let conn = conn_id(&generation, conn);
-                let token = pick_token(&m, key, pick, any);
-                check.extend_lease.insert(token, lease_s);
-                let took = e.extend(now, conn, KEYS[key], token, lease_s, &mut out);
-                m.extend(conn, KEYS[key], token, lease_s, &mut expect);
-                assert_eq!(took, matches!(expect[0].1, Rep::E(..)));
-            }
-            Op::Disconnect { conn: slot } => {
-                let conn = conn_id(&generation, slot);
-                e.disconnect(now, conn, &mut out);
-                m.disconnect(conn);
-                // The connection is gone: its pending acquires must never be
-                // answered. The server never reuses a connection id.
-                check.pending.retain(|_, p| p.0 != conn);
-                generation[slot] += 1;
-            }
-            Op::Step { ms } => m.now_ms += ms,
-            Op::Tick => {
-                e.tick(now, &mut out);
-                m.tick(&mut expect);
-            }
-            Op::Expire { key, pick, any } => {
-                let token = pick_token(&m, key, pick, any);
-                let took = e.expire(now, KEYS[key], token, &mut out);
-                assert_eq!(took, m.expire(KEYS[key], token, &mut expect));
-                if took {
-                    // The grant was ended on purpose (cluster mode decides
-                    // expiry by consensus): the next grant is legitimate.
-                    check.live_grant.remove(KEYS[key]);
-                }
-            }
-            Op::WaitTimeout { key, which } => {
-                let queued = m.find(KEYS[key]).map(|i| &m.keys[i].queue);
-                let id = match queued {
-                    Some(q) if which < 3 && !q.is_empty() => q[usize::from(which) % q.len()].id,
-                    _ => u64::from(which),
-                };
-                let took = e.wait_timeout(now, KEYS[key], id, &mut out);
-                assert_eq!(took, m.wait_timeout(KEYS[key], id, &mut expect));
-            }
+        r.step(op);
+    }
+    r.finish();
+}
+
+/// One run of the engine beside its model: what it keeps between
+/// operations.
+struct Run {
+    e: Engine,
+    m: Model,
+    out: Outbox,
+    check: Checker,
+    /// How many times each connection slot was reconnected: the server
+    /// never reuses a connection id.
+    generation: [u64; CONN_SLOTS],
+    next_owner: u64,
+    replicated: bool,
+}
+
+impl Run {
+    fn new(replicated: bool) -> Run {
+        const FIRST_TOKEN: u64 = 1;
+        let e = if replicated {
+            Engine::replicated(limits(), FIRST_TOKEN)
+        } else {
+            Engine::new(limits(), FIRST_TOKEN)
+        };
+        Run {
+            e,
+            m: Model::new(limits(), FIRST_TOKEN, replicated),
+            out: Outbox::new(),
+            check: Checker {
+                replicated,
+                ..Checker::default()
+            },
+            generation: [0u64; CONN_SLOTS],
+            next_owner: 1_000u64,
+            replicated,
         }
-        let got = owned(&mut out);
+    }
+
+    /// The connection id of connection slot `slot` now.
+    fn conn_id(&self, slot: usize) -> ConnId {
+        slot as u64 + 10 * self.generation[slot]
+    }
+
+    /// Applies `op` to the engine and the model, then checks the replies
+    /// are the same and the states agree.
+    fn step(&mut self, op: &Op) {
+        let now = Millis(self.m.now_ms);
+        let mut expect = Vec::new();
+        self.apply(op, now, &mut expect);
+        let (e, m, check) = (&mut self.e, &self.m, &mut self.check);
+        let got = owned(&mut self.out);
         assert_eq!(got, expect, "replies of {op:?} at {now}");
         check.observe(m.now_ms, &got);
         if let Op::Tick = op {
@@ -676,7 +623,7 @@ fn run(ops: &[Op], replicated: bool) {
             );
         }
         e.check_invariants();
-        compare_state(&e, &m);
+        compare_state(e, m);
         // Every unanswered acquire is one queued in the engine.
         assert_eq!(
             check.pending.len(),
@@ -685,31 +632,145 @@ fn run(ops: &[Op], replicated: bool) {
         );
     }
 
-    // Run time out (or, replicated, commit a wait timeout for every queued
-    // acquire): every queued acquire is answered.
-    m.now_ms += 300_000;
-    let mut expect = Vec::new();
-    if replicated {
-        let all: Vec<(usize, u64)> = (0..KEYS.len())
-            .flat_map(|k| {
-                let q = m.find(KEYS[k]).map(|i| m.keys[i].queue.clone());
-                q.unwrap_or_default().into_iter().map(move |w| (k, w.id))
-            })
-            .collect();
-        for (k, id) in all {
-            assert!(e.wait_timeout(Millis(m.now_ms), KEYS[k], id, &mut out));
-            assert!(m.wait_timeout(KEYS[k], id, &mut expect));
+    /// Applies `op` at `now` to the engine (its replies in `self.out`) and
+    /// to the model (its replies in `expect`).
+    fn apply(&mut self, op: &Op, now: Millis, expect: &mut Vec<(ConnId, Rep)>) {
+        match *op {
+            Op::Acquire { .. } => self.acquire(op, now, expect),
+            Op::Release {
+                key,
+                conn,
+                pick,
+                any,
+            } => {
+                let conn = self.conn_id(conn);
+                let token = pick_token(&self.m, key, pick, any);
+                let took = self.e.release(now, conn, token, KEYS[key], &mut self.out);
+                self.m.release(conn, KEYS[key], token, expect);
+                assert_eq!(took, matches!(expect[0].1, Rep::R(..)));
+            }
+            Op::Extend {
+                key,
+                conn,
+                pick,
+                any,
+                lease_s,
+            } => {
+                let conn = self.conn_id(conn);
+                let token = pick_token(&self.m, key, pick, any);
+                self.check.extend_lease.insert(token, lease_s);
+                let took = self
+                    .e
+                    .extend(now, conn, KEYS[key], token, lease_s, &mut self.out);
+                self.m.extend(conn, KEYS[key], token, lease_s, expect);
+                assert_eq!(took, matches!(expect[0].1, Rep::E(..)));
+            }
+            Op::Disconnect { conn: slot } => {
+                let conn = self.conn_id(slot);
+                self.e.disconnect(now, conn, &mut self.out);
+                self.m.disconnect(conn);
+                // The connection is gone: its pending acquires must never be
+                // answered. The server never reuses a connection id.
+                self.check.pending.retain(|_, p| p.0 != conn);
+                self.generation[slot] += 1;
+            }
+            Op::Step { ms } => self.m.now_ms += ms,
+            Op::Tick => {
+                self.e.tick(now, &mut self.out);
+                self.m.tick(expect);
+            }
+            Op::Expire { key, pick, any } => {
+                let token = pick_token(&self.m, key, pick, any);
+                let took = self.e.expire(now, KEYS[key], token, &mut self.out);
+                assert_eq!(took, self.m.expire(KEYS[key], token, expect));
+                if took {
+                    // The grant was ended on purpose (cluster mode decides
+                    // expiry by consensus): the next grant is legitimate.
+                    self.check.live_grant.remove(KEYS[key]);
+                }
+            }
+            Op::WaitTimeout { key, which } => {
+                let queued = self.m.find(KEYS[key]).map(|i| &self.m.keys[i].queue);
+                let id = match queued {
+                    Some(q) if which < 3 && !q.is_empty() => q[usize::from(which) % q.len()].id,
+                    _ => u64::from(which),
+                };
+                let took = self.e.wait_timeout(now, KEYS[key], id, &mut self.out);
+                assert_eq!(took, self.m.wait_timeout(KEYS[key], id, expect));
+            }
         }
-    } else {
-        e.tick(Millis(m.now_ms), &mut out);
-        m.tick(&mut expect);
     }
-    let got = owned(&mut out);
-    assert_eq!(got, expect, "replies of the final step");
-    check.observe(m.now_ms, &got);
-    assert!(check.pending.is_empty(), "unanswered: {:?}", check.pending);
-    e.check_invariants();
-    compare_state(&e, &m);
+
+    /// The acquire `op` by a new owner: the engine's outcome is the
+    /// model's, and the checker expects its answer.
+    fn acquire(&mut self, op: &Op, now: Millis, expect: &mut Vec<(ConnId, Rep)>) {
+        let Op::Acquire {
+            key,
+            conn: slot,
+            wait_s,
+            lease_s,
+        } = *op
+        else {
+            unreachable!("called for an acquire only");
+        };
+        let conn = self.conn_id(slot);
+        let owner = self.next_owner;
+        self.next_owner += 1;
+        let req = Acquire {
+            key: KEYS[key],
+            owner,
+            wait_s,
+            lease_s,
+        };
+        let got = match self.e.acquire(now, conn, req, &mut self.out) {
+            AcquireOutcome::Granted(t) => Outcome::Granted(t),
+            AcquireOutcome::Queued(id) => Outcome::Queued(id),
+            AcquireOutcome::Timeout => Outcome::Timeout,
+            AcquireOutcome::Busy => Outcome::Busy,
+            AcquireOutcome::LimitMismatch(n) => panic!("a mutex acquire met limit {n}"),
+        };
+        let want = self
+            .m
+            .acquire(conn, KEYS[key], owner, wait_s, lease_s, expect);
+        assert_eq!(got, want, "outcome of {op:?}");
+        let queued = matches!(got, Outcome::Queued(_));
+        let deadline =
+            (queued && !self.replicated).then(|| self.m.now_ms + u64::from(wait_s) * 1000);
+        self.check.pending.insert(owner, (conn, deadline, lease_s));
+    }
+
+    /// Runs time out (or, replicated, commits a wait timeout for every
+    /// queued acquire): every queued acquire is answered.
+    fn finish(mut self) {
+        let (e, m, out) = (&mut self.e, &mut self.m, &mut self.out);
+        m.now_ms += 300_000;
+        let mut expect = Vec::new();
+        if self.replicated {
+            let all: Vec<(usize, u64)> = (0..KEYS.len())
+                .flat_map(|k| {
+                    let q = m.find(KEYS[k]).map(|i| m.keys[i].queue.clone());
+                    q.unwrap_or_default().into_iter().map(move |w| (k, w.id))
+                })
+                .collect();
+            for (k, id) in all {
+                assert!(e.wait_timeout(Millis(m.now_ms), KEYS[k], id, out));
+                assert!(m.wait_timeout(KEYS[k], id, &mut expect));
+            }
+        } else {
+            e.tick(Millis(m.now_ms), out);
+            m.tick(&mut expect);
+        }
+        let got = owned(out);
+        assert_eq!(got, expect, "replies of the final step");
+        self.check.observe(m.now_ms, &got);
+        assert!(
+            self.check.pending.is_empty(),
+            "unanswered: {:?}",
+            self.check.pending
+        );
+        e.check_invariants();
+        compare_state(e, m);
+    }
 }
 
 proptest! {

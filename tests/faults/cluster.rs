@@ -215,33 +215,7 @@ fn isolated_leader_grants_nothing_and_the_majority_elects_a_new_one() {
         .map(|&i| s.wait_node_grants(i, cut_us, "after the leader was cut off"))
         .min()
         .unwrap();
-    let (r, taken_us) = acquire_recorded(
-        &mut s.main,
-        s.clock,
-        1001,
-        &client_for(new),
-        "orphan",
-        Duration::from_secs(4),
-        LEASE,
-    );
-    let Acquire::Acquired(taken) = r else {
-        panic!(
-            "the new leader did not end the orphaned grant: {r:?}\n{}",
-            s.cluster.logs()
-        );
-    };
-    assert!(
-        taken.token() > orphan_token,
-        "{} after {orphan_token}",
-        taken.token()
-    );
-    let lease_us = u64::try_from(LEASE.as_micros()).unwrap();
-    assert!(
-        taken_us >= orphan_from_us + lease_us,
-        "the orphaned grant ended before its lease: taken {} ms after it was asked for",
-        ms(orphan_from_us, taken_us)
-    );
-    release_recorded(&mut s.main, s.clock, 1001, taken);
+    let taken_us = the_new_leader_ends_the_orphan(&mut s, new, orphan_token, orphan_from_us);
     s.hold_partition(cut_us);
     s.fw.heal();
     let heal_us = s.now_us();
@@ -272,6 +246,46 @@ fn isolated_leader_grants_nothing_and_the_majority_elects_a_new_one() {
     assert!(served > 0, "the majority granted nothing: {during:?}");
     // Tokens after the leader change are above every token before it.
     assert_tokens_rise(&s, &attempts, cut_us, elected_us);
+}
+
+/// The new leader (node `new`) ends the orphaned grant (`orphan_token`,
+/// asked for at `orphan_from_us`) with its committed Expire, not before its
+/// lease: the key goes to another client with a higher token, which
+/// releases it. Returns when it was taken.
+fn the_new_leader_ends_the_orphan(
+    s: &mut Setup,
+    new: usize,
+    orphan_token: u64,
+    orphan_from_us: u64,
+) -> u64 {
+    let (r, taken_us) = acquire_recorded(
+        &mut s.main,
+        s.clock,
+        1001,
+        &client_for(new),
+        "orphan",
+        Duration::from_secs(4),
+        LEASE,
+    );
+    let Acquire::Acquired(taken) = r else {
+        panic!(
+            "the new leader did not end the orphaned grant: {r:?}\n{}",
+            s.cluster.logs()
+        );
+    };
+    assert!(
+        taken.token() > orphan_token,
+        "{} after {orphan_token}",
+        taken.token()
+    );
+    let lease_us = u64::try_from(LEASE.as_micros()).unwrap();
+    assert!(
+        taken_us >= orphan_from_us + lease_us,
+        "the orphaned grant ended before its lease: taken {} ms after it was asked for",
+        ms(orphan_from_us, taken_us)
+    );
+    release_recorded(&mut s.main, s.clock, 1001, taken);
+    taken_us
 }
 
 // Long because it is one scenario, step by step.

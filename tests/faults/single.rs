@@ -144,12 +144,7 @@ fn kill_and_restart_under_load(data_dir: Option<&Path>) -> Report {
     let mut history = History::new();
     let mut highest = 0u64;
     for round in 0..4 {
-        let dir = data_dir.map(|d| d.to_str().expect("utf-8 path").to_string());
-        let mut args = vec!["--listen", "127.0.0.1:0"];
-        if let Some(d) = &dir {
-            args.extend_from_slice(&["--data-dir", d]);
-        }
-        let mut server = Ticketd::start_raw(&[], &args);
+        let mut server = start_on_loopback(data_dir);
         let first = next_token_of(&server);
         if round > 0 {
             assert!(
@@ -199,18 +194,7 @@ fn kill_and_restart_under_load(data_dir: Option<&Path>) -> Report {
             panic!("round {round}: {v}");
         }
         let before = highest;
-        highest = history
-            .events()
-            .iter()
-            .filter_map(|e| match e {
-                ticketd_testkit::checker::Event::Acquired {
-                    outcome: Outcome::Granted { token },
-                    ..
-                } => Some(*token),
-                _ => None,
-            })
-            .max()
-            .unwrap_or(highest);
+        highest = highest_granted(&history).unwrap_or(highest);
         assert!(highest > before, "round {round} granted nothing");
     }
     let report = history.check().unwrap_or_else(|v| panic!("{v}"));
@@ -220,6 +204,31 @@ fn kill_and_restart_under_load(data_dir: Option<&Path>) -> Report {
     );
     println!("kill/restart: {report}");
     report
+}
+
+/// The server on a free loopback port, with `data_dir` when given.
+fn start_on_loopback(data_dir: Option<&Path>) -> Ticketd {
+    let dir = data_dir.map(|d| d.to_str().expect("utf-8 path").to_string());
+    let mut args = vec!["--listen", "127.0.0.1:0"];
+    if let Some(d) = &dir {
+        args.extend_from_slice(&["--data-dir", d]);
+    }
+    Ticketd::start_raw(&[], &args)
+}
+
+/// The highest token granted in `history`, if any.
+fn highest_granted(history: &History) -> Option<u64> {
+    history
+        .events()
+        .iter()
+        .filter_map(|e| match e {
+            ticketd_testkit::checker::Event::Acquired {
+                outcome: Outcome::Granted { token },
+                ..
+            } => Some(*token),
+            _ => None,
+        })
+        .max()
 }
 
 #[test]
@@ -516,12 +525,45 @@ fn slow_and_idle_abuse_leaves_other_clients_fast_and_memory_bounded() {
     }
     // Write until the socket stays blocked for 1.5 s: the kernel buffers on
     // both sides are full and the server has stopped reading this client.
+    let (written, closed_early) = flood_until_blocked(&mut sink, &burst);
+    // A well-behaved client meanwhile.
+    let p99 = round_trips_stay_fast(&server);
+    // The half frames are closed within a few frame timeouts.
+    for (i, c) in partial.iter_mut().enumerate() {
+        match c.try_recv(Duration::from_secs(4)) {
+            Err(NoReply::Closed) => {}
+            other => panic!("half-frame connection {i} not closed: {other:?}"),
+        }
+    }
+    // The non-reader is closed too once its replies stop draining. Reading
+    // them would be progress, so first wait (without reading) for more than
+    // the frame timeout, then drain what is left to see the close.
+    std::thread::sleep(Duration::from_millis(2500));
+    let closed = closed_once_drained(&mut sink, closed_early);
+    let rss = server.rss_kib();
+    println!(
+        "abuse: {} idle, {} half frames, {written} bytes unread; p99 {p99:?}; RSS {rss_start} -> {rss} KiB",
+        idle.len(),
+        partial.len()
+    );
+    assert!(closed, "the client that never reads was never closed");
+    assert!(
+        rss < rss_start + 64 * 1024,
+        "server RSS grew from {rss_start} KiB to {rss} KiB"
+    );
+    // The idle connections are still served (idle is not abuse).
+    an_idle_connection_is_served(idle);
+}
+
+/// Writes `burst` to `sink` until the socket stays blocked for 1.5 s (at
+/// most 10 s): the bytes written, and whether the server closed it first.
+fn flood_until_blocked(sink: &mut TcpStream, burst: &[u8]) -> (usize, bool) {
     let mut written = 0usize;
     let mut closed_early = false;
     let mut blocked_since: Option<Instant> = None;
     let flood_until = Instant::now() + Duration::from_secs(10);
     while Instant::now() < flood_until {
-        match sink.write(&burst) {
+        match sink.write(burst) {
             Ok(n) => {
                 written += n;
                 blocked_since = None;
@@ -539,7 +581,12 @@ fn slow_and_idle_abuse_leaves_other_clients_fast_and_memory_bounded() {
             }
         }
     }
-    // A well-behaved client meanwhile.
+    (written, closed_early)
+}
+
+/// A well-behaved client's 200 acquire-release round trips: the 99th
+/// percentile stays fast. Returns it.
+fn round_trips_stay_fast(server: &Ticketd) -> Duration {
     let mut good = server.connect();
     let mut rtts = Vec::new();
     for i in 0..200u64 {
@@ -558,17 +605,12 @@ fn slow_and_idle_abuse_leaves_other_clients_fast_and_memory_bounded() {
         "p99 round trip {p99:?} under abuse (max {:?})",
         rtts.last()
     );
-    // The half frames are closed within a few frame timeouts.
-    for (i, c) in partial.iter_mut().enumerate() {
-        match c.try_recv(Duration::from_secs(4)) {
-            Err(NoReply::Closed) => {}
-            other => panic!("half-frame connection {i} not closed: {other:?}"),
-        }
-    }
-    // The non-reader is closed too once its replies stop draining. Reading
-    // them would be progress, so first wait (without reading) for more than
-    // the frame timeout, then drain what is left to see the close.
-    std::thread::sleep(Duration::from_millis(2500));
+    p99
+}
+
+/// Whether the non-reader `sink` is closed (or was already,
+/// `closed_early`): drains what is left, up to 5 s, to see the close.
+fn closed_once_drained(sink: &mut TcpStream, closed_early: bool) -> bool {
     let mut closed = closed_early;
     let until = Instant::now() + Duration::from_secs(5);
     sink.set_nonblocking(false).unwrap();
@@ -576,7 +618,7 @@ fn slow_and_idle_abuse_leaves_other_clients_fast_and_memory_bounded() {
         .unwrap();
     let mut buf = vec![0u8; 1 << 20];
     while !closed && Instant::now() < until {
-        match std::io::Read::read(&mut sink, &mut buf) {
+        match std::io::Read::read(sink, &mut buf) {
             Ok(0) => {
                 closed = true;
                 break;
@@ -588,18 +630,12 @@ fn slow_and_idle_abuse_leaves_other_clients_fast_and_memory_bounded() {
             _ => {}
         }
     }
-    let rss = server.rss_kib();
-    println!(
-        "abuse: {} idle, {} half frames, {written} bytes unread; p99 {p99:?}; RSS {rss_start} -> {rss} KiB",
-        idle.len(),
-        partial.len()
-    );
-    assert!(closed, "the client that never reads was never closed");
-    assert!(
-        rss < rss_start + 64 * 1024,
-        "server RSS grew from {rss_start} KiB to {rss} KiB"
-    );
-    // The idle connections are still served (idle is not abuse).
+    closed
+}
+
+/// The idle connections are still served (idle is not abuse): one of
+/// `idle` acquires and gets its A.
+fn an_idle_connection_is_served(idle: Vec<TcpStream>) {
     let mut one = idle.into_iter().next().unwrap();
     one.write_all(&common::acquire_frame("idle", 5, 0, 5))
         .unwrap();

@@ -51,50 +51,17 @@ fn reconnecting_guessers_share_one_budget_per_identity() {
     let stop = start + Duration::from_secs(SECS);
     let received = Arc::new(AtomicU64::new(0));
     let connections = Arc::new(AtomicU64::new(0));
-    let attackers: Vec<_> = (0..CONNS)
-        .map(|i| {
-            let (wrong, received, connections) =
-                (wrong.clone(), received.clone(), connections.clone());
-            std::thread::spawn(move || {
-                let mut next = i * 997;
-                while Instant::now() < stop {
-                    let Some(mut c) = common::Client::connect_from(attacker_ip, addr) else {
-                        std::thread::sleep(Duration::from_millis(10));
-                        continue;
-                    };
-                    connections.fetch_add(1, Ordering::Relaxed);
-                    let mut frames = Vec::new();
-                    for _ in 0..100 {
-                        let t = wrong[next % wrong.len()];
-                        frames.extend_from_slice(&common::release_frame("victim", t));
-                        next += 1;
-                    }
-                    c.send(&frames);
-                    // Read until the server stalls this connection, then
-                    // drop it and come back on a fresh one.
-                    while let Ok(r) = c.try_recv(Duration::from_millis(200)) {
-                        assert!(matches!(r, Reply::NotReleased { .. }), "a guess got {r:?}");
-                        received.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            })
-        })
-        .collect();
+    let attackers = spawn_guessers(
+        CONNS,
+        attacker_ip,
+        addr,
+        stop,
+        wrong,
+        received.clone(),
+        connections.clone(),
+    );
     // The bystander, meanwhile: its own grants, extended and released at once.
-    let mut bystander = server.connect();
-    let mut slowest = Duration::ZERO;
-    let mut cycles = 0u64;
-    while Instant::now() < stop {
-        let t0 = Instant::now();
-        let t = bystander.acquire_reply("other", cycles, 0, 5).token();
-        let extended = bystander.extend_reply("other", t, 5);
-        assert!(matches!(extended, Reply::Extended { .. }), "{extended:?}");
-        let released = bystander.release_reply("other", t);
-        assert!(matches!(released, Reply::Released { .. }), "{released:?}");
-        slowest = slowest.max(t0.elapsed());
-        cycles += 1;
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (slowest, cycles) = bystander_cycles(&server, stop);
     let answered = misses(admin) as u64;
     let elapsed = start.elapsed().as_secs() + 1;
     for a in attackers {
@@ -128,6 +95,70 @@ fn reconnecting_guessers_share_one_budget_per_identity() {
     let log = server.log();
     assert!(log.contains("slowing down ip:127.0.0.2"), "{log}");
     assert_eq!(log.matches("slowing down").count(), 1, "{log}");
+}
+
+/// `conns` threads guessing wrong tokens of `victim` from `attacker_ip`
+/// until `stop`, 100 releases pipelined a connection, each dropping its
+/// connection once it stalls and opening a new one; they count the
+/// answers read and the connections opened.
+fn spawn_guessers(
+    conns: usize,
+    attacker_ip: IpAddr,
+    addr: std::net::SocketAddr,
+    stop: Instant,
+    wrong: Arc<Vec<u64>>,
+    received: Arc<AtomicU64>,
+    connections: Arc<AtomicU64>,
+) -> Vec<std::thread::JoinHandle<()>> {
+    (0..conns)
+        .map(|i| {
+            let (wrong, received, connections) =
+                (wrong.clone(), received.clone(), connections.clone());
+            std::thread::spawn(move || {
+                let mut next = i * 997;
+                while Instant::now() < stop {
+                    let Some(mut c) = common::Client::connect_from(attacker_ip, addr) else {
+                        std::thread::sleep(Duration::from_millis(10));
+                        continue;
+                    };
+                    connections.fetch_add(1, Ordering::Relaxed);
+                    let mut frames = Vec::new();
+                    for _ in 0..100 {
+                        let t = wrong[next % wrong.len()];
+                        frames.extend_from_slice(&common::release_frame("victim", t));
+                        next += 1;
+                    }
+                    c.send(&frames);
+                    // Read until the server stalls this connection, then
+                    // drop it and come back on a fresh one.
+                    while let Ok(r) = c.try_recv(Duration::from_millis(200)) {
+                        assert!(matches!(r, Reply::NotReleased { .. }), "a guess got {r:?}");
+                        received.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+/// The bystander until `stop`: its own grants, acquired, extended and
+/// released at once; the slowest cycle and how many there were.
+fn bystander_cycles(server: &Ticketd, stop: Instant) -> (Duration, u64) {
+    let mut bystander = server.connect();
+    let mut slowest = Duration::ZERO;
+    let mut cycles = 0u64;
+    while Instant::now() < stop {
+        let t0 = Instant::now();
+        let t = bystander.acquire_reply("other", cycles, 0, 5).token();
+        let extended = bystander.extend_reply("other", t, 5);
+        assert!(matches!(extended, Reply::Extended { .. }), "{extended:?}");
+        let released = bystander.release_reply("other", t);
+        assert!(matches!(released, Reply::Released { .. }), "{released:?}");
+        slowest = slowest.max(t0.elapsed());
+        cycles += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (slowest, cycles)
 }
 
 fn must_be_root() {

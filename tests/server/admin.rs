@@ -152,6 +152,14 @@ fn lock_endpoints_answer_json_that_matches_the_table() {
     assert_eq!(status, 404);
     assert_eq!(py(&body, "j['error']"), "not registered");
 
+    paging_lists_every_key_once(admin);
+
+    bad_requests_change_nothing_and_say_why(admin);
+}
+
+/// Paging through the 2,500 `bulk/` keys: every key once, in order, 1,000
+/// at most per page; the `a` prefix lists its two keys on one page.
+fn paging_lists_every_key_once(admin: SocketAddr) {
     // Paging: every bulk key once, in order, 1,000 at most per page.
     let mut seen = Vec::new();
     let mut after = String::new();
@@ -178,7 +186,12 @@ fn lock_endpoints_answer_json_that_matches_the_table() {
     );
     assert_eq!(py(&body, "j['locks'][1]['waiters']"), "2");
     assert_eq!(py(&body, "j['next']"), "None");
+}
 
+/// Bad requests on the admin port at `admin` get 400, 404 or 405 and
+/// change nothing (the 2,502 keys stay); a client that shuts its side
+/// after the request still gets the answer.
+fn bad_requests_change_nothing_and_say_why(admin: SocketAddr) {
     // Bad requests change nothing and say why.
     for (target, status) in [
         ("/v1/locks?limit=1001", 400),
@@ -410,28 +423,7 @@ fn ticket_status_and_locks_read_the_admin_port() {
         format!("('db/main', {}, 1)", db >> 16)
     );
 
-    let (code, out, err) = ticket(&["status", "db/main", "--admin", &a]);
-    assert_eq!(code, 0, "{err}");
-    let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines.len(), 2, "{out}");
-    let header: Vec<&str> = lines[0].split_whitespace().collect();
-    assert_eq!(
-        header,
-        [
-            "KEY",
-            "TOKEN",
-            "HOLDER",
-            "EXPIRES_IN",
-            "WAITERS",
-            "HELD_FOR"
-        ]
-    );
-    let row: Vec<&str> = lines[1].split_whitespace().collect();
-    let seq = format!("#{}", db >> 16);
-    assert_eq!(&row[..3], ["db/main", &seq, "ip:127.0.0.1"]);
-    assert_eq!(row[4], "1");
-    // Aligned: every column starts where its header does.
-    assert_eq!(lines[0].find("TOKEN"), lines[1].find(&seq));
+    ticket_status_prints_an_aligned_table(&a, db);
 
     let (code, _, err) = ticket(&["status", "nobody", "--admin", &a]);
     assert_eq!(code, 123, "{err}");
@@ -467,4 +459,31 @@ fn ticket_status_and_locks_read_the_admin_port() {
     let closed = format!("127.0.0.1:{}", free_port());
     let (code, _, err) = ticket(&["locks", "--admin", &closed]);
     assert_eq!(code, 125, "{err}");
+}
+
+/// `ticket status db/main` for a person: a header and one row (the
+/// sequence of `db`, the holder, one waiter), its columns aligned.
+fn ticket_status_prints_an_aligned_table(a: &str, db: u64) {
+    let (code, out, err) = ticket(&["status", "db/main", "--admin", a]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    let header: Vec<&str> = lines[0].split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "KEY",
+            "TOKEN",
+            "HOLDER",
+            "EXPIRES_IN",
+            "WAITERS",
+            "HELD_FOR"
+        ]
+    );
+    let row: Vec<&str> = lines[1].split_whitespace().collect();
+    let seq = format!("#{}", db >> 16);
+    assert_eq!(&row[..3], ["db/main", &seq, "ip:127.0.0.1"]);
+    assert_eq!(row[4], "1");
+    // Aligned: every column starts where its header does.
+    assert_eq!(lines[0].find("TOKEN"), lines[1].find(&seq));
 }

@@ -110,9 +110,29 @@ impl History {
         ),
         Violation,
     > {
+        let (mut acqs, mut rels) = self.invocations()?;
+        self.record_answers(&mut acqs, &mut rels)?;
+        Ok((acqs, rels, self.closed_sessions()))
+    }
+
+    /// When each session closed (its earliest close).
+    fn closed_sessions(&self) -> HashMap<SessionId, u64> {
+        let mut closed: HashMap<SessionId, u64> = HashMap::new();
+        for e in &self.events {
+            if let Event::SessionClosed { session, at_us } = e {
+                let t = closed.entry(*session).or_insert(*at_us);
+                *t = (*t).min(*at_us);
+            }
+        }
+        closed
+    }
+
+    /// A record of every acquire and release invoked, not yet answered;
+    /// checks no operation id is invoked twice.
+    #[allow(clippy::type_complexity)]
+    fn invocations(&self) -> Result<(BTreeMap<OpId, AcqRec>, BTreeMap<OpId, RelRec>), Violation> {
         let mut acqs = BTreeMap::new();
         let mut rels = BTreeMap::new();
-        let mut closed: HashMap<SessionId, u64> = HashMap::new();
         for e in &self.events {
             match e {
                 Event::Acquire {
@@ -136,12 +156,8 @@ impl History {
                         queued_us: None,
                         answer: None,
                     };
-                    if acqs.insert(*op, rec).is_some() || rels.contains_key(op) {
-                        return Err(violation(
-                            Property::Malformed,
-                            format!("operation id {op} invoked twice"),
-                        ));
-                    }
+                    let again = acqs.insert(*op, rec).is_some() || rels.contains_key(op);
+                    invoked_once(*op, again)?;
                 }
                 Event::Release {
                     op,
@@ -160,25 +176,23 @@ impl History {
                         invoked_us: *at_us,
                         answers: Vec::new(),
                     };
-                    if rels.insert(*op, rec).is_some() || acqs.contains_key(op) {
-                        return Err(violation(
-                            Property::Malformed,
-                            format!("operation id {op} invoked twice"),
-                        ));
-                    }
+                    let again = rels.insert(*op, rec).is_some() || acqs.contains_key(op);
+                    invoked_once(*op, again)?;
                 }
-                Event::SessionClosed { session, at_us } => {
-                    let t = closed.entry(*session).or_insert(*at_us);
-                    *t = (*t).min(*at_us);
-                }
-                Event::Queued { .. }
-                | Event::Acquired { .. }
-                | Event::Released { .. }
-                | Event::ServerRestart { .. }
-                | Event::Extend { .. }
-                | Event::Extended { .. } => {}
+                _ => {}
             }
         }
+        Ok((acqs, rels))
+    }
+
+    /// Puts each queued event and answer into the record of its operation;
+    /// checks each is of an operation invoked before it, and an acquire is
+    /// answered at most once.
+    fn record_answers(
+        &self,
+        acqs: &mut BTreeMap<OpId, AcqRec>,
+        rels: &mut BTreeMap<OpId, RelRec>,
+    ) -> Result<(), Violation> {
         for e in &self.events {
             match e {
                 Event::Queued { op, at_us } => {
@@ -197,27 +211,7 @@ impl History {
                             format!("answer {outcome:?} to unknown acquire op {op}"),
                         ));
                     };
-                    if *at_us < a.invoked_us {
-                        return Err(violation(
-                            Property::Malformed,
-                            format!(
-                                "{} answered at {at_us}us, before it was invoked",
-                                a.describe()
-                            ),
-                        ));
-                    }
-                    if let Some((first, first_us)) = a.answer {
-                        return Err(violation(
-                            Property::AnsweredOnce,
-                            format!(
-                                "{} on key {:?} answered twice: {first:?} at {first_us}us \
-                                 and {outcome:?} at {at_us}us",
-                                a.describe(),
-                                a.key
-                            ),
-                        ));
-                    }
-                    a.answer = Some((*outcome, *at_us));
+                    record_acquire_answer(a, *outcome, *at_us)?;
                 }
                 Event::Released { op, outcome, at_us } => {
                     let Some(r) = rels.get_mut(op) else {
@@ -237,6 +231,44 @@ impl History {
                 _ => {}
             }
         }
-        Ok((acqs, rels, closed))
+        Ok(())
     }
+}
+
+/// Fails when operation `op` was `again` invoked a second time.
+fn invoked_once(op: OpId, again: bool) -> Result<(), Violation> {
+    if again {
+        return Err(violation(
+            Property::Malformed,
+            format!("operation id {op} invoked twice"),
+        ));
+    }
+    Ok(())
+}
+
+/// Records `outcome` at `at_us` as the answer to acquire `a`; checks it
+/// came after the invocation and is the first answer.
+fn record_acquire_answer(a: &mut AcqRec, outcome: Outcome, at_us: u64) -> Result<(), Violation> {
+    if at_us < a.invoked_us {
+        return Err(violation(
+            Property::Malformed,
+            format!(
+                "{} answered at {at_us}us, before it was invoked",
+                a.describe()
+            ),
+        ));
+    }
+    if let Some((first, first_us)) = a.answer {
+        return Err(violation(
+            Property::AnsweredOnce,
+            format!(
+                "{} on key {:?} answered twice: {first:?} at {first_us}us \
+                 and {outcome:?} at {at_us}us",
+                a.describe(),
+                a.key
+            ),
+        ));
+    }
+    a.answer = Some((outcome, at_us));
+    Ok(())
 }

@@ -9,6 +9,17 @@ pub(super) fn check_answered(
     rels: &BTreeMap<OpId, RelRec>,
     closed: &HashMap<SessionId, u64>,
 ) -> Result<(), Violation> {
+    check_acquires_answered(acqs, closed)?;
+    check_releases_answered(rels, closed)
+}
+
+/// The acquire half of [`check_answered`]: each acquire answered, or its
+/// session closed after it was invoked and before any answer but its own
+/// `Indeterminate`.
+fn check_acquires_answered(
+    acqs: &BTreeMap<OpId, AcqRec>,
+    closed: &HashMap<SessionId, u64>,
+) -> Result<(), Violation> {
     for a in acqs.values() {
         let closed_us = closed.get(&a.session).copied();
         match (a.answer, closed_us) {
@@ -48,6 +59,15 @@ pub(super) fn check_answered(
             _ => {}
         }
     }
+    Ok(())
+}
+
+/// The release half of [`check_answered`]: each release answered at most
+/// once, and at least once unless its session closed.
+fn check_releases_answered(
+    rels: &BTreeMap<OpId, RelRec>,
+    closed: &HashMap<SessionId, u64>,
+) -> Result<(), Violation> {
     for r in rels.values() {
         let closed_us = closed.get(&r.session).copied();
         if r.answers.len() > 1 {

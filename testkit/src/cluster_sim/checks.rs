@@ -53,25 +53,7 @@ impl Sim {
         let (voters, learners) = self.leader_conf();
         self.report.final_voters.clone_from(&voters);
         let members: BTreeSet<u64> = voters.iter().chain(learners.iter()).copied().collect();
-        for (i, n) in self.nodes.iter().enumerate() {
-            if !members.contains(&(i as u64 + 1)) {
-                continue;
-            }
-            let Some(n) = n else {
-                return self.fail(format!("node {} is down after the heal", i + 1));
-            };
-            n.state_machine().check();
-            if !n.voters_outgoing().is_empty() {
-                return self.fail(format!(
-                    "node {} is still in a joint configuration after the heal",
-                    i + 1
-                ));
-            }
-            let s = n.stats();
-            self.report.snapshot_installs += s.snapshots_installed;
-            self.report.timer_proposals += s.timer_proposals;
-            self.report.reproposals += s.reproposed;
-        }
+        self.check_members_up_and_settled(&members)?;
         let of_members = |nodes: &[Option<Node<MemDisk>>]| -> Vec<usize> {
             (0..nodes.len())
                 .filter(|i| members.contains(&(*i as u64 + 1)) && nodes[*i].is_some())
@@ -123,6 +105,31 @@ impl Sim {
         Ok(())
     }
 
+    /// Every member is up, its table is consistent and it has left any
+    /// joint configuration; its counters go into the report.
+    fn check_members_up_and_settled(&mut self, members: &BTreeSet<u64>) -> Result<(), String> {
+        for (i, n) in self.nodes.iter().enumerate() {
+            if !members.contains(&(i as u64 + 1)) {
+                continue;
+            }
+            let Some(n) = n else {
+                return self.fail(format!("node {} is down after the heal", i + 1));
+            };
+            n.state_machine().check();
+            if !n.voters_outgoing().is_empty() {
+                return self.fail(format!(
+                    "node {} is still in a joint configuration after the heal",
+                    i + 1
+                ));
+            }
+            let s = n.stats();
+            self.report.snapshot_installs += s.snapshots_installed;
+            self.report.timer_proposals += s.timer_proposals;
+            self.report.reproposals += s.reproposed;
+        }
+        Ok(())
+    }
+
     pub(super) fn liveness_checks(&mut self) -> Result<(), String> {
         // Liveness: every member serves a fresh acquire on a fresh key.
         let (voters, learners) = self.leader_conf();
@@ -163,23 +170,8 @@ impl Sim {
                 }
                 self.now = self.now.add_ms(10);
                 self.deliver();
-                for j in 0..self.slots() {
-                    let Some(node) = self.nodes[j].as_mut() else {
-                        continue;
-                    };
-                    self.out.clear();
-                    node.tick(self.now, &mut self.out);
-                    node.end_turn(self.now, &mut self.out)
-                        .map_err(|e| format!("seed {}: final turn: {e}", self.cfg.seed))?;
-                    if j == i {
-                        if let Some(a) = self.out.iter().find(|a| a.conn == conn) {
-                            got = Some(format!("{:?}", a.reply));
-                        }
-                    }
-                    let msgs = node.take_messages();
-                    for m in msgs {
-                        self.send(j as u64 + 1, m);
-                    }
+                if let Some(reply) = self.liveness_turn(i, conn)? {
+                    got = Some(reply);
                 }
                 if got.is_some() {
                     break;
@@ -193,5 +185,31 @@ impl Sim {
             }
         }
         Ok(())
+    }
+
+    /// One turn of every node up after the heal (tick, end of turn, its
+    /// messages sent); the reply node `i` gave connection `conn` in it, if
+    /// any, as text.
+    fn liveness_turn(&mut self, i: usize, conn: ConnId) -> Result<Option<String>, String> {
+        let mut got = None;
+        for j in 0..self.slots() {
+            let Some(node) = self.nodes[j].as_mut() else {
+                continue;
+            };
+            self.out.clear();
+            node.tick(self.now, &mut self.out);
+            node.end_turn(self.now, &mut self.out)
+                .map_err(|e| format!("seed {}: final turn: {e}", self.cfg.seed))?;
+            if j == i {
+                if let Some(a) = self.out.iter().find(|a| a.conn == conn) {
+                    got = Some(format!("{:?}", a.reply));
+                }
+            }
+            let msgs = node.take_messages();
+            for m in msgs {
+                self.send(j as u64 + 1, m);
+            }
+        }
+        Ok(got)
     }
 }

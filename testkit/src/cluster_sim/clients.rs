@@ -6,193 +6,228 @@ use super::*;
 impl Sim {
     pub(super) fn clients_act(&mut self) -> Result<(), String> {
         for c in 0..self.clients.len() {
-            // A request that got no answer in time is given up: the client
-            // closes that connection (PROTOCOL §3: Indeterminate).
-            let give_up = match self.clients[c].state {
-                ClientState::Acquiring { give_up, .. }
-                | ClientState::Releasing { give_up, .. }
-                | ClientState::ReleasingOthers { give_up, .. }
-                | ClientState::ExtendingUnknown { give_up, .. } => give_up <= self.now,
-                _ => false,
-            };
-            // Now and then a waiting client hangs up (its queued acquire
-            // must be cancelled cluster-wide and never answered).
-            let hang_up = matches!(self.clients[c].state, ClientState::Acquiring { .. })
-                && self.rng.chance(0.0005);
-            if give_up || hang_up {
-                self.reconnect(c);
-                continue;
-            }
-            match self.clients[c].state {
-                ClientState::Holding {
-                    key,
-                    until,
-                    first_until,
-                    ..
-                } if until <= self.now => {
-                    self.hold_ended(first_until);
-                    self.drop_belief(c, key);
-                    self.clients[c].state = ClientState::Idle;
-                }
-                ClientState::Extending {
-                    key,
-                    until,
-                    token,
-                    first_until,
-                    ..
-                } if until <= self.now => {
-                    self.hold_ended(first_until);
-                    // No E before the expiry: the grant is lost. The
-                    // attempt stays on its connection; an answer to it now
-                    // revives nothing.
-                    self.report.extend_lost += 1;
-                    self.drop_belief(c, key);
-                    if let Some(op) = self.clients[c].op.take() {
-                        self.clients[c].stale.push((token, op));
-                    }
-                    self.clients[c].state = ClientState::Idle;
-                    self.clients[c].next_at = self.now;
-                }
-                _ => {}
-            }
-            if self.clients[c].next_at > self.now {
-                continue;
-            }
-            let node = self.clients[c].node;
-            if self.nodes[node as usize - 1].is_none() {
-                self.reconnect(c);
-                continue;
-            }
-            match self.clients[c].state.clone() {
-                ClientState::Idle if self.rng.chance(0.02) && self.others_grant(c).is_some() => {
-                    self.release_others(c)?;
-                }
-                ClientState::Idle if self.rng.chance(0.03) => {
-                    // Now and then, an extend of a token nobody was given
-                    // (tokens stay far below 2^60 in a run).
-                    let key = self.rng.range(0, self.cfg.keys as u64) as usize;
-                    let token = (1 << 60) + self.rng.range(0, 1 << 20);
-                    let lease_s = [1u8, 2, 3][self.rng.range(0, 3) as usize];
-                    self.clients[c].state = ClientState::ExtendingUnknown {
-                        token,
-                        give_up: self.now.add_secs(8),
-                    };
-                    self.clients[c].next_at = Millis::NEVER;
-                    self.write_extend(c, key, token, lease_s)?;
-                }
-                ClientState::Idle => {
-                    let key = self.rng.range(0, self.cfg.keys as u64) as usize;
-                    let wait_s = [0u8, 1, 2, 4][self.rng.range(0, 4) as usize];
-                    let lease_s = [1u8, 2, 3][self.rng.range(0, 3) as usize];
-                    let owner = self.next_owner;
-                    self.next_owner += 1;
-                    self.clients[c].state = ClientState::Acquiring {
-                        owner,
-                        key,
-                        sent: self.now,
-                        lease_s,
-                        give_up: self.now.add_secs(u64::from(wait_s) + 8),
-                    };
-                    self.clients[c].next_at = Millis::NEVER;
-                    let k = format!("key{key}");
-                    // Recorded before the request: the answer may come at once.
-                    let op = self.history.acquire(
-                        c as u64,
-                        self.clients[c].conn,
-                        &k,
-                        owner,
-                        wait_s,
-                        lease_s,
-                        us(self.now),
-                    );
-                    self.clients[c].op = Some(op);
-                    self.request(
-                        c,
-                        Request::Acquire {
-                            wait_s,
-                            lease_s,
-                            owner,
-                            key: &k,
-                        },
-                    )?;
-                }
-                ClientState::Holding {
-                    key,
-                    token,
-                    until,
-                    release_at,
-                    extend_at,
-                    first_until,
-                } if extend_at <= self.now && extend_at < release_at => {
-                    // Never a lease that would end before the current
-                    // expiry: an Extend in flight may take effect unanswered,
-                    // and one that shortens the lease would then end it
-                    // before the expiry the client still counts on.
-                    let need = until
-                        .0
-                        .saturating_sub(self.now.0)
-                        .div_ceil(1000)
-                        .clamp(1, 3);
-                    let lease_s = self.rng.range(need, 4) as u8;
-                    self.clients[c].state = ClientState::Extending {
-                        key,
-                        token,
-                        until,
-                        release_at,
-                        first_until,
-                        sent: self.now,
-                        lease_s,
-                        retry_at: Millis::NEVER,
-                    };
-                    self.send_extend(c)?;
-                }
-                ClientState::Extending { retry_at, .. } if retry_at <= self.now => {
-                    // No answer in time: give this attempt up and send the
-                    // same Extend again on a new connection (PROTOCOL §5.3).
-                    if self.clients[c].op.is_some() {
-                        self.report.extend_resends += 1;
-                        self.reconnect(c);
-                    }
-                    let node = self.clients[c].node;
-                    if self.nodes[node as usize - 1].is_none() {
-                        // Try another node at the next step.
-                        self.reconnect(c);
-                        continue;
-                    }
-                    if let ClientState::Extending { ref mut sent, .. } = self.clients[c].state {
-                        *sent = self.now;
-                    }
-                    self.send_extend(c)?;
-                }
-                ClientState::Holding {
-                    key,
-                    token,
-                    release_at,
-                    first_until,
-                    ..
-                } if release_at <= self.now => {
-                    self.hold_ended(first_until);
-                    self.drop_belief(c, key);
-                    self.clients[c].state = ClientState::Releasing {
-                        token,
-                        give_up: self.now.add_secs(8),
-                    };
-                    self.clients[c].next_at = Millis::NEVER;
-                    let k = format!("key{key}");
-                    let op = self.history.release(
-                        c as u64,
-                        self.clients[c].conn,
-                        &k,
-                        token,
-                        us(self.now),
-                    );
-                    self.clients[c].op = Some(op);
-                    self.request(c, Request::Release { token, key: &k })?;
-                }
-                _ => {}
-            }
+            self.client_acts(c)?;
         }
         Ok(())
+    }
+
+    /// One step of client `c`: it gives up or hangs up, its hold ends, or,
+    /// when due, it sends its next request.
+    fn client_acts(&mut self, c: usize) -> Result<(), String> {
+        if self.drops_call(c) {
+            self.reconnect(c);
+            return Ok(());
+        }
+        self.end_expired_hold(c);
+        if self.clients[c].next_at > self.now {
+            return Ok(());
+        }
+        let node = self.clients[c].node;
+        if self.nodes[node as usize - 1].is_none() {
+            self.reconnect(c);
+            return Ok(());
+        }
+        match self.clients[c].state.clone() {
+            ClientState::Idle if self.rng.chance(0.02) && self.others_grant(c).is_some() => {
+                self.release_others(c)?;
+            }
+            ClientState::Idle if self.rng.chance(0.03) => self.extend_unknown_token(c)?,
+            ClientState::Idle => self.start_acquire(c)?,
+            ClientState::Holding {
+                key,
+                token,
+                until,
+                release_at,
+                extend_at,
+                first_until,
+            } if extend_at <= self.now && extend_at < release_at => {
+                // Never a lease that would end before the current
+                // expiry: an Extend in flight may take effect unanswered,
+                // and one that shortens the lease would then end it
+                // before the expiry the client still counts on.
+                let need = until
+                    .0
+                    .saturating_sub(self.now.0)
+                    .div_ceil(1000)
+                    .clamp(1, 3);
+                let lease_s = self.rng.range(need, 4) as u8;
+                self.clients[c].state = ClientState::Extending {
+                    key,
+                    token,
+                    until,
+                    release_at,
+                    first_until,
+                    sent: self.now,
+                    lease_s,
+                    retry_at: Millis::NEVER,
+                };
+                self.send_extend(c)?;
+            }
+            ClientState::Extending { retry_at, .. } if retry_at <= self.now => {
+                self.resend_extend(c)?;
+            }
+            ClientState::Holding {
+                key,
+                token,
+                release_at,
+                first_until,
+                ..
+            } if release_at <= self.now => self.start_release(c, key, token, first_until)?,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Whether client `c` drops its call in flight (and reconnects): it
+    /// gives up a request unanswered past its time, or hangs up waiting.
+    fn drops_call(&mut self, c: usize) -> bool {
+        // A request that got no answer in time is given up: the client
+        // closes that connection (PROTOCOL §3: Indeterminate).
+        let give_up = match self.clients[c].state {
+            ClientState::Acquiring { give_up, .. }
+            | ClientState::Releasing { give_up, .. }
+            | ClientState::ReleasingOthers { give_up, .. }
+            | ClientState::ExtendingUnknown { give_up, .. } => give_up <= self.now,
+            _ => false,
+        };
+        // Now and then a waiting client hangs up (its queued acquire
+        // must be cancelled cluster-wide and never answered).
+        let hang_up = matches!(self.clients[c].state, ClientState::Acquiring { .. })
+            && self.rng.chance(0.0005);
+        give_up || hang_up
+    }
+
+    /// Ends client `c`'s hold (or its extension in flight) when its lease
+    /// has run out: it drops its belief and goes idle.
+    fn end_expired_hold(&mut self, c: usize) {
+        match self.clients[c].state {
+            ClientState::Holding {
+                key,
+                until,
+                first_until,
+                ..
+            } if until <= self.now => {
+                self.hold_ended(first_until);
+                self.drop_belief(c, key);
+                self.clients[c].state = ClientState::Idle;
+            }
+            ClientState::Extending {
+                key,
+                until,
+                token,
+                first_until,
+                ..
+            } if until <= self.now => {
+                self.hold_ended(first_until);
+                // No E before the expiry: the grant is lost. The
+                // attempt stays on its connection; an answer to it now
+                // revives nothing.
+                self.report.extend_lost += 1;
+                self.drop_belief(c, key);
+                if let Some(op) = self.clients[c].op.take() {
+                    self.clients[c].stale.push((token, op));
+                }
+                self.clients[c].state = ClientState::Idle;
+                self.clients[c].next_at = self.now;
+            }
+            _ => {}
+        }
+    }
+
+    /// Client `c` sends an extend of a token nobody was given (tokens stay
+    /// far below 2^60 in a run).
+    fn extend_unknown_token(&mut self, c: usize) -> Result<(), String> {
+        let key = self.rng.range(0, self.cfg.keys as u64) as usize;
+        let token = (1 << 60) + self.rng.range(0, 1 << 20);
+        let lease_s = [1u8, 2, 3][self.rng.range(0, 3) as usize];
+        self.clients[c].state = ClientState::ExtendingUnknown {
+            token,
+            give_up: self.now.add_secs(8),
+        };
+        self.clients[c].next_at = Millis::NEVER;
+        self.write_extend(c, key, token, lease_s)
+    }
+
+    /// Client `c` sends an acquire of a random key, with a random wait and
+    /// lease, as a new owner.
+    fn start_acquire(&mut self, c: usize) -> Result<(), String> {
+        let key = self.rng.range(0, self.cfg.keys as u64) as usize;
+        let wait_s = [0u8, 1, 2, 4][self.rng.range(0, 4) as usize];
+        let lease_s = [1u8, 2, 3][self.rng.range(0, 3) as usize];
+        let owner = self.next_owner;
+        self.next_owner += 1;
+        self.clients[c].state = ClientState::Acquiring {
+            owner,
+            key,
+            sent: self.now,
+            lease_s,
+            give_up: self.now.add_secs(u64::from(wait_s) + 8),
+        };
+        self.clients[c].next_at = Millis::NEVER;
+        let k = format!("key{key}");
+        // Recorded before the request: the answer may come at once.
+        let op = self.history.acquire(
+            c as u64,
+            self.clients[c].conn,
+            &k,
+            owner,
+            wait_s,
+            lease_s,
+            us(self.now),
+        );
+        self.clients[c].op = Some(op);
+        self.request(
+            c,
+            Request::Acquire {
+                wait_s,
+                lease_s,
+                owner,
+                key: &k,
+            },
+        )
+    }
+
+    /// Client `c`'s extend got no answer in time: it gives this attempt up
+    /// and sends the same Extend again on a new connection (PROTOCOL §5.3).
+    fn resend_extend(&mut self, c: usize) -> Result<(), String> {
+        if self.clients[c].op.is_some() {
+            self.report.extend_resends += 1;
+            self.reconnect(c);
+        }
+        let node = self.clients[c].node;
+        if self.nodes[node as usize - 1].is_none() {
+            // Try another node at the next step.
+            self.reconnect(c);
+            return Ok(());
+        }
+        if let ClientState::Extending { ref mut sent, .. } = self.clients[c].state {
+            *sent = self.now;
+        }
+        self.send_extend(c)
+    }
+
+    /// Client `c`'s hold of `key` (granted `token`) is over: it drops its
+    /// belief and sends the release.
+    fn start_release(
+        &mut self,
+        c: usize,
+        key: usize,
+        token: u64,
+        first_until: Millis,
+    ) -> Result<(), String> {
+        self.hold_ended(first_until);
+        self.drop_belief(c, key);
+        self.clients[c].state = ClientState::Releasing {
+            token,
+            give_up: self.now.add_secs(8),
+        };
+        self.clients[c].next_at = Millis::NEVER;
+        let k = format!("key{key}");
+        let op = self
+            .history
+            .release(c as u64, self.clients[c].conn, &k, token, us(self.now));
+        self.clients[c].op = Some(op);
+        self.request(c, Request::Release { token, key: &k })
     }
 
     /// A grant another, authenticated, client believes it holds now:

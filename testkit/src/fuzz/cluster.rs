@@ -206,25 +206,7 @@ fn write_log(disk: &MemDisk, data: &[u8]) {
     while !inp.0.is_empty() && ops < 64 {
         ops += 1;
         match inp.u8() % 12 {
-            0 => {
-                // Entries from near the end (overwrite, append or a gap).
-                let n = u64::from(inp.u8() % 5);
-                let back = u64::from(inp.u8() % 4);
-                let term = u64::from(inp.u8() % 4);
-                let first = (last + 1).saturating_sub(back) + u64::from(inp.u8() % 2);
-                let ents: Vec<Entry> = (0..n)
-                    .map(|i| Entry {
-                        index: first + i,
-                        term,
-                        data: inp.chunk(8).into(),
-                        ..Entry::default()
-                    })
-                    .collect();
-                if let Some(e) = ents.last() {
-                    last = e.index;
-                }
-                wal.stage_entries(&ents);
-            }
+            0 => stage_entries_near_end(&mut wal, &mut inp, &mut last),
             1 => {
                 let hs = HardState {
                     term: u64::from(inp.u8() % 4),
@@ -254,18 +236,7 @@ fn write_log(disk: &MemDisk, data: &[u8]) {
             5 => wal.stage_epoch(u64::from(inp.u8())),
             6 => wal.stage_self(u64::from(inp.u8())),
             7 => wal.stage_peer(u64::from(inp.u8() % 4), u64::from(inp.u8())),
-            8 => {
-                // A record with a valid CRC and arbitrary kind and payload.
-                let kind = inp.u8() % 10;
-                let payload = inp.chunk(24);
-                let mut rec = Vec::new();
-                rec.extend_from_slice(&u32::try_from(payload.len() + 1).unwrap_or(0).to_be_bytes());
-                rec.extend_from_slice(&crc32(&[&[kind], &payload]).to_be_bytes());
-                rec.push(kind);
-                rec.extend_from_slice(&payload);
-                let _ = wal.flush(true);
-                disk.clone().append(&rec, true).expect("memory append");
-            }
+            8 => append_valid_crc_record(disk, &mut wal, &mut inp),
             9 => {
                 let _ = wal.flush(true);
                 let junk = inp.chunk(16);
@@ -285,6 +256,41 @@ fn write_log(disk: &MemDisk, data: &[u8]) {
         }
     }
     let _ = wal.flush(true);
+}
+
+/// Stages entries from near the end of the log (`last`): an overwrite, an
+/// append or a gap, as the input says; `last` follows the last one staged.
+fn stage_entries_near_end(wal: &mut Wal<MemDisk>, inp: &mut Input, last: &mut u64) {
+    let n = u64::from(inp.u8() % 5);
+    let back = u64::from(inp.u8() % 4);
+    let term = u64::from(inp.u8() % 4);
+    let first = (*last + 1).saturating_sub(back) + u64::from(inp.u8() % 2);
+    let ents: Vec<Entry> = (0..n)
+        .map(|i| Entry {
+            index: first + i,
+            term,
+            data: inp.chunk(8).into(),
+            ..Entry::default()
+        })
+        .collect();
+    if let Some(e) = ents.last() {
+        *last = e.index;
+    }
+    wal.stage_entries(&ents);
+}
+
+/// Flushes `wal`, then appends to `disk` a record with a valid CRC and an
+/// arbitrary kind and payload taken from the input.
+fn append_valid_crc_record(disk: &MemDisk, wal: &mut Wal<MemDisk>, inp: &mut Input) {
+    let kind = inp.u8() % 10;
+    let payload = inp.chunk(24);
+    let mut rec = Vec::new();
+    rec.extend_from_slice(&u32::try_from(payload.len() + 1).unwrap_or(0).to_be_bytes());
+    rec.extend_from_slice(&crc32(&[&[kind], &payload]).to_be_bytes());
+    rec.push(kind);
+    rec.extend_from_slice(&payload);
+    let _ = wal.flush(true);
+    disk.clone().append(&rec, true).expect("memory append");
 }
 
 /// What the checks compare of a recovered log.

@@ -38,16 +38,7 @@ impl Sim {
     /// appears. Decides what to send and when to give up.
     pub(super) fn client_step(&mut self, client: usize) {
         let now = self.now;
-        if let Some((key, token)) = self.clients[client].compensate.first().cloned() {
-            if let Some(conn) = self.clients[client].session {
-                self.clients[client].compensate.remove(0);
-                let mut bytes = Vec::new();
-                encode_request(&Request::Release { token, key: &key }, &mut bytes);
-                self.send(conn, true, &bytes);
-            } else {
-                self.connect(client);
-            }
-        }
+        self.send_compensation(client);
         match self.clients[client].phase.clone() {
             Phase::Idle => {
                 if now >= self.cfg.run_us {
@@ -56,99 +47,9 @@ impl Sim {
                 if self.clients[client].wake_at > now {
                     return;
                 }
-                let key = format!("k{}", self.rng.below(self.cfg.keys as u64));
-                let wait_s = match self.rng.below(5) {
-                    0 => 0,
-                    _ => self.rng.range(1, 4) as u8,
-                };
-                let lease_s = self.rng.range(1, 3) as u8;
-                let owner = self.next_owner;
-                self.next_owner += 1;
-                let deadline_us = if wait_s == 0 {
-                    now + 5 * S
-                } else {
-                    now + u64::from(wait_s) * S
-                };
-                let give_up_us = if wait_s == 0 {
-                    deadline_us
-                } else {
-                    deadline_us + S
-                };
-                self.clients[client].phase = Phase::Acquiring(Pending {
-                    op: None,
-                    key,
-                    owner,
-                    wait_s,
-                    lease_s,
-                    start_us: now,
-                    sent_us: 0,
-                    deadline_us,
-                    give_up_us,
-                });
-                self.client_step(client);
+                self.start_acquire(client);
             }
-            Phase::Acquiring(p) if p.op.is_none() => {
-                // Not sent yet: it may still go on any session, until D.
-                let left = if p.wait_s == 0 {
-                    Some(0)
-                } else {
-                    p.deadline_us.checked_sub(now).filter(|&l| l > 0)
-                };
-                let Some(left) = left.filter(|_| now < p.deadline_us) else {
-                    // D passed unsent: Timeout, the server never saw it.
-                    let op = self.history.acquire(
-                        client as u64,
-                        0,
-                        &p.key,
-                        p.owner,
-                        p.wait_s,
-                        p.lease_s,
-                        p.start_us,
-                    );
-                    self.history.acquired(op, Outcome::Timeout, now);
-                    self.finish_idle(client);
-                    return;
-                };
-                let Some(conn) = self.clients[client].session else {
-                    self.connect(client);
-                    self.wake(client, p.deadline_us);
-                    return;
-                };
-                // The wire wait is the time left, rounded up (PROTOCOL §3).
-                let wire_wait = if p.wait_s == 0 {
-                    0
-                } else {
-                    left.div_ceil(S).min(255) as u8
-                };
-                let op = self.history.acquire(
-                    client as u64,
-                    conn,
-                    &p.key,
-                    p.owner,
-                    wire_wait,
-                    p.lease_s,
-                    now,
-                );
-                self.op_of_owner.insert(p.owner, op);
-                let mut bytes = Vec::new();
-                encode_request(
-                    &Request::Acquire {
-                        wait_s: wire_wait,
-                        lease_s: p.lease_s,
-                        owner: p.owner,
-                        key: &p.key,
-                    },
-                    &mut bytes,
-                );
-                self.send(conn, true, &bytes);
-                let give_up = p.give_up_us;
-                self.clients[client].phase = Phase::Acquiring(Pending {
-                    op: Some(op),
-                    sent_us: now,
-                    ..p
-                });
-                self.wake(client, give_up);
-            }
+            Phase::Acquiring(p) if p.op.is_none() => self.send_acquire(client, p),
             Phase::Acquiring(p) => {
                 if now >= p.give_up_us {
                     // Sent, unanswered past D + grace: close that session.
@@ -169,117 +70,268 @@ impl Sim {
                 if self.clients[client].wake_at > now {
                     return;
                 }
-                if now < hold_end_us && now < expires_us {
-                    // Still working: extend before the lease runs out.
-                    let lease_s = self.rng.range(1, 4) as u8;
-                    self.clients[client].phase = Phase::Extending {
-                        sent: None,
-                        key,
-                        token,
-                        lease_s,
-                        expires_us,
-                        hold_end_us,
-                    };
-                    self.client_step(client);
-                    return;
-                }
-                let give_up_us = now + 3 * S;
-                self.clients[client].phase = Phase::Releasing {
-                    sent: None,
-                    key,
-                    token,
-                    give_up_us,
-                };
-                self.client_step(client);
+                self.hold_step(client, key, token, expires_us, hold_end_us);
             }
-            Phase::Extending {
-                sent,
+            phase @ Phase::Extending { .. } => self.extending_step(client, phase),
+            phase @ Phase::Releasing { .. } => self.releasing_step(client, phase),
+        }
+    }
+
+    /// Sends the client's oldest compensating release (of a grant it got
+    /// too late to use) on its session, or opens one for it.
+    fn send_compensation(&mut self, client: usize) {
+        if let Some((key, token)) = self.clients[client].compensate.first().cloned() {
+            if let Some(conn) = self.clients[client].session {
+                self.clients[client].compensate.remove(0);
+                let mut bytes = Vec::new();
+                encode_request(&Request::Release { token, key: &key }, &mut bytes);
+                self.send(conn, true, &bytes);
+            } else {
+                self.connect(client);
+            }
+        }
+    }
+
+    /// An idle client starts an acquire of a random key, with a random wait
+    /// and lease, as a new owner.
+    fn start_acquire(&mut self, client: usize) {
+        let now = self.now;
+        let key = format!("k{}", self.rng.below(self.cfg.keys as u64));
+        let wait_s = match self.rng.below(5) {
+            0 => 0,
+            _ => self.rng.range(1, 4) as u8,
+        };
+        let lease_s = self.rng.range(1, 3) as u8;
+        let owner = self.next_owner;
+        self.next_owner += 1;
+        let deadline_us = if wait_s == 0 {
+            now + 5 * S
+        } else {
+            now + u64::from(wait_s) * S
+        };
+        let give_up_us = if wait_s == 0 {
+            deadline_us
+        } else {
+            deadline_us + S
+        };
+        self.clients[client].phase = Phase::Acquiring(Pending {
+            op: None,
+            key,
+            owner,
+            wait_s,
+            lease_s,
+            start_us: now,
+            sent_us: 0,
+            deadline_us,
+            give_up_us,
+        });
+        self.client_step(client);
+    }
+
+    /// The acquire `p`, not sent yet, goes out on the client's session (or
+    /// opens one) with the wait left; past its deadline D it times out
+    /// unsent.
+    fn send_acquire(&mut self, client: usize, p: Pending) {
+        let now = self.now;
+        // Not sent yet: it may still go on any session, until D.
+        let left = if p.wait_s == 0 {
+            Some(0)
+        } else {
+            p.deadline_us.checked_sub(now).filter(|&l| l > 0)
+        };
+        let Some(left) = left.filter(|_| now < p.deadline_us) else {
+            // D passed unsent: Timeout, the server never saw it.
+            let op = self.history.acquire(
+                client as u64,
+                0,
+                &p.key,
+                p.owner,
+                p.wait_s,
+                p.lease_s,
+                p.start_us,
+            );
+            self.history.acquired(op, Outcome::Timeout, now);
+            self.finish_idle(client);
+            return;
+        };
+        let Some(conn) = self.clients[client].session else {
+            self.connect(client);
+            self.wake(client, p.deadline_us);
+            return;
+        };
+        // The wire wait is the time left, rounded up (PROTOCOL §3).
+        let wire_wait = if p.wait_s == 0 {
+            0
+        } else {
+            left.div_ceil(S).min(255) as u8
+        };
+        let op = self.history.acquire(
+            client as u64,
+            conn,
+            &p.key,
+            p.owner,
+            wire_wait,
+            p.lease_s,
+            now,
+        );
+        self.op_of_owner.insert(p.owner, op);
+        let mut bytes = Vec::new();
+        encode_request(
+            &Request::Acquire {
+                wait_s: wire_wait,
+                lease_s: p.lease_s,
+                owner: p.owner,
+                key: &p.key,
+            },
+            &mut bytes,
+        );
+        self.send(conn, true, &bytes);
+        let give_up = p.give_up_us;
+        self.clients[client].phase = Phase::Acquiring(Pending {
+            op: Some(op),
+            sent_us: now,
+            ..p
+        });
+        self.wake(client, give_up);
+    }
+
+    /// A holder wakes: it extends while it still works and the lease
+    /// lasts, else it releases.
+    fn hold_step(
+        &mut self,
+        client: usize,
+        key: String,
+        token: u64,
+        expires_us: u64,
+        hold_end_us: u64,
+    ) {
+        let now = self.now;
+        if now < hold_end_us && now < expires_us {
+            // Still working: extend before the lease runs out.
+            let lease_s = self.rng.range(1, 4) as u8;
+            self.clients[client].phase = Phase::Extending {
+                sent: None,
                 key,
                 token,
                 lease_s,
                 expires_us,
                 hold_end_us,
-            } => {
-                if now >= expires_us {
-                    // No E by the expiry: lost for good; stop using it.
-                    if let Some((op, _, _)) = sent {
-                        self.history.extended(op, ExtendOutcome::Lost, now);
-                    }
-                    self.finish_idle(client);
-                    return;
-                }
-                if sent.is_none() {
-                    let Some(conn) = self.clients[client].session else {
-                        self.connect(client);
-                        self.wake(client, expires_us);
-                        return;
-                    };
-                    let op = self
-                        .history
-                        .extend(client as u64, conn, &key, token, lease_s, now);
-                    // A shorter lease may take effect unanswered (PROTOCOL §5.2
-                    // allows shortening): stop using the grant by then.
-                    let expires_us = expires_us.min(now + u64::from(lease_s) * S);
-                    self.stats.extends += 1;
-                    let mut bytes = Vec::new();
-                    encode_request(
-                        &Request::Extend {
-                            lease_s,
-                            token,
-                            key: &key,
-                        },
-                        &mut bytes,
-                    );
-                    self.send(conn, true, &bytes);
-                    self.clients[client].phase = Phase::Extending {
-                        sent: Some((op, conn, now)),
-                        key,
-                        token,
-                        lease_s,
-                        expires_us,
-                        hold_end_us,
-                    };
-                }
-                self.wake(client, expires_us);
+            };
+            self.client_step(client);
+            return;
+        }
+        let give_up_us = now + 3 * S;
+        self.clients[client].phase = Phase::Releasing {
+            sent: None,
+            key,
+            token,
+            give_up_us,
+        };
+        self.client_step(client);
+    }
+
+    /// A client extending (`phase`): lost at the expiry, else its extend
+    /// goes out if not sent yet, and it waits for the answer.
+    fn extending_step(&mut self, client: usize, phase: Phase) {
+        let Phase::Extending {
+            sent,
+            key,
+            token,
+            lease_s,
+            expires_us,
+            hold_end_us,
+        } = phase
+        else {
+            unreachable!("called for an extending client only");
+        };
+        let now = self.now;
+        if now >= expires_us {
+            // No E by the expiry: lost for good; stop using it.
+            if let Some((op, _, _)) = sent {
+                self.history.extended(op, ExtendOutcome::Lost, now);
             }
-            Phase::Releasing {
-                sent,
+            self.finish_idle(client);
+            return;
+        }
+        if sent.is_none() {
+            let Some(conn) = self.clients[client].session else {
+                self.connect(client);
+                self.wake(client, expires_us);
+                return;
+            };
+            let op = self
+                .history
+                .extend(client as u64, conn, &key, token, lease_s, now);
+            // A shorter lease may take effect unanswered (PROTOCOL §5.2
+            // allows shortening): stop using the grant by then.
+            let expires_us = expires_us.min(now + u64::from(lease_s) * S);
+            self.stats.extends += 1;
+            let mut bytes = Vec::new();
+            encode_request(
+                &Request::Extend {
+                    lease_s,
+                    token,
+                    key: &key,
+                },
+                &mut bytes,
+            );
+            self.send(conn, true, &bytes);
+            self.clients[client].phase = Phase::Extending {
+                sent: Some((op, conn, now)),
+                key,
+                token,
+                lease_s,
+                expires_us,
+                hold_end_us,
+            };
+        }
+        self.wake(client, expires_us);
+    }
+
+    /// A client releasing (`phase`): past its give-up time the release is
+    /// Indeterminate (its session closed), else it goes out if not sent
+    /// yet, and the client waits for the answer.
+    fn releasing_step(&mut self, client: usize, phase: Phase) {
+        let Phase::Releasing {
+            sent,
+            key,
+            token,
+            give_up_us,
+        } = phase
+        else {
+            unreachable!("called for a releasing client only");
+        };
+        let now = self.now;
+        if now >= give_up_us {
+            if let Some((op, _)) = sent {
+                self.history
+                    .released(op, ReleaseOutcome::Indeterminate, now);
+                self.client_close(client);
+            }
+            // Never sent: the lease takes the key back.
+            self.finish_idle(client);
+            return;
+        }
+        if sent.is_none() {
+            let Some(conn) = self.clients[client].session else {
+                self.connect(client);
+                self.wake(client, give_up_us);
+                return;
+            };
+            // Recorded when written: the client stops using the lock
+            // when it decides to release, which is no later.
+            let op = self.history.release(client as u64, conn, &key, token, now);
+            let mut bytes = Vec::new();
+            encode_request(&Request::Release { token, key: &key }, &mut bytes);
+            self.send(conn, true, &bytes);
+            self.clients[client].phase = Phase::Releasing {
+                sent: Some((op, conn)),
                 key,
                 token,
                 give_up_us,
-            } => {
-                if now >= give_up_us {
-                    if let Some((op, _)) = sent {
-                        self.history
-                            .released(op, ReleaseOutcome::Indeterminate, now);
-                        self.client_close(client);
-                    }
-                    // Never sent: the lease takes the key back.
-                    self.finish_idle(client);
-                    return;
-                }
-                if sent.is_none() {
-                    let Some(conn) = self.clients[client].session else {
-                        self.connect(client);
-                        self.wake(client, give_up_us);
-                        return;
-                    };
-                    // Recorded when written: the client stops using the lock
-                    // when it decides to release, which is no later.
-                    let op = self.history.release(client as u64, conn, &key, token, now);
-                    let mut bytes = Vec::new();
-                    encode_request(&Request::Release { token, key: &key }, &mut bytes);
-                    self.send(conn, true, &bytes);
-                    self.clients[client].phase = Phase::Releasing {
-                        sent: Some((op, conn)),
-                        key,
-                        token,
-                        give_up_us,
-                    };
-                }
-                self.wake(client, give_up_us);
-            }
+            };
         }
+        self.wake(client, give_up_us);
     }
 
     /// The client holds `key` until `hold_end_us` (extending it on the way
@@ -379,37 +431,7 @@ impl Sim {
         let now = self.now;
         match (self.clients[client].phase.clone(), reply) {
             (Phase::Acquiring(p), OwnedReply::Owner { op, owner, token }) if owner == p.owner => {
-                let Some(acq) = p.op else {
-                    return;
-                };
-                match op {
-                    b'A' if now <= p.deadline_us => {
-                        self.history.acquired(acq, Outcome::Granted { token }, now);
-                        let hold = match self.rng.below(8) {
-                            0 => self.rng.range(0, u64::from(p.lease_s) * 2 * S),
-                            // Held for several leases, extended on the way.
-                            1 => self.rng.range(0, u64::from(p.lease_s) * 4 * S),
-                            _ => self.rng.range(0, 500 * MS),
-                        };
-                        let expires_us = p.sent_us + u64::from(p.lease_s) * S;
-                        self.hold(client, p.key.clone(), token, expires_us, now + hold);
-                    }
-                    b'A' => {
-                        // Matched after D: not used, released, Indeterminate.
-                        self.history
-                            .acquired(acq, Outcome::LateGrant { token }, now);
-                        self.clients[client].compensate.push((p.key.clone(), token));
-                        self.finish_idle(client);
-                    }
-                    b'T' => {
-                        self.history.acquired(acq, Outcome::Timeout, now);
-                        self.finish_idle(client);
-                    }
-                    _ => {
-                        self.history.acquired(acq, Outcome::Busy, now);
-                        self.finish_idle(client);
-                    }
-                }
+                self.acquire_answered(client, &p, op, token);
             }
             (
                 Phase::Extending {
@@ -466,6 +488,44 @@ impl Sim {
             // Answers to compensating releases, or to requests of a call
             // this client already gave up on, are not matched to anything.
             _ => {}
+        }
+    }
+
+    /// The client's sent acquire `p` was answered with the reply op `op`
+    /// (`A` with `token`, `T` or `B`): a grant in time is held, a late one
+    /// compensated by a release; either way the call is recorded.
+    fn acquire_answered(&mut self, client: usize, p: &Pending, op: u8, token: u64) {
+        let now = self.now;
+        let Some(acq) = p.op else {
+            return;
+        };
+        match op {
+            b'A' if now <= p.deadline_us => {
+                self.history.acquired(acq, Outcome::Granted { token }, now);
+                let hold = match self.rng.below(8) {
+                    0 => self.rng.range(0, u64::from(p.lease_s) * 2 * S),
+                    // Held for several leases, extended on the way.
+                    1 => self.rng.range(0, u64::from(p.lease_s) * 4 * S),
+                    _ => self.rng.range(0, 500 * MS),
+                };
+                let expires_us = p.sent_us + u64::from(p.lease_s) * S;
+                self.hold(client, p.key.clone(), token, expires_us, now + hold);
+            }
+            b'A' => {
+                // Matched after D: not used, released, Indeterminate.
+                self.history
+                    .acquired(acq, Outcome::LateGrant { token }, now);
+                self.clients[client].compensate.push((p.key.clone(), token));
+                self.finish_idle(client);
+            }
+            b'T' => {
+                self.history.acquired(acq, Outcome::Timeout, now);
+                self.finish_idle(client);
+            }
+            _ => {
+                self.history.acquired(acq, Outcome::Busy, now);
+                self.finish_idle(client);
+            }
         }
     }
 

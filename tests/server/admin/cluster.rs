@@ -101,6 +101,73 @@ fn cluster_status_metrics_and_readyz_follow_the_majority() {
         assert!(Instant::now() < agreed, "no agreed leader: {bodies:?}");
         std::thread::sleep(Duration::from_millis(100));
     };
+    check_cluster_status_bodies(&c, leader, &bodies);
+    // A grant shows on every node, with the same token.
+    let l = leader - 1;
+    let mut client = c.nodes[l].0.connect();
+    let tok = token(&client.acquire_reply("ck", 1, 0, 60));
+    every_node_shows_the_grant(&c, tok);
+    let reachable = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, body) = get(c.admin(l), "/v1/cluster");
+        if py(&body, "all(v['reachable'] for v in j['voters'])") == "True" {
+            break;
+        }
+        assert!(
+            Instant::now() < reachable,
+            "a voter stays unreachable: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    the_leader_metrics_pass_promtool(&c, leader);
+    the_cli_shows_the_cluster_status(&c, leader);
+
+    // The majority stopped: the leader, alone, steps down and is not ready.
+    let others: Vec<usize> = (0..3).filter(|&i| i != l).collect();
+    for &i in &others {
+        c.nodes[i].0.signal(libc::SIGSTOP);
+    }
+    let body = c.wait_ready(l, 503, Duration::from_secs(30));
+    assert!(
+        body.contains("no leader") || body.contains("applied"),
+        "{body}"
+    );
+    assert_eq!(get(c.admin(l), "/livez").0, 200);
+    let (_, m) = get(c.admin(l), "/metrics");
+    assert_eq!(sample(&m, "ticketd_raft_is_leader"), 0.0);
+    // And back.
+    for &i in &others {
+        c.nodes[i].0.signal(libc::SIGCONT);
+    }
+    for i in 0..3 {
+        c.wait_ready(i, 200, Duration::from_secs(30));
+    }
+}
+
+/// Every node applies the grant of `ck` (token `tok`), held with no
+/// expiry shown.
+#[cfg(feature = "cluster")]
+fn every_node_shows_the_grant(c: &Cluster, tok: u64) {
+    for i in 0..3 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (status, body) = get(c.admin(i), "/v1/locks/ck");
+            if status == 200 {
+                assert_eq!(py(&body, "j['sequence']"), (tok >> 16).to_string());
+                assert_eq!(py(&body, "j['expires_in_ms']"), "None");
+                break;
+            }
+            assert!(Instant::now() < deadline, "node {} never applied ck", i + 1);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Each node's `/v1/cluster` body (`bodies`, by node): its id, the three
+/// voters with their addresses, no learners, applied within commit, and
+/// only the leader (node `leader`, 1-based) sees match and reachability.
+#[cfg(feature = "cluster")]
+fn check_cluster_status_bodies(c: &Cluster, leader: usize, bodies: &[(u16, String)]) {
     for (i, (status, body)) in bodies.iter().enumerate() {
         assert_eq!(*status, 200, "{body}");
         assert_eq!(py(body, "j['id']"), (i + 1).to_string());
@@ -126,35 +193,13 @@ fn cluster_status_metrics_and_readyz_follow_the_majority() {
             "{body}"
         );
     }
-    // A grant shows on every node, with the same token.
+}
+
+/// The metrics of the leader (node `leader`, 1-based) with one key held:
+/// the raft gauges and counters, and promtool finds the scrape valid.
+#[cfg(feature = "cluster")]
+fn the_leader_metrics_pass_promtool(c: &Cluster, leader: usize) {
     let l = leader - 1;
-    let mut client = c.nodes[l].0.connect();
-    let tok = token(&client.acquire_reply("ck", 1, 0, 60));
-    for i in 0..3 {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let (status, body) = get(c.admin(i), "/v1/locks/ck");
-            if status == 200 {
-                assert_eq!(py(&body, "j['sequence']"), (tok >> 16).to_string());
-                assert_eq!(py(&body, "j['expires_in_ms']"), "None");
-                break;
-            }
-            assert!(Instant::now() < deadline, "node {} never applied ck", i + 1);
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    let reachable = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (_, body) = get(c.admin(l), "/v1/cluster");
-        if py(&body, "all(v['reachable'] for v in j['voters'])") == "True" {
-            break;
-        }
-        assert!(
-            Instant::now() < reachable,
-            "a voter stays unreachable: {body}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
     let (_, m) = get(c.admin(l), "/metrics");
     assert_eq!(sample(&m, "ticketd_raft_is_leader"), 1.0);
     assert_eq!(sample(&m, "ticketd_raft_leader_id"), leader as f64);
@@ -185,7 +230,13 @@ fn cluster_status_metrics_and_readyz_follow_the_majority() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
 
+/// `ticket cluster status` on the leader (node `leader`, 1-based), for a
+/// person and as JSON: the three voters, the leader marked.
+#[cfg(feature = "cluster")]
+fn the_cli_shows_the_cluster_status(c: &Cluster, leader: usize) {
+    let l = leader - 1;
     // `ticket cluster status`, for a person and as JSON.
     let a = c.admin(l).to_string();
     let (code, out, err) = ticket(&["cluster", "status", "--admin", &a]);
@@ -212,27 +263,6 @@ fn cluster_status_metrics_and_readyz_follow_the_majority() {
         py(&out, "(j['id'], j['leader'])"),
         format!("({leader}, {leader})")
     );
-
-    // The majority stopped: the leader, alone, steps down and is not ready.
-    let others: Vec<usize> = (0..3).filter(|&i| i != l).collect();
-    for &i in &others {
-        c.nodes[i].0.signal(libc::SIGSTOP);
-    }
-    let body = c.wait_ready(l, 503, Duration::from_secs(30));
-    assert!(
-        body.contains("no leader") || body.contains("applied"),
-        "{body}"
-    );
-    assert_eq!(get(c.admin(l), "/livez").0, 200);
-    let (_, m) = get(c.admin(l), "/metrics");
-    assert_eq!(sample(&m, "ticketd_raft_is_leader"), 0.0);
-    // And back.
-    for &i in &others {
-        c.nodes[i].0.signal(libc::SIGCONT);
-    }
-    for i in 0..3 {
-        c.wait_ready(i, 200, Duration::from_secs(30));
-    }
 }
 
 /// `name` of node `i`'s scrape, waiting up to 10 s for `until` to hold.
@@ -300,7 +330,16 @@ fn cluster_wait_and_hold_histograms_count_what_clients_did() {
         Reply::NotReleased { .. }
     ));
 
-    let waits = cluster_sample(&c, f, "ticketd_wait_seconds_count", |v| v >= 4.0);
+    the_follower_counted_the_waits(&c, f);
+
+    the_leader_counted_the_holds(&c, l);
+}
+
+/// Only the follower the clients used (node `f`, 0-based) counted
+/// waits: the four grants it answered, one after >= 300 ms.
+#[cfg(feature = "cluster")]
+fn the_follower_counted_the_waits(c: &Cluster, f: usize) {
+    let waits = cluster_sample(c, f, "ticketd_wait_seconds_count", |v| v >= 4.0);
     assert_eq!(waits, 4.0, "four grants answered by node {}", f + 1);
     let m = get(c.admin(f), "/metrics").1;
     assert!(
@@ -317,8 +356,14 @@ fn cluster_wait_and_hold_histograms_count_what_clients_did() {
             i + 1
         );
     }
+}
 
-    let holds = cluster_sample(&c, l, "ticketd_hold_seconds_count", |v| v >= 4.0);
+/// Only the leader (node `l`, 0-based) counted holds: four (three
+/// releases and an expiry), h1 held >= 300 ms and h3 >= 1 s; at the end
+/// nothing is held on any node.
+#[cfg(feature = "cluster")]
+fn the_leader_counted_the_holds(c: &Cluster, l: usize) {
+    let holds = cluster_sample(c, l, "ticketd_hold_seconds_count", |v| v >= 4.0);
     let m = get(c.admin(l), "/metrics").1;
     assert_eq!(sample(&m, "ticketd_raft_leader_id"), (l + 1) as f64, "{m}");
     assert_eq!(holds, 4.0, "three releases and an expiry: {m}");
@@ -339,7 +384,7 @@ fn cluster_wait_and_hold_histograms_count_what_clients_did() {
     }
     // Nothing is held any more, on any node.
     for i in 0..3 {
-        let oldest = cluster_sample(&c, i, "ticketd_oldest_hold_seconds", |v| v == 0.0);
+        let oldest = cluster_sample(c, i, "ticketd_oldest_hold_seconds", |v| v == 0.0);
         assert_eq!(oldest, 0.0, "node {}", i + 1);
     }
 }

@@ -57,82 +57,15 @@ fn the_admin_port_on_a_unix_socket_has_its_mode_and_checks_peers() {
     );
     let mut c = t.connect();
     let tok = token(&c.acquire_reply("u/1", 1, 0, 255));
-    let (status, body) = unix_get(&sock, "/v1/locks/u%2F1").expect("an answer");
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(
-        py(&body, "(j['key'], j['sequence'])"),
-        format!("('u/1', {})", tok >> 16)
-    );
-    let (status, m) = unix_get(&sock, "/metrics").expect("an answer");
-    assert_eq!(status, 200);
-    assert_eq!(sample(&m, "ticketd_keys"), 1.0);
-    assert_eq!(
-        sample(
-            &m,
-            "ticketd_connections_refused_total{reason=\"admin_peer_not_allowed\"}"
-        ),
-        0.0
-    );
+    the_admin_socket_answers(&sock, tok);
 
     // The CLI reads it with --admin unix:/path.
     let a = format!("unix:{}", sock.display());
-    let (code, out, err) = ticket(&["status", "u/1", "--admin", &a, "--json"]);
-    assert_eq!(code, 0, "{err}");
-    assert_eq!(py(&out, "j['sequence']"), (tok >> 16).to_string());
-    let (code, out, err) = ticket(&["locks", "u/", "--admin", &a]);
-    assert_eq!(code, 0, "{err}");
-    assert_eq!(out.lines().nth(1).unwrap().split("  ").next(), Some("u/1"));
-    let (code, _, err) = ticket(&["cluster", "status", "--admin", &a]);
-    assert_eq!(code, 125, "{err}");
-    assert!(err.contains("not a cluster node"), "{err}");
-    let gone = format!("unix:{}", dir.join("nobody.sock").display());
-    let (code, _, err) = ticket(&["status", "u/1", "--admin", &gone]);
-    assert_eq!(code, 125, "{err}");
-    assert!(err.contains("connect"), "{err}");
+    the_cli_reads_the_admin_socket(&a, &dir, tok);
 
     // A peer whose uid is not listed can open either socket (mode 0666) and
     // is closed at once; each refusal is counted under its own reason.
-    let as_nobody = |args: &[&str]| {
-        Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-            .arg(common::ticket_bin())
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run setpriv")
-    };
-    let out = as_nobody(&[
-        "acquire",
-        "n/1",
-        "--wait",
-        "0",
-        "--lease",
-        "5",
-        "--server",
-        &client_sock,
-    ]);
-    assert_ne!(out.status.code(), Some(0), "{out:?}");
-    let out = as_nobody(&["status", "u/1", "--admin", &a]);
-    assert_eq!(out.status.code(), Some(125), "{out:?}");
-    // Both were closed by the server (counted before the close), so the
-    // counters are in.
-    assert!(
-        t.wait_for_log("refused unix(uid=65534", Duration::from_secs(10)),
-        "{}",
-        t.log()
-    );
-    let (_, m) = unix_get(&sock, "/metrics").expect("an answer");
-    // (`ticket` retries a request the server closed unsent: at least one
-    // refusal each.)
-    let refused = |reason: &str| {
-        sample(
-            &m,
-            &format!("ticketd_connections_refused_total{{reason=\"{reason}\"}}"),
-        )
-    };
-    assert!(refused("peer_not_allowed") >= 1.0, "{m}");
-    assert!(refused("admin_peer_not_allowed") >= 1.0, "{m}");
-    assert_eq!(refused("max_conns"), 0.0, "{m}");
+    unlisted_peers_are_refused(&t, &sock, &client_sock, &a);
     assert!(
         matches!(c.acquire_reply("n/1", 2, 0, 5), Reply::Acquired { .. }),
         "the refused peer was granted nothing"
@@ -144,6 +77,101 @@ fn the_admin_port_on_a_unix_socket_has_its_mode_and_checks_peers() {
     assert!(t.terminate().success());
     assert!(!sock.exists(), "the socket file is removed at the end");
 
+    an_unlisted_uid_gets_no_answer(&sock, &a);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The admin socket `sock` answers the lock endpoint (the sequence of
+/// `tok`) and the metrics, with no admin peer refused yet.
+fn the_admin_socket_answers(sock: &Path, tok: u64) {
+    let (status, body) = unix_get(sock, "/v1/locks/u%2F1").expect("an answer");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        py(&body, "(j['key'], j['sequence'])"),
+        format!("('u/1', {})", tok >> 16)
+    );
+    let (status, m) = unix_get(sock, "/metrics").expect("an answer");
+    assert_eq!(status, 200);
+    assert_eq!(sample(&m, "ticketd_keys"), 1.0);
+    assert_eq!(
+        sample(
+            &m,
+            "ticketd_connections_refused_total{reason=\"admin_peer_not_allowed\"}"
+        ),
+        0.0
+    );
+}
+
+/// `ticket` reads the admin socket with `--admin a`: the lock
+/// (sequence of `tok`), the table, no cluster; a missing socket fails.
+fn the_cli_reads_the_admin_socket(a: &str, dir: &Path, tok: u64) {
+    let (code, out, err) = ticket(&["status", "u/1", "--admin", a, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(py(&out, "j['sequence']"), (tok >> 16).to_string());
+    let (code, out, err) = ticket(&["locks", "u/", "--admin", a]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.lines().nth(1).unwrap().split("  ").next(), Some("u/1"));
+    let (code, _, err) = ticket(&["cluster", "status", "--admin", a]);
+    assert_eq!(code, 125, "{err}");
+    assert!(err.contains("not a cluster node"), "{err}");
+    let gone = format!("unix:{}", dir.join("nobody.sock").display());
+    let (code, _, err) = ticket(&["status", "u/1", "--admin", &gone]);
+    assert_eq!(code, 125, "{err}");
+    assert!(err.contains("connect"), "{err}");
+}
+
+/// Runs `ticket ARGS` as uid and gid 65534 (nobody), through setpriv.
+fn ticket_as_nobody(args: &[&str]) -> std::process::Output {
+    Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(common::ticket_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run setpriv")
+}
+
+/// A peer whose uid is not listed (nobody) is closed at once on the
+/// client socket `client_sock` and on the admin socket `sock` (`a` for
+/// `--admin`), and each refusal is counted under its own reason.
+fn unlisted_peers_are_refused(t: &Ticketd, sock: &Path, client_sock: &str, a: &str) {
+    let out = ticket_as_nobody(&[
+        "acquire",
+        "n/1",
+        "--wait",
+        "0",
+        "--lease",
+        "5",
+        "--server",
+        client_sock,
+    ]);
+    assert_ne!(out.status.code(), Some(0), "{out:?}");
+    let out = ticket_as_nobody(&["status", "u/1", "--admin", a]);
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    // Both were closed by the server (counted before the close), so the
+    // counters are in.
+    assert!(
+        t.wait_for_log("refused unix(uid=65534", Duration::from_secs(10)),
+        "{}",
+        t.log()
+    );
+    let (_, m) = unix_get(sock, "/metrics").expect("an answer");
+    // (`ticket` retries a request the server closed unsent: at least one
+    // refusal each.)
+    let refused = |reason: &str| {
+        sample(
+            &m,
+            &format!("ticketd_connections_refused_total{{reason=\"{reason}\"}}"),
+        )
+    };
+    assert!(refused("peer_not_allowed") >= 1.0, "{m}");
+    assert!(refused("admin_peer_not_allowed") >= 1.0, "{m}");
+    assert_eq!(refused("max_conns"), 0.0, "{m}");
+}
+
+/// Restarted allowing only another uid: this one is closed without an
+/// answer on the admin socket `sock` (`a` for `--admin`).
+fn an_unlisted_uid_gets_no_answer(sock: &Path, a: &str) {
     // A peer whose uid is not listed is closed without an answer.
     // SAFETY: geteuid(2) has no preconditions and cannot fail.
     let other = (unsafe { libc::geteuid() } + 1).to_string();
@@ -155,16 +183,15 @@ fn the_admin_port_on_a_unix_socket_has_its_mode_and_checks_peers() {
         "--log-level",
         "debug",
     ]);
-    assert_eq!(unix_get(&sock, "/livez"), None);
+    assert_eq!(unix_get(sock, "/livez"), None);
     assert!(
         t.wait_for_log("admin: refused uid=", Duration::from_secs(10)),
         "{}",
         t.log()
     );
-    let (code, _, err) = ticket(&["status", "u/1", "--admin", &a]);
+    let (code, _, err) = ticket(&["status", "u/1", "--admin", a]);
     assert_eq!(code, 125, "{err}");
     drop(t);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `--admin-tls-cert` and `--admin-tls-key`: HTTPS on the admin port,
@@ -224,6 +251,26 @@ fn the_admin_port_speaks_https_and_checks_client_certificates() {
     assert_eq!(py(body, "j['sequence']"), (tok >> 16).to_string(), "{body}");
 
     // Without a client certificate, or with one from another CA: no answer.
+    no_answer_without_a_good_certificate(&certs, admin, request);
+
+    // Plain HTTP on the HTTPS port: closed without an HTTP answer.
+    assert!(
+        try_http(admin, "GET", "/livez").is_none(),
+        "plain HTTP answered on the HTTPS admin port"
+    );
+
+    ticket_reads_the_https_admin_port(&certs, admin, tok);
+}
+
+/// Without a client certificate, or with one from another CA, the HTTPS
+/// admin port at `admin` answers nothing to `request`.
+#[cfg(feature = "tls")]
+fn no_answer_without_a_good_certificate(
+    certs: &ticketd_testkit::certs::Certs,
+    admin: SocketAddr,
+    request: &[u8],
+) {
+    use ticketd_testkit::certs::s_client;
     for extra in [
         vec!["-CAfile", &certs.path("ca.pem")],
         vec![
@@ -243,13 +290,17 @@ fn the_admin_port_speaks_https_and_checks_client_certificates() {
             "answered without a good certificate: {text}"
         );
     }
+}
 
-    // Plain HTTP on the HTTPS port: closed without an HTTP answer.
-    assert!(
-        try_http(admin, "GET", "/livez").is_none(),
-        "plain HTTP answered on the HTTPS admin port"
-    );
-
+/// `ticket` reads the HTTPS admin port at `admin` with its client
+/// certificate from flags and from the environment (the lock's sequence
+/// of `tok`); without a CA, or without a certificate, it fails.
+#[cfg(feature = "tls")]
+fn ticket_reads_the_https_admin_port(
+    certs: &ticketd_testkit::certs::Certs,
+    admin: SocketAddr,
+    tok: u64,
+) {
     // ticket over HTTPS, with its client certificate from flags and from
     // the environment; without a CA it says what is missing.
     let url = format!("https://{admin}");
