@@ -87,7 +87,7 @@ clean:
 # nightly toolchain the targets build with AddressSanitizer; on stable they
 # build without a sanitizer (`-s none`).
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= decode_request decode_reply engine_ops peer_decode wal_recovery
+FUZZ_TARGETS ?= decode_request decode_reply engine_ops engine_permits peer_decode wal_recovery
 FUZZ_NIGHTLY := $(shell rustup toolchain list 2>/dev/null | grep -q '^nightly' && echo yes)
 FUZZ_CARGO := $(if $(FUZZ_NIGHTLY),$(CARGO) +nightly fuzz,$(CARGO) fuzz)
 FUZZ_FLAGS := $(if $(FUZZ_NIGHTLY),,-s none)

@@ -33,8 +33,10 @@
 pub mod cluster;
 mod engine_model;
 mod engine_steps;
+mod permits;
 
 pub use engine_steps::engine_ops;
+pub use permits::engine_permits;
 
 use ticketd::proto::{
     decode_reply as dec_reply, decode_request as dec_request, encode_reply, encode_request,

@@ -84,6 +84,13 @@ fn engine_ops_near_the_last_token_never_panics() {
     bodies::engine_ops(&input);
 }
 
+#[test]
+fn engine_permits_smoke_over_seeded_inputs() {
+    for_seeds("engine_permits", 3_000, |rng| {
+        bodies::engine_permits(&rng.bytes(600));
+    });
+}
+
 /// Replays every file in `fuzz/regressions/TARGET/` through its body.
 fn replay(target: &str, body: fn(&[u8])) -> usize {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -108,6 +115,7 @@ fn every_saved_fuzz_input_still_passes() {
     assert!(replay("decode_request", bodies::decode_request) >= 1);
     assert!(replay("decode_reply", bodies::decode_reply) >= 1);
     assert!(replay("engine_ops", bodies::engine_ops) >= 1);
+    assert!(replay("engine_permits", bodies::engine_permits) >= 1);
     #[cfg(feature = "cluster")]
     {
         assert!(replay("peer_decode", bodies::cluster::peer_decode) >= 1);
