@@ -48,8 +48,6 @@ const PENDING: &[&str] = &[
     "bench/src/cluster_limit.rs:lead",
     "bench/src/gen.rs",
     "bench/src/gen.rs:on_reply",
-    "bench/src/lib.rs",
-    "bench/src/lib.rs:parse_args",
     "src/server/mod.rs",
     "src/server/mod.rs:handle_conn_input",
     "testkit/src/certs.rs:make",
