@@ -46,8 +46,6 @@ const PENDING: &[&str] = &[
     "bench/src/cluster_limit.rs",
     "bench/src/cluster_limit.rs:follow",
     "bench/src/cluster_limit.rs:lead",
-    "bench/src/gen.rs",
-    "bench/src/gen.rs:on_reply",
     "src/server/mod.rs",
     "src/server/mod.rs:handle_conn_input",
     "testkit/src/certs.rs:make",
