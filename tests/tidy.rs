@@ -40,16 +40,6 @@ const ROOTS: &[&str] = &["src", "testkit", "tests", "bench", "examples", "fuzz"]
 /// too long or unmarked, `path:unsafe` for unsafe blocks without a SAFETY
 /// comment in it. Entries leave as the splits land.
 const PENDING: &[&str] = &[
-    "bench/etcd-native/src/main.rs:main",
-    "bench/src/bin/cluster-bench.rs",
-    "bench/src/bin/cluster-bench.rs:main",
-    "bench/src/cluster_limit.rs",
-    "bench/src/cluster_limit.rs:follow",
-    "bench/src/cluster_limit.rs:lead",
-    "bench/src/gen.rs",
-    "bench/src/gen.rs:on_reply",
-    "bench/src/lib.rs",
-    "bench/src/lib.rs:parse_args",
     "src/server/mod.rs",
     "src/server/mod.rs:handle_conn_input",
 ];

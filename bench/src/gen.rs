@@ -38,9 +38,15 @@ use std::time::{Duration, Instant};
 use mio::{Events, Interest, Poll, Token};
 
 use super::backend::{Backend, Outcome};
-use super::hist::Histogram;
 use super::{READ_BUFFER_CAP_BYTES, READ_CHUNK_BYTES};
 use ticketd::readbuf::ReadBuf;
+
+mod keys;
+mod stats;
+
+pub use keys::{fresh_key, hot_key};
+use keys::{next_rand, run_nonce, set_key};
+pub use stats::{fifo_violations, GrantRecord, Stats};
 
 /// Every key the generator makes is this long (the 24-byte keys).
 pub const KEY_BYTES: usize = 24;
@@ -159,111 +165,6 @@ impl Shared {
     }
 }
 
-/// One grant as the FIFO check needs it. Times are the generator's clock.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GrantRecord {
-    /// Index of the hot key.
-    pub key: u32,
-    /// The grant's fencing token: the server's grant order.
-    pub token: u64,
-    /// No later than the moment the acquire was written to the socket.
-    pub sent_ns: u64,
-    /// A moment by which the server had certainly processed the acquire:
-    /// when the reply to the probe sent right behind it on the same
-    /// connection (or the grant itself) had been read.
-    pub queued_ns: u64,
-}
-
-/// What one worker measured (after the warm-up).
-#[derive(Debug, Default)]
-pub struct Stats {
-    /// Replies received (= requests answered).
-    pub replies: u64,
-    /// Acquires granted.
-    pub grants: u64,
-    /// Acquires not granted (T, or a Redis nil that was not retried).
-    pub not_granted: u64,
-    /// Acquires refused for capacity (B).
-    pub busy: u64,
-    /// Releases that took effect.
-    pub released: u64,
-    /// Releases that changed nothing: with the generator's own tokens this
-    /// only happens if a lease ran out first.
-    pub not_released: u64,
-    /// Redis polls (`SET NX` repeated by a waiting slot).
-    pub polls: u64,
-    /// FIFO probes answered (contended ticketd runs; not counted as requests).
-    pub probes: u64,
-    /// Extends answered `E` (extend modes).
-    pub extended: u64,
-    /// Extends answered `X`: the generator only extends grants it holds
-    /// within their lease, so any of these is a failure.
-    pub not_extended: u64,
-    /// Request to reply, nanoseconds.
-    pub latency: Histogram,
-    /// First attempt of an acquire to its grant, nanoseconds (contended).
-    pub wait_to_grant: Histogram,
-    /// Every grant of a hot key (contended, ticketd), warm-up included.
-    pub grant_log: Vec<GrantRecord>,
-}
-
-impl Stats {
-    /// Adds `other` into `self`.
-    pub fn merge(&mut self, mut other: Stats) {
-        self.replies += other.replies;
-        self.grants += other.grants;
-        self.not_granted += other.not_granted;
-        self.busy += other.busy;
-        self.released += other.released;
-        self.not_released += other.not_released;
-        self.polls += other.polls;
-        self.probes += other.probes;
-        self.extended += other.extended;
-        self.not_extended += other.not_extended;
-        self.latency.merge(&other.latency);
-        self.wait_to_grant.merge(&other.wait_to_grant);
-        self.grant_log.append(&mut other.grant_log);
-    }
-
-    fn reset_measured(&mut self) {
-        let log = std::mem::take(&mut self.grant_log);
-        *self = Stats {
-            grant_log: log,
-            ..Stats::default()
-        };
-    }
-}
-
-/// The FIFO check over a grant log.
-///
-/// Acquires that reach the server in the same loop turn have no order the
-/// client can see, so the check only uses order it can prove: if acquire J
-/// was certainly processed (queued) before acquire I was even sent
-/// (`J.queued_ns < I.sent_ns`), FIFO hand-over must grant J before I, i.e.
-/// give J the smaller token. Expired leases (the non-FIFO path) cannot occur
-/// when every holder releases at once within its lease.
-///
-/// Returns (grants checked, grants that overtook an acquire queued before
-/// they were sent).
-#[must_use]
-pub fn fifo_violations(log: &mut [GrantRecord]) -> (u64, u64) {
-    log.sort_unstable_by_key(|g| (g.key, g.token));
-    let mut bad = 0;
-    // Walk each key's grants from the last token to the first, keeping the
-    // earliest proven-queued time among the later grants.
-    let mut later_min_queued = u64::MAX;
-    for i in (0..log.len()).rev() {
-        if i + 1 < log.len() && log[i + 1].key != log[i].key {
-            later_min_queued = u64::MAX;
-        }
-        if log[i].sent_ns > later_min_queued {
-            bad += 1;
-        }
-        later_min_queued = later_min_queued.min(log[i].queued_ns);
-    }
-    (log.len() as u64, bad)
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum SlotState {
     /// Wants to send an acquire (`retry`: of the same key, same first try).
@@ -347,67 +248,6 @@ struct Conn {
     ready: Vec<u16>,
     owner_seq: u64,
     key_seq: u64,
-}
-
-/// Writes `n` in decimal into `out`, right-aligned and zero-padded.
-fn put_digits(out: &mut [u8], mut n: u64) {
-    for d in out.iter_mut().rev() {
-        *d = b'0' + (n % 10) as u8;
-        n /= 10;
-    }
-}
-
-/// The `i`-th hot key: `hot`, 7 digits that differ between runs (so a run
-/// never queues behind waiters an earlier run left in the server), and 14
-/// digits of `i`.
-#[must_use]
-pub fn hot_key(i: u32) -> [u8; KEY_BYTES] {
-    let mut k = [0u8; KEY_BYTES];
-    k[..3].copy_from_slice(b"hot");
-    put_digits(&mut k[3..10], run_nonce() / 1_000_000_000_000);
-    put_digits(&mut k[10..], u64::from(i));
-    k
-}
-
-/// A key no other request of the run uses: connection (5 digits), then a
-/// per-connection sequence (19 digits).
-#[must_use]
-pub fn fresh_key(conn: u64, seq: u64) -> [u8; KEY_BYTES] {
-    let mut k = [0u8; KEY_BYTES];
-    put_digits(&mut k[..5], conn);
-    put_digits(&mut k[5..], seq);
-    k
-}
-
-/// Replaces `out` with the ASCII key `k` without a UTF-8 check per request.
-fn set_key(out: &mut String, k: &[u8; KEY_BYTES]) {
-    out.clear();
-    out.extend(k.iter().map(|&b| char::from(b)));
-}
-
-/// Where a run's fresh-key sequence starts: different for every run, so a
-/// run never meets keys an earlier run left held (replies still in flight
-/// when it stopped), without the server being restarted between runs.
-fn run_nonce() -> u64 {
-    static NONCE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *NONCE.get_or_init(|| {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        // 19 digits of sequence: the nonce takes the top 7, a run the rest.
-        (t ^ u64::from(std::process::id()).rotate_left(32)) % 10_000_000 * 1_000_000_000_000
-    })
-}
-
-/// xorshift64*: cheap, deterministic per connection, good enough to spread
-/// acquires over hot keys.
-fn next_rand(state: &mut u64) -> u64 {
-    let mut x = *state;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *state = x;
-    x.wrapping_mul(0x2545_F491_4F6C_DD1D)
 }
 
 struct Worker<'a, B: Backend> {
@@ -644,84 +484,32 @@ impl<B: Backend> Worker<'_, B> {
         Ok(p)
     }
 
+    /// Handles one reply: its request leaves the in-flight list, the reply
+    /// is counted, and its slot moves on, to the ready list or, asleep, to
+    /// the timer heap.
     fn on_reply(&mut self, c: usize, outcome: Outcome, now: u64) -> Result<(), String> {
         let p = self.take_pending(c, &outcome)?;
         if p.probe {
-            let slot = &mut self.conns[c].slots[p.slot as usize];
-            if slot.owner == p.id && slot.queued_ns == u64::MAX {
-                slot.queued_ns = now;
-            }
-            self.stats.probes += u64::from(self.measuring);
+            self.on_probe(c, &p, now);
             return Ok(());
         }
         let m = self.measuring;
-        let cfg = self.cfg;
-        let queues = self.b.queues_waiters();
         if m {
             self.stats.replies += 1;
             // An extend run reports the latency of its extends only: its
             // acquires are a one-off set-up.
-            if !cfg.mode.extends() || p.kind == Kind::Extend {
+            if !self.cfg.mode.extends() || p.kind == Kind::Extend {
                 self.stats.latency.record(now.saturating_sub(p.sent_ns));
             }
         }
-        let slot = &mut self.conns[c].slots[p.slot as usize];
-        let mut sleep_until = None;
-        match outcome {
-            Outcome::Granted { token, .. } => {
-                self.grants_unpublished += 1;
-                slot.token = token.unwrap_or(slot.owner);
-                if m {
-                    self.stats.grants += 1;
-                }
-                if cfg.mode == Mode::Contended {
-                    if m {
-                        self.stats
-                            .wait_to_grant
-                            .record(now.saturating_sub(slot.first_try_ns));
-                    }
-                    if self.b.fifo_probe() {
-                        self.stats.grant_log.push(GrantRecord {
-                            key: slot.key_index,
-                            token: slot.token,
-                            sent_ns: slot.sent_ns,
-                            // The grant itself proves the acquire was processed.
-                            queued_ns: slot.queued_ns.min(now),
-                        });
-                    }
-                }
-                slot.state = match cfg.mode {
-                    Mode::Acquire => SlotState::NeedAcquire { retry: false },
-                    Mode::Cycle | Mode::Contended => SlotState::NeedRelease,
-                    Mode::ExtendFlood => SlotState::NeedExtend,
-                    Mode::Extend => {
-                        // The first extend at a random point of the first
-                        // interval, so the renewals of locks acquired together
-                        // spread out evenly instead of arriving as one burst.
-                        let interval = extend_interval_ns(cfg.lease_s);
-                        sleep_until = Some(now + next_rand(&mut self.rng) % interval);
-                        SlotState::Sleeping
-                    }
-                };
-            }
-            Outcome::NotGranted { .. } => {
-                let wait_ns = u64::from(cfg.wait_s) * 1_000_000_000;
-                if !queues && cfg.mode == Mode::Contended && now < slot.first_try_ns + wait_ns {
-                    // Redis has no queue: poll again later, same key, same start.
-                    slot.state = SlotState::Sleeping;
-                    sleep_until = Some(now + cfg.poll_ms * 1_000_000);
-                } else {
-                    if m {
-                        self.stats.not_granted += 1;
-                    }
-                    slot.state = SlotState::NeedAcquire { retry: false };
-                }
-            }
+        let (state, sleep_until) = match outcome {
+            Outcome::Granted { token, .. } => self.on_granted(c, p.slot, token, now),
+            Outcome::NotGranted { .. } => self.on_not_granted(c, p.slot, now),
             Outcome::Busy { .. } => {
                 if m {
                     self.stats.busy += 1;
                 }
-                slot.state = SlotState::NeedAcquire { retry: false };
+                (SlotState::NeedAcquire { retry: false }, None)
             }
             Outcome::Released { .. } | Outcome::NotReleased { .. } => {
                 if m {
@@ -731,19 +519,19 @@ impl<B: Backend> Worker<'_, B> {
                         self.stats.not_released += 1;
                     }
                 }
-                slot.state = SlotState::NeedAcquire { retry: false };
+                (SlotState::NeedAcquire { retry: false }, None)
             }
             Outcome::Extended { .. } => {
                 if m {
                     self.stats.extended += 1;
                 }
-                if cfg.mode == Mode::Extend {
+                if self.cfg.mode == Mode::Extend {
                     // Paced like the client's keep-alive: lease / 3 after the
                     // previous extend was written.
-                    slot.state = SlotState::Sleeping;
-                    sleep_until = Some(p.sent_ns + extend_interval_ns(cfg.lease_s));
+                    let due = p.sent_ns + extend_interval_ns(self.cfg.lease_s);
+                    (SlotState::Sleeping, Some(due))
                 } else {
-                    slot.state = SlotState::NeedExtend;
+                    (SlotState::NeedExtend, None)
                 }
             }
             Outcome::NotExtended { .. } => {
@@ -751,20 +539,103 @@ impl<B: Backend> Worker<'_, B> {
                 if m {
                     self.stats.not_extended += 1;
                 }
-                slot.state = SlotState::NeedAcquire { retry: false };
+                (SlotState::NeedAcquire { retry: false }, None)
+            }
+        };
+        self.conns[c].slots[p.slot as usize].state = state;
+        self.schedule(c, p.slot, sleep_until);
+        Ok(())
+    }
+
+    /// A FIFO probe's answer: the acquire it followed was processed by now.
+    fn on_probe(&mut self, c: usize, p: &Pending, now: u64) {
+        let slot = &mut self.conns[c].slots[p.slot as usize];
+        if slot.owner == p.id && slot.queued_ns == u64::MAX {
+            slot.queued_ns = now;
+        }
+        self.stats.probes += u64::from(self.measuring);
+    }
+
+    /// Slot `s` of connection `c` was granted its lock (`token`, or its
+    /// owner for a backend without tokens): counted, logged for the FIFO
+    /// check when contended, and the slot's next state by the mode (with
+    /// when it wakes, if it sleeps).
+    fn on_granted(
+        &mut self,
+        c: usize,
+        s: u16,
+        token: Option<u64>,
+        now: u64,
+    ) -> (SlotState, Option<u64>) {
+        let m = self.measuring;
+        let cfg = self.cfg;
+        let slot = &mut self.conns[c].slots[s as usize];
+        self.grants_unpublished += 1;
+        slot.token = token.unwrap_or(slot.owner);
+        if m {
+            self.stats.grants += 1;
+        }
+        if cfg.mode == Mode::Contended {
+            if m {
+                self.stats
+                    .wait_to_grant
+                    .record(now.saturating_sub(slot.first_try_ns));
+            }
+            if self.b.fifo_probe() {
+                self.stats.grant_log.push(GrantRecord {
+                    key: slot.key_index,
+                    token: slot.token,
+                    sent_ns: slot.sent_ns,
+                    // The grant itself proves the acquire was processed.
+                    queued_ns: slot.queued_ns.min(now),
+                });
             }
         }
+        match cfg.mode {
+            Mode::Acquire => (SlotState::NeedAcquire { retry: false }, None),
+            Mode::Cycle | Mode::Contended => (SlotState::NeedRelease, None),
+            Mode::ExtendFlood => (SlotState::NeedExtend, None),
+            Mode::Extend => {
+                // The first extend at a random point of the first
+                // interval, so the renewals of locks acquired together
+                // spread out evenly instead of arriving as one burst.
+                let interval = extend_interval_ns(cfg.lease_s);
+                let due = now + next_rand(&mut self.rng) % interval;
+                (SlotState::Sleeping, Some(due))
+            }
+        }
+    }
+
+    /// Slot `s` of connection `c` was not granted its lock: a Redis waiter
+    /// polls again later (same key, same start) while its wait lasts;
+    /// anyone else counts it and acquires anew.
+    fn on_not_granted(&mut self, c: usize, s: u16, now: u64) -> (SlotState, Option<u64>) {
+        let cfg = self.cfg;
+        let first_try_ns = self.conns[c].slots[s as usize].first_try_ns;
+        let wait_ns = u64::from(cfg.wait_s) * 1_000_000_000;
+        if !self.b.queues_waiters() && cfg.mode == Mode::Contended && now < first_try_ns + wait_ns {
+            // Redis has no queue: poll again later, same key, same start.
+            return (SlotState::Sleeping, Some(now + cfg.poll_ms * 1_000_000));
+        }
+        if self.measuring {
+            self.stats.not_granted += 1;
+        }
+        (SlotState::NeedAcquire { retry: false }, None)
+    }
+
+    /// Slot `s` of connection `c` goes to sleep until `sleep_until` (on the
+    /// timer heap), or, with `None`, joins its connection's ready slots.
+    fn schedule(&mut self, c: usize, s: u16, sleep_until: Option<u64>) {
         match sleep_until {
             Some(t) => {
-                self.conns[c].slots[p.slot as usize].due_ns = t;
-                self.sleepers.push(Reverse((t, c as u32, p.slot)));
+                self.conns[c].slots[s as usize].due_ns = t;
+                self.sleepers.push(Reverse((t, c as u32, s)));
             }
             None => {
-                self.conns[c].ready.push(p.slot);
+                self.conns[c].ready.push(s);
                 self.mark(c);
             }
         }
-        Ok(())
     }
 
     /// One of connection `c`'s locks is due: it and every lock of `c` due
@@ -1002,43 +873,4 @@ pub fn run_worker<B: Backend>(
     });
     shared.done.fetch_add(1, Ordering::Relaxed);
     result
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_are_24_bytes_and_distinct() {
-        let hot = hot_key(7);
-        assert!(hot.starts_with(b"hot") && hot.ends_with(b"00000000000007"));
-        assert_eq!(hot[3..10], hot_key(8)[3..10], "one run, one prefix");
-        assert_eq!(&fresh_key(3, 12), b"000030000000000000000012");
-        assert_ne!(fresh_key(1, 23), fresh_key(12, 3));
-    }
-
-    #[test]
-    fn fifo_check_counts_only_overtakes_it_can_prove() {
-        let g = |key, token, sent_ns, queued_ns| GrantRecord {
-            key,
-            token,
-            sent_ns,
-            queued_ns,
-        };
-        // Key 0: acquires sent at 10 and 11 reached the server together; the
-        // later one won: no order was proven, no violation.
-        // Key 1: the acquire granted token 5 was sent at 40, after the one
-        // granted token 9 was proven queued at 30: a violation.
-        let mut log = vec![
-            g(0, 2, 11, 15),
-            g(0, 3, 10, 15),
-            g(1, 9, 20, 30),
-            g(1, 5, 40, 45),
-            g(1, 12, 50, 55),
-        ];
-        assert_eq!(fifo_violations(&mut log), (5, 1));
-        // The same on different keys proves nothing.
-        let mut other_keys = vec![g(2, 9, 20, 30), g(3, 5, 40, 45)];
-        assert_eq!(fifo_violations(&mut other_keys), (2, 0));
-    }
 }

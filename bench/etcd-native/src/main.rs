@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, GetOptions, LockOptions};
 
+/// The parsed command line.
 struct Args {
     server: String,
     lockers: usize,
@@ -33,6 +34,8 @@ struct Args {
 const USAGE: &str = "usage: etcd-native-bench [--server HOST:PORT] [--lockers N] \
                      [--seconds S] [--warmup S] [--server-pid PID] | [--count-keys]";
 
+/// Reads the command line; the error is what to print (the usage for
+/// `--help`).
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
         server: "127.0.0.1:2379".into(),
@@ -79,12 +82,15 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
     Some(ticks / 100.0)
 }
 
+/// What lockers measured: cycles, request latencies, and a locker's lease.
 struct Tally {
     cycles: u64,
     latencies_us: Vec<u32>,
     lease: i64,
 }
 
+/// One locker: its own client, lease and lock name; locks and unlocks
+/// until `end`, counting the cycles wholly within the measured window.
 async fn locker(
     server: String,
     id: usize,
@@ -126,6 +132,7 @@ async fn locker(
     Ok(tally)
 }
 
+/// The `p` quantile of `sorted` (0 when empty).
 fn percentile(sorted: &[u32], p: f64) -> u32 {
     if sorted.is_empty() {
         return 0;
@@ -147,67 +154,10 @@ fn main() {
         .build()
         .expect("a tokio runtime");
     if args.count_keys {
-        let counted = rt.block_on(async {
-            let mut client = Client::connect([args.server.as_str()], None).await?;
-            let opts = GetOptions::new().with_all_keys().with_count_only();
-            Ok::<_, etcd_client::Error>(client.get("", Some(opts)).await?.count())
-        });
-        match counted {
-            Ok(n) => println!("{n}"),
-            Err(e) => {
-                eprintln!("etcd-native-bench: counting keys: {e}");
-                std::process::exit(1);
-            }
-        }
+        count_keys(&rt, &args.server);
         return;
     }
-    let result = rt.block_on(async {
-        let start = Instant::now();
-        let measure_from = start + Duration::from_secs(args.warmup) + Duration::from_millis(500);
-        let end = measure_from + Duration::from_secs(args.seconds);
-        let tasks: Vec<_> = (0..args.lockers)
-            .map(|id| tokio::spawn(locker(args.server.clone(), id, measure_from, end)))
-            .collect();
-        // etcd's CPU time at both ends of the measured window.
-        let pid = args.server_pid;
-        let cpu_at = |at: Instant| {
-            tokio::spawn(async move {
-                tokio::time::sleep_until(at.into()).await;
-                pid.and_then(cpu_seconds)
-            })
-        };
-        let (cpu0, cpu1) = (cpu_at(measure_from), cpu_at(end));
-        let mut total = Tally {
-            cycles: 0,
-            latencies_us: Vec::new(),
-            lease: 0,
-        };
-        let mut leases = Vec::new();
-        for t in tasks {
-            let t = t.await.map_err(|e| format!("a locker failed: {e}"))??;
-            total.cycles += t.cycles;
-            total.latencies_us.extend(t.latencies_us);
-            leases.push(t.lease);
-        }
-        let joined = |r: Result<Option<f64>, _>| r.ok().flatten();
-        let cpu = joined(cpu0.await)
-            .zip(joined(cpu1.await))
-            .map(|(a, b)| b - a);
-        let mut client = Client::connect([args.server.as_str()], None)
-            .await
-            .map_err(|e| format!("connect: {e}"))?;
-        let opts = GetOptions::new().with_prefix().with_count_only();
-        let left = client
-            .get("bench/", Some(opts))
-            .await
-            .map_err(|e| format!("counting lock keys: {e}"))?
-            .count();
-        for lease in leases {
-            let _ = client.lease_revoke(lease).await;
-        }
-        Ok::<_, String>((total, cpu, left))
-    });
-    let (mut total, cpu, keys_left) = match result {
+    let (mut total, cpu, keys_left) = match rt.block_on(run(&args)) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("etcd-native-bench: {e}");
@@ -219,6 +169,85 @@ fn main() {
         std::process::exit(1);
     }
     total.latencies_us.sort_unstable();
+    print_report(&args, &total, cpu, keys_left);
+}
+
+/// `--count-keys`: prints how many keys etcd holds, or exits 1.
+fn count_keys(rt: &tokio::runtime::Runtime, server: &str) {
+    let counted = rt.block_on(async {
+        let mut client = Client::connect([server], None).await?;
+        let opts = GetOptions::new().with_all_keys().with_count_only();
+        Ok::<_, etcd_client::Error>(client.get("", Some(opts)).await?.count())
+    });
+    match counted {
+        Ok(n) => println!("{n}"),
+        Err(e) => {
+            eprintln!("etcd-native-bench: counting keys: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// The run: every locker for the warm-up and the measured window, etcd's
+/// CPU time read at both ends of the window; returns the lockers' tally
+/// (summed), that CPU time, and the lock keys left behind (counted before
+/// the leases are revoked).
+async fn run(args: &Args) -> Result<(Tally, Option<f64>, i64), String> {
+    let start = Instant::now();
+    let measure_from = start + Duration::from_secs(args.warmup) + Duration::from_millis(500);
+    let end = measure_from + Duration::from_secs(args.seconds);
+    let tasks: Vec<_> = (0..args.lockers)
+        .map(|id| tokio::spawn(locker(args.server.clone(), id, measure_from, end)))
+        .collect();
+    // etcd's CPU time at both ends of the measured window.
+    let pid = args.server_pid;
+    let cpu_at = |at: Instant| {
+        tokio::spawn(async move {
+            tokio::time::sleep_until(at.into()).await;
+            pid.and_then(cpu_seconds)
+        })
+    };
+    let (cpu0, cpu1) = (cpu_at(measure_from), cpu_at(end));
+    let mut total = Tally {
+        cycles: 0,
+        latencies_us: Vec::new(),
+        lease: 0,
+    };
+    let mut leases = Vec::new();
+    for t in tasks {
+        let t = t.await.map_err(|e| format!("a locker failed: {e}"))??;
+        total.cycles += t.cycles;
+        total.latencies_us.extend(t.latencies_us);
+        leases.push(t.lease);
+    }
+    let joined = |r: Result<Option<f64>, _>| r.ok().flatten();
+    let cpu = joined(cpu0.await)
+        .zip(joined(cpu1.await))
+        .map(|(a, b)| b - a);
+    let left = keys_left_then_revoke(&args.server, leases).await?;
+    Ok((total, cpu, left))
+}
+
+/// The lock keys still in etcd, counted before `leases` are revoked
+/// (which would delete them).
+async fn keys_left_then_revoke(server: &str, leases: Vec<i64>) -> Result<i64, String> {
+    let mut client = Client::connect([server], None)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let opts = GetOptions::new().with_prefix().with_count_only();
+    let left = client
+        .get("bench/", Some(opts))
+        .await
+        .map_err(|e| format!("counting lock keys: {e}"))?
+        .count();
+    for lease in leases {
+        let _ = client.lease_revoke(lease).await;
+    }
+    Ok(left)
+}
+
+/// The one JSON object of a run; `total.latencies_us` sorted.
+fn print_report(args: &Args, total: &Tally, cpu: Option<f64>, keys_left: i64) {
     let secs = args.seconds as f64;
     let requests = 2 * total.cycles;
     let cpu_us = cpu.map_or("null".to_string(), |c| {
