@@ -24,7 +24,7 @@ help:
 	@echo "typescript-test the TypeScript client (clients/typescript): tsc --strict, node --test against target/debug/ticketd"
 	@echo "fuzz          run every cargo-fuzz target for FUZZ_SECONDS each (default 60)"
 	@echo "faults        the real-process fault tests (kill, stop, clock jumps, fds, abuse, disk full, cluster partitions)"
-	@echo "engine-memory bytes per held key and per waiter, hot-path allocations (release)"
+	@echo "engine-memory bytes per held key, per waiter and per permit holder, hot-path allocations (release)"
 
 build:
 	$(CARGO) build --release -p ticketd

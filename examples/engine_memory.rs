@@ -20,7 +20,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Instant;
 
-use ticketd::engine::{Acquire, AcquireOutcome, Engine, Outbox};
+use ticketd::engine::{Acquire, AcquireOutcome, Engine, Outbox, Places};
 use ticketd::limits::EngineLimits;
 use ticketd::time::Millis;
 
@@ -73,6 +73,9 @@ static GLOBAL: Counting = Counting;
 const KEYS: u64 = 1_000_000;
 const KEY_BYTES: usize = 24;
 const WAIT_KEYS: u64 = 1_000;
+/// Keys of limit 2 or more in the permits phase, and the holders of each.
+const PERMIT_KEYS: u64 = 100_000;
+const HOLDERS_PER_KEY: u16 = 8;
 const WAITERS_PER_KEY: u64 = 1_000;
 
 fn live() -> usize {
@@ -182,6 +185,50 @@ fn held_keys() {
             ms(0.5),
             ms(0.99),
             ms(1.0)
+        );
+    }
+}
+
+/// Keys held as semaphores (protocol 1.2): the cost of the first holder
+/// of a key, and of each holder after it.
+fn permits() {
+    let limits = EngineLimits {
+        max_keys: (PERMIT_KEYS * u64::from(HOLDERS_PER_KEY)) as usize + 1,
+        ..EngineLimits::default()
+    };
+    let mut e = Engine::new(limits, 1);
+    let mut out = Outbox::new();
+    let mut buf = [0u8; KEY_BYTES];
+    let places = Places::semaphore(HOLDERS_PER_KEY);
+    let mut take = |e: &mut Engine, i: u64, out: &mut Outbox| {
+        let req = acq(key(i, &mut buf), i, 0);
+        let got = e.acquire_with_limit(Millis(0), i % 1000, req, places, (), out);
+        assert!(matches!(got, AcquireOutcome::Granted(_)), "{got:?}");
+        out.clear();
+    };
+    let (b0, r0) = (live(), rss());
+    for i in 0..PERMIT_KEYS {
+        take(&mut e, i, &mut out);
+    }
+    let (b1, r1) = (live(), rss());
+    for _ in 1..HOLDERS_PER_KEY {
+        for i in 0..PERMIT_KEYS {
+            take(&mut e, i, &mut out);
+        }
+    }
+    let (b2, r2) = (live(), rss());
+    let extra = PERMIT_KEYS * u64::from(HOLDERS_PER_KEY - 1);
+    println!("permits: {PERMIT_KEYS} semaphores of {HOLDERS_PER_KEY} places, keys of {KEY_BYTES} bytes, every place held");
+    println!(
+        "  allocator: {:.1} bytes per key with its first holder, {:.1} per holder after it",
+        per((b1 - b0) as isize, PERMIT_KEYS),
+        per((b2 - b1) as isize, extra)
+    );
+    if let (Some(d1), Some(d2)) = (rss_delta(r0, r1), rss_delta(r1, r2)) {
+        println!(
+            "  RSS:       {:.1} bytes per key with its first holder, {:.1} per holder after it",
+            per(d1, PERMIT_KEYS),
+            per(d2, extra)
         );
     }
 }
@@ -378,6 +425,7 @@ fn main() {
         Some("waiters-own-conn") => waiters(true),
         Some("hot-path") => hot_path(),
         Some("disconnect") => disconnects(),
+        Some("permits") => permits(),
         Some(other) => {
             eprintln!("unknown phase {other:?}");
             std::process::exit(2);
@@ -390,6 +438,7 @@ fn main() {
                 "waiters-own-conn",
                 "hot-path",
                 "disconnect",
+                "permits",
             ] {
                 let status = std::process::Command::new(&me)
                     .arg(phase)

@@ -100,6 +100,14 @@
 //!   127 bytes each (the server caps connections, 10,000 by default). Each
 //!   key with waiters adds a queue (a shared copy of the key, ~60 bytes) and
 //!   its timer entries.
+//! * **Permit holder (protocol 1.2): 40 bytes** after the first, at
+//!   100,000 semaphores of 8 places with every place held (allocator;
+//!   42.3 by RSS): a grant is 40 bytes in its key's vector, which doubles
+//!   as it grows, so just past a power of two a holder costs up to 40
+//!   bytes more. A key with its first holder: 125 bytes (134 by RSS) at
+//!   that size, a table entry like a mutex's with a vector instead of the
+//!   slot. The memory budget counts every grant as a key (the estimate
+//!   below), so it errs high for the holders after the first.
 //! * **Hot path:** an uncontended acquire + release of a fresh key hashes
 //!   the key twice (one table lookup each; the queue map is not hashed
 //!   while no key has waiters), each time in one pass of a randomly seeded
