@@ -362,6 +362,13 @@ for ((round = 1; round <= ROUNDS; round++)); do
         bench "cycle-d$d-ticketd-unix" "$round" "$TPID" --server "unix:$TMP/t.sock" "${common[@]}" --depth "$d"
         bench "cycle-d$d-redis-unix" "$round" "$RPID" --backend redis --server "unix:$TMP/r.sock" "${common[@]}" --depth "$d"
     done
+    # Protocol 1.2 at depth 16: a semaphore's place (N = 8) and a read/write
+    # lock's shared hold, each a cycle of an acquire with places and its
+    # release, beside the mutex cycle to compare their server CPU.
+    bench cycle-d16-semaphore8 "$round" "$TPID" --server "127.0.0.1:$TICKETD_PORT" "${common[@]}" \
+        --depth 16 --places semaphore:8
+    bench cycle-d16-shared "$round" "$TPID" --server "127.0.0.1:$TICKETD_PORT" "${common[@]}" \
+        --depth 16 --places shared
     # TLS (1.3, the same certificate for both): cycle at depth 1, 16 and 64.
     for d in 1 16 64; do
         bench "cycle-d$d-ticketd-tls" "$round" "$TTPID" --server "127.0.0.1:$TLS_TICKETD_PORT" \
@@ -419,6 +426,8 @@ for d in 1 16 64; do
     for s in ticketd-tls redis-tls; do median "cycle-d$d-$s" requests_per_s; done
 done
 median extend-flood-d16 server_cpu_us_per_extend
+median cycle-d16-semaphore8 server_cpu_us_per_request
+median cycle-d16-shared server_cpu_us_per_request
 median keepalive server_cpu_core_pct
 median keepalive-single server_cpu_core_pct
 for s in ticketd redis redis-poll100 etcd; do median "contended-$s" wait_p99_us; done
@@ -533,6 +542,10 @@ done
 t=$(cpu cycle-d16-ticketd) r=$(cpu cycle-d16-redis) l=$(cpu cycle-d16-limit)
 row "cycle depth 16, server CPU us/req" "$t" "$r" "$l" "" "$(median_ratio cycle-d16-ticketd cycle-d16-redis server_cpu_us_per_request)" \
     "$(median_ratio cycle-d16-ticketd cycle-d16-limit server_cpu_us_per_request)" "t/limit <= 2"
+row "semaphore (N = 8) cycle d16, server CPU us/req" "$(cpu cycle-d16-semaphore8)" "" "" "" "" "" \
+    "semaphore/mutex $(median_ratio cycle-d16-semaphore8 cycle-d16-ticketd server_cpu_us_per_request) (target <= 1.2)"
+row "shared-lock cycle d16, server CPU us/req" "$(cpu cycle-d16-shared)" "" "" "" "" "" \
+    "shared/mutex $(median_ratio cycle-d16-shared cycle-d16-ticketd server_cpu_us_per_request) (target <= 1.2)"
 row "instructions/request, depth 16" "$IR_T" "$IR_R" "$IR_L" "" "$(ratio "$IR_T" "$IR_R")" "$(ratio "$IR_T" "$IR_L")" "ticketd <= 500"
 ct=$(J contended-ticketd) cr=$(J contended-redis) ce=$(J contended-etcd)
 cr100=$(J contended-redis-poll100)

@@ -6,6 +6,8 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ticketd::proto::Places;
+
 use crate::gen::{Config, Keys, Mode, Renew};
 use crate::tls;
 
@@ -38,6 +40,9 @@ usage: ticket-bench [FLAGS]
                         client, every lock of a connection due within lease/6
                         goes with the one that is due, in one write) | single
                         (each lock on its own when due, one round trip each)
+  --places SPEC         ticketd only: acquire with places (protocol 1.2) instead
+                        of a mutex: semaphore:N (one of N places, shared),
+                        shared or exclusive (a read/write lock, limit 65535)
   --wait S              seconds an acquire may wait, 0..=255 (default 0;
                         5 for contended; Redis clients poll that long)
   --lease S             lease of each grant, 1..=255 (default 30)
@@ -80,6 +85,35 @@ pub struct Args {
     /// The server's processes (every node of a cluster), for CPU
     /// accounting; empty when not asked for.
     pub server_pids: Vec<u32>,
+    /// `--places`: acquires sent as Acquire With Limit (ticketd only).
+    pub places: Option<Places>,
+}
+
+/// `--places`: a semaphore's place, or a read/write lock's shared or
+/// exclusive hold; ticketd only.
+fn parse_places(
+    p: &mut pico_args::Arguments,
+    backend: BackendKind,
+) -> Result<Option<Places>, String> {
+    let Some(spec) = opt_string(p, "--places")? else {
+        return Ok(None);
+    };
+    if backend != BackendKind::Ticketd {
+        return Err("--places: ticketd only (protocol 1.2)".into());
+    }
+    let places = match spec.as_str() {
+        "shared" => Places::shared(),
+        "exclusive" => Places::exclusive(),
+        s => match s.strip_prefix("semaphore:").map(str::parse::<u16>) {
+            Some(Ok(n)) if n > 0 => Places::semaphore(n),
+            _ => {
+                return Err(format!(
+                    "--places: {s:?} is not semaphore:N (N in 1..=65535), shared or exclusive"
+                ))
+            }
+        },
+    };
+    Ok(Some(places))
 }
 
 /// The services `ticket-bench` can drive.
@@ -364,6 +398,7 @@ pub fn parse_args(args: Vec<String>) -> Result<Args, String> {
     let length = parse_length(&mut p, mode)?;
     let threads = num(&mut p, "--threads", 1usize, 64)?.unwrap_or(1);
     let server_pids = parse_server_pids(&mut p)?;
+    let places = parse_places(&mut p, backend)?;
     let json = p.contains("--json");
     let quiet = p.contains("--quiet");
     let rest = p.finish();
@@ -399,6 +434,7 @@ pub fn parse_args(args: Vec<String>) -> Result<Args, String> {
         json,
         quiet,
         server_pids,
+        places,
     })
 }
 

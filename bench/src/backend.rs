@@ -9,7 +9,7 @@ use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use ticketd::proto::{self, Decoded, Reply, Request};
+use ticketd::proto::{self, Decoded, Places, Reply, Request};
 
 /// What one reply said, in the terms the generator needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,9 +115,13 @@ pub trait Backend: Send + Sync + 'static {
     fn decode(&self, buf: &[u8]) -> Result<Option<(Outcome, usize)>, String>;
 }
 
-/// ticketd's binary protocol, through [`ticketd::proto`].
+/// ticketd's binary protocol, through [`ticketd::proto`]: mutex acquires,
+/// or with `places` Acquire With Limit (protocol 1.2).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Ticketd;
+pub struct Ticketd {
+    /// Send every acquire as an Acquire With Limit of these places.
+    pub places: Option<Places>,
+}
 
 /// Keys the generator makes are short; this only bounds how far a decoder
 /// scans for a newline on a corrupt stream.
@@ -141,15 +145,23 @@ impl Backend for Ticketd {
     }
 
     fn encode_acquire(&self, out: &mut Vec<u8>, key: &str, owner: u64, wait_s: u8, lease_s: u8) {
-        proto::encode_request(
-            &Request::Acquire {
+        let req = match self.places {
+            None => Request::Acquire {
                 wait_s,
                 lease_s,
                 owner,
                 key,
             },
-            out,
-        );
+            Some(Places { limit, mode }) => Request::AcquireWithLimit {
+                wait_s,
+                lease_s,
+                owner,
+                limit,
+                mode,
+                key,
+            },
+        };
+        proto::encode_request(&req, out);
     }
 
     fn encode_release(&self, out: &mut Vec<u8>, key: &str, token: u64) {
@@ -202,7 +214,7 @@ mod tests {
 
     #[test]
     fn ticketd_backend_reads_what_the_server_codec_writes() {
-        let b = Ticketd;
+        let b = Ticketd::default();
         let mut v = Vec::new();
         proto::encode_reply(
             &Reply::Acquired {

@@ -163,7 +163,12 @@ fn run_backend<B: Backend>(b: Arc<B>, args: &Args) -> Result<Report, String> {
 /// Runs one benchmark as the command line says.
 pub fn run(args: &Args) -> Result<Report, String> {
     match args.backend {
-        BackendKind::Ticketd => run_backend(Arc::new(Ticketd), args),
+        BackendKind::Ticketd => run_backend(
+            Arc::new(Ticketd {
+                places: args.places,
+            }),
+            args,
+        ),
         BackendKind::Redis => {
             let r = match &args.cfg.unix {
                 Some(path) => resp::Redis::new_unix(path)

@@ -117,6 +117,49 @@ fn ticketd_cycle_run_releases_every_grant() {
     assert_eq!(r.stats.not_granted + r.stats.busy + r.stats.not_released, 0);
 }
 
+#[test]
+fn ticketd_cycles_semaphore_and_shared_places_and_releases_every_grant() {
+    let server = InProcess::start();
+    let addr = server.addr.to_string();
+    for places in ["semaphore:8", "shared", "exclusive"] {
+        let r = run(&[
+            "--server",
+            &addr,
+            "--connections",
+            "8",
+            "--depth",
+            "16",
+            "--requests",
+            "5000",
+            "--places",
+            places,
+            "--quiet",
+        ]);
+        assert!(r.args.places.is_some(), "{places}");
+        assert!(r.stats.replies >= 5000, "{places}: {:?}", r.stats);
+        assert_eq!(r.stats.grants, r.stats.released, "{places}");
+        assert_eq!(
+            r.stats.not_granted + r.stats.busy + r.stats.not_released,
+            0,
+            "{places}: {:?}",
+            r.stats
+        );
+    }
+    for bad in ["semaphore:0", "semaphore:x", "many"] {
+        let args = ["--server", &addr, "--places", bad]
+            .map(String::from)
+            .to_vec();
+        let e = bench::parse_args(args).unwrap_err();
+        assert!(e.contains("--places"), "{e}");
+    }
+    let args = ["--backend", "redis", "--places", "shared"]
+        .map(String::from)
+        .to_vec();
+    assert!(bench::parse_args(args)
+        .unwrap_err()
+        .contains("ticketd only"));
+}
+
 /// A `redis-server` on a free loopback port, persistence off, killed on drop.
 struct Redis {
     child: Child,
