@@ -183,6 +183,8 @@ mod conns;
 mod deadlines;
 mod extend;
 mod image;
+#[cfg(test)]
+mod image_tests;
 mod invariants;
 mod leases;
 mod outbox;
@@ -196,11 +198,13 @@ mod tokens;
 mod view;
 mod waiters;
 
-pub use image::{Image, ImageError, ImageReader, KeyImage, TagCodec, WaiterImage};
+pub use image::{
+    Image, ImageError, ImageReader, KeyImage, PermitImage, PermitKeyImage, TagCodec, WaiterImage,
+};
 pub use outbox::{Addressed, Event, Outbox};
 pub use quota::{HolderUse, QuotaRefusals};
 pub use sweep::{SWEEP_STEP_BUCKETS, SWEEP_STEP_DELETES};
-pub use view::{LockInfo, LockTable, Queued};
+pub use view::{HeldGrant, LockInfo, LockTable, Queued};
 
 use conns::ConnTable;
 use outbox::Kind;
