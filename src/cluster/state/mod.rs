@@ -634,4 +634,7 @@ fn forget_if_idle(
 mod bind_tests;
 
 #[cfg(test)]
+mod permit_tests;
+
+#[cfg(test)]
 mod tests;
