@@ -52,8 +52,10 @@
 //! with the mutexes, the mode in a bit of the waiter. The mutex paths pay
 //! for it only when they miss: a release, extend or expiry of a key that
 //! is not a mutex looks in the permit table while it is not empty. The
-//! server does not take `P` yet: the codec decodes it and the engine
-//! serves it, the services still close a connection that sends it.
+//! server does not take `P` yet: the codec decodes it, the engine serves
+//! it and cluster mode replicates it (its snapshot image records the
+//! permits, module `image`), but the server's connection loop still
+//! closes a connection that sends it.
 //!
 //! # The deadline index
 //!

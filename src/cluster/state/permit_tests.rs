@@ -370,6 +370,17 @@ fn a_version_5_snapshot_restores_with_no_permit_key_and_a_bad_mode_is_refused() 
         + 8
         + 8;
     assert_eq!(v6[at], b'X');
+    // Version 6 bytes without a permit key are not a snapshot we write.
+    let mut empty = v5.clone();
+    empty[0] = 6;
+    // After the header and the one mutex "m" (key, token, holder, tag,
+    // waiter count), an empty permit section.
+    let image_end = 1 + 8 + 8 + 4 + (4 + 1) + 8 + 8 + (1 + 8 + 24) + 4;
+    empty.splice(image_end..image_end, 0u32.to_be_bytes());
+    assert_eq!(
+        StateMachine::restore(EngineLimits::default(), &empty).unwrap_err(),
+        DecodeError::Invalid("version 6 without permit keys")
+    );
     let mut bad = v6.clone();
     bad[at] = b'Q';
     assert_eq!(

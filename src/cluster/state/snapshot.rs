@@ -256,6 +256,10 @@ impl StateMachine {
         let next_engine_conn = r.u64()?;
         let codec = ReqCodec { version };
         let mut image = Engine::read_image(&mut r, &codec, MAX_COMMAND_KEY_BYTES)?;
+        if version == SNAPSHOT_VERSION && image.permits.is_empty() {
+            // A table without permit keys has one encoding only: version 5.
+            return Err(DecodeError::Invalid("version 6 without permit keys"));
+        }
         let mutex_queues = image.keys.iter_mut().map(|k| &mut k.waiters);
         let permit_queues = image.permits.iter_mut().map(|k| &mut k.waiters);
         for w in mutex_queues.chain(permit_queues).flatten() {
