@@ -391,3 +391,61 @@ fn a_version_5_snapshot_restores_with_no_permit_key_and_a_bad_mode_is_refused() 
         assert!(StateMachine::restore(EngineLimits::default(), &v6[..cut]).is_err());
     }
 }
+
+#[test]
+fn a_table_full_of_permit_keys_snapshots_within_the_bound_and_its_stated_extra() {
+    let limits = EngineLimits {
+        max_keys: 40,
+        max_waiters: 80,
+        max_waiters_per_key: 2,
+        ..EngineLimits::default()
+    };
+    let max_key_bytes = 300;
+    let mut sm = StateMachine::new(limits.clone());
+    let mut index = 0;
+    // Every key registered with a limit and one exclusive grant (the
+    // costliest shape), the longest key, every waiter queued in a mode.
+    for k in 0..limits.max_keys as u64 {
+        let key = format!("{k:0>300}");
+        index += 1;
+        let cmd = acq_limit(rid(1, index), 1_000 + k, &key, 2, Mode::Exclusive, 0);
+        assert!(matches!(
+            kinds(&sm.apply(index, &cmd))[..],
+            [AnswerKind::Acquired(_)]
+        ));
+        for w in 0..limits.max_waiters_per_key as u64 {
+            index += 1;
+            let mode = if w == 0 {
+                Mode::Shared
+            } else {
+                Mode::Exclusive
+            };
+            let cmd = acq_limit(rid(2, index), 10_000 + index, &key, 2, mode, 9);
+            assert!(sm.apply(index, &cmd).answers.is_empty());
+        }
+    }
+    assert_eq!(sm.engine().permit_key_count(), limits.max_keys);
+    assert_eq!(sm.engine().waiter_count(), limits.max_waiters);
+    sm.check();
+    let bytes = sm.snapshot();
+    let bound = StateMachine::snapshot_bound(&limits, max_key_bytes);
+    assert!(bytes.len() as u64 <= bound);
+    // What the permits add beyond the table's part of the bound is at
+    // most what the bound's documentation says comes out of the slack.
+    let table = bound - SNAPSHOT_LEDGER_SLACK_BYTES;
+    let extra = 7 * limits.max_keys as u64 + limits.max_waiters as u64 + 4;
+    let ledger = {
+        // The ledger and the connection map, as a table of mutexes
+        // writes them: everything after the image.
+        let image_len = {
+            let mut v = Vec::new();
+            let codec = snapshot::ReqCodec { version: 6 };
+            sm.engine().write_image(&codec, &mut v);
+            v.len() as u64
+        };
+        bytes.len() as u64 - (1 + 8 + 8) - image_len
+    };
+    assert!(bytes.len() as u64 - ledger <= table + extra);
+    let back = StateMachine::restore(limits, &bytes).unwrap();
+    assert_eq!(back.snapshot(), bytes);
+}

@@ -13,8 +13,8 @@ use crate::limits::EngineLimits;
 /// Writes [`ReqTag`]s in the snapshot layout of `version`: a grant as its
 /// lease, lease generation (version 3) and request id (version 2), a
 /// waiter as its request id and origin connection.
-struct ReqCodec {
-    version: u8,
+pub(super) struct ReqCodec {
+    pub(super) version: u8,
 }
 
 fn rid_of(r: &mut ByteReader<'_>) -> Result<Rid, ImageError> {
