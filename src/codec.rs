@@ -72,6 +72,16 @@ impl<'a> ByteReader<'a> {
         Ok(self.take(1)?[0])
     }
 
+    /// A big-endian `u16`.
+    ///
+    /// # Errors
+    /// [`ReadError::Truncated`] at the end of the bytes.
+    pub fn u16(&mut self) -> Result<u16, ReadError> {
+        let mut a = [0u8; 2];
+        a.copy_from_slice(self.take(2)?);
+        Ok(u16::from_be_bytes(a))
+    }
+
     /// A big-endian `u32`.
     ///
     /// # Errors

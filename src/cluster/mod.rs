@@ -1,6 +1,10 @@
 //! Cluster mode: the lock table replicated with Raft (raft-rs 0.7).
 //!
-//! * [`command`]: the replicated commands and their encoding.
+//! * [`command`]: the replicated commands and their encoding: a client's
+//!   acquire, acquire with a limit (protocol 1.2, PROTOCOL §6: semaphores
+//!   and shared/exclusive locks, each permit a grant with its own token,
+//!   lease and `Expire`), release and extend; the leader's `Expire` and
+//!   `WaitTimeout`; a closed connection's `CancelWaiters`.
 //! * [`state`]: the deterministic state machine (the engine, tagged with
 //!   requests, + dedup).
 //! * [`members`]: peer addresses and removed ids, replicated with conf changes.

@@ -52,8 +52,10 @@
 //! with the mutexes, the mode in a bit of the waiter. The mutex paths pay
 //! for it only when they miss: a release, extend or expiry of a key that
 //! is not a mutex looks in the permit table while it is not empty. The
-//! server does not take `P` yet: the codec decodes it and the engine
-//! serves it, the services still close a connection that sends it.
+//! server does not take `P` yet: the codec decodes it, the engine serves
+//! it and cluster mode replicates it (its snapshot image records the
+//! permits, module `image`), but the server's connection loop still
+//! closes a connection that sends it.
 //!
 //! # The deadline index
 //!
@@ -191,6 +193,8 @@ mod conns;
 mod deadlines;
 mod extend;
 mod image;
+#[cfg(test)]
+mod image_tests;
 mod invariants;
 mod leases;
 mod outbox;
@@ -204,11 +208,13 @@ mod tokens;
 mod view;
 mod waiters;
 
-pub use image::{Image, ImageError, ImageReader, KeyImage, TagCodec, WaiterImage};
+pub use image::{
+    Image, ImageError, ImageReader, KeyImage, PermitImage, PermitKeyImage, TagCodec, WaiterImage,
+};
 pub use outbox::{Addressed, Event, Outbox};
 pub use quota::{HolderUse, QuotaRefusals};
 pub use sweep::{SWEEP_STEP_BUCKETS, SWEEP_STEP_DELETES};
-pub use view::{LockInfo, LockTable, PermitInfo, PermitsInfo, Queued};
+pub use view::{HeldGrant, LockInfo, LockTable, PermitInfo, PermitsInfo, Queued};
 
 pub use crate::proto::Places;
 use conns::ConnTable;

@@ -1,5 +1,6 @@
 //! What the engine shows of its table: counts, a key's grant and queue,
-//! sorted listings, and the admin port's [`LockTable`].
+//! a permit key's grants (PROTOCOL §6), sorted listings, and the admin
+//! port's [`LockTable`].
 
 use super::waiters::Waiter;
 use super::{ConnId, Engine, EngineStats, HolderUse, WaiterId};
@@ -24,7 +25,25 @@ pub struct Queued<'a, T> {
     /// Its connection's holder number
     /// ([`Caller::holder`](super::Caller::holder)): its grant's.
     pub holder: u64,
+    /// It asked for a shared place of a permit key (PROTOCOL §6); false
+    /// for an exclusive one and for every waiter of a mutex.
+    pub shared: bool,
     /// Its tag.
+    pub tag: &'a T,
+}
+
+/// One grant of a key, as [`Engine::grants`] shows it: a mutex's only
+/// grant, or one permit of a key registered with a limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldGrant<'a, T> {
+    /// Its fencing token.
+    pub token: u64,
+    /// Who took it ([`Caller::holder`](super::Caller::holder); 0:
+    /// unknown).
+    pub holder: u64,
+    /// Taken in exclusive mode: a mutex's grant always is.
+    pub exclusive: bool,
+    /// The tag of the request granted.
     pub tag: &'a T,
 }
 
@@ -288,6 +307,7 @@ impl<T: Copy + Default> Engine<T> {
                 owner: w.owner,
                 wait_s: w.wait_s(),
                 lease_s: w.lease_s(),
+                shared: w.shared(),
                 tag: &w.tag,
             })
     }
@@ -336,5 +356,90 @@ impl<T: Copy + Default> Engine<T> {
     #[must_use]
     pub fn grant_holder(&self, key: &str) -> Option<u64> {
         self.keys.get(key).map(|s| s.holder)
+    }
+
+    /// Every grant of `key`, oldest first: the grant of a mutex, or each
+    /// permit of a key registered with a limit (PROTOCOL §6), each with
+    /// its own token. Nothing when `key` is not held.
+    pub fn grants(&self, key: &str) -> impl Iterator<Item = HeldGrant<'_, T>> + '_ {
+        let mutex = self.keys.get(key).map(|s| HeldGrant {
+            token: s.token,
+            holder: s.holder,
+            exclusive: true,
+            tag: &s.tag,
+        });
+        let permits = self
+            .permits
+            .get(key)
+            .into_iter()
+            .flat_map(|set| set.grants.iter())
+            .map(|g| HeldGrant {
+                token: g.slot.token,
+                holder: g.slot.holder,
+                exclusive: g.exclusive,
+                tag: &g.slot.tag,
+            });
+        mutex.into_iter().chain(permits)
+    }
+
+    /// The tag of the grant `token` of `key`, a mutex's or a permit's.
+    #[must_use]
+    pub fn grant_of(&self, key: &str, token: u64) -> Option<&T> {
+        if let Some(s) = self.keys.get(key) {
+            return (s.token == token).then_some(&s.tag);
+        }
+        self.permits
+            .get(key)?
+            .grants
+            .iter()
+            .find(|g| g.slot.token == token)
+            .map(|g| &g.slot.tag)
+    }
+
+    /// The tag of the grant `token` of `key`, a mutex's or a permit's, to
+    /// change (cluster mode records a lease generation in it when an
+    /// extend takes effect).
+    pub fn grant_of_mut(&mut self, key: &str, token: u64) -> Option<&mut T> {
+        if self.keys.contains_key(key) {
+            return self
+                .keys
+                .get_mut(key)
+                .filter(|s| s.token == token)
+                .map(|s| &mut s.tag);
+        }
+        self.permit_slot_mut(key, token).map(|s| &mut s.tag)
+    }
+
+    /// The limit `key` is registered with when it is a permit key
+    /// (PROTOCOL §6: 2 or more); `None` for a mutex or a key not
+    /// registered.
+    #[must_use]
+    pub fn permit_limit(&self, key: &str) -> Option<u16> {
+        self.permits.get(key).map(|set| set.limit)
+    }
+
+    /// Keys registered with a limit of 2 or more (PROTOCOL §6).
+    #[must_use]
+    pub fn permit_key_count(&self) -> usize {
+        self.permits.len()
+    }
+
+    /// Every key registered with a limit of 2 or more, sorted. O(such
+    /// keys log such keys).
+    #[must_use]
+    pub fn sorted_permit_keys(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self.permits.iter().map(|(k, _)| k.as_str()).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Every registered key, mutexes and permit keys together, sorted.
+    /// O(keys log keys).
+    #[must_use]
+    pub fn sorted_held_keys(&self) -> Vec<&str> {
+        let mut v = self.sorted_keys();
+        v.extend(self.permits.iter().map(|(k, _)| k.as_str()));
+        v.sort_unstable();
+        v
     }
 }

@@ -1,7 +1,7 @@
 //! A command's log entry: the proposer's random token bits and, on a
 //! client request, its caller, in front of the command.
 
-use super::{Command, DecodeError, Rid, Writer, ENCODED_FIXED_MAX};
+use super::{encoded_fixed_max, Command, DecodeError, Rid, Writer};
 use crate::codec::ByteReader;
 use crate::engine::Caller;
 use crate::proto::Request;
@@ -79,7 +79,7 @@ impl<'a> Command<'a> {
             buf: std::mem::take(out),
         };
         w.buf
-            .reserve(3 + CALLER_PREFIX_BYTES + ENCODED_FIXED_MAX + req.key().len());
+            .reserve(3 + CALLER_PREFIX_BYTES + encoded_fixed_max(req) + req.key().len());
         w.u8(TAG_TOKEN_BITS);
         w.buf.extend_from_slice(&bits.to_le_bytes());
         w.caller(caller);

@@ -45,6 +45,9 @@ impl Writer {
     pub(crate) fn u8(&mut self, v: u8) {
         self.buf.push(v);
     }
+    pub(crate) fn u16(&mut self, v: u16) {
+        self.buf.extend_from_slice(&v.to_be_bytes());
+    }
     pub(crate) fn u32(&mut self, v: u32) {
         self.buf.extend_from_slice(&v.to_be_bytes());
     }

@@ -1,8 +1,12 @@
 //! The replicated commands and their compact binary encoding.
 //!
-//! Every client request becomes one [`Command`] in the Raft log; the leader's
-//! timers become [`Command::Expire`] and [`Command::WaitTimeout`]; a client
-//! disconnect becomes [`Command::CancelWaiters`]. The encoding is hand-written
+//! Every client request becomes one [`Command`] in the Raft log: an
+//! acquire [`Command::Acquire`], an acquire with a limit (protocol 1.2,
+//! PROTOCOL §6) [`Command::AcquireWithLimit`], a release
+//! [`Command::Release`], an extend [`Command::Extend`]; the leader's
+//! timers become [`Command::Expire`] (one per grant, a permit's too) and
+//! [`Command::WaitTimeout`]; a client disconnect becomes
+//! [`Command::CancelWaiters`]. The encoding is hand-written
 //! (big-endian integers, a length-prefixed key) so that it is small, has no
 //! schema machinery, and decoding bad bytes is an error, never a panic.
 //!
@@ -13,7 +17,7 @@
 use std::borrow::Cow;
 
 use crate::codec::ByteReader;
-use crate::proto::Request;
+use crate::proto::{Mode, Request};
 
 mod entry;
 mod fields;
@@ -82,6 +86,28 @@ pub enum Command<'a> {
         /// Seconds the grant lives.
         lease_s: u8,
     },
+    /// A client's acquire with a limit (protocol 1.2, PROTOCOL §6.2): one
+    /// of the `limit` places of `key`, shared or exclusive.
+    AcquireWithLimit {
+        /// Request id.
+        rid: Rid,
+        /// As for `Acquire`.
+        floor: u64,
+        /// The client connection on the origin node.
+        conn: u64,
+        /// The lock name.
+        key: Cow<'a, str>,
+        /// Correlation id echoed in the reply.
+        owner: u64,
+        /// Seconds the client may queue.
+        wait_s: u8,
+        /// Seconds the grant lives.
+        lease_s: u8,
+        /// How many grants the key admits at once; never 0.
+        limit: u16,
+        /// Whether the grant shares the key or takes it whole.
+        mode: Mode,
+    },
     /// A client's release (PROTOCOL §2.2).
     Release {
         /// Request id.
@@ -145,6 +171,9 @@ const TAG_EXTEND: u8 = 6;
 /// An Expire of a generation above 0. Generation 0 keeps [`TAG_EXPIRE`]'s
 /// layout, so logs written before Extend existed read the same.
 const TAG_EXPIRE_GENERATION: u8 = 7;
+/// An acquire with a limit (protocol 1.2). Tags 8 and 9 are the log
+/// entry's prefixes (`entry`), which a command never starts with.
+const TAG_ACQUIRE_WITH_LIMIT: u8 = 10;
 
 /// Longest key a command may carry (the wire protocol's hard ceiling).
 pub const MAX_COMMAND_KEY_BYTES: usize = crate::limits::MAX_KEY_BYTES_CEILING;
@@ -154,9 +183,22 @@ pub const MAX_COMMAND_KEY_BYTES: usize = crate::limits::MAX_KEY_BYTES_CEILING;
 /// token and lease take no more than an Acquire's owner, wait and lease).
 const ENCODED_FIXED_MAX: usize = 1 + 24 + 8 + 8 + 8 + 1 + 1 + 4;
 
+/// What an acquire with a limit encodes beyond [`ENCODED_FIXED_MAX`]: its
+/// limit and its mode.
+const ENCODED_LIMIT_EXTRA: usize = 2 + 1;
+
+/// The most bytes the command of client request `req` encodes besides its
+/// key's.
+fn encoded_fixed_max(req: &Request<'_>) -> usize {
+    match req {
+        Request::AcquireWithLimit { .. } => ENCODED_FIXED_MAX + ENCODED_LIMIT_EXTRA,
+        _ => ENCODED_FIXED_MAX,
+    }
+}
+
 impl Writer {
-    /// The `Acquire`, `Release` or `Extend` command client request `req`
-    /// becomes.
+    /// The `Acquire`, `AcquireWithLimit`, `Release` or `Extend` command
+    /// client request `req` becomes.
     fn request(&mut self, rid: Rid, floor: u64, conn: u64, req: &Request<'_>) {
         match *req {
             Request::Acquire {
@@ -174,8 +216,24 @@ impl Writer {
                 self.u8(lease_s);
                 self.key(key);
             }
-            Request::AcquireWithLimit { .. } => {
-                unreachable!("cluster mode refuses protocol 1.2 requests before proposing them")
+            Request::AcquireWithLimit {
+                wait_s,
+                lease_s,
+                owner,
+                limit,
+                mode,
+                key,
+            } => {
+                self.u8(TAG_ACQUIRE_WITH_LIMIT);
+                self.rid(rid);
+                self.u64(floor);
+                self.u64(conn);
+                self.u64(owner);
+                self.u8(wait_s);
+                self.u8(lease_s);
+                self.u16(limit);
+                self.u8(mode.byte());
+                self.key(key);
             }
             Request::Release { token, key } => {
                 self.u8(TAG_RELEASE);
@@ -206,14 +264,22 @@ impl<'a> Command<'a> {
     /// The command's encoding, as proposed to Raft.
     #[must_use]
     pub fn encode(&self) -> Vec<u8> {
-        // The fixed fields take at most ENCODED_FIXED_MAX bytes: one
-        // allocation holds all.
+        // The fixed fields take at most ENCODED_FIXED_MAX bytes (and an
+        // acquire with a limit its limit and mode more): one allocation
+        // holds all.
         let key_len = self.key().map_or(0, str::len);
+        let fixed = match self {
+            Command::AcquireWithLimit { .. } => ENCODED_FIXED_MAX + ENCODED_LIMIT_EXTRA,
+            _ => ENCODED_FIXED_MAX,
+        };
         let mut w = Writer {
-            buf: Vec::with_capacity(ENCODED_FIXED_MAX + key_len),
+            buf: Vec::with_capacity(fixed + key_len),
         };
         match self {
-            Command::Acquire { .. } | Command::Release { .. } | Command::Extend { .. } => {
+            Command::Acquire { .. }
+            | Command::AcquireWithLimit { .. }
+            | Command::Release { .. }
+            | Command::Extend { .. } => {
                 if let Some((rid, floor, conn, req)) = self.as_request() {
                     w.request(rid, floor, conn, &req);
                 }
@@ -271,6 +337,27 @@ impl<'a> Command<'a> {
                 };
                 Some((*rid, *floor, *conn, req))
             }
+            Command::AcquireWithLimit {
+                rid,
+                floor,
+                conn,
+                key,
+                owner,
+                wait_s,
+                lease_s,
+                limit,
+                mode,
+            } => {
+                let req = Request::AcquireWithLimit {
+                    wait_s: *wait_s,
+                    lease_s: *lease_s,
+                    owner: *owner,
+                    limit: *limit,
+                    mode: *mode,
+                    key,
+                };
+                Some((*rid, *floor, *conn, req))
+            }
             Command::Release {
                 rid,
                 floor,
@@ -298,12 +385,13 @@ impl<'a> Command<'a> {
     }
 
     /// The encoding of the command client request `req` becomes (its
-    /// `Acquire` or `Release`, as [`Command::encode`] writes it), written
-    /// from the request's borrowed key.
+    /// `Acquire`, `AcquireWithLimit`, `Release` or `Extend`, as
+    /// [`Command::encode`] writes it), written from the request's borrowed
+    /// key.
     #[must_use]
     pub fn encode_request(rid: Rid, floor: u64, conn: u64, req: &Request<'_>) -> Vec<u8> {
         let mut w = Writer {
-            buf: Vec::with_capacity(ENCODED_FIXED_MAX + req.key().len()),
+            buf: Vec::with_capacity(encoded_fixed_max(req) + req.key().len()),
         };
         w.request(rid, floor, conn, req);
         w.buf
@@ -313,7 +401,9 @@ impl<'a> Command<'a> {
     pub fn decode(bytes: &'a [u8]) -> Result<Command<'a>, DecodeError> {
         let mut r = ByteReader::new(bytes);
         let cmd = match r.u8()? {
-            tag @ (TAG_ACQUIRE | TAG_RELEASE | TAG_EXTEND) => Self::decode_request(tag, &mut r)?,
+            tag @ (TAG_ACQUIRE | TAG_ACQUIRE_WITH_LIMIT | TAG_RELEASE | TAG_EXTEND) => {
+                Self::decode_request(tag, &mut r)?
+            }
             TAG_EXPIRE => {
                 let token = r.u64()?;
                 Command::Expire {
@@ -354,7 +444,8 @@ impl<'a> Command<'a> {
     }
 
     /// The fields of a client request's command (`tag` is one of
-    /// [`TAG_ACQUIRE`], [`TAG_RELEASE`] and [`TAG_EXTEND`]) after its tag.
+    /// [`TAG_ACQUIRE`], [`TAG_ACQUIRE_WITH_LIMIT`], [`TAG_RELEASE`] and
+    /// [`TAG_EXTEND`]) after its tag.
     fn decode_request(tag: u8, r: &mut ByteReader<'a>) -> Result<Command<'a>, DecodeError> {
         let rid = r.rid()?;
         let floor = r.u64()?;
@@ -376,6 +467,27 @@ impl<'a> Command<'a> {
                     owner,
                     wait_s,
                     lease_s,
+                }
+            }
+            TAG_ACQUIRE_WITH_LIMIT => {
+                let owner = r.u64()?;
+                let wait_s = r.u8()?;
+                let lease_s = lease(r.u8()?)?;
+                let limit = match r.u16()? {
+                    0 => return Err(DecodeError::Invalid("limit of 0")),
+                    l => l,
+                };
+                let mode = Mode::from_byte(r.u8()?).ok_or(DecodeError::Invalid("mode"))?;
+                Command::AcquireWithLimit {
+                    rid,
+                    floor,
+                    conn,
+                    key: Cow::Borrowed(r.key_str()?),
+                    owner,
+                    wait_s,
+                    lease_s,
+                    limit,
+                    mode,
                 }
             }
             TAG_RELEASE => Command::Release {
@@ -406,6 +518,7 @@ impl<'a> Command<'a> {
     pub fn key(&self) -> Option<&str> {
         match self {
             Command::Acquire { key, .. }
+            | Command::AcquireWithLimit { key, .. }
             | Command::Release { key, .. }
             | Command::Extend { key, .. }
             | Command::Expire { key, .. }
@@ -414,11 +527,13 @@ impl<'a> Command<'a> {
         }
     }
 
-    /// The rid of a client command (acquire, release or extend).
+    /// The rid of a client command (acquire, acquire with a limit, release
+    /// or extend).
     #[must_use]
     pub fn rid(&self) -> Option<Rid> {
         match self {
             Command::Acquire { rid, .. }
+            | Command::AcquireWithLimit { rid, .. }
             | Command::Release { rid, .. }
             | Command::Extend { rid, .. } => Some(*rid),
             _ => None,
@@ -428,6 +543,9 @@ impl<'a> Command<'a> {
 
 #[cfg(test)]
 mod caller_tests;
+
+#[cfg(test)]
+mod limit_tests;
 
 #[cfg(test)]
 mod tests {
@@ -499,6 +617,7 @@ mod tests {
             let d = Command::decode(&bytes).unwrap();
             let key = match &d {
                 Command::Acquire { key, .. }
+                | Command::AcquireWithLimit { key, .. }
                 | Command::Release { key, .. }
                 | Command::Extend { key, .. }
                 | Command::Expire { key, .. }

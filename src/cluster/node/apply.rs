@@ -76,10 +76,7 @@ impl<D: Disk> Node<D> {
     fn with_planted_bug<'a>(&self, cmd: Command<'a>) -> Command<'a> {
         match cmd {
             Command::Expire { key, token, .. } if self.bug_stale_expire() => {
-                let generation = match self.sm.lease_of(&key) {
-                    Some((t, g)) if t == token => g,
-                    _ => 0,
-                };
+                let generation = self.sm.generation_of(&key, token).unwrap_or(0);
                 Command::Expire {
                     key,
                     token,
@@ -101,10 +98,10 @@ impl<D: Disk> Node<D> {
         cmd: &Command,
         out: &mut Outbox,
     ) {
+        // The grant an Expire names (a mutex's or a permit's), while it
+        // stands: if applying ends it, its hold is over.
         let expiring = match cmd {
-            Command::Expire { key, token, .. } if self.sm.holder(key) == Some(*token) => {
-                Some(*token)
-            }
+            Command::Expire { key, token, .. } if self.sm.holds_grant(key, *token) => Some(*token),
             _ => None,
         };
         // The answers and effects go into buffers kept from entry to entry.
@@ -112,7 +109,7 @@ impl<D: Disk> Node<D> {
         self.sm
             .apply_entry_into(index, token_bits, caller, cmd, &mut res);
         if let Command::Expire { key, .. } = cmd {
-            if let Some(t) = expiring.filter(|&t| self.sm.holder(key) != Some(t)) {
+            if let Some(t) = expiring.filter(|&t| !self.sm.holds_grant(key, t)) {
                 self.hold_ended(now, t);
             }
         }
@@ -166,10 +163,11 @@ impl<D: Disk> Node<D> {
             return;
         }
         let granted = match cmd {
-            Command::Acquire { key, owner, .. } => self
-                .sm
-                .granted_to(key, rid)
-                .map(|token| (&**key, *owner, token)),
+            Command::Acquire { key, owner, .. } | Command::AcquireWithLimit { key, owner, .. } => {
+                self.sm
+                    .granted_to(key, rid)
+                    .map(|token| (&**key, *owner, token))
+            }
             _ => None,
         };
         if let Some((key, owner, token)) = granted {
@@ -256,7 +254,8 @@ impl<D: Disk> Node<D> {
                 p.entry = bytes::Bytes::new();
             }
             None => {
-                if let Command::Acquire { conn, .. } = cmd {
+                if let Command::Acquire { conn, .. } | Command::AcquireWithLimit { conn, .. } = cmd
+                {
                     self.queue_cancel(waiter.origin(*conn));
                 }
             }

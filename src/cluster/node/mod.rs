@@ -66,6 +66,10 @@
 //! which every node validates on apply. A new leader first waits until it has
 //! applied its own term's first entry, then rebuilds the heap from the
 //! replicated table with full durations: a key may expire late, never early.
+//! A key registered with a limit (protocol 1.2, PROTOCOL §6) has a grant per
+//! permit, each with its own token, lease and generation: each has its own
+//! deadline and its own `Expire`, and a new leader finds every one
+//! ([`StateMachine::holders`]).
 //!
 //! A lease's deadline is `applied_at + lease + 1 ms` ([`lease_deadline`]).
 //! Clocks are read in whole milliseconds, truncated, so a leader that applies

@@ -69,9 +69,7 @@ impl<D: Disk> Node<D> {
         req: Request<'_>,
         out: &mut Outbox,
     ) {
-        // Protocol 1.2 is served in single mode only: cluster mode answers
-        // an Acquire With Limit Busy, never proposing it (PROTOCOL §6).
-        if !self.may_propose() || matches!(req, Request::AcquireWithLimit { .. }) {
+        if !self.may_propose() {
             self.refuse(conn, req, out);
             return;
         }
@@ -123,7 +121,10 @@ impl<D: Disk> Node<D> {
                 received_at: now,
                 proposed_at: now,
                 queued: false,
-                acquire: matches!(req, Request::Acquire { .. }),
+                acquire: matches!(
+                    req,
+                    Request::Acquire { .. } | Request::AcquireWithLimit { .. }
+                ),
                 closed,
             },
         );
@@ -243,7 +244,10 @@ impl<D: Disk> Node<D> {
                 continue; // nobody to answer
             }
             match Command::decode(Command::entry_command(&p.entry)) {
-                Ok(Command::Acquire { owner, key, .. }) => {
+                Ok(
+                    Command::Acquire { owner, key, .. }
+                    | Command::AcquireWithLimit { owner, key, .. },
+                ) => {
                     out.push(p.conn, Reply::Busy { owner, key: &key }, 0);
                 }
                 Ok(Command::Release { token, key, .. }) => {

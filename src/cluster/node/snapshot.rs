@@ -76,7 +76,7 @@ impl<D: Disk> Node<D> {
             let Ok(cmd) = Command::decode(Command::entry_command(&p.entry)) else {
                 continue;
             };
-            if let Command::Acquire { key, .. } = &cmd {
+            if let Command::Acquire { key, .. } | Command::AcquireWithLimit { key, .. } = &cmd {
                 if self.sm.is_waiting(key, rid) {
                     p.queued = true;
                     p.entry = bytes::Bytes::new();

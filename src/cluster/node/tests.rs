@@ -866,3 +866,4 @@ fn compacting_past_entries_raft_has_not_handed_out_leaves_no_uncommitted_bytes()
 mod bind;
 mod close;
 mod guard;
+mod permits;

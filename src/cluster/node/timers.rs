@@ -70,8 +70,8 @@ impl<D: Disk> Node<D> {
                     key,
                     token,
                     generation,
-                } if self.sm.lease_of(key) == Some((*token, *generation))
-                    || (self.bug_stale_expire() && self.sm.holder(key) == Some(*token)) =>
+                } if self.sm.generation_of(key, *token) == Some(*generation)
+                    || (self.bug_stale_expire() && self.sm.holds_grant(key, *token)) =>
                 {
                     Command::Expire {
                         key: key.as_str().into(),
@@ -125,7 +125,8 @@ impl<D: Disk> Node<D> {
     pub(super) fn rebuild_timers(&mut self, now: Millis) {
         self.timers.clear();
         let mut list = Vec::new();
-        // The latest lease of each grant, in full from now: late, never
+        // The latest lease of each grant (every permit of a key with a
+        // limit too, each by its token), in full from now: late, never
         // early (PROTOCOL §2.4, §5.2).
         for (key, token, lease_s, generation) in self.sm.holders() {
             list.push((

@@ -21,6 +21,9 @@ pub enum AnswerKind {
     Extended(u64),
     /// NotExtended, with the token.
     NotExtended(u64),
+    /// LimitMismatch (protocol 1.2), with the limit the key is registered
+    /// with.
+    LimitMismatch(u16),
 }
 
 /// One answer produced by applying a command, for the request `rid`. Only the
@@ -68,6 +71,7 @@ impl Applied {
             AnswerKind::NotReleased(token) => Reply::NotReleased { token, key },
             AnswerKind::Extended(token) => Reply::Extended { token, key },
             AnswerKind::NotExtended(token) => Reply::NotExtended { token, key },
+            AnswerKind::LimitMismatch(limit) => Reply::LimitMismatch { owner, limit, key },
         }
     }
 }

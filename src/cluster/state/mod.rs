@@ -19,12 +19,26 @@
 //! Fencing tokens are entry indices with random low bits: before applying
 //! entry `i` the engine's next token is raised to `(i << 16) | r`, where `r`
 //! is 16 random bits the proposing node drew from the OS generator and put
-//! in the entry ([`Command::encode_entry`], [`crate::token`]), and one entry
-//! grants at most one key, so the token of a grant is made of the index of
-//! the entry that granted it. Indices never repeat, so tokens increase
-//! across leader changes, snapshots and restarts; every node applies the
-//! same bits, so they agree on every token. An entry written before tokens
-//! had random bits grants the bare index, below every later entry's token.
+//! in the entry ([`Command::encode_entry`], [`crate::token`]), so the token
+//! of a grant is made of the index of the entry that granted it. An entry
+//! that grants several permits (a release handing its places to several
+//! shared waiters, PROTOCOL §6) gives them that token and the ones just
+//! above it, and the next entry's floor never goes below a token already
+//! issued. Indices never repeat, so tokens increase across leader changes,
+//! snapshots and restarts; every node applies the same bits, so they agree
+//! on every token. An entry written before tokens had random bits grants
+//! the bare index, below every later entry's token.
+//!
+//! # Permits (protocol 1.2)
+//!
+//! [`Command::AcquireWithLimit`] applies as [`Command::Acquire`] does
+//! (dedup by rid, the caller, the quotas), through
+//! [`Engine::acquire_with_limit`] with the request's tag; a key of another
+//! limit answers [`AnswerKind::LimitMismatch`]. Each permit is a grant of
+//! its own: its [`Effect::Granted`] sets the leader's `Expire` for its
+//! token, an `Expire` or an extend names it by token, and
+//! [`StateMachine::holders`] lists every permit, so a new leader times
+//! each one.
 //!
 //! The parts: `applied` (the answers and effects applying an entry
 //! produces) and `snapshot` (the canonical bytes, their bound, restoring).
@@ -33,7 +47,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::cluster::command::{Command, Origin, Rid};
 use crate::cluster::members::Members;
-use crate::engine::{Acquire, AcquireOutcome, Caller, ConnId, Engine, Event, Outbox};
+use crate::engine::{Acquire, AcquireOutcome, Caller, ConnId, Engine, Event, Outbox, Places};
 use crate::limits::EngineLimits;
 use crate::time::Millis;
 use crate::token;
@@ -130,15 +144,30 @@ impl StateMachine {
             .map(|(token, tag)| (token, tag.generation))
     }
 
-    /// The token of `key` when it is held by the grant of request `rid`.
-    /// A request whose granting entry this node never applied itself (it
-    /// came inside a snapshot) can still be answered with it.
+    /// The lease generation of the grant `token` of `key` (a mutex's or
+    /// a permit's) while it stands.
+    #[must_use]
+    pub fn generation_of(&self, key: &str, token: u64) -> Option<u64> {
+        self.engine.grant_of(key, token).map(|tag| tag.generation)
+    }
+
+    /// True while the grant `token` of `key` (a mutex's or a permit's)
+    /// stands.
+    #[must_use]
+    pub fn holds_grant(&self, key: &str, token: u64) -> bool {
+        self.engine.grant_of(key, token).is_some()
+    }
+
+    /// The token of `key` when it is held by the grant of request `rid`
+    /// (the mutex's grant, or one of its permits). A request whose
+    /// granting entry this node never applied itself (it came inside a
+    /// snapshot) can still be answered with it.
     #[must_use]
     pub fn granted_to(&self, key: &str, rid: Rid) -> Option<u64> {
         self.engine
-            .grant(key)
-            .filter(|(_, tag)| tag.rid == rid)
-            .map(|(token, _)| token)
+            .grants(key)
+            .find(|g| g.tag.rid == rid)
+            .map(|g| g.token)
     }
 
     /// True when request `rid` has applied, or can no longer apply (below
@@ -169,13 +198,18 @@ impl StateMachine {
         self.engine.key_count()
     }
 
-    /// Every holder as (key, token, latest lease_s, lease generation),
-    /// sorted by key.
+    /// Every grant as (key, token, latest lease_s, lease generation),
+    /// sorted by key: a mutex's grant, and each permit of a key registered
+    /// with a limit (oldest first within its key).
     pub fn holders(&self) -> impl Iterator<Item = (&str, u64, u8, u64)> + '_ {
-        self.engine.sorted_keys().into_iter().filter_map(|k| {
-            let (token, tag) = self.engine.grant(k)?;
-            Some((k, token, tag.lease_s, tag.generation))
-        })
+        self.engine
+            .sorted_held_keys()
+            .into_iter()
+            .flat_map(move |k| {
+                self.engine
+                    .grants(k)
+                    .map(move |g| (k, g.token, g.tag.lease_s, g.tag.generation))
+            })
     }
 
     /// Every waiter as (key, rid, wait_s), sorted by key then queue order.
@@ -244,7 +278,9 @@ impl StateMachine {
         // command.
         self.engine.set_caller(caller);
         match cmd {
-            Command::Acquire { .. } => self.apply_acquire(cmd, res),
+            Command::Acquire { .. } | Command::AcquireWithLimit { .. } => {
+                self.apply_acquire(cmd, res);
+            }
             Command::Release { key, token, .. } => {
                 self.engine.release(now, NO_CONN, *token, key, out);
             }
@@ -263,8 +299,8 @@ impl StateMachine {
             } => {
                 // An Extend applied after this timer was set moved the
                 // grant to a later generation: the lease did not end.
-                let current = self.engine.grant(key).map(|(t, tag)| (t, tag.generation));
-                if current == Some((*token, *generation)) {
+                let current = self.engine.grant_of(key, *token).map(|t| t.generation);
+                if current == Some(*generation) {
                     self.engine.expire(now, key, *token, out);
                 }
             }
@@ -293,6 +329,7 @@ impl StateMachine {
         };
         let floor = match cmd {
             Command::Acquire { floor, .. }
+            | Command::AcquireWithLimit { floor, .. }
             | Command::Release { floor, .. }
             | Command::Extend { floor, .. } => *floor,
             _ => 0,
@@ -312,20 +349,37 @@ impl StateMachine {
         true
     }
 
-    /// Applies an acquire; if it queued, adds the effect that says so (the
-    /// leader's wait timer) to `res`.
+    /// Applies an acquire, with a limit or not; if it queued, adds the
+    /// effect that says so (the leader's wait timer) to `res`.
     fn apply_acquire(&mut self, cmd: &Command, res: &mut Applied) {
-        let Command::Acquire {
-            rid,
-            conn,
-            key,
-            owner,
-            wait_s,
-            lease_s,
-            ..
-        } = cmd
-        else {
-            return;
+        let (rid, conn, key, owner, wait_s, lease_s, places) = match cmd {
+            Command::Acquire {
+                rid,
+                conn,
+                key,
+                owner,
+                wait_s,
+                lease_s,
+                ..
+            } => (rid, conn, key, owner, wait_s, lease_s, None),
+            Command::AcquireWithLimit {
+                rid,
+                conn,
+                key,
+                owner,
+                wait_s,
+                lease_s,
+                limit,
+                mode,
+                ..
+            } => {
+                let places = Places {
+                    limit: *limit,
+                    mode: *mode,
+                };
+                (rid, conn, key, owner, wait_s, lease_s, Some(places))
+            }
+            _ => return,
         };
         let origin = rid.origin(*conn);
         let engine_conn = self
@@ -345,10 +399,14 @@ impl StateMachine {
             wait_s: *wait_s,
             lease_s: *lease_s,
         };
-        if let AcquireOutcome::Queued(_) =
-            self.engine
-                .acquire_tagged(Millis::ZERO, engine_conn, req, tag, &mut self.out)
-        {
+        let (now, out) = (Millis::ZERO, &mut self.out);
+        let outcome = match places {
+            None => self.engine.acquire_tagged(now, engine_conn, req, tag, out),
+            Some(places) => self
+                .engine
+                .acquire_with_limit(now, engine_conn, req, places, tag, out),
+        };
+        if let AcquireOutcome::Queued(_) = outcome {
             if engine_conn == self.next_engine_conn {
                 self.next_engine_conn += 1;
                 self.conns.insert(origin, engine_conn);
@@ -386,11 +444,10 @@ impl StateMachine {
                     (tag, AnswerKind::Acquired(token), key)
                 }
                 Event::TimedOut { key, tag, .. } => (tag, AnswerKind::Timeout, key),
-                // Cluster mode refuses protocol 1.2 acquires before they
-                // are proposed, so no command meets a limit; Busy if one did.
-                Event::Busy { key, tag, .. } | Event::LimitMismatch { key, tag, .. } => {
-                    (tag, AnswerKind::Busy, key)
-                }
+                Event::Busy { key, tag, .. } => (tag, AnswerKind::Busy, key),
+                Event::LimitMismatch {
+                    key, limit, tag, ..
+                } => (tag, AnswerKind::LimitMismatch(limit), key),
                 Event::Released { key, token, .. } => (
                     Self::answer_tag(rid, conn),
                     AnswerKind::Released(token),
@@ -511,9 +568,10 @@ impl StateMachine {
     }
 }
 
-/// An extend took effect: the grant of `key` starts a new lease
-/// generation, which the leader's next timer for it names. (Free of
-/// `self`: the caller is iterating over the outbox's events.)
+/// An extend took effect: the grant `token` of `key` (a mutex's or a
+/// permit's) starts a new lease generation, which the leader's next timer
+/// for it names. (Free of `self`: the caller is iterating over the
+/// outbox's events.)
 fn new_generation(
     engine: &mut Engine<ReqTag>,
     key: &str,
@@ -521,7 +579,9 @@ fn new_generation(
     token: u64,
     lease_s: u8,
 ) -> Effect {
-    let t = engine.grant_tag_mut(key).expect("an extended key is held");
+    let t = engine
+        .grant_of_mut(key, token)
+        .expect("an extended grant stands");
     t.generation += 1;
     t.lease_s = lease_s;
     Effect::Extended {
@@ -538,7 +598,8 @@ fn owner_of(ev: &Event<'_, ReqTag>) -> u64 {
     match *ev {
         Event::Granted { owner, .. }
         | Event::TimedOut { owner, .. }
-        | Event::Busy { owner, .. } => owner,
+        | Event::Busy { owner, .. }
+        | Event::LimitMismatch { owner, .. } => owner,
         _ => 0,
     }
 }
@@ -571,6 +632,9 @@ fn forget_if_idle(
 
 #[cfg(test)]
 mod bind_tests;
+
+#[cfg(test)]
+mod permit_tests;
 
 #[cfg(test)]
 mod tests;

@@ -13,8 +13,8 @@ use crate::limits::EngineLimits;
 /// Writes [`ReqTag`]s in the snapshot layout of `version`: a grant as its
 /// lease, lease generation (version 3) and request id (version 2), a
 /// waiter as its request id and origin connection.
-struct ReqCodec {
-    version: u8,
+pub(super) struct ReqCodec {
+    pub(super) version: u8,
 }
 
 fn rid_of(r: &mut ByteReader<'_>) -> Result<Rid, ImageError> {
@@ -33,9 +33,9 @@ fn put_rid(buf: &mut Vec<u8>, rid: Rid) {
 
 impl TagCodec<ReqTag> for ReqCodec {
     fn write_grant(&self, tag: &ReqTag, buf: &mut Vec<u8>) {
-        debug_assert_eq!(
-            self.version, SNAPSHOT_VERSION,
-            "only the current layout is written"
+        debug_assert!(
+            self.version >= SNAPSHOT_VERSION_WITHOUT_PERMITS,
+            "only the current layouts are written"
         );
         buf.push(tag.lease_s);
         buf.extend_from_slice(&tag.generation.to_be_bytes());
@@ -87,6 +87,10 @@ impl TagCodec<ReqTag> for ReqCodec {
     fn holders(&self) -> bool {
         self.version >= 5
     }
+
+    fn permits(&self) -> bool {
+        self.version >= 6
+    }
 }
 
 impl From<ImageError> for DecodeError {
@@ -102,9 +106,20 @@ impl From<ImageError> for DecodeError {
 /// Version 2 added each holder's request id, version 3 each grant's lease
 /// generation, version 4 the members (peer addresses and removed ids,
 /// [`Members`]), version 5 each grant's and waiter's holder number
-/// ([`Caller::holder`], in the engine's image); versions 1 to 4 are still
-/// read (generation 0, no members, holder 0: the token alone decides).
-const SNAPSHOT_VERSION: u8 = 5;
+/// ([`Caller::holder`], in the engine's image), version 6 the keys
+/// registered with a limit (protocol 1.2, PROTOCOL §6: their grants and
+/// their waiters with their modes, in the engine's image); versions 1 to 5
+/// are still read (generation 0, no members, holder 0: the token alone
+/// decides; no permit key).
+///
+/// [`Caller::holder`]: crate::engine::Caller::holder
+const SNAPSHOT_VERSION: u8 = 6;
+
+/// The version a table without permit keys is written in: the layout
+/// before [`SNAPSHOT_VERSION`] holds it whole, so its bytes stay those of
+/// the release before protocol 1.2, which can still install them, until
+/// a key is registered with a limit.
+const SNAPSHOT_VERSION_WITHOUT_PERMITS: u8 = 5;
 
 /// The room [`StateMachine::snapshot_bound`] leaves for the request ledger
 /// and the connection map (and a raft message's own fields around it).
@@ -119,6 +134,15 @@ impl StateMachine {
     /// connection with requests in flight; the limits do not bound them,
     /// but the slack covers two million connections or eight million
     /// request ids.
+    ///
+    /// A key registered with a limit (PROTOCOL §6) writes its limit and
+    /// counts, and each grant and waiter its mode: a key of one grant
+    /// takes up to 7 bytes more than a mutex's, a key of more grants less
+    /// than their mutexes would (each grant takes one of `max_keys`), and
+    /// a waiter 1 byte more. That extra (at most `7 × max_keys +
+    /// max_waiters + 4` bytes, under 8 MiB at the default limits) comes
+    /// out of the slack, so that the bound of a table of mutexes stays
+    /// tight.
     #[must_use]
     pub fn snapshot_bound(limits: &EngineLimits, max_key_bytes: usize) -> u64 {
         // Header: version, next token, next engine connection and the
@@ -184,16 +208,21 @@ impl StateMachine {
 
     /// The table in a canonical byte form: equal states give equal bytes.
     /// The lock table is the engine's image ([`Engine::write_image`]); the
-    /// request ledger and the connection map follow it.
+    /// request ledger and the connection map follow it. A table with a
+    /// key registered with a limit is written in version 6, one without
+    /// in version 5.
     #[must_use]
     pub fn snapshot(&self) -> Vec<u8> {
+        let version = if self.engine.permit_key_count() == 0 {
+            SNAPSHOT_VERSION_WITHOUT_PERMITS
+        } else {
+            SNAPSHOT_VERSION
+        };
         let mut w = Writer::default();
-        w.u8(SNAPSHOT_VERSION);
+        w.u8(version);
         w.u64(self.engine.next_token());
         w.u64(self.next_engine_conn);
-        let codec = ReqCodec {
-            version: SNAPSHOT_VERSION,
-        };
+        let codec = ReqCodec { version };
         self.engine.write_image(&codec, &mut w.buf);
         w.u32(len32(self.dedup.len()));
         for (node, d) in &self.dedup {
@@ -215,7 +244,7 @@ impl StateMachine {
     }
 
     /// Rebuilds a table from [`StateMachine::snapshot`] bytes (versions 1
-    /// to 5): the engine restores its image ([`Engine::restore`]), each
+    /// to 6): the engine restores its image ([`Engine::restore`]), each
     /// waiter on the engine connection the connection map names.
     pub fn restore(limits: EngineLimits, bytes: &[u8]) -> Result<Self, DecodeError> {
         let mut r = ByteReader::new(bytes);
@@ -227,10 +256,14 @@ impl StateMachine {
         let next_engine_conn = r.u64()?;
         let codec = ReqCodec { version };
         let mut image = Engine::read_image(&mut r, &codec, MAX_COMMAND_KEY_BYTES)?;
-        for k in &mut image.keys {
-            for w in &mut k.waiters {
-                w.tag.lease_s = w.lease_s;
-            }
+        if version == SNAPSHOT_VERSION && image.permits.is_empty() {
+            // A table without permit keys has one encoding only: version 5.
+            return Err(DecodeError::Invalid("version 6 without permit keys"));
+        }
+        let mutex_queues = image.keys.iter_mut().map(|k| &mut k.waiters);
+        let permit_queues = image.permits.iter_mut().map(|k| &mut k.waiters);
+        for w in mutex_queues.chain(permit_queues).flatten() {
+            w.tag.lease_s = w.lease_s;
         }
         let mut dedup = BTreeMap::new();
         let n = r.count(8 + 8 + 8 + 4)?;
