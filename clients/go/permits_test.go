@@ -108,6 +108,34 @@ func TestAnLForAPlainAcquireIsIndeterminateAndClosesTheSession(t *testing.T) {
 	}
 }
 
+func TestALatePermitIsGivenBack(t *testing.T) {
+	released := make(chan request, 1)
+	f := startFake(t, func(conn net.Conn, r request) {
+		switch r.op {
+		case opAcquireWithLimit:
+			// Answer after D (1 s) but before D + 1 s.
+			time.Sleep(1300 * time.Millisecond)
+			_, _ = conn.Write(append([]byte{opAcquire, 0, 0, 0, 0, 0, 0, 0, 78}, ownerBytes(r.id, r.key)...))
+		case opRelease:
+			released <- r
+			_, _ = conn.Write(appendRelease(nil, r.id, r.key))
+		}
+	})
+	c := dial(t, f.addr())
+	_, err := c.AcquireShared(within(time.Second), "late", 5*time.Second)
+	if !errors.Is(err, ErrIndeterminate) || !errors.Is(err, errLateGrant) {
+		t.Fatalf("err %v", err)
+	}
+	select {
+	case r := <-released:
+		if r.id != 78 || r.key != "late" {
+			t.Fatalf("released %+v", r)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the late grant was not given back")
+	}
+}
+
 // acquireInBackground runs acquire on a goroutine; its outcome comes on
 // the channel.
 func acquireInBackground(acquire func() (*Ticket, error)) chan *Ticket {

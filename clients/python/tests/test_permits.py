@@ -11,12 +11,13 @@ import time
 from typing import Callable
 
 import pytest
-from support import Ticketd
+from support import DelayForward, Proxy, Ticketd
 
 import ticketd
 from ticketd import _plan, _proto
 
 MakeClient = Callable[..., ticketd.Client]
+MakeProxy = Callable[..., Proxy]
 
 #: PROTOCOL §6.1: a permit of ``pool``, a semaphore of 8, wait=5, lease=30,
 #: owner 7, and the answer when ``pool`` is registered with a limit of 4.
@@ -186,3 +187,26 @@ def test_a_read_write_lock_against_the_real_server(
     writer = out[0].ticket
     assert writer is not None and writer.token > r2.token
     assert writer.release() == "released"
+
+
+def test_a_late_permit_is_given_back_at_once_not_at_the_end_of_its_lease(
+    server: Ticketd, make_proxy: MakeProxy, make_client: MakeClient
+) -> None:
+    px = make_proxy(server)
+    # Requests reach the server 1.5 s late, so its queue outlives D.
+    px.set_fault_for(0, DelayForward(1.5))
+    direct = make_client(server.addr)
+    holder = direct.acquire_permit("late", 1, wait=1, lease=30).ticket
+    assert holder is not None
+    c = make_client(px.addr, pool_size=1)
+    start = time.monotonic()
+    th, got = _in_background(lambda: c.acquire_permit("late", 1, wait=2, lease=30))
+    # Hand the place over after D (start + 2 s) but before D + 1 s.
+    time.sleep(2.3)
+    assert holder.release() == "released"
+    th.join(10)
+    assert [r.outcome for r in got] == ["indeterminate"]
+    # The late grant was released long before its 30 s lease.
+    t = direct.acquire_permit("late", 1, wait=5, lease=1).ticket
+    assert t is not None and t.token > holder.token + 1
+    assert time.monotonic() - start < 8

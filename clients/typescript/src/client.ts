@@ -70,10 +70,7 @@ export interface AcquireResult {
 export class NotAcquired extends Error {
   constructor(
     readonly key: string,
-    /**
-     * `"timeout"`, `"busy"` or `"indeterminate"` (`"limit_mismatch"` for an
-     * acquire with places): never enter in any case.
-     */
+    /** `"timeout"`, `"busy"` or `"indeterminate"`: never enter in any case. */
     readonly outcome: Exclude<AcquireOutcome, "acquired">,
   ) {
     super(`lock ${JSON.stringify(key)} not acquired: ${outcome}`);

@@ -1,8 +1,8 @@
 /**
  * One connection to a server (a *session*): requests from every caller are
  * pipelined on it and replies are matched by content (PROTOCOL §1, §3, §6):
- * Acquired, Timeout, Busy and LimitMismatch by owner; Released and NotReleased by token and
- * key; Extended and NotExtended by token and key.
+ * Acquired, Timeout, Busy and LimitMismatch by owner; Released and
+ * NotReleased by token and key; Extended and NotExtended by token and key.
  *
  * A call waits in the session's queue until the next flush. Until then not
  * one byte of it has reached the socket: if the session dies meanwhile, the

@@ -7,7 +7,7 @@ import { after, test } from "node:test";
 
 import * as proto from "../dist/proto.js";
 import { Client, Places, READ_WRITE_LIMIT } from "../dist/index.js";
-import { silentServer, sleep, startServer } from "./support.mjs";
+import { delayingProxy, silentServer, sleep, startServer } from "./support.mjs";
 
 const hex = (s) => Buffer.from(s.replace(/ /g, ""), "hex");
 // PROTOCOL §6.1: a permit of "pool", a semaphore of 8, wait=5, lease=30,
@@ -170,4 +170,18 @@ test("a read/write lock against the real server", async () => {
   assert.equal(w.outcome, "acquired");
   assert.ok(w.ticket.token > r2.token);
   assert.equal(await w.ticket.release(), "released");
+});
+
+test("a late permit is given back at once, not held for its lease", async () => {
+  const s = await server();
+  const proxy = await delayingProxy(s.addr, 1500);
+  cleanups.push(() => proxy.close());
+  const c = client(proxy.addr);
+  const start = performance.now();
+  // A semaphore of 1, so that the plain probe of holds() sees T while held.
+  const r = await c.acquirePermit("late", 1, { wait: 1, lease: 30 });
+  assert.equal(r.outcome, "indeterminate");
+  assert.ok(performance.now() - start < 2000);
+  // The release went out at once (its own reply is delayed too).
+  assert.ok(await until(async () => !(await s.holds("late")), 2500), "the late grant was released");
 });

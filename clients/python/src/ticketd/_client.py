@@ -33,8 +33,7 @@ DEFAULT_CONNECT_TIMEOUT_S = 1.0
 class NotAcquired(Exception):
     """Raised by :meth:`Client.lock` when the lock was not acquired.
 
-    ``outcome`` is ``"timeout"``, ``"busy"`` or ``"indeterminate"``
-    (``"limit_mismatch"`` is for acquires with places only); in every
+    ``outcome`` is ``"timeout"``, ``"busy"`` or ``"indeterminate"``; in every
     case the caller must not enter the critical section."""
 
     def __init__(self, key: str, outcome: AcquireOutcome) -> None:
