@@ -173,31 +173,21 @@ func (c *Client) Close() error {
 // or the context's cancellation. It returns by the deadline plus 1 s (the
 // server rounds the wait up to whole seconds).
 func (c *Client) Acquire(ctx context.Context, key string, lease time.Duration) (*Ticket, error) {
-	start := time.Now()
-	wait := MaxWait
-	if dl, ok := ctx.Deadline(); ok && dl.Sub(start) < wait {
-		wait = dl.Sub(start)
-	}
-	if wait <= 0 {
-		if err := c.checkAcquire(key, lease); err != nil {
-			return nil, err
-		}
-		// D has passed: the request is not sent at all.
-		return nil, &Error{Op: "acquire", Key: key, Kind: ErrTimeout, Cause: ctx.Err()}
-	}
-	return c.acquire(ctx, key, lease, acquirePlan(start, wait))
+	return c.AcquireWith(ctx, key, nil, lease)
 }
 
 // TryAcquire makes one immediate attempt (a wire wait of 0: never queued),
 // under the 5 s transport deadline (or ctx's, if sooner). A held key gives
 // ErrTimeout at once.
 func (c *Client) TryAcquire(ctx context.Context, key string, lease time.Duration) (*Ticket, error) {
-	dl, _ := ctx.Deadline()
-	return c.acquire(ctx, key, lease, transportPlan(time.Now(), dl))
+	return c.TryAcquireWith(ctx, key, nil, lease)
 }
 
-func (c *Client) checkAcquire(key string, lease time.Duration) error {
+func (c *Client) checkAcquire(key string, places *Places, lease time.Duration) error {
 	if err := checkKey(key, c.maxKeyBytes); err != nil {
+		return err
+	}
+	if err := places.check(); err != nil {
 		return err
 	}
 	if _, err := leaseByte(lease); err != nil {
@@ -209,8 +199,8 @@ func (c *Client) checkAcquire(key string, lease time.Duration) error {
 	return nil
 }
 
-func (c *Client) acquire(ctx context.Context, key string, lease time.Duration, p plan) (*Ticket, error) {
-	if err := c.checkAcquire(key, lease); err != nil {
+func (c *Client) acquire(ctx context.Context, key string, places *Places, lease time.Duration, p plan) (*Ticket, error) {
+	if err := c.checkAcquire(key, places, lease); err != nil {
 		return nil, err
 	}
 	lb, _ := leaseByte(lease)
@@ -222,7 +212,7 @@ func (c *Client) acquire(ctx context.Context, key string, lease time.Duration, p
 	// another session.
 	cl, s, o, stopped := c.sendOnce(ctx, p, func() *call {
 		cl := newCall(opAcquire, key, p)
-		cl.owner, cl.lease = owner, lb
+		cl.owner, cl.lease, cl.places = owner, lb, places
 		return cl
 	})
 	switch {
@@ -240,6 +230,9 @@ func (c *Client) acquire(ctx context.Context, key string, lease time.Duration, p
 		return fail(ErrTimeout, nil)
 	case cl.replyOp == opBusy:
 		return fail(ErrBusy, nil)
+	case cl.replyOp == opLimitMismatch:
+		// Final: never retried with another limit.
+		return nil, &Error{Op: "acquire", Key: key, Kind: ErrLimitMismatch, Limit: cl.replyLimit}
 	case stopped:
 		// Granted as the caller gave up: given back.
 		c.releaseInBackground(key, cl.replyToken)

@@ -20,8 +20,8 @@ func (k *kind) Is(target error) bool { return k.parent != nil && errors.Is(k.par
 // not return a ticket returns an error that is ErrNotAcquired: the caller
 // must not enter its critical section.
 var (
-	// ErrNotAcquired: the lock is not held. ErrTimeout, ErrBusy and
-	// ErrIndeterminate are all ErrNotAcquired; so is an acquire whose
+	// ErrNotAcquired: the lock is not held. ErrTimeout, ErrBusy,
+	// ErrLimitMismatch and ErrIndeterminate are all ErrNotAcquired; so is an acquire whose
 	// context was canceled before its request was sent.
 	ErrNotAcquired = errors.New("ticketd: not acquired")
 	// ErrTimeout: the key stayed held for the whole wait (a T reply), or
@@ -31,6 +31,11 @@ var (
 	// ErrBusy: a server limit (a full queue, too many keys, a lease over
 	// the server's --max-lease); not queued. Definitely not acquired.
 	ErrBusy error = &kind{"ticketd: busy", ErrNotAcquired}
+	// ErrLimitMismatch: (protocol 1.2, an acquire with places only) the
+	// key is registered with another limit, which Error.Limit carries;
+	// not queued, and never retried with another limit. Definitely not
+	// acquired.
+	ErrLimitMismatch error = &kind{"ticketd: limit mismatch", ErrNotAcquired}
 	// ErrIndeterminate: the request may have reached the server and no
 	// answer came in time (or a grant came too late and was given back).
 	// The caller must not enter; a grant that may exist ends with its lease.
@@ -60,10 +65,16 @@ type Error struct {
 	Key   string
 	Kind  error
 	Cause error
+	// Limit is the limit the key is registered with, when Kind is
+	// ErrLimitMismatch (protocol 1.2); 0 otherwise.
+	Limit uint16
 }
 
 func (e *Error) Error() string {
 	s := fmt.Sprintf("%s %q: %v", e.Op, e.Key, e.Kind)
+	if e.Limit != 0 {
+		s += fmt.Sprintf(" (the key's limit is %d)", e.Limit)
+	}
 	if e.Cause != nil {
 		s += ": " + e.Cause.Error()
 	}

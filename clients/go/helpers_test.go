@@ -91,8 +91,10 @@ type request struct {
 	op    byte
 	wait  uint8
 	lease uint8
-	id    uint64 // owner (A) or token (R, E)
+	id    uint64 // owner (A, P) or token (R, E)
 	key   string
+	// places: the limit and mode of a P (protocol 1.2).
+	places Places
 }
 
 func readRequest(br *bufio.Reader) (request, error) {
@@ -108,6 +110,8 @@ func readRequest(br *bufio.Reader) (request, error) {
 		head = make([]byte, 8)
 	case opExtend:
 		head = make([]byte, 9)
+	case opAcquireWithLimit:
+		head = make([]byte, 13)
 	default:
 		return request{}, errors.New("unknown op")
 	}
@@ -122,6 +126,9 @@ func readRequest(br *bufio.Reader) (request, error) {
 	switch op {
 	case opAcquire:
 		r.wait, r.lease, r.id = head[0], head[1], binary.BigEndian.Uint64(head[2:])
+	case opAcquireWithLimit:
+		r.wait, r.lease, r.id = head[0], head[1], binary.BigEndian.Uint64(head[2:10])
+		r.places = Places{Limit: binary.BigEndian.Uint16(head[10:12]), Mode: Mode(head[12])}
 	case opRelease:
 		r.id = binary.BigEndian.Uint64(head)
 	default:

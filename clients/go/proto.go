@@ -7,7 +7,7 @@ import (
 	"unicode/utf8"
 )
 
-// Wire ops (PROTOCOL §1, §5.1).
+// Wire ops (PROTOCOL §1, §5.1, §6.1).
 const (
 	opAcquire     = 'A' // request Acquire, reply Acquired
 	opRelease     = 'R' // request Release, reply Released
@@ -16,6 +16,10 @@ const (
 	opBusy        = 'B'
 	opNotReleased = 'N'
 	opNotExtended = 'X' // protocol 1.1
+	// opAcquireWithLimit is the request Acquire With Limit (protocol 1.2).
+	opAcquireWithLimit = 'P'
+	// opLimitMismatch is the reply LimitMismatch (protocol 1.2).
+	opLimitMismatch = 'L'
 )
 
 // replyHeader is the fixed header length of each reply op, op byte
@@ -26,6 +30,8 @@ func replyHeader(op byte) int {
 		return 17
 	case opTimeout, opBusy, opRelease, opNotReleased, opExtend, opNotExtended:
 		return 9
+	case opLimitMismatch:
+		return 11
 	}
 	return 0
 }
@@ -33,6 +39,17 @@ func replyHeader(op byte) int {
 func appendAcquire(b []byte, wait, lease uint8, owner uint64, key string) []byte {
 	b = append(b, opAcquire, wait, lease)
 	b = binary.BigEndian.AppendUint64(b, owner)
+	b = append(b, key...)
+	return append(b, '\n')
+}
+
+// appendAcquireWithLimit encodes 'P' wait:u8 lease:u8 owner:u64 limit:u16
+// mode:u8 key '\n' (protocol 1.2).
+func appendAcquireWithLimit(b []byte, wait, lease uint8, owner uint64, places Places, key string) []byte {
+	b = append(b, opAcquireWithLimit, wait, lease)
+	b = binary.BigEndian.AppendUint64(b, owner)
+	b = binary.BigEndian.AppendUint16(b, places.Limit)
+	b = append(b, byte(places.Mode))
 	b = append(b, key...)
 	return append(b, '\n')
 }
@@ -52,12 +69,13 @@ func appendExtend(b []byte, lease uint8, token uint64, key string) []byte {
 }
 
 // reply is one decoded reply. a is the token for A/R/N/E/X and the owner
-// for T/B; owner is set for A only.
+// for T/B/L; owner is set for A only; limit, the key's limit, for L only.
 type reply struct {
 	op    byte
 	a     uint64
 	owner uint64
 	key   string
+	limit uint16
 }
 
 var errNeedMore = errors.New("need more bytes")
@@ -104,8 +122,11 @@ func decodeReply(buf []byte, maxKeyBytes int) (reply, int, error) {
 		return reply{}, 0, errors.New("reply key is not UTF-8")
 	}
 	r := reply{op: op, a: binary.BigEndian.Uint64(buf[1:9]), key: string(key)}
-	if op == opAcquire {
+	switch op {
+	case opAcquire:
 		r.owner = binary.BigEndian.Uint64(buf[9:17])
+	case opLimitMismatch:
+		r.limit = binary.BigEndian.Uint16(buf[9:11])
 	}
 	return r, h + nl + 1, nil
 }

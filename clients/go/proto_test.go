@@ -31,7 +31,7 @@ func TestFramesMatchTheWorkedExamples(t *testing.T) {
 	}
 	stream := unhex(t, "41 00 00 00 00 00 00 00 01 00 00 00 00 00 00 0A 0B 64 62 0A"+
 		"54 00 00 00 00 00 00 0A 0B 64 62 0A"+"58 00 00 00 00 00 00 00 07 64 62 0A")
-	want := []reply{{opAcquire, 1, 0x0A0B, "db"}, {opTimeout, 0x0A0B, 0, "db"}, {opNotExtended, 7, 0, "db"}}
+	want := []reply{{opAcquire, 1, 0x0A0B, "db", 0}, {opTimeout, 0x0A0B, 0, "db", 0}, {opNotExtended, 7, 0, "db", 0}}
 	for _, w := range want {
 		r, used, err := decodeReply(stream, 1024)
 		if err != nil || r != w {

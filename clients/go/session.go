@@ -34,13 +34,18 @@ type call struct {
 	owner uint64
 	token uint64
 	lease uint8
-	plan  plan
+	// places: an acquire with places (protocol 1.2), sent as P; nil for
+	// a plain acquire, sent as A.
+	places *Places
+	plan   plan
 
 	phase      int
 	outcome    int
 	writtenAt  time.Time
 	replyOp    byte
 	replyToken uint64
+	// replyLimit is the key's limit an L carried (protocol 1.2).
+	replyLimit uint16
 	// abandoned: its caller stopped waiting (its context was canceled);
 	// a grant that answers it is given back at once.
 	abandoned bool
@@ -290,7 +295,11 @@ func (s *session) takeBatchLocked(buf []byte, now time.Time) []byte {
 		}
 		switch c.kind {
 		case opAcquire:
-			buf = appendAcquire(buf, wait, c.lease, c.owner, c.key)
+			if c.places != nil {
+				buf = appendAcquireWithLimit(buf, wait, c.lease, c.owner, *c.places, c.key)
+			} else {
+				buf = appendAcquire(buf, wait, c.lease, c.owner, c.key)
+			}
 			if old := s.acquires[c.owner]; old != nil {
 				// Owners are fresh per call; were one ever to repeat,
 				// the older call could no longer be told apart.
@@ -373,7 +382,7 @@ func (s *session) consume(buf []byte) (int, string) {
 // close, or "".
 func (s *session) deliverLocked(r reply) string {
 	switch r.op {
-	case opAcquire, opTimeout, opBusy:
+	case opAcquire, opTimeout, opBusy, opLimitMismatch:
 		owner := r.a
 		if r.op == opAcquire {
 			owner = r.owner
@@ -392,7 +401,13 @@ func (s *session) deliverLocked(r reply) string {
 			c.finish(lost)
 			return "reply key does not match the request"
 		}
-		c.replyOp, c.replyToken = r.op, r.a
+		if r.op == opLimitMismatch && c.places == nil {
+			// An L answers only an Acquire With Limit: a server that
+			// sends one for an A cannot be trusted with this call.
+			c.finish(lost)
+			return "LimitMismatch reply to a plain acquire"
+		}
+		c.replyOp, c.replyToken, c.replyLimit = r.op, r.a, r.limit
 		c.finish(answered)
 		if c.abandoned && r.op == opAcquire {
 			s.orphan(r.key, r.a)

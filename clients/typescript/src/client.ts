@@ -1,10 +1,11 @@
-/** The client (PROTOCOL §3 and §5.3). */
+/** The client (PROTOCOL §3, §5.3 and §6.3). */
 
 import { X509Certificate, createPrivateKey } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { createSecureContext } from "node:tls";
 
 import { nextOwner } from "./owner";
+import { Places, checkPlaces } from "./places";
 import * as plan from "./plan";
 import * as proto from "./proto";
 import { type Address, Pool, type TlsDial, parseAddress, sleepUntil } from "./pool";
@@ -12,7 +13,7 @@ import { Call, type CallOutcome, type Session } from "./session";
 import { type KeepAliveOptions, type ReleaseOutcome, Ticket, type TicketHost } from "./ticket";
 
 /** How an acquire ended. Only `"acquired"` lets the caller in. */
-export type AcquireOutcome = "acquired" | "timeout" | "busy" | "indeterminate";
+export type AcquireOutcome = "acquired" | "timeout" | "busy" | "limit_mismatch" | "indeterminate";
 /** How an extend by token ended. */
 export type ExtendTokenOutcome = "extended" | "not_held" | "indeterminate";
 
@@ -58,6 +59,11 @@ export interface AcquireResult {
   outcome: AcquireOutcome;
   /** The ticket when the outcome is `"acquired"`, else `null`. */
   ticket: Ticket | null;
+  /**
+   * The limit the key is registered with, when the outcome is
+   * `"limit_mismatch"` (an acquire with places only, protocol 1.2).
+   */
+  limit?: number;
 }
 
 /** Thrown by {@link Client.lock} and {@link Client.withLock} when the lock was not acquired. */
@@ -140,9 +146,51 @@ export class Client implements TicketHost {
    * anything is sent.
    */
   async acquire(key: string, options: AcquireOptions = {}): Promise<AcquireResult> {
+    return this.acquireWith(key, null, options);
+  }
+
+  /**
+   * One permit of `key` as a counting semaphore of `limit` places (protocol
+   * 1.2, PROTOCOL §6): at most `limit` holders at once, each with a ticket
+   * of its own. `"limit_mismatch"` (with `result.limit`) when the key is
+   * registered with another limit. As {@link Client.acquire} otherwise; a
+   * limit of 0 throws `RangeError`.
+   */
+  async acquirePermit(key: string, limit: number, options: AcquireOptions = {}): Promise<AcquireResult> {
+    return this.acquireWith(key, Places.semaphore(limit), options);
+  }
+
+  /**
+   * A reader's place in the read/write lock `key` (protocol 1.2): held
+   * beside other readers, never beside a writer, and not before a writer
+   * that queued first. As {@link Client.acquire} otherwise.
+   */
+  async acquireShared(key: string, options: AcquireOptions = {}): Promise<AcquireResult> {
+    return this.acquireWith(key, Places.shared(), options);
+  }
+
+  /**
+   * A writer's hold of the read/write lock `key` (protocol 1.2): alone,
+   * after every reader and writer that queued first. As
+   * {@link Client.acquire} otherwise.
+   */
+  async acquireExclusive(key: string, options: AcquireOptions = {}): Promise<AcquireResult> {
+    return this.acquireWith(key, Places.exclusive(), options);
+  }
+
+  /**
+   * The general acquire: with `places`, one of `places.limit` places in
+   * `places.mode`, sent as an Acquire With Limit (protocol 1.2); with
+   * `null`, a mutex ({@link Client.acquire}). A server older than 1.2 closes
+   * the connection on an Acquire With Limit, so the outcome there is
+   * `"indeterminate"`. Throws only for bad arguments (a limit of 0 among
+   * them), before anything is sent.
+   */
+  async acquireWith(key: string, places: Places | null, options: AcquireOptions = {}): Promise<AcquireResult> {
     const raw = plan.checkKey(key, this.maxKeyBytes);
     const leaseS = plan.checkLease(options.lease ?? 30);
     const waitS = plan.normaliseWait(options.wait ?? 10);
+    const wire = places === null ? null : checkPlaces(places);
     this.checkOpen();
     const signal = options.signal;
     const p = plan.acquirePlan(plan.now(), waitS);
@@ -155,7 +203,7 @@ export class Client implements TicketHost {
       if (session === null) {
         return { outcome: "timeout", ticket: null };
       }
-      const call = new Call("acquire", raw, key, p, owner, 0n, leaseS);
+      const call = new Call("acquire", raw, key, p, owner, 0n, leaseS, wire);
       const outcome = await runWithSignal(session, call, signal);
       if (outcome === "not_sent") {
         await pause.pause();
@@ -169,6 +217,10 @@ export class Client implements TicketHost {
       }
       if (call.replyOp === proto.OP_BUSY) {
         return { outcome: "busy", ticket: null };
+      }
+      if (call.replyOp === proto.OP_LIMIT_MISMATCH) {
+        // Final: never retried with another limit.
+        return { outcome: "limit_mismatch", ticket: null, limit: call.replyLimit };
       }
       // The handover gate: a grant seen after D is not handed to a caller
       // who was promised an answer by D.

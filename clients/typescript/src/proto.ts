@@ -1,5 +1,5 @@
 /**
- * The wire codec (PROTOCOL §1 and §5.1): requests out, replies in. No I/O.
+ * The wire codec (PROTOCOL §1, §5.1 and §6.1): requests out, replies in. No I/O.
  *
  * Every frame ends with one `0x0A` byte, and its fixed binary header may
  * contain `0x0A` itself, so a reply is decoded by taking the header by count
@@ -20,6 +20,16 @@ export const OP_BUSY = 0x42;
 export const OP_NOT_RELEASED = 0x4e;
 /** 'X': the extend changed nothing (protocol 1.1). */
 export const OP_NOT_EXTENDED = 0x58;
+/** 'P': request Acquire With Limit (protocol 1.2). */
+export const OP_ACQUIRE_WITH_LIMIT = 0x50;
+/** 'L': the key is registered with another limit (protocol 1.2). */
+export const OP_LIMIT_MISMATCH = 0x4c;
+/** 'S': a shared place, in an Acquire With Limit. */
+export const MODE_SHARED = 0x53;
+/** 'X': the whole key, in an Acquire With Limit. */
+export const MODE_EXCLUSIVE = 0x58;
+/** The most places a key admits: the largest `limit` the wire carries. */
+export const MAX_LIMIT = 65535;
 const NEWLINE = 0x0a;
 
 /** Fixed header length of each reply op, op byte included. */
@@ -31,6 +41,7 @@ const REPLY_HEADER: ReadonlyMap<number, number> = new Map([
   [OP_NOT_RELEASED, 9],
   [OP_NOT_EXTENDED, 9],
   [OP_EXTEND, 9],
+  [OP_LIMIT_MISMATCH, 11],
 ]);
 
 /** The longest reply a reader holds for a key limit of `maxKeyBytes`. */
@@ -46,6 +57,30 @@ export function encodeAcquire(waitS: number, leaseS: number, owner: bigint, key:
   b[2] = leaseS;
   b.writeBigUInt64BE(owner, 3);
   key.copy(b, 11);
+  b[b.length - 1] = NEWLINE;
+  return b;
+}
+
+/**
+ * `'P' wait:u8 lease:u8 owner:u64 limit:u16 mode:u8 key '\n'` (protocol
+ * 1.2); `mode` is {@link MODE_SHARED} or {@link MODE_EXCLUSIVE}.
+ */
+export function encodeAcquireWithLimit(
+  waitS: number,
+  leaseS: number,
+  owner: bigint,
+  limit: number,
+  mode: number,
+  key: Buffer,
+): Buffer {
+  const b = Buffer.allocUnsafe(15 + key.length);
+  b[0] = OP_ACQUIRE_WITH_LIMIT;
+  b[1] = waitS;
+  b[2] = leaseS;
+  b.writeBigUInt64BE(owner, 3);
+  b.writeUInt16BE(limit, 11);
+  b[13] = mode;
+  key.copy(b, 14);
   b[b.length - 1] = NEWLINE;
   return b;
 }
@@ -72,14 +107,16 @@ export function encodeExtend(leaseS: number, token: bigint, key: Buffer): Buffer
 }
 
 /**
- * One decoded reply. `a` is the token for A/R/N/E/X and the owner for T/B;
- * `owner` is set for A only (0 otherwise).
+ * One decoded reply. `a` is the token for A/R/N/E/X and the owner for
+ * T/B/L; `owner` is set for A only (0 otherwise); `limit`, the key's limit,
+ * for L only (protocol 1.2).
  */
 export interface Reply {
   op: number;
   a: bigint;
   owner: bigint;
   key: string;
+  limit?: number;
 }
 
 /** What {@link decodeReply} finds at a position of the stream. */
@@ -128,5 +165,9 @@ export function decodeReply(buf: Buffer, start: number, maxKeyBytes: number): De
   }
   const a = buf.readBigUInt64BE(start + 1);
   const owner = op === OP_ACQUIRE ? buf.readBigUInt64BE(start + 9) : 0n;
-  return { kind: "frame", reply: { op, a, owner, key }, used: header + nl + 1 };
+  const reply: Reply = { op, a, owner, key };
+  if (op === OP_LIMIT_MISMATCH) {
+    reply.limit = buf.readUInt16BE(start + 9);
+  }
+  return { kind: "frame", reply, used: header + nl + 1 };
 }

@@ -1,8 +1,8 @@
 /**
  * One connection to a server (a *session*): requests from every caller are
- * pipelined on it and replies are matched by content (PROTOCOL §1, §3):
- * Acquired, Timeout and Busy by owner; Released and NotReleased by token and
- * key; Extended and NotExtended by token and key.
+ * pipelined on it and replies are matched by content (PROTOCOL §1, §3, §6):
+ * Acquired, Timeout, Busy and LimitMismatch by owner; Released and
+ * NotReleased by token and key; Extended and NotExtended by token and key.
  *
  * A call waits in the session's queue until the next flush. Until then not
  * one byte of it has reached the socket: if the session dies meanwhile, the
@@ -41,6 +41,8 @@ export class Call {
   writtenAt = 0;
   replyOp = 0;
   replyToken = 0n;
+  /** The key's limit an L carried (protocol 1.2). */
+  replyLimit = 0;
   /** Given up by its caller while possibly sent: a reply is still absorbed. */
   abandoned = false;
   timer: NodeJS.Timeout | null = null;
@@ -57,6 +59,11 @@ export class Call {
     readonly owner: bigint,
     readonly token: bigint,
     readonly leaseS: number,
+    /**
+     * An acquire with places (protocol 1.2): the key's limit and the mode
+     * byte, sent as P; `null` for a plain acquire, sent as A.
+     */
+    readonly places: { limit: number; mode: number } | null = null,
   ) {
     this.done = new Promise((resolve) => {
       this.settle = resolve;
@@ -255,6 +262,10 @@ export class Session {
     switch (call.kind) {
       case "acquire":
         this.acquires.set(call.owner, call);
+        if (call.places !== null) {
+          const { limit, mode } = call.places;
+          return proto.encodeAcquireWithLimit(wait, call.leaseS, call.owner, limit, mode, call.keyRaw);
+        }
         return proto.encodeAcquire(wait, call.leaseS, call.owner, call.keyRaw);
       case "release":
         push(this.releases, call.matchKey(), call);
@@ -299,7 +310,8 @@ export class Session {
     switch (r.op) {
       case proto.OP_ACQUIRE:
       case proto.OP_TIMEOUT:
-      case proto.OP_BUSY: {
+      case proto.OP_BUSY:
+      case proto.OP_LIMIT_MISMATCH: {
         const owner = r.op === proto.OP_ACQUIRE ? r.owner : r.a;
         call = this.acquires.get(owner);
         if (call !== undefined) {
@@ -322,8 +334,16 @@ export class Session {
       return;
     }
     this.inFlight -= 1;
+    if (r.op === proto.OP_LIMIT_MISMATCH && call.places === null) {
+      // An L answers only an Acquire With Limit: a server that sends one
+      // for an A cannot be trusted with this call or this connection.
+      call.finish("lost");
+      this.close(`LimitMismatch reply to a plain acquire from ${this.peer}; connection closed`, true);
+      return;
+    }
     call.replyOp = r.op;
     call.replyToken = r.a;
+    call.replyLimit = r.limit ?? 0;
     if (call.abandoned && r.op === proto.OP_ACQUIRE) {
       this.hooks.orphanGrant(r.key, r.a);
     }

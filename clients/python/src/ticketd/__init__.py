@@ -1,7 +1,7 @@
 """A blocking, thread-safe Python client for the ticketd lock server.
 
-It follows the rules of ticketd's official client to the letter (PROTOCOL §3
-and §5.3, in docs/PROTOCOL.md): a caller is never told ``"acquired"`` unless
+It follows the rules of ticketd's official client to the letter (PROTOCOL §3,
+§5.3 and §6.3, in docs/PROTOCOL.md): a caller is never told ``"acquired"`` unless
 it holds the lock, and never enters a critical section on a guess::
 
     import ticketd
@@ -33,6 +33,7 @@ from ._client import (
     ReleaseOutcome,
     Ticket,
 )
+from ._places import READ_WRITE_LIMIT, Mode, Places
 from ._plan import (
     DEFAULT_MAX_KEY_BYTES,
     MAX_LEASE_S,
@@ -48,6 +49,7 @@ __all__ = [
     "MAX_LEASE_S",
     "MAX_POOL_SIZE",
     "MAX_WAIT_S",
+    "READ_WRITE_LIMIT",
     "RESPONSE_GRACE_S",
     "TRANSPORT_DEADLINE_S",
     "AcquireOutcome",
@@ -55,7 +57,9 @@ __all__ = [
     "Client",
     "ExtendOutcome",
     "ExtendTokenOutcome",
+    "Mode",
     "NotAcquired",
+    "Places",
     "ReleaseOutcome",
     "Ticket",
 ]

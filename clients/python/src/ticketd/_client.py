@@ -1,4 +1,4 @@
-"""The client, its tickets and the keep-alive lock (PROTOCOL §3 and §5.3)."""
+"""The client, its tickets and the keep-alive lock (PROTOCOL §3, §5.3 and §6.3)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from contextlib import contextmanager
 from typing import Literal
 
 from . import _owner, _plan, _proto
+from ._places import Places, check_places
 from ._pool import Address, Pool, TlsDial, resolve
 from ._session import ACQUIRE, ANSWERED, EXTEND, LOST, NOT_SENT, QUEUED, RELEASE, Call, Session
 
-AcquireOutcome = Literal["acquired", "timeout", "busy", "indeterminate"]
+AcquireOutcome = Literal["acquired", "timeout", "busy", "limit_mismatch", "indeterminate"]
 ReleaseOutcome = Literal["released", "not_held", "indeterminate"]
 ExtendOutcome = Literal["extended", "lost"]
 ExtendTokenOutcome = Literal["extended", "not_held", "indeterminate"]
@@ -59,14 +60,19 @@ class _RetryPause:
 
 
 class AcquireResult:
-    """What :meth:`Client.acquire` returns: ``outcome``, and ``ticket`` when
-    the outcome is ``"acquired"`` (else ``None``)."""
+    """What :meth:`Client.acquire` returns: ``outcome``, ``ticket`` when the
+    outcome is ``"acquired"`` (else ``None``), and ``limit``, the limit the
+    key is registered with, when the outcome is ``"limit_mismatch"`` (an
+    acquire with places only, protocol 1.2; else ``None``)."""
 
-    __slots__ = ("outcome", "ticket")
+    __slots__ = ("outcome", "ticket", "limit")
 
-    def __init__(self, outcome: AcquireOutcome, ticket: Ticket | None = None) -> None:
+    def __init__(
+        self, outcome: AcquireOutcome, ticket: Ticket | None = None, limit: int | None = None
+    ) -> None:
         self.outcome: AcquireOutcome = outcome
         self.ticket: Ticket | None = ticket
+        self.limit: int | None = limit
 
     @property
     def acquired(self) -> bool:
@@ -74,6 +80,8 @@ class AcquireResult:
         return self.ticket is not None
 
     def __repr__(self) -> str:
+        if self.limit is not None:
+            return f"AcquireResult(outcome={self.outcome!r}, limit={self.limit})"
         return f"AcquireResult(outcome={self.outcome!r}, ticket={self.ticket!r})"
 
 
@@ -304,9 +312,43 @@ class Client:
         allowed, clamped to 255) for a grant that lives ``lease`` seconds
         (whole, 1..=255). Returns within ``wait`` + 1 s (5 s for ``wait=0``).
         Raises only for bad arguments, before anything is sent."""
+        return self.acquire_with(key, None, wait, lease)
+
+    def acquire_permit(
+        self, key: str, limit: int, wait: float = 10, lease: float = 30
+    ) -> AcquireResult:
+        """One permit of ``key`` as a counting semaphore of ``limit`` places
+        (protocol 1.2, PROTOCOL §6): at most ``limit`` holders at once, each
+        with a ticket of its own. ``"limit_mismatch"`` (with
+        ``result.limit``) when the key is registered with another limit. As
+        :meth:`acquire` otherwise; a limit of 0 raises ``ValueError``."""
+        return self.acquire_with(key, Places.semaphore(limit), wait, lease)
+
+    def acquire_shared(self, key: str, wait: float = 10, lease: float = 30) -> AcquireResult:
+        """A reader's place in the read/write lock ``key`` (protocol 1.2):
+        held beside other readers, never beside a writer, and not before a
+        writer that queued first. As :meth:`acquire` otherwise."""
+        return self.acquire_with(key, Places.shared(), wait, lease)
+
+    def acquire_exclusive(self, key: str, wait: float = 10, lease: float = 30) -> AcquireResult:
+        """A writer's hold of the read/write lock ``key`` (protocol 1.2):
+        alone, after every reader and writer that queued first. As
+        :meth:`acquire` otherwise."""
+        return self.acquire_with(key, Places.exclusive(), wait, lease)
+
+    def acquire_with(
+        self, key: str, places: Places | None, wait: float = 10, lease: float = 30
+    ) -> AcquireResult:
+        """The general acquire: with ``places``, one of ``places.limit``
+        places in ``places.mode``, sent as an Acquire With Limit (protocol
+        1.2); with ``None``, a mutex (:meth:`acquire`). A server older than
+        1.2 closes the connection on an Acquire With Limit, so the outcome
+        there is ``"indeterminate"``. Raises only for bad arguments (a limit
+        of 0 among them), before anything is sent."""
         raw = _plan.check_key(key, self._max_key_bytes)
         lease_s = _plan.lease_s(lease)
         wait_n = _plan.normalise_wait(wait)
+        limit, mode = check_places(places) if places is not None else (0, 0)
         self._check_open()
         plan = _plan.acquire_plan(time.monotonic(), wait_n)
         owner = _owner.next_owner()
@@ -317,7 +359,7 @@ class Client:
             session = self._pool.get(plan.send_deadline)
             if session is None:
                 return AcquireResult("timeout")
-            call = Call(ACQUIRE, raw, plan, owner=owner, lease_s=lease_s)
+            call = Call(ACQUIRE, raw, plan, owner=owner, lease_s=lease_s, limit=limit, mode=mode)
             outcome = session.run(call)
             if outcome is None or outcome == NOT_SENT:
                 backoff.pause()
@@ -328,6 +370,9 @@ class Client:
                 return AcquireResult("timeout")
             if call.reply_op == _proto.OP_BUSY:
                 return AcquireResult("busy")
+            if call.reply_op == _proto.OP_LIMIT_MISMATCH:
+                # Final: never retried with another limit.
+                return AcquireResult("limit_mismatch", limit=call.reply_limit)
             # The handover gate: a grant seen after D is not handed to a
             # caller who was promised an answer by D.
             if time.monotonic() > plan.gate:

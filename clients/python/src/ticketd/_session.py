@@ -19,7 +19,7 @@ elsewhere. Whoever writes it (the writer thread, or its lone caller) marks
 it *sent* before its bytes go to the socket, which is the conservative
 reading of "may have been sent": from then on it is never sent again (an
 Extend may be sent again as a new call, PROTOCOL §5.3; an Acquire or a Release
-never). Replies are matched, A/T/B by owner, R/N and E/X by token and key,
+never). Replies are matched, A/T/B/L by owner, R/N and E/X by token and key,
 in any order.
 
 One lock per session guards the queue, the tables and every call's phase,
@@ -80,12 +80,15 @@ class Call:
         "owner",
         "token",
         "lease_s",
+        "limit",
+        "mode",
         "plan",
         "phase",
         "written_at",
         "outcome",
         "reply_op",
         "reply_token",
+        "reply_limit",
         "cv",
         "on_done",
     )
@@ -99,6 +102,8 @@ class Call:
         owner: int = 0,
         token: int = 0,
         lease_s: int = 0,
+        limit: int = 0,
+        mode: int = 0,
     ) -> None:
         self.kind = kind
         self.key = key
@@ -106,12 +111,18 @@ class Call:
         self.owner = owner
         self.token = token
         self.lease_s = lease_s
+        #: An acquire with places (protocol 1.2): the key's limit and the
+        #: mode byte, sent as ``P``; 0 for a plain acquire, sent as ``A``.
+        self.limit = limit
+        self.mode = mode
         self.plan = plan
         self.phase = QUEUED
         self.written_at = 0.0
         self.outcome: str | None = None
         self.reply_op = 0
         self.reply_token = 0
+        #: The key's limit an ``L`` carried (protocol 1.2).
+        self.reply_limit = 0
         self.cv: threading.Condition | None = None
         #: Called (under the session lock) when the call ends, for a caller
         #: that does not wait in :meth:`Session.await_call`.
@@ -126,10 +137,11 @@ class Call:
             if self.on_done is not None:
                 self.on_done()
 
-    def _answer(self, op: int, token: int) -> None:
+    def _answer(self, op: int, token: int, limit: int = 0) -> None:
         if self.phase == SENT:
             self.reply_op = op
             self.reply_token = token
+            self.reply_limit = limit
             self._finish(ANSWERED)
 
 
@@ -464,7 +476,12 @@ class Session:
             call._finish(NOT_SENT)
             return None
         if call.kind == ACQUIRE:
-            frame = _proto.encode_acquire(wait_s, call.lease_s, call.owner, call.key)
+            if call.limit:
+                frame = _proto.encode_acquire_with_limit(
+                    wait_s, call.lease_s, call.owner, call.limit, call.mode, call.key
+                )
+            else:
+                frame = _proto.encode_acquire(wait_s, call.lease_s, call.owner, call.key)
             old = self._acquires.get(call.owner)
             if old is not None:
                 # Owners are fresh per call; should one ever repeat, the
@@ -609,7 +626,7 @@ class Session:
             self.replies_read_by_callers += 1
         else:
             self.replies_read_by_reader += 1
-        if r.op in (_proto.OP_ACQUIRE, _proto.OP_TIMEOUT, _proto.OP_BUSY):
+        if r.op in (_proto.OP_ACQUIRE, _proto.OP_TIMEOUT, _proto.OP_BUSY, _proto.OP_LIMIT_MISMATCH):
             owner = r.owner if r.op == _proto.OP_ACQUIRE else r.a
             call = self._acquires.pop(owner, None)
             if call is None:
@@ -621,7 +638,12 @@ class Session:
             if call.key_str != r.key:
                 call._finish(LOST)
                 return "reply key does not match the request"
-            call._answer(r.op, r.a)
+            if r.op == _proto.OP_LIMIT_MISMATCH and not call.limit:
+                # An L answers only an Acquire With Limit: a server that
+                # sends one for an A cannot be trusted with this call.
+                call._finish(LOST)
+                return "LimitMismatch reply to a plain acquire"
+            call._answer(r.op, r.a, r.limit)
             return None
         kind: str | None
         kind = RELEASE if r.op in (_proto.OP_RELEASE, _proto.OP_NOT_RELEASED) else EXTEND
