@@ -10,6 +10,7 @@ mod bind;
 mod close;
 mod members;
 mod node;
+mod permits;
 mod process;
 mod security;
 mod sim;
