@@ -55,35 +55,7 @@ fn permits_held_and_queued_survive_the_leaders_death() {
     let t2 = permit_now(&mut a, "pool", 2, 60).token();
     let t3 = permit_now(&mut b, "pool", 3, 2).token();
     assert!(t1 < t2 && t2 < t3, "{t1} {t2} {t3}");
-    // Another limit is answered with the key's, committed or not.
-    permit(&mut b, "pool", 4, 0, 30);
-    let mut v = Vec::new();
-    proto::encode_request(
-        &Request::AcquireWithLimit {
-            wait_s: 0,
-            lease_s: 30,
-            owner: 5,
-            limit: 7,
-            mode: Mode::Shared,
-            key: "pool",
-        },
-        &mut v,
-    );
-    b.send(&v);
-    assert_eq!(
-        b.recv_n(2),
-        [
-            Reply::Timeout {
-                owner: 4,
-                key: "pool".into()
-            },
-            Reply::LimitMismatch {
-                owner: 5,
-                limit: 3,
-                key: "pool".into()
-            }
-        ]
-    );
+    full_then_another_limit(&mut b);
     // A waiter queued through the other follower, then the leader dies.
     permit(&mut b, "pool", 6, 30, 60);
     std::thread::sleep(Duration::from_millis(300));
@@ -117,4 +89,37 @@ fn permits_held_and_queued_survive_the_leaders_death() {
     ));
     let t5 = permit_now(&mut a, "pool", 8, 30).token();
     assert!(t5 > t4, "{t4} {t5}");
+}
+
+/// On a full `pool` (limit 3): a `P` with no wait times out, and one with
+/// another limit is answered with the key's.
+fn full_then_another_limit(b: &mut Client) {
+    permit(b, "pool", 4, 0, 30);
+    let mut v = Vec::new();
+    proto::encode_request(
+        &Request::AcquireWithLimit {
+            wait_s: 0,
+            lease_s: 30,
+            owner: 5,
+            limit: 7,
+            mode: Mode::Shared,
+            key: "pool",
+        },
+        &mut v,
+    );
+    b.send(&v);
+    assert_eq!(
+        b.recv_n(2),
+        [
+            Reply::Timeout {
+                owner: 4,
+                key: "pool".into()
+            },
+            Reply::LimitMismatch {
+                owner: 5,
+                limit: 3,
+                key: "pool".into()
+            }
+        ]
+    );
 }
