@@ -50,8 +50,6 @@ const PENDING: &[&str] = &[
     "bench/src/gen.rs:on_reply",
     "bench/src/lib.rs",
     "bench/src/lib.rs:parse_args",
-    "src/server/mod.rs",
-    "src/server/mod.rs:handle_conn_input",
     "testkit/src/certs.rs:make",
     "testkit/src/checker/gather.rs:gather",
     "testkit/src/checker/properties.rs:check_answered",
