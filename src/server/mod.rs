@@ -42,6 +42,18 @@
 //! no progress for as long, close the connection. When `accept` fails for
 //! lack of file descriptors, accepting pauses briefly instead of spinning and
 //! resumes by itself.
+//!
+//! # Where the parts are
+//!
+//! * `bind`: [`Server::bind`], the listeners and the start-up lines.
+//! * `turn`: the poll's timeout and events, and the phases of a turn in
+//!   order, each in its own file: `accept`, `input` (one pass over a
+//!   connection's input is an `input::Dispatch`), `output` (delivering and
+//!   writing replies), `close` (closing and reaping), `timeouts` and
+//!   `shutdown`.
+//! * `conn` and `transport`: a connection's state machine and its stream;
+//!   `quota`, `identity`, `throttle` and `guess_pause`: the limits per
+//!   identity; `clock`, `stats` and `rlimit`: what they say.
 
 mod accept;
 pub mod admin;
