@@ -11,7 +11,7 @@
 //!         // and leave before ticket.expires_at().
 //!         let _r: Release = ticket.release()?;
 //!     }
-//!     Acquire::Timeout | Acquire::Busy => { /* definitive: not acquired */ }
+//!     Acquire::Timeout | Acquire::Busy | Acquire::LimitMismatch(_) => { /* definitive: not acquired */ }
 //!     Acquire::Indeterminate => { /* must not enter; the lease reclaims any grant */ }
 //! }
 //! # Ok::<(), ticketd::client::Error>(())
