@@ -8,14 +8,46 @@ use std::sync::Arc;
 use super::conns::WAITERS_CEILING;
 use super::tokens::try_take_token;
 use super::waiters::{Queue, Waiter, SHARED_BIT, WAITER_ID_LIMIT};
-use super::{quota, Acquire, AcquireOutcome, ConnId, Engine, Grant, Kind, Outbox, Slot};
+use super::{quota, Acquire, AcquireOutcome, ConnId, Engine, Grant, Kind, Outbox, Slot, WaiterId};
 use crate::hash::{KeyStr, StrEntry};
 use crate::proto::Reply;
 use crate::time::Millis;
 
+/// What an acquire of a mutex did at once: an [`AcquireOutcome`] other
+/// than `LimitMismatch`, which only an acquire with a limit is answered.
+///
+/// Every payload is a `u64`, so a call returns it in two registers; the
+/// `u16` of `LimitMismatch` makes an `AcquireOutcome` an aggregate that a
+/// call returns through memory (a pointer in the first argument register,
+/// one register fewer for the acquire's own work). The mutex path returns
+/// this up to [`Engine::acquire_tagged`], which widens it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum MutexOutcome {
+    /// [`AcquireOutcome::Granted`].
+    Granted(u64),
+    /// [`AcquireOutcome::Queued`].
+    Queued(WaiterId),
+    /// [`AcquireOutcome::Timeout`].
+    Timeout,
+    /// [`AcquireOutcome::Busy`].
+    Busy,
+}
+
+impl From<MutexOutcome> for AcquireOutcome {
+    #[inline(always)]
+    fn from(outcome: MutexOutcome) -> AcquireOutcome {
+        match outcome {
+            MutexOutcome::Granted(token) => AcquireOutcome::Granted(token),
+            MutexOutcome::Queued(id) => AcquireOutcome::Queued(id),
+            MutexOutcome::Timeout => AcquireOutcome::Timeout,
+            MutexOutcome::Busy => AcquireOutcome::Busy,
+        }
+    }
+}
+
 /// Answers an acquire Busy (a limit, a quota or the memory budget). Cold
 /// and out of line: refusals are rare, and one copy of the reply's
-/// encoding keeps [`Engine::acquire_tagged`] small enough for the
+/// encoding keeps [`Engine::acquire_mutex`] small enough for the
 /// compiler to inline what its hot path calls.
 #[cold]
 #[inline(never)]
@@ -25,12 +57,12 @@ pub(super) fn busy<T: Copy + Default>(
     owner: u64,
     key: &str,
     tag: T,
-) -> AcquireOutcome {
+) -> MutexOutcome {
     out.push_event(conn, Reply::Busy { owner, key }, 0, Grant::Fresh, tag);
-    AcquireOutcome::Busy
+    MutexOutcome::Busy
 }
 
-/// One acquire on its way through [`Engine::acquire_tagged`]: the request
+/// One acquire on its way through [`Engine::acquire_mutex`]: the request
 /// with its lease made at least 1 s, its tag, and what the engine made of
 /// it once, up front. Passed by reference to steps that are inlined, so it
 /// costs no copy.
@@ -57,7 +89,7 @@ pub(super) struct Ask<'a, T> {
 impl<T: Copy + Default> Ask<'_, T> {
     /// Answers this acquire Busy.
     #[inline(always)]
-    fn busy(&self, out: &mut Outbox<T>) -> AcquireOutcome {
+    fn busy(&self, out: &mut Outbox<T>) -> MutexOutcome {
         busy(out, self.conn, self.owner, self.key, self.tag)
     }
 
@@ -91,11 +123,7 @@ impl<T: Copy + Default> Engine<T> {
     /// [`Engine::acquire`] with the request's `tag`: the grant carries it
     /// ([`Engine::grant`]), and so does the waiter until it is granted;
     /// every event that answers this acquire reports it.
-    ///
-    /// One hash of the key decides among a fresh grant, a takeover and a
-    /// key held by someone else (`grant_or_find`); the last is answered
-    /// Timeout (`wait = 0`) or queued (`enqueue`).
-    #[cfg_attr(ticketd_profile, inline(never))]
+    #[inline]
     pub fn acquire_tagged(
         &mut self,
         now: Millis,
@@ -104,6 +132,23 @@ impl<T: Copy + Default> Engine<T> {
         tag: T,
         out: &mut Outbox<T>,
     ) -> AcquireOutcome {
+        self.acquire_mutex(now, conn, req, tag, out).into()
+    }
+
+    /// [`Engine::acquire_tagged`]'s work, answered as a [`MutexOutcome`].
+    ///
+    /// One hash of the key decides among a fresh grant, a takeover and a
+    /// key held by someone else (`grant_or_find`); the last is answered
+    /// Timeout (`wait = 0`) or queued (`enqueue`).
+    #[cfg_attr(ticketd_profile, inline(never))]
+    fn acquire_mutex(
+        &mut self,
+        now: Millis,
+        conn: ConnId,
+        req: Acquire<'_>,
+        tag: T,
+        out: &mut Outbox<T>,
+    ) -> MutexOutcome {
         let Acquire {
             key,
             owner,
@@ -133,7 +178,7 @@ impl<T: Copy + Default> Engine<T> {
         };
         if wait_s == 0 {
             out.push_event(conn, Reply::Timeout { owner, key }, 0, Grant::Fresh, tag);
-            return AcquireOutcome::Timeout;
+            return MutexOutcome::Timeout;
         }
         self.enqueue(&ask, holder_expiry, out)
     }
@@ -149,7 +194,7 @@ impl<T: Copy + Default> Engine<T> {
         &mut self,
         ask: &Ask<'_, T>,
         out: &mut Outbox<T>,
-    ) -> ControlFlow<AcquireOutcome, Millis> {
+    ) -> ControlFlow<MutexOutcome, Millis> {
         let full = self.no_room_for_mutex(ask.key);
         let in_grace = self.clocked && ask.now < self.grace_until;
         let key_cost = quota::key_cost(ask.key.len());
@@ -218,10 +263,24 @@ impl<T: Copy + Default> Engine<T> {
     /// reached (every permit of a key of limit 2 or more counts as a key),
     /// or `key` has such a limit, which an Acquire (limit 1) is answered
     /// Busy for (PROTOCOL §6.2).
+    ///
+    /// While no key has a limit of 2 or more (so no permit is held either)
+    /// it is the one comparison it was before protocol 1.2; the rest is
+    /// out of line.
     #[inline(always)]
     fn no_room_for_mutex(&self, key: &str) -> bool {
+        if self.permits.is_empty() {
+            return self.keys.len() >= self.limits.max_keys;
+        }
+        self.no_room_beside_permits(key)
+    }
+
+    /// [`Engine::no_room_for_mutex`] while the permit table holds keys.
+    #[cold]
+    #[inline(never)]
+    fn no_room_beside_permits(&self, key: &str) -> bool {
         self.keys.len() + self.permit_grants >= self.limits.max_keys
-            || (!self.permits.is_empty() && self.permits.contains_key(key))
+            || self.permits.contains_key(key)
     }
 
     /// Counts a key just registered to a restart grace's unknown holder
@@ -247,7 +306,7 @@ impl<T: Copy + Default> Engine<T> {
         token: u64,
         key_cost: u64,
         out: &mut Outbox<T>,
-    ) -> AcquireOutcome {
+    ) -> MutexOutcome {
         self.key_bytes += key_cost;
         if let Some(pass) = &mut self.sweep {
             pass.inserted = true;
@@ -267,7 +326,7 @@ impl<T: Copy + Default> Engine<T> {
             ask.lease_s,
             ask.tag,
         );
-        AcquireOutcome::Granted(token)
+        MutexOutcome::Granted(token)
     }
 
     /// Counts and answers a lazy takeover: the grant `old`, whose lease
@@ -281,7 +340,7 @@ impl<T: Copy + Default> Engine<T> {
         old: Slot<T>,
         token: u64,
         out: &mut Outbox<T>,
-    ) -> AcquireOutcome {
+    ) -> MutexOutcome {
         let key = ask.key;
         if old.token != 0 {
             out.push_expired(key, old.token);
@@ -299,7 +358,7 @@ impl<T: Copy + Default> Engine<T> {
         let owner = ask.owner;
         let reply = Reply::Acquired { token, owner, key };
         out.push_event(ask.conn, reply, ask.lease_s, Grant::Takeover, ask.tag);
-        AcquireOutcome::Granted(token)
+        MutexOutcome::Granted(token)
     }
 
     /// Queues the acquire behind the grant that ends at `holder_expiry`,
@@ -311,7 +370,7 @@ impl<T: Copy + Default> Engine<T> {
         ask: &Ask<'_, T>,
         holder_expiry: Millis,
         out: &mut Outbox<T>,
-    ) -> AcquireOutcome {
+    ) -> MutexOutcome {
         let key = ask.key;
         let queued = self.queues.get(key).map_or(0, |q| q.waiters.len());
         if queued >= self.limits.max_waiters_per_key
@@ -348,7 +407,7 @@ impl<T: Copy + Default> Engine<T> {
             self.set_timer(key, due);
         }
         self.waiters_total += 1;
-        AcquireOutcome::Queued(id)
+        MutexOutcome::Queued(id)
     }
 
     /// The queue's shared copy of `key`, its queue made (empty, without a

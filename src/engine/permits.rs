@@ -100,7 +100,7 @@ impl<T: Copy + Default> Engine<T> {
         }
         let lease_s = lease_s.max(1);
         if lease_s > self.max_lease_s {
-            return busy(out, conn, owner, key, tag);
+            return busy(out, conn, owner, key, tag).into();
         }
         match self.permits.get(key) {
             Some(set) if set.limit != limit => {
@@ -141,7 +141,7 @@ impl<T: Copy + Default> Engine<T> {
             .permits
             .get(key)
             .map_or(Millis::NEVER, PermitSet::earliest_end);
-        self.enqueue(&ask, first_end, out)
+        self.enqueue(&ask, first_end, out).into()
     }
 
     /// Answers an acquire LimitMismatch with the key's `limit`, counted.
@@ -218,14 +218,14 @@ impl<T: Copy + Default> Engine<T> {
         let key_cost = quota::key_cost(ask.key.len());
         if full || key_cost > ask.mem_room {
             self.stats.quotas.memory += u64::from(!full);
-            return busy(out, ask.conn, ask.owner, ask.key, ask.tag);
+            return busy(out, ask.conn, ask.owner, ask.key, ask.tag).into();
         }
         if !self
             .holders
             .try_add_key(ask.holder, self.limits.max_keys_per_holder)
         {
             self.refused_for_quota(ask.holder, false);
-            return busy(out, ask.conn, ask.owner, ask.key, ask.tag);
+            return busy(out, ask.conn, ask.owner, ask.key, ask.tag).into();
         }
         let Some(token) = try_take_token(
             &mut self.next_token,
@@ -233,7 +233,7 @@ impl<T: Copy + Default> Engine<T> {
             self.token_ceiling,
         ) else {
             self.holders.remove_key(ask.holder);
-            return busy(out, ask.conn, ask.owner, ask.key, ask.tag);
+            return busy(out, ask.conn, ask.owner, ask.key, ask.tag).into();
         };
         let permit = Permit {
             slot: Slot {
