@@ -10,7 +10,7 @@ help:
 	@echo "lint          cargo fmt --check and clippy -D warnings"
 	@echo "doc           cargo doc with warnings as errors"
 	@echo "bench         ticketd vs Redis vs the limit server vs etcd (BENCH_SECONDS=3 for a quick run)"
-	@echo "profile       callgrind of cycle at depth 16 (DEPTH=64), instructions per request by function"
+	@echo "profile       callgrind of cycle at depth 16 (DEPTH=64, PLACES=semaphore:8), instructions per request by function"
 	@echo "vendor-check  cargo vendor, then build offline from it (with and without default features)"
 	@echo "cross-check   aarch64 and armv7 builds from vendored sources, tests under qemu (Debian toolchain)"
 	@echo "cross-sizes   stripped release binary sizes per target and feature set"

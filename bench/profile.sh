@@ -9,7 +9,9 @@
 # under callgrind idle and then for PROFILE_REQUESTS (200,000) requests of
 # `cycle` over 50 connections, and prints each function's own instructions
 # (callees not included) of the loaded run less the idle one, divided by
-# the requests answered. Set PROFILE_BIN to profile another build instead
+# the requests answered. PLACES=semaphore:8 (or shared, exclusive) makes
+# every acquire a protocol 1.2 Acquire With Limit of those places (the
+# `--places` of ticket-bench). Set PROFILE_BIN to profile another build instead
 # (the shipped one: target/release/ticketd, where those functions are
 # inlined into `Server::turn`).
 set -euo pipefail
@@ -37,7 +39,7 @@ for n in 0 "$N"; do
     done
     if ((n > 0)); then
         "$BENCH" --backend ticketd --server "127.0.0.1:$PORT" --mode cycle --depth "$DEPTH" \
-            --connections 50 --requests "$n" --quiet --json >"$OUT/profile.json"
+            --connections 50 --requests "$n" ${PLACES:+--places "$PLACES"} --quiet --json >"$OUT/profile.json"
     else
         sleep 1
     fi
