@@ -391,6 +391,9 @@ pub struct Engine<T = ()> {
     permits: StrMap<KeyStr, PermitSet<T>>,
     /// The grants held in `permits`, all keys together.
     permit_grants: usize,
+    /// Grant vectors of deleted permit keys, for new ones (module
+    /// `permits`).
+    spare_grants: Vec<Vec<permits::Permit<T>>>,
     timers: BTreeMap<(Millis, u64), Arc<str>>,
     timer_seq: u64,
     next_token: u64,
@@ -491,6 +494,7 @@ impl<T: Copy + Default> Engine<T> {
             queues: StrMap::with_key(hash_key),
             permits: StrMap::with_key(hash_key),
             permit_grants: 0,
+            spare_grants: Vec::new(),
             timers: BTreeMap::new(),
             timer_seq: 0,
             next_token: first_token.max(1),

@@ -26,6 +26,25 @@ use crate::hash::KeyStr;
 use crate::proto::{Mode, Places, Reply};
 use crate::time::Millis;
 
+/// Grant vectors of deleted keys kept for new ones, at most (each of at
+/// most [`SPARE_GRANTS_CAPACITY`] grants: under 170 KB in all), so that a
+/// key of limit 2 or more taken and given back over and over does not
+/// allocate every time.
+const SPARE_GRANT_VECS: usize = 64;
+/// See [`SPARE_GRANT_VECS`].
+const SPARE_GRANTS_CAPACITY: usize = 64;
+
+/// Where an acquire with a limit stands on its key ([`Engine::place_for`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Found {
+    /// The key has no permits: registering it grants the acquire.
+    Absent,
+    /// A place is free and nobody waits before it.
+    Fits,
+    /// No place for it now: Timeout or queued.
+    Full,
+}
+
 /// The grants of a key registered with a limit of 2 or more.
 #[derive(Debug)]
 pub(super) struct PermitSet<T> {
@@ -73,6 +92,7 @@ impl<T: Copy + Default> Engine<T> {
     /// it fits and nobody waits before it, or answered Timeout (`wait =
     /// 0`) or queued, as a mutex's. `limit = 0` (rejected by the codec) is
     /// taken as 1.
+    // Long because it is the table of PROTOCOL §6.2, one row after another.
     pub fn acquire_with_limit(
         &mut self,
         now: Millis,
@@ -102,14 +122,20 @@ impl<T: Copy + Default> Engine<T> {
         if lease_s > self.max_lease_s {
             return busy(out, conn, owner, key, tag).into();
         }
-        match self.permits.get(key) {
+        let exclusive = mode == Mode::Exclusive;
+        // One look at the key decides, unless something of it is due
+        // (a lapsed permit, a wait run out): then it is settled first.
+        let found = match self.permits.get(key) {
             Some(set) if set.limit != limit => {
                 return self.limit_mismatch(out, conn, owner, set.limit, key, tag);
             }
-            Some(_) => self.settle_permits(now, key, out),
-            None => {}
-        }
-        let exclusive = mode == Mode::Exclusive;
+            Some(set) => self.place_for(now, key, set, exclusive),
+            None => Some(Found::Absent),
+        };
+        let mut found = match found {
+            Some(found) => found,
+            None => self.settled_place(now, key, exclusive, out),
+        };
         let ask = Ask {
             now,
             conn,
@@ -123,15 +149,12 @@ impl<T: Copy + Default> Engine<T> {
             mem_room: self.mem_limit.saturating_sub(self.memory_bytes()),
             shared: !exclusive,
         };
-        if self.clocked && now < self.grace_until && !self.permits.contains_key(key) {
+        if found == Found::Absent && self.clocked && now < self.grace_until {
             self.register_permits_in_grace(now, key, limit);
+            found = Found::Full;
         }
-        let fits = self
-            .permits
-            .get(key)
-            .is_none_or(|set| set.fits(exclusive) && !self.queues.contains_key(key));
-        if fits {
-            return self.grant_permit(&ask, limit, exclusive, out);
+        if found != Found::Full {
+            return self.grant_permit(&ask, (limit, found == Found::Absent), exclusive, out);
         }
         if wait_s == 0 {
             out.push_event(conn, Reply::Timeout { owner, key }, 0, Grant::Fresh, tag);
@@ -142,6 +165,50 @@ impl<T: Copy + Default> Engine<T> {
             .get(key)
             .map_or(Millis::NEVER, PermitSet::earliest_end);
         self.enqueue(&ask, first_end, out).into()
+    }
+
+    /// Where an acquire in this mode stands on `key`'s permits `set`, or
+    /// `None` when something of the key is due at `now` (a permit past
+    /// its lease, a wait run out, the tokens exhausted) and it must be
+    /// settled first. Nothing else can change what the queue's head is
+    /// owed, so without it the set is as the last change left it.
+    fn place_for(
+        &self,
+        now: Millis,
+        key: &str,
+        set: &PermitSet<T>,
+        exclusive: bool,
+    ) -> Option<Found> {
+        let queue = self.queues.get(key);
+        let overdue = queue.is_some_and(|q| q.timer_at <= now);
+        let due = self.clocked && (overdue || set.earliest_end() <= now);
+        if due || self.tokens_exhausted() {
+            return None;
+        }
+        Some(if queue.is_none() && set.fits(exclusive) {
+            Found::Fits
+        } else {
+            Found::Full
+        })
+    }
+
+    /// Settles `key` ([`Engine::settle_permits`]) and says where an
+    /// acquire in this mode stands on it then.
+    fn settled_place(
+        &mut self,
+        now: Millis,
+        key: &str,
+        exclusive: bool,
+        out: &mut Outbox<T>,
+    ) -> Found {
+        self.settle_permits(now, key, out);
+        self.permits.get(key).map_or(Found::Absent, |set| {
+            if set.fits(exclusive) && !self.queues.contains_key(key) {
+                Found::Fits
+            } else {
+                Found::Full
+            }
+        })
     }
 
     /// Answers an acquire LimitMismatch with the key's `limit`, counted.
@@ -205,12 +272,12 @@ impl<T: Copy + Default> Engine<T> {
     }
 
     /// Grants `ask` a new permit of its key (registered now with `limit`
-    /// if it is not), unless `max_keys`, the memory budget, the holder's
-    /// key quota or the token ceiling refuse it (Busy).
+    /// when `new`), unless `max_keys`, the memory budget, the holder's key
+    /// quota or the token ceiling refuse it (Busy).
     fn grant_permit(
         &mut self,
         ask: &Ask<'_, T>,
-        limit: u16,
+        (limit, new): (u16, bool),
         exclusive: bool,
         out: &mut Outbox<T>,
     ) -> AcquireOutcome {
@@ -245,17 +312,13 @@ impl<T: Copy + Default> Engine<T> {
             },
             exclusive,
         };
-        match self.permits.get_mut(ask.key) {
-            Some(set) => set.grants.push(permit),
-            None => {
-                self.permits.insert_new(
-                    KeyStr::new(ask.key),
-                    PermitSet {
-                        limit,
-                        grants: vec![permit],
-                    },
-                );
-            }
+        if new {
+            let mut grants = self.spare_grants.pop().unwrap_or_default();
+            grants.push(permit);
+            self.permits
+                .insert_new(KeyStr::new(ask.key), PermitSet { limit, grants });
+        } else if let Some(set) = self.permits.get_mut(ask.key) {
+            set.grants.push(permit);
         }
         self.permit_grants += 1;
         self.key_bytes += key_cost;
@@ -298,7 +361,7 @@ impl<T: Copy + Default> Engine<T> {
         self.reschedule(key);
         let emptied = self.permits.get(key).is_some_and(|s| s.grants.is_empty());
         if emptied && !self.queues.contains_key(key) {
-            self.permits.remove(key);
+            self.delete_permits(key);
         }
     }
 
@@ -401,6 +464,8 @@ impl<T: Copy + Default> Engine<T> {
             return Some(false);
         };
         let Permit { slot, .. } = set.grants.remove(pos);
+        let emptied = set.grants.is_empty();
+        let lapsed = self.clocked && set.earliest_end() <= now;
         self.permit_grants -= 1;
         self.key_bytes -= quota::key_cost(key.len());
         self.holders.remove_key(slot.holder);
@@ -408,9 +473,29 @@ impl<T: Copy + Default> Engine<T> {
             self.stats.hold_ms.observe(now.since(slot.granted_at));
             self.holds.end(slot.granted_at);
         }
-        out.push(conn, Reply::Released { token, key }, 0);
-        self.settle_permits(now, key, out);
+        out.push_reply(conn, Kind::Released, token, 0, key, 0, T::default());
+        if lapsed || self.queues.contains_key(key) {
+            // The freed place may be owed to the queue, or a lapsed permit
+            // ends now.
+            self.settle_permits(now, key, out);
+        } else if emptied {
+            self.delete_permits(key);
+        }
         Some(true)
+    }
+
+    /// Deletes `key`'s permits (none is left, nobody waits), keeping the
+    /// grant vector for the next key of limit 2 or more.
+    fn delete_permits(&mut self, key: &str) {
+        if let Some(set) = self.permits.remove(key) {
+            if self.spare_grants.len() < SPARE_GRANT_VECS
+                && set.grants.capacity() <= SPARE_GRANTS_CAPACITY
+            {
+                let mut grants = set.grants;
+                grants.clear();
+                self.spare_grants.push(grants);
+            }
+        }
     }
 
     /// The committed `Expire{key, token}` of a permit (cluster mode): ends
