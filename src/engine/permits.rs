@@ -20,6 +20,7 @@
 //! O(grants of the key), which is at most the key's limit.
 
 use super::acquire::{busy, Ask};
+use super::sweep::record_lapse;
 use super::tokens::try_take_token;
 use super::{quota, Acquire, AcquireOutcome, ConnId, Engine, Grant, Kind, Outbox, Slot};
 use crate::hash::KeyStr;
@@ -380,12 +381,7 @@ impl<T: Copy + Default> Engine<T> {
             }
             ended += 1;
             holders.remove_key(s.holder);
-            if s.token != 0 {
-                out.push_expired(key, s.token);
-                stats.lease_expiries += 1;
-                stats.hold_ms.observe(s.expires_at.since(s.granted_at));
-                holds.end(s.granted_at);
-            }
+            record_lapse(key, s, stats, holds, out);
             false
         });
         self.permit_grants -= ended;
@@ -576,12 +572,7 @@ impl<T: Copy + Default> Engine<T> {
                 ended += 1;
                 freed += quota::key_cost(key.len());
                 holders.remove_key(s.holder);
-                if s.token != 0 {
-                    out.push_expired(key, s.token);
-                    stats.lease_expiries += 1;
-                    stats.hold_ms.observe(s.expires_at.since(s.granted_at));
-                    holds.end(s.granted_at);
-                }
+                record_lapse(key, s, stats, holds, out);
                 false
             });
             !set.grants.is_empty()

@@ -1,6 +1,7 @@
 //! The sweep of expired keys without waiters, in steps over the key table.
 
-use super::{quota, Engine, Outbox};
+use super::{quota, Engine, EngineStats, Outbox, Slot};
+use crate::metrics::GrantAges;
 use crate::time::Millis;
 
 /// Buckets of the key table one `tick` visits while a sweep is under way,
@@ -10,6 +11,24 @@ use crate::time::Millis;
 pub const SWEEP_STEP_BUCKETS: usize = 16 * 1024;
 /// See [`SWEEP_STEP_BUCKETS`].
 pub const SWEEP_STEP_DELETES: usize = 1024;
+
+/// Records that the grant `s` of `key` ended with its lease (no reply):
+/// its event, the count, its hold time. The unknown holder of a restart
+/// grace (token 0) is no client's grant and records nothing.
+pub(super) fn record_lapse<T: Copy + Default>(
+    key: &str,
+    s: &Slot<T>,
+    stats: &mut EngineStats,
+    holds: &mut GrantAges,
+    out: &mut Outbox<T>,
+) {
+    if s.token != 0 {
+        out.push_expired(key, s.token);
+        stats.lease_expiries += 1;
+        stats.hold_ms.observe(s.expires_at.since(s.granted_at));
+        holds.end(s.granted_at);
+    }
+}
 
 /// A sweep that has visited the key table's buckets below `cursor`.
 #[derive(Debug, Clone, Copy)]
@@ -67,12 +86,7 @@ impl<T: Copy + Default> Engine<T> {
                 }
                 holders.remove_key(s.holder);
                 freed += quota::key_cost(k.len());
-                if s.token != 0 {
-                    out.push_expired(k, s.token);
-                    stats.lease_expiries += 1;
-                    stats.hold_ms.observe(s.expires_at.since(s.granted_at));
-                    holds.end(s.granted_at);
-                }
+                record_lapse(k, s, stats, holds, out);
                 false
             });
         self.key_bytes -= freed;
