@@ -304,13 +304,22 @@ impl<K: Borrow<str>, V> StrMap<K, V> {
         self.hasher.hash(key.as_bytes())
     }
 
-    /// The stored key and value for `key`.
+    /// The stored key and value for `key`. The test for an empty map is
+    /// always in line, so a lookup in a table that is empty (the queue
+    /// map while nobody waits, the mutex table while only permits are
+    /// held) costs no call.
     #[must_use]
-    #[inline]
+    #[inline(always)]
     pub fn get_key_value(&self, key: &str) -> Option<(&K, &V)> {
         if self.table.is_empty() {
             return None;
         }
+        self.find_key_value(key)
+    }
+
+    /// [`StrMap::get_key_value`] in a map that is not empty.
+    #[inline]
+    fn find_key_value(&self, key: &str) -> Option<(&K, &V)> {
         self.table
             .find(self.hash(key), |(k, _)| key_eq(k.borrow(), key))
             .map(|(k, v)| (k, v))
@@ -409,6 +418,54 @@ impl<K: Borrow<str>, V> StrMap<K, V> {
             .map(StrOccupied)
     }
 
+    /// Looks `key` up once: its hash, and its bucket if it is in the map.
+    /// [`StrMap::get_bucket`], [`StrMap::get_bucket_mut`] and
+    /// [`StrMap::insert_probed`] then reach the key without hashing it
+    /// again, so long as nothing is inserted into the map in between (an
+    /// insertion may move every entry; a removal moves none).
+    #[must_use]
+    #[inline(always)]
+    pub fn probe(&self, key: &str) -> Probe {
+        let hash = self.hash(key);
+        let bucket = if self.table.is_empty() {
+            None
+        } else {
+            self.table
+                .find_bucket_index(hash, |(k, _)| key_eq(k.borrow(), key))
+        };
+        Probe { hash, bucket }
+    }
+
+    /// The value in bucket `bucket` (from a [`Probe`]), if one is there.
+    #[must_use]
+    #[inline]
+    pub fn get_bucket(&self, bucket: usize) -> Option<&V> {
+        self.table.get_bucket(bucket).map(|(_, v)| v)
+    }
+
+    /// The value in bucket `bucket` (from a [`Probe`]), mutably.
+    #[must_use]
+    #[inline]
+    pub fn get_bucket_mut(&mut self, bucket: usize) -> Option<&mut V> {
+        self.table.get_bucket_mut(bucket).map(|(_, v)| v)
+    }
+
+    /// Inserts `key`, which `probe` found absent, with `value`: no second
+    /// hash of the key.
+    #[inline]
+    pub fn insert_probed(&mut self, probe: Probe, key: K, value: V) -> &mut V {
+        debug_assert!(probe.bucket.is_none());
+        debug_assert_eq!(probe.hash, self.hash(key.borrow()));
+        let hasher = &self.hasher;
+        let (_, v) = self
+            .table
+            .insert_unique(probe.hash, (key, value), |(k, _)| {
+                hasher.hash(k.borrow().as_bytes())
+            })
+            .into_mut();
+        v
+    }
+
     /// Keeps the entries for which `keep` returns true.
     pub fn retain(&mut self, mut keep: impl FnMut(&K, &mut V) -> bool) {
         self.table.retain(|(k, v)| keep(k, v));
@@ -470,6 +527,24 @@ impl<K: Borrow<str>, V> StrMap<K, V> {
     }
 }
 
+/// A key looked up in a [`StrMap`] ([`StrMap::probe`]): its hash and
+/// where it is, if it is there. Valid for that map until something is
+/// inserted into it.
+#[derive(Clone, Copy, Debug)]
+pub struct Probe {
+    hash: u64,
+    bucket: Option<usize>,
+}
+
+impl Probe {
+    /// The key's bucket, if the key was in the map.
+    #[must_use]
+    #[inline]
+    pub fn bucket(&self) -> Option<usize> {
+        self.bucket
+    }
+}
+
 /// A map entry from [`StrMap::entry`].
 pub enum StrEntry<'a, K, V> {
     /// The key is in the map.
@@ -486,6 +561,12 @@ impl<'a, K, V> StrOccupied<'a, K, V> {
     #[must_use]
     pub fn get(&self) -> &V {
         &self.0.get().1
+    }
+
+    /// The value, mutably.
+    #[must_use]
+    pub fn get_mut(&mut self) -> &mut V {
+        &mut self.0.get_mut().1
     }
 
     /// The value, for as long as the map was borrowed.
@@ -524,6 +605,32 @@ pub(crate) fn xorshift(state: &mut u64) -> u64 {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    /// A probe finds what `get` finds, reaches it by bucket, and inserts
+    /// an absent key where `get` then finds it, through growth of the
+    /// table; an empty table's probe finds nothing.
+    #[test]
+    fn a_probe_reaches_what_get_finds_and_inserts_what_it_missed() {
+        let mut m: StrMap<KeyStr, u32> = StrMap::with_key(SipKey::from_parts(3, 4));
+        assert!(m.probe("k0").bucket().is_none());
+        for i in 0..200u32 {
+            let key = format!("key-{i}-{}", "x".repeat(i as usize % 40));
+            let p = m.probe(&key);
+            assert!(p.bucket().is_none(), "{key} before its insert");
+            *m.insert_probed(p, KeyStr::new(&key), i) += 1_000;
+            let p = m.probe(&key);
+            let b = p.bucket().expect("found after its insert");
+            assert_eq!(m.get_bucket(b), Some(&(i + 1_000)));
+            *m.get_bucket_mut(b).unwrap() += 1;
+            assert_eq!(m.get(&key), Some(&(i + 1_001)));
+        }
+        for i in (0..200u32).step_by(3) {
+            let key = format!("key-{i}-{}", "x".repeat(i as usize % 40));
+            assert_eq!(m.remove(&key), Some(i + 1_001));
+            assert!(m.probe(&key).bucket().is_none());
+        }
+        assert_eq!(m.len(), 200 - 67);
+    }
 
     /// `key_eq` agrees with the slice comparison for every length up to
     /// 40 and a difference at every position, in both directions, and for

@@ -102,14 +102,16 @@
 //!   127 bytes each (the server caps connections, 10,000 by default). Each
 //!   key with waiters adds a queue (a shared copy of the key, ~60 bytes) and
 //!   its timer entries.
-//! * **Permit holder (protocol 1.2): 40 bytes** after the first, at
+//! * **Permit holder (protocol 1.2): 46 bytes** after the first, at
 //!   100,000 semaphores of 8 places with every place held (allocator;
-//!   42.3 by RSS): a grant is 40 bytes in its key's vector, which doubles
-//!   as it grows, so just past a power of two a holder costs up to 40
-//!   bytes more. A key with its first holder: 125 bytes (134 by RSS) at
-//!   that size, a table entry like a mutex's with a vector instead of the
-//!   slot. The memory budget counts every grant as a key (the estimate
-//!   below), so it errs high for the holders after the first.
+//!   49 by RSS): a key's first grant is kept in its table entry; a second
+//!   moves both into a vector of 40-byte grants (4 places, doubling as it
+//!   grows, so just past a power of two a holder costs up to 40 bytes
+//!   more). A key with its first holder: 106 bytes (108 by RSS) at that
+//!   size, a table entry like a mutex's with its grant in place of the
+//!   slot, and no allocation of its own. The memory budget counts every
+//!   grant as a key (the estimate below), so it errs high for the holders
+//!   after the first.
 //! * **Hot path:** an uncontended acquire + release of a fresh key hashes
 //!   the key twice (one table lookup each; the queue map is not hashed
 //!   while no key has waiters), each time in one pass of a randomly seeded
@@ -198,6 +200,7 @@ mod image_tests;
 mod invariants;
 mod leases;
 mod outbox;
+mod permit_set;
 mod permits;
 mod quota;
 mod release;
@@ -393,7 +396,7 @@ pub struct Engine<T = ()> {
     permit_grants: usize,
     /// Grant vectors of deleted permit keys, for new ones (module
     /// `permits`).
-    spare_grants: Vec<Vec<permits::Permit<T>>>,
+    spare_grants: Vec<Vec<permit_set::Permit<T>>>,
     timers: BTreeMap<(Millis, u64), Arc<str>>,
     timer_seq: u64,
     next_token: u64,

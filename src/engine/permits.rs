@@ -15,25 +15,18 @@
 //! are ended when the key's timer fires (a key with waiters), when an
 //! acquire or release of the key finds them, or by the sweep.
 //!
-//! Costs: a set is one table entry (the key and a vector); a grant is
-//! 40 bytes in the vector. Release and extend find a grant by token in
+//! Costs: a set is one table entry (the key, the limit and its grants:
+//! the first in place, more in a vector of 40 bytes a grant). Release and extend find a grant by token in
 //! O(grants of the key), which is at most the key's limit.
 
 use super::acquire::{busy, Ask};
+pub(super) use super::permit_set::{Grants, Permit, PermitSet};
 use super::sweep::record_lapse;
 use super::tokens::try_take_token;
 use super::{quota, Acquire, AcquireOutcome, ConnId, Engine, Grant, Kind, Outbox, Slot};
-use crate::hash::KeyStr;
+use crate::hash::{KeyStr, Probe};
 use crate::proto::{Mode, Places, Reply};
 use crate::time::Millis;
-
-/// Grant vectors of deleted keys kept for new ones, at most (each of at
-/// most [`SPARE_GRANTS_CAPACITY`] grants: under 170 KB in all), so that a
-/// key of limit 2 or more taken and given back over and over does not
-/// allocate every time.
-const SPARE_GRANT_VECS: usize = 64;
-/// See [`SPARE_GRANT_VECS`].
-const SPARE_GRANTS_CAPACITY: usize = 64;
 
 /// Where an acquire with a limit stands on its key ([`Engine::place_for`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,45 +39,6 @@ enum Found {
     Full,
 }
 
-/// The grants of a key registered with a limit of 2 or more.
-#[derive(Debug)]
-pub(super) struct PermitSet<T> {
-    /// How many grants the key admits at once (PROTOCOL §6.2).
-    pub(super) limit: u16,
-    /// The grants standing, oldest first. An exclusive grant is alone.
-    pub(super) grants: Vec<Permit<T>>,
-}
-
-/// One grant of a [`PermitSet`].
-#[derive(Debug)]
-pub(super) struct Permit<T> {
-    pub(super) slot: Slot<T>,
-    /// Taken in exclusive mode: no other grant stands beside it.
-    pub(super) exclusive: bool,
-}
-
-impl<T> PermitSet<T> {
-    /// Whether an acquire in this mode fits beside the grants standing
-    /// (the queue aside): exclusive when none stands, shared when no
-    /// exclusive grant does and a place is free.
-    pub(super) fn fits(&self, exclusive: bool) -> bool {
-        if exclusive {
-            return self.grants.is_empty();
-        }
-        self.grants.len() < usize::from(self.limit)
-            && !self.grants.first().is_some_and(|g| g.exclusive)
-    }
-
-    /// The earliest lease end among the grants (NEVER without grants).
-    pub(super) fn earliest_end(&self) -> Millis {
-        self.grants
-            .iter()
-            .map(|g| g.slot.expires_at)
-            .min()
-            .unwrap_or(Millis::NEVER)
-    }
-}
-
 impl<T: Copy + Default> Engine<T> {
     /// PROTOCOL §6.2: an acquire of one of `places.limit` places of `key`,
     /// in `places.mode`. With limit 1 it is [`Engine::acquire_tagged`] (a mutex),
@@ -94,6 +48,7 @@ impl<T: Copy + Default> Engine<T> {
     /// 0`) or queued, as a mutex's. `limit = 0` (rejected by the codec) is
     /// taken as 1.
     // Long because it is the table of PROTOCOL §6.2, one row after another.
+    #[inline(never)]
     pub fn acquire_with_limit(
         &mut self,
         now: Millis,
@@ -125,8 +80,11 @@ impl<T: Copy + Default> Engine<T> {
         }
         let exclusive = mode == Mode::Exclusive;
         // One look at the key decides, unless something of it is due
-        // (a lapsed permit, a wait run out): then it is settled first.
-        let found = match self.permits.get(key) {
+        // (a lapsed permit, a wait run out): then it is settled first,
+        // and looked up again.
+        let mut probe = self.permits.probe(key);
+        let set = probe.bucket().and_then(|b| self.permits.get_bucket(b));
+        let found = match set {
             Some(set) if set.limit != limit => {
                 return self.limit_mismatch(out, conn, owner, set.limit, key, tag);
             }
@@ -135,7 +93,11 @@ impl<T: Copy + Default> Engine<T> {
         };
         let mut found = match found {
             Some(found) => found,
-            None => self.settled_place(now, key, exclusive, out),
+            None => {
+                let found = self.settled_place(now, key, exclusive, out);
+                probe = self.permits.probe(key);
+                found
+            }
         };
         let ask = Ask {
             now,
@@ -155,15 +117,15 @@ impl<T: Copy + Default> Engine<T> {
             found = Found::Full;
         }
         if found != Found::Full {
-            return self.grant_permit(&ask, (limit, found == Found::Absent), exclusive, out);
+            return self.grant_permit(&ask, (limit, probe), exclusive, out);
         }
         if wait_s == 0 {
             out.push_event(conn, Reply::Timeout { owner, key }, 0, Grant::Fresh, tag);
             return AcquireOutcome::Timeout;
         }
-        let first_end = self
-            .permits
-            .get(key)
+        let first_end = probe
+            .bucket()
+            .and_then(|b| self.permits.get_bucket(b))
             .map_or(Millis::NEVER, PermitSet::earliest_end);
         self.enqueue(&ask, first_end, out).into()
     }
@@ -260,10 +222,10 @@ impl<T: Copy + Default> Engine<T> {
             KeyStr::new(key),
             PermitSet {
                 limit,
-                grants: vec![Permit {
+                grants: Grants::one(Permit {
                     slot,
                     exclusive: true,
-                }],
+                }),
             },
         );
         self.permit_grants += 1;
@@ -273,12 +235,12 @@ impl<T: Copy + Default> Engine<T> {
     }
 
     /// Grants `ask` a new permit of its key (registered now with `limit`
-    /// when `new`), unless `max_keys`, the memory budget, the holder's key
+    /// when `probe` found it absent), unless `max_keys`, the memory budget, the holder's key
     /// quota or the token ceiling refuse it (Busy).
     fn grant_permit(
         &mut self,
         ask: &Ask<'_, T>,
-        (limit, new): (u16, bool),
+        (limit, probe): (u16, Probe),
         exclusive: bool,
         out: &mut Outbox<T>,
     ) -> AcquireOutcome {
@@ -313,13 +275,13 @@ impl<T: Copy + Default> Engine<T> {
             },
             exclusive,
         };
-        if new {
-            let mut grants = self.spare_grants.pop().unwrap_or_default();
-            grants.push(permit);
-            self.permits
-                .insert_new(KeyStr::new(ask.key), PermitSet { limit, grants });
-        } else if let Some(set) = self.permits.get_mut(ask.key) {
-            set.grants.push(permit);
+        match probe.bucket().and_then(|b| self.permits.get_bucket_mut(b)) {
+            Some(set) => set.grants.push(permit, &mut self.spare_grants),
+            None => {
+                let grants = Grants::one(permit);
+                let set = PermitSet { limit, grants };
+                self.permits.insert_probed(probe, KeyStr::new(ask.key), set);
+            }
         }
         self.permit_grants += 1;
         self.key_bytes += key_cost;
@@ -416,16 +378,15 @@ impl<T: Copy + Default> Engine<T> {
         self.permit_grants += 1;
         self.key_bytes += quota::key_cost(key.len());
         if let Some(set) = self.permits.get_mut(key) {
-            set.grants.push(Permit {
-                slot: Slot {
-                    token,
-                    holder,
-                    expires_at,
-                    granted_at: now,
-                    tag: w.tag,
-                },
-                exclusive,
-            });
+            let slot = Slot {
+                token,
+                holder,
+                expires_at,
+                granted_at: now,
+                tag: w.tag,
+            };
+            set.grants
+                .push(Permit { slot, exclusive }, &mut self.spare_grants);
         }
         self.note_lease_end(expires_at);
         let reply = Reply::Acquired {
@@ -450,7 +411,10 @@ impl<T: Copy + Default> Engine<T> {
         out: &mut Outbox<T>,
     ) -> Option<bool> {
         let caller = self.caller;
-        let set = self.permits.get_mut(key)?;
+        // One lookup, as for a mutex: the entry is removed through it when
+        // the key is left empty with nobody waiting.
+        let mut o = self.permits.find_entry(key)?;
+        let set = o.get_mut();
         let found = set
             .grants
             .iter()
@@ -475,7 +439,8 @@ impl<T: Copy + Default> Engine<T> {
             // ends now.
             self.settle_permits(now, key, out);
         } else if emptied {
-            self.delete_permits(key);
+            let (_, set) = o.remove();
+            set.grants.recycle(&mut self.spare_grants);
         }
         Some(true)
     }
@@ -484,13 +449,7 @@ impl<T: Copy + Default> Engine<T> {
     /// grant vector for the next key of limit 2 or more.
     fn delete_permits(&mut self, key: &str) {
         if let Some(set) = self.permits.remove(key) {
-            if self.spare_grants.len() < SPARE_GRANT_VECS
-                && set.grants.capacity() <= SPARE_GRANTS_CAPACITY
-            {
-                let mut grants = set.grants;
-                grants.clear();
-                self.spare_grants.push(grants);
-            }
+            set.grants.recycle(&mut self.spare_grants);
         }
     }
 

@@ -22,48 +22,38 @@ impl<T: Copy + Default> Engine<T> {
             out.push(conn, Reply::NotReleased { token, key }, 0);
             return false;
         }
-        if let Some(o) = self.keys.find_entry(key) {
+        // One lookup of the key in the mutex table answers every case: a
+        // miss goes on to the permits, or is answered N.
+        let Some(o) = self.keys.find_entry(key) else {
+            if !self.permits.is_empty() {
+                if let Some(done) = self.release_permit(now, conn, token, key, out) {
+                    return done;
+                }
+            }
+            out.push(conn, Reply::NotReleased { token, key }, 0);
+            return false;
+        };
+        let slot = o.get();
+        if slot.token != token || !self.caller.may_act_on(slot.holder) {
+            out.push(conn, Reply::NotReleased { token, key }, 0);
+            return false;
+        }
+        let granted_at = slot.granted_at;
+        if self.clocked {
+            self.stats.hold_ms.observe(now.since(granted_at));
+            self.holds.end(granted_at);
+        }
+        if !self.queues.contains_key(key) {
             // The common case, a key nobody waits for, costs one hash of
             // the key (none for the queue map while no key has waiters).
-            let slot = o.get();
-            if slot.token == token
-                && self.caller.may_act_on(slot.holder)
-                && !self.queues.contains_key(key)
-            {
-                let (_, slot) = o.remove();
-                self.forget_key(key, slot.holder);
-                if self.clocked {
-                    self.stats.hold_ms.observe(now.since(slot.granted_at));
-                    self.holds.end(slot.granted_at);
-                }
-                out.push_reply(conn, Kind::Released, token, 0, key, 0, T::default());
-                return true;
-            }
+            let (_, slot) = o.remove();
+            self.forget_key(key, slot.holder);
+            out.push_reply(conn, Kind::Released, token, 0, key, 0, T::default());
+            return true;
         }
-        match self.keys.get(key) {
-            Some(slot) if slot.token == token && self.caller.may_act_on(slot.holder) => {
-                if self.clocked {
-                    self.stats.hold_ms.observe(now.since(slot.granted_at));
-                    self.holds.end(slot.granted_at);
-                }
-                out.push(conn, Reply::Released { token, key }, 0);
-                self.hand_over_or_delete(now, key, out);
-                true
-            }
-            Some(_) => {
-                out.push(conn, Reply::NotReleased { token, key }, 0);
-                false
-            }
-            None => {
-                if !self.permits.is_empty() {
-                    if let Some(done) = self.release_permit(now, conn, token, key, out) {
-                        return done;
-                    }
-                }
-                out.push(conn, Reply::NotReleased { token, key }, 0);
-                false
-            }
-        }
+        out.push(conn, Reply::Released { token, key }, 0);
+        self.hand_over_or_delete(now, key, out);
+        true
     }
 
     /// Ends the current grant of `key` if its token is `token`: the head

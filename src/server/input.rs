@@ -262,7 +262,7 @@ impl<'a, S: Service> Dispatch<'a, S> {
 
     /// Reads from `c` and hands over its requests as the identity
     /// `identities` hold for it, until it is drained or a bound is met.
-    #[inline]
+    #[inline(always)]
     fn run(
         &mut self,
         c: &mut Conn,
@@ -324,7 +324,7 @@ impl<'a, S: Service> Dispatch<'a, S> {
 
     /// Decodes the frames `c` has read and hands each to the service, until
     /// none is whole or the frame budget or the projected output is spent.
-    #[inline]
+    #[inline(always)]
     fn frames(&mut self, c: &mut Conn, ident: &mut Entry) -> Result<(), Held> {
         while self.budget > 0 && self.projected_out < self.soft {
             match decode_request(c.frame_bytes(), self.max_key_bytes) {
@@ -344,7 +344,7 @@ impl<'a, S: Service> Dispatch<'a, S> {
     /// a wrong-token answer made at once to the identity `ident`. Held back
     /// (not handed over) when the identity's guess budget has no room for a
     /// release or extend.
-    #[inline]
+    #[inline(always)]
     fn request(&mut self, frame: Request<'_>, ident: &mut Entry) -> Result<(), Held> {
         if !frame.is_acquire() {
             let Some(left) = self.room else {
