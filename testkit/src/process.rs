@@ -22,7 +22,7 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ticketd::proto::{self, Decoded, Request};
+use ticketd::proto::{self, Decoded, Places, Request};
 
 /// Path of the `ticketd` binary of this workspace (see [`workspace_bin`]),
 /// or `$TICKETD_BIN` when set.
@@ -509,6 +509,26 @@ pub fn acquire_frame(key: &str, owner: u64, wait_s: u8, lease_s: u8) -> Vec<u8> 
             wait_s,
             lease_s,
             owner,
+            key,
+        },
+        &mut v,
+    );
+    v
+}
+
+/// The bytes of an acquire with a limit (protocol 1.2): one of `places`
+/// of `key` (`places.limit` and `places.mode`).
+#[must_use]
+pub fn permit_frame(key: &str, owner: u64, places: Places, wait_s: u8, lease_s: u8) -> Vec<u8> {
+    let mut v = Vec::new();
+    let Places { limit, mode } = places;
+    proto::encode_request(
+        &Request::AcquireWithLimit {
+            wait_s,
+            lease_s,
+            owner,
+            limit,
+            mode,
             key,
         },
         &mut v,

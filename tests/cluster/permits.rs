@@ -8,22 +8,18 @@
 
 use std::time::{Duration, Instant};
 
-use ticketd::proto::{self, Mode, Request};
+use ticketd::proto::Places;
 use ticketd_testkit::cluster::Cluster;
-use ticketd_testkit::process::{Client, Reply};
+use ticketd_testkit::process::{permit_frame, Client, Reply};
 
 fn permit(c: &mut Client, key: &str, owner: u64, wait_s: u8, lease_s: u8) {
-    let mut v = Vec::new();
-    let req = Request::AcquireWithLimit {
+    c.send(&permit_frame(
+        key,
+        owner,
+        Places::semaphore(3),
         wait_s,
         lease_s,
-        owner,
-        limit: 3,
-        mode: Mode::Shared,
-        key,
-    };
-    proto::encode_request(&req, &mut v);
-    c.send(&v);
+    ));
 }
 
 /// A `P` with no wait, sent again while the cluster answers Busy (no
@@ -95,19 +91,7 @@ fn permits_held_and_queued_survive_the_leaders_death() {
 /// another limit is answered with the key's.
 fn full_then_another_limit(b: &mut Client) {
     permit(b, "pool", 4, 0, 30);
-    let mut v = Vec::new();
-    proto::encode_request(
-        &Request::AcquireWithLimit {
-            wait_s: 0,
-            lease_s: 30,
-            owner: 5,
-            limit: 7,
-            mode: Mode::Shared,
-            key: "pool",
-        },
-        &mut v,
-    );
-    b.send(&v);
+    b.send(&permit_frame("pool", 5, Places::semaphore(7), 0, 30));
     assert_eq!(
         b.recv_n(2),
         [

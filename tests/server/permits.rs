@@ -7,23 +7,13 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use ticketd::client::{Acquire, Client};
-use ticketd::proto::{self, Mode, Request};
+use ticketd::proto::{Mode, Places};
 use ticketd_testkit::process::{self as common, Reply, Ticketd};
 
 const S: Duration = Duration::from_secs(1);
 
 fn permit_frame(key: &str, owner: u64, limit: u16, mode: Mode, wait_s: u8) -> Vec<u8> {
-    let mut v = Vec::new();
-    let req = Request::AcquireWithLimit {
-        wait_s,
-        lease_s: 30,
-        owner,
-        limit,
-        mode,
-        key,
-    };
-    proto::encode_request(&req, &mut v);
-    v
+    common::permit_frame(key, owner, Places { limit, mode }, wait_s, 30)
 }
 
 fn ticket(server: &Ticketd, args: &[&str]) -> Command {
