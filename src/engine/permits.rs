@@ -425,7 +425,7 @@ impl<T: Copy + Default> Engine<T> {
         };
         let Permit { slot, .. } = set.grants.remove(pos);
         let emptied = set.grants.is_empty();
-        let lapsed = self.clocked && set.earliest_end() <= now;
+        let lapsed = !emptied && self.clocked && set.earliest_end() <= now;
         self.permit_grants -= 1;
         self.key_bytes -= quota::key_cost(key.len());
         self.holders.remove_key(slot.holder);
