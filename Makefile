@@ -16,7 +16,7 @@ help:
 	@echo "cross-sizes   stripped release binary sizes per target and feature set"
 	@echo "example       run examples/step_server (a server stepped turn by turn)"
 	@echo "example-test  run examples/deterministic_test (the in-memory harness, no sockets)"
-	@echo "sim           cluster simulation over SEEDS seeds from FIRST (make sim SEEDS=500)"
+	@echo "sim           cluster simulation over SEEDS seeds from FIRST (make sim SEEDS=500; PERMITS=1)"
 	@echo "bench-cluster 3-node cluster vs one etcd node and single mode, lock cycles/s (CLIENTS=50)"
 	@echo "sim-single    single-mode simulation over SEEDS fresh seeds (FIRST= to choose); part of sim"
 	@echo "clean         remove build output"
@@ -107,12 +107,14 @@ fuzz:
 .PHONY: engine-memory
 engine-memory:
 	$(CARGO) run --release --example engine_memory
-# Cluster simulation over many seeds: `make sim SEEDS=500 FIRST=1`.
+# Cluster simulation over many seeds: `make sim SEEDS=500 FIRST=1`;
+# PERMITS=1 makes two of its four keys a semaphore and a read/write lock.
 SEEDS ?= 100
 FIRST ?= 1
+PERMITS ?= 0
 .PHONY: sim
 sim: sim-single
-	SIM_SEEDS=$(SEEDS) SIM_FIRST=$(FIRST) $(CARGO) test --release --test cluster sim::many_seeds -- --nocapture
+	SIM_SEEDS=$(SEEDS) SIM_FIRST=$(FIRST) SIM_PERMITS=$(PERMITS) $(CARGO) test --release --test cluster sim::many_seeds -- --nocapture
 
 # Lock cycles/s of a 3-node cluster (fsync on) against one etcd node (driven
 # through its JSON gateway and through its own gRPC client, bench/etcd-native,

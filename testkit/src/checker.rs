@@ -6,8 +6,8 @@
 //! release was invoked, when sessions were closed. [`History::check`] then
 //! verifies, from the clients' point of view, the guarantees of PROTOCOL §2–§3:
 //!
-//! * **Mutual exclusion** ([`Property::MutualExclusion`]): per key, no two
-//!   grant intervals overlap. A grant's interval runs from the moment the
+//! * **Mutual exclusion** ([`Property::MutualExclusion`]): per key of
+//!   limit 1 (a mutex), no two grant intervals overlap. A grant's interval runs from the moment the
 //!   client received it to the earlier of its release (the moment the release
 //!   was invoked) and the client's conservative lease end (the moment the
 //!   acquire was invoked plus the lease, as the grant's extensions moved it:
@@ -15,6 +15,16 @@
 //!   invoked, if that is earlier, and set to it when its `E` comes back in
 //!   time; PROTOCOL §5.3). A client never uses a grant outside that interval, so
 //!   an overlap means two clients could act on one lock.
+//! * **Permits** (PROTOCOL §6.2), for keys acquired with a limit N of 2 or
+//!   more ([`History::acquire_with`]): at no instant more than N grant
+//!   intervals of the key overlap ([`Property::PermitCount`]); an exclusive
+//!   interval overlaps no other interval of its key, while shared ones may
+//!   overlap each other ([`Property::ExclusiveAlone`]); and a key has one
+//!   limit while it has grants: overlapping intervals were granted with the
+//!   same limit, and a LimitMismatch answer names the limit of a grant that
+//!   stood throughout the request, in a history without restarts
+//!   ([`Property::KeyLimit`]). A plain acquire
+//!   ([`History::acquire`]) is limit 1, exclusive.
 //! * **Token order** ([`Property::TokenOrder`]): fencing tokens are unique,
 //!   never 0, and if one grant was received before another acquire was even
 //!   invoked, the earlier grant's token is the smaller. This holds across
@@ -25,6 +35,12 @@
 //!   earlier one is still waiting: session open, wait not run out, and later
 //!   answered Timeout or granted a larger token. (An earlier acquire whose
 //!   answer never arrived may have been granted first, so it proves nothing.)
+//!   On a key of limit 2 or more there is no takeover (PROTOCOL §6.2: an
+//!   acquire fits only with nobody queued before it, and the queue's heads
+//!   are granted in order), so there an acquire granted without queueing,
+//!   invoked at least a millisecond (the server clock's resolution) after an
+//!   earlier one was queued, must not be granted while that one still waits
+//!   either.
 //! * **Answered once** ([`Property::AnsweredOnce`]): every acquire and
 //!   release is answered exactly once, or its session was closed after it was
 //!   invoked; nothing is answered on a closed session.
@@ -52,10 +68,21 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::time::Instant;
 
+pub use ticketd::proto::{Mode, Places};
+
+mod exclusion;
 mod gather;
 mod properties;
 
-use properties::{check_answered, check_exclusion, check_fifo, check_restarts, check_tokens};
+use exclusion::{check_exclusion, check_limit_answers};
+use properties::{check_answered, check_fifo, check_restarts, check_tokens};
+
+/// What a plain acquire (`A`) asks for: the key's one place (PROTOCOL §6.2:
+/// the same as `P` with limit 1).
+pub const MUTEX: Places = Places {
+    limit: 1,
+    mode: Mode::Exclusive,
+};
 
 /// Identifies one operation (an acquire or a release) in a history.
 pub type OpId = u64;
@@ -83,6 +110,12 @@ pub enum Outcome {
     Timeout,
     /// Not granted: `B`.
     Busy,
+    /// Not granted: `L`, the key is registered with this other limit
+    /// (PROTOCOL §6.2).
+    LimitMismatch {
+        /// The limit the answer carries.
+        limit: u16,
+    },
     /// The client gave up without an answer (PROTOCOL §3): it does not enter.
     Indeterminate,
 }
@@ -128,6 +161,8 @@ pub enum Event {
         wait_s: u8,
         /// The lease sent on the wire, in seconds.
         lease_s: u8,
+        /// The limit and mode asked for ([`MUTEX`] for a plain acquire).
+        places: Places,
         /// When, in microseconds.
         at_us: u64,
     },
@@ -223,8 +258,15 @@ pub enum Event {
 /// The property a history broke.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Property {
-    /// Two grant intervals on one key overlap.
+    /// Two grant intervals on one key of limit 1 overlap.
     MutualExclusion,
+    /// More grant intervals overlap on a key than its limit.
+    PermitCount,
+    /// An exclusive grant interval overlaps another of its key.
+    ExclusiveAlone,
+    /// Grants of different limits overlap on one key, or a LimitMismatch
+    /// answer names another limit than the grant standing on its key.
+    KeyLimit,
     /// Tokens are not unique, are 0, or are out of real-time order.
     TokenOrder,
     /// A queued acquire was passed over on the release path.
@@ -240,6 +282,9 @@ impl fmt::Display for Property {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Property::MutualExclusion => "mutual exclusion",
+            Property::PermitCount => "permit count",
+            Property::ExclusiveAlone => "exclusive grant alone",
+            Property::KeyLimit => "one limit per key",
             Property::TokenOrder => "token order",
             Property::Fifo => "FIFO hand-over",
             Property::AnsweredOnce => "answered exactly once",
@@ -278,6 +323,10 @@ pub struct Report {
     pub timeouts: usize,
     /// Acquires answered Busy.
     pub busy: usize,
+    /// Acquires answered LimitMismatch.
+    pub limit_mismatches: usize,
+    /// Acquires with a limit of 2 or more (semaphores, read/write locks).
+    pub permit_acquires: usize,
     /// Acquires that ended Indeterminate or unanswered on a closed session.
     pub indeterminate: usize,
     /// Releases invoked.
@@ -292,14 +341,16 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} acquires on {} keys: {} granted, {} late, {} timeout, {} busy, \
-             {} indeterminate ({} queued); {} releases",
+            "{} acquires on {} keys ({} with a limit): {} granted, {} late, {} timeout, \
+             {} busy, {} limit mismatch, {} indeterminate ({} queued); {} releases",
             self.acquires,
             self.keys,
+            self.permit_acquires,
             self.grants,
             self.late_grants,
             self.timeouts,
             self.busy,
+            self.limit_mismatches,
             self.indeterminate,
             self.queued,
             self.releases
@@ -352,6 +403,7 @@ struct AcqRec {
     key: String,
     wait_s: u8,
     lease_s: u8,
+    places: Places,
     invoked_us: u64,
     queued_us: Option<u64>,
     answer: Option<(Outcome, u64)>,
@@ -420,7 +472,8 @@ impl History {
         self.next_op = self.next_op.max(base + other.next_op);
     }
 
-    /// Records an acquire invocation and returns its operation id.
+    /// Records an acquire invocation (a plain `A`, a mutex) and returns
+    /// its operation id.
     #[allow(clippy::too_many_arguments)]
     pub fn acquire(
         &mut self,
@@ -432,6 +485,23 @@ impl History {
         lease_s: u8,
         at_us: u64,
     ) -> OpId {
+        self.acquire_with(client, session, key, owner, wait_s, lease_s, MUTEX, at_us)
+    }
+
+    /// Records the invocation of an acquire with a limit (`P`, PROTOCOL §6)
+    /// asking for `places`, and returns its operation id.
+    #[allow(clippy::too_many_arguments)]
+    pub fn acquire_with(
+        &mut self,
+        client: ClientId,
+        session: SessionId,
+        key: &str,
+        owner: u64,
+        wait_s: u8,
+        lease_s: u8,
+        places: Places,
+        at_us: u64,
+    ) -> OpId {
         let op = self.next_op;
         self.push(Event::Acquire {
             op,
@@ -441,6 +511,7 @@ impl History {
             owner,
             wait_s,
             lease_s,
+            places,
             at_us,
         });
         op
@@ -561,6 +632,7 @@ impl History {
         check_tokens(&acqs)?;
         check_restarts(&acqs, &restarts)?;
         check_exclusion(&acqs, &releases, &extensions, &restarts, margin_us)?;
+        check_limit_answers(&acqs, &releases, &extensions, &restarts, margin_us)?;
         check_fifo(&acqs, &closed)?;
         let mut report = Report {
             acquires: acqs.len(),
@@ -573,11 +645,13 @@ impl History {
         report.keys = keys.len();
         for a in acqs.values() {
             report.queued += usize::from(a.queued_us.is_some());
+            report.permit_acquires += usize::from(a.places.limit > 1);
             match a.answer {
                 Some((Outcome::Granted { .. }, _)) => report.grants += 1,
                 Some((Outcome::LateGrant { .. }, _)) => report.late_grants += 1,
                 Some((Outcome::Timeout, _)) => report.timeouts += 1,
                 Some((Outcome::Busy, _)) => report.busy += 1,
+                Some((Outcome::LimitMismatch { .. }, _)) => report.limit_mismatches += 1,
                 Some((Outcome::Indeterminate, _)) | None => report.indeterminate += 1,
             }
         }
@@ -620,6 +694,9 @@ impl ExtRec {
 
 /// Every extension per (key, token), in invocation order.
 type Extensions<'a> = HashMap<(&'a str, u64), Vec<ExtRec>>;
+
+#[cfg(test)]
+mod permit_tests;
 
 #[cfg(test)]
 mod tests {

@@ -641,9 +641,8 @@ fn outcome_of(r: &Acquire) -> Outcome {
     match r {
         Acquire::Acquired(t) => Outcome::Granted { token: t.token() },
         Acquire::Timeout => Outcome::Timeout,
-        // Both refuse for good, neither queued (a mutex acquire never
-        // meets a limit).
-        Acquire::Busy | Acquire::LimitMismatch(_) => Outcome::Busy,
+        Acquire::Busy => Outcome::Busy,
+        Acquire::LimitMismatch(limit) => Outcome::LimitMismatch { limit: *limit },
         Acquire::Indeterminate => Outcome::Indeterminate,
     }
 }
@@ -686,6 +685,7 @@ pub fn outcomes(attempts: &[Attempt], node: usize, from_us: u64, to_us: u64) -> 
                 Outcome::Granted { .. } | Outcome::LateGrant { .. } => "granted",
                 Outcome::Timeout => "timeout",
                 Outcome::Busy => "busy",
+                Outcome::LimitMismatch { .. } => "limit mismatch",
                 Outcome::Indeterminate => "indeterminate",
             };
             *m.entry(k).or_insert(0) += 1;

@@ -27,8 +27,18 @@
 //!   deadline plus 1 s grace, a late grant released and not used. Clients
 //!   crash and restart, and pause for longer than their leases.
 //!
+//! * **Keys**: besides the mutexes `k0`.. (plain `A`), most seeds have
+//!   keys of protocol 1.2 (`P`, PROTOCOL §6): a semaphore `s0` of 2 or 3
+//!   permits and a read/write lock `rw` whose clients take it shared or,
+//!   less often, exclusive. Now and then an acquire asks with the wrong
+//!   limit (a `P` of limit 2 on a mutex, another limit on a semaphore or
+//!   the read/write lock), to meet `L`, or to register the key with that
+//!   limit when it is free.
+//!
 //! Every run's history goes through `ticketd::checker` (mutual exclusion
-//! across restarts, since each has a grace; token order, FIFO hand-over, every request answered
+//! across restarts, since each has a grace; the permit count, exclusive
+//! grants alone and one limit per key on the permit keys; token order, FIFO
+//! hand-over, every request answered
 //! once), and the engine's `check_invariants()` runs after every server step.
 //! A failure names the seed; `SIM_SEED=N cargo test --test engine sim_single::` reruns
 //! it alone, and `make sim-single SEEDS=N` runs N fresh seeds (from a random
@@ -36,13 +46,14 @@
 
 use std::collections::BTreeMap;
 
-use crate::checker::{ExtendOutcome, History, OpId, Outcome, ReleaseOutcome, Report};
+use crate::checker::{ExtendOutcome, History, OpId, Outcome, ReleaseOutcome, Report, MUTEX};
 use crate::rng::SplitMix64;
 use ticketd::engine::{Acquire, AcquireOutcome, ConnId, Engine, Outbox};
 use ticketd::hash::SipKey;
 use ticketd::limits::EngineLimits;
 use ticketd::proto::{
-    decode_reply, decode_request, encode_reply, encode_request, Decoded, Reply, Request,
+    decode_reply, decode_request, encode_reply, encode_request, Decoded, Mode, Places, Reply,
+    Request,
 };
 use ticketd::time::Millis;
 
@@ -99,7 +110,12 @@ pub enum Bug {
 #[derive(Clone, Copy, Debug)]
 struct Config {
     clients: usize,
+    /// Mutex keys, `k0`...
     keys: usize,
+    /// The limit of the semaphore `s0`; 0 for none.
+    sem_limit: u16,
+    /// Whether the read/write lock `rw` is used.
+    rw: bool,
     /// Virtual time during which clients start new acquires.
     run_us: u64,
     /// Mean virtual time between injected faults; 0 = no faults.
@@ -119,6 +135,8 @@ impl Config {
                 1 => 8 * S,
                 _ => r.range(1, 4) * S,
             },
+            sem_limit: [0, 2, 3, 3][r.below(4) as usize],
+            rw: r.below(4) != 0,
             bug: None,
         }
     }
@@ -213,6 +231,8 @@ enum Phase {
 struct Pending {
     op: Option<OpId>,
     key: String,
+    /// [`MUTEX`] for a plain `A`, else what the `P` asks for.
+    places: Places,
     owner: u64,
     wait_s: u8,
     lease_s: u8,

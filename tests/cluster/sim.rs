@@ -6,7 +6,8 @@
 //! --release --test cluster sim::many_seeds -- --nocapture`); a failure
 //! prints its seed, and `SIM_FIRST=<seed> SIM_SEEDS=1` replays it. Even
 //! seeds run 3 nodes and odd seeds 5; `SIM_NODES=3` (or 5) runs every seed
-//! with that many.
+//! with that many, and `SIM_PERMITS=1` makes two of the four keys a
+//! semaphore and a read/write lock (PROTOCOL §6).
 #![cfg(feature = "cluster")]
 
 use std::collections::BTreeSet;
@@ -166,11 +167,14 @@ fn many_seeds() {
         .unwrap_or(100);
     // Even seeds run 3 nodes and odd seeds 5, unless SIM_NODES says.
     let fixed: Option<usize> = std::env::var("SIM_NODES").ok().and_then(|v| v.parse().ok());
+    let permits = std::env::var("SIM_PERMITS").is_ok_and(|v| v == "1");
     let started = Instant::now();
     let mut total = Totals::default();
     for seed in first..first + n {
         let nodes = fixed.unwrap_or(if seed % 2 == 0 { 3 } else { 5 });
-        let r = check(SimConfig::new(seed, nodes));
+        let mut cfg = SimConfig::new(seed, nodes);
+        cfg.permit_keys = permits;
+        let r = check(cfg);
         if n > 2 {
             println!("seed {seed} ({nodes} nodes): {r:?}");
         }
@@ -225,6 +229,25 @@ impl Totals {
              first lease; {unknown} X to extends of unknown tokens"
         );
     }
+}
+
+/// Two of the four keys a semaphore and a read/write lock (PROTOCOL §6),
+/// under every fault: the step checks count each key's holders against
+/// its limit and mode, and the history checker checks the permit
+/// properties on what the clients saw.
+#[test]
+fn permit_keys_under_faults() {
+    let (mut grants, mut mismatches) = (0, 0);
+    for seed in 1..=6 {
+        let mut cfg = SimConfig::new(seed, if seed % 2 == 0 { 3 } else { 5 });
+        cfg.permit_keys = true;
+        let r = check(cfg);
+        assert!(r.checked.permit_acquires > 20, "seed {seed}: {r:?}");
+        grants += r.permit_grants;
+        mismatches += r.limit_mismatches;
+    }
+    assert!(grants > 100, "{grants} permits granted");
+    assert!(mismatches > 0, "no LimitMismatch");
 }
 
 #[test]

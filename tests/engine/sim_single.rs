@@ -9,7 +9,7 @@
 use ticketd::engine::{Acquire, AcquireOutcome, Engine, Outbox};
 use ticketd::limits::EngineLimits;
 use ticketd::time::Millis;
-use ticketd_testkit::checker::{History, Report};
+use ticketd_testkit::checker::{Event, History, Mode, Places, Property, Report};
 use ticketd_testkit::single_sim::{run_seed, Bug, Stats, MS, S};
 
 /// Seeds of long runs that failed once, kept in the fixed set: 2846 had a
@@ -58,6 +58,8 @@ fn every_seed_passes_the_checker_under_faults() {
         total.late_grants += report.late_grants;
         total.timeouts += report.timeouts;
         total.busy += report.busy;
+        total.limit_mismatches += report.limit_mismatches;
+        total.permit_acquires += report.permit_acquires;
         total.indeterminate += report.indeterminate;
         total.queued += report.queued;
         total.releases += report.releases;
@@ -94,6 +96,9 @@ fn every_seed_passes_the_checker_under_faults() {
         assert!(total.grants > 100, "too few grants: {total}");
         assert!(total.queued > 20, "too few queued acquires: {total}");
         assert!(total.timeouts > 0 && total.indeterminate > 0, "{total}");
+        // Protocol 1.2: semaphores and read/write locks, and `L`.
+        assert!(total.permit_acquires > 100, "too few permits: {total}");
+        assert!(total.limit_mismatches > 0, "no LimitMismatch: {total}");
         assert!(
             stats.server_crashes > 0 && stats.server_pauses > 0,
             "{stats:?}"
@@ -206,6 +211,19 @@ fn caught(bug: Bug) -> String {
     panic!("{bug:?} went unnoticed over 200 seeds");
 }
 
+/// Runs seeds with a deliberate server bug until the checker reports it as
+/// a violation of `property` (the first seed of each may report another).
+fn caught_as(bug: Bug, property: &str) -> String {
+    for seed in 1..=200 {
+        if let (Err(e), _, _) = run_seed(seed, Some(bug)) {
+            if e.starts_with(&format!("{property} violated")) {
+                return e;
+            }
+        }
+    }
+    panic!("{bug:?} never broke {property} over 200 seeds");
+}
+
 #[test]
 fn a_server_that_restarts_tokens_at_one_is_caught() {
     let e = caught(Bug::TokensRestartAtOne);
@@ -213,11 +231,22 @@ fn a_server_that_restarts_tokens_at_one_is_caught() {
 }
 
 /// Exclusion is checked across restarts with a grace; a server that frees
-/// every key at a restart (`--restart-grace off`) gives two holders.
+/// every key at a restart (`--restart-grace off`) gives two holders of a
+/// mutex, one permit too many on a semaphore, or a writer beside a reader.
 #[test]
 fn a_server_that_restarts_without_a_grace_is_caught() {
     let e = caught(Bug::NoRestartGrace);
-    assert!(e.starts_with("mutual exclusion violated"), "{e}");
+    let exclusion = ["mutual exclusion", "permit count", "exclusive grant alone"];
+    assert!(
+        exclusion
+            .iter()
+            .any(|p| e.starts_with(&format!("{p} violated"))),
+        "{e}"
+    );
+    caught_as(Bug::NoRestartGrace, "mutual exclusion");
+    let e = caught_as(Bug::NoRestartGrace, "permit count");
+    assert!(e.contains("key \"s0\""), "{e}");
+    caught_as(Bug::NoRestartGrace, "exclusive grant alone");
 }
 
 #[test]
@@ -232,6 +261,54 @@ fn a_server_that_releases_on_disconnect_is_caught() {
 fn a_server_that_ignores_extends_is_caught() {
     let e = caught(Bug::ExtendIgnored);
     assert!(e.starts_with("mutual exclusion violated"), "{e}");
+}
+
+/// `h` with every acquire of `key` that asked `from` recorded as asking `to`.
+fn asked_instead(h: &History, key: &str, from: Places, to: Places) -> History {
+    let mut out = History::new();
+    for e in h.events() {
+        let mut e = e.clone();
+        if let Event::Acquire { key: k, places, .. } = &mut e {
+            if k == key && *places == from {
+                *places = to;
+            }
+        }
+        out.push(e);
+    }
+    out
+}
+
+/// The permit checks bite on real runs: where a semaphore of 3 had three
+/// holders at once, the same history claimed for a semaphore of 2 fails
+/// the permit count; where readers of the read/write lock overlapped, the
+/// same history with every reader a writer fails the exclusive check.
+#[test]
+fn real_runs_recorded_with_fewer_places_fail_the_permit_checks() {
+    let (mut count, mut alone) = (None, None);
+    for seed in 1..=20 {
+        let (result, _, h) = run_seed(seed, None);
+        result.unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        let fewer = asked_instead(&h, "s0", Places::semaphore(3), Places::semaphore(2));
+        if let Err(v) = fewer.check() {
+            if v.property == Property::PermitCount {
+                assert!(v.message.contains("key \"s0\" (limit 2): 3 grants"), "{v}");
+                count.get_or_insert(seed);
+            }
+        }
+        let writer = Places {
+            limit: Places::READ_WRITE_LIMIT,
+            mode: Mode::Exclusive,
+        };
+        let writers = asked_instead(&h, "rw", Places::shared(), writer);
+        if let Err(v) = writers.check() {
+            if v.property == Property::ExclusiveAlone {
+                assert!(v.message.contains("key \"rw\""), "{v}");
+                alone.get_or_insert(seed);
+            }
+        }
+    }
+    assert!(count.is_some(), "no run had a semaphore of 3 full");
+    assert!(alone.is_some(), "no run had two readers at once");
 }
 
 /// PROTOCOL §3: a client's conservative expiry is the time it wrote the request

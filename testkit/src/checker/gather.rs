@@ -142,6 +142,7 @@ impl History {
                     key,
                     wait_s,
                     lease_s,
+                    places,
                     at_us,
                     ..
                 } => {
@@ -152,6 +153,7 @@ impl History {
                         key: key.clone(),
                         wait_s: *wait_s,
                         lease_s: *lease_s,
+                        places: *places,
                         invoked_us: *at_us,
                         queued_us: None,
                         answer: None,

@@ -189,185 +189,92 @@ pub(super) fn check_restarts(
     Ok(())
 }
 
-/// The conservative lease end of a grant invoked at `invoked_us` for
-/// `lease_s`, as its extensions move it (PROTOCOL §5.3), walked in time order:
-///
-/// * an extension invoked before the end lowers it at once to its own
-///   invocation plus its lease if that is earlier: a shorter lease may take
-///   effect on the server before any answer comes back;
-/// * an `E` answered before the end sets it to that extension's invocation
-///   plus its lease, but no later than the same bound of every other
-///   extension that may still apply after it (invoked before that answer,
-///   and not answered before this one was invoked, nor refused);
-/// * a late `E`, an `X` or no answer moves nothing else.
-pub(super) fn lease_end_us(invoked_us: u64, lease_s: u8, exts: &[ExtRec]) -> u64 {
-    let mut end = invoked_us.saturating_add(u64::from(lease_s.max(1)) * 1_000_000);
-    // (time, is an answer, index): invocations before answers at one time.
-    let mut steps: Vec<(u64, bool, usize)> = Vec::new();
-    for (i, x) in exts.iter().enumerate() {
-        steps.push((x.invoked_us, false, i));
-        if let Some((ExtendOutcome::Extended, at)) = x.answer {
-            steps.push((at, true, i));
-        }
-    }
-    steps.sort_unstable();
-    for (at, is_answer, i) in steps {
-        if at >= end {
-            continue;
-        }
-        let x = &exts[i];
-        if !is_answer {
-            end = end.min(x.ends_us());
-            continue;
-        }
-        let mut new_end = x.ends_us();
-        for (j, y) in exts.iter().enumerate() {
-            let settled_before = y.answer.is_some_and(|(_, ans)| ans < x.invoked_us);
-            if j != i && y.invoked_us <= at && !settled_before && y.may_apply() {
-                new_end = new_end.min(y.ends_us());
-            }
-        }
-        end = new_end;
-    }
-    end
-}
-
-/// The interval during which a client may act on a grant: from receipt to
-/// the earlier of its first release and its conservative lease end as its
-/// extensions moved it ([`lease_end_us`]).
-pub(super) fn interval(
-    a: &AcqRec,
-    rels: &HashMap<(&str, u64), u64>,
-    exts: &Extensions<'_>,
-    margin_us: u64,
-) -> Option<(u64, u64, u64)> {
-    let (Outcome::Granted { token }, received_us) = a.answer? else {
-        return None;
-    };
-    let grant_exts = exts
-        .get(&(a.key.as_str(), token))
-        .map_or(&[][..], Vec::as_slice);
-    let lease_end = lease_end_us(a.invoked_us, a.lease_s, grant_exts).saturating_sub(margin_us);
-    let end = rels
-        .get(&(a.key.as_str(), token))
-        .map_or(lease_end, |&r| r.min(lease_end));
-    Some((received_us, end, token))
-}
-
-/// A grant's interval: start, end (exclusive), token, and its acquire.
-type Interval<'a> = (u64, u64, u64, &'a AcqRec);
-
-/// Per key and server incarnation, no two grant intervals overlap.
-pub(super) fn check_exclusion(
-    acqs: &BTreeMap<OpId, AcqRec>,
-    releases: &BTreeMap<OpId, RelRec>,
-    exts: &Extensions<'_>,
-    restarts: &[(u64, u64, bool)],
-    margin_us: u64,
-) -> Result<(), Violation> {
-    // Which incarnation issued a token: tokens only grow across restarts
-    // (checked by check_restarts), so it is the number of restarts whose
-    // first token is at or below it. A restart with a grace does not begin
-    // a new one for this check: it kept exclusion across it.
-    let incarnation = |token: u64| restarts.iter().filter(|r| !r.2 && r.1 <= token).count();
-    // The earliest release of each (key, token), whoever sent it.
-    let mut first_release: HashMap<(&str, u64), u64> = HashMap::new();
-    for r in releases.values() {
-        let t = first_release
-            .entry((r.key.as_str(), r.token))
-            .or_insert(r.invoked_us);
-        *t = (*t).min(r.invoked_us);
-    }
-    let mut per_key: HashMap<(&str, usize), Vec<Interval<'_>>> = HashMap::new();
-    for a in acqs.values() {
-        if let Some((start, end, token)) = interval(a, &first_release, exts, margin_us) {
-            if start < end {
-                per_key
-                    .entry((a.key.as_str(), incarnation(token)))
-                    .or_default()
-                    .push((start, end, token, a));
-            }
-        }
-    }
-    let mut keys: Vec<_> = per_key.into_iter().collect();
-    keys.sort_by(|x, y| x.0.cmp(&y.0));
-    for ((key, _), mut ivs) in keys {
-        ivs.sort_by_key(|iv| (iv.0, iv.1));
-        let mut widest: Option<&Interval<'_>> = None;
-        for iv in &ivs {
-            if let Some(w) = widest {
-                if iv.0 < w.1 {
-                    return Err(violation(
-                        Property::MutualExclusion,
-                        format!(
-                            "key {key:?}: token {} held by client {} during [{}us, {}us) \
-                             overlaps token {} held by client {} during [{}us, {}us)",
-                            w.2, w.3.client, w.0, w.1, iv.2, iv.3.client, iv.0, iv.1
-                        ),
-                    ));
-                }
-            }
-            if widest.is_none_or(|w| iv.1 > w.1) {
-                widest = Some(iv);
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Among acquires queued on one key, a later one is never granted while an
-/// earlier one is still waiting.
+/// earlier one is still waiting; on a key of limit 2 or more (no takeover,
+/// PROTOCOL §6.2) neither is one granted without queueing.
 pub(super) fn check_fifo(
     acqs: &BTreeMap<OpId, AcqRec>,
     closed: &HashMap<SessionId, u64>,
 ) -> Result<(), Violation> {
     let mut per_key: HashMap<&str, Vec<&AcqRec>> = HashMap::new();
-    for a in acqs.values().filter(|a| a.queued_us.is_some()) {
-        per_key.entry(a.key.as_str()).or_default().push(a);
+    let mut unqueued: HashMap<&str, Vec<&AcqRec>> = HashMap::new();
+    for a in acqs.values() {
+        if a.queued_us.is_some() {
+            per_key.entry(a.key.as_str()).or_default().push(a);
+        } else if a.places.limit > 1 && a.token().is_some() {
+            unqueued.entry(a.key.as_str()).or_default().push(a);
+        }
     }
     let mut keys: Vec<_> = per_key.into_iter().collect();
     keys.sort_by(|x, y| x.0.cmp(y.0));
     for (key, mut queue) in keys {
         queue.sort_by_key(|a| (a.queued_us, a.op));
         for (j, later) in queue.iter().enumerate() {
-            let (Some(later_token), Some((_, granted_us))) = (later.token(), later.answer) else {
-                continue;
-            };
             let later_q = later.queued_us.unwrap_or(0);
-            for earlier in &queue[..j] {
-                let q = earlier.queued_us.unwrap_or(0);
-                if q >= later_q {
-                    continue; // queued at the same moment: no order to keep
-                }
-                let wait_end = q.saturating_add(u64::from(earlier.wait_s) * 1_000_000);
-                // Only an earlier acquire known not to have been served first
-                // counts: one that never saw its answer may have been granted
-                // (its client paused or gone) and lost the grant to its lease.
-                let passed_over = match earlier.answer {
-                    Some((Outcome::Timeout | Outcome::Busy, at)) => at > granted_us,
-                    Some((Outcome::Granted { token } | Outcome::LateGrant { token }, _)) => {
-                        token > later_token
-                    }
-                    Some((Outcome::Indeterminate, _)) | None => false,
-                };
-                let still_waiting = passed_over
-                    && wait_end > granted_us
-                    && closed.get(&earlier.session).is_none_or(|&c| c > granted_us);
-                if still_waiting {
-                    return Err(violation(
-                        Property::Fifo,
-                        format!(
-                            "key {key:?}: {} (queued at {}us) was granted token {later_token} at \
-                             {granted_us}us while {} (queued at {q}us, waiting until \
-                             {wait_end}us) was still waiting; it got {:?}",
-                            later.describe(),
-                            later_q,
-                            earlier.describe(),
-                            earlier.answer.map(|(o, _)| o)
-                        ),
-                    ));
-                }
+            // Queued at the same moment: no order to keep.
+            let before = queue[..j]
+                .iter()
+                .filter(|e| e.queued_us.unwrap_or(0) < later_q);
+            check_not_passed(key, later, "queued", later_q, before, closed)?;
+        }
+        for later in unqueued.get(key).map_or(&[][..], Vec::as_slice) {
+            // Queued a server clock tick (a millisecond) before the later
+            // one was even sent: the server had it in the queue first.
+            let before = queue.iter().filter(|e| {
+                e.places.limit > 1 && e.queued_us.unwrap_or(0) + 1_000 <= later.invoked_us
+            });
+            let invoked = later.invoked_us;
+            check_not_passed(key, later, "not queued, invoked", invoked, before, closed)?;
+        }
+    }
+    Ok(())
+}
+
+/// Fails when acquire `later` (on `key`, `what` at `since_us`) was granted
+/// while one of the queued acquires `before` it was still waiting: session
+/// open, wait not run out, and later answered Timeout, Busy or
+/// LimitMismatch, or granted a larger token.
+fn check_not_passed<'a>(
+    key: &str,
+    later: &AcqRec,
+    what: &str,
+    since_us: u64,
+    before: impl Iterator<Item = &'a &'a AcqRec>,
+    closed: &HashMap<SessionId, u64>,
+) -> Result<(), Violation> {
+    let (Some(later_token), Some((_, granted_us))) = (later.token(), later.answer) else {
+        return Ok(());
+    };
+    for earlier in before {
+        let q = earlier.queued_us.unwrap_or(0);
+        let wait_end = q.saturating_add(u64::from(earlier.wait_s) * 1_000_000);
+        // Only an earlier acquire known not to have been served first
+        // counts: one that never saw its answer may have been granted
+        // (its client paused or gone) and lost the grant to its lease.
+        let passed_over = match earlier.answer {
+            Some((Outcome::Timeout | Outcome::Busy | Outcome::LimitMismatch { .. }, at)) => {
+                at > granted_us
             }
+            Some((Outcome::Granted { token } | Outcome::LateGrant { token }, _)) => {
+                token > later_token
+            }
+            Some((Outcome::Indeterminate, _)) | None => false,
+        };
+        let still_waiting = passed_over
+            && wait_end > granted_us
+            && closed.get(&earlier.session).is_none_or(|&c| c > granted_us);
+        if still_waiting {
+            return Err(violation(
+                Property::Fifo,
+                format!(
+                    "key {key:?}: {} ({what} at {since_us}us) was granted token {later_token} \
+                     at {granted_us}us while {} (queued at {q}us, waiting until \
+                     {wait_end}us) was still waiting; it got {:?}",
+                    later.describe(),
+                    earlier.describe(),
+                    earlier.answer.map(|(o, _)| o)
+                ),
+            ));
         }
     }
     Ok(())

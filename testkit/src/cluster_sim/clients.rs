@@ -148,10 +148,45 @@ impl Sim {
         self.write_extend(c, key, token, lease_s)
     }
 
+    /// What client `c` asks of key number `key`: a plain acquire of a
+    /// mutex (without [`SimConfig::permit_keys`], always, drawing nothing);
+    /// with it, on the first keys, a mutex or, one time in 40, a `P` of
+    /// limit 2, and a permit of the semaphore
+    /// (the last key but one, of 2 or 3 by seed) or the read/write lock
+    /// (the last key), shared or, one time in four, exclusive, one time in
+    /// 40 with the wrong limit.
+    fn pick_places(&mut self, key: usize) -> Places {
+        let keys = self.cfg.keys;
+        if !self.cfg.permit_keys {
+            // Protocol 1.1 only, every draw as it always was.
+            return crate::checker::MUTEX;
+        }
+        let wrong = self.rng.chance(0.025);
+        if keys < 3 || key < keys - 2 {
+            return if wrong {
+                Places::semaphore(2)
+            } else {
+                crate::checker::MUTEX
+            };
+        }
+        if key == keys - 2 {
+            let limit = 2 + (self.cfg.seed % 2) as u16;
+            return Places::semaphore(if wrong { limit + 1 } else { limit });
+        }
+        let mode = if self.rng.chance(0.25) {
+            Mode::Exclusive
+        } else {
+            Mode::Shared
+        };
+        let limit = if wrong { 4 } else { Places::READ_WRITE_LIMIT };
+        Places { limit, mode }
+    }
+
     /// Client `c` sends an acquire of a random key, with a random wait and
     /// lease, as a new owner.
     fn start_acquire(&mut self, c: usize) -> Result<(), String> {
         let key = self.rng.range(0, self.cfg.keys as u64) as usize;
+        let places = self.pick_places(key);
         let wait_s = [0u8, 1, 2, 4][self.rng.range(0, 4) as usize];
         let lease_s = [1u8, 2, 3][self.rng.range(0, 3) as usize];
         let owner = self.next_owner;
@@ -159,6 +194,7 @@ impl Sim {
         self.clients[c].state = ClientState::Acquiring {
             owner,
             key,
+            places,
             sent: self.now,
             lease_s,
             give_up: self.now.add_secs(u64::from(wait_s) + 8),
@@ -166,25 +202,35 @@ impl Sim {
         self.clients[c].next_at = Millis::NEVER;
         let k = format!("key{key}");
         // Recorded before the request: the answer may come at once.
-        let op = self.history.acquire(
+        let op = self.history.acquire_with(
             c as u64,
             self.clients[c].conn,
             &k,
             owner,
             wait_s,
             lease_s,
+            places,
             us(self.now),
         );
         self.clients[c].op = Some(op);
-        self.request(
-            c,
+        let request = if places == crate::checker::MUTEX {
             Request::Acquire {
                 wait_s,
                 lease_s,
                 owner,
                 key: &k,
-            },
-        )
+            }
+        } else {
+            Request::AcquireWithLimit {
+                wait_s,
+                lease_s,
+                owner,
+                limit: places.limit,
+                mode: places.mode,
+                key: &k,
+            }
+        };
+        self.request(c, request)
     }
 
     /// Client `c`'s extend got no answer in time: it gives this attempt up

@@ -57,6 +57,7 @@ impl Sim {
                 &ClientState::Acquiring {
                     owner,
                     key: k,
+                    places,
                     sent,
                     lease_s,
                     ..
@@ -64,7 +65,10 @@ impl Sim {
                 &Reply::Acquired {
                     token, owner: o, ..
                 },
-            ) if o == owner => self.on_granted(c, k, token, sent, lease_s, idle_after)?,
+            ) if o == owner => {
+                let asked = (places, sent, lease_s);
+                self.on_granted(c, k, token, asked, idle_after)?;
+            }
             (&ClientState::Acquiring { owner, .. }, &Reply::Timeout { owner: o, .. })
                 if o == owner =>
             {
@@ -79,25 +83,37 @@ impl Sim {
                 self.answer_acquire(c, Outcome::Busy);
                 self.go_idle(c, idle_after);
             }
+            (
+                &ClientState::Acquiring { owner, .. },
+                &Reply::LimitMismatch {
+                    owner: o, limit, ..
+                },
+            ) if o == owner => {
+                self.report.limit_mismatches += 1;
+                self.answer_acquire(c, Outcome::LimitMismatch { limit });
+                self.go_idle(c, idle_after);
+            }
             _ => return Ok(false),
         }
         Ok(true)
     }
 
-    /// Client `c`'s acquire of key `k`, written at `sent` with a lease of
-    /// `lease_s`, was granted `token`: checks the token is new and, while
-    /// the lease lasts, that no one else holds the key and the token grows;
-    /// the client then holds the key (or, past its lease, goes idle).
+    /// Client `c`'s acquire of key `k` (`asked`: its places, written at
+    /// `sent` with a lease of `lease_s`) was granted `token`: checks the
+    /// token is new and, while the lease lasts, that the key has room for
+    /// it and (a mutex's) token grows; the client then holds the key (or,
+    /// past its lease, goes idle).
     fn on_granted(
         &mut self,
         c: usize,
         k: usize,
         token: u64,
-        sent: Millis,
-        lease_s: u8,
+        asked: (Places, Millis, u8),
         idle_after: Millis,
     ) -> Result<(), String> {
+        let (places, sent, lease_s) = asked;
         self.report.grants += 1;
+        self.report.permit_grants += u64::from(places.limit > 1);
         let late = sent.add_secs(u64::from(lease_s)) <= self.now;
         self.answer_acquire(
             c,
@@ -112,7 +128,7 @@ impl Sim {
         }
         let until = sent.add_secs(u64::from(lease_s));
         if until > self.now {
-            self.hold_granted(c, k, token, until, lease_s)?;
+            self.hold_granted(c, k, (token, places), until, lease_s)?;
         } else {
             // Arrived after its lease: unusable.
             self.go_idle(c, idle_after);
@@ -122,37 +138,25 @@ impl Sim {
         Ok(())
     }
 
-    /// Client `c` holds key `k` with `token` until `until`: checks no other
-    /// client believes it holds the key and the token is above every one
-    /// granted on it, then plans the release and extensions.
+    /// Client `c` holds key `k` with `token` (asked as `places`) until
+    /// `until`: checks the key has room for it beside the others who
+    /// believe they hold it and, on a mutex, the token is above every one
+    /// granted on it; then plans the release and extensions.
     fn hold_granted(
         &mut self,
         c: usize,
         k: usize,
-        token: u64,
+        (token, places): (u64, Places),
         until: Millis,
         lease_s: u8,
     ) -> Result<(), String> {
-        let now = self.now;
-        let holder_check = self.cfg.bug.is_none();
-        if let Some(other) = self
-            .beliefs
-            .get(&k)
-            .filter(|_| holder_check)
-            .and_then(|v| v.iter().find(|b| b.0 != c && b.2 > now))
-        {
-            return self.fail(format!(
-                "two holders of key{k}: client {} (token {}, until {}) and client {c} (token {token})",
-                other.0, other.1, other.2
-            ));
+        if self.cfg.bug.is_none() {
+            self.check_room(c, k, token, places)?;
         }
-        let max = self.max_token.get(&k).copied().unwrap_or(0);
-        if token <= max {
-            return self.fail(format!(
-                "key{k} granted with token {token} after token {max}"
-            ));
-        }
-        self.beliefs.entry(k).or_default().push((c, token, until));
+        self.beliefs
+            .entry(k)
+            .or_default()
+            .push((c, token, until, places));
         // Mostly release within the lease; sometimes let it expire.
         // A holder that extends holds for up to four leases.
         let lease_ms = u64::from(lease_s) * 1000;
@@ -176,6 +180,44 @@ impl Sim {
             first_until: until,
         };
         self.clients[c].next_at = release_at.min(until).min(extend_at);
+        Ok(())
+    }
+
+    /// The checks of [`Sim::hold_granted`]: before client `c`'s grant of
+    /// `token` on key `k`, asked as `places`, another holder's belief is
+    /// valid only where the key has room for both (PROTOCOL §6.2), and a
+    /// mutex's token is above every one received on it.
+    fn check_room(&self, c: usize, k: usize, token: u64, places: Places) -> Result<(), String> {
+        let now = self.now;
+        let others: Vec<&Belief> = self
+            .beliefs
+            .get(&k)
+            .map(|v| v.iter().filter(|b| b.0 != c && b.2 > now).collect())
+            .unwrap_or_default();
+        let limit = places.limit.max(1);
+        let exclusive = |p: Places| p.mode == Mode::Exclusive;
+        let clash = others.iter().find(|b| {
+            limit == 1 || b.3.limit != places.limit || exclusive(b.3) || exclusive(places)
+        });
+        if let Some(other) = clash {
+            return self.fail(format!(
+                "two holders of key{k}: client {} (token {}, until {}, {:?}) and client {c} \
+                 (token {token}, {places:?})",
+                other.0, other.1, other.2, other.3
+            ));
+        }
+        if others.len() >= usize::from(limit) {
+            return self.fail(format!(
+                "{} holders of key{k} (limit {limit}) with client {c} (token {token}): {others:?}",
+                others.len() + 1
+            ));
+        }
+        let max = self.max_token.get(&k).copied().unwrap_or(0);
+        if limit == 1 && token <= max {
+            return self.fail(format!(
+                "key{k} granted with token {token} after token {max}"
+            ));
+        }
         Ok(())
     }
 

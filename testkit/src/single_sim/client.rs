@@ -92,11 +92,41 @@ impl Sim {
         }
     }
 
+    /// A random key and what to ask of it: a mutex `k0`.. (a plain `A`),
+    /// a permit of the semaphore `s0`, or the read/write lock `rw` shared
+    /// or exclusive; one acquire in 40 asks with the wrong limit.
+    fn pick_key(&mut self) -> (String, Places) {
+        let sem = u64::from(self.cfg.sem_limit > 0);
+        let rw = u64::from(self.cfg.rw);
+        let n = self.rng.below(self.cfg.keys as u64 + sem + rw);
+        let wrong = self.rng.chance(25);
+        if n < self.cfg.keys as u64 {
+            let places = if wrong { Places::semaphore(2) } else { MUTEX };
+            return (format!("k{n}"), places);
+        }
+        if n == self.cfg.keys as u64 && sem == 1 {
+            let limit = self.cfg.sem_limit;
+            let limit = match (wrong, self.rng.chance(500)) {
+                (false, _) => limit,
+                (true, true) => 1,
+                (true, false) => limit + 1,
+            };
+            return ("s0".to_string(), Places::semaphore(limit));
+        }
+        let mode = if self.rng.chance(250) {
+            Mode::Exclusive
+        } else {
+            Mode::Shared
+        };
+        let limit = if wrong { 4 } else { Places::READ_WRITE_LIMIT };
+        ("rw".to_string(), Places { limit, mode })
+    }
+
     /// An idle client starts an acquire of a random key, with a random wait
     /// and lease, as a new owner.
     fn start_acquire(&mut self, client: usize) {
         let now = self.now;
-        let key = format!("k{}", self.rng.below(self.cfg.keys as u64));
+        let (key, places) = self.pick_key();
         let wait_s = match self.rng.below(5) {
             0 => 0,
             _ => self.rng.range(1, 4) as u8,
@@ -117,6 +147,7 @@ impl Sim {
         self.clients[client].phase = Phase::Acquiring(Pending {
             op: None,
             key,
+            places,
             owner,
             wait_s,
             lease_s,
@@ -141,13 +172,14 @@ impl Sim {
         };
         let Some(left) = left.filter(|_| now < p.deadline_us) else {
             // D passed unsent: Timeout, the server never saw it.
-            let op = self.history.acquire(
+            let op = self.history.acquire_with(
                 client as u64,
                 0,
                 &p.key,
                 p.owner,
                 p.wait_s,
                 p.lease_s,
+                p.places,
                 p.start_us,
             );
             self.history.acquired(op, Outcome::Timeout, now);
@@ -165,27 +197,18 @@ impl Sim {
         } else {
             left.div_ceil(S).min(255) as u8
         };
-        let op = self.history.acquire(
+        let op = self.history.acquire_with(
             client as u64,
             conn,
             &p.key,
             p.owner,
             wire_wait,
             p.lease_s,
+            p.places,
             now,
         );
         self.op_of_owner.insert(p.owner, op);
-        let mut bytes = Vec::new();
-        encode_request(
-            &Request::Acquire {
-                wait_s: wire_wait,
-                lease_s: p.lease_s,
-                owner: p.owner,
-                key: &p.key,
-            },
-            &mut bytes,
-        );
-        self.send(conn, true, &bytes);
+        self.send(conn, true, &acquire_bytes(&p, wire_wait));
         let give_up = p.give_up_us;
         self.clients[client].phase = Phase::Acquiring(Pending {
             op: Some(op),
@@ -492,7 +515,7 @@ impl Sim {
     }
 
     /// The client's sent acquire `p` was answered with the reply op `op`
-    /// (`A` with `token`, `T` or `B`): a grant in time is held, a late one
+    /// (`A` with `token`, `T`, `B`, or `L` with the limit as `token`): a grant in time is held, a late one
     /// compensated by a release; either way the call is recorded.
     fn acquire_answered(&mut self, client: usize, p: &Pending, op: u8, token: u64) {
         let now = self.now;
@@ -522,6 +545,13 @@ impl Sim {
                 self.history.acquired(acq, Outcome::Timeout, now);
                 self.finish_idle(client);
             }
+            b'L' => {
+                // The key's limit travels in the token's place (OwnedReply).
+                let limit = u16::try_from(token).unwrap_or(u16::MAX);
+                let outcome = Outcome::LimitMismatch { limit };
+                self.history.acquired(acq, outcome, now);
+                self.finish_idle(client);
+            }
             _ => {
                 self.history.acquired(acq, Outcome::Busy, now);
                 self.finish_idle(client);
@@ -543,4 +573,30 @@ impl Sim {
             self.at(fin, Ev::ServerSeesClose { conn });
         }
     }
+}
+
+/// The wire bytes of acquire `p` with the wire wait `wait_s`: a plain `A`
+/// for a mutex, else a `P` with its limit and mode.
+fn acquire_bytes(p: &Pending, wait_s: u8) -> Vec<u8> {
+    let (lease_s, owner, key) = (p.lease_s, p.owner, p.key.as_str());
+    let request = if p.places == MUTEX {
+        Request::Acquire {
+            wait_s,
+            lease_s,
+            owner,
+            key,
+        }
+    } else {
+        Request::AcquireWithLimit {
+            wait_s,
+            lease_s,
+            owner,
+            limit: p.places.limit,
+            mode: p.places.mode,
+            key,
+        }
+    };
+    let mut bytes = Vec::new();
+    encode_request(&request, &mut bytes);
+    bytes
 }

@@ -10,6 +10,8 @@ pub(super) enum OwnedReq {
         lease_s: u8,
         owner: u64,
         key: String,
+        /// `None` for a plain `A`.
+        places: Option<Places>,
     },
     Release {
         token: u64,
@@ -35,10 +37,22 @@ impl From<Request<'_>> for OwnedReq {
                 lease_s,
                 owner,
                 key: key.to_string(),
+                places: None,
             },
-            Request::AcquireWithLimit { .. } => {
-                unreachable!("the simulation's clients speak protocol 1.1")
-            }
+            Request::AcquireWithLimit {
+                wait_s,
+                lease_s,
+                owner,
+                limit,
+                mode,
+                key,
+            } => OwnedReq::Acquire {
+                wait_s,
+                lease_s,
+                owner,
+                key: key.to_string(),
+                places: Some(Places { limit, mode }),
+            },
             Request::Release { token, key } => OwnedReq::Release {
                 token,
                 key: key.to_string(),
@@ -58,7 +72,8 @@ impl From<Request<'_>> for OwnedReq {
 
 /// A decoded reply with its key copied.
 pub(super) enum OwnedReply {
-    /// `A`, `T` or `B` (op byte), matched by owner.
+    /// `A`, `T`, `B` or `L` (op byte), matched by owner; `L` carries the
+    /// key's limit as its token.
     Owner { op: u8, owner: u64, token: u64 },
     /// `R` or `N`, matched by token and key.
     Release {

@@ -22,18 +22,19 @@ impl Sim {
                     lease_s,
                     owner,
                     key,
+                    places,
                 } => {
-                    let outcome = self.server.engine.acquire(
-                        now,
-                        conn,
-                        Acquire {
-                            key: &key,
-                            owner,
-                            wait_s,
-                            lease_s,
-                        },
-                        &mut self.server.out,
-                    );
+                    let req = Acquire {
+                        key: &key,
+                        owner,
+                        wait_s,
+                        lease_s,
+                    };
+                    let (engine, out) = (&mut self.server.engine, &mut self.server.out);
+                    let outcome = match places {
+                        None => engine.acquire(now, conn, req, out),
+                        Some(p) => engine.acquire_with_limit(now, conn, req, p, (), out),
+                    };
                     if let AcquireOutcome::Queued(_) = outcome {
                         if let Some(&op) = self.op_of_owner.get(&owner) {
                             // In the server's own (millisecond) clock, which
