@@ -107,14 +107,15 @@ fuzz:
 .PHONY: engine-memory
 engine-memory:
 	$(CARGO) run --release --example engine_memory
-# Cluster simulation over many seeds: `make sim SEEDS=500 FIRST=1`;
-# PERMITS=1 makes two of its four keys a semaphore and a read/write lock.
+# Cluster simulation over many seeds: `make sim SEEDS=500 FIRST=1`. Half
+# of the seeds make two of the four keys a semaphore and a read/write
+# lock; PERMITS=1 makes every seed do it, PERMITS=0 none.
 SEEDS ?= 100
 FIRST ?= 1
-PERMITS ?= 0
+PERMITS ?=
 .PHONY: sim
 sim: sim-single
-	SIM_SEEDS=$(SEEDS) SIM_FIRST=$(FIRST) SIM_PERMITS=$(PERMITS) $(CARGO) test --release --test cluster sim::many_seeds -- --nocapture
+	SIM_SEEDS=$(SEEDS) SIM_FIRST=$(FIRST) $(if $(PERMITS),SIM_PERMITS=$(PERMITS)) $(CARGO) test --release --test cluster sim::many_seeds -- --nocapture
 
 # Lock cycles/s of a 3-node cluster (fsync on) against one etcd node (driven
 # through its JSON gateway and through its own gRPC client, bench/etcd-native,

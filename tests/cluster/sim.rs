@@ -6,8 +6,9 @@
 //! --release --test cluster sim::many_seeds -- --nocapture`); a failure
 //! prints its seed, and `SIM_FIRST=<seed> SIM_SEEDS=1` replays it. Even
 //! seeds run 3 nodes and odd seeds 5; `SIM_NODES=3` (or 5) runs every seed
-//! with that many, and `SIM_PERMITS=1` makes two of the four keys a
-//! semaphore and a read/write lock (PROTOCOL §6).
+//! with that many. Half of the seeds (every other pair) make two of the
+//! four keys a semaphore and a read/write lock (PROTOCOL §6);
+//! `SIM_PERMITS=1` does it for every seed, `SIM_PERMITS=0` for none.
 #![cfg(feature = "cluster")]
 
 use std::collections::BTreeSet;
@@ -167,13 +168,20 @@ fn many_seeds() {
         .unwrap_or(100);
     // Even seeds run 3 nodes and odd seeds 5, unless SIM_NODES says.
     let fixed: Option<usize> = std::env::var("SIM_NODES").ok().and_then(|v| v.parse().ok());
-    let permits = std::env::var("SIM_PERMITS").is_ok_and(|v| v == "1");
+    // SIM_PERMITS=1: every seed with permit keys; 0: none; unset: every
+    // other pair of seeds (so both sizes of cluster get them).
+    let permits = std::env::var("SIM_PERMITS").ok();
+    let permits = |seed: u64| match permits.as_deref() {
+        Some("1") => true,
+        Some("0") => false,
+        _ => (seed / 2) % 2 == 1,
+    };
     let started = Instant::now();
     let mut total = Totals::default();
     for seed in first..first + n {
         let nodes = fixed.unwrap_or(if seed % 2 == 0 { 3 } else { 5 });
         let mut cfg = SimConfig::new(seed, nodes);
-        cfg.permit_keys = permits;
+        cfg.permit_keys = permits(seed);
         let r = check(cfg);
         if n > 2 {
             println!("seed {seed} ({nodes} nodes): {r:?}");

@@ -534,10 +534,13 @@ impl StateMachine {
         true
     }
 
+    /// Cancels every waiter of `origin`'s connection. On a key of limit 2
+    /// or more a cancelled head may have kept the waiters behind it from a
+    /// place: the engine grants them here, and their events stay in the
+    /// outbox for `take_events` to answer and time, like any other grant.
     fn cancel(&mut self, origin: Origin) {
         if let Some(c) = self.conns.remove(&origin) {
             self.engine.disconnect(Millis::ZERO, c, &mut self.out);
-            self.out.clear();
         }
     }
 

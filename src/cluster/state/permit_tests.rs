@@ -449,3 +449,54 @@ fn a_table_full_of_permit_keys_snapshots_within_the_bound_and_its_stated_extra()
     let back = StateMachine::restore(limits, &bytes).unwrap();
     assert_eq!(back.snapshot(), bytes);
 }
+
+/// A cancelled exclusive waiter at the head of a read lock's queue lets
+/// the shared waiter behind it in: that grant is answered and timed (an
+/// `Effect::Granted`, so the leader sets its Expire), its connection is
+/// forgotten once it has no waiter left, and the table still checks and
+/// restores from its own snapshot.
+#[test]
+fn a_cancelled_head_waiter_hands_its_turn_on_with_an_answer() {
+    let mut sm = StateMachine::new(EngineLimits::default());
+    let cmds = [
+        acq_limit(rid(1, 1), 1, "rw", 3, Mode::Shared, 0),
+        acq_limit(rid(2, 1), 2, "rw", 3, Mode::Exclusive, 5),
+        acq_limit(rid(3, 1), 3, "rw", 3, Mode::Shared, 5),
+    ];
+    let mut i = 0;
+    for cmd in &cmds {
+        i += 1;
+        sm.apply(i, cmd);
+    }
+    assert_eq!(
+        queue_modes(&sm, "rw"),
+        [(rid(2, 1), false), (rid(3, 1), true)]
+    );
+    i += 1;
+    let r = sm.apply(
+        i,
+        &Command::CancelWaiters {
+            origin: rid(2, 1).origin(2),
+        },
+    );
+    let [answer] = r.answers.as_slice() else {
+        panic!("one answer: {}", said(&r));
+    };
+    let AnswerKind::Acquired(token) = answer.kind else {
+        panic!("a grant: {}", said(&r));
+    };
+    assert_eq!((answer.rid, answer.conn), (rid(3, 1), 3));
+    assert!(
+        r.effects
+            .iter()
+            .any(|e| matches!(e, Effect::Granted { token: t, .. } if *t == token)),
+        "the grant is timed: {}",
+        said(&r)
+    );
+    assert!(queue_modes(&sm, "rw").is_empty());
+    sm.check();
+    let bytes = sm.snapshot();
+    let back = StateMachine::restore(EngineLimits::default(), &bytes).unwrap();
+    back.check();
+    assert_eq!(back.snapshot(), bytes);
+}
