@@ -234,7 +234,7 @@ start_etcd() {
 jget() { printf '%s' "$1" | sed -n "s/.*\"$2\":\"\{0,1\}\([^,\"}]*\).*/\1/p"; }
 
 # ratio A B [DIGITS]
-ratio() { awk -v a="$1" -v b="$2" -v d="${3:-2}" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "-"; else printf "%.*f", d, a / b }'; }
+ratio() { awk -v a="$1" -v b="$2" -v d="${3:-2}" 'BEGIN { if (a == "" || a == "-" || b == "" || b == "-" || b + 0 == 0) print "-"; else printf "%.*f", d, a / b }'; }
 
 # bench NAME ROUND PID ARGS...: one run of a cell, kept in $OUT/NAME.rROUND.json.
 bench() {
@@ -442,7 +442,8 @@ stop "$APID"
 
 # ---------------------------------------------------------------- callgrind
 # cg VAR NAME PORT MODE CMD...: sets VAR to the instructions per request of
-# a server under callgrind, MODE cycle or extend-flood. A run with no load is subtracted, so start-up and
+# a server under callgrind, MODE cycle or extend-flood (with CG_PLACES set,
+# every acquire asks for those places, protocol 1.2). A run with no load is subtracted, so start-up and
 # idle cost do not count. (No command substitution: the servers it starts
 # must stay in this shell's PIDS so the exit trap can stop them.)
 cg() {
@@ -459,7 +460,8 @@ cg() {
             local backend=ticketd
             [[ $name == redis ]] && backend=redis
             "$BENCH" --backend "$backend" --server "127.0.0.1:$port" --mode "$mode" --depth 16 \
-                --connections 50 --requests "$n" --quiet --json >"$OUT/cg-$name.json"
+                --connections 50 --requests "$n" ${CG_PLACES:+--places "$CG_PLACES"} \
+                --quiet --json >"$OUT/cg-$name.json"
         fi
         stop "$pid"
         ir+=("$(awk '/^(summary|totals):/ {print $2; exit}' "$OUT/callgrind.$name.$n.out")")
@@ -468,12 +470,14 @@ cg() {
     answered=$(jget "$(cat "$OUT/cg-$name.json")" requests)
     printf -v "$var" '%s' "$(awk -v a="${ir[0]}" -v b="${ir[1]}" -v n="$answered" 'BEGIN { printf "%.0f", (b - a) / n }')"
 }
-IR_T=- IR_L=- IR_R=- IR_X=-
+IR_T=- IR_L=- IR_R=- IR_X=- IR_S=- IR_SH=-
 if ((CG_REQUESTS > 0)); then
     log "callgrind: $CG_REQUESTS requests, cycle and extend-flood, depth 16, 50 connections"
     cg IR_T ticketd "$CG_PORT" cycle "$TICKETD" --listen "127.0.0.1:$CG_PORT" --log-level warn
     # 800 acquires (one lock per slot) are among the extend run's requests.
     cg IR_X ticketd-extend "$CG_PORT" extend-flood "$TICKETD" --listen "127.0.0.1:$CG_PORT" --log-level warn
+    CG_PLACES=semaphore:8 cg IR_S ticketd-semaphore8 "$CG_PORT" cycle "$TICKETD" --listen "127.0.0.1:$CG_PORT" --log-level warn
+    CG_PLACES=shared cg IR_SH ticketd-shared "$CG_PORT" cycle "$TICKETD" --listen "127.0.0.1:$CG_PORT" --log-level warn
     cg IR_L limit "$CG_PORT" cycle "$LIMIT" "127.0.0.1:$CG_PORT"
     cg IR_R redis "$CG_PORT" cycle redis-server --port "$CG_PORT" --bind 127.0.0.1 --save '' \
         --appendonly no --daemonize no --loglevel warning --dir "$TMP"
@@ -547,6 +551,8 @@ row "semaphore (N = 8) cycle d16, server CPU us/req" "$(cpu cycle-d16-semaphore8
 row "shared-lock cycle d16, server CPU us/req" "$(cpu cycle-d16-shared)" "" "" "" "" "" \
     "shared/mutex $(median_ratio cycle-d16-shared cycle-d16-ticketd server_cpu_us_per_request) (target <= 1.2)"
 row "instructions/request, depth 16" "$IR_T" "$IR_R" "$IR_L" "" "$(ratio "$IR_T" "$IR_R")" "$(ratio "$IR_T" "$IR_L")" "ticketd <= 500"
+row "  the same, semaphore (N = 8) cycle" "$IR_S" "" "" "" "" "" "semaphore/mutex $(ratio "$IR_S" "$IR_T")"
+row "  the same, shared-lock cycle" "$IR_SH" "" "" "" "" "" "shared/mutex $(ratio "$IR_SH" "$IR_T")"
 ct=$(J contended-ticketd) cr=$(J contended-redis) ce=$(J contended-etcd)
 cr100=$(J contended-redis-poll100)
 for f in wait_p99_us wait_p50_us grants_per_s; do
@@ -600,6 +606,8 @@ for d in 1 16 64; do
 done
 printf '  %-30s %s\n' "cycle d16 ticketd CPU us:" "$(rounds cycle-d16-ticketd server_cpu_us_per_request)"
 printf '  %-30s %s\n' "cycle d16 limit CPU us:" "$(rounds cycle-d16-limit server_cpu_us_per_request)"
+printf '  %-30s %s\n' "semaphore8/mutex CPU:" "$(round_ratios cycle-d16-semaphore8 cycle-d16-ticketd server_cpu_us_per_request)"
+printf '  %-30s %s\n' "shared/mutex CPU:" "$(round_ratios cycle-d16-shared cycle-d16-ticketd server_cpu_us_per_request)"
 printf '  %-30s %s\n' "contended t p99 wait us:" "$(rounds contended-ticketd wait_p99_us)"
 printf '  %-30s %s\n' "contended redis p99 us:" "$(rounds contended-redis wait_p99_us)"
 
@@ -641,6 +649,8 @@ check_rounds "cycle depth 16 TLS, ticketd / redis" ">=" 3 cycle-d16-ticketd-tls 
 check_rounds "cycle depth 16, ticketd TLS / plaintext" ">=" 0.6 cycle-d16-ticketd-tls cycle-d16-ticketd requests_per_s
 check_rounds "cycle depth 16, server CPU ticketd / limit" "<=" 2 cycle-d16-ticketd cycle-d16-limit server_cpu_us_per_request
 check "instructions per request, depth 16" "$IR_T" "<=" 500 "limit server: $IR_L"
+check_rounds "semaphore (N = 8) / mutex cycle, server CPU" "<=" 1.2 cycle-d16-semaphore8 cycle-d16-ticketd server_cpu_us_per_request
+check_rounds "shared-lock / mutex cycle, server CPU" "<=" 1.2 cycle-d16-shared cycle-d16-ticketd server_cpu_us_per_request
 check "contended p99 wait, ticketd / redis" "$(ratio "$(jget "$ct" wait_p99_us)" "$(jget "$cr" wait_p99_us)")" "<=" 0.2
 check "contended FIFO violations" "$(jget "$ct" fifo_violations)" "==" 0 "of $(jget "$ct" fifo_checked) grants"
 check "bytes per held lock, ticketd / redis" "$(ratio "$T_BPL" "$R_BPL")" "<=" 0.7 "$T_BPL and $R_BPL bytes"
