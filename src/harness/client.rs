@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::client::machine::{CallId, Held, Machine, Outcome};
 use crate::client::Error;
+use crate::proto::Places;
 use crate::service::Service;
 
 use super::{Harness, MemConn};
@@ -77,6 +78,24 @@ impl HarnessClient {
         lease: Duration,
     ) -> Result<CallId, Error> {
         self.machine.acquire(h.now(), key, wait, lease)
+    }
+
+    /// Queues an acquire of one of `places.limit` places of `key` in
+    /// `places.mode` (protocol 1.2) at the harness's time (see
+    /// [`Machine::acquire_with`]).
+    ///
+    /// # Errors
+    /// A bad key or lease, or a limit of 0; nothing is queued.
+    pub fn acquire_with<S: Service>(
+        &mut self,
+        h: &Harness<S>,
+        key: &str,
+        places: Places,
+        wait: Duration,
+        lease: Duration,
+    ) -> Result<CallId, Error> {
+        self.machine
+            .acquire_with(h.now(), key, Some(places), wait, lease)
     }
 
     /// Queues a release at the harness's time (see [`Machine::release`]).

@@ -25,7 +25,7 @@ use ticketd::client::machine::{AcquireOutcome, ExtendOutcome, Outcome};
 use ticketd::client::Release;
 use ticketd::config::Config;
 use ticketd::harness::{Harness, HarnessClient, MemConn};
-use ticketd::proto::{self, Decoded, Reply, Request};
+use ticketd::proto::{self, Decoded, Places, Reply, Request};
 use ticketd::server::{ManualClock, Server, Stats};
 use ticketd::single::SingleService;
 use ticketd::time::Millis;

@@ -82,6 +82,61 @@ fn official_client_rules_on_the_harness_clock_hand_over_time_out_and_release() {
     );
 }
 
+/// Protocol 1.2 through the harness's official client: two readers share
+/// a read/write lock, a writer queues behind them and is handed the key
+/// when the second reader releases, a reader that comes after the writer
+/// queues behind it (no starvation), and an acquire with another limit is
+/// answered with the key's.
+#[test]
+fn readers_share_and_a_writer_queues_through_the_harness_client() {
+    const S: Duration = Duration::from_secs(1);
+    let mut h = sequential_harness(Config::default()).unwrap();
+    let mut c: Vec<HarnessClient> = (1..=5).map(HarnessClient::new).collect();
+    let granted = |c: &mut HarnessClient| match c.poll_outcome() {
+        Some((_, Outcome::Acquire(AcquireOutcome::Acquired(t)))) => Some(t.token),
+        _ => None,
+    };
+    for reader in &mut c[..2] {
+        reader
+            .acquire_with(&h, "rw", Places::shared(), Duration::ZERO, 30 * S)
+            .unwrap();
+    }
+    c[2].acquire_with(&h, "rw", Places::exclusive(), 10 * S, 30 * S)
+        .unwrap();
+    h.settle(&mut c.iter_mut().collect::<Vec<_>>());
+    let (r1, r2) = (granted(&mut c[0]).unwrap(), granted(&mut c[1]).unwrap());
+    assert!(c[2].poll_outcome().is_none(), "the writer waits for both");
+    c[3].acquire_with(&h, "rw", Places::shared(), 10 * S, 30 * S)
+        .unwrap();
+    c[4].acquire_with(&h, "rw", Places::semaphore(3), Duration::ZERO, 30 * S)
+        .unwrap();
+    h.settle(&mut c.iter_mut().collect::<Vec<_>>());
+    assert!(
+        c[3].poll_outcome().is_none(),
+        "a reader after a writer queues"
+    );
+    assert_eq!(
+        c[4].poll_outcome().map(|(_, o)| o),
+        Some(Outcome::Acquire(AcquireOutcome::LimitMismatch(
+            Places::shared().limit
+        )))
+    );
+    c[0].release(&h, "rw", r1).unwrap();
+    h.settle(&mut c.iter_mut().collect::<Vec<_>>());
+    assert!(c[2].poll_outcome().is_none(), "one reader still holds");
+    c[1].release(&h, "rw", r2).unwrap();
+    h.settle(&mut c.iter_mut().collect::<Vec<_>>());
+    let w = granted(&mut c[2]).expect("the writer is handed the key");
+    assert!(w > r2 && w > r1);
+    assert!(
+        c[3].poll_outcome().is_none(),
+        "the reader waits for the writer"
+    );
+    c[2].release(&h, "rw", w).unwrap();
+    h.settle(&mut c.iter_mut().collect::<Vec<_>>());
+    assert!(granted(&mut c[3]).is_some_and(|t| t > w));
+}
+
 #[test]
 fn a_call_that_was_never_sent_waits_for_a_connection_and_keeps_its_deadline() {
     const S: Duration = Duration::from_secs(1);
