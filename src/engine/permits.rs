@@ -123,9 +123,11 @@ impl<T: Copy + Default> Engine<T> {
             out.push_event(conn, Reply::Timeout { owner, key }, 0, Grant::Fresh, tag);
             return AcquireOutcome::Timeout;
         }
-        let first_end = probe
-            .bucket()
-            .and_then(|b| self.permits.get_bucket(b))
+        // Looked up again: a restart grace may have registered the key
+        // since the probe.
+        let first_end = self
+            .permits
+            .get(key)
             .map_or(Millis::NEVER, PermitSet::earliest_end);
         self.enqueue(&ask, first_end, out).into()
     }

@@ -331,6 +331,21 @@ fn the_restart_grace_holds_a_new_permit_key_exclusively_until_it_ends() {
     assert_eq!(b.granted(), [(first, 1), (second, 2)]);
 }
 
+/// The first acquire of a key in a restart grace, with a wait, registers
+/// the key to the grace and queues: its timer is the grace's end, where
+/// it is granted, well before its own 10 s wait runs out.
+#[test]
+fn a_waiting_first_acquire_in_the_restart_grace_is_granted_when_it_ends() {
+    let mut b = Bench::single();
+    b.e.set_restart_grace(Millis(5_000));
+    let first = b.queue(0, 1, "pool", 4, S);
+    assert_eq!(b.e.next_deadline(), Some(Millis(5_000)));
+    b.tick(4_999);
+    assert_eq!(b.granted(), []);
+    b.tick(5_000);
+    assert_eq!(b.granted(), [(first, 1)]);
+}
+
 #[test]
 fn replicated_expiry_and_wait_timeout_are_explicit() {
     let mut b = Bench::replicated();
