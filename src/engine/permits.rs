@@ -119,17 +119,25 @@ impl<T: Copy + Default> Engine<T> {
         if found != Found::Full {
             return self.grant_permit(&ask, (limit, probe), exclusive, out);
         }
-        if wait_s == 0 {
-            out.push_event(conn, Reply::Timeout { owner, key }, 0, Grant::Fresh, tag);
+        self.wait_for_place(&ask, out)
+    }
+
+    /// No place for `ask` now: Timeout with no wait, else queued, timed by
+    /// the earliest lease end of the key's grants. The key is looked up
+    /// again: a restart grace may have registered it since the acquire's
+    /// probe.
+    fn wait_for_place(&mut self, ask: &Ask<'_, T>, out: &mut Outbox<T>) -> AcquireOutcome {
+        let (owner, key) = (ask.owner, ask.key);
+        if ask.wait_s == 0 {
+            let reply = Reply::Timeout { owner, key };
+            out.push_event(ask.conn, reply, 0, Grant::Fresh, ask.tag);
             return AcquireOutcome::Timeout;
         }
-        // Looked up again: a restart grace may have registered the key
-        // since the probe.
         let first_end = self
             .permits
             .get(key)
             .map_or(Millis::NEVER, PermitSet::earliest_end);
-        self.enqueue(&ask, first_end, out).into()
+        self.enqueue(ask, first_end, out).into()
     }
 
     /// Where an acquire in this mode stands on `key`'s permits `set`, or
