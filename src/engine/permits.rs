@@ -16,8 +16,9 @@
 //! acquire or release of the key finds them, or by the sweep.
 //!
 //! Costs: a set is one table entry (the key, the limit and its grants:
-//! the first in place, more in a vector of 40 bytes a grant). Release and extend find a grant by token in
-//! O(grants of the key), which is at most the key's limit.
+//! the first in place, more in a vector of 40 bytes a grant). Release and
+//! extend find a grant by token in O(grants of the key), which is at most
+//! the key's limit.
 
 use super::acquire::{busy, Ask};
 pub(super) use super::permit_set::{Grants, Permit, PermitSet};
@@ -245,8 +246,9 @@ impl<T: Copy + Default> Engine<T> {
     }
 
     /// Grants `ask` a new permit of its key (registered now with `limit`
-    /// when `probe` found it absent), unless `max_keys`, the memory budget, the holder's key
-    /// quota or the token ceiling refuse it (Busy).
+    /// when `probe` found it absent), unless `max_keys`, the memory
+    /// budget, the holder's key quota or the token ceiling refuse it
+    /// (Busy).
     fn grant_permit(
         &mut self,
         ask: &Ask<'_, T>,
